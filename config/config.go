@@ -1,0 +1,267 @@
+// Package config loads, defaults and validates idemproxy's YAML
+// configuration.
+//
+// Load decodes strictly (unknown fields are errors), applies every default in
+// one place (applyDefaults) and validates the result, reporting every problem
+// at once with the name of the field it concerns.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Policies: what a 5xx answer does to the key (DESIGN.md's outcome table).
+const (
+	PolicyReserveThenCommit = "reserve-then-commit"
+	PolicyReleaseOn5xx      = "release-on-5xx"
+)
+
+// Answers to duplicates, concurrent duplicates, missing keys and store
+// errors.
+const (
+	DuplicateReplay   = "replay"
+	DuplicateReject   = "reject"
+	ConcurrentReject  = "reject"
+	ConcurrentWait    = "wait"
+	MissingKeyReject  = "reject"
+	MissingKeyForward = "forward"
+	StoreErrorReject  = "reject"
+	StoreErrorForward = "forward"
+)
+
+// Config is the whole configuration file.
+type Config struct {
+	// Listen is the address clients connect to (host:port). Required.
+	Listen string `yaml:"listen"`
+	// Upstream is the base URL of the protected service. Required.
+	Upstream string `yaml:"upstream"`
+	// Admin configures the admin listener; an empty Admin.Listen means none.
+	Admin Admin `yaml:"admin"`
+	// Store selects the key store; empty means Badger in ./data.
+	Store Store `yaml:"store"`
+	// Server holds the client-facing server's timeouts.
+	Server Server `yaml:"server"`
+	// Routes are the protected routes. Requests that match none are proxied
+	// untouched.
+	Routes []Route `yaml:"routes"`
+}
+
+// Admin configures the admin listener (metrics, health, key inspection).
+type Admin struct {
+	// Listen is the admin address; empty means no admin listener.
+	Listen string `yaml:"listen"`
+	// TokenEnv names the environment variable that holds the bearer token
+	// for /v1/keys. Default IDEMPROXY_ADMIN_TOKEN.
+	TokenEnv string `yaml:"token_env"`
+}
+
+// Store selects exactly one backend.
+type Store struct {
+	Badger *Badger `yaml:"badger"`
+	Redis  *Redis  `yaml:"redis"`
+}
+
+// Badger configures the embedded store.
+type Badger struct {
+	// Dir is the data directory, created if missing. Default ./data.
+	Dir string `yaml:"dir"`
+	// SyncWrites makes every write durable before it returns, so that a
+	// reservation is on disk before the request is forwarded. Default true.
+	SyncWrites *bool `yaml:"sync_writes"`
+	// GCInterval is how often value-log garbage collection runs. Default 5m.
+	GCInterval Duration `yaml:"gc_interval"`
+}
+
+// Redis configures the shared store.
+type Redis struct {
+	// Addrs: one address is a single node, several a cluster; with
+	// MasterName they are Sentinels.
+	Addrs      []string `yaml:"addrs"`
+	MasterName string   `yaml:"master_name"`
+	// UsernameEnv and PasswordEnv name environment variables; credentials
+	// never come from the file.
+	UsernameEnv string `yaml:"username_env"`
+	PasswordEnv string `yaml:"password_env"`
+	DB          int    `yaml:"db"`
+	TLS         bool   `yaml:"tls"`
+	// KeyPrefix prefixes every Redis key. Default "idemproxy:".
+	KeyPrefix string `yaml:"key_prefix"`
+	// DialTimeout default 1s; OpTimeout default 500ms.
+	DialTimeout Duration `yaml:"dial_timeout"`
+	OpTimeout   Duration `yaml:"op_timeout"`
+}
+
+// Server holds the client-facing server's limits.
+type Server struct {
+	// ReadHeaderTimeout default 10s; ReadTimeout (whole request) default
+	// 60s; IdleTimeout default 120s.
+	ReadHeaderTimeout Duration `yaml:"read_header_timeout"`
+	ReadTimeout       Duration `yaml:"read_timeout"`
+	IdleTimeout       Duration `yaml:"idle_timeout"`
+	// PassthroughTimeout bounds requests that match no route. Default 60s.
+	PassthroughTimeout Duration `yaml:"passthrough_timeout"`
+	// DrainDelay is how long the proxy keeps accepting requests after a
+	// SIGTERM while /readyz already answers 503. Default 0s.
+	DrainDelay Duration `yaml:"drain_delay"`
+	// ShutdownTimeout is how long in-flight requests get to finish on
+	// shutdown; those cut by it leave their keys in doubt. Default 30s.
+	ShutdownTimeout Duration `yaml:"shutdown_timeout"`
+}
+
+// Route is one protected route.
+type Route struct {
+	// Name is used in metrics, logs and the store key. Required; letters,
+	// digits, '.', '_' and '-'.
+	Name string `yaml:"name"`
+	// Match is a Go 1.22 ServeMux pattern ("POST /charges",
+	// "PUT /orders/{id}").
+	Match string `yaml:"match"`
+	// Key says where the idempotency key comes from. Required.
+	Key Key `yaml:"key"`
+	// Policy is reserve-then-commit (default) or release-on-5xx.
+	Policy string `yaml:"policy"`
+	// ReleaseStatuses, when set, replaces the policy's release set.
+	ReleaseStatuses []int `yaml:"release_statuses"`
+	// Duplicate is replay (default) or reject.
+	Duplicate string `yaml:"duplicate"`
+	// Concurrent is reject (default) or wait.
+	Concurrent string `yaml:"concurrent"`
+	// WaitTimeout bounds concurrent: wait. Default 5s.
+	WaitTimeout Duration `yaml:"wait_timeout"`
+	// OnMissingKey is reject (default, 400) or forward (unprotected).
+	OnMissingKey string `yaml:"on_missing_key"`
+	// OnStoreError is reject (default, 503) or forward (fail open).
+	OnStoreError string `yaml:"on_store_error"`
+	// TTL is how long a completed or in-doubt key is remembered. Default 24h.
+	TTL Duration `yaml:"ttl"`
+	// Lease is how long a reservation stays in flight. Default
+	// upstream_timeout + 5s; must exceed upstream_timeout.
+	Lease Duration `yaml:"lease"`
+	// UpstreamTimeout bounds the forwarded request. Default 30s.
+	UpstreamTimeout Duration `yaml:"upstream_timeout"`
+	// MaxBodyBytes caps the request body (413 beyond). Default 1 MiB.
+	MaxBodyBytes int64 `yaml:"max_body_bytes"`
+	// MaxStoredBodyBytes caps a stored answer's body. A larger answer is
+	// passed to the client and committed without its body; duplicates then
+	// get 409. Default 1 MiB.
+	MaxStoredBodyBytes int64 `yaml:"max_stored_body_bytes"`
+	// ReplayHeaders is the allow-list of response headers stored and
+	// replayed. Default DefaultReplayHeaders.
+	ReplayHeaders []string `yaml:"replay_headers"`
+	// Fingerprint configures the request fingerprint.
+	Fingerprint Fingerprint `yaml:"fingerprint"`
+	// Scope gives each client its own key space.
+	Scope Scope `yaml:"scope"`
+}
+
+// Key is exactly one key source, or Parts for a composite key.
+type Key struct {
+	JSON   string `yaml:"json"`
+	Header string `yaml:"header"`
+	Query  string `yaml:"query"`
+	Path   string `yaml:"path"`
+	Parts  []Key  `yaml:"parts"`
+}
+
+// Fingerprint configures how requests under one key are compared.
+type Fingerprint struct {
+	// Ignore lists JSON paths left out of the fingerprint (a send timestamp).
+	Ignore []string `yaml:"ignore"`
+	// Disabled turns the comparison off: a different request under a known
+	// key is treated as a duplicate, as Mule's validator does.
+	Disabled bool `yaml:"disabled"`
+}
+
+// Scope configures per-client key spaces.
+type Scope struct {
+	// Header is hashed into the store key; a request without it is a 400.
+	Header string `yaml:"header"`
+}
+
+// DefaultReplayHeaders are the response headers stored and replayed when a
+// route does not list its own.
+var DefaultReplayHeaders = []string{
+	"Content-Type", "Content-Encoding", "Content-Language", "Content-Location",
+	"Location", "ETag", "Last-Modified", "Link", "Cache-Control",
+}
+
+// Duration is a time.Duration written in YAML as a string with a unit
+// ("500ms", "35s", "24h", "7d"). A bare number is rejected, so that "30"
+// never silently means 30 nanoseconds.
+type Duration time.Duration
+
+// D returns d as a time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+// UnmarshalYAML implements yaml.Unmarshaler.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind != yaml.ScalarNode || n.Tag != "!!str" {
+		return fmt.Errorf("line %d: duration %q needs a unit, e.g. \"30s\" or \"24h\"", n.Line, n.Value)
+	}
+	v, err := ParseDuration(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: %w", n.Line, err)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalYAML implements yaml.Marshaler.
+func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
+
+// ParseDuration is time.ParseDuration plus a whole number of days ("7d").
+func ParseDuration(s string) (time.Duration, error) {
+	if days, ok := strings.CutSuffix(s, "d"); ok {
+		n, err := strconv.ParseUint(days, 10, 16)
+		if err != nil {
+			return 0, fmt.Errorf("invalid duration %q", s)
+		}
+		return time.Duration(n) * 24 * time.Hour, nil
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("invalid duration %q", s)
+	}
+	return v, nil
+}
+
+// Load reads, decodes, defaults and validates the file at path.
+func Load(path string) (*Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read config: %w", err)
+	}
+	return Parse(b)
+}
+
+// Parse decodes, defaults and validates a configuration. A validation
+// failure is a *ValidationError listing every problem.
+func Parse(b []byte) (*Config, error) {
+	var c Config
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, errors.New("parse config: the file is empty")
+		}
+		return nil, fmt.Errorf("parse config: %w", err)
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return nil, errors.New("parse config: the file holds more than one YAML document")
+	}
+	c.applyDefaults()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}

@@ -1,0 +1,111 @@
+package config
+
+import (
+	"net/http"
+	"time"
+)
+
+// Defaults, in one place.
+const (
+	DefaultTTL                = 24 * time.Hour
+	DefaultUpstreamTimeout    = 30 * time.Second
+	DefaultLeaseMargin        = 5 * time.Second
+	DefaultWaitTimeout        = 5 * time.Second
+	DefaultMaxBodyBytes       = 1 << 20
+	DefaultMaxStoredBodyBytes = 1 << 20
+	DefaultBadgerDir          = "./data"
+	DefaultGCInterval         = 5 * time.Minute
+	DefaultRedisKeyPrefix     = "idemproxy:"
+	DefaultRedisDialTimeout   = time.Second
+	DefaultRedisOpTimeout     = 500 * time.Millisecond
+	DefaultAdminTokenEnv      = "IDEMPROXY_ADMIN_TOKEN"
+	DefaultReadHeaderTimeout  = 10 * time.Second
+	DefaultReadTimeout        = 60 * time.Second
+	DefaultIdleTimeout        = 120 * time.Second
+	DefaultPassthroughTimeout = 60 * time.Second
+	DefaultShutdownTimeout    = 30 * time.Second
+)
+
+// applyDefaults fills every unset field. It is the only place defaults are
+// applied.
+func (c *Config) applyDefaults() {
+	if c.Admin.TokenEnv == "" {
+		c.Admin.TokenEnv = DefaultAdminTokenEnv
+	}
+	if c.Store.Badger == nil && c.Store.Redis == nil {
+		c.Store.Badger = &Badger{}
+	}
+	if b := c.Store.Badger; b != nil {
+		setString(&b.Dir, DefaultBadgerDir)
+		if b.SyncWrites == nil {
+			t := true
+			b.SyncWrites = &t
+		}
+		setDuration(&b.GCInterval, DefaultGCInterval)
+	}
+	if r := c.Store.Redis; r != nil {
+		setString(&r.KeyPrefix, DefaultRedisKeyPrefix)
+		setDuration(&r.DialTimeout, DefaultRedisDialTimeout)
+		setDuration(&r.OpTimeout, DefaultRedisOpTimeout)
+	}
+	s := &c.Server
+	setDuration(&s.ReadHeaderTimeout, DefaultReadHeaderTimeout)
+	setDuration(&s.ReadTimeout, DefaultReadTimeout)
+	setDuration(&s.IdleTimeout, DefaultIdleTimeout)
+	setDuration(&s.PassthroughTimeout, DefaultPassthroughTimeout)
+	setDuration(&s.ShutdownTimeout, DefaultShutdownTimeout)
+	for i := range c.Routes {
+		r := &c.Routes[i]
+		setString(&r.Policy, PolicyReserveThenCommit)
+		setString(&r.Duplicate, DuplicateReplay)
+		setString(&r.Concurrent, ConcurrentReject)
+		setString(&r.OnMissingKey, MissingKeyReject)
+		setString(&r.OnStoreError, StoreErrorReject)
+		setDuration(&r.WaitTimeout, DefaultWaitTimeout)
+		setDuration(&r.TTL, DefaultTTL)
+		setDuration(&r.UpstreamTimeout, DefaultUpstreamTimeout)
+		setDuration(&r.Lease, r.UpstreamTimeout.D()+DefaultLeaseMargin)
+		if r.MaxBodyBytes == 0 {
+			r.MaxBodyBytes = DefaultMaxBodyBytes
+		}
+		if r.MaxStoredBodyBytes == 0 {
+			r.MaxStoredBodyBytes = DefaultMaxStoredBodyBytes
+		}
+		if r.ReplayHeaders == nil {
+			r.ReplayHeaders = append([]string(nil), DefaultReplayHeaders...)
+		}
+		for j, h := range r.ReplayHeaders {
+			r.ReplayHeaders[j] = http.CanonicalHeaderKey(h)
+		}
+	}
+}
+
+func setString(s *string, def string) {
+	if *s == "" {
+		*s = def
+	}
+}
+
+func setDuration(d *Duration, def time.Duration) {
+	if *d == 0 {
+		*d = Duration(def)
+	}
+}
+
+// Releases reports whether an upstream answer with status releases the key
+// on route r: the route's release_statuses when set, otherwise the policy's
+// set (429, plus every 5xx under release-on-5xx).
+func (r *Route) Releases(status int) bool {
+	if r.ReleaseStatuses != nil {
+		for _, s := range r.ReleaseStatuses {
+			if s == status {
+				return true
+			}
+		}
+		return false
+	}
+	if status == http.StatusTooManyRequests {
+		return true
+	}
+	return r.Policy == PolicyReleaseOn5xx && status >= 500 && status <= 599
+}

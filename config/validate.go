@@ -1,0 +1,330 @@
+package config
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"regexp"
+	"strings"
+
+	"github.com/idemproxy/idemproxy/keyextract"
+)
+
+// ValidationError lists every problem found in a configuration, each
+// prefixed with the field it concerns ("routes[1].key.json: ...").
+type ValidationError struct {
+	Problems []string
+}
+
+func (e *ValidationError) Error() string {
+	return "invalid config:\n  " + strings.Join(e.Problems, "\n  ")
+}
+
+type problems []string
+
+func (p *problems) add(field, format string, args ...any) {
+	*p = append(*p, field+": "+fmt.Sprintf(format, args...))
+}
+
+var routeName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+
+// headerToken matches an HTTP field name (RFC 9110 token).
+var headerToken = regexp.MustCompile("^[!#$%&'*+\\-.^_`|~0-9A-Za-z]+$")
+
+// neverReplayed are headers a replay must never carry.
+var neverReplayed = map[string]bool{
+	"Set-Cookie": true, "Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true,
+	"Proxy-Authorization": true, "Proxy-Connection": true, "Te": true, "Trailer": true,
+	"Transfer-Encoding": true, "Upgrade": true, "Content-Length": true, "Idempotent-Replayed": true,
+}
+
+// Validate checks a defaulted configuration and returns a *ValidationError
+// naming every problem, or nil.
+func (c *Config) Validate() error {
+	var p problems
+	checkAddr(&p, "listen", c.Listen, true)
+	if c.Upstream == "" {
+		p.add("upstream", "required (the protected service's base URL, e.g. http://127.0.0.1:9000)")
+	} else if u, err := url.Parse(c.Upstream); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		p.add("upstream", "%q is not an absolute http or https URL", c.Upstream)
+	} else if u.RawQuery != "" || u.Fragment != "" {
+		p.add("upstream", "%q must not carry a query or fragment", c.Upstream)
+	}
+	if c.Admin.Listen != "" {
+		checkAddr(&p, "admin.listen", c.Admin.Listen, false)
+		if c.Admin.Listen == c.Listen {
+			p.add("admin.listen", "must differ from listen")
+		}
+	}
+	if !headerToken.MatchString(c.Admin.TokenEnv) {
+		p.add("admin.token_env", "%q is not an environment variable name", c.Admin.TokenEnv)
+	}
+	c.validateStore(&p)
+	s := c.Server
+	for _, d := range []struct {
+		name string
+		v    Duration
+	}{
+		{"read_header_timeout", s.ReadHeaderTimeout}, {"read_timeout", s.ReadTimeout},
+		{"idle_timeout", s.IdleTimeout}, {"passthrough_timeout", s.PassthroughTimeout},
+		{"shutdown_timeout", s.ShutdownTimeout},
+	} {
+		if d.v <= 0 {
+			p.add("server."+d.name, "must be positive")
+		}
+	}
+	if s.DrainDelay < 0 {
+		p.add("server.drain_delay", "must not be negative")
+	}
+	if len(c.Routes) == 0 {
+		p.add("routes", "at least one route is required (requests matching no route are proxied unprotected)")
+	}
+	names := map[string]int{}
+	mux := http.NewServeMux()
+	for i := range c.Routes {
+		r := &c.Routes[i]
+		f := fmt.Sprintf("routes[%d]", i)
+		if j, dup := names[r.Name]; dup && r.Name != "" {
+			p.add(f+".name", "%q is already used by routes[%d]", r.Name, j)
+		}
+		names[r.Name] = i
+		r.validate(&p, f, mux)
+	}
+	if len(p) > 0 {
+		return &ValidationError{Problems: p}
+	}
+	return nil
+}
+
+func checkAddr(p *problems, field, addr string, required bool) {
+	if addr == "" {
+		if required {
+			p.add(field, "required (host:port, e.g. 127.0.0.1:8080)")
+		}
+		return
+	}
+	if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
+		p.add(field, "%q is not a host:port address", addr)
+	}
+}
+
+func (c *Config) validateStore(p *problems) {
+	st := c.Store
+	if st.Badger != nil && st.Redis != nil {
+		p.add("store", "set exactly one of badger and redis")
+	}
+	if b := st.Badger; b != nil {
+		if b.GCInterval <= 0 {
+			p.add("store.badger.gc_interval", "must be positive")
+		}
+	}
+	if r := st.Redis; r != nil {
+		if len(r.Addrs) == 0 {
+			p.add("store.redis.addrs", "at least one host:port is required")
+		}
+		for i, a := range r.Addrs {
+			checkAddr(p, fmt.Sprintf("store.redis.addrs[%d]", i), a, true)
+		}
+		if r.MasterName != "" && len(r.Addrs) == 0 {
+			p.add("store.redis.master_name", "needs the Sentinel addresses in addrs")
+		}
+		for _, e := range []struct{ field, name string }{{"username_env", r.UsernameEnv}, {"password_env", r.PasswordEnv}} {
+			if e.name == "" {
+				continue
+			}
+			if !headerToken.MatchString(e.name) {
+				p.add("store.redis."+e.field, "%q is not an environment variable name", e.name)
+			} else if _, ok := os.LookupEnv(e.name); !ok {
+				p.add("store.redis."+e.field, "environment variable %s is not set", e.name)
+			}
+		}
+		if r.DB < 0 {
+			p.add("store.redis.db", "must not be negative")
+		}
+		if r.DB != 0 && len(r.Addrs) > 1 && r.MasterName == "" {
+			p.add("store.redis.db", "a Redis Cluster has only database 0")
+		}
+		if r.DialTimeout <= 0 {
+			p.add("store.redis.dial_timeout", "must be positive")
+		}
+		if r.OpTimeout <= 0 {
+			p.add("store.redis.op_timeout", "must be positive")
+		}
+	}
+}
+
+func (r *Route) validate(p *problems, f string, mux *http.ServeMux) {
+	if !routeName.MatchString(r.Name) {
+		p.add(f+".name", "%q must be 1 to 64 letters, digits, '.', '_' or '-'", r.Name)
+	}
+	wildcards, ok := checkPattern(p, f+".match", r.Match, mux)
+	r.Key.validate(p, f+".key", wildcards, ok)
+	oneOf(p, f+".policy", r.Policy, PolicyReserveThenCommit, PolicyReleaseOn5xx)
+	oneOf(p, f+".duplicate", r.Duplicate, DuplicateReplay, DuplicateReject)
+	oneOf(p, f+".concurrent", r.Concurrent, ConcurrentReject, ConcurrentWait)
+	oneOf(p, f+".on_missing_key", r.OnMissingKey, MissingKeyReject, MissingKeyForward)
+	oneOf(p, f+".on_store_error", r.OnStoreError, StoreErrorReject, StoreErrorForward)
+	for i, s := range r.ReleaseStatuses {
+		if s < 400 || s > 599 {
+			p.add(fmt.Sprintf("%s.release_statuses[%d]", f, i), "%d is not an error status (400-599)", s)
+		}
+	}
+	if r.UpstreamTimeout <= 0 {
+		p.add(f+".upstream_timeout", "must be positive")
+	}
+	if r.Lease <= r.UpstreamTimeout {
+		p.add(f+".lease", "%s must exceed upstream_timeout (%s), or a slow answer could find its key taken",
+			r.Lease.D(), r.UpstreamTimeout.D())
+	}
+	if r.TTL <= r.Lease {
+		p.add(f+".ttl", "%s must exceed lease (%s)", r.TTL.D(), r.Lease.D())
+	}
+	if r.WaitTimeout <= 0 {
+		p.add(f+".wait_timeout", "must be positive")
+	}
+	if r.MaxBodyBytes < 0 {
+		p.add(f+".max_body_bytes", "must be positive")
+	}
+	if r.MaxStoredBodyBytes < 0 {
+		p.add(f+".max_stored_body_bytes", "must be positive")
+	}
+	for i, h := range r.ReplayHeaders {
+		hf := fmt.Sprintf("%s.replay_headers[%d]", f, i)
+		switch {
+		case !headerToken.MatchString(h):
+			p.add(hf, "%q is not a header name", h)
+		case neverReplayed[h]:
+			p.add(hf, "%s is never replayed", h)
+		}
+	}
+	for i, path := range r.Fingerprint.Ignore {
+		if err := keyextract.ValidatePath(path); err != nil {
+			p.add(fmt.Sprintf("%s.fingerprint.ignore[%d]", f, i), "%v", err)
+		}
+	}
+	if r.Scope.Header != "" && !headerToken.MatchString(r.Scope.Header) {
+		p.add(f+".scope.header", "%q is not a header name", r.Scope.Header)
+	}
+}
+
+func oneOf(p *problems, field, v string, allowed ...string) {
+	for _, a := range allowed {
+		if v == a {
+			return
+		}
+	}
+	p.add(field, "%q is not one of %s", v, strings.Join(allowed, ", "))
+}
+
+// checkPattern validates a ServeMux pattern by registering it, and returns
+// the names of its wildcards.
+func checkPattern(p *problems, field, pattern string, mux *http.ServeMux) (wildcards map[string]bool, ok bool) {
+	if pattern == "" {
+		p.add(field, `required (a ServeMux pattern such as "POST /charges")`)
+		return nil, false
+	}
+	defer func() {
+		if e := recover(); e != nil {
+			msg := fmt.Sprint(e)
+			msg = strings.TrimPrefix(msg, "http: ")
+			p.add(field, "%s", msg)
+			ok = false
+		}
+	}()
+	mux.Handle(pattern, http.NotFoundHandler())
+	wildcards = map[string]bool{}
+	rest := pattern
+	for {
+		i := strings.IndexByte(rest, '{')
+		if i < 0 {
+			break
+		}
+		j := strings.IndexByte(rest[i:], '}')
+		if j < 0 {
+			break
+		}
+		name := strings.TrimSuffix(rest[i+1:i+j], "...")
+		if name != "$" {
+			wildcards[name] = true
+		}
+		rest = rest[i+j+1:]
+	}
+	return wildcards, true
+}
+
+func (k *Key) validate(p *problems, f string, wildcards map[string]bool, patternOK bool) {
+	set := k.sources()
+	if len(set) == 0 && len(k.Parts) == 0 {
+		p.add(f, "set exactly one of json, header, query, path or parts")
+		return
+	}
+	if len(set)+min(len(k.Parts), 1) > 1 {
+		p.add(f, "set exactly one of json, header, query, path or parts")
+		return
+	}
+	if len(k.Parts) > 0 {
+		if len(k.Parts) < 2 {
+			p.add(f+".parts", "a composite key needs at least two parts")
+		}
+		for i := range k.Parts {
+			pf := fmt.Sprintf("%s.parts[%d]", f, i)
+			part := &k.Parts[i]
+			if len(part.Parts) > 0 {
+				p.add(pf, "parts cannot be nested")
+				continue
+			}
+			part.validate(p, pf, wildcards, patternOK)
+		}
+		return
+	}
+	switch {
+	case k.JSON != "":
+		if err := keyextract.ValidatePath(k.JSON); err != nil {
+			p.add(f+".json", "%v", err)
+		}
+	case k.Header != "":
+		if !headerToken.MatchString(k.Header) {
+			p.add(f+".header", "%q is not a header name", k.Header)
+		}
+	case k.Query != "":
+	case k.Path != "":
+		if patternOK && !wildcards[k.Path] {
+			p.add(f+".path", "the match pattern has no wildcard {%s}", k.Path)
+		}
+	}
+}
+
+func (k *Key) sources() []string {
+	var s []string
+	for _, v := range []string{k.JSON, k.Header, k.Query, k.Path} {
+		if v != "" {
+			s = append(s, v)
+		}
+	}
+	return s
+}
+
+// Spec converts the key configuration to a key extraction spec.
+func (k Key) Spec() keyextract.Spec {
+	if len(k.Parts) > 0 {
+		var s keyextract.Spec
+		for _, part := range k.Parts {
+			s.Parts = append(s.Parts, part.Spec().Parts...)
+		}
+		return s
+	}
+	var src keyextract.Source
+	switch {
+	case k.JSON != "":
+		src = keyextract.Source{Kind: keyextract.JSON, Name: k.JSON}
+	case k.Header != "":
+		src = keyextract.Source{Kind: keyextract.Header, Name: k.Header}
+	case k.Query != "":
+		src = keyextract.Source{Kind: keyextract.Query, Name: k.Query}
+	case k.Path != "":
+		src = keyextract.Source{Kind: keyextract.Path, Name: k.Path}
+	}
+	return keyextract.Spec{Parts: []keyextract.Source{src}}
+}

@@ -1,0 +1,203 @@
+// Package keyextract finds a request's idempotency key (in a header, a JSON
+// body path, a query parameter, a path wildcard, or several of them) and
+// computes the request's fingerprint over a canonical form of its body.
+package keyextract
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"regexp"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/tidwall/gjson"
+)
+
+// MaxKeyBytes is the longest key accepted, composite keys included.
+const MaxKeyBytes = 255
+
+// Kind is where a key part comes from.
+type Kind int
+
+// The key sources.
+const (
+	JSON   Kind = iota + 1 // a path in the JSON body: orderId, order.id, items.0.sku
+	Header                 // a request header
+	Query                  // a query parameter
+	Path                   // a wildcard of the route's ServeMux pattern
+)
+
+func (k Kind) String() string {
+	switch k {
+	case JSON:
+		return "json"
+	case Header:
+		return "header"
+	case Query:
+		return "query"
+	case Path:
+		return "path"
+	}
+	return fmt.Sprintf("Kind(%d)", int(k))
+}
+
+// Source is one place a key part comes from.
+type Source struct {
+	Kind Kind
+	// Name is the JSON path, header name, query parameter or wildcard name.
+	Name string
+}
+
+func (s Source) String() string { return s.Kind.String() + " " + s.Name }
+
+// Spec says where a route's key comes from: one Source, or several joined
+// into a composite key.
+type Spec struct {
+	Parts []Source
+}
+
+// NeedsJSON reports whether any part of the key is read from the JSON body.
+func (s Spec) NeedsJSON() bool {
+	for _, p := range s.Parts {
+		if p.Kind == JSON {
+			return true
+		}
+	}
+	return false
+}
+
+// Errors returned, wrapped in *Error, by Extract.
+var (
+	// ErrMissing: the source has no value (absent, empty or JSON null).
+	ErrMissing = errors.New("missing")
+	// ErrInvalid: the value is not a usable key (too long, not printable,
+	// not a scalar, ambiguous).
+	ErrInvalid = errors.New("invalid")
+	// ErrBadJSON: the body is not one valid JSON value.
+	ErrBadJSON = errors.New("body is not valid JSON")
+)
+
+// Error is a key that could not be extracted.
+type Error struct {
+	Source Source
+	// Err is ErrMissing, ErrInvalid or ErrBadJSON.
+	Err error
+	// Reason explains ErrInvalid and ErrBadJSON in a few words.
+	Reason string
+}
+
+func (e *Error) Error() string {
+	msg := fmt.Sprintf("key %s: %v", e.Source, e.Err)
+	if e.Reason != "" {
+		msg += ": " + e.Reason
+	}
+	return msg
+}
+
+func (e *Error) Unwrap() error { return e.Err }
+
+// Extract returns the key of r. body is the request body, already read;
+// it is only looked at for JSON sources. A composite key joins its parts
+// with '|', each part escaped so that the joined key is unambiguous
+// ('%' as %25, '|' as %7C).
+func (s Spec) Extract(r *http.Request, body []byte) (string, error) {
+	if len(s.Parts) == 1 {
+		v, err := s.Parts[0].value(r, body)
+		if err != nil {
+			return "", err
+		}
+		return v, checkKey(s.Parts[0], v)
+	}
+	vals := make([]string, len(s.Parts))
+	for i, p := range s.Parts {
+		v, err := p.value(r, body)
+		if err != nil {
+			return "", err
+		}
+		vals[i] = partEscaper.Replace(v)
+	}
+	key := strings.Join(vals, "|")
+	return key, checkKey(Source{Kind: s.Parts[0].Kind, Name: "(composite)"}, key)
+}
+
+var partEscaper = strings.NewReplacer("%", "%25", "|", "%7C")
+
+func (src Source) value(r *http.Request, body []byte) (string, error) {
+	switch src.Kind {
+	case Header:
+		vs := r.Header.Values(src.Name)
+		if len(vs) > 1 {
+			return "", &Error{Source: src, Err: ErrInvalid, Reason: "the header is repeated"}
+		}
+		if len(vs) == 0 || vs[0] == "" {
+			return "", &Error{Source: src, Err: ErrMissing}
+		}
+		return vs[0], nil
+	case Query:
+		vs := r.URL.Query()[src.Name]
+		if len(vs) > 1 {
+			return "", &Error{Source: src, Err: ErrInvalid, Reason: "the parameter is repeated"}
+		}
+		if len(vs) == 0 || vs[0] == "" {
+			return "", &Error{Source: src, Err: ErrMissing}
+		}
+		return vs[0], nil
+	case Path:
+		v := r.PathValue(src.Name)
+		if v == "" {
+			return "", &Error{Source: src, Err: ErrMissing}
+		}
+		return v, nil
+	case JSON:
+		if !gjson.ValidBytes(body) {
+			return "", &Error{Source: src, Err: ErrBadJSON}
+		}
+		res := gjson.GetBytes(body, src.Name)
+		switch res.Type {
+		case gjson.String:
+			if res.Str == "" {
+				return "", &Error{Source: src, Err: ErrMissing}
+			}
+			return res.Str, nil
+		case gjson.Number:
+			// The literal digits, so that 1001 and "1001" are one key.
+			return res.Raw, nil
+		case gjson.True, gjson.False:
+			return res.Raw, nil
+		case gjson.JSON:
+			return "", &Error{Source: src, Err: ErrInvalid, Reason: "an object or array is not a key"}
+		default: // Null, or not present
+			return "", &Error{Source: src, Err: ErrMissing}
+		}
+	}
+	return "", &Error{Source: src, Err: ErrInvalid, Reason: "unknown source"}
+}
+
+func checkKey(src Source, key string) error {
+	if len(key) > MaxKeyBytes {
+		return &Error{Source: src, Err: ErrInvalid, Reason: fmt.Sprintf("longer than %d bytes", MaxKeyBytes)}
+	}
+	if !utf8.ValidString(key) {
+		return &Error{Source: src, Err: ErrInvalid, Reason: "not valid UTF-8"}
+	}
+	for _, r := range key {
+		if !unicode.IsPrint(r) {
+			return &Error{Source: src, Err: ErrInvalid, Reason: "holds a character that is not printable"}
+		}
+	}
+	return nil
+}
+
+var pathSyntax = regexp.MustCompile(`^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$`)
+
+// ValidatePath checks a JSON path: names and array indexes separated by
+// dots (orderId, order.id, items.0.sku). Names hold letters, digits, '_'
+// and '-'.
+func ValidatePath(path string) error {
+	if !pathSyntax.MatchString(path) {
+		return fmt.Errorf("%q is not a JSON path of names and indexes separated by dots (order.id, items.0.sku)", path)
+	}
+	return nil
+}

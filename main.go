@@ -1,0 +1,183 @@
+// Command idemproxy is a sidecar reverse proxy that makes an unmodified HTTP
+// service idempotent: the same request, delivered twice, is processed once.
+//
+// Usage:
+//
+//	idemproxy -config config.yaml          run the proxy
+//	idemproxy -config config.yaml -check   validate the configuration and exit
+//	idemproxy -healthcheck URL             exit 0 if URL answers 200 (container health checks)
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store/badger"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run is the whole program; it returns the exit status.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("idemproxy", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	configPath := fs.String("config", "config.yaml", "configuration file")
+	check := fs.Bool("check", false, "validate the configuration, print every problem, and exit")
+	healthURL := fs.String("healthcheck", "", "probe `URL` (e.g. http://127.0.0.1:9091/livez) and exit 0 if it answers 200, 1 otherwise")
+	logFormat := fs.String("log-format", "json", "log format: json or text")
+	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "idemproxy: unexpected arguments: %v\n", fs.Args())
+		return 2
+	}
+	switch {
+	case *showVersion:
+		fmt.Fprintf(stdout, "idemproxy %s\n", version)
+		return 0
+	case *healthURL != "":
+		return healthcheck(*healthURL, stderr)
+	}
+	log, err := newLogger(stderr, *logFormat, *logLevel)
+	if err != nil {
+		fmt.Fprintf(stderr, "idemproxy: %v\n", err)
+		return 2
+	}
+	cfg, err := config.Load(*configPath)
+	if err != nil {
+		fmt.Fprintf(stderr, "idemproxy: %s: %v\n", *configPath, err)
+		return 1
+	}
+	if *check {
+		fmt.Fprintf(stdout, "%s: ok (%d routes)\n", *configPath, len(cfg.Routes))
+		return 0
+	}
+	if err := serve(ctx, cfg, *configPath, log); err != nil {
+		log.Error("idemproxy stopped", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("-log-level: %w", err)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("-log-format: %q is not json or text", format)
+}
+
+// healthcheck probes url, for container health checks in images without a
+// shell.
+func healthcheck(url string, stderr io.Writer) int {
+	c := &http.Client{Timeout: 3 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		fmt.Fprintf(stderr, "idemproxy: healthcheck: %v\n", err)
+		return 1
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		fmt.Fprintf(stderr, "idemproxy: healthcheck: %s answered %s\n", url, resp.Status)
+		return 1
+	}
+	return 0
+}
+
+// openStore opens the configured store and names it for the metrics.
+func openStore(cfg *config.Config, log *slog.Logger) (proxy.Store, string, func() error, error) {
+	b := cfg.Store.Badger
+	if b == nil {
+		return nil, "", nil, errors.New("no store configured")
+	}
+	s, err := badger.Open(badger.Options{
+		Dir:        b.Dir,
+		SyncWrites: *b.SyncWrites,
+		GCInterval: b.GCInterval.D(),
+		Logger:     log,
+	})
+	if err != nil {
+		return nil, "", nil, err
+	}
+	return s, "badger", s.Close, nil
+}
+
+// serve runs the proxy until ctx is cancelled, then shuts down gracefully.
+func serve(ctx context.Context, cfg *config.Config, configPath string, log *slog.Logger) error {
+	store, storeName, closeStore, err := openStore(cfg, log)
+	if err != nil {
+		return fmt.Errorf("open store: %w", err)
+	}
+	defer func() {
+		if err := closeStore(); err != nil {
+			log.Error("close store", "err", err)
+		}
+	}()
+	p, err := proxy.New(cfg, proxy.Options{Store: store, StoreName: storeName, Logger: log})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	srv := &http.Server{
+		Handler:           p,
+		ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout.D(),
+		ReadTimeout:       cfg.Server.ReadTimeout.D(),
+		IdleTimeout:       cfg.Server.IdleTimeout.D(),
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	log.Info("idemproxy listening", "addr", ln.Addr().String(), "upstream", cfg.Upstream,
+		"store", storeName, "routes", len(cfg.Routes), "version", version, "config", configPath)
+
+	select {
+	case err := <-serveErr:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	log.Info("shutting down", "drain_delay", cfg.Server.DrainDelay.D(), "timeout", cfg.Server.ShutdownTimeout.D())
+	time.Sleep(cfg.Server.DrainDelay.D())
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.Server.ShutdownTimeout.D())
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		log.Warn("shutdown deadline passed; requests still waiting for the upstream leave their keys in doubt", "err", err)
+		p.Abort()
+		srv.Close()
+	}
+	p.Wait()
+	log.Info("idemproxy stopped")
+	return nil
+}

@@ -1,0 +1,145 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Outcome is what the proxy did with a request, the outcome label of
+// idemproxy_requests_total.
+type Outcome string
+
+// The outcomes.
+const (
+	OutcomeCommitted   Outcome = "committed"   // forwarded, answer committed for replay
+	OutcomeReplayed    Outcome = "replayed"    // a duplicate got the stored answer
+	OutcomeReleased    Outcome = "released"    // forwarded, key released (429, release set, not sent)
+	OutcomeInDoubt     Outcome = "in_doubt"    // forwarded, no answer: key in doubt
+	OutcomeConflict    Outcome = "conflict"    // 409: key in flight or in doubt
+	OutcomeDuplicate   Outcome = "duplicate"   // 409 under duplicate: reject (or answer not replayable)
+	OutcomeMismatch    Outcome = "mismatch"    // 422: same key, other request
+	OutcomeBadRequest  Outcome = "bad_request" // 400 or 413
+	OutcomeUnprotected Outcome = "unprotected" // forwarded without a key (on_missing_key: forward)
+	OutcomeStoreError  Outcome = "store_error" // the store failed: 503, or forwarded under on_store_error: forward
+	OutcomePassthrough Outcome = "passthrough" // no route matched
+)
+
+// Outcomes lists every outcome, in documentation order.
+var Outcomes = []Outcome{OutcomeCommitted, OutcomeReplayed, OutcomeReleased, OutcomeInDoubt, OutcomeConflict,
+	OutcomeDuplicate, OutcomeMismatch, OutcomeBadRequest, OutcomeUnprotected, OutcomeStoreError, OutcomePassthrough}
+
+// Metrics are the proxy's Prometheus collectors.
+type Metrics struct {
+	requests         *prometheus.CounterVec
+	duration         *prometheus.HistogramVec
+	upstreamDuration *prometheus.HistogramVec
+	storeDuration    *prometheus.HistogramVec
+	storeErrors      *prometheus.CounterVec
+	inFlight         *prometheus.GaugeVec
+}
+
+// NewMetrics creates the proxy's collectors and registers them on reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemproxy_requests_total",
+			Help: "Requests handled, by route and outcome (route is empty when no route matched).",
+		}, []string{"route", "outcome"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idemproxy_request_duration_seconds",
+			Help:    "Time from receiving a request to the end of its answer, by route and outcome.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"route", "outcome"}),
+		upstreamDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idemproxy_upstream_request_duration_seconds",
+			Help:    "Time until the upstream's response headers, by route and status code (\"error\" when none came).",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"route", "code"}),
+		storeDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idemproxy_store_operation_duration_seconds",
+			Help:    "Duration of key store operations, by store and operation.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
+		}, []string{"store", "operation"}),
+		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemproxy_store_errors_total",
+			Help: "Key store operations that failed, by store and operation.",
+		}, []string{"store", "operation"}),
+		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "idemproxy_requests_in_flight",
+			Help: "Requests being handled now, by route.",
+		}, []string{"route"}),
+	}
+	reg.MustRegister(m.requests, m.duration, m.upstreamDuration, m.storeDuration, m.storeErrors, m.inFlight)
+	return m
+}
+
+// initRoute creates a route's series at zero, so that rates and alerts see
+// them before the first request.
+func (m *Metrics) initRoute(route string) {
+	for _, o := range Outcomes {
+		if o == OutcomePassthrough {
+			continue
+		}
+		m.requests.WithLabelValues(route, string(o))
+	}
+	m.inFlight.WithLabelValues(route)
+}
+
+// instrumented wraps a Store with operation timings and error counts.
+type instrumented struct {
+	Store
+	name string
+	m    *Metrics
+}
+
+func (s instrumented) observe(op string, start time.Time, err error) {
+	s.m.storeDuration.WithLabelValues(s.name, op).Observe(time.Since(start).Seconds())
+	if err != nil && !errors.Is(err, ErrNotOwner) {
+		s.m.storeErrors.WithLabelValues(s.name, op).Inc()
+	}
+}
+
+func (s instrumented) Reserve(ctx context.Context, key string, res Reservation) (rec *Record, err error) {
+	start := time.Now()
+	defer func() { s.observe("reserve", start, err) }()
+	return s.Store.Reserve(ctx, key, res)
+}
+
+func (s instrumented) Commit(ctx context.Context, key, token string, resp Response, ttl time.Duration) (err error) {
+	start := time.Now()
+	defer func() { s.observe("commit", start, err) }()
+	return s.Store.Commit(ctx, key, token, resp, ttl)
+}
+
+func (s instrumented) Release(ctx context.Context, key, token string) (err error) {
+	start := time.Now()
+	defer func() { s.observe("release", start, err) }()
+	return s.Store.Release(ctx, key, token)
+}
+
+func (s instrumented) MarkInDoubt(ctx context.Context, key, token string, ttl time.Duration) (err error) {
+	start := time.Now()
+	defer func() { s.observe("mark_in_doubt", start, err) }()
+	return s.Store.MarkInDoubt(ctx, key, token, ttl)
+}
+
+func (s instrumented) Get(ctx context.Context, key string) (rec *Record, err error) {
+	start := time.Now()
+	defer func() { s.observe("get", start, err) }()
+	return s.Store.Get(ctx, key)
+}
+
+func (s instrumented) Delete(ctx context.Context, key string) (existed bool, err error) {
+	start := time.Now()
+	defer func() { s.observe("delete", start, err) }()
+	return s.Store.Delete(ctx, key)
+}
+
+func (s instrumented) Ping(ctx context.Context) (err error) {
+	start := time.Now()
+	defer func() { s.observe("ping", start, err) }()
+	return s.Store.Ping(ctx)
+}

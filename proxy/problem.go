@@ -1,0 +1,86 @@
+package proxy
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+)
+
+// ProblemTypePrefix starts the type URI of every problem the proxy answers
+// with; the rest is the problem's stable name (see Problems).
+const ProblemTypePrefix = "urn:idemproxy:problem:"
+
+// problem is a kind of proxy-made error answer.
+type problem struct {
+	name   string
+	status int
+	title  string
+}
+
+// The proxy's own error answers. This table is the one place where a
+// domain error becomes an HTTP status.
+var (
+	probMissingKey       = problem{"missing-key", http.StatusBadRequest, "Idempotency key missing"}
+	probInvalidKey       = problem{"invalid-key", http.StatusBadRequest, "Idempotency key invalid"}
+	probInvalidJSON      = problem{"invalid-json", http.StatusBadRequest, "Request body is not valid JSON"}
+	probMissingScope     = problem{"missing-scope", http.StatusBadRequest, "Scope header missing"}
+	probUnreadableBody   = problem{"unreadable-body", http.StatusBadRequest, "Request body could not be read"}
+	probBodyTooLarge     = problem{"body-too-large", http.StatusRequestEntityTooLarge, "Request body too large"}
+	probInFlight         = problem{"request-in-flight", http.StatusConflict, "A request with this key is being processed"}
+	probInDoubt          = problem{"outcome-in-doubt", http.StatusConflict, "The outcome of an earlier request with this key is unknown"}
+	probDuplicate        = problem{"duplicate-request", http.StatusConflict, "Duplicate request"}
+	probNotReplayable    = problem{"response-not-replayable", http.StatusConflict, "Duplicate request whose answer was too large to store"}
+	probMismatch         = problem{"fingerprint-mismatch", http.StatusUnprocessableEntity, "Idempotency key reused with a different request"}
+	probUpstreamDown     = problem{"upstream-unreachable", http.StatusBadGateway, "Upstream not reached"}
+	probUpstreamReset    = problem{"upstream-reset", http.StatusBadGateway, "Upstream connection lost before an answer"}
+	probUpstreamTimeout  = problem{"upstream-timeout", http.StatusGatewayTimeout, "Upstream did not answer in time"}
+	probStoreUnavailable = problem{"store-unavailable", http.StatusServiceUnavailable, "Idempotency store unavailable"}
+)
+
+// Problems lists every problem the proxy can answer with, for the docs and
+// tests: name, status and title.
+func Problems() []struct {
+	Name   string
+	Status int
+	Title  string
+} {
+	all := []problem{probMissingKey, probInvalidKey, probInvalidJSON, probMissingScope, probUnreadableBody,
+		probBodyTooLarge, probInFlight, probInDoubt, probDuplicate, probNotReplayable, probMismatch,
+		probUpstreamDown, probUpstreamReset, probUpstreamTimeout, probStoreUnavailable}
+	out := make([]struct {
+		Name   string
+		Status int
+		Title  string
+	}, len(all))
+	for i, p := range all {
+		out[i].Name, out[i].Status, out[i].Title = p.name, p.status, p.title
+	}
+	return out
+}
+
+// writeProblem answers with an RFC 9457 problem body. ext adds extension
+// members; retryAfter > 0 sets Retry-After in seconds.
+func writeProblem(w http.ResponseWriter, r *http.Request, p problem, detail string, retryAfter int, ext map[string]any) {
+	body := map[string]any{
+		"type":     ProblemTypePrefix + p.name,
+		"title":    p.title,
+		"status":   p.status,
+		"instance": r.URL.Path,
+	}
+	if detail != "" {
+		body["detail"] = detail
+	}
+	for k, v := range ext {
+		body[k] = v
+	}
+	b, _ := json.Marshal(body) // only strings and numbers: cannot fail
+	h := w.Header()
+	h.Set("Content-Type", "application/problem+json")
+	h.Set("Content-Length", strconv.Itoa(len(b)))
+	h.Set("Cache-Control", "no-store")
+	if retryAfter > 0 {
+		h.Set("Retry-After", strconv.Itoa(retryAfter))
+	}
+	w.WriteHeader(p.status)
+	w.Write(b)
+}

@@ -1,0 +1,208 @@
+// Package proxy is idemproxy's reverse proxy: it matches routes, extracts
+// and fingerprints idempotency keys, reserves them in a Store, forwards the
+// first request, classifies the upstream's outcome, and commits the answer
+// for replay or releases the key (DESIGN.md's outcome table).
+package proxy
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/keyextract"
+)
+
+// storeTimeout bounds the store operations that settle a forwarded request
+// (commit, release, in doubt), which run after the upstream's own deadline.
+const storeTimeout = 5 * time.Second
+
+// Options configures New.
+type Options struct {
+	// Store keeps the key records. Required.
+	Store Store
+	// StoreName labels the store metrics ("badger", "redis").
+	StoreName string
+	// Logger receives the access log and errors; nil discards them.
+	Logger *slog.Logger
+	// Metrics receives the proxy's metrics; nil registers them on a
+	// private registry.
+	Metrics *Metrics
+	// Transport carries requests to the upstream; nil means NewTransport().
+	Transport http.RoundTripper
+}
+
+// Proxy is the idempotency proxy, an http.Handler. Reload swaps its routes
+// while it serves.
+type Proxy struct {
+	store     Store
+	log       *slog.Logger
+	m         *Metrics
+	transport http.RoundTripper
+	table     atomic.Pointer[table]
+
+	// life is the parent of every upstream request's context: Abort
+	// cancels it, which turns the requests still waiting for an answer in
+	// doubt.
+	life   context.Context
+	abort  context.CancelFunc
+	active sync.WaitGroup
+}
+
+// table is one configuration's routing, swapped whole by Reload.
+type table struct {
+	mux         *http.ServeMux
+	routes      map[string]*route
+	passthrough *httputil.ReverseProxy
+	ptTimeout   time.Duration
+}
+
+// route is one configured route, ready to serve.
+type route struct {
+	cfg  config.Route
+	spec keyextract.Spec
+	rp   *httputil.ReverseProxy
+	p    *Proxy
+}
+
+func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) { rt.p.serveRoute(w, r, rt) }
+
+// NewTransport returns the transport used for the upstream: bounded dial
+// and TLS handshake, a large idle pool per host, and an idle timeout short
+// enough that the proxy drops a connection before a typical upstream does
+// (a request written on a connection the upstream just closed is in doubt).
+func NewTransport() *http.Transport {
+	return &http.Transport{
+		Proxy:                 nil,
+		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:          512,
+		MaxIdleConnsPerHost:   256,
+		IdleConnTimeout:       30 * time.Second,
+		TLSHandshakeTimeout:   5 * time.Second,
+		ExpectContinueTimeout: time.Second,
+	}
+}
+
+// New returns a proxy serving cfg.
+func New(cfg *config.Config, opts Options) (*Proxy, error) {
+	if opts.Store == nil {
+		return nil, fmt.Errorf("proxy: a store is required")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Metrics == nil {
+		opts.Metrics = NewMetrics(prometheus.NewRegistry())
+	}
+	if opts.Transport == nil {
+		opts.Transport = NewTransport()
+	}
+	if opts.StoreName == "" {
+		opts.StoreName = "store"
+	}
+	p := &Proxy{
+		store:     instrumented{Store: opts.Store, name: opts.StoreName, m: opts.Metrics},
+		log:       opts.Logger,
+		m:         opts.Metrics,
+		transport: opts.Transport,
+	}
+	p.life, p.abort = context.WithCancel(context.Background())
+	if err := p.Reload(cfg); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// Reload builds the routing of cfg and swaps it in atomically; requests
+// already being handled finish under the configuration they started with.
+// The store is not changed by a reload.
+func (p *Proxy) Reload(cfg *config.Config) error {
+	up, err := url.Parse(cfg.Upstream)
+	if err != nil {
+		return fmt.Errorf("proxy: upstream: %w", err)
+	}
+	t := &table{
+		mux:       http.NewServeMux(),
+		routes:    make(map[string]*route, len(cfg.Routes)),
+		ptTimeout: cfg.Server.PassthroughTimeout.D(),
+	}
+	t.passthrough = p.reverseProxy(up, nil)
+	for _, rc := range cfg.Routes {
+		rt := &route{cfg: rc, spec: rc.Key.Spec(), p: p}
+		rt.rp = p.reverseProxy(up, rt)
+		if err := register(t.mux, rc.Match, rt); err != nil {
+			return fmt.Errorf("proxy: route %s: %w", rc.Name, err)
+		}
+		t.routes[rc.Name] = rt
+		p.m.initRoute(rc.Name)
+	}
+	p.table.Store(t)
+	return nil
+}
+
+func register(mux *http.ServeMux, pattern string, h http.Handler) (err error) {
+	defer func() {
+		if e := recover(); e != nil {
+			err = fmt.Errorf("%v", e)
+		}
+	}()
+	mux.Handle(pattern, h)
+	return nil
+}
+
+// ServeHTTP routes r: a request that matches a route is protected, any
+// other is proxied untouched, without touching the store.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	t := p.table.Load()
+	if h, _ := t.mux.Handler(r); h != nil {
+		if _, ok := h.(*route); ok {
+			t.mux.ServeHTTP(w, r) // sets the path wildcards, then serveRoute
+			return
+		}
+	}
+	p.servePassthrough(w, r, t)
+}
+
+// HasRoute reports whether the current configuration has a route named name.
+func (p *Proxy) HasRoute(name string) bool {
+	_, ok := p.table.Load().routes[name]
+	return ok
+}
+
+// Abort cancels every upstream request still waiting for its answer; their
+// keys become in doubt. Call it when the shutdown deadline has passed.
+func (p *Proxy) Abort() { p.abort() }
+
+// Wait blocks until every forwarded request has settled its key in the
+// store, so the store can be closed.
+func (p *Proxy) Wait() { p.active.Wait() }
+
+// StoreKey returns the store key of an idempotency key on a route. A
+// non-empty scope (the raw value of the route's scope header) is hashed,
+// so that the store never holds it and one client's keys cannot be reached
+// with another's scope.
+func StoreKey(route, scope, key string) string {
+	s := "-"
+	if scope != "" {
+		sum := sha256.Sum256([]byte(scope))
+		s = hex.EncodeToString(sum[:16])
+	}
+	return route + "/" + s + "/" + key
+}
+
+// keyHash is a short, one-way digest of a store key for logs.
+func keyHash(storeKey string) string {
+	sum := sha256.Sum256([]byte(storeKey))
+	return hex.EncodeToString(sum[:6])
+}

@@ -1,0 +1,449 @@
+// Package badger is idemproxy's embedded key store, on Badger.
+//
+// Each key record is one Badger entry: the value is the record as JSON, the
+// entry's UserMeta byte mirrors its state (so that start-up can find
+// in-flight records without reading values), and the record's TTL is
+// Badger's own expiry. Reserve, Commit, Release and MarkInDoubt are each one
+// serialisable Badger transaction, retried on conflict, which makes the
+// reservation atomic among the requests of this process. Badger locks its
+// directory, so one store serves exactly one process: the embedded store is
+// per replica.
+package badger
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	bdg "github.com/dgraph-io/badger/v4"
+
+	"github.com/idemproxy/idemproxy/proxy"
+)
+
+var _ proxy.Store = (*Store)(nil)
+
+// UserMeta values, one per state.
+const (
+	metaInFlight  byte = 1
+	metaCompleted byte = 2
+	metaInDoubt   byte = 3
+)
+
+// maxConflictRetries bounds the retries of one operation that keeps losing
+// to concurrent transactions on the same key.
+const maxConflictRetries = 1000
+
+// Options configures Open.
+type Options struct {
+	// Dir is the data directory, created if missing. Required.
+	Dir string
+	// SyncWrites makes every write durable (fsync) before it returns, so a
+	// reservation is on disk before its request is forwarded.
+	SyncWrites bool
+	// GCInterval is how often value-log garbage collection runs; zero means
+	// five minutes.
+	GCInterval time.Duration
+	// Logger receives Badger's warnings and errors and the store's own
+	// messages; nil discards them.
+	Logger *slog.Logger
+	// Now returns the current time; nil means time.Now. Tests use it to
+	// move leases along.
+	Now func() time.Time
+}
+
+// Store is the Badger key store. Its methods are safe for concurrent use.
+type Store struct {
+	db   *bdg.DB
+	log  *slog.Logger
+	now  func() time.Time
+	stop chan struct{}
+	done sync.WaitGroup
+}
+
+// record is the stored form of a proxy.Record.
+type record struct {
+	State       proxy.State     `json:"st"`
+	Token       string          `json:"tok"`
+	Fingerprint string          `json:"fp"`
+	CreatedAt   int64           `json:"cr"`           // unix ms
+	Lease       int64           `json:"le,omitempty"` // unix ms, in flight only
+	Response    *proxy.Response `json:"resp,omitempty"`
+}
+
+// Open opens (or creates) the store in opts.Dir, turns every reservation
+// left in flight by a previous process into in doubt (no request of that
+// process can still be running, and it may have reached the upstream), and
+// starts value-log garbage collection in the background.
+func Open(opts Options) (*Store, error) {
+	if opts.Dir == "" {
+		return nil, errors.New("badger: a data directory is required")
+	}
+	if opts.GCInterval <= 0 {
+		opts.GCInterval = 5 * time.Minute
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	bo := bdg.DefaultOptions(opts.Dir).
+		WithSyncWrites(opts.SyncWrites).
+		WithLogger(logger{opts.Logger}).
+		// Sized for a sidecar: a few tens of MiB instead of Badger's
+		// server-sized defaults (64 MiB memtables x5, a 256 MiB block cache,
+		// 1 GiB value-log files).
+		WithMemTableSize(8 << 20).
+		WithNumMemtables(2).
+		WithNumLevelZeroTables(2).
+		WithNumLevelZeroTablesStall(8).
+		WithBaseTableSize(2 << 20).
+		WithBlockCacheSize(8 << 20).
+		WithIndexCacheSize(4 << 20).
+		WithValueLogFileSize(64 << 20).
+		WithValueThreshold(16 << 10).
+		WithNumCompactors(2).
+		WithNumGoroutines(2).
+		WithMetricsEnabled(false)
+	db, err := bdg.Open(bo)
+	if err != nil {
+		return nil, fmt.Errorf("badger: open %s: %w", opts.Dir, err)
+	}
+	s := &Store{db: db, log: opts.Logger, now: opts.Now, stop: make(chan struct{})}
+	n, err := s.orphansInDoubt()
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("badger: recover in-flight reservations: %w", err)
+	}
+	if n > 0 {
+		s.log.Warn("reservations left in flight by the previous process are now in doubt", "keys", n)
+	}
+	s.done.Add(1)
+	go s.gcLoop(opts.GCInterval)
+	return s, nil
+}
+
+// Close stops garbage collection and closes the database.
+func (s *Store) Close() error {
+	close(s.stop)
+	s.done.Wait()
+	if err := s.db.Close(); err != nil {
+		return fmt.Errorf("badger: close: %w", err)
+	}
+	return nil
+}
+
+// Sizes returns the LSM tree's and the value log's size on disk, in bytes.
+func (s *Store) Sizes() (lsm, vlog int64) { return s.db.Size() }
+
+func (s *Store) gcLoop(every time.Duration) {
+	defer s.done.Done()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			s.RunGC()
+		}
+	}
+}
+
+// RunGC runs value-log garbage collection until a pass finds nothing to
+// rewrite, and returns the number of files rewritten.
+func (s *Store) RunGC() int {
+	n := 0
+	for {
+		select {
+		case <-s.stop:
+			return n
+		default:
+		}
+		err := s.db.RunValueLogGC(0.5)
+		if err != nil {
+			if !errors.Is(err, bdg.ErrNoRewrite) && !errors.Is(err, bdg.ErrRejected) {
+				s.log.Warn("value-log garbage collection failed", "err", err)
+			}
+			return n
+		}
+		n++
+	}
+}
+
+// orphansInDoubt rewrites every in-flight record as in doubt, keeping its
+// expiry.
+func (s *Store) orphansInDoubt() (int, error) {
+	type orphan struct {
+		key       []byte
+		expiresAt uint64
+	}
+	var orphans []orphan
+	err := s.db.View(func(txn *bdg.Txn) error {
+		it := txn.NewIterator(bdg.IteratorOptions{PrefetchValues: false})
+		defer it.Close()
+		for it.Rewind(); it.Valid(); it.Next() {
+			item := it.Item()
+			if item.UserMeta() == metaInFlight {
+				orphans = append(orphans, orphan{item.KeyCopy(nil), item.ExpiresAt()})
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	for _, o := range orphans {
+		err := s.update(func(txn *bdg.Txn) error {
+			rec, _, err := get(txn, o.key)
+			if err != nil || rec == nil || rec.State != proxy.StateInFlight {
+				return err
+			}
+			rec.State = proxy.StateInDoubt
+			rec.Lease = 0
+			return putAt(txn, o.key, rec, o.expiresAt)
+		})
+		if err != nil {
+			return 0, err
+		}
+	}
+	return len(orphans), nil
+}
+
+// update runs fn in a read-write transaction, retrying when a concurrent
+// transaction wrote a key that fn read.
+func (s *Store) update(fn func(txn *bdg.Txn) error) error {
+	for range maxConflictRetries {
+		err := s.db.Update(fn)
+		if !errors.Is(err, bdg.ErrConflict) {
+			return err
+		}
+	}
+	return fmt.Errorf("badger: gave up after %d transaction conflicts", maxConflictRetries)
+}
+
+// Reserve implements proxy.Store.
+func (s *Store) Reserve(ctx context.Context, key string, res proxy.Reservation) (*proxy.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var existing *proxy.Record
+	err := s.update(func(txn *bdg.Txn) error {
+		existing = nil
+		k := []byte(key)
+		rec, exp, err := get(txn, k)
+		if err != nil {
+			return err
+		}
+		if rec != nil {
+			if rec.State == proxy.StateInFlight && rec.Token == res.Token {
+				return nil
+			}
+			existing = s.public(rec, exp)
+			return nil
+		}
+		now := s.now()
+		rec = &record{
+			State:       proxy.StateInFlight,
+			Token:       res.Token,
+			Fingerprint: res.Fingerprint,
+			CreatedAt:   now.UnixMilli(),
+			Lease:       now.Add(res.Lease).UnixMilli(),
+		}
+		return put(txn, k, rec, now, res.TTL)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("badger: reserve: %w", err)
+	}
+	return existing, nil
+}
+
+// Commit implements proxy.Store.
+func (s *Store) Commit(ctx context.Context, key, token string, resp proxy.Response, ttl time.Duration) error {
+	return s.transition(ctx, "commit", key, token, func(rec *record) time.Duration {
+		rec.State = proxy.StateCompleted
+		rec.Lease = 0
+		rec.Response = &resp
+		return ttl
+	})
+}
+
+// MarkInDoubt implements proxy.Store.
+func (s *Store) MarkInDoubt(ctx context.Context, key, token string, ttl time.Duration) error {
+	return s.transition(ctx, "mark in doubt", key, token, func(rec *record) time.Duration {
+		rec.State = proxy.StateInDoubt
+		rec.Lease = 0
+		return ttl
+	})
+}
+
+// Release implements proxy.Store.
+func (s *Store) Release(ctx context.Context, key, token string) error {
+	return s.transition(ctx, "release", key, token, nil)
+}
+
+// transition applies change to the record under key if it carries token;
+// a nil change deletes the record.
+func (s *Store) transition(ctx context.Context, op, key, token string, change func(*record) time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	err := s.update(func(txn *bdg.Txn) error {
+		k := []byte(key)
+		rec, _, err := get(txn, k)
+		if err != nil {
+			return err
+		}
+		if rec == nil || rec.Token != token {
+			return proxy.ErrNotOwner
+		}
+		if change == nil {
+			return txn.Delete(k)
+		}
+		ttl := change(rec)
+		return put(txn, k, rec, s.now(), ttl)
+	})
+	if err != nil && !errors.Is(err, proxy.ErrNotOwner) {
+		return fmt.Errorf("badger: %s: %w", op, err)
+	}
+	return err
+}
+
+// Get implements proxy.Store.
+func (s *Store) Get(ctx context.Context, key string) (*proxy.Record, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var out *proxy.Record
+	err := s.db.View(func(txn *bdg.Txn) error {
+		rec, exp, err := get(txn, []byte(key))
+		if rec != nil {
+			out = s.public(rec, exp)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("badger: get: %w", err)
+	}
+	return out, nil
+}
+
+// Delete implements proxy.Store.
+func (s *Store) Delete(ctx context.Context, key string) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	var existed bool
+	err := s.update(func(txn *bdg.Txn) error {
+		k := []byte(key)
+		rec, _, err := get(txn, k)
+		if err != nil {
+			return err
+		}
+		existed = rec != nil
+		if !existed {
+			return nil
+		}
+		return txn.Delete(k)
+	})
+	if err != nil {
+		return false, fmt.Errorf("badger: delete: %w", err)
+	}
+	return existed, nil
+}
+
+// Ping implements proxy.Store: it fails once the database is closed.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if s.db.IsClosed() {
+		return errors.New("badger: database is closed")
+	}
+	return nil
+}
+
+// public converts a stored record, deriving in doubt from a lapsed lease.
+func (s *Store) public(rec *record, expiresAt uint64) *proxy.Record {
+	out := &proxy.Record{
+		State:       rec.State,
+		Token:       rec.Token,
+		Fingerprint: rec.Fingerprint,
+		CreatedAt:   time.UnixMilli(rec.CreatedAt),
+		Response:    rec.Response,
+	}
+	if expiresAt > 0 {
+		out.ExpiresAt = time.Unix(int64(expiresAt), 0)
+	}
+	if rec.State == proxy.StateInFlight {
+		out.LeaseExpiresAt = time.UnixMilli(rec.Lease)
+		if !s.now().Before(out.LeaseExpiresAt) {
+			out.State = proxy.StateInDoubt
+		}
+	}
+	return out
+}
+
+// get reads the record under k; (nil, 0, nil) when there is none.
+func get(txn *bdg.Txn, k []byte) (*record, uint64, error) {
+	item, err := txn.Get(k)
+	if errors.Is(err, bdg.ErrKeyNotFound) {
+		return nil, 0, nil
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	var rec record
+	err = item.Value(func(v []byte) error { return json.Unmarshal(v, &rec) })
+	if err != nil {
+		return nil, 0, fmt.Errorf("decode record: %w", err)
+	}
+	return &rec, item.ExpiresAt(), nil
+}
+
+func put(txn *bdg.Txn, k []byte, rec *record, now time.Time, ttl time.Duration) error {
+	// Badger's expiry has one-second granularity: round up, so a record is
+	// never forgotten early.
+	exp := now.Add(ttl + time.Second - 1).Unix()
+	return putAt(txn, k, rec, uint64(exp))
+}
+
+func putAt(txn *bdg.Txn, k []byte, rec *record, expiresAt uint64) error {
+	v, err := json.Marshal(rec)
+	if err != nil {
+		return fmt.Errorf("encode record: %w", err)
+	}
+	e := bdg.NewEntry(k, v).WithMeta(meta(rec.State))
+	e.ExpiresAt = expiresAt
+	return txn.SetEntry(e)
+}
+
+func meta(st proxy.State) byte {
+	switch st {
+	case proxy.StateInFlight:
+		return metaInFlight
+	case proxy.StateCompleted:
+		return metaCompleted
+	default:
+		return metaInDoubt
+	}
+}
+
+// logger adapts slog to Badger's Logger, keeping warnings and errors only.
+type logger struct{ l *slog.Logger }
+
+func (l logger) Errorf(f string, a ...any)   { l.l.Error("badger: " + trim(fmt.Sprintf(f, a...))) }
+func (l logger) Warningf(f string, a ...any) { l.l.Warn("badger: " + trim(fmt.Sprintf(f, a...))) }
+func (l logger) Infof(string, ...any)        {}
+func (l logger) Debugf(string, ...any)       {}
+
+func trim(s string) string {
+	for len(s) > 0 && (s[len(s)-1] == '\n' || s[len(s)-1] == ' ') {
+		s = s[:len(s)-1]
+	}
+	return s
+}
