@@ -26,6 +26,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"github.com/idemproxy/idemproxy/upstream-stub/stub"
 )
 
 // Server timeouts. The delay fault extends the read and write deadlines of
@@ -132,7 +134,7 @@ func serve(ctx context.Context, logger *slog.Logger, cfg config) error {
 		}
 	}
 
-	srv := newHTTPServer(newServer(logger), logger)
+	srv := newHTTPServer(stub.New(logger), logger)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	logger.Info("listening", "addr", addr)

@@ -1,4 +1,4 @@
-package main
+package stub
 
 import (
 	"bytes"
@@ -20,7 +20,7 @@ import (
 // the test output.
 func newTestServer(t *testing.T) *httptest.Server {
 	t.Helper()
-	ts := httptest.NewServer(newServer(testLogger(t)))
+	ts := httptest.NewServer(New(testLogger(t)))
 	t.Cleanup(ts.Close)
 	return ts
 }
@@ -383,7 +383,7 @@ func TestRouting(t *testing.T) {
 	}{
 		{"PUT", "/charges", http.StatusMethodNotAllowed, "DELETE, GET, HEAD, POST"},
 		{"PATCH", "/faults", http.StatusMethodNotAllowed, "DELETE, GET, HEAD, POST"},
-		{"POST", "/orders/A/charges", http.StatusMethodNotAllowed, "GET, HEAD"},
+		{"PUT", "/orders/A/charges", http.StatusMethodNotAllowed, "GET, HEAD, POST"},
 		{"GET", "/nope", http.StatusNotFound, ""},
 		{"GET", "/orders/A", http.StatusNotFound, ""},
 	}
@@ -638,7 +638,7 @@ func TestQueueFaultBadInput(t *testing.T) {
 }
 
 func TestDelayFaultRespectsCancellation(t *testing.T) {
-	h := newServer(testLogger(t))
+	h := New(testLogger(t))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	req := httptest.NewRequestWithContext(ctx, "POST", "/charges", strings.NewReader(`{"orderId": "D-1", "amount": 1}`))
@@ -681,7 +681,7 @@ func TestDelayFaultRespectsCancellation(t *testing.T) {
 }
 
 func TestDelayFaultOutlastsServerTimeouts(t *testing.T) {
-	ts := httptest.NewUnstartedServer(newServer(testLogger(t)))
+	ts := httptest.NewUnstartedServer(New(testLogger(t)))
 	ts.Config.ReadTimeout = 100 * time.Millisecond
 	ts.Config.WriteTimeout = 100 * time.Millisecond
 	ts.Start()
@@ -792,5 +792,41 @@ func TestPositive(t *testing.T) {
 		if got := positive(tt.n); got != tt.want {
 			t.Errorf("positive(%s) = %v, want %v", tt.n, got, tt.want)
 		}
+	}
+}
+
+func TestCreateChargeForOrderInPath(t *testing.T) {
+	ts := httptest.NewServer(New(testLogger(t)))
+	defer ts.Close()
+	tests := []struct {
+		name, path, body string
+		want             int
+	}{
+		{"order from path", "/orders/ORD-7/charges", `{"amount": 5}`, http.StatusCreated},
+		{"matching order in body", "/orders/ORD-7/charges", `{"orderId": "ORD-7", "amount": 5}`, http.StatusCreated},
+		{"conflicting order in body", "/orders/ORD-7/charges", `{"orderId": "ORD-8", "amount": 5}`, http.StatusBadRequest},
+		{"bad amount", "/orders/ORD-7/charges", `{"amount": 0}`, http.StatusBadRequest},
+	}
+	for _, tt := range tests {
+		resp, err := http.Post(ts.URL+tt.path, "application/json", strings.NewReader(tt.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tt.want {
+			t.Errorf("%s: status = %d, want %d", tt.name, resp.StatusCode, tt.want)
+		}
+	}
+	resp, err := http.Get(ts.URL + "/orders/ORD-7/charges")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var st struct{ Charges int }
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Charges != 2 {
+		t.Errorf("ORD-7 charges = %d, want 2", st.Charges)
 	}
 }

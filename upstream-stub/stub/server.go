@@ -1,4 +1,8 @@
-package main
+// Package stub is the upstream stub's charge service: a deliberately
+// non-idempotent HTTP handler that records a new charge on every call and
+// can fail on demand in each of the ways idemproxy must survive. The
+// upstream-stub command serves it; idemproxy's tests serve it in-process.
+package stub
 
 import (
 	"context"
@@ -50,12 +54,13 @@ type server struct {
 	faults  []queuedFault    // Pending faults, next first.
 }
 
-// newServer returns the stub's HTTP handler, with empty state, logging to
+// New returns the stub's HTTP handler, with empty state, logging to
 // logger.
-func newServer(logger *slog.Logger) http.Handler {
+func New(logger *slog.Logger) http.Handler {
 	s := &server{logger: logger, byOrder: make(map[string][]int)}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /charges", s.createCharge)
+	mux.HandleFunc("POST /orders/{orderId}/charges", s.createCharge)
 	mux.HandleFunc("GET /charges", s.listCharges)
 	mux.HandleFunc("DELETE /charges", s.deleteCharges)
 	mux.HandleFunc("GET /orders/{orderId}/charges", s.orderStatement)
@@ -73,7 +78,8 @@ type chargeBody struct {
 	Amount  any `json:"amount"`
 }
 
-// createCharge handles POST /charges: it records a new charge, unless a fault
+// createCharge handles POST /charges and POST /orders/{orderId}/charges (the
+// order in the path; an orderId in the body, if any, must match): it records a new charge, unless a fault
 // says otherwise. A request rejected with 400 or 413 records nothing and does
 // not consume the fault queue.
 func (s *server) createCharge(w http.ResponseWriter, r *http.Request) {
@@ -87,10 +93,18 @@ func (s *server) createCharge(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
-	orderID, err := parseOrderID(body.OrderID)
-	if err != nil {
-		s.fail(w, r, err)
-		return
+	orderID := r.PathValue("orderId")
+	if orderID == "" || body.OrderID != nil {
+		id, err := parseOrderID(body.OrderID)
+		if err != nil {
+			s.fail(w, r, err)
+			return
+		}
+		if orderID != "" && id != orderID {
+			s.fail(w, r, badRequest("orderId %q in the body differs from %q in the path", id, orderID))
+			return
+		}
+		orderID = id
 	}
 	amount, err := parseAmount(body.Amount)
 	if err != nil {
@@ -155,12 +169,15 @@ func (s *server) createCharge(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// answerMargin is the time left to write the answer after a delay.
+const answerMargin = 30 * time.Second
+
 // wait waits for d before the answer, after extending the connection's
 // deadlines so the server timeouts do not cut the delay short. It reports
 // false if the request's context ended first.
 func (s *server) wait(w http.ResponseWriter, r *http.Request, d time.Duration) bool {
 	rc := http.NewResponseController(w)
-	deadline := time.Now().Add(d + writeTimeout)
+	deadline := time.Now().Add(d + answerMargin)
 	if err := rc.SetReadDeadline(deadline); err != nil && !errors.Is(err, http.ErrNotSupported) {
 		s.logger.WarnContext(r.Context(), "extend read deadline", "err", err)
 	}

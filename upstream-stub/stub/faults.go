@@ -1,4 +1,4 @@
-package main
+package stub
 
 import (
 	"encoding/json"

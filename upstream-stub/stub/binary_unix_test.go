@@ -1,11 +1,12 @@
 //go:build unix
 
-package main
+package stub
 
 import (
 	"bytes"
 	"context"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -34,7 +35,8 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
-// TestBinaryStopsOnSIGTERM builds the real binary, serves a charge with it,
+// TestBinaryStopsOnSIGTERM builds the real upstream-stub binary (the parent
+// directory), serves a charge with it,
 // and checks that SIGTERM lets an in-flight request finish and exits 0.
 func TestBinaryStopsOnSIGTERM(t *testing.T) {
 	goTool, err := exec.LookPath("go")
@@ -43,7 +45,7 @@ func TestBinaryStopsOnSIGTERM(t *testing.T) {
 	}
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "upstream-stub")
-	if out, err := exec.Command(goTool, "build", "-o", bin, ".").CombinedOutput(); err != nil {
+	if out, err := exec.Command(goTool, "build", "-o", bin, "..").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 
@@ -120,6 +122,27 @@ func TestBinaryStopsOnSIGTERM(t *testing.T) {
 	for _, want := range []string{"msg=\"shutting down\"", "msg=stopped"} {
 		if !strings.Contains(stderr.String(), want) {
 			t.Errorf("the log does not contain %s:\n%s", want, stderr)
+		}
+	}
+}
+
+// waitAddrFile waits for the -addr-file of a starting server and returns the
+// address in it.
+func waitAddrFile(t *testing.T, path string, exited <-chan struct{}) string {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, err := os.ReadFile(path)
+		if err == nil {
+			return strings.TrimSpace(string(b))
+		}
+		select {
+		case <-exited:
+			t.Fatal("the server exited before it wrote its address")
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no address in %s after 10s: %v", path, err)
 		}
 	}
 }
