@@ -62,6 +62,9 @@ type Store struct {
 	now  func() time.Time
 	stop chan struct{}
 	done sync.WaitGroup
+
+	closeOnce sync.Once
+	closeErr  error
 }
 
 // record is the stored form of a proxy.Record.
@@ -127,14 +130,17 @@ func Open(opts Options) (*Store, error) {
 	return s, nil
 }
 
-// Close stops garbage collection and closes the database.
+// Close stops garbage collection and closes the database. Operations
+// after Close fail; closing again returns the first Close's result.
 func (s *Store) Close() error {
-	close(s.stop)
-	s.done.Wait()
-	if err := s.db.Close(); err != nil {
-		return fmt.Errorf("badger: close: %w", err)
-	}
-	return nil
+	s.closeOnce.Do(func() {
+		close(s.stop)
+		s.done.Wait()
+		if err := s.db.Close(); err != nil {
+			s.closeErr = fmt.Errorf("badger: close: %w", err)
+		}
+	})
+	return s.closeErr
 }
 
 // Sizes returns the LSM tree's and the value log's size on disk, in bytes.

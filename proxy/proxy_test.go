@@ -1,0 +1,507 @@
+package proxy_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/proxy"
+)
+
+const chargesByOrder = `
+  - name: charges
+    match: POST /charges
+    key: {json: orderId}
+`
+
+// storm sends n identical charges at once and returns their answers.
+func (e *env) storm(n int, order string, hdr ...string) []answer {
+	var wg sync.WaitGroup
+	answers := make([]answer, n)
+	start := make(chan struct{})
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			answers[i] = send(e.srv.Client(), "POST", e.srv.URL+"/charges",
+				fmt.Sprintf(`{"orderId": %q, "amount": 10}`, order), hdr...)
+		}()
+	}
+	close(start)
+	wg.Wait()
+	return answers
+}
+
+func TestConcurrentDuplicatesChargeOnce(t *testing.T) {
+	tests := []struct {
+		name       string
+		concurrent string
+		// want409 is whether duplicates that arrive while the first is in
+		// flight get 409 (reject) or wait for its answer (wait).
+		want409 bool
+	}{
+		{"reject", "reject", true},
+		{"wait", "wait", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newEnv(t, fmt.Sprintf(`
+  - name: charges
+    match: POST /charges
+    key: {json: orderId}
+    concurrent: %s
+    wait_timeout: 5s
+`, tt.concurrent))
+			const n = 50
+			// The stub holds the first answer long enough for every copy to arrive.
+			answers := e.storm(n, "ORD-STORM", "X-Stub-Fault", "delay", "X-Stub-Delay", "300ms")
+			var created, replayed, inFlight int
+			for _, a := range answers {
+				switch {
+				case a.err != nil:
+					t.Fatalf("request failed: %v", a.err)
+				case a.status == 201 && a.replayed():
+					replayed++
+				case a.status == 201:
+					created++
+				case a.status == 409 && a.problemType() == "request-in-flight":
+					inFlight++
+					if a.header.Get("Retry-After") == "" {
+						t.Errorf("409 in flight without Retry-After")
+					}
+				default:
+					t.Errorf("unexpected answer %s", a)
+				}
+			}
+			if created != 1 {
+				t.Errorf("first answers = %d, want exactly 1", created)
+			}
+			if got := e.charges("ORD-STORM"); got != 1 {
+				t.Errorf("charges = %d, want 1", got)
+			}
+			if tt.want409 && inFlight == 0 {
+				t.Errorf("no duplicate got 409 in flight (replayed %d)", replayed)
+			}
+			if !tt.want409 && replayed != n-1 {
+				t.Errorf("replayed = %d, want %d (every duplicate waits for the answer)", replayed, n-1)
+			}
+		})
+	}
+}
+
+// TestConcurrentDistinctKeys: a storm over many keys charges each once.
+func TestConcurrentDistinctKeys(t *testing.T) {
+	e := newEnv(t, chargesByOrder)
+	const orders, copies = 40, 5
+	var wg sync.WaitGroup
+	for i := range orders * copies {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			send(e.srv.Client(), "POST", e.srv.URL+"/charges", fmt.Sprintf(`{"orderId": "K-%d", "amount": 1}`, i%orders))
+		}()
+	}
+	wg.Wait()
+	if got := e.totalCharges(); got != orders {
+		t.Errorf("charges = %d, want %d (one per order)", got, orders)
+	}
+}
+
+func TestFingerprintAndKeyCanonicalisation(t *testing.T) {
+	e := newEnv(t, `
+  - name: charges
+    match: POST /charges
+    key: {json: order.id}
+    fingerprint: {ignore: [sentAt]}
+`)
+	first := e.do("POST", "/charges", `{"order": {"id": 1001}, "orderId": "1001", "amount": 10, "sentAt": "10:00"}`)
+	wantStatus(t, "first", first, 201, "")
+	tests := []struct {
+		name, body string
+		status     int
+		problem    string
+		replayed   bool
+	}{
+		{"same request", `{"order": {"id": 1001}, "orderId": "1001", "amount": 10, "sentAt": "10:00"}`, 201, "", true},
+		{"other key order and white space", "{ \"sentAt\":\"10:00\",\n \"amount\":10, \"orderId\":\"1001\", \"order\":{\"id\":1001}}", 201, "", true},
+		{"the key as a string", `{"order": {"id": "1001"}, "orderId": "1001", "amount": 10, "sentAt": "10:00"}`, 422, "fingerprint-mismatch", false},
+		{"a new send timestamp is ignored", `{"order": {"id": 1001}, "orderId": "1001", "amount": 10, "sentAt": "10:05"}`, 201, "", true},
+		{"another amount under the same key", `{"order": {"id": 1001}, "orderId": "1001", "amount": 11, "sentAt": "10:00"}`, 422, "fingerprint-mismatch", false},
+	}
+	for _, tt := range tests {
+		a := e.do("POST", "/charges", tt.body)
+		wantStatus(t, tt.name, a, tt.status, tt.problem)
+		if a.replayed() != tt.replayed {
+			t.Errorf("%s: replayed = %v, want %v", tt.name, a.replayed(), tt.replayed)
+		}
+	}
+	if got := e.charges("1001"); got != 1 {
+		t.Errorf("charges = %d, want 1", got)
+	}
+}
+
+// TestNumberAndStringAreOneKey: 1001 and "1001" are the same key; with the
+// fingerprint off (the body differs), the second is a replay.
+func TestNumberAndStringAreOneKey(t *testing.T) {
+	e := newEnv(t, `
+  - name: charges
+    match: POST /charges
+    key: {json: orderId}
+    fingerprint: {disabled: true}
+`)
+	wantStatus(t, "number", e.charge(`1001`, 10), 201, "")
+	second := e.charge(`"1001"`, 10)
+	wantStatus(t, "string", second, 201, "")
+	if !second.replayed() {
+		t.Errorf("the string key was not a replay of the number key")
+	}
+	if got := e.charges("1001"); got != 1 {
+		t.Errorf("charges = %d, want 1", got)
+	}
+}
+
+func TestBadInput(t *testing.T) {
+	e := newEnv(t, `
+  - name: charges
+    match: POST /charges
+    key: {json: orderId}
+    max_body_bytes: 256
+  - name: by-header
+    match: POST /orders/{orderId}/charges
+    key: {header: Idempotency-Key}
+    scope: {header: X-Api-Key}
+`)
+	long := strings.Repeat("k", 256)
+	tests := []struct {
+		name, path, body string
+		hdr              []string
+		status           int
+		problem          string
+	}{
+		{"not JSON", "/charges", `orderId=1`, nil, 400, "invalid-json"},
+		{"truncated JSON", "/charges", `{"orderId": "A", "amount": 1`, nil, 400, "invalid-json"},
+		{"a name twice", "/charges", `{"orderId": "A", "orderId": "B", "amount": 1}`, nil, 400, "invalid-json"},
+		{"empty body", "/charges", ``, nil, 400, "invalid-json"},
+		{"missing key", "/charges", `{"amount": 1}`, nil, 400, "missing-key"},
+		{"null key", "/charges", `{"orderId": null, "amount": 1}`, nil, 400, "missing-key"},
+		{"empty key", "/charges", `{"orderId": "", "amount": 1}`, nil, 400, "missing-key"},
+		{"object key", "/charges", `{"orderId": {"id": 1}, "amount": 1}`, nil, 400, "invalid-key"},
+		{"array key", "/charges", `{"orderId": [1], "amount": 1}`, nil, 400, "invalid-key"},
+		{"control character in key", "/charges", `{"orderId": "A\u0007", "amount": 1}`, nil, 400, "invalid-key"},
+		{"body too large", "/charges", `{"orderId": "A", "amount": 1, "pad": "` + strings.Repeat("x", 300) + `"}`, nil, 413, "body-too-large"},
+		{"missing header key", "/orders/A/charges", `{"amount": 1}`, []string{"X-Api-Key", "k1"}, 400, "missing-key"},
+		{"key longer than 255 bytes", "/orders/A/charges", `{"amount": 1}`, []string{"X-Api-Key", "k1", "Idempotency-Key", long}, 400, "invalid-key"},
+		{"key header twice", "/orders/A/charges", `{"amount": 1}`, []string{"X-Api-Key", "k1", "Idempotency-Key", "a", "Idempotency-Key", "b"}, 400, "invalid-key"},
+		{"missing scope", "/orders/A/charges", `{"amount": 1}`, []string{"Idempotency-Key", "k"}, 400, "missing-scope"},
+	}
+	for _, tt := range tests {
+		a := e.do("POST", tt.path, tt.body, tt.hdr...)
+		wantStatus(t, tt.name, a, tt.status, tt.problem)
+		if got := a.field("status"); got != float64(tt.status) {
+			t.Errorf("%s: problem status member = %v, want %d", tt.name, got, tt.status)
+		}
+	}
+	if got := e.totalCharges(); got != 0 {
+		t.Errorf("charges = %d, want 0: bad input must never reach the upstream", got)
+	}
+	if got := e.outcomes("charges", proxy.OutcomeBadRequest); got != 11 {
+		t.Errorf("bad_request outcomes = %d, want 11", got)
+	}
+}
+
+// TestChunkedBodyTooLarge: a body without Content-Length is cut at the limit.
+func TestChunkedBodyTooLarge(t *testing.T) {
+	e := newEnv(t, `
+  - name: charges
+    match: POST /charges
+    key: {json: orderId}
+    max_body_bytes: 64
+`)
+	pr := strings.NewReader(`{"orderId": "A", "amount": 1, "pad": "` + strings.Repeat("x", 200) + `"}`)
+	req, _ := http.NewRequest("POST", e.srv.URL+"/charges", struct{ *strings.Reader }{pr}) // hides the length
+	resp, err := e.srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Errorf("status = %d, want 413", resp.StatusCode)
+	}
+}
+
+func TestMissingKeyForward(t *testing.T) {
+	e := newEnv(t, `
+  - name: charges
+    match: POST /charges
+    key: {header: Idempotency-Key}
+    on_missing_key: forward
+`)
+	for range 2 {
+		wantStatus(t, "no key", e.charge(`"ORD-U"`, 1), 201, "")
+	}
+	if got := e.charges("ORD-U"); got != 2 {
+		t.Errorf("charges = %d, want 2 (forwarded unprotected)", got)
+	}
+	if got := e.outcomes("charges", proxy.OutcomeUnprotected); got != 2 {
+		t.Errorf("unprotected outcomes = %d, want 2", got)
+	}
+	wantStatus(t, "with key", e.charge(`"ORD-U"`, 1, "Idempotency-Key", "k1"), 201, "")
+	if a := e.charge(`"ORD-U"`, 1, "Idempotency-Key", "k1"); !a.replayed() {
+		t.Errorf("a keyed request on a forward route was not protected: %s", a)
+	}
+}
+
+func TestPathAndCompositeKeys(t *testing.T) {
+	e := newEnv(t, `
+  - name: by-path
+    match: POST /orders/{orderId}/charges
+    key:
+      parts: [{path: orderId}, {json: kind}]
+`)
+	charge := func(order, kind string) answer {
+		return e.do("POST", "/orders/"+order+"/charges", fmt.Sprintf(`{"amount": 5, "kind": %q}`, kind))
+	}
+	wantStatus(t, "first charge", charge("ORD-P", "deposit"), 201, "")
+	wantStatus(t, "second kind of charge", charge("ORD-P", "balance"), 201, "")
+	if a := charge("ORD-P", "deposit"); !a.replayed() {
+		t.Errorf("repeated deposit not replayed: %s", a)
+	}
+	if got := e.charges("ORD-P"); got != 2 {
+		t.Errorf("charges = %d, want 2 (one per kind)", got)
+	}
+	if got := e.state("by-path", "", "ORD-P|deposit"); got != proxy.StateCompleted {
+		t.Errorf("state of ORD-P|deposit = %q, want completed", got)
+	}
+}
+
+func TestScopeIsolation(t *testing.T) {
+	e := newEnv(t, `
+  - name: payments
+    match: POST /orders/{orderId}/charges
+    key: {header: Idempotency-Key}
+    scope: {header: X-Api-Key}
+`)
+	alice := e.do("POST", "/orders/A-1/charges", `{"amount": 5}`, "Idempotency-Key", "same", "X-Api-Key", "alice")
+	bob := e.do("POST", "/orders/B-1/charges", `{"amount": 7}`, "Idempotency-Key", "same", "X-Api-Key", "bob")
+	wantStatus(t, "alice", alice, 201, "")
+	wantStatus(t, "bob", bob, 201, "")
+	if bob.replayed() || strings.Contains(string(bob.body), "A-1") {
+		t.Fatalf("bob received alice's stored answer: %s", bob.body)
+	}
+	again := e.do("POST", "/orders/A-1/charges", `{"amount": 5}`, "Idempotency-Key", "same", "X-Api-Key", "alice")
+	if !again.replayed() || string(again.body) != string(alice.body) {
+		t.Errorf("alice's retry = %s, want her own answer replayed", again)
+	}
+	if e.state("payments", "alice", "same") != proxy.StateCompleted || e.state("payments", "", "same") != "" {
+		t.Errorf("the scope is not part of the store key")
+	}
+}
+
+func TestUpstreamDown(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	e := &env{t: t}
+	e.start("http://"+addr, chargesByOrder)
+	a := e.charge(`"ORD-D"`, 1)
+	wantStatus(t, "upstream down", a, http.StatusBadGateway, "upstream-unreachable")
+	if got := e.state("charges", "", "ORD-D"); got != "" {
+		t.Errorf("state = %q, want no record: a request that was never sent releases its key", got)
+	}
+	if got := e.outcomes("charges", proxy.OutcomeReleased); got != 1 {
+		t.Errorf("released outcomes = %d, want 1", got)
+	}
+}
+
+func TestStoreUnavailable(t *testing.T) {
+	tests := []struct {
+		name, onStoreError string
+		status             int
+		problem            string
+		charges            int
+	}{
+		{"fail closed", "reject", 503, "store-unavailable", 0},
+		{"fail open", "forward", 201, "", 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newEnv(t, fmt.Sprintf(`
+  - name: charges
+    match: POST /charges
+    key: {json: orderId}
+    on_store_error: %s
+`, tt.onStoreError))
+			e.store.Close()
+			wantStatus(t, "store closed", e.charge(`"ORD-S"`, 1), tt.status, tt.problem)
+			if got := e.charges("ORD-S"); got != tt.charges {
+				t.Errorf("charges = %d, want %d", got, tt.charges)
+			}
+			if got := e.outcomes("charges", proxy.OutcomeStoreError); got != 1 {
+				t.Errorf("store_error outcomes = %d, want 1", got)
+			}
+			if got := counterValue(t, e.reg, "idemproxy_store_errors_total", map[string]string{"store": "badger", "operation": "reserve"}); got != 1 {
+				t.Errorf("store errors = %v, want 1", got)
+			}
+		})
+	}
+}
+
+// TestPassthrough: requests that match no route reach the upstream
+// untouched and never touch the store.
+func TestPassthrough(t *testing.T) {
+	e := newEnv(t, chargesByOrder)
+	wantStatus(t, "charge", e.charge(`"ORD-X"`, 3), 201, "")
+	before := storeOps(t, e)
+	a := e.do("GET", "/orders/ORD-X/charges", "")
+	wantStatus(t, "statement", a, 200, "")
+	if !strings.Contains(string(a.body), `"charges":1`) {
+		t.Errorf("statement = %s", a.body)
+	}
+	wantStatus(t, "unknown path", e.do("GET", "/nope", ""), 404, "")
+	if got := storeOps(t, e); got != before {
+		t.Errorf("store operations went from %d to %d: passthrough must not touch the store", before, got)
+	}
+	if got := e.outcomes("", proxy.OutcomePassthrough); got != 2 {
+		t.Errorf("passthrough outcomes = %d, want 2", got)
+	}
+}
+
+// storeOps counts the store operations observed so far.
+func storeOps(t *testing.T, e *env) uint64 {
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, mf := range mfs {
+		if mf.GetName() == "idemproxy_store_operation_duration_seconds" {
+			for _, m := range mf.GetMetric() {
+				n += m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	return n
+}
+
+// TestReplayHeaders: a replay carries the allow-listed headers only.
+func TestReplayHeaders(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Location", "/charges/1")
+		w.Header().Set("Set-Cookie", "session=secret")
+		w.Header().Set("X-Internal", "yes")
+		w.WriteHeader(201)
+		w.Write([]byte(`{"ok": true}`))
+	}))
+	defer up.Close()
+	e := &env{t: t}
+	e.start(up.URL, chargesByOrder)
+	first := e.charge(`"ORD-H"`, 1)
+	replay := e.charge(`"ORD-H"`, 1)
+	if first.header.Get("Set-Cookie") == "" {
+		t.Errorf("the first answer lost its Set-Cookie: the proxy must pass the real answer through")
+	}
+	if !replay.replayed() || replay.status != 201 || string(replay.body) != `{"ok": true}` {
+		t.Fatalf("replay = %s", replay)
+	}
+	for _, h := range []string{"Content-Type", "Location"} {
+		if replay.header.Get(h) != first.header.Get(h) {
+			t.Errorf("replayed %s = %q, want %q", h, replay.header.Get(h), first.header.Get(h))
+		}
+	}
+	for _, h := range []string{"Set-Cookie", "X-Internal"} {
+		if v := replay.header.Get(h); v != "" {
+			t.Errorf("replay carries %s: %q", h, v)
+		}
+	}
+}
+
+// TestAnswerTooLargeToStore: the first client gets the whole answer; a
+// duplicate gets 409, never a second charge.
+func TestAnswerTooLargeToStore(t *testing.T) {
+	e := newEnv(t, `
+  - name: charges
+    match: POST /charges
+    key: {json: orderId}
+    max_stored_body_bytes: 16
+`)
+	first := e.charge(`"ORD-BIG"`, 1)
+	wantStatus(t, "first", first, 201, "")
+	if !strings.Contains(string(first.body), "ORD-BIG") {
+		t.Errorf("first answer truncated: %s", first.body)
+	}
+	dup := e.charge(`"ORD-BIG"`, 1)
+	wantStatus(t, "duplicate", dup, 409, "response-not-replayable")
+	if got := dup.field("stored_status"); got != float64(201) {
+		t.Errorf("stored_status = %v, want 201", got)
+	}
+	if got := e.charges("ORD-BIG"); got != 1 {
+		t.Errorf("charges = %d, want 1", got)
+	}
+}
+
+// TestClientGivesUp: a client that disconnects while the upstream works
+// does not cancel the charge; its retry gets the answer replayed.
+func TestClientGivesUp(t *testing.T) {
+	e := newEnv(t, chargesByOrder)
+	e.fault("delay", 1, "400ms")
+	impatient := &http.Client{Timeout: 100 * time.Millisecond}
+	if a := send(impatient, "POST", e.srv.URL+"/charges", `{"orderId": "ORD-G", "amount": 1}`); a.err == nil {
+		t.Fatalf("the impatient client got an answer: %s", a)
+	}
+	wantStatus(t, "retry while in flight", e.charge(`"ORD-G"`, 1), 409, "request-in-flight")
+	eventually(t, "the answer is committed", func() bool { return e.state("charges", "", "ORD-G") == proxy.StateCompleted })
+	retry := e.charge(`"ORD-G"`, 1)
+	if retry.status != 201 || !retry.replayed() {
+		t.Errorf("retry = %s, want the committed 201 replayed", retry)
+	}
+	if got := e.charges("ORD-G"); got != 1 {
+		t.Errorf("charges = %d, want 1", got)
+	}
+}
+
+// TestLeaseRunsOut: a reservation whose lease ran out is in doubt.
+func TestLeaseRunsOut(t *testing.T) {
+	e := newEnv(t, chargesByOrder)
+	ctx := context.Background()
+	key := proxy.StoreKey("charges", "", "ORD-O")
+	if rec, err := e.store.Reserve(ctx, key, proxy.Reservation{Token: "orphan", Lease: 100 * time.Millisecond, TTL: time.Hour}); err != nil || rec != nil {
+		t.Fatalf("reserve: %v %v", rec, err)
+	}
+	wantStatus(t, "while leased", e.charge(`"ORD-O"`, 1), 409, "request-in-flight")
+	time.Sleep(150 * time.Millisecond)
+	wantStatus(t, "lease ran out", e.charge(`"ORD-O"`, 1), 409, "outcome-in-doubt")
+	if got := e.charges("ORD-O"); got != 0 {
+		t.Errorf("charges = %d, want 0", got)
+	}
+}
+
+// TestReload: a reload swaps routes atomically.
+func TestReload(t *testing.T) {
+	e := newEnv(t, chargesByOrder)
+	if !e.p.HasRoute("charges") {
+		t.Fatal("route charges missing")
+	}
+	cfg := parseConfig(t, e.stub.URL, `
+  - name: charges-v2
+    match: POST /charges
+    key: {header: Idempotency-Key}
+`)
+	if err := e.p.Reload(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if e.p.HasRoute("charges") || !e.p.HasRoute("charges-v2") {
+		t.Errorf("routes not swapped")
+	}
+	wantStatus(t, "old key source", e.charge(`"ORD-RL"`, 1), 400, "missing-key")
+}
