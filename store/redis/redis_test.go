@@ -1,0 +1,425 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store/storetest"
+)
+
+var prefixes atomic.Int64
+
+// newStore returns a Store on addrs with a key prefix of its own, closed
+// when the test ends.
+func newStore(t *testing.T, opts Options) *Store {
+	t.Helper()
+	if opts.KeyPrefix == "" {
+		opts.KeyPrefix = fmt.Sprintf("test%d:", prefixes.Add(1))
+	}
+	s, err := New(opts)
+	if err != nil {
+		t.Fatalf("New(%+v): %v", opts, err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return s
+}
+
+// rawClient is a plain go-redis client for looking at what the store wrote.
+func rawClient(t *testing.T, addrs ...string) goredis.UniversalClient {
+	t.Helper()
+	c := goredis.NewUniversalClient(&goredis.UniversalOptions{Addrs: addrs})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+var res = proxy.Reservation{Token: "tok-a", Fingerprint: "fp-a", Lease: time.Minute, TTL: time.Hour}
+
+func TestConformance(t *testing.T) {
+	srv := redistest.Start(t)
+	storetest.Run(t, func(t *testing.T) proxy.Store {
+		return newStore(t, Options{Addrs: []string{srv.Addr()}})
+	})
+}
+
+func TestConformanceCluster(t *testing.T) {
+	c := redistest.StartCluster(t, 3)
+	s := newStore(t, Options{Addrs: c.Addrs()})
+	if _, ok := s.client.(*goredis.ClusterClient); !ok {
+		t.Fatalf("client for %d addresses is %T, want a cluster client", len(c.Addrs()), s.client)
+	}
+	// In a group of its own, so that the parallel cases are done before the
+	// nodes are counted.
+	t.Run("suite", func(t *testing.T) {
+		storetest.Run(t, func(t *testing.T) proxy.Store {
+			return newStore(t, Options{Addrs: c.Addrs()})
+		})
+	})
+
+	// The suite's keys are random, so they spread over the cluster; check
+	// that every node got some.
+	for _, n := range c.Nodes {
+		got, err := n.Do("DBSIZE")
+		if err != nil {
+			t.Fatalf("DBSIZE on %s: %v", n.Addr(), err)
+		}
+		if got == "0" {
+			t.Errorf("node %s holds no keys; want the records spread over all nodes", n.Addr())
+		}
+	}
+}
+
+// TestReserveLostReply replays the reserve script exactly as a go-redis retry
+// would after the first reply was lost: the second run must recognise the
+// caller's own reservation.
+func TestReserveLostReply(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newStore(t, Options{Addrs: []string{srv.Addr()}})
+	c := ctx(t)
+	k := []string{s.prefix + "route/scope/lost"}
+	args := []any{res.Token, res.Fingerprint, millis(res.Lease), millis(res.TTL)}
+	for i := range 2 {
+		v, err := reserveScript.Run(c, s.client, k, args...).Slice()
+		if err != nil {
+			t.Fatalf("run %d: %v", i+1, err)
+		}
+		if rec, err := decodeRecord(v); rec != nil || err != nil {
+			t.Fatalf("run %d = %+v, %v; want nil, nil (reserved)", i+1, rec, err)
+		}
+	}
+	other := append([]any{"tok-b"}, args[1:]...)
+	v, err := reserveScript.Run(c, s.client, k, other...).Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := decodeRecord(v)
+	if err != nil || rec == nil || rec.State != proxy.StateInFlight || rec.Token != res.Token {
+		t.Fatalf("reserve with another token = %+v, %v; want the in-flight record of %s", rec, err, res.Token)
+	}
+
+	// A retried commit whose first reply was lost succeeds and keeps the
+	// first answer.
+	first := proxy.Response{Status: 201, Body: []byte("first"), BodyStored: true}
+	for i, resp := range []proxy.Response{first, {Status: 500, BodyStored: true}} {
+		if err := s.Commit(c, "route/scope/lost", res.Token, resp, time.Hour); err != nil {
+			t.Fatalf("commit %d: %v", i+1, err)
+		}
+	}
+	got, err := s.Get(c, "route/scope/lost")
+	if err != nil || got == nil || got.Response == nil || got.Response.Status != 201 || string(got.Response.Body) != "first" {
+		t.Fatalf("Get after a repeated commit = %+v, %v; want the first answer", got, err)
+	}
+}
+
+// TestRedisDown kills Redis under a live Store: every operation fails within
+// the op timeout, and the same Store works again once Redis is back.
+func TestRedisDown(t *testing.T) {
+	srv := redistest.Start(t)
+	const opTimeout = 300 * time.Millisecond
+	s := newStore(t, Options{Addrs: []string{srv.Addr()}, OpTimeout: opTimeout, DialTimeout: 200 * time.Millisecond})
+	c := ctx(t)
+	if err := s.Ping(c); err != nil {
+		t.Fatalf("Ping: %v", err)
+	}
+	if rec, err := s.Reserve(c, "k/before", res); rec != nil || err != nil {
+		t.Fatalf("Reserve = %+v, %v", rec, err)
+	}
+
+	srv.Stop()
+
+	ops := []struct {
+		name string
+		call func() error
+	}{
+		{"Ping", func() error { return s.Ping(c) }},
+		{"Reserve", func() error { _, err := s.Reserve(c, "k/down", res); return err }},
+		{"Commit", func() error { return s.Commit(c, "k/before", res.Token, proxy.Response{Status: 200}, time.Hour) }},
+		{"Release", func() error { return s.Release(c, "k/before", res.Token) }},
+		{"MarkInDoubt", func() error { return s.MarkInDoubt(c, "k/before", res.Token, time.Hour) }},
+		{"Get", func() error { _, err := s.Get(c, "k/before"); return err }},
+		{"Delete", func() error { _, err := s.Delete(c, "k/before"); return err }},
+	}
+	// Twice: the first round meets dead pooled connections, the second
+	// has to dial.
+	for round := 1; round <= 2; round++ {
+		for _, op := range ops {
+			start := time.Now()
+			err := op.call()
+			elapsed := time.Since(start)
+			t.Logf("round %d: %s with Redis down: %v after %v", round, op.name, err, elapsed.Round(time.Millisecond))
+			if err == nil {
+				t.Errorf("round %d: %s with Redis down succeeded; want an error", round, op.name)
+			} else if errors.Is(err, proxy.ErrNotOwner) {
+				t.Errorf("round %d: %s with Redis down = ErrNotOwner; want a store error", round, op.name)
+			}
+			// Generous: the point is "bounded", not "fast".
+			if limit := opTimeout + time.Second; elapsed > limit {
+				t.Errorf("round %d: %s with Redis down took %v; want it bounded by the op timeout %v", round, op.name, elapsed, opTimeout)
+			}
+		}
+	}
+
+	srv.Restart()
+
+	back := time.Now()
+	deadline := back.Add(15 * time.Second)
+	for {
+		err := s.Ping(c)
+		if err == nil {
+			t.Logf("store recovered %v after Redis came back", time.Since(back).Round(time.Millisecond))
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Ping still failing 15s after Redis came back: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// Redis came back empty (no persistence): the store works from scratch.
+	if rec, err := s.Reserve(c, "k/before", res); rec != nil || err != nil {
+		t.Fatalf("Reserve after restart = %+v, %v; want nil, nil", rec, err)
+	}
+	if err := s.Commit(c, "k/before", res.Token, proxy.Response{Status: 200, BodyStored: true}, time.Hour); err != nil {
+		t.Fatalf("Commit after restart: %v", err)
+	}
+	if rec, err := s.Get(c, "k/before"); err != nil || rec == nil || rec.State != proxy.StateCompleted {
+		t.Fatalf("Get after restart = %+v, %v; want a completed record", rec, err)
+	}
+}
+
+// TestRedisUnresponsive freezes Redis (connections open, no answers, as in a
+// partition): operations must give up within the op timeout instead of
+// hanging, and work again once Redis answers.
+func TestRedisUnresponsive(t *testing.T) {
+	srv := redistest.Start(t)
+	const opTimeout = 300 * time.Millisecond
+	s := newStore(t, Options{Addrs: []string{srv.Addr()}, OpTimeout: opTimeout})
+	c := ctx(t)
+	if err := s.Ping(c); err != nil {
+		t.Fatalf("Ping: %v", err)
+	}
+
+	srv.Pause()
+	for _, op := range []struct {
+		name string
+		call func() error
+	}{
+		{"Ping", func() error { return s.Ping(c) }},
+		{"Reserve", func() error { _, err := s.Reserve(c, "k/frozen", res); return err }},
+		{"Get", func() error { _, err := s.Get(c, "k/frozen"); return err }},
+		{"Commit", func() error { return s.Commit(c, "k/frozen", res.Token, proxy.Response{Status: 200}, time.Hour) }},
+	} {
+		start := time.Now()
+		err := op.call()
+		elapsed := time.Since(start)
+		t.Logf("%s with Redis frozen: %v after %v", op.name, err, elapsed.Round(time.Millisecond))
+		if err == nil || errors.Is(err, proxy.ErrNotOwner) {
+			t.Errorf("%s with Redis frozen = %v; want a store error", op.name, err)
+		}
+		if limit := opTimeout + time.Second; elapsed > limit {
+			t.Errorf("%s with Redis frozen took %v; want it bounded by the op timeout %v", op.name, elapsed, opTimeout)
+		}
+	}
+	// The caller's own deadline, when shorter, wins.
+	short, cancel := context.WithTimeout(c, 50*time.Millisecond)
+	defer cancel()
+	if _, err := s.Get(short, "k/frozen"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Get with an expired caller deadline = %v; want context.DeadlineExceeded", err)
+	}
+	srv.Resume()
+
+	deadline := time.Now().Add(15 * time.Second)
+	for s.Ping(c) != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("Ping still failing 15s after Redis resumed")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := s.Get(c, "k/frozen"); err != nil {
+		t.Fatalf("Get after resume: %v", err)
+	}
+}
+
+// TestRecordsHaveTTL checks that no record lives without an expiry, in any
+// state, and that ExpiresAt reports it.
+func TestRecordsHaveTTL(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newStore(t, Options{Addrs: []string{srv.Addr()}})
+	raw := rawClient(t, srv.Addr())
+	c := ctx(t)
+
+	for _, key := range []string{"a/in_flight", "a/completed", "a/in_doubt", "a/lapsed"} {
+		r := res
+		if key == "a/lapsed" {
+			r.Lease = time.Millisecond
+		}
+		if rec, err := s.Reserve(c, key, r); rec != nil || err != nil {
+			t.Fatalf("Reserve(%s) = %+v, %v", key, rec, err)
+		}
+	}
+	if err := s.Commit(c, "a/completed", res.Token, proxy.Response{Status: 200, BodyStored: true}, 2*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.MarkInDoubt(c, "a/in_doubt", res.Token, 3*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond) // let a/lapsed's 1ms lease pass
+
+	want := map[string]time.Duration{"a/in_flight": time.Hour, "a/completed": 2 * time.Hour, "a/in_doubt": 3 * time.Hour, "a/lapsed": time.Hour}
+	for key, ttl := range want {
+		pttl, err := raw.PTTL(c, s.prefix+key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pttl <= ttl-time.Minute || pttl > ttl {
+			t.Errorf("PTTL of %s = %v, want about %v", key, pttl, ttl)
+		}
+		rec, err := s.Get(c, key)
+		if err != nil || rec == nil {
+			t.Fatalf("Get(%s) = %+v, %v", key, rec, err)
+		}
+		if until := time.Until(rec.ExpiresAt); until <= ttl-time.Minute || until > ttl+time.Minute {
+			t.Errorf("Get(%s).ExpiresAt is %v from now, want about %v", key, until, ttl)
+		}
+	}
+
+	// Nothing the store wrote lives forever.
+	keys, err := raw.Keys(c, s.prefix+"*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != len(want) {
+		t.Errorf("store wrote keys %v, want %d", keys, len(want))
+	}
+	for _, k := range keys {
+		if pttl, err := raw.PTTL(c, k).Result(); err != nil || pttl <= 0 {
+			t.Errorf("PTTL(%s) = %v, %v; want a positive TTL", k, pttl, err)
+		}
+	}
+}
+
+func TestKeyPrefixAndLayout(t *testing.T) {
+	srv := redistest.Start(t)
+	raw := rawClient(t, srv.Addr())
+	c := ctx(t)
+
+	for _, tc := range []struct {
+		prefix, want string
+	}{
+		{"", "idemproxy:"},
+		{"custom/", "custom/"},
+	} {
+		s, err := New(Options{Addrs: []string{srv.Addr()}, KeyPrefix: tc.prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		key := "route/scope/" + tc.want
+		if rec, err := s.Reserve(c, key, res); rec != nil || err != nil {
+			t.Fatalf("Reserve = %+v, %v", rec, err)
+		}
+		h, err := raw.HGetAll(c, tc.want+key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h["st"] != "in_flight" || h["tok"] != res.Token || h["fp"] != res.Fingerprint || h["cr"] == "" || h["le"] == "" {
+			t.Errorf("prefix %q: hash at %q = %v, want an in-flight record", tc.prefix, tc.want+key, h)
+		}
+		if n, _ := raw.Exists(c, key).Result(); n != 0 {
+			t.Errorf("prefix %q: a key without the prefix exists", tc.prefix)
+		}
+	}
+}
+
+func TestCorruptRecordIsAnError(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newStore(t, Options{Addrs: []string{srv.Addr()}})
+	raw := rawClient(t, srv.Addr())
+	c := ctx(t)
+	raw.HSet(c, s.prefix+"bad/state", "st", "bogus", "tok", "t", "cr", "1")
+	raw.Set(c, s.prefix+"bad/type", "a string", time.Hour)
+	for _, key := range []string{"bad/state", "bad/type"} {
+		if rec, err := s.Get(c, key); err == nil {
+			t.Errorf("Get(%s) = %+v, nil; want an error", key, rec)
+		}
+		if rec, err := s.Reserve(c, key, res); err == nil {
+			t.Errorf("Reserve(%s) = %+v, nil; want an error", key, rec)
+		}
+	}
+}
+
+func TestNewOptions(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		opts    Options
+		wantErr string
+	}{
+		{"no address", Options{}, "no address"},
+		{"db on cluster", Options{Addrs: []string{"a:1", "b:2"}, DB: 1}, "db 1"},
+		{"negative timeout", Options{Addrs: []string{"a:1"}, OpTimeout: -1}, "negative timeout"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := New(tc.opts)
+			if err == nil {
+				s.Close()
+				t.Fatalf("New(%+v) succeeded, want an error containing %q", tc.opts, tc.wantErr)
+			}
+			if !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("New(%+v) = %v, want an error containing %q", tc.opts, err, tc.wantErr)
+			}
+		})
+	}
+
+	s, err := New(Options{Addrs: []string{"127.0.0.1:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.prefix != DefaultKeyPrefix || s.opTimeout != DefaultOpTimeout {
+		t.Errorf("defaults: prefix %q, op timeout %v; want %q, %v", s.prefix, s.opTimeout, DefaultKeyPrefix, DefaultOpTimeout)
+	}
+	if err := s.Ping(context.Background()); err == nil {
+		t.Error("Ping of a closed port succeeded, want an error")
+	}
+}
+
+func TestInvalidArguments(t *testing.T) {
+	s, err := New(Options{Addrs: []string{"127.0.0.1:1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	c := context.Background()
+	checks := map[string]error{
+		"empty key":         func() error { _, err := s.Reserve(c, "", res); return err }(),
+		"empty token":       func() error { _, err := s.Reserve(c, "k", proxy.Reservation{Lease: 1, TTL: 1}); return err }(),
+		"zero lease":        func() error { _, err := s.Reserve(c, "k", proxy.Reservation{Token: "t", TTL: 1}); return err }(),
+		"zero commit ttl":   s.Commit(c, "k", "t", proxy.Response{}, 0),
+		"empty release tok": s.Release(c, "k", ""),
+	}
+	for name, err := range checks {
+		if err == nil || errors.Is(err, proxy.ErrNotOwner) {
+			t.Errorf("%s: err = %v, want an argument error", name, err)
+		}
+	}
+	if got := millis(time.Nanosecond); got != 1 {
+		t.Errorf("millis(1ns) = %d, want 1 (never 0)", got)
+	}
+}

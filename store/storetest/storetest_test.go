@@ -1,0 +1,133 @@
+package storetest_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store/storetest"
+)
+
+// TestReference runs the suite against refStore, the state machine written
+// as plainly as possible, so the suite itself is checked without any backend.
+// It is not a store to use.
+func TestReference(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) proxy.Store { return &refStore{recs: map[string]*refRecord{}} })
+}
+
+type refRecord struct {
+	rec     proxy.Record
+	expires time.Time
+}
+
+type refStore struct {
+	mu   sync.Mutex
+	recs map[string]*refRecord
+}
+
+// lookup returns the live record under key, with a lapsed lease reported as
+// in doubt.
+func (s *refStore) lookup(key string) *refRecord {
+	r, ok := s.recs[key]
+	if !ok {
+		return nil
+	}
+	now := time.Now()
+	if !now.Before(r.expires) {
+		delete(s.recs, key)
+		return nil
+	}
+	if r.rec.State == proxy.StateInFlight && !now.Before(r.rec.LeaseExpiresAt) {
+		r.rec.State, r.rec.LeaseExpiresAt = proxy.StateInDoubt, time.Time{}
+	}
+	return r
+}
+
+func (s *refStore) snapshot(r *refRecord) *proxy.Record {
+	rec := r.rec
+	rec.ExpiresAt = r.expires
+	return &rec
+}
+
+func (s *refStore) Reserve(_ context.Context, key string, res proxy.Reservation) (*proxy.Record, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r := s.lookup(key); r != nil {
+		if r.rec.State == proxy.StateInFlight && r.rec.Token == res.Token {
+			return nil, nil
+		}
+		return s.snapshot(r), nil
+	}
+	now := time.Now()
+	s.recs[key] = &refRecord{
+		rec: proxy.Record{
+			State: proxy.StateInFlight, Token: res.Token, Fingerprint: res.Fingerprint,
+			CreatedAt: now, LeaseExpiresAt: now.Add(res.Lease),
+		},
+		expires: now.Add(res.TTL),
+	}
+	return nil, nil
+}
+
+func (s *refStore) owned(key, token string) (*refRecord, error) {
+	r := s.lookup(key)
+	if r == nil || r.rec.Token != token {
+		return nil, proxy.ErrNotOwner
+	}
+	return r, nil
+}
+
+func (s *refStore) Commit(_ context.Context, key, token string, resp proxy.Response, ttl time.Duration) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, err := s.owned(key, token)
+	if err != nil {
+		return err
+	}
+	r.rec.State, r.rec.LeaseExpiresAt, r.rec.Response = proxy.StateCompleted, time.Time{}, &resp
+	r.expires = time.Now().Add(ttl)
+	return nil
+}
+
+func (s *refStore) Release(_ context.Context, key, token string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, err := s.owned(key, token); err != nil {
+		return err
+	}
+	delete(s.recs, key)
+	return nil
+}
+
+func (s *refStore) MarkInDoubt(_ context.Context, key, token string, ttl time.Duration) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, err := s.owned(key, token)
+	if err != nil {
+		return err
+	}
+	r.rec.State, r.rec.LeaseExpiresAt = proxy.StateInDoubt, time.Time{}
+	r.expires = time.Now().Add(ttl)
+	return nil
+}
+
+func (s *refStore) Get(_ context.Context, key string) (*proxy.Record, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r := s.lookup(key); r != nil {
+		return s.snapshot(r), nil
+	}
+	return nil, nil
+}
+
+func (s *refStore) Delete(_ context.Context, key string) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r := s.lookup(key)
+	delete(s.recs, key)
+	return r != nil, nil
+}
+
+func (s *refStore) Ping(context.Context) error { return nil }
