@@ -10,6 +10,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -19,12 +20,20 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"reflect"
+	"runtime"
+	"sync"
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/idemproxy/idemproxy/admin"
 	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store/badger"
+	"github.com/idemproxy/idemproxy/store/redis"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -33,11 +42,11 @@ var version = "dev"
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv))
 }
 
 // run is the whole program; it returns the exit status.
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
 	fs := flag.NewFlagSet("idemproxy", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	configPath := fs.String("config", "config.yaml", "configuration file")
@@ -47,6 +56,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
 		return 2
 	}
 	if fs.NArg() > 0 {
@@ -55,7 +67,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	switch {
 	case *showVersion:
-		fmt.Fprintf(stdout, "idemproxy %s\n", version)
+		fmt.Fprintf(stdout, "idemproxy %s (%s)\n", version, runtime.Version())
 		return 0
 	case *healthURL != "":
 		return healthcheck(*healthURL, stderr)
@@ -74,7 +86,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "%s: ok (%d routes)\n", *configPath, len(cfg.Routes))
 		return 0
 	}
-	if err := serve(ctx, cfg, *configPath, log); err != nil {
+	a := &app{log: log, path: *configPath, cfg: cfg, getenv: getenv}
+	if err := a.serve(ctx); err != nil {
 		log.Error("idemproxy stopped", "err", err)
 		return 1
 	}
@@ -113,71 +126,279 @@ func healthcheck(url string, stderr io.Writer) int {
 	return 0
 }
 
+// app is a running idemproxy.
+type app struct {
+	log    *slog.Logger
+	path   string
+	getenv func(string) string
+
+	mu       sync.Mutex // serialises reloads
+	cfg      *config.Config
+	p        *proxy.Proxy
+	reloadOK prometheus.Gauge
+	reloadTS prometheus.Gauge
+}
+
+// storeCloser is a store the program opens and closes.
+type storeCloser interface {
+	proxy.Store
+	Close() error
+}
+
 // openStore opens the configured store and names it for the metrics.
-func openStore(cfg *config.Config, log *slog.Logger) (proxy.Store, string, func() error, error) {
-	b := cfg.Store.Badger
-	if b == nil {
-		return nil, "", nil, errors.New("no store configured")
+func (a *app) openStore(reg prometheus.Registerer) (storeCloser, string, error) {
+	if r := a.cfg.Store.Redis; r != nil {
+		opts := redis.Options{
+			Addrs:       r.Addrs,
+			MasterName:  r.MasterName,
+			DB:          r.DB,
+			KeyPrefix:   r.KeyPrefix,
+			DialTimeout: r.DialTimeout.D(),
+			OpTimeout:   r.OpTimeout.D(),
+		}
+		if r.UsernameEnv != "" {
+			opts.Username = a.getenv(r.UsernameEnv)
+		}
+		if r.PasswordEnv != "" {
+			opts.Password = a.getenv(r.PasswordEnv)
+		}
+		if r.TLS {
+			opts.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
+		}
+		s, err := redis.New(opts)
+		if err != nil {
+			return nil, "", err
+		}
+		return s, "redis", nil
 	}
+	b := a.cfg.Store.Badger
 	s, err := badger.Open(badger.Options{
 		Dir:        b.Dir,
 		SyncWrites: *b.SyncWrites,
 		GCInterval: b.GCInterval.D(),
-		Logger:     log,
+		Logger:     a.log,
 	})
 	if err != nil {
-		return nil, "", nil, err
+		return nil, "", err
 	}
-	return s, "badger", s.Close, nil
+	registerBadgerMetrics(reg, s)
+	return s, "badger", nil
+}
+
+// registerBadgerMetrics exports Badger's size on disk, the figure an
+// operator watches for a store that grows without bound.
+func registerBadgerMetrics(reg prometheus.Registerer, s *badger.Store) {
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "idemproxy_badger_lsm_size_bytes",
+			Help: "Size of Badger's LSM tree on disk.",
+		}, func() float64 { lsm, _ := s.Sizes(); return float64(lsm) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "idemproxy_badger_vlog_size_bytes",
+			Help: "Size of Badger's value log on disk.",
+		}, func() float64 { _, vlog := s.Sizes(); return float64(vlog) }),
+	)
+}
+
+// newRegistry returns the registry of the program's own metrics; the
+// store and the proxy add theirs.
+func (a *app) newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	a.registerMetrics(reg)
+	return reg
+}
+
+// registerMetrics registers the process, build and reload metrics.
+func (a *app) registerMetrics(reg prometheus.Registerer) {
+	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "idemproxy_build_info",
+		Help: "Always 1; the labels name the running build.",
+	}, []string{"version", "goversion"})
+	buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
+	a.reloadOK = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "idemproxy_config_last_reload_successful",
+		Help: "1 if the last configuration (re)load succeeded, 0 if it failed and the previous one is still running.",
+	})
+	a.reloadTS = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "idemproxy_config_last_reload_success_timestamp_seconds",
+		Help: "Unix time of the last successful configuration (re)load.",
+	})
+	reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		buildInfo, a.reloadOK, a.reloadTS,
+	)
+	a.reloadOK.Set(1)
+	a.reloadTS.SetToCurrentTime()
 }
 
 // serve runs the proxy until ctx is cancelled, then shuts down gracefully.
-func serve(ctx context.Context, cfg *config.Config, configPath string, log *slog.Logger) error {
-	store, storeName, closeStore, err := openStore(cfg, log)
+func (a *app) serve(ctx context.Context) error {
+	cfg, log := a.cfg, a.log
+	reg := a.newRegistry()
+	store, storeName, err := a.openStore(reg)
 	if err != nil {
 		return fmt.Errorf("open store: %w", err)
 	}
 	defer func() {
-		if err := closeStore(); err != nil {
+		if err := store.Close(); err != nil {
 			log.Error("close store", "err", err)
 		}
 	}()
-	p, err := proxy.New(cfg, proxy.Options{Store: store, StoreName: storeName, Logger: log})
+	a.p, err = proxy.New(cfg, proxy.Options{
+		Store: store, StoreName: storeName, Logger: log, Metrics: proxy.NewMetrics(reg),
+	})
 	if err != nil {
 		return err
 	}
+
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
 	srv := &http.Server{
-		Handler:           p,
+		Handler:           a.p,
 		ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout.D(),
 		ReadTimeout:       cfg.Server.ReadTimeout.D(),
 		IdleTimeout:       cfg.Server.IdleTimeout.D(),
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	serveErr := make(chan error, 1)
-	go func() { serveErr <- srv.Serve(ln) }()
-	log.Info("idemproxy listening", "addr", ln.Addr().String(), "upstream", cfg.Upstream,
-		"store", storeName, "routes", len(cfg.Routes), "version", version, "config", configPath)
+	errc := make(chan error, 2)
+	go func() { errc <- srv.Serve(ln) }()
 
-	select {
-	case err := <-serveErr:
-		return fmt.Errorf("serve: %w", err)
-	case <-ctx.Done():
+	var adm *admin.Handler
+	var admSrv *http.Server
+	if cfg.Admin.Listen != "" {
+		token := a.getenv(cfg.Admin.TokenEnv)
+		if token == "" {
+			log.Warn("the key API is disabled: " + cfg.Admin.TokenEnv + " is not set")
+		}
+		adm = admin.NewHandler(admin.Options{
+			Store: store, Routes: a, Gatherer: reg, Token: token, TokenEnv: cfg.Admin.TokenEnv,
+			Reload: a.reload, Logger: log,
+		})
+		aln, err := net.Listen("tcp", cfg.Admin.Listen)
+		if err != nil {
+			srv.Close()
+			return fmt.Errorf("admin listen: %w", err)
+		}
+		admSrv = &http.Server{Handler: adm, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+			WriteTimeout: 30 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+		go func() { errc <- admSrv.Serve(aln) }()
+		log.Info("admin listening", "addr", aln.Addr().String())
 	}
-	log.Info("shutting down", "drain_delay", cfg.Server.DrainDelay.D(), "timeout", cfg.Server.ShutdownTimeout.D())
-	time.Sleep(cfg.Server.DrainDelay.D())
-	sctx, cancel := context.WithTimeout(context.Background(), cfg.Server.ShutdownTimeout.D())
+	log.Info("idemproxy listening", "addr", ln.Addr().String(), "upstream", cfg.Upstream,
+		"store", storeName, "routes", len(cfg.Routes), "version", version, "config", a.path)
+
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for done := false; !done; {
+		select {
+		case err := <-errc:
+			srv.Close()
+			if admSrv != nil {
+				admSrv.Close()
+			}
+			return fmt.Errorf("serve: %w", err)
+		case <-hup:
+			a.reload()
+		case <-ctx.Done():
+			done = true
+		}
+	}
+
+	// Shut down: not ready at once, keep serving for the drain delay while
+	// load balancers notice, then finish what is in flight.
+	if adm != nil {
+		adm.SetStopping()
+	}
+	sc := a.currentServer()
+	log.Info("shutting down", "drain_delay", sc.DrainDelay.D(), "timeout", sc.ShutdownTimeout.D())
+	time.Sleep(sc.DrainDelay.D())
+	sctx, cancel := context.WithTimeout(context.Background(), sc.ShutdownTimeout.D())
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
-		log.Warn("shutdown deadline passed; requests still waiting for the upstream leave their keys in doubt", "err", err)
-		p.Abort()
+		log.Warn("shutdown deadline passed: requests still waiting for the upstream leave their keys in doubt")
+		a.p.Abort()
 		srv.Close()
 	}
-	p.Wait()
+	a.p.Wait()
+	if admSrv != nil {
+		actx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		admSrv.Shutdown(actx)
+	}
 	log.Info("idemproxy stopped")
+	return nil
+}
+
+func (a *app) currentServer() config.Server {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.cfg.Server
+}
+
+// RouteScope implements admin.Routes over the running configuration.
+func (a *app) RouteScope(name string) (string, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, r := range a.cfg.Routes {
+		if r.Name == name {
+			return r.Scope.Header, true
+		}
+	}
+	return "", false
+}
+
+// reload re-reads the configuration file and swaps it in; a file that does
+// not load, or that changes what only a restart can change, keeps the
+// running configuration.
+func (a *app) reload() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	cfg, err := config.Load(a.path)
+	if err == nil {
+		err = needsRestart(a.cfg, cfg)
+	}
+	if err == nil {
+		err = a.p.Reload(cfg)
+	}
+	if err != nil {
+		a.reloadOK.Set(0)
+		a.log.Error("configuration reload failed; the running configuration is kept", "config", a.path, "err", err)
+		return err
+	}
+	a.cfg = cfg
+	a.reloadOK.Set(1)
+	a.reloadTS.SetToCurrentTime()
+	a.log.Info("configuration reloaded", "config", a.path, "routes", len(cfg.Routes))
+	return nil
+}
+
+// needsRestart reports the settings that differ between old and new but
+// only take effect at start.
+func needsRestart(old, new *config.Config) error {
+	var changed []string
+	if old.Listen != new.Listen {
+		changed = append(changed, "listen")
+	}
+	if old.Admin != new.Admin {
+		changed = append(changed, "admin")
+	}
+	if !reflect.DeepEqual(old.Store, new.Store) {
+		changed = append(changed, "store")
+	}
+	oldS, newS := old.Server, new.Server
+	oldS.DrainDelay, newS.DrainDelay = 0, 0
+	oldS.ShutdownTimeout, newS.ShutdownTimeout = 0, 0
+	oldS.PassthroughTimeout, newS.PassthroughTimeout = 0, 0
+	if oldS != newS {
+		changed = append(changed, "server timeouts")
+	}
+	if len(changed) > 0 {
+		return fmt.Errorf("%v changed: restart idemproxy to apply", changed)
+	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -54,7 +55,7 @@ func (c *Config) Validate() error {
 	}
 	if c.Admin.Listen != "" {
 		checkAddr(&p, "admin.listen", c.Admin.Listen, false)
-		if c.Admin.Listen == c.Listen {
+		if _, port, _ := net.SplitHostPort(c.Admin.Listen); c.Admin.Listen == c.Listen && port != "0" {
 			p.add("admin.listen", "must differ from listen")
 		}
 	}
@@ -82,7 +83,7 @@ func (c *Config) Validate() error {
 		p.add("routes", "at least one route is required (requests matching no route are proxied unprotected)")
 	}
 	names := map[string]int{}
-	mux := http.NewServeMux()
+	patterns := &patternSet{mux: http.NewServeMux()}
 	for i := range c.Routes {
 		r := &c.Routes[i]
 		f := fmt.Sprintf("routes[%d]", i)
@@ -90,7 +91,7 @@ func (c *Config) Validate() error {
 			p.add(f+".name", "%q is already used by routes[%d]", r.Name, j)
 		}
 		names[r.Name] = i
-		r.validate(&p, f, mux)
+		r.validate(&p, f, patterns)
 	}
 	if len(p) > 0 {
 		return &ValidationError{Problems: p}
@@ -155,11 +156,11 @@ func (c *Config) validateStore(p *problems) {
 	}
 }
 
-func (r *Route) validate(p *problems, f string, mux *http.ServeMux) {
+func (r *Route) validate(p *problems, f string, patterns *patternSet) {
 	if !routeName.MatchString(r.Name) {
 		p.add(f+".name", "%q must be 1 to 64 letters, digits, '.', '_' or '-'", r.Name)
 	}
-	wildcards, ok := checkPattern(p, f+".match", r.Match, mux)
+	wildcards, ok := checkPattern(p, f+".match", r.Match, patterns)
 	r.Key.validate(p, f+".key", wildcards, ok)
 	oneOf(p, f+".policy", r.Policy, PolicyReserveThenCommit, PolicyReleaseOn5xx)
 	oneOf(p, f+".duplicate", r.Duplicate, DuplicateReplay, DuplicateReject)
@@ -218,22 +219,66 @@ func oneOf(p *problems, field, v string, allowed ...string) {
 	p.add(field, "%q is not one of %s", v, strings.Join(allowed, ", "))
 }
 
+// patternSet registers the routes' patterns in one ServeMux, which rejects
+// (panics on) an invalid pattern or one that conflicts with another.
+type patternSet struct {
+	mux            *http.ServeMux
+	fields, values []string // the patterns registered so far, and their fields
+}
+
+// add registers pattern, the value of field.
+func (s *patternSet) add(field, pattern string) (err error) {
+	defer func() {
+		if e := recover(); e != nil {
+			err = s.explain(pattern, fmt.Sprint(e))
+		}
+	}()
+	s.mux.Handle(pattern, http.NotFoundHandler())
+	s.fields = append(s.fields, field)
+	s.values = append(s.values, pattern)
+	return nil
+}
+
+// explain turns ServeMux's panic message into a problem that names the
+// conflicting route, not the source line that registered it.
+func (s *patternSet) explain(pattern, msg string) error {
+	if strings.Contains(msg, " conflicts with pattern ") {
+		_, why, _ := strings.Cut(msg, ":\n")
+		for i, other := range s.values {
+			if conflicts(other, pattern) {
+				return fmt.Errorf("%q conflicts with %s %q: %s", pattern, s.fields[i], other, why)
+			}
+		}
+	}
+	return errors.New(strings.ReplaceAll(strings.TrimPrefix(msg, "http: "), "\n", " "))
+}
+
+func conflicts(a, b string) (conflict bool) {
+	defer func() { conflict = recover() != nil }()
+	mux := http.NewServeMux()
+	mux.Handle(a, http.NotFoundHandler())
+	mux.Handle(b, http.NotFoundHandler())
+	return false
+}
+
 // checkPattern validates a ServeMux pattern by registering it, and returns
 // the names of its wildcards.
-func checkPattern(p *problems, field, pattern string, mux *http.ServeMux) (wildcards map[string]bool, ok bool) {
+func checkPattern(p *problems, field, pattern string, patterns *patternSet) (wildcards map[string]bool, ok bool) {
 	if pattern == "" {
 		p.add(field, `required (a ServeMux pattern such as "POST /charges")`)
 		return nil, false
 	}
-	defer func() {
-		if e := recover(); e != nil {
-			msg := fmt.Sprint(e)
-			msg = strings.TrimPrefix(msg, "http: ")
-			p.add(field, "%s", msg)
-			ok = false
-		}
-	}()
-	mux.Handle(pattern, http.NotFoundHandler())
+	if err := patterns.add(field, pattern); err != nil {
+		p.add(field, "%v", err)
+		return nil, false
+	}
+	// ServeMux accepts these, but the route would never match: its requests
+	// would silently be proxied unprotected.
+	if method, host := patternParts(pattern); method != strings.ToUpper(method) {
+		p.add(field, "method %q never matches: HTTP methods are case-sensitive (%s)", method, strings.ToUpper(method))
+	} else if strings.ContainsAny(host, " \t") {
+		p.add(field, "%q never matches: its host part %q holds white space", pattern, host)
+	}
 	wildcards = map[string]bool{}
 	rest := pattern
 	for {
@@ -252,6 +297,17 @@ func checkPattern(p *problems, field, pattern string, mux *http.ServeMux) (wildc
 		rest = rest[i+j+1:]
 	}
 	return wildcards, true
+}
+
+// patternParts splits a ServeMux pattern as ServeMux does:
+// [METHOD<space>][HOST]/[PATH].
+func patternParts(pattern string) (method, host string) {
+	rest := pattern
+	if i := strings.IndexAny(pattern, " \t"); i >= 0 {
+		method, rest = pattern[:i], strings.TrimLeft(pattern[i+1:], " \t")
+	}
+	host, _, _ = strings.Cut(rest, "/")
+	return method, host
 }
 
 func (k *Key) validate(p *problems, f string, wildcards map[string]bool, patternOK bool) {

@@ -1,0 +1,267 @@
+// Package admin serves idemproxy's admin listener: Prometheus metrics,
+// liveness and readiness, configuration reload, and the key API that lets
+// an operator inspect and release idempotency keys.
+package admin
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/idemproxy/idemproxy/proxy"
+)
+
+// Store is what the admin API needs of the key store.
+type Store interface {
+	Get(ctx context.Context, key string) (*proxy.Record, error)
+	Delete(ctx context.Context, key string) (bool, error)
+	Ping(ctx context.Context) error
+}
+
+// Routes tells the admin API which routes exist and which header scopes
+// them ("" for an unscoped route).
+type Routes interface {
+	RouteScope(name string) (header string, ok bool)
+}
+
+// Options configures NewHandler.
+type Options struct {
+	// Store is the key store. Required.
+	Store Store
+	// Routes resolves route names. Required.
+	Routes Routes
+	// Gatherer is exposed on /metrics; nil means prometheus.DefaultGatherer.
+	Gatherer prometheus.Gatherer
+	// Token is the bearer token of /v1/keys. Empty disables the key API
+	// (403): it is never open.
+	Token string
+	// TokenEnv names the variable the token comes from, for messages.
+	TokenEnv string
+	// Reload re-reads the configuration; nil disables POST /-/reload.
+	Reload func() error
+	// Logger receives the audit log of releases; nil discards it.
+	Logger *slog.Logger
+}
+
+// Handler is the admin listener's http.Handler.
+type Handler struct {
+	mux      *http.ServeMux
+	opts     Options
+	token    [sha256.Size]byte
+	stopping atomic.Bool
+}
+
+// NewHandler returns the admin handler.
+func NewHandler(opts Options) *Handler {
+	if opts.Gatherer == nil {
+		opts.Gatherer = prometheus.DefaultGatherer
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	h := &Handler{mux: http.NewServeMux(), opts: opts, token: sha256.Sum256([]byte(opts.Token))}
+	h.mux.Handle("GET /metrics", promhttp.HandlerFor(opts.Gatherer, promhttp.HandlerOpts{EnableOpenMetrics: true}))
+	h.mux.HandleFunc("GET /livez", func(w http.ResponseWriter, r *http.Request) { writeText(w, http.StatusOK, "ok") })
+	h.mux.HandleFunc("GET /readyz", h.readyz)
+	h.mux.HandleFunc("POST /-/reload", h.reload)
+	h.mux.Handle("GET /v1/keys/{route}/{key...}", h.auth(h.getKey))
+	h.mux.Handle("DELETE /v1/keys/{route}/{key...}", h.auth(h.deleteKey))
+	return h
+}
+
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+
+// SetStopping turns /readyz to 503 for good: the process is shutting down.
+func (h *Handler) SetStopping() { h.stopping.Store(true) }
+
+func (h *Handler) readyz(w http.ResponseWriter, r *http.Request) {
+	if h.stopping.Load() {
+		writeText(w, http.StatusServiceUnavailable, "shutting down")
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	if err := h.opts.Store.Ping(ctx); err != nil {
+		writeText(w, http.StatusServiceUnavailable, "store unavailable: "+err.Error())
+		return
+	}
+	writeText(w, http.StatusOK, "ready")
+}
+
+func (h *Handler) reload(w http.ResponseWriter, r *http.Request) {
+	if h.opts.Reload == nil {
+		writeText(w, http.StatusNotFound, "reload is not available")
+		return
+	}
+	if err := h.opts.Reload(); err != nil {
+		writeText(w, http.StatusBadRequest, "reload failed, the running configuration is kept: "+err.Error())
+		return
+	}
+	writeText(w, http.StatusOK, "reloaded")
+}
+
+// auth guards the key API: 403 when no token is configured, 401 for a
+// missing or wrong token (compared in constant time).
+func (h *Handler) auth(next http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if h.opts.Token == "" {
+			writeJSON(w, http.StatusForbidden, map[string]any{
+				"error": "the key API is disabled: set the environment variable " + h.opts.TokenEnv + " to enable it",
+			})
+			return
+		}
+		const prefix = "Bearer "
+		got := r.Header.Get("Authorization")
+		sum := sha256.Sum256([]byte(got[min(len(got), len(prefix)):]))
+		if len(got) < len(prefix) || got[:len(prefix)] != prefix || subtle.ConstantTimeCompare(sum[:], h.token[:]) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="idemproxy admin"`)
+			writeJSON(w, http.StatusUnauthorized, map[string]any{"error": "a valid bearer token is required"})
+			return
+		}
+		next(w, r)
+	})
+}
+
+// storeKey resolves the route, scope and key of a key API request.
+func (h *Handler) storeKey(w http.ResponseWriter, r *http.Request) (string, bool) {
+	route, key := r.PathValue("route"), r.PathValue("key")
+	header, ok := h.opts.Routes.RouteScope(route)
+	if !ok {
+		writeJSON(w, http.StatusNotFound, map[string]any{"error": "no route named " + strconv.Quote(route)})
+		return "", false
+	}
+	scope := r.URL.Query().Get("scope")
+	if header != "" && scope == "" {
+		writeJSON(w, http.StatusBadRequest, map[string]any{
+			"error": "route " + route + " is scoped by the " + header + " header: pass its value as ?scope=",
+		})
+		return "", false
+	}
+	if header == "" && scope != "" {
+		writeJSON(w, http.StatusBadRequest, map[string]any{"error": "route " + route + " is not scoped: drop ?scope="})
+		return "", false
+	}
+	return proxy.StoreKey(route, scope, key), true
+}
+
+// keyView is a record as the key API shows it: never the stored body.
+type keyView struct {
+	Route          string      `json:"route"`
+	Key            string      `json:"key"`
+	State          proxy.State `json:"state"`
+	CreatedAt      time.Time   `json:"created_at"`
+	ExpiresAt      *time.Time  `json:"expires_at,omitempty"`
+	LeaseExpiresAt *time.Time  `json:"lease_expires_at,omitempty"`
+	Fingerprint    string      `json:"fingerprint,omitempty"`
+	StoredStatus   int         `json:"stored_status,omitempty"`
+	StoredBytes    *int        `json:"stored_body_bytes,omitempty"`
+}
+
+func (h *Handler) getKey(w http.ResponseWriter, r *http.Request) {
+	sk, ok := h.storeKey(w, r)
+	if !ok {
+		return
+	}
+	rec, err := h.opts.Store.Get(r.Context(), sk)
+	if err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"error": "store unavailable: " + err.Error()})
+		return
+	}
+	if rec == nil {
+		writeJSON(w, http.StatusNotFound, map[string]any{"error": "no record for this key (never seen, released or expired)"})
+		return
+	}
+	v := keyView{
+		Route: r.PathValue("route"), Key: r.PathValue("key"), State: rec.State,
+		CreatedAt: rec.CreatedAt.UTC(), Fingerprint: rec.Fingerprint,
+	}
+	if !rec.ExpiresAt.IsZero() {
+		t := rec.ExpiresAt.UTC()
+		v.ExpiresAt = &t
+	}
+	if !rec.LeaseExpiresAt.IsZero() {
+		t := rec.LeaseExpiresAt.UTC()
+		v.LeaseExpiresAt = &t
+	}
+	if resp := rec.Response; resp != nil {
+		v.StoredStatus = resp.Status
+		if resp.BodyStored {
+			n := len(resp.Body)
+			v.StoredBytes = &n
+		}
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+func (h *Handler) deleteKey(w http.ResponseWriter, r *http.Request) {
+	sk, ok := h.storeKey(w, r)
+	if !ok {
+		return
+	}
+	prev, err := h.opts.Store.Get(r.Context(), sk)
+	if err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"error": "store unavailable: " + err.Error()})
+		return
+	}
+	existed, err := h.opts.Store.Delete(r.Context(), sk)
+	if err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"error": "store unavailable: " + err.Error()})
+		return
+	}
+	if !existed {
+		writeJSON(w, http.StatusNotFound, map[string]any{"error": "no record for this key (never seen, released or expired)"})
+		return
+	}
+	var state proxy.State
+	if prev != nil {
+		state = prev.State
+	}
+	sum := sha256.Sum256([]byte(sk))
+	h.opts.Logger.Warn("key released by an operator",
+		"route", r.PathValue("route"),
+		"key_hash", hexPrefix(sum[:6]),
+		"previous_state", string(state),
+		"operator", r.Header.Get("X-Operator"),
+		"reason", r.URL.Query().Get("reason"),
+		"remote_addr", r.RemoteAddr,
+		"user_agent", r.UserAgent(),
+		"at", time.Now().UTC().Format(time.RFC3339Nano))
+	writeJSON(w, http.StatusOK, map[string]any{"released": true, "previous_state": state})
+}
+
+func hexPrefix(b []byte) string {
+	const digits = "0123456789abcdef"
+	out := make([]byte, 0, 2*len(b))
+	for _, c := range b {
+		out = append(out, digits[c>>4], digits[c&15])
+	}
+	return string(out)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		b, _ = json.Marshal(map[string]string{"error": errors.Unwrap(err).Error()})
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}
+
+func writeText(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	w.Write([]byte(msg + "\n"))
+}
