@@ -50,9 +50,6 @@ type Options struct {
 	// Logger receives Badger's warnings and errors and the store's own
 	// messages; nil discards them.
 	Logger *slog.Logger
-	// Now returns the current time; nil means time.Now. Tests use it to
-	// move leases along.
-	Now func() time.Time
 }
 
 // Store is the Badger key store. Its methods are safe for concurrent use.
@@ -91,9 +88,6 @@ func Open(opts Options) (*Store, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	if opts.Now == nil {
-		opts.Now = time.Now
-	}
 	bo := bdg.DefaultOptions(opts.Dir).
 		WithSyncWrites(opts.SyncWrites).
 		WithLogger(logger{opts.Logger}).
@@ -116,7 +110,7 @@ func Open(opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("badger: open %s: %w", opts.Dir, err)
 	}
-	s := &Store{db: db, log: opts.Logger, now: opts.Now, stop: make(chan struct{})}
+	s := &Store{db: db, log: opts.Logger, now: time.Now, stop: make(chan struct{})}
 	n, err := s.orphansInDoubt()
 	if err != nil {
 		db.Close()
@@ -246,10 +240,10 @@ func (s *Store) Reserve(ctx context.Context, key string, res proxy.Reservation) 
 			return err
 		}
 		if rec != nil {
-			if rec.State == proxy.StateInFlight && rec.Token == res.Token {
-				return nil
-			}
 			existing = s.public(rec, exp)
+			if existing.State == proxy.StateInFlight && rec.Token == res.Token {
+				existing = nil // the caller's own reservation, applied before
+			}
 			return nil
 		}
 		now := s.now()
@@ -389,6 +383,7 @@ func (s *Store) public(rec *record, expiresAt uint64) *proxy.Record {
 		out.LeaseExpiresAt = time.UnixMilli(rec.Lease)
 		if !s.now().Before(out.LeaseExpiresAt) {
 			out.State = proxy.StateInDoubt
+			out.LeaseExpiresAt = time.Time{}
 		}
 	}
 	return out
