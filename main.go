@@ -28,6 +28,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idemproxy/idemproxy/admin"
 	"github.com/idemproxy/idemproxy/config"
@@ -169,6 +170,9 @@ func (a *app) openStore(reg prometheus.Registerer) (storeCloser, string, error) 
 		if err != nil {
 			return nil, "", err
 		}
+		// go-redis logs every failed dial; the store's errors already reach
+		// the log and the metrics, so its own lines go to debug.
+		goredis.SetLogger(redisLogger{a.log})
 		return s, "redis", nil
 	}
 	b := a.cfg.Store.Badger
@@ -198,6 +202,13 @@ func registerBadgerMetrics(reg prometheus.Registerer, s *badger.Store) {
 			Help: "Size of Badger's value log on disk.",
 		}, func() float64 { _, vlog := s.Sizes(); return float64(vlog) }),
 	)
+}
+
+// redisLogger sends go-redis' internal log to slog at debug level.
+type redisLogger struct{ log *slog.Logger }
+
+func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	l.log.Debug("redis: " + fmt.Sprintf(format, v...))
 }
 
 // newRegistry returns the registry of the program's own metrics; the

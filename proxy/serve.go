@@ -103,6 +103,10 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 	for {
 		rec, err := p.store.Reserve(r.Context(), a.storeKey, res)
 		if err != nil {
+			// The reservation may have been applied with its reply lost:
+			// take it back, so the key is not left in flight (and then in
+			// doubt) for a request that was never forwarded.
+			p.releaseLater(a.storeKey, res.Token)
 			a.storeFailed(w, body, "reserve", err)
 			return
 		}
@@ -152,6 +156,18 @@ func (a *attempt) readBody(w http.ResponseWriter, limit int64) ([]byte, bool) {
 		return nil, false
 	}
 	return body, true
+}
+
+// releaseLater releases a reservation that may or may not exist, in the
+// background; the owner token makes that safe.
+func (p *Proxy) releaseLater(key, token string) {
+	p.active.Add(1)
+	go func() {
+		defer p.active.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+		defer cancel()
+		p.store.Release(ctx, key, token)
+	}()
 }
 
 // storeFailed answers a store failure: 503, or the request forwarded

@@ -84,17 +84,21 @@ type Store interface {
 	// is an in-flight reservation carrying res.Token (the caller's own,
 	// applied before a lost reply), Reserve returns (nil, nil) too.
 	Reserve(ctx context.Context, key string, res Reservation) (*Record, error)
-	// Commit replaces the caller's in-flight reservation with a completed
-	// record holding resp, kept for ttl. It returns ErrNotOwner when the
+	// Commit replaces the caller's reservation (in flight, or in doubt
+	// because its lease ran out: the answer is now known) with a completed
+	// record holding resp, kept for ttl. A record the caller already
+	// completed keeps its first answer. It returns ErrNotOwner when the
 	// record does not carry token.
 	Commit(ctx context.Context, key, token string, resp Response, ttl time.Duration) error
 	// Release deletes the caller's reservation. It returns ErrNotOwner when
 	// the record does not carry token.
 	Release(ctx context.Context, key, token string) error
-	// MarkInDoubt turns the caller's reservation in doubt, kept for ttl. It
-	// returns ErrNotOwner when the record does not carry token.
+	// MarkInDoubt turns the caller's reservation in doubt, kept for ttl; a
+	// completed record is left as it is. It returns ErrNotOwner when the
+	// record does not carry token.
 	MarkInDoubt(ctx context.Context, key, token string, ttl time.Duration) error
 	// Get returns the record under key, or (nil, nil) when there is none.
+	// Get and Reserve fill in Record.Token.
 	Get(ctx context.Context, key string) (*Record, error)
 	// Delete removes the record under key in any state (operator release).
 	// It reports whether a record existed.

@@ -304,6 +304,9 @@ func (s *Store) transition(ctx context.Context, op, key, token string, change fu
 		if change == nil {
 			return txn.Delete(k)
 		}
+		if rec.State == proxy.StateCompleted {
+			return nil // the first answer stays
+		}
 		ttl := change(rec)
 		return put(txn, k, rec, s.now(), ttl)
 	})
