@@ -1,0 +1,256 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store/badger"
+)
+
+// metricValue finds one sample line of a scrape ("name{labels} value").
+func metricValue(scrape, series string) (string, bool) {
+	for _, line := range strings.Split(scrape, "\n") {
+		if rest, ok := strings.CutPrefix(line, series+" "); ok {
+			return strings.TrimSpace(rest), true
+		}
+	}
+	return "", false
+}
+
+// TestMetricsScrape: outcomes of real traffic show up on /metrics with the
+// documented names, next to the Go, process and build series.
+func TestMetricsScrape(t *testing.T) {
+	up := startStub(t)
+	dir := t.TempDir()
+	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), "", chargesRoute))
+	charge(p, "ORD-M1")
+	charge(p, "ORD-M1")
+	do("GET", p.url("/orders/ORD-M1/charges"), "")
+	r := do("GET", p.adminURL("/metrics"), "")
+	if r.status != 200 {
+		t.Fatalf("/metrics = %d", r.status)
+	}
+	for series, want := range map[string]string{
+		`idemproxy_requests_total{outcome="committed",route="charges"}`:                 "1",
+		`idemproxy_requests_total{outcome="replayed",route="charges"}`:                  "1",
+		`idemproxy_requests_total{outcome="passthrough",route=""}`:                      "1",
+		`idemproxy_requests_total{outcome="in_doubt",route="charges"}`:                  "0",
+		`idemproxy_requests_in_flight{route="charges"}`:                                 "0",
+		`idemproxy_config_last_reload_successful`:                                       "1",
+		`idemproxy_upstream_request_duration_seconds_count{code="201",route="charges"}`: "1",
+	} {
+		if got, ok := metricValue(r.body, series); !ok || got != want {
+			t.Errorf("%s = %q (found %v), want %s", series, got, ok, want)
+		}
+	}
+	for _, prefix := range []string{"idemproxy_build_info{", "go_goroutines ", "process_resident_memory_bytes ",
+		"idemproxy_badger_lsm_size_bytes ", `idemproxy_store_operation_duration_seconds_count{operation="reserve",store="badger"}`} {
+		if !strings.Contains(r.body, "\n"+prefix) {
+			t.Errorf("/metrics has no %s series", prefix)
+		}
+	}
+	if strings.Contains(r.body, "ORD-M1") {
+		t.Errorf("a key appears in the metrics")
+	}
+}
+
+// TestReload: SIGHUP and POST /-/reload apply a good file; a bad file keeps
+// the running configuration and is reported.
+func TestReload(t *testing.T) {
+	up := startStub(t)
+	dir := t.TempDir()
+	path := filepath.Join(dir, "c.yaml")
+	data := filepath.Join(dir, "data")
+	writeConfig(t, path, up.URL, data, "", chargesRoute)
+	p := startProxy(t, path)
+	reloadGauge := func() string {
+		v, _ := metricValue(do("GET", p.adminURL("/metrics"), "").body, "idemproxy_config_last_reload_successful")
+		return v
+	}
+
+	// A good file with a second route, by SIGHUP.
+	writeConfig(t, path, up.URL, data, "", chargesRoute+`
+  - name: order-charges
+    match: POST /orders/{orderId}/charges
+    key: {header: Idempotency-Key}
+`)
+	p.signal(syscall.SIGHUP)
+	eventually(t, "the new route is served", func() bool {
+		return problemType(do("POST", p.url("/orders/O-1/charges"), `{"amount": 1}`)) == "missing-key"
+	})
+
+	// A bad file, by POST: 400, the running configuration stays.
+	os.WriteFile(path, []byte("listen: [\n"), 0o600)
+	r := do("POST", p.adminURL("/-/reload"), "")
+	if r.status != 400 || !strings.Contains(r.body, "running configuration is kept") {
+		t.Errorf("bad reload = %d %q, want 400 and the running configuration kept", r.status, r.body)
+	}
+	if got := reloadGauge(); got != "0" {
+		t.Errorf("reload_successful after a bad reload = %s, want 0", got)
+	}
+	if r := do("POST", p.url("/orders/O-1/charges"), `{"amount": 1}`); problemType(r) != "missing-key" {
+		t.Errorf("after a bad reload the route is gone: %d %s", r.status, r.body)
+	}
+	// A file that changes what needs a restart is refused too.
+	writeConfig(t, path, up.URL, filepath.Join(dir, "other-data"), "", chargesRoute)
+	if r := do("POST", p.adminURL("/-/reload"), ""); r.status != 400 || !strings.Contains(r.body, "store") {
+		t.Errorf("store change = %d %q, want 400 naming the store", r.status, r.body)
+	}
+	// Back to a good file, by POST.
+	writeConfig(t, path, up.URL, data, "", chargesRoute)
+	if r := do("POST", p.adminURL("/-/reload"), ""); r.status != 200 {
+		t.Errorf("good reload = %d %s", r.status, r.body)
+	}
+	if got := reloadGauge(); got != "1" {
+		t.Errorf("reload_successful = %s, want 1", got)
+	}
+	if r := do("POST", p.url("/orders/O-1/charges"), `{"amount": 1}`); r.status != 201 {
+		t.Errorf("removed route still protected: %d %s", r.status, r.body)
+	}
+	if l := p.log.logLines("configuration reload failed; the running configuration is kept"); len(l) != 2 {
+		t.Errorf("failed reloads logged %d times, want 2", len(l))
+	}
+}
+
+// TestAdminReleaseAfterIncident is the article's reprocessing after an
+// incident: a key in doubt is inspected and released by an operator, and
+// the order can then be charged.
+func TestAdminReleaseAfterIncident(t *testing.T) {
+	up := startStub(t)
+	dir := t.TempDir()
+	cfg := writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), "", chargesRoute)
+	p := startProxy(t, cfg, "IDEMPROXY_ADMIN_TOKEN=s3cret")
+	if r := charge(p, "ORD-I1", "X-Stub-Fault", "fail-before-charge"); r.status != 500 {
+		t.Fatalf("failed charge = %d", r.status)
+	}
+	// The upstream said 500; under reserve-then-commit the retry replays it.
+	if r := charge(p, "ORD-I1"); r.status != 500 || r.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("retry = %d %s, want the stored 500", r.status, r.body)
+	}
+	key := p.adminURL("/v1/keys/charges/ORD-I1")
+	if r := do("GET", key, ""); r.status != 401 {
+		t.Errorf("no token = %d, want 401", r.status)
+	}
+	if r := do("GET", key, "", "Authorization", "Bearer wrong"); r.status != 401 {
+		t.Errorf("wrong token = %d, want 401", r.status)
+	}
+	r := do("GET", key, "", "Authorization", "Bearer s3cret")
+	if r.status != 200 || !strings.Contains(r.body, `"state": "completed"`) || !strings.Contains(r.body, `"stored_status": 500`) {
+		t.Errorf("inspect = %d %s", r.status, r.body)
+	}
+	r = do("DELETE", key+"?reason=INC-42", "", "Authorization", "Bearer s3cret", "X-Operator", "alice")
+	if r.status != 200 || !strings.Contains(r.body, `"released": true`) {
+		t.Errorf("release = %d %s", r.status, r.body)
+	}
+	if r := charge(p, "ORD-I1"); r.status != 201 {
+		t.Errorf("charge after release = %d %s, want 201", r.status, r.body)
+	}
+	if got := chargeCount(t, up.URL, "ORD-I1"); got != 1 {
+		t.Errorf("charges = %d, want 1", got)
+	}
+	l := p.log.logLines("key released by an operator")
+	if len(l) != 1 || l[0]["operator"] != "alice" || l[0]["reason"] != "INC-42" || l[0]["previous_state"] != "completed" {
+		t.Errorf("audit log = %v", l)
+	}
+	if strings.Contains(p.log.String(), "ORD-I1") {
+		t.Errorf("the raw key appears in the log")
+	}
+}
+
+// TestAdminKeyAPIDisabledWithoutToken: no token, no key API; never open.
+func TestAdminKeyAPIDisabledWithoutToken(t *testing.T) {
+	up := startStub(t)
+	dir := t.TempDir()
+	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), "", chargesRoute),
+		"IDEMPROXY_ADMIN_TOKEN=")
+	for _, m := range []string{"GET", "DELETE"} {
+		if r := do(m, p.adminURL("/v1/keys/charges/X"), "", "Authorization", "Bearer "); r.status != 403 {
+			t.Errorf("%s without a configured token = %d, want 403", m, r.status)
+		}
+	}
+}
+
+// metricNames records the names of every metric registered through it.
+type metricNames struct {
+	prometheus.Registerer
+	names map[string]bool
+}
+
+var fqName = regexp.MustCompile(`fqName: "([^"]+)"`)
+
+func (m *metricNames) Register(c prometheus.Collector) error {
+	ch := make(chan *prometheus.Desc, 16)
+	go func() { c.Describe(ch); close(ch) }()
+	for d := range ch {
+		if n := fqName.FindStringSubmatch(d.String()); n != nil {
+			m.names[n[1]] = true
+		}
+	}
+	return m.Registerer.Register(c)
+}
+
+func (m *metricNames) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		if err := m.Register(c); err != nil {
+			panic(err)
+		}
+	}
+}
+
+// TestDashboardAndAlertsNameExportedMetrics keeps the Grafana dashboard and
+// the alert rules from drifting away from the metrics the binary exports.
+func TestDashboardAndAlertsNameExportedMetrics(t *testing.T) {
+	rec := &metricNames{Registerer: prometheus.NewRegistry(), names: map[string]bool{}}
+	(&app{}).registerMetrics(rec)
+	proxy.NewMetrics(rec)
+	st, err := badger.Open(badger.Options{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	registerBadgerMetrics(rec, st)
+	exported := map[string]bool{}
+	for n := range rec.names {
+		exported[n] = true
+		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+			exported[n+suffix] = true
+		}
+	}
+	files := []string{"deploy/grafana/idemproxy-dashboard.json", "deploy/prometheus/idemproxy-alerts.yaml"}
+	used := regexp.MustCompile(`\bidemproxy_[a-z0-9_]+`)
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		names := used.FindAllString(string(b), -1)
+		if len(names) == 0 {
+			t.Errorf("%s names no idemproxy metric", f)
+		}
+		var unknown []string
+		for _, n := range names {
+			if !exported[n] {
+				unknown = append(unknown, n)
+			}
+		}
+		sort.Strings(unknown)
+		if len(unknown) > 0 {
+			t.Errorf("%s names metrics the binary does not export: %v", f, unknown)
+		}
+	}
+	// And the other way: every exported idemproxy metric is on the dashboard.
+	dash, _ := os.ReadFile(files[0])
+	for n := range rec.names {
+		if strings.HasPrefix(n, "idemproxy_") && !strings.Contains(string(dash), n) {
+			t.Errorf("the dashboard does not show %s", n)
+		}
+	}
+}
