@@ -8,10 +8,10 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
-	"errors"
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -45,13 +45,18 @@ type Options struct {
 	// Token is the bearer token of /v1/keys. Empty disables the key API
 	// (403): it is never open.
 	Token string
-	// TokenEnv names the variable the token comes from, for messages.
+	// TokenEnv names the variable the token comes from, for messages;
+	// empty means DefaultTokenEnv.
 	TokenEnv string
 	// Reload re-reads the configuration; nil disables POST /-/reload.
 	Reload func() error
 	// Logger receives the audit log of releases; nil discards it.
 	Logger *slog.Logger
 }
+
+// DefaultTokenEnv is the variable the key API token comes from unless the
+// configuration names another.
+const DefaultTokenEnv = "IDEMPROXY_ADMIN_TOKEN"
 
 // Handler is the admin listener's http.Handler.
 type Handler struct {
@@ -68,6 +73,9 @@ func NewHandler(opts Options) *Handler {
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.TokenEnv == "" {
+		opts.TokenEnv = DefaultTokenEnv
 	}
 	h := &Handler{mux: http.NewServeMux(), opts: opts, token: sha256.Sum256([]byte(opts.Token))}
 	h.mux.Handle("GET /metrics", promhttp.HandlerFor(opts.Gatherer, promhttp.HandlerOpts{EnableOpenMetrics: true}))
@@ -111,7 +119,8 @@ func (h *Handler) reload(w http.ResponseWriter, r *http.Request) {
 }
 
 // auth guards the key API: 403 when no token is configured, 401 for a
-// missing or wrong token (compared in constant time).
+// missing or wrong token (compared in constant time). The scheme name is
+// case-insensitive (RFC 9110, section 11.1).
 func (h *Handler) auth(next http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if h.opts.Token == "" {
@@ -123,7 +132,7 @@ func (h *Handler) auth(next http.HandlerFunc) http.Handler {
 		const prefix = "Bearer "
 		got := r.Header.Get("Authorization")
 		sum := sha256.Sum256([]byte(got[min(len(got), len(prefix)):]))
-		if len(got) < len(prefix) || got[:len(prefix)] != prefix || subtle.ConstantTimeCompare(sum[:], h.token[:]) != 1 {
+		if len(got) < len(prefix) || !strings.EqualFold(got[:len(prefix)], prefix) || subtle.ConstantTimeCompare(sum[:], h.token[:]) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="idemproxy admin"`)
 			writeJSON(w, http.StatusUnauthorized, map[string]any{"error": "a valid bearer token is required"})
 			return
@@ -251,7 +260,8 @@ func hexPrefix(b []byte) string {
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
-		b, _ = json.Marshal(map[string]string{"error": errors.Unwrap(err).Error()})
+		b, _ = json.Marshal(map[string]string{"error": "encode response: " + err.Error()})
+		status = http.StatusInternalServerError
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")

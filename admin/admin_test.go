@@ -1,0 +1,742 @@
+package admin_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemproxy/idemproxy/admin"
+	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store/badger"
+)
+
+// routes is the admin.Routes of the tests: route name → scope header.
+type routes map[string]string
+
+func (r routes) RouteScope(name string) (string, bool) {
+	h, ok := r[name]
+	return h, ok
+}
+
+// testRoutes has an unscoped route and one scoped by a header.
+var testRoutes = routes{"charges": "", "refunds": "X-Tenant"}
+
+const testToken = "s3cret-admin-token-0123456789"
+
+// failingPing is the real Badger store with a Ping that fails.
+type failingPing struct{ *badger.Store }
+
+func (failingPing) Ping(context.Context) error { return errors.New("disk on fire") }
+
+func openStore(t testing.TB) *badger.Store {
+	t.Helper()
+	st, err := badger.Open(badger.Options{Dir: t.TempDir(), SyncWrites: false})
+	if err != nil {
+		t.Fatalf("badger.Open: %v", err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
+// newHandler returns a handler on st with the test routes and token;
+// change adjusts the options first.
+func newHandler(t testing.TB, st admin.Store, change func(*admin.Options)) *admin.Handler {
+	t.Helper()
+	opts := admin.Options{Store: st, Routes: testRoutes, Gatherer: prometheus.NewRegistry(), Token: testToken}
+	if change != nil {
+		change(&opts)
+	}
+	return admin.NewHandler(opts)
+}
+
+// serve runs one request through h. A non-empty auth becomes the
+// Authorization header; header adds more.
+func serve(t testing.TB, h http.Handler, method, target, auth string, header http.Header) *httptest.ResponseRecorder {
+	t.Helper()
+	req := httptest.NewRequest(method, target, nil)
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	for k, vs := range header {
+		req.Header[k] = vs
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec
+}
+
+const bearer = "Bearer " + testToken
+
+// The states the tests put records in.
+const (
+	seedInFlight  = "in_flight"
+	seedCompleted = "completed"
+	seedNoBody    = "completed_body_not_stored"
+	seedInDoubt   = "in_doubt"
+	seedLapsed    = "lapsed_lease"
+)
+
+const (
+	ownerToken = "owner-token-must-not-leak"
+	secretBody = `{"charge":"ch_SECRET_BODY_7f3a","amount":4200}`
+	lease      = time.Hour
+	ttl        = 24 * time.Hour
+)
+
+// seed puts a record in the given state under sk, through the store's
+// own Reserve, Commit and MarkInDoubt.
+func seed(t testing.TB, st *badger.Store, sk, state string) {
+	t.Helper()
+	ctx := context.Background()
+	res := proxy.Reservation{Token: ownerToken, Fingerprint: "fp-" + state, Lease: lease, TTL: ttl}
+	if state == seedLapsed {
+		res.Lease = time.Nanosecond // lapsed as soon as it is written
+	}
+	if rec, err := st.Reserve(ctx, sk, res); err != nil || rec != nil {
+		t.Fatalf("Reserve(%q) = %v, %v; want nil, nil", sk, rec, err)
+	}
+	var err error
+	switch state {
+	case seedInFlight, seedLapsed:
+	case seedCompleted:
+		err = st.Commit(ctx, sk, ownerToken, proxy.Response{
+			Status: http.StatusCreated, Header: http.Header{"Location": {"/charges/ch_1"}},
+			Body: []byte(secretBody), BodyStored: true,
+		}, ttl)
+	case seedNoBody:
+		err = st.Commit(ctx, sk, ownerToken, proxy.Response{Status: http.StatusOK, BodyStored: false}, ttl)
+	case seedInDoubt:
+		err = st.MarkInDoubt(ctx, sk, ownerToken, ttl)
+	default:
+		t.Fatalf("seed: unknown state %q", state)
+	}
+	if err != nil {
+		t.Fatalf("seed %s %q: %v", state, sk, err)
+	}
+}
+
+func decode(t testing.TB, rec *httptest.ResponseRecorder, v any) {
+	t.Helper()
+	if ct := rec.Header().Get("Content-Type"); ct != "application/json" {
+		t.Errorf("Content-Type = %q, want application/json", ct)
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), v); err != nil {
+		t.Fatalf("decode %q: %v", rec.Body.String(), err)
+	}
+}
+
+func TestKeyAPIAuth(t *testing.T) {
+	tests := []struct {
+		name     string
+		token    string // configured token
+		tokenEnv string
+		auth     string // Authorization header
+		want     int
+		wantBody string
+	}{
+		{name: "no token configured", token: "", auth: "", want: http.StatusForbidden, wantBody: "IDEMPROXY_ADMIN_TOKEN"},
+		{name: "no token configured, custom env var", token: "", tokenEnv: "MY_ADMIN_TOKEN", auth: bearer, want: http.StatusForbidden, wantBody: "MY_ADMIN_TOKEN"},
+		{name: "no token configured, empty bearer", token: "", auth: "Bearer ", want: http.StatusForbidden, wantBody: "disabled"},
+		{name: "missing header", token: testToken, auth: "", want: http.StatusUnauthorized},
+		{name: "basic scheme", token: testToken, auth: "Basic " + base64.StdEncoding.EncodeToString([]byte("admin:"+testToken)), want: http.StatusUnauthorized},
+		{name: "other scheme, right token", token: testToken, auth: "Token " + testToken, want: http.StatusUnauthorized},
+		{name: "token without scheme", token: testToken, auth: testToken, want: http.StatusUnauthorized},
+		{name: "scheme only", token: testToken, auth: "Bearer", want: http.StatusUnauthorized},
+		{name: "empty bearer", token: testToken, auth: "Bearer ", want: http.StatusUnauthorized},
+		{name: "wrong token, same length", token: testToken, auth: "Bearer " + strings.Repeat("x", len(testToken)), want: http.StatusUnauthorized},
+		{name: "wrong token, last byte differs", token: testToken, auth: "Bearer " + testToken[:len(testToken)-1] + "X", want: http.StatusUnauthorized},
+		{name: "shorter token (prefix)", token: testToken, auth: "Bearer " + testToken[:8], want: http.StatusUnauthorized},
+		{name: "longer token", token: testToken, auth: bearer + "0", want: http.StatusUnauthorized},
+		{name: "two spaces", token: testToken, auth: "Bearer  " + testToken, want: http.StatusUnauthorized},
+		{name: "right token", token: testToken, auth: bearer, want: http.StatusOK},
+		{name: "right token, scheme in lower case", token: testToken, auth: "bearer " + testToken, want: http.StatusOK},
+	}
+	for _, method := range []string{http.MethodGet, http.MethodDelete} {
+		for _, tt := range tests {
+			t.Run(method+"/"+tt.name, func(t *testing.T) {
+				st := openStore(t)
+				sk := proxy.StoreKey("charges", "", "k1")
+				seed(t, st, sk, seedCompleted)
+				h := newHandler(t, st, func(o *admin.Options) { o.Token, o.TokenEnv = tt.token, tt.tokenEnv })
+
+				rec := serve(t, h, method, "/v1/keys/charges/k1", tt.auth, nil)
+				if rec.Code != tt.want {
+					t.Fatalf("%s status = %d, want %d; body %s", method, rec.Code, tt.want, rec.Body)
+				}
+				if !strings.Contains(rec.Body.String(), tt.wantBody) {
+					t.Errorf("body = %q, want it to contain %q", rec.Body, tt.wantBody)
+				}
+				gotWWW := rec.Header().Get("WWW-Authenticate")
+				if wantWWW := tt.want == http.StatusUnauthorized; (gotWWW != "") != wantWWW || (wantWWW && !strings.HasPrefix(gotWWW, "Bearer ")) {
+					t.Errorf("WWW-Authenticate = %q, want a Bearer challenge: %v", gotWWW, wantWWW)
+				}
+				if strings.Contains(rec.Body.String(), testToken) {
+					t.Errorf("body %q shows the token", rec.Body)
+				}
+				// A refused request leaves the record alone.
+				got, err := st.Get(context.Background(), sk)
+				if err != nil {
+					t.Fatal(err)
+				}
+				wantKept := tt.want != http.StatusOK || method == http.MethodGet
+				if (got != nil) != wantKept {
+					t.Errorf("record present after %s = %v, want %v", method, got != nil, wantKept)
+				}
+			})
+		}
+	}
+}
+
+// TestAuthBeforeRouteLookup: without a valid token nothing is revealed,
+// not even whether a route exists.
+func TestAuthBeforeRouteLookup(t *testing.T) {
+	st := openStore(t)
+	tests := []struct {
+		name, token, auth, target string
+		want                      int
+	}{
+		{"unknown route, no token configured", "", "", "/v1/keys/nope/k", http.StatusForbidden},
+		{"unknown route, no header", testToken, "", "/v1/keys/nope/k", http.StatusUnauthorized},
+		{"scoped route without scope, no header", testToken, "", "/v1/keys/refunds/k", http.StatusUnauthorized},
+		{"unknown route, right token", testToken, bearer, "/v1/keys/nope/k", http.StatusNotFound},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHandler(t, st, func(o *admin.Options) { o.Token = tt.token })
+			if rec := serve(t, h, http.MethodGet, tt.target, tt.auth, nil); rec.Code != tt.want {
+				t.Errorf("GET %s = %d, want %d; body %s", tt.target, rec.Code, tt.want, rec.Body)
+			}
+		})
+	}
+}
+
+// keyView mirrors the JSON of GET /v1/keys.
+type keyView struct {
+	Route          string     `json:"route"`
+	Key            string     `json:"key"`
+	State          string     `json:"state"`
+	CreatedAt      time.Time  `json:"created_at"`
+	ExpiresAt      *time.Time `json:"expires_at"`
+	LeaseExpiresAt *time.Time `json:"lease_expires_at"`
+	Fingerprint    string     `json:"fingerprint"`
+	StoredStatus   int        `json:"stored_status"`
+	StoredBytes    *int       `json:"stored_body_bytes"`
+}
+
+func TestGetKeyStates(t *testing.T) {
+	st := openStore(t)
+	h := newHandler(t, st, nil)
+	intp := func(n int) *int { return &n }
+	tests := []struct {
+		seed       string
+		wantState  string
+		wantLease  bool
+		wantStatus int
+		wantBytes  *int
+	}{
+		{seed: seedInFlight, wantState: "in_flight", wantLease: true},
+		{seed: seedCompleted, wantState: "completed", wantStatus: http.StatusCreated, wantBytes: intp(len(secretBody))},
+		{seed: seedNoBody, wantState: "completed", wantStatus: http.StatusOK},
+		{seed: seedInDoubt, wantState: "in_doubt"},
+		{seed: seedLapsed, wantState: "in_doubt"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.seed, func(t *testing.T) {
+			key := "key-" + tt.seed
+			before := time.Now()
+			seed(t, st, proxy.StoreKey("charges", "", key), tt.seed)
+			after := time.Now()
+
+			rec := serve(t, h, http.MethodGet, "/v1/keys/charges/"+key, bearer, nil)
+			if rec.Code != http.StatusOK {
+				t.Fatalf("status = %d, want 200; body %s", rec.Code, rec.Body)
+			}
+			if cc := rec.Header().Get("Cache-Control"); cc != "no-store" {
+				t.Errorf("Cache-Control = %q, want no-store", cc)
+			}
+			var got keyView
+			decode(t, rec, &got)
+			if got.Route != "charges" || got.Key != key || got.State != tt.wantState {
+				t.Errorf("route, key, state = %q, %q, %q; want charges, %q, %q", got.Route, got.Key, got.State, key, tt.wantState)
+			}
+			if want := "fp-" + tt.seed; got.Fingerprint != want {
+				t.Errorf("fingerprint = %q, want %q", got.Fingerprint, want)
+			}
+			// Badger keeps created_at in milliseconds and expiry in seconds.
+			if got.CreatedAt.Before(before.Add(-time.Millisecond)) || got.CreatedAt.After(after) {
+				t.Errorf("created_at = %v, want between %v and %v", got.CreatedAt, before, after)
+			}
+			if got.CreatedAt.Location() != time.UTC {
+				t.Errorf("created_at %v is not in UTC", got.CreatedAt)
+			}
+			if got.ExpiresAt == nil {
+				t.Errorf("expires_at missing")
+			} else if lo, hi := before.Add(ttl-time.Second), after.Add(ttl+time.Second); got.ExpiresAt.Before(lo) || got.ExpiresAt.After(hi) {
+				t.Errorf("expires_at = %v, want between %v and %v", got.ExpiresAt, lo, hi)
+			}
+			if (got.LeaseExpiresAt != nil) != tt.wantLease {
+				t.Errorf("lease_expires_at = %v, want present: %v", got.LeaseExpiresAt, tt.wantLease)
+			} else if tt.wantLease {
+				if lo, hi := before.Add(lease-time.Millisecond), after.Add(lease); got.LeaseExpiresAt.Before(lo) || got.LeaseExpiresAt.After(hi) {
+					t.Errorf("lease_expires_at = %v, want between %v and %v", got.LeaseExpiresAt, lo, hi)
+				}
+			}
+			if got.StoredStatus != tt.wantStatus {
+				t.Errorf("stored_status = %d, want %d", got.StoredStatus, tt.wantStatus)
+			}
+			if (got.StoredBytes == nil) != (tt.wantBytes == nil) || (got.StoredBytes != nil && *got.StoredBytes != *tt.wantBytes) {
+				t.Errorf("stored_body_bytes = %v, want %v", deref(got.StoredBytes), deref(tt.wantBytes))
+			}
+
+			// Never the stored body (raw or as base64), its headers or the owner token.
+			raw := rec.Body.String()
+			for _, secret := range []string{
+				"ch_SECRET_BODY_7f3a", base64.StdEncoding.EncodeToString([]byte(secretBody)),
+				"/charges/ch_1", ownerToken,
+			} {
+				if strings.Contains(raw, secret) {
+					t.Errorf("response shows %q:\n%s", secret, raw)
+				}
+			}
+			var fields map[string]any
+			decode(t, rec, &fields)
+			for _, f := range []string{"body", "response", "header", "token"} {
+				if _, ok := fields[f]; ok {
+					t.Errorf("response has field %q:\n%s", f, raw)
+				}
+			}
+		})
+	}
+}
+
+func deref(p *int) any {
+	if p == nil {
+		return nil
+	}
+	return *p
+}
+
+// TestKeyPaths: keys with '/', spaces and other escaped characters are
+// found whether or not the slash is escaped, through a real server and
+// client.
+func TestKeyPaths(t *testing.T) {
+	st := openStore(t)
+	srv := httptest.NewServer(newHandler(t, st, nil))
+	defer srv.Close()
+	keys := []string{"a/b c", "a//b", "100%", "q?x#y", "ключ-1", "dir/", "+plus&amp;"}
+	for _, k := range keys {
+		seed(t, st, proxy.StoreKey("charges", "", k), seedCompleted)
+	}
+	tests := []struct {
+		path    string // after /v1/keys/charges/
+		want    int
+		wantKey string
+	}{
+		{"a%2Fb%20c", http.StatusOK, "a/b c"},
+		{"a/b%20c", http.StatusOK, "a/b c"},
+		{"a%2fb%20c", http.StatusOK, "a/b c"},
+		{"a%2F%2Fb", http.StatusOK, "a//b"},
+		{"100%25", http.StatusOK, "100%"},
+		{"q%3Fx%23y", http.StatusOK, "q?x#y"},
+		{url.PathEscape("ключ-1"), http.StatusOK, "ключ-1"},
+		{"dir/", http.StatusOK, "dir/"},
+		{"dir%2F", http.StatusOK, "dir/"},
+		{"+plus&amp;", http.StatusOK, "+plus&amp;"},
+		{"a%2Fb", http.StatusNotFound, ""},
+		{"a/b+c", http.StatusNotFound, ""}, // '+' is not a space in a path
+		{"dir", http.StatusNotFound, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.path, func(t *testing.T) {
+			req, err := http.NewRequest(http.MethodGet, srv.URL+"/v1/keys/charges/"+tt.path, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Authorization", bearer)
+			resp, err := srv.Client().Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != tt.want {
+				t.Fatalf("GET %s = %d, want %d; body %s", tt.path, resp.StatusCode, tt.want, body)
+			}
+			if tt.want != http.StatusOK {
+				return
+			}
+			var got keyView
+			if err := json.Unmarshal(body, &got); err != nil {
+				t.Fatal(err)
+			}
+			if got.Key != tt.wantKey || got.State != "completed" {
+				t.Errorf("key, state = %q, %q; want %q, completed", got.Key, got.State, tt.wantKey)
+			}
+		})
+	}
+
+	// Release through the escaped form, then both forms are gone.
+	rec := serve(t, srv.Config.Handler, http.MethodDelete, "/v1/keys/charges/a%2Fb%20c", bearer, nil)
+	if rec.Code != http.StatusOK {
+		t.Fatalf("DELETE a%%2Fb%%20c = %d, want 200; body %s", rec.Code, rec.Body)
+	}
+	for _, p := range []string{"a%2Fb%20c", "a/b%20c"} {
+		if rec := serve(t, srv.Config.Handler, http.MethodGet, "/v1/keys/charges/"+p, bearer, nil); rec.Code != http.StatusNotFound {
+			t.Errorf("GET %s after release = %d, want 404", p, rec.Code)
+		}
+	}
+}
+
+func TestScopedRoute(t *testing.T) {
+	st := openStore(t)
+	h := newHandler(t, st, nil)
+	const scope = "tenant a/1"
+	seed(t, st, proxy.StoreKey("refunds", scope, "r1"), seedCompleted)
+	seed(t, st, proxy.StoreKey("charges", "", "c1"), seedCompleted)
+	q := "?scope=" + url.QueryEscape(scope)
+	tests := []struct {
+		name, target string
+		want         int
+		wantBody     string
+	}{
+		{"right scope", "/v1/keys/refunds/r1" + q, http.StatusOK, `"state": "completed"`},
+		{"other scope", "/v1/keys/refunds/r1?scope=tenant-b", http.StatusNotFound, "no record"},
+		{"scope differs in case", "/v1/keys/refunds/r1?scope=" + url.QueryEscape(strings.ToUpper(scope)), http.StatusNotFound, "no record"},
+		{"missing scope", "/v1/keys/refunds/r1", http.StatusBadRequest, "X-Tenant"},
+		{"empty scope", "/v1/keys/refunds/r1?scope=", http.StatusBadRequest, "X-Tenant"},
+		{"unscoped key on a scoped route", "/v1/keys/refunds/c1?scope=x", http.StatusNotFound, "no record"},
+		{"scope on an unscoped route", "/v1/keys/charges/c1?scope=x", http.StatusBadRequest, "not scoped"},
+		{"unscoped route", "/v1/keys/charges/c1", http.StatusOK, `"state": "completed"`},
+		{"unknown route", "/v1/keys/payouts/c1", http.StatusNotFound, "payouts"},
+		{"unknown key", "/v1/keys/charges/c2", http.StatusNotFound, "no record"},
+	}
+	for _, method := range []string{http.MethodGet, http.MethodDelete} {
+		for _, tt := range tests {
+			if method == http.MethodDelete && tt.want == http.StatusOK {
+				continue // releases are TestRelease's
+			}
+			t.Run(method+"/"+tt.name, func(t *testing.T) {
+				rec := serve(t, h, method, tt.target, bearer, nil)
+				if rec.Code != tt.want {
+					t.Fatalf("%s %s = %d, want %d; body %s", method, tt.target, rec.Code, tt.want, rec.Body)
+				}
+				if !strings.Contains(rec.Body.String(), tt.wantBody) {
+					t.Errorf("body = %q, want it to contain %q", rec.Body, tt.wantBody)
+				}
+				var v map[string]any
+				decode(t, rec, &v)
+			})
+		}
+	}
+	// The failed DELETEs above released nothing.
+	for _, sk := range []string{proxy.StoreKey("refunds", scope, "r1"), proxy.StoreKey("charges", "", "c1")} {
+		if rec, err := st.Get(context.Background(), sk); err != nil || rec == nil {
+			t.Errorf("Get(%q) = %v, %v; want the record kept", sk, rec, err)
+		}
+	}
+	if rec := serve(t, h, http.MethodDelete, "/v1/keys/refunds/r1"+q, bearer, nil); rec.Code != http.StatusOK {
+		t.Errorf("DELETE with the right scope = %d, want 200; body %s", rec.Code, rec.Body)
+	}
+	if rec := serve(t, h, http.MethodGet, "/v1/keys/refunds/r1"+q, bearer, nil); rec.Code != http.StatusNotFound {
+		t.Errorf("GET after release = %d, want 404", rec.Code)
+	}
+}
+
+func TestRelease(t *testing.T) {
+	st := openStore(t)
+	h := newHandler(t, st, nil)
+	tests := []struct {
+		seed      string
+		wantState string
+	}{
+		{seedInFlight, "in_flight"},
+		{seedCompleted, "completed"},
+		{seedNoBody, "completed"},
+		{seedInDoubt, "in_doubt"},
+		{seedLapsed, "in_doubt"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.seed, func(t *testing.T) {
+			key := "rel-" + tt.seed
+			sk := proxy.StoreKey("charges", "", key)
+			seed(t, st, sk, tt.seed)
+			target := "/v1/keys/charges/" + key
+
+			rec := serve(t, h, http.MethodDelete, target, bearer, nil)
+			if rec.Code != http.StatusOK {
+				t.Fatalf("DELETE = %d, want 200; body %s", rec.Code, rec.Body)
+			}
+			var got struct {
+				Released      bool   `json:"released"`
+				PreviousState string `json:"previous_state"`
+			}
+			decode(t, rec, &got)
+			if !got.Released || got.PreviousState != tt.wantState {
+				t.Errorf("DELETE answered released=%v previous_state=%q; want true, %q", got.Released, got.PreviousState, tt.wantState)
+			}
+			if rec := serve(t, h, http.MethodGet, target, bearer, nil); rec.Code != http.StatusNotFound {
+				t.Errorf("GET after release = %d, want 404; body %s", rec.Code, rec.Body)
+			}
+			if rec := serve(t, h, http.MethodDelete, target, bearer, nil); rec.Code != http.StatusNotFound {
+				t.Errorf("second DELETE = %d, want 404; body %s", rec.Code, rec.Body)
+			}
+			// The key can be used again: that is the point of a release.
+			res := proxy.Reservation{Token: "new-owner", Fingerprint: "fp2", Lease: lease, TTL: ttl}
+			if prev, err := st.Reserve(context.Background(), sk, res); err != nil || prev != nil {
+				t.Errorf("Reserve after release = %v, %v; want nil, nil", prev, err)
+			}
+		})
+	}
+	t.Run("never seen", func(t *testing.T) {
+		rec := serve(t, h, http.MethodDelete, "/v1/keys/charges/never-seen", bearer, nil)
+		if rec.Code != http.StatusNotFound {
+			t.Errorf("DELETE = %d, want 404; body %s", rec.Code, rec.Body)
+		}
+	})
+}
+
+func TestReleaseAuditLog(t *testing.T) {
+	st := openStore(t)
+	var logs bytes.Buffer
+	h := newHandler(t, st, func(o *admin.Options) { o.Logger = slog.New(slog.NewJSONHandler(&logs, nil)) })
+	const (
+		rawKey   = "order-RAW-KEY-9f3a/x"
+		rawScope = "tenant-RAW-SCOPE-77"
+	)
+	sk := proxy.StoreKey("refunds", rawScope, rawKey)
+	seed(t, st, sk, seedInDoubt)
+
+	// Refused and failed requests write no audit line.
+	serve(t, h, http.MethodDelete, "/v1/keys/refunds/"+url.PathEscape(rawKey)+"?scope="+rawScope, "Bearer wrong", nil)
+	serve(t, h, http.MethodDelete, "/v1/keys/refunds/missing?scope="+rawScope, bearer, nil)
+	serve(t, h, http.MethodGet, "/v1/keys/refunds/"+url.PathEscape(rawKey)+"?scope="+rawScope, bearer, nil)
+	if logs.Len() != 0 {
+		t.Fatalf("log before any release:\n%s", logs.String())
+	}
+
+	req := httptest.NewRequest(http.MethodDelete,
+		"/v1/keys/refunds/"+url.PathEscape(rawKey)+"?scope="+rawScope+"&reason="+url.QueryEscape("INC-42 reprocess"), nil)
+	req.Header.Set("Authorization", bearer)
+	req.Header.Set("X-Operator", "alice@example.com")
+	req.RemoteAddr = "198.51.100.7:51234"
+	before := time.Now()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	after := time.Now()
+	if rec.Code != http.StatusOK {
+		t.Fatalf("DELETE = %d, want 200; body %s", rec.Code, rec.Body)
+	}
+
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	if len(lines) != 1 {
+		t.Fatalf("got %d log lines, want 1:\n%s", len(lines), logs.String())
+	}
+	var line map[string]any
+	if err := json.Unmarshal([]byte(lines[0]), &line); err != nil {
+		t.Fatalf("log line %q: %v", lines[0], err)
+	}
+	sum := sha256.Sum256([]byte(sk))
+	want := map[string]string{
+		"level":          "WARN",
+		"msg":            "key released by an operator",
+		"route":          "refunds",
+		"key_hash":       hex.EncodeToString(sum[:6]),
+		"previous_state": "in_doubt",
+		"operator":       "alice@example.com",
+		"reason":         "INC-42 reprocess",
+		"remote_addr":    "198.51.100.7:51234",
+	}
+	for k, w := range want {
+		if got, _ := line[k].(string); got != w {
+			t.Errorf("log %s = %q, want %q", k, got, w)
+		}
+	}
+	at, _ := line["at"].(string)
+	if got, err := time.Parse(time.RFC3339Nano, at); err != nil {
+		t.Errorf("log at = %q: %v", at, err)
+	} else if got.Before(before) || got.After(after) {
+		t.Errorf("log at = %v, want between %v and %v", got, before, after)
+	}
+	for _, secret := range []string{"RAW-KEY", url.PathEscape(rawKey), "RAW-SCOPE", testToken} {
+		if strings.Contains(logs.String(), secret) {
+			t.Errorf("audit log contains %q:\n%s", secret, logs.String())
+		}
+	}
+}
+
+// TestStoreErrors: a store that cannot answer gives 503, on the real
+// Badger store once it is closed.
+func TestStoreErrors(t *testing.T) {
+	st := openStore(t)
+	seed(t, st, proxy.StoreKey("charges", "", "k"), seedCompleted)
+	h := newHandler(t, st, nil)
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct{ method, target string }{
+		{http.MethodGet, "/v1/keys/charges/k"},
+		{http.MethodDelete, "/v1/keys/charges/k"},
+		{http.MethodGet, "/readyz"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.method+" "+tt.target, func(t *testing.T) {
+			rec := serve(t, h, tt.method, tt.target, bearer, nil)
+			if rec.Code != http.StatusServiceUnavailable {
+				t.Errorf("status = %d, want 503; body %s", rec.Code, rec.Body)
+			}
+			if !strings.Contains(rec.Body.String(), "store unavailable") {
+				t.Errorf("body = %q, want it to say the store is unavailable", rec.Body)
+			}
+		})
+	}
+}
+
+func TestHealth(t *testing.T) {
+	st := openStore(t)
+	tests := []struct {
+		name      string
+		store     admin.Store
+		stopping  bool
+		wantReady int
+		wantBody  string
+	}{
+		{"ready", st, false, http.StatusOK, "ready"},
+		{"stopping", st, true, http.StatusServiceUnavailable, "shutting down"},
+		{"ping fails", failingPing{st}, false, http.StatusServiceUnavailable, "disk on fire"},
+		{"ping fails and stopping", failingPing{st}, true, http.StatusServiceUnavailable, "shutting down"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHandler(t, tt.store, nil)
+			if tt.stopping {
+				h.SetStopping()
+			}
+			for range 2 { // the answer does not change on its own
+				rec := serve(t, h, http.MethodGet, "/readyz", "", nil)
+				if rec.Code != tt.wantReady || !strings.Contains(rec.Body.String(), tt.wantBody) {
+					t.Errorf("/readyz = %d %q, want %d containing %q", rec.Code, rec.Body, tt.wantReady, tt.wantBody)
+				}
+				if rec := serve(t, h, http.MethodGet, "/livez", "", nil); rec.Code != http.StatusOK {
+					t.Errorf("/livez = %d, want 200", rec.Code)
+				}
+			}
+		})
+	}
+
+	t.Run("ready then stopping", func(t *testing.T) {
+		h := newHandler(t, st, nil)
+		if rec := serve(t, h, http.MethodGet, "/readyz", "", nil); rec.Code != http.StatusOK {
+			t.Fatalf("/readyz before SetStopping = %d, want 200", rec.Code)
+		}
+		h.SetStopping()
+		if rec := serve(t, h, http.MethodGet, "/readyz", "", nil); rec.Code != http.StatusServiceUnavailable {
+			t.Errorf("/readyz after SetStopping = %d, want 503", rec.Code)
+		}
+		if rec := serve(t, h, http.MethodGet, "/livez", "", nil); rec.Code != http.StatusOK {
+			t.Errorf("/livez after SetStopping = %d, want 200", rec.Code)
+		}
+	})
+
+	t.Run("livez with the store closed", func(t *testing.T) {
+		closed := openStore(t)
+		closed.Close()
+		h := newHandler(t, closed, nil)
+		if rec := serve(t, h, http.MethodGet, "/livez", "", nil); rec.Code != http.StatusOK {
+			t.Errorf("/livez = %d, want 200", rec.Code)
+		}
+	})
+}
+
+func TestMetrics(t *testing.T) {
+	st := openStore(t)
+	reg := prometheus.NewRegistry()
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "idemproxy_admin_test_total", Help: "Test counter."}, []string{"route"})
+	reg.MustRegister(c)
+	c.WithLabelValues("charges").Add(3)
+	h := newHandler(t, st, func(o *admin.Options) { o.Gatherer = reg })
+
+	tests := []struct {
+		name, accept, wantType string
+	}{
+		{"text", "", "text/plain"},
+		{"openmetrics", "application/openmetrics-text; version=1.0.0", "application/openmetrics-text"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			hdr := http.Header{}
+			if tt.accept != "" {
+				hdr.Set("Accept", tt.accept)
+			}
+			rec := serve(t, h, http.MethodGet, "/metrics", "", hdr)
+			if rec.Code != http.StatusOK {
+				t.Fatalf("/metrics = %d, want 200", rec.Code)
+			}
+			if ct := rec.Header().Get("Content-Type"); !strings.HasPrefix(ct, tt.wantType) {
+				t.Errorf("Content-Type = %q, want %s", ct, tt.wantType)
+			}
+			body := rec.Body.String()
+			if want := `idemproxy_admin_test_total{route="charges"} 3`; !strings.Contains(body, want) {
+				t.Errorf("/metrics lacks %q:\n%s", want, body)
+			}
+			if strings.Contains(body, "go_goroutines") {
+				t.Errorf("/metrics shows the default registry, want only the given one:\n%s", body)
+			}
+		})
+	}
+
+	t.Run("nil gatherer is the default registry", func(t *testing.T) {
+		h := newHandler(t, st, func(o *admin.Options) { o.Gatherer = nil })
+		rec := serve(t, h, http.MethodGet, "/metrics", "", nil)
+		if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), "go_goroutines") {
+			t.Errorf("/metrics = %d, want 200 with go_goroutines", rec.Code)
+		}
+	})
+}
+
+func TestReload(t *testing.T) {
+	st := openStore(t)
+	tests := []struct {
+		name     string
+		reload   func() error
+		method   string
+		want     int
+		wantBody string
+		wantCall bool
+	}{
+		{"ok", func() error { return nil }, http.MethodPost, http.StatusOK, "reloaded", true},
+		{"failing", func() error { return errors.New("routes[2].match: bad pattern") }, http.MethodPost, http.StatusBadRequest, "routes[2].match: bad pattern", true},
+		{"nil", nil, http.MethodPost, http.StatusNotFound, "not available", false},
+		{"GET is not allowed", func() error { return nil }, http.MethodGet, http.StatusMethodNotAllowed, "", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			called := false
+			var reload func() error
+			if tt.reload != nil {
+				reload = func() error { called = true; return tt.reload() }
+			}
+			h := newHandler(t, st, func(o *admin.Options) { o.Reload = reload })
+			rec := serve(t, h, tt.method, "/-/reload", "", nil)
+			if rec.Code != tt.want || !strings.Contains(rec.Body.String(), tt.wantBody) {
+				t.Errorf("%s /-/reload = %d %q, want %d containing %q", tt.method, rec.Code, rec.Body, tt.want, tt.wantBody)
+			}
+			if called != tt.wantCall {
+				t.Errorf("Reload called = %v, want %v", called, tt.wantCall)
+			}
+		})
+	}
+}
