@@ -1,0 +1,67 @@
+package proxy_test
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store/badger"
+)
+
+// BenchmarkProxiedRequest measures a whole protected request through the
+// proxy's handler (body read, key, fingerprint, reserve, forward to a real
+// HTTP upstream, capture, commit) with a new key each time, and a replay.
+func BenchmarkProxiedRequest(b *testing.B) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(201)
+		w.Write([]byte(`{"chargeId":"ch_1","orderId":"x","amount":10}`))
+	}))
+	defer up.Close()
+	for _, sync := range []bool{false, true} {
+		st, err := badger.Open(badger.Options{Dir: b.TempDir(), SyncWrites: sync})
+		if err != nil {
+			b.Fatal(err)
+		}
+		cfg := parseConfig(&testing.T{}, up.URL, chargesByOrder)
+		p, err := proxy.New(cfg, proxy.Options{Store: st})
+		if err != nil {
+			b.Fatal(err)
+		}
+		var n atomic.Int64
+		b.Run(fmt.Sprintf("new-key/sync=%v", sync), func(b *testing.B) {
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					body := fmt.Sprintf(`{"orderId": "B-%d", "amount": 10, "sentAt": "2026-11-30T10:00:00Z"}`, n.Add(1))
+					serve(b, p, body, 201)
+				}
+			})
+		})
+		b.Run(fmt.Sprintf("replay/sync=%v", sync), func(b *testing.B) {
+			body := `{"orderId": "B-1", "amount": 10, "sentAt": "2026-11-30T10:00:00Z"}`
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					serve(b, p, body, 201)
+				}
+			})
+		})
+		st.Close()
+	}
+}
+
+func serve(b *testing.B, h http.Handler, body string, want int) {
+	req := httptest.NewRequest("POST", "/charges", strings.NewReader(body))
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, req)
+	if w.Code != want {
+		b.Fatalf("status %d: %s", w.Code, w.Body)
+	}
+}
