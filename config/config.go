@@ -202,14 +202,17 @@ type Duration time.Duration
 // D returns d as a time.Duration.
 func (d Duration) D() time.Duration { return time.Duration(d) }
 
-// UnmarshalYAML implements yaml.Unmarshaler.
+// UnmarshalYAML implements yaml.Unmarshaler. Its errors are *yaml.TypeError,
+// so that the decoder goes on and reports them with every other type error
+// and unknown field in the file.
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	if n.Kind != yaml.ScalarNode || n.Tag != "!!str" {
-		return fmt.Errorf("line %d: duration %q needs a unit, e.g. \"30s\" or \"24h\"", n.Line, n.Value)
+		return &yaml.TypeError{Errors: []string{
+			fmt.Sprintf("line %d: duration %q needs a unit, e.g. \"30s\" or \"24h\"", n.Line, n.Value)}}
 	}
 	v, err := ParseDuration(n.Value)
 	if err != nil {
-		return fmt.Errorf("line %d: %w", n.Line, err)
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: %v", n.Line, err)}}
 	}
 	*d = Duration(v)
 	return nil

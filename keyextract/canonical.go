@@ -50,10 +50,9 @@ type canonicalizer struct {
 	ignore map[string]bool
 }
 
+// value writes the next JSON value. depth is the number of arrays and
+// objects enclosing it.
 func (c *canonicalizer) value(out *bytes.Buffer, path string, depth int) error {
-	if depth > maxDepth {
-		return fmt.Errorf("nested deeper than %d levels", maxDepth)
-	}
 	tok, err := c.dec.Token()
 	if err != nil {
 		if errors.Is(err, io.EOF) {
@@ -63,6 +62,9 @@ func (c *canonicalizer) value(out *bytes.Buffer, path string, depth int) error {
 	}
 	switch t := tok.(type) {
 	case json.Delim:
+		if depth >= maxDepth && (t == '{' || t == '[') {
+			return fmt.Errorf("nested deeper than %d levels", maxDepth)
+		}
 		switch t {
 		case '{':
 			return c.object(out, path, depth)
@@ -171,7 +173,9 @@ func writeString(out *bytes.Buffer, s string) {
 // and jsonErr says why it is not JSON (an empty body is not JSON either).
 func Fingerprint(method, path string, body []byte, ignore []string) (fp string, jsonErr error) {
 	h := sha256.New()
-	fmt.Fprintf(h, "%s\n%s\n", method, path)
+	// Length-prefixed, so that no method, path and body can be shifted into
+	// one another (a path may hold a decoded newline).
+	fmt.Fprintf(h, "%d:%s%d:%s", len(method), method, len(path), path)
 	canon, jsonErr := Canonicalize(body, ignore)
 	if jsonErr == nil {
 		h.Write([]byte{'j'})

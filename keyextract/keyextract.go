@@ -4,6 +4,7 @@
 package keyextract
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net/http"
@@ -102,13 +103,20 @@ func (e *Error) Unwrap() error { return e.Err }
 // it is only looked at for JSON sources. A composite key joins its parts
 // with '|', each part escaped so that the joined key is unambiguous
 // ('%' as %25, '|' as %7C).
+// On error the key is "".
 func (s Spec) Extract(r *http.Request, body []byte) (string, error) {
-	if len(s.Parts) == 1 {
+	switch len(s.Parts) {
+	case 0:
+		return "", &Error{Err: ErrInvalid, Reason: "no key source configured"}
+	case 1:
 		v, err := s.Parts[0].value(r, body)
 		if err != nil {
 			return "", err
 		}
-		return v, checkKey(s.Parts[0], v)
+		if err := checkKey(s.Parts[0], v); err != nil {
+			return "", err
+		}
+		return v, nil
 	}
 	vals := make([]string, len(s.Parts))
 	for i, p := range s.Parts {
@@ -119,7 +127,10 @@ func (s Spec) Extract(r *http.Request, body []byte) (string, error) {
 		vals[i] = partEscaper.Replace(v)
 	}
 	key := strings.Join(vals, "|")
-	return key, checkKey(Source{Kind: s.Parts[0].Kind, Name: "(composite)"}, key)
+	if err := checkKey(Source{Kind: s.Parts[0].Kind, Name: "(composite)"}, key); err != nil {
+		return "", err
+	}
+	return key, nil
 }
 
 var partEscaper = strings.NewReplacer("%", "%25", "|", "%7C")
@@ -153,6 +164,12 @@ func (src Source) value(r *http.Request, body []byte) (string, error) {
 	case JSON:
 		if !gjson.ValidBytes(body) {
 			return "", &Error{Source: src, Err: ErrBadJSON}
+		}
+		// gjson looks for the first '{' or '[' even inside a top-level
+		// string ("[0" would yield 0"): a path only exists in an object or
+		// array.
+		if b := bytes.TrimLeft(body, " \t\r\n"); b[0] != '{' && b[0] != '[' {
+			return "", &Error{Source: src, Err: ErrMissing}
 		}
 		res := gjson.GetBytes(body, src.Name)
 		switch res.Type {
