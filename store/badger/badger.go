@@ -103,14 +103,14 @@ func Open(opts Options) (*Store, error) {
 		// Sized for a sidecar: a few tens of MiB instead of Badger's
 		// server-sized defaults (64 MiB memtables x5, a 256 MiB block cache,
 		// 1 GiB value-log files).
-		WithMemTableSize(8 << 20).
+		WithMemTableSize(4 << 20).
 		WithNumMemtables(2).
 		WithNumLevelZeroTables(2).
 		WithNumLevelZeroTablesStall(8).
-		WithBaseTableSize(2 << 20).
-		WithBlockCacheSize(8 << 20).
-		WithIndexCacheSize(4 << 20).
-		WithValueLogFileSize(64 << 20).
+		WithBaseTableSize(1 << 20).
+		WithBlockCacheSize(4 << 20).
+		WithIndexCacheSize(2 << 20).
+		WithValueLogFileSize(16 << 20).
 		WithValueThreshold(16 << 10).
 		WithNumCompactors(2).
 		WithNumGoroutines(2).
