@@ -287,7 +287,7 @@ func (a *app) serve(ctx context.Context) error {
 		}
 		adm = admin.NewHandler(admin.Options{
 			Store: store, Routes: a, Gatherer: reg, Token: token, TokenEnv: cfg.Admin.TokenEnv,
-			Reload: a.reload, Logger: log,
+			Reload: a.reload, StoreOptional: a.storeOptional, Logger: log,
 		})
 		aln, err := net.Listen("tcp", cfg.Admin.Listen)
 		if err != nil {
@@ -361,6 +361,19 @@ func (a *app) RouteScope(name string) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// storeOptional reports whether every route of the running configuration
+// forwards when the store fails.
+func (a *app) storeOptional() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, r := range a.cfg.Routes {
+		if r.OnStoreError != config.StoreErrorForward {
+			return false
+		}
+	}
+	return true
 }
 
 // reload re-reads the configuration file and swaps it in; a file that does

@@ -50,6 +50,11 @@ type Options struct {
 	TokenEnv string
 	// Reload re-reads the configuration; nil disables POST /-/reload.
 	Reload func() error
+	// StoreOptional reports whether every route forwards when the store
+	// fails (on_store_error: forward); then /readyz stays ready through a
+	// store outage, so that fail-open routes keep their traffic. Nil means
+	// the store is required.
+	StoreOptional func() bool
 	// Logger receives the audit log of releases; nil discards it.
 	Logger *slog.Logger
 }
@@ -100,6 +105,10 @@ func (h *Handler) readyz(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	if err := h.opts.Store.Ping(ctx); err != nil {
+		if h.opts.StoreOptional != nil && h.opts.StoreOptional() {
+			writeText(w, http.StatusOK, "ready (store unavailable, every route fails open): "+err.Error())
+			return
+		}
 		writeText(w, http.StatusServiceUnavailable, "store unavailable: "+err.Error())
 		return
 	}

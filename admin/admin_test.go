@@ -611,17 +611,20 @@ func TestHealth(t *testing.T) {
 		name      string
 		store     admin.Store
 		stopping  bool
+		optional  bool // every route fails open
 		wantReady int
 		wantBody  string
 	}{
-		{"ready", st, false, http.StatusOK, "ready"},
-		{"stopping", st, true, http.StatusServiceUnavailable, "shutting down"},
-		{"ping fails", failingPing{st}, false, http.StatusServiceUnavailable, "disk on fire"},
-		{"ping fails and stopping", failingPing{st}, true, http.StatusServiceUnavailable, "shutting down"},
+		{"ready", st, false, false, http.StatusOK, "ready"},
+		{"stopping", st, true, false, http.StatusServiceUnavailable, "shutting down"},
+		{"ping fails", failingPing{st}, false, false, http.StatusServiceUnavailable, "disk on fire"},
+		{"ping fails and stopping", failingPing{st}, true, false, http.StatusServiceUnavailable, "shutting down"},
+		{"ping fails, every route fails open", failingPing{st}, false, true, http.StatusOK, "disk on fire"},
+		{"every route fails open, stopping", failingPing{st}, true, true, http.StatusServiceUnavailable, "shutting down"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			h := newHandler(t, tt.store, nil)
+			h := newHandler(t, tt.store, func(o *admin.Options) { o.StoreOptional = func() bool { return tt.optional } })
 			if tt.stopping {
 				h.SetStopping()
 			}
