@@ -101,7 +101,12 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 	res := Reservation{Token: rand.Text(), Fingerprint: fp, Lease: cfg.Lease.D(), TTL: cfg.TTL.D()}
 	waitUntil := time.Now().Add(cfg.WaitTimeout.D())
 	for {
-		rec, err := p.store.Reserve(r.Context(), a.storeKey, res)
+		// A client that hangs up now does not undo its request: the
+		// reservation and the forward run to the end, and the answer is
+		// stored for its retry.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), storeTimeout)
+		rec, err := p.store.Reserve(rctx, a.storeKey, res)
+		cancel()
 		if err != nil {
 			// The reservation may have been applied with its reply lost:
 			// take it back, so the key is not left in flight (and then in
@@ -122,6 +127,10 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 		}
 		if rec.State == StateInFlight && cfg.Concurrent == config.ConcurrentWait && time.Now().Before(waitUntil) {
 			rec, err = p.waitSettled(r.Context(), a.storeKey, waitUntil)
+			if err != nil && r.Context().Err() != nil {
+				a.outcome = OutcomeConflict // the client stopped waiting
+				return
+			}
 			if err != nil {
 				a.storeFailed(w, body, "get", err)
 				return
