@@ -35,6 +35,7 @@ var (
 	probUpstreamReset    = problem{"upstream-reset", http.StatusBadGateway, "Upstream connection lost before an answer"}
 	probUpstreamTimeout  = problem{"upstream-timeout", http.StatusGatewayTimeout, "Upstream did not answer in time"}
 	probStoreUnavailable = problem{"store-unavailable", http.StatusServiceUnavailable, "Idempotency store unavailable"}
+	probShuttingDown     = problem{"shutting-down", http.StatusServiceUnavailable, "Proxy shutting down"}
 )
 
 // Problems lists every problem the proxy can answer with, for the docs and
@@ -46,7 +47,7 @@ func Problems() []struct {
 } {
 	all := []problem{probMissingKey, probInvalidKey, probInvalidJSON, probMissingScope, probUnreadableBody,
 		probBodyTooLarge, probInFlight, probInDoubt, probDuplicate, probNotReplayable, probMismatch,
-		probUpstreamDown, probUpstreamReset, probUpstreamTimeout, probStoreUnavailable}
+		probUpstreamDown, probUpstreamReset, probUpstreamTimeout, probStoreUnavailable, probShuttingDown}
 	out := make([]struct {
 		Name   string
 		Status int

@@ -10,7 +10,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -49,7 +48,8 @@ type Proxy struct {
 	store     Store
 	log       *slog.Logger
 	m         *Metrics
-	transport http.RoundTripper
+	transport http.RoundTripper // passthrough
+	protected http.RoundTripper // routes: never resends
 	table     atomic.Pointer[table]
 
 	// life is the parent of every upstream request's context: Abort
@@ -57,7 +57,44 @@ type Proxy struct {
 	// doubt.
 	life   context.Context
 	abort  context.CancelFunc
-	active sync.WaitGroup
+	active tracker
+}
+
+// tracker counts the requests that may still write to the store, and
+// refuses new ones once Wait has begun.
+type tracker struct {
+	mu     sync.Mutex
+	n      int
+	closed bool
+	idle   sync.Cond
+}
+
+func (t *tracker) enter() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return false
+	}
+	t.n++
+	return true
+}
+
+func (t *tracker) leave() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.n--
+	if t.n == 0 {
+		t.idle.Broadcast()
+	}
+}
+
+func (t *tracker) wait() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.closed = true
+	for t.n > 0 {
+		t.idle.Wait()
+	}
 }
 
 // table is one configuration's routing, swapped whole by Reload.
@@ -77,22 +114,6 @@ type route struct {
 }
 
 func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) { rt.p.serveRoute(w, r, rt) }
-
-// NewTransport returns the transport used for the upstream: bounded dial
-// and TLS handshake, a large idle pool per host, and an idle timeout short
-// enough that the proxy drops a connection before a typical upstream does
-// (a request written on a connection the upstream just closed is in doubt).
-func NewTransport() *http.Transport {
-	return &http.Transport{
-		Proxy:                 nil,
-		DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConns:          512,
-		MaxIdleConnsPerHost:   256,
-		IdleConnTimeout:       30 * time.Second,
-		TLSHandshakeTimeout:   5 * time.Second,
-		ExpectContinueTimeout: time.Second,
-	}
-}
 
 // New returns a proxy serving cfg.
 func New(cfg *config.Config, opts Options) (*Proxy, error) {
@@ -116,7 +137,9 @@ func New(cfg *config.Config, opts Options) (*Proxy, error) {
 		log:       opts.Logger,
 		m:         opts.Metrics,
 		transport: opts.Transport,
+		protected: newNoResend(opts.Transport),
 	}
+	p.active.idle.L = &p.active.mu
 	p.life, p.abort = context.WithCancel(context.Background())
 	if err := p.Reload(cfg); err != nil {
 		return nil, err
@@ -184,9 +207,10 @@ func (p *Proxy) HasRoute(name string) bool {
 // keys become in doubt. Call it when the shutdown deadline has passed.
 func (p *Proxy) Abort() { p.abort() }
 
-// Wait blocks until every forwarded request has settled its key in the
-// store, so the store can be closed.
-func (p *Proxy) Wait() { p.active.Wait() }
+// Wait blocks until every protected request has settled its key in the
+// store, so the store can be closed. Protected requests that arrive after
+// Wait has begun are answered 503 without touching the store.
+func (p *Proxy) Wait() { p.active.wait() }
 
 // StoreKey returns the store key of an idempotency key on a route. A
 // non-empty scope (the raw value of the route's scope header) is hashed,

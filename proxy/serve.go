@@ -4,17 +4,17 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/http/httputil"
 	"net/url"
 	"strconv"
-	"syscall"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemproxy/idemproxy/config"
@@ -36,6 +36,23 @@ type attempt struct {
 	status     int
 	upstreamAt time.Time
 	upstream   time.Duration
+
+	// wrote is set once the request's headers were written to the
+	// upstream connection: before that, a failure proves it was not sent.
+	wrote atomic.Bool
+	// timer cancels the upstream request with errUpstreamTimeout: first
+	// for the answer's headers, then again for its body.
+	timer *time.Timer
+}
+
+// errUpstreamTimeout is the cause of an upstream request cancelled by the
+// route's upstream_timeout.
+var errUpstreamTimeout = fmt.Errorf("upstream timeout: %w", context.DeadlineExceeded)
+
+// traced returns ctx with a trace that records when a's request headers
+// have been written.
+func (a *attempt) traced(ctx context.Context) context.Context {
+	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: func() { a.wrote.Store(true) }})
 }
 
 type attemptKey struct{}
@@ -60,6 +77,11 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 	defer gauge.Dec()
 	defer p.finish(a)
 	cfg := &rt.cfg
+	if !p.active.enter() {
+		a.problem(w, OutcomeStoreError, probShuttingDown, "the proxy is shutting down; retry on another instance", 1, nil)
+		return
+	}
+	defer p.active.leave()
 
 	body, ok := a.readBody(w, cfg.MaxBodyBytes)
 	if !ok {
@@ -135,9 +157,10 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 				a.storeFailed(w, body, "get", err)
 				return
 			}
-			if rec == nil {
-				continue // released while we waited: try to take the key
-			}
+			// Settled, released or still in flight at the deadline: ask
+			// again, so the answer is checked against this request's
+			// fingerprint (another request may have taken the key).
+			continue
 		}
 		a.answerExisting(w, rec)
 		return
@@ -170,12 +193,18 @@ func (a *attempt) readBody(w http.ResponseWriter, limit int64) ([]byte, bool) {
 // releaseLater releases a reservation that may or may not exist, in the
 // background; the owner token makes that safe.
 func (p *Proxy) releaseLater(key, token string) {
-	p.active.Add(1)
-	go func() {
-		defer p.active.Done()
+	release := func() {
 		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 		defer cancel()
 		p.store.Release(ctx, key, token)
+	}
+	if !p.active.enter() { // shutting down: the store closes soon
+		release()
+		return
+	}
+	go func() {
+		defer p.active.leave()
+		release()
 	}()
 }
 
@@ -256,13 +285,27 @@ func (a *attempt) answerExisting(w http.ResponseWriter, rec *Record) {
 // forward sends the request to the upstream. With a.token set, the
 // upstream's outcome settles the reservation.
 func (p *Proxy) forward(w http.ResponseWriter, a *attempt, body []byte) {
-	p.active.Add(1)
-	defer p.active.Done()
+	if p.life.Err() != nil { // past the shutdown deadline: do not start now
+		if a.token != "" {
+			a.release()
+		}
+		a.problem(w, a.outcome, probShuttingDown, "the proxy is shutting down; the request was not sent", 1, nil)
+		return
+	}
 	// The upstream request does not end when the client goes away: the
 	// answer is still committed, and the client's retry gets it replayed.
-	ctx, cancel := context.WithTimeout(p.life, a.rt.cfg.UpstreamTimeout.D())
-	defer cancel()
-	out := a.in.WithContext(context.WithValue(ctx, attemptKey{}, a))
+	// It ends at the route's upstream_timeout, counted once for the
+	// answer's headers and once more for its body.
+	ctx, cancel := context.WithCancelCause(p.life)
+	defer cancel(nil)
+	timeout := a.rt.cfg.UpstreamTimeout.D()
+	a.timer = time.AfterFunc(timeout, func() { cancel(errUpstreamTimeout) })
+	defer func() { a.timer.Stop() }()
+	// The server's context value lets the reverse proxy abort the client's
+	// connection when the answer breaks off, instead of ending it as if it
+	// were complete.
+	ctx = context.WithValue(ctx, http.ServerContextKey, a.in.Context().Value(http.ServerContextKey))
+	out := a.in.WithContext(a.traced(context.WithValue(ctx, attemptKey{}, a)))
 	out.ContentLength = int64(len(body))
 	out.TransferEncoding = nil
 	out.Body = http.NoBody
@@ -343,6 +386,7 @@ func (p *Proxy) reverseProxy(up *url.URL, rt *route) *httputil.ReverseProxy {
 		ErrorHandler: p.upstreamError,
 	}
 	if rt != nil {
+		rp.Transport = p.protected
 		rp.ModifyResponse = p.upstreamResponse
 	}
 	return rp
@@ -355,6 +399,9 @@ func (p *Proxy) upstreamResponse(resp *http.Response) error {
 	a := resp.Request.Context().Value(attemptKey{}).(*attempt)
 	a.upstreamDone(strconv.Itoa(resp.StatusCode))
 	a.status = resp.StatusCode
+	if a.timer != nil {
+		a.timer.Reset(a.rt.cfg.UpstreamTimeout.D()) // a new window for the body
+	}
 	if a.token == "" {
 		return nil
 	}
@@ -367,17 +414,18 @@ func (p *Proxy) upstreamResponse(resp *http.Response) error {
 }
 
 // upstreamError answers a request that got no answer from the upstream: a
-// request that never left (dial, DNS, TLS) releases its key (502); one
-// that may have been processed turns its key in doubt (504 on timeout,
-// 502 otherwise).
+// request whose headers were never written (dial, DNS, TLS, no connection
+// in time) releases its key (502); one that may have been processed turns
+// its key in doubt (504 on timeout, 502 otherwise).
 func (p *Proxy) upstreamError(w http.ResponseWriter, out *http.Request, err error) {
 	a := out.Context().Value(attemptKey{}).(*attempt)
 	a.upstreamDone("error")
 	prob, verdict := probUpstreamReset, a.markInDoubt
 	switch {
-	case notSent(err):
+	case !a.wrote.Load():
 		prob, verdict = probUpstreamDown, a.release
-	case errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
+	case errors.Is(context.Cause(out.Context()), context.DeadlineExceeded) ||
+		errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
 		prob = probUpstreamTimeout
 	}
 	p.log.Warn("upstream request failed", "route", a.routeName(), "err", err, "problem", prob.name)
@@ -399,20 +447,6 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, out *http.Request, err erro
 func (a *attempt) upstreamDone(code string) {
 	a.upstream = time.Since(a.upstreamAt)
 	a.p.m.upstreamDuration.WithLabelValues(a.routeName(), code).Observe(a.upstream.Seconds())
-}
-
-// notSent reports whether err proves the request never reached the
-// upstream.
-func notSent(err error) bool {
-	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" {
-		return true
-	}
-	var dns *net.DNSError
-	var rec tls.RecordHeaderError
-	var cert *tls.CertificateVerificationError
-	return errors.As(err, &dns) || errors.As(err, &rec) || errors.As(err, &cert) ||
-		errors.Is(err, syscall.ECONNREFUSED)
 }
 
 func isTimeout(err error) bool {
@@ -491,7 +525,7 @@ func (p *Proxy) servePassthrough(w http.ResponseWriter, r *http.Request, t *tabl
 	ctx, cancel := context.WithTimeout(r.Context(), t.ptTimeout)
 	defer cancel()
 	a.upstreamAt = time.Now()
-	out := r.WithContext(context.WithValue(ctx, attemptKey{}, a))
+	out := r.WithContext(a.traced(context.WithValue(ctx, attemptKey{}, a)))
 	sw := &statusWriter{ResponseWriter: w}
 	t.passthrough.ServeHTTP(sw, out)
 	if a.status == 0 {
