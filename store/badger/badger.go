@@ -17,7 +17,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	bdg "github.com/dgraph-io/badger/v4"
@@ -42,11 +41,13 @@ const maxConflictRetries = 1000
 type Options struct {
 	// Dir is the data directory, created if missing. Required.
 	Dir string
-	// SyncWrites makes a reservation durable (fsync) before Reserve
-	// returns, so it is on disk before its request is forwarded. Commits,
-	// releases and in-doubt marks are not synced one by one: losing one to
-	// a power cut only leaves the key in flight, which the next Open turns
-	// in doubt. Concurrent reservations share one sync (group commit).
+	// SyncWrites makes every write durable (fsync) before it returns, so
+	// a reservation is on disk before its request is forwarded. Badger
+	// writes concurrent transactions in batches with one sync each.
+	//
+	// Only reservations need it, but Badger's DB.Sync cannot stand in for
+	// it: it syncs the active memtable's log only, and a reservation
+	// written just before the memtable is rotated would stay unsynced.
 	SyncWrites bool
 	// GCInterval is how often value-log garbage collection runs; zero means
 	// five minutes.
@@ -66,11 +67,6 @@ type Store struct {
 
 	closeOnce sync.Once
 	closeErr  error
-
-	syncWrites bool
-	written    atomic.Uint64 // reservations written so far
-	syncMu     sync.Mutex
-	synced     uint64 // reservations known to be on disk; guarded by syncMu
 }
 
 // record is the stored form of a proxy.Record.
@@ -98,7 +94,7 @@ func Open(opts Options) (*Store, error) {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	bo := bdg.DefaultOptions(opts.Dir).
-		WithSyncWrites(false). // Reserve syncs itself: see syncReservation
+		WithSyncWrites(opts.SyncWrites).
 		WithLogger(logger{opts.Logger}).
 		// Sized for a sidecar: a few tens of MiB instead of Badger's
 		// server-sized defaults (64 MiB memtables x5, a 256 MiB block cache,
@@ -119,7 +115,7 @@ func Open(opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("badger: open %s: %w", opts.Dir, err)
 	}
-	s := &Store{db: db, log: opts.Logger, now: time.Now, stop: make(chan struct{}), syncWrites: opts.SyncWrites}
+	s := &Store{db: db, log: opts.Logger, now: time.Now, stop: make(chan struct{})}
 	n, err := s.orphansInDoubt()
 	if err != nil {
 		db.Close()
@@ -268,30 +264,7 @@ func (s *Store) Reserve(ctx context.Context, key string, res proxy.Reservation) 
 	if err != nil {
 		return nil, fmt.Errorf("badger: reserve: %w", err)
 	}
-	if existing == nil && s.syncWrites {
-		if err := s.syncReservation(); err != nil {
-			return nil, fmt.Errorf("badger: reserve: sync: %w", err)
-		}
-	}
 	return existing, nil
-}
-
-// syncReservation makes the reservation just written durable. A sync
-// covers every write finished before it started, so callers whose write is
-// already covered by a sync that ran while they waited return at once.
-func (s *Store) syncReservation() error {
-	mine := s.written.Add(1)
-	s.syncMu.Lock()
-	defer s.syncMu.Unlock()
-	if s.synced >= mine {
-		return nil
-	}
-	upTo := s.written.Load()
-	if err := s.db.Sync(); err != nil {
-		return err
-	}
-	s.synced = upTo
-	return nil
 }
 
 // Commit implements proxy.Store.
