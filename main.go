@@ -246,6 +246,10 @@ func (a *app) registerMetrics(reg prometheus.Registerer) {
 // serve runs the proxy until ctx is cancelled, then shuts down gracefully.
 func (a *app) serve(ctx context.Context) error {
 	cfg, log := a.cfg, a.log
+	// From the start: an unhandled SIGHUP would kill the process.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	reg := a.newRegistry()
 	store, storeName, err := a.openStore(reg)
 	if err != nil {
@@ -302,9 +306,6 @@ func (a *app) serve(ctx context.Context) error {
 	log.Info("idemproxy listening", "addr", ln.Addr().String(), "upstream", cfg.Upstream,
 		"store", storeName, "routes", len(cfg.Routes), "version", version, "config", a.path)
 
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
 	for done := false; !done; {
 		select {
 		case err := <-errc:
@@ -394,11 +395,32 @@ func (a *app) reload() error {
 		a.log.Error("configuration reload failed; the running configuration is kept", "config", a.path, "err", err)
 		return err
 	}
+	for _, w := range keysMoved(a.cfg, cfg) {
+		a.log.Warn("route key definition changed: keys stored under the old definition are no longer found, "+
+			"so their duplicates will be forwarded", "route", w)
+	}
 	a.cfg = cfg
 	a.reloadOK.Set(1)
 	a.reloadTS.SetToCurrentTime()
 	a.log.Info("configuration reloaded", "config", a.path, "routes", len(cfg.Routes))
 	return nil
+}
+
+// keysMoved names the routes of old whose store keys new builds
+// differently (renamed away, or another key source or scope).
+func keysMoved(old, new *config.Config) []string {
+	byName := map[string]config.Route{}
+	for _, r := range new.Routes {
+		byName[r.Name] = r
+	}
+	var moved []string
+	for _, r := range old.Routes {
+		n, ok := byName[r.Name]
+		if !ok || !reflect.DeepEqual(n.Key, r.Key) || n.Scope != r.Scope {
+			moved = append(moved, r.Name)
+		}
+	}
+	return moved
 }
 
 // needsRestart reports the settings that differ between old and new but

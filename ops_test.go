@@ -118,6 +118,10 @@ func TestReload(t *testing.T) {
 	if l := p.log.logLines("configuration reload failed; the running configuration is kept"); len(l) != 2 {
 		t.Errorf("failed reloads logged %d times, want 2", len(l))
 	}
+	moved := p.log.logLines("route key definition changed: keys stored under the old definition are no longer found, so their duplicates will be forwarded")
+	if len(moved) != 1 || moved[0]["route"] != "order-charges" {
+		t.Errorf("dropping a route was not warned about once for order-charges: %v", moved)
+	}
 }
 
 // TestAdminReleaseAfterIncident is the article's reprocessing after an

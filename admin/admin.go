@@ -231,6 +231,14 @@ func (h *Handler) deleteKey(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"error": "store unavailable: " + err.Error()})
 		return
 	}
+	if prev != nil && prev.State == proxy.StateInFlight && r.URL.Query().Get("force") != "true" {
+		// Its request is at the upstream right now: a retry let through
+		// by a release would be forwarded a second time.
+		writeJSON(w, http.StatusConflict, map[string]any{
+			"error": "the key is in flight: its request is being forwarded now; wait for it to settle, or add ?force=true",
+		})
+		return
+	}
 	existed, err := h.opts.Store.Delete(r.Context(), sk)
 	if err != nil {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"error": "store unavailable: " + err.Error()})

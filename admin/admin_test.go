@@ -476,6 +476,16 @@ func TestRelease(t *testing.T) {
 			seed(t, st, sk, tt.seed)
 			target := "/v1/keys/charges/" + key
 
+			if tt.wantState == "in_flight" {
+				// Its request is at the upstream now: releasing needs force.
+				if rec := serve(t, h, http.MethodDelete, target, bearer, nil); rec.Code != http.StatusConflict {
+					t.Fatalf("DELETE of an in-flight key without force = %d, want 409; body %s", rec.Code, rec.Body)
+				}
+				if rec, err := st.Get(context.Background(), sk); err != nil || rec == nil {
+					t.Fatalf("the refused DELETE removed the record: %v, %v", rec, err)
+				}
+				target += "?force=true"
+			}
 			rec := serve(t, h, http.MethodDelete, target, bearer, nil)
 			if rec.Code != http.StatusOK {
 				t.Fatalf("DELETE = %d, want 200; body %s", rec.Code, rec.Body)
@@ -488,10 +498,11 @@ func TestRelease(t *testing.T) {
 			if !got.Released || got.PreviousState != tt.wantState {
 				t.Errorf("DELETE answered released=%v previous_state=%q; want true, %q", got.Released, got.PreviousState, tt.wantState)
 			}
-			if rec := serve(t, h, http.MethodGet, target, bearer, nil); rec.Code != http.StatusNotFound {
+			plain := "/v1/keys/charges/" + key
+			if rec := serve(t, h, http.MethodGet, plain, bearer, nil); rec.Code != http.StatusNotFound {
 				t.Errorf("GET after release = %d, want 404; body %s", rec.Code, rec.Body)
 			}
-			if rec := serve(t, h, http.MethodDelete, target, bearer, nil); rec.Code != http.StatusNotFound {
+			if rec := serve(t, h, http.MethodDelete, plain, bearer, nil); rec.Code != http.StatusNotFound {
 				t.Errorf("second DELETE = %d, want 404; body %s", rec.Code, rec.Body)
 			}
 			// The key can be used again: that is the point of a release.
