@@ -505,3 +505,24 @@ func TestReload(t *testing.T) {
 	}
 	wantStatus(t, "old key source", e.charge(`"ORD-RL"`, 1), 400, "missing-key")
 }
+
+// TestAfterShutdown: once the upstream requests were aborted, a new
+// request is not sent and leaves its key free; once the proxy waited for
+// its requests, new ones do not touch the store.
+func TestAfterShutdown(t *testing.T) {
+	e := newEnv(t, chargesByOrder)
+	e.p.Abort()
+	wantStatus(t, "after abort", e.charge(`"ORD-SD"`, 1), 503, "shutting-down")
+	if got := e.state("charges", "", "ORD-SD"); got != "" {
+		t.Errorf("state = %q, want the key left free", got)
+	}
+	e.p.Wait()
+	before := storeOps(t, e)
+	wantStatus(t, "after wait", e.charge(`"ORD-SD"`, 1), 503, "shutting-down")
+	if got := storeOps(t, e); got != before {
+		t.Errorf("a request after Wait touched the store (%d -> %d operations)", before, got)
+	}
+	if got := e.totalCharges(); got != 0 {
+		t.Errorf("charges = %d, want 0", got)
+	}
+}
