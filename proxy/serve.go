@@ -40,9 +40,6 @@ type attempt struct {
 	// wrote is set once the request's headers were written to the
 	// upstream connection: before that, a failure proves it was not sent.
 	wrote atomic.Bool
-	// timer cancels the upstream request with errUpstreamTimeout: first
-	// for the answer's headers, then again for its body.
-	timer *time.Timer
 }
 
 // errUpstreamTimeout is the cause of an upstream request cancelled by the
@@ -294,13 +291,10 @@ func (p *Proxy) forward(w http.ResponseWriter, a *attempt, body []byte) {
 	}
 	// The upstream request does not end when the client goes away: the
 	// answer is still committed, and the client's retry gets it replayed.
-	// It ends at the route's upstream_timeout, counted once for the
-	// answer's headers and once more for its body.
-	ctx, cancel := context.WithCancelCause(p.life)
-	defer cancel(nil)
-	timeout := a.rt.cfg.UpstreamTimeout.D()
-	a.timer = time.AfterFunc(timeout, func() { cancel(errUpstreamTimeout) })
-	defer func() { a.timer.Stop() }()
+	// It ends at the route's upstream_timeout, answer body included, so
+	// that it always settles while its lease (longer) still holds.
+	ctx, cancel := context.WithTimeoutCause(p.life, a.rt.cfg.UpstreamTimeout.D(), errUpstreamTimeout)
+	defer cancel()
 	// The server's context value lets the reverse proxy abort the client's
 	// connection when the answer breaks off, instead of ending it as if it
 	// were complete.
@@ -399,9 +393,6 @@ func (p *Proxy) upstreamResponse(resp *http.Response) error {
 	a := resp.Request.Context().Value(attemptKey{}).(*attempt)
 	a.upstreamDone(strconv.Itoa(resp.StatusCode))
 	a.status = resp.StatusCode
-	if a.timer != nil {
-		a.timer.Reset(a.rt.cfg.UpstreamTimeout.D()) // a new window for the body
-	}
 	if a.token == "" {
 		return nil
 	}
