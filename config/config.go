@@ -262,9 +262,49 @@ func Parse(b []byte) (*Config, error) {
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
 		return nil, errors.New("parse config: the file holds more than one YAML document")
 	}
+	empty := emptyStores(b)
 	c.applyDefaults()
-	if err := c.Validate(); err != nil {
-		return nil, err
+	if err := c.Validate(); err != nil || len(empty) > 0 {
+		var problems []string
+		var ve *ValidationError
+		if errors.As(err, &ve) {
+			problems = ve.Problems
+		} else if err != nil {
+			return nil, err
+		}
+		return nil, &ValidationError{Problems: append(empty, problems...)}
 	}
 	return &c, nil
+}
+
+// emptyStores reports store sections written with nothing under them
+// ("redis:" with every field commented out). YAML reads them as absent, and
+// an absent store is the per-replica Badger default: replicas meant to share
+// Redis would each accept every key once.
+func emptyStores(b []byte) []string {
+	var root yaml.Node
+	if yaml.Unmarshal(b, &root) != nil || len(root.Content) == 0 {
+		return nil
+	}
+	store := mappingValue(root.Content[0], "store")
+	var problems []string
+	for _, name := range []string{"badger", "redis"} {
+		if v := mappingValue(store, name); v != nil && v.Tag == "!!null" {
+			problems = append(problems, "store."+name+": the section is empty; give its fields or remove it")
+		}
+	}
+	return problems
+}
+
+// mappingValue returns the value under key in a mapping node, or nil.
+func mappingValue(n *yaml.Node, key string) *yaml.Node {
+	if n == nil || n.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return n.Content[i+1]
+		}
+	}
+	return nil
 }

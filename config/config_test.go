@@ -698,3 +698,16 @@ func TestRedis(t *testing.T) {
 		t.Errorf("password_env = %q", c.Store.Redis.PasswordEnv)
 	}
 }
+
+// TestEmptyStoreSection: a store section whose fields are all commented
+// out must not fall back to the per-replica Badger default in silence.
+func TestEmptyStoreSection(t *testing.T) {
+	for _, store := range []string{"redis", "badger"} {
+		y := "listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:9000\nstore:\n  " + store +
+			":\n    # addrs: [redis:6379]\nroutes:\n  - {name: c, match: POST /c, key: {json: id}}\n"
+		_, err := Parse([]byte(y))
+		if err == nil || !strings.Contains(err.Error(), "store."+store+": the section is empty") {
+			t.Errorf("store.%s with nothing under it: err = %v, want it reported", store, err)
+		}
+	}
+}
