@@ -1,6 +1,7 @@
 package keyextract
 
 import (
+	"bufio"
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
@@ -8,150 +9,245 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/tidwall/gjson"
 )
 
-// maxDepth bounds the nesting of a canonicalised JSON body.
-const maxDepth = 512
+// MaxDepth bounds how deeply arrays and objects may nest in a JSON body.
+const MaxDepth = 128
 
 // Canonicalize returns a canonical form of the JSON value in body: object
 // members sorted by name, no insignificant white space, strings re-encoded,
 // numbers as written. Members at the dotted paths in ignore (sentAt,
 // meta.sentAt, items.0.ts) are left out. A body that is not exactly one
-// JSON value, nests deeper than 512 levels, or repeats a name within one
-// object is an error wrapping ErrBadJSON: a repeated name is read
-// differently by different parsers, so the key and the upstream could
-// disagree.
+// JSON value, nests deeper than MaxDepth, or repeats a name within one
+// object is an error wrapping ErrBadJSON. Names that differ only in case
+// count as repeated: Go's encoding/json (and others) match names without
+// regard to case, so the key and the upstream could read different members.
 func Canonicalize(body []byte, ignore []string) ([]byte, error) {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	c := canonicalizer{dec: dec}
-	if len(ignore) > 0 {
-		c.ignore = make(map[string]bool, len(ignore))
-		for _, p := range ignore {
-			c.ignore[p] = true
-		}
-	}
 	var out bytes.Buffer
 	out.Grow(len(body))
-	if err := c.value(&out, "", 0); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrBadJSON, err)
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return nil, fmt.Errorf("%w: data after the JSON value", ErrBadJSON)
+	if err := canonicalize(&out, body, ignore); err != nil {
+		return nil, err
 	}
 	return out.Bytes(), nil
 }
 
-type canonicalizer struct {
-	dec    *json.Decoder
-	ignore map[string]bool
-}
-
-// value writes the next JSON value. depth is the number of arrays and
-// objects enclosing it.
-func (c *canonicalizer) value(out *bytes.Buffer, path string, depth int) error {
-	tok, err := c.dec.Token()
-	if err != nil {
-		if errors.Is(err, io.EOF) {
-			return errors.New("unexpected end of input")
-		}
+// canonicalize writes the canonical form of body to w.
+func canonicalize(w io.Writer, body []byte, ignore []string) error {
+	if err := checkJSON(body); err != nil {
 		return err
 	}
-	switch t := tok.(type) {
-	case json.Delim:
-		if depth >= maxDepth && (t == '{' || t == '[') {
-			return fmt.Errorf("nested deeper than %d levels", maxDepth)
+	bw := writers.Get().(*bufio.Writer)
+	defer writers.Put(bw)
+	bw.Reset(w)
+	c := canonicalizer{w: bw}
+	if len(ignore) > 0 {
+		c.ignore = make(map[string]bool, len(ignore))
+		c.children = map[string]map[string]bool{}
+		for _, p := range ignore {
+			c.ignore[p] = true
+			parent := ""
+			for name := range strings.SplitSeq(p, ".") {
+				if c.children[parent] == nil {
+					c.children[parent] = map[string]bool{}
+				}
+				c.children[parent][name] = true
+				parent = join(parent, name)
+			}
 		}
-		switch t {
-		case '{':
-			return c.object(out, path, depth)
-		case '[':
-			return c.array(out, path, depth)
+	}
+	if err := c.value(gjson.ParseBytes(body), "", c.ignore != nil); err != nil {
+		return fmt.Errorf("%w: %v", ErrBadJSON, err)
+	}
+	return bw.Flush()
+}
+
+var writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4096) }}
+
+// checkJSON reports whether body is one valid JSON value nested at most
+// MaxDepth deep. The depth is checked first, by a linear scan, so that the
+// validator's recursion is bounded too.
+func checkJSON(body []byte) error {
+	depth, inString, escaped := 0, false, false
+	for _, c := range body {
+		switch {
+		case inString:
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+		case c == '"':
+			inString = true
+		case c == '[' || c == '{':
+			if depth++; depth > MaxDepth {
+				return fmt.Errorf("%w: nested deeper than %d levels", ErrBadJSON, MaxDepth)
+			}
+		case c == ']' || c == '}':
+			depth--
 		}
-		return fmt.Errorf("unexpected %q", t)
-	case string:
-		writeString(out, t)
-	case json.Number:
-		out.WriteString(string(t))
-	case bool:
-		out.WriteString(strconv.FormatBool(t))
-	case nil:
-		out.WriteString("null")
+	}
+	if !gjson.ValidBytes(body) {
+		// The slow path, for the error message only.
+		var first json.RawMessage
+		err := json.NewDecoder(bytes.NewReader(body)).Decode(&first)
+		switch {
+		case errors.Is(err, io.EOF):
+			return fmt.Errorf("%w: unexpected end of input", ErrBadJSON)
+		case err != nil:
+			return fmt.Errorf("%w: %v", ErrBadJSON, err)
+		}
+		return fmt.Errorf("%w: data after the JSON value", ErrBadJSON)
 	}
 	return nil
 }
 
-func (c *canonicalizer) object(out *bytes.Buffer, path string, depth int) error {
+type canonicalizer struct {
+	w      *bufio.Writer
+	ignore map[string]bool
+	// children holds, for each path above an ignored one, the names below
+	// it that lead to one: only those paths are worth building.
+	children map[string]map[string]bool
+}
+
+// value writes one valid JSON value. When tracked, path is its dotted path;
+// otherwise no ignored path lies at or below it.
+func (c *canonicalizer) value(v gjson.Result, path string, tracked bool) error {
+	switch {
+	case v.IsObject():
+		return c.object(v, path, tracked)
+	case v.IsArray():
+		return c.array(v, path, tracked)
+	case v.Type == gjson.String:
+		writeString(c.w, v.Str)
+	default: // numbers as written, true, false, null
+		c.w.WriteString(v.Raw)
+	}
+	return nil
+}
+
+// object writes an object; tracked says whether its members' paths matter.
+func (c *canonicalizer) object(v gjson.Result, path string, tracked bool) error {
 	type member struct {
 		name string
-		val  []byte
+		val  gjson.Result
 	}
 	var members []member
-	seen := map[string]bool{}
-	for c.dec.More() {
-		tok, err := c.dec.Token()
-		if err != nil {
-			return err
+	seen := map[string]string{}
+	var err error
+	v.ForEach(func(k, val gjson.Result) bool {
+		folded := foldName(k.Str)
+		if first, dup := seen[folded]; dup {
+			err = fmt.Errorf("the names %q and %q in one object are the same name to case-insensitive readers", first, k.Str)
+			if first == k.Str {
+				err = fmt.Errorf("the name %q appears twice in one object", k.Str)
+			}
+			return false
 		}
-		name := tok.(string) // the decoder guarantees a string name here
-		if seen[name] {
-			return fmt.Errorf("the name %q appears twice in one object", name)
-		}
-		seen[name] = true
-		var buf bytes.Buffer
-		p := join(path, name)
-		if err := c.value(&buf, p, depth+1); err != nil {
-			return err
-		}
-		if !c.ignore[p] {
-			members = append(members, member{name, buf.Bytes()})
-		}
-	}
-	if _, err := c.dec.Token(); err != nil { // '}'
+		seen[folded] = k.Str
+		members = append(members, member{k.Str, val})
+		return true
+	})
+	if err != nil {
 		return err
 	}
 	slices.SortFunc(members, func(a, b member) int { return strings.Compare(a.name, b.name) })
-	out.WriteByte('{')
-	for i, m := range members {
-		if i > 0 {
-			out.WriteByte(',')
-		}
-		writeString(out, m.name)
-		out.WriteByte(':')
-		out.Write(m.val)
-	}
-	out.WriteByte('}')
-	return nil
-}
-
-func (c *canonicalizer) array(out *bytes.Buffer, path string, depth int) error {
-	out.WriteByte('[')
+	c.w.WriteByte('{')
 	n := 0
-	for i := 0; c.dec.More(); i++ {
-		p := join(path, strconv.Itoa(i))
-		if c.ignore[p] {
-			var skip bytes.Buffer
-			if err := c.value(&skip, p, depth+1); err != nil {
+	for _, m := range members {
+		p, track := "", tracked && c.children[path][m.name]
+		if track {
+			p = join(path, m.name)
+		}
+		if track && c.ignore[p] {
+			if err := c.skip(m.val); err != nil {
 				return err
 			}
 			continue
 		}
 		if n > 0 {
-			out.WriteByte(',')
-		}
-		if err := c.value(out, p, depth+1); err != nil {
-			return err
+			c.w.WriteByte(',')
 		}
 		n++
+		writeString(c.w, m.name)
+		c.w.WriteByte(':')
+		if err := c.value(m.val, p, track); err != nil {
+			return err
+		}
 	}
-	if _, err := c.dec.Token(); err != nil { // ']'
+	c.w.WriteByte('}')
+	return nil
+}
+
+// array writes an array; tracked says whether its elements' paths matter.
+func (c *canonicalizer) array(v gjson.Result, path string, tracked bool) error {
+	c.w.WriteByte('[')
+	i, n := 0, 0
+	var err error
+	kids := c.children[path]
+	tracked = tracked && slices.ContainsFunc(slices.Collect(maps.Keys(kids)), isIndex)
+	v.ForEach(func(_, val gjson.Result) bool {
+		var p string
+		track := false
+		if tracked {
+			name := strconv.Itoa(i)
+			if track = kids[name]; track {
+				p = join(path, name)
+			}
+		}
+		i++
+		if track && c.ignore[p] {
+			err = c.skip(val)
+			return err == nil
+		}
+		if n > 0 {
+			c.w.WriteByte(',')
+		}
+		n++
+		err = c.value(val, p, track)
+		return err == nil
+	})
+	if err != nil {
 		return err
 	}
-	out.WriteByte(']')
+	c.w.WriteByte(']')
 	return nil
+}
+
+// isIndex reports whether a path segment is an array index.
+func isIndex(name string) bool {
+	_, err := strconv.Atoi(name)
+	return err == nil
+}
+
+// skip checks an ignored value (a repeated name is an error there too)
+// without writing it.
+func (c *canonicalizer) skip(v gjson.Result) error {
+	d := canonicalizer{w: bufio.NewWriter(io.Discard)}
+	return d.value(v, "", false)
+}
+
+// foldName maps a name to one representative of its case-folding class
+// (Unicode simple folding, as encoding/json compares names).
+func foldName(s string) string {
+	return strings.Map(func(r rune) rune {
+		m := r // the largest of the class: a lower-case ASCII name maps to itself
+		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+			m = max(m, f)
+		}
+		return m
+	}, s)
 }
 
 func join(path, name string) string {
@@ -161,26 +257,49 @@ func join(path, name string) string {
 	return path + "." + name
 }
 
-func writeString(out *bytes.Buffer, s string) {
+// writeString writes s as a JSON string, each byte that is not valid
+// UTF-8 replaced by U+FFFD (as encoding/json decodes it).
+func writeString(w *bufio.Writer, s string) {
+	if plain(s) { // what json.Marshal would write, without its allocation
+		w.WriteByte('"')
+		w.WriteString(s)
+		w.WriteByte('"')
+		return
+	}
+	if !utf8.ValidString(s) {
+		s = string([]rune(s))
+	}
 	b, _ := json.Marshal(s) // a Go string always marshals
-	out.Write(b)
+	w.Write(b)
+}
+
+// plain reports whether s is printable ASCII that json.Marshal writes as
+// it is (no quote, backslash, or HTML character, which it escapes).
+func plain(s string) bool {
+	for i := range len(s) {
+		c := s[i]
+		if c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			return false
+		}
+	}
+	return true
 }
 
 // Fingerprint hashes what makes two requests under one key the same
-// request: the method, the path and the body. A JSON body is hashed in its
-// canonical form with the ignored paths left out (so key order, white space
-// and a send timestamp do not matter); any other body is hashed as it is,
-// and jsonErr says why it is not JSON (an empty body is not JSON either).
-func Fingerprint(method, path string, body []byte, ignore []string) (fp string, jsonErr error) {
+// request: the method, the target (the path, with the query string if the
+// caller includes it) and the body. A JSON body is hashed in its canonical
+// form with the ignored paths left out (so key order, white space and a
+// send timestamp do not matter); any other body is hashed as it is, and
+// jsonErr says why it is not JSON (an empty body is not JSON either).
+func Fingerprint(method, target string, body []byte, ignore []string) (fp string, jsonErr error) {
 	h := sha256.New()
-	// Length-prefixed, so that no method, path and body can be shifted into
-	// one another (a path may hold a decoded newline).
-	fmt.Fprintf(h, "%d:%s%d:%s", len(method), method, len(path), path)
-	canon, jsonErr := Canonicalize(body, ignore)
-	if jsonErr == nil {
-		h.Write([]byte{'j'})
-		h.Write(canon)
-	} else {
+	// Length-prefixed, so that no method, target and body can be shifted
+	// into one another (a path may hold a decoded newline).
+	fmt.Fprintf(h, "%d:%s%d:%s", len(method), method, len(target), target)
+	h.Write([]byte{'j'})
+	if jsonErr = canonicalize(h, body, ignore); jsonErr != nil {
+		h.Reset()
+		fmt.Fprintf(h, "%d:%s%d:%s", len(method), method, len(target), target)
 		h.Write([]byte{'r'})
 		h.Write(body)
 	}

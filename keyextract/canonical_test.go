@@ -35,7 +35,7 @@ func TestCanonicalize(t *testing.T) {
 		{name: "top-level number", body: "42\n", want: `42`},
 		{name: "empty object", body: `{}`, want: `{}`},
 		{name: "empty array", body: `[]`, want: `[]`},
-		{name: "sort by bytes", body: `{"é":1,"z":2,"Z":3,"a":4}`, want: `{"Z":3,"a":4,"z":2,"é":1}`},
+		{name: "sort by bytes", body: `{"é":1,"z":2,"Y":3,"a":4}`, want: `{"Y":3,"a":4,"z":2,"é":1}`},
 		{name: "escapes decoded", body: `{"\u0041":"\u0042\u00e9"}`, want: `{"A":"Bé"}`},
 		{name: "escapes kept where needed", body: `"a\"b\\c\n\u0001"`, want: `"a\"b\\c\n\u0001"`},
 		{name: "solidus unescaped", body: `"a\/b"`, want: `"a/b"`},
@@ -116,6 +116,8 @@ func TestCanonicalizeRejects(t *testing.T) {
 		{name: "duplicate in ignored member", body: `{"meta":{"t":1,"t":2}}`, msg: "twice"},
 		{name: "duplicate of an ignored name", body: `{"sentAt":1,"sentAt":2}`, msg: "twice"},
 		{name: "trailing garbage", body: `{"a":1} x`, msg: "after the JSON value"},
+		{name: "names that differ only in case", body: `{"orderId":"A","orderid":"B"}`, msg: "case-insensitive"},
+		{name: "names that differ only in case, nested", body: `{"o":{"Id":1,"ID":2}}`, msg: "case-insensitive"},
 		{name: "trailing value", body: `{"a":1}{"a":1}`, msg: "after the JSON value"},
 		{name: "trailing scalar", body: `1 2`, msg: "after the JSON value"},
 		{name: "trailing bracket", body: `{"a":1}}`, msg: "after the JSON value"},
@@ -133,10 +135,10 @@ func TestCanonicalizeRejects(t *testing.T) {
 		{name: "bare word", body: `charge`, msg: ""},
 		{name: "form body", body: `orderId=1001&amount=5`, msg: ""},
 		{name: "raw control character in string", body: "\"a\x01b\"", msg: ""},
-		{name: "too deep arrays", body: strings.Repeat("[", 513) + strings.Repeat("]", 513), msg: "deeper than 512"},
-		{name: "too deep with scalar", body: strings.Repeat("[", 513) + "1" + strings.Repeat("]", 513), msg: "deeper than 512"},
-		{name: "too deep objects", body: strings.Repeat(`{"a":`, 512) + "{}" + strings.Repeat("}", 512), msg: "deeper than 512"},
-		{name: "very deep", body: strings.Repeat("[", 100000), msg: "deeper than 512"},
+		{name: "too deep arrays", body: strings.Repeat("[", MaxDepth+1) + strings.Repeat("]", MaxDepth+1), msg: "deeper than 128"},
+		{name: "too deep with scalar", body: strings.Repeat("[", MaxDepth+1) + "1" + strings.Repeat("]", MaxDepth+1), msg: "deeper than 128"},
+		{name: "too deep objects", body: strings.Repeat(`{"a":`, MaxDepth) + "{}" + strings.Repeat("}", MaxDepth), msg: "deeper than 128"},
+		{name: "very deep", body: strings.Repeat("[", 100000), msg: "deeper than 128"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -156,16 +158,16 @@ func TestCanonicalizeRejects(t *testing.T) {
 
 func TestCanonicalizeDepthLimit(t *testing.T) {
 	for _, body := range []string{
-		strings.Repeat("[", 512) + strings.Repeat("]", 512),
-		strings.Repeat("[", 512) + `1` + strings.Repeat("]", 512),
-		strings.Repeat(`{"a":`, 511) + `{}` + strings.Repeat("}", 511),
+		strings.Repeat("[", MaxDepth) + strings.Repeat("]", MaxDepth),
+		strings.Repeat("[", MaxDepth) + `1` + strings.Repeat("]", MaxDepth),
+		strings.Repeat(`{"a":`, MaxDepth-1) + `{}` + strings.Repeat("}", MaxDepth-1),
 	} {
 		out, err := Canonicalize([]byte(body), nil)
 		if err != nil {
-			t.Fatalf("512 levels: %v, want them accepted", err)
+			t.Fatalf("MaxDepth levels: %v, want them accepted", err)
 		}
 		if string(out) != body {
-			t.Errorf("512 levels canonicalised to a different value")
+			t.Errorf("MaxDepth levels canonicalised to a different value")
 		}
 	}
 }

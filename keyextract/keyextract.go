@@ -162,8 +162,8 @@ func (src Source) value(r *http.Request, body []byte) (string, error) {
 		}
 		return v, nil
 	case JSON:
-		if !gjson.ValidBytes(body) {
-			return "", &Error{Source: src, Err: ErrBadJSON}
+		if err := checkJSON(body); err != nil {
+			return "", &Error{Source: src, Err: ErrBadJSON, Reason: strings.TrimPrefix(err.Error(), ErrBadJSON.Error()+": ")}
 		}
 		// gjson looks for the first '{' or '[' even inside a top-level
 		// string ("[0" would yield 0"): a path only exists in an object or
