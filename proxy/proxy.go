@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"path"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -186,15 +187,51 @@ func register(mux *http.ServeMux, pattern string, h http.Handler) (err error) {
 
 // ServeHTTP routes r: a request that matches a route is protected, any
 // other is proxied untouched, without touching the store.
+//
+// A path that is not in canonical form ("/charges/", "//charges",
+// "/a/../charges") is matched in its cleaned form, since many upstreams
+// treat both as one endpoint: the request is protected by that route and
+// forwarded as sent. Paths are matched case-sensitively.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	t := p.table.Load()
-	if h, _ := t.mux.Handler(r); h != nil {
-		if _, ok := h.(*route); ok {
-			t.mux.ServeHTTP(w, r) // sets the path wildcards, then serveRoute
+	if t.matches(r) {
+		t.mux.ServeHTTP(w, r) // sets the path wildcards, then serveRoute
+		return
+	}
+	if clean := cleanPath(r.URL.Path); clean != r.URL.Path {
+		u := *r.URL
+		u.Path, u.RawPath = clean, ""
+		rc := r.WithContext(context.WithValue(r.Context(), sentURLKey{}, r.URL))
+		rc.URL = &u
+		if t.matches(rc) {
+			t.mux.ServeHTTP(w, rc)
 			return
 		}
 	}
 	p.servePassthrough(w, r, t)
+}
+
+// sentURLKey carries the URL a request was sent with when it was matched
+// in cleaned form.
+type sentURLKey struct{}
+
+// matches reports whether r matches a route as it is.
+func (t *table) matches(r *http.Request) bool {
+	h, _ := t.mux.Handler(r)
+	_, ok := h.(*route)
+	return ok
+}
+
+// cleanPath is path.Clean without a trailing slash.
+func cleanPath(p string) string {
+	if p == "" {
+		return "/"
+	}
+	c := path.Clean(p)
+	if c == "." {
+		return "/"
+	}
+	return c
 }
 
 // HasRoute reports whether the current configuration has a route named name.

@@ -526,3 +526,55 @@ func TestAfterShutdown(t *testing.T) {
 		t.Errorf("charges = %d, want 0", got)
 	}
 }
+
+// TestPathVariantsAreProtected: "/charges/", "//charges" and
+// "/x/../charges" are protected by the POST /charges route (many upstreams
+// treat them as one endpoint) and reach the upstream as sent.
+func TestPathVariantsAreProtected(t *testing.T) {
+	var mu sync.Mutex
+	var paths []string
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		paths = append(paths, r.URL.Path)
+		mu.Unlock()
+		w.WriteHeader(201)
+	}))
+	defer up.Close()
+	e := &env{t: t}
+	e.start(up.URL, chargesByOrder)
+	body := `{"orderId": "ORD-V", "amount": 1}`
+	wantStatus(t, "canonical path", e.do("POST", "/charges", body), 201, "")
+	for _, p := range []string{"/charges/", "//charges", "/x/../charges"} {
+		req, _ := http.NewRequest("POST", e.srv.URL+"/", strings.NewReader(body))
+		req.URL.Path = p // sent as is, not cleaned by the client
+		resp, err := e.srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 201 || resp.Header.Get("Idempotent-Replayed") != "true" {
+			t.Errorf("POST %s = %d (replayed %q), want the stored answer replayed", p, resp.StatusCode, resp.Header.Get("Idempotent-Replayed"))
+		}
+	}
+	wantStatus(t, "first time through a variant", e.do("POST", "/charges/", `{"orderId": "ORD-W", "amount": 1}`), 201, "")
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"/charges", "/charges/"}; fmt.Sprint(paths) != fmt.Sprint(want) {
+		t.Errorf("upstream saw %v, want %v (one forward per order, the path as sent)", paths, want)
+	}
+}
+
+// TestQueryIsPartOfTheRequest: the same key with another query string is
+// another request (422), the same query in another order is not.
+func TestQueryIsPartOfTheRequest(t *testing.T) {
+	e := newEnv(t, `
+  - name: refunds
+    match: POST /orders/{orderId}/charges
+    key: {header: Idempotency-Key}
+`)
+	wantStatus(t, "first", e.do("POST", "/orders/O-Q/charges?amount=100&currency=EUR", `{"amount": 1}`, "Idempotency-Key", "k"), 201, "")
+	if a := e.do("POST", "/orders/O-Q/charges?currency=EUR&amount=100", `{"amount": 1}`, "Idempotency-Key", "k"); !a.replayed() {
+		t.Errorf("same query, other order: %s, want a replay", a)
+	}
+	wantStatus(t, "other query", e.do("POST", "/orders/O-Q/charges?amount=900&currency=EUR", `{"amount": 1}`, "Idempotency-Key", "k"), 422, "fingerprint-mismatch")
+}

@@ -84,7 +84,13 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 	if !ok {
 		return
 	}
-	fp, jsonErr := keyextract.Fingerprint(r.Method, r.URL.Path, body, cfg.Fingerprint.Ignore)
+	// The target is the (cleaned) path and the query, parameters sorted:
+	// the same key with another query is another request.
+	target := r.URL.Path
+	if q := r.URL.Query(); len(q) > 0 {
+		target += "?" + q.Encode()
+	}
+	fp, jsonErr := keyextract.Fingerprint(r.Method, target, body, cfg.Fingerprint.Ignore)
 	if rt.spec.NeedsJSON() && jsonErr != nil {
 		a.problem(w, OutcomeBadRequest, probInvalidJSON, jsonErr.Error(), 0, nil)
 		return
@@ -300,6 +306,9 @@ func (p *Proxy) forward(w http.ResponseWriter, a *attempt, body []byte) {
 	// were complete.
 	ctx = context.WithValue(ctx, http.ServerContextKey, a.in.Context().Value(http.ServerContextKey))
 	out := a.in.WithContext(a.traced(context.WithValue(ctx, attemptKey{}, a)))
+	if sent, ok := a.in.Context().Value(sentURLKey{}).(*url.URL); ok {
+		out.URL = sent // matched in cleaned form, forwarded as sent
+	}
 	out.ContentLength = int64(len(body))
 	out.TransferEncoding = nil
 	out.Body = http.NoBody
