@@ -711,3 +711,26 @@ func TestEmptyStoreSection(t *testing.T) {
 		}
 	}
 }
+
+func TestListenersAndHostKey(t *testing.T) {
+	base := "upstream: http://127.0.0.1:9000\nroutes:\n  - {name: c, match: POST /c, key: {json: id}}\n"
+	tests := []struct {
+		name, yaml, want string
+	}{
+		{"same address", "listen: 127.0.0.1:8080\nadmin: {listen: 127.0.0.1:8080}\n" + base, "admin.listen"},
+		{"wildcard admin", "listen: 127.0.0.1:8080\nadmin: {listen: ':8080'}\n" + base, "admin.listen"},
+		{"wildcard proxy", "listen: 0.0.0.0:9091\nadmin: {listen: 127.0.0.1:9091}\n" + base, "admin.listen"},
+		{"Host as key", "listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:9000\nroutes:\n  - {name: c, match: POST /c, key: {header: host}}\n", "routes[0].key.header: Host"},
+		{"different ports", "listen: 127.0.0.1:8080\nadmin: {listen: ':9091'}\n" + base, ""},
+		{"both on port 0", "listen: 127.0.0.1:0\nadmin: {listen: 127.0.0.1:0}\n" + base, ""},
+	}
+	for _, tt := range tests {
+		_, err := Parse([]byte(tt.yaml))
+		switch {
+		case tt.want == "" && err != nil:
+			t.Errorf("%s: %v, want no error", tt.name, err)
+		case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+			t.Errorf("%s: %v, want an error naming %s", tt.name, err, tt.want)
+		}
+	}
+}

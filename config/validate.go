@@ -55,8 +55,8 @@ func (c *Config) Validate() error {
 	}
 	if c.Admin.Listen != "" {
 		checkAddr(&p, "admin.listen", c.Admin.Listen, false)
-		if _, port, _ := net.SplitHostPort(c.Admin.Listen); c.Admin.Listen == c.Listen && port != "0" {
-			p.add("admin.listen", "must differ from listen")
+		if samePort(c.Admin.Listen, c.Listen) {
+			p.add("admin.listen", "%q and listen %q would bind the same port", c.Admin.Listen, c.Listen)
 		}
 	}
 	if !headerToken.MatchString(c.Admin.TokenEnv) {
@@ -109,6 +109,19 @@ func checkAddr(p *problems, field, addr string, required bool) {
 	if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
 		p.add(field, "%q is not a host:port address", addr)
 	}
+}
+
+// samePort reports whether two listen addresses would bind one port: the
+// same non-zero port on the same host, or on any host when either is a
+// wildcard (empty, 0.0.0.0 or ::).
+func samePort(a, b string) bool {
+	ha, pa, errA := net.SplitHostPort(a)
+	hb, pb, errB := net.SplitHostPort(b)
+	if errA != nil || errB != nil || pa != pb || pa == "0" {
+		return false
+	}
+	wild := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
+	return ha == hb || wild(ha) || wild(hb)
 }
 
 func (c *Config) validateStore(p *problems) {
@@ -343,6 +356,8 @@ func (k *Key) validate(p *problems, f string, wildcards map[string]bool, pattern
 	case k.Header != "":
 		if !headerToken.MatchString(k.Header) {
 			p.add(f+".header", "%q is not a header name", k.Header)
+		} else if strings.EqualFold(k.Header, "Host") {
+			p.add(f+".header", "Host is not among a request's headers in Go; key by a path, query or body value instead")
 		}
 	case k.Query != "":
 	case k.Path != "":
