@@ -359,7 +359,7 @@ func TestValidationProblems(t *testing.T) {
 		{"no upstream", strings.Replace(withRoute(""), "upstream: http://127.0.0.1:9000\n", "", 1), "upstream: required"},
 		{"relative upstream", strings.Replace(withRoute(""), "http://127.0.0.1:9000", "/api", 1), `upstream: "/api" is not an absolute`},
 		{"upstream with query", strings.Replace(withRoute(""), "http://127.0.0.1:9000", "http://x/?a=1", 1), `upstream: "http://x/?a=1" must not carry a query`},
-		{"admin on listen", "admin: {listen: \"127.0.0.1:8080\"}\n" + withRoute(""), "admin.listen: must differ from listen"},
+		{"admin on listen", "admin: {listen: \"127.0.0.1:8080\"}\n" + withRoute(""), "admin.listen: \"127.0.0.1:8080\" and listen \"127.0.0.1:8080\" would bind the same port"},
 		{"admin without port", "admin: {listen: localhost}\n" + withRoute(""), `admin.listen: "localhost" is not a host:port`},
 		{"admin token env", "admin: {token_env: \"MY TOKEN\"}\n" + withRoute(""), `admin.token_env: "MY TOKEN" is not an environment variable name`},
 		{"no routes", "listen: :8080\nupstream: http://x\n", "routes: at least one route is required"},
