@@ -1,5 +1,6 @@
 // Package redistest starts real redis-server processes for tests: a single
-// node (Start) or a small Redis Cluster (StartCluster). It never fakes Redis:
+// node (Start), a Sentinel (StartSentinel) or a small Redis Cluster
+// (StartCluster). It never fakes Redis:
 // the Redis tests are required, so a machine without redis-server fails them
 // with a clear message instead of skipping.
 package redistest
@@ -41,6 +42,7 @@ type Server struct {
 	bin  string
 	dir  string
 	port int
+	pre  []string // arguments before the defaults (a config file, --sentinel)
 	args []string
 
 	mu   sync.Mutex
@@ -50,7 +52,9 @@ type Server struct {
 
 // Start starts redis-server on a free loopback port with its own data
 // directory in tb.TempDir(), persistence off (--save "" --appendonly no) unless
-// args say otherwise, and waits until it answers PING. Extra args are passed
+// args say otherwise, and waits until it answers PING and INFO server shows
+// the process_id of the process it started (so a foreign redis-server that
+// holds the port is never mistaken for it). Extra args are passed
 // after the defaults, so they override them (for example "--appendonly",
 // "yes"). The server is killed when the test ends.
 func Start(tb testing.TB, args ...string) *Server {
@@ -58,21 +62,48 @@ func Start(tb testing.TB, args ...string) *Server {
 	bin := lookPath(tb, "redis-server")
 	s := &Server{tb: tb, bin: bin, dir: tb.TempDir(), args: args}
 	tb.Cleanup(s.cleanup)
+	s.launch(false, "redis-server")
+	return s
+}
+
+// StartSentinel starts a Redis Sentinel (redis-server --sentinel) on a free
+// loopback port, monitoring master under masterName with a quorum of 1, and
+// waits until it answers PING. Extra args are passed as for Start. The
+// Sentinel is killed when the test ends.
+func StartSentinel(tb testing.TB, master *Server, masterName string, args ...string) *Server {
+	tb.Helper()
+	bin := lookPath(tb, "redis-server")
+	s := &Server{tb: tb, bin: bin, dir: tb.TempDir(), args: args}
+	tb.Cleanup(s.cleanup)
+	// Sentinel insists on a config file it can rewrite.
+	conf := filepath.Join(s.dir, "sentinel.conf")
+	monitor := fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 1\n", masterName, master.Port())
+	if err := os.WriteFile(conf, []byte(monitor), 0o644); err != nil {
+		tb.Fatalf("redistest: write sentinel config: %v", err)
+	}
+	s.pre = []string{conf, "--sentinel"}
+	s.launch(false, "redis sentinel")
+	return s
+}
+
+// launch starts s on a free port, trying another one when the chosen port
+// was taken in the meantime. With bus set, the cluster bus port is free too.
+func (s *Server) launch(bus bool, what string) {
+	s.tb.Helper()
 	var errs []error
 	for range startAttempts {
-		port, err := freePort(false)
+		port, err := freePort(bus)
 		if err != nil {
-			tb.Fatalf("redistest: %v", err)
+			s.tb.Fatalf("redistest: %v", err)
 		}
 		s.port = port
 		err = s.start()
 		if err == nil {
-			return s
+			return
 		}
 		errs = append(errs, err)
 	}
-	tb.Fatalf("redistest: could not start redis-server after %d attempts: %v", startAttempts, errors.Join(errs...))
-	return nil
+	s.tb.Fatalf("redistest: could not start %s after %d attempts: %v", what, startAttempts, errors.Join(errs...))
 }
 
 // Addr returns the server's host:port.
@@ -97,8 +128,9 @@ func (s *Server) Stop() {
 
 // Restart starts the server again on the same port with the same data
 // directory and arguments (so persisted data, if persistence was turned on, is
-// loaded again) and waits until it answers PING. A running server is killed
-// first.
+// loaded again) and waits until it answers PING from the process it started
+// (see Start): a foreign redis-server that took the freed port fails the
+// test. A running server is killed first.
 func (s *Server) Restart() {
 	s.tb.Helper()
 	s.Stop()
@@ -121,7 +153,8 @@ func (s *Server) Do(args ...string) (string, error) {
 }
 
 func (s *Server) start() error {
-	args := []string{
+	args := append([]string(nil), s.pre...)
+	args = append(args,
 		"--port", strconv.Itoa(s.port),
 		"--bind", "127.0.0.1",
 		"--dir", s.dir,
@@ -130,7 +163,7 @@ func (s *Server) start() error {
 		"--protected-mode", "no",
 		"--save", "",
 		"--appendonly", "no",
-	}
+	)
 	args = append(args, s.args...)
 	cmd := exec.Command(s.bin, args...)
 	cmd.Dir = s.dir
@@ -156,7 +189,20 @@ func (s *Server) start() error {
 		}
 		reply, err := Command(s.Addr(), "PING")
 		if err == nil && reply == "PONG" {
-			return nil
+			// A PONG proves that some Redis listens on the port, not that
+			// it is ours: a foreign redis-server may have taken the port
+			// between freePort and our bind (ours then exits, perhaps only
+			// after this PING), or, on Restart, since Stop freed it.
+			pid, perr := serverPID(s.Addr())
+			if perr == nil && pid == cmd.Process.Pid {
+				return nil
+			}
+			s.Stop()
+			if perr != nil {
+				return fmt.Errorf("redis-server on port %d: INFO server: %w", s.port, perr)
+			}
+			return fmt.Errorf("port %d is held by another redis-server (process_id %d, ours is %d)",
+				s.port, pid, cmd.Process.Pid)
 		}
 		if time.Now().After(deadline) {
 			s.Stop()
@@ -165,6 +211,21 @@ func (s *Server) start() error {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// serverPID returns the process_id that INFO server of the Redis at addr
+// reports.
+func serverPID(addr string) (int, error) {
+	info, err := Command(addr, "INFO", "server")
+	if err != nil {
+		return 0, err
+	}
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
+			return strconv.Atoi(v)
+		}
+	}
+	return 0, errors.New("INFO server has no process_id")
 }
 
 func (s *Server) killLocked() {
@@ -251,21 +312,8 @@ func startClusterNode(tb testing.TB, bin string) *Server {
 		"--cluster-node-timeout", "5000",
 	}
 	tb.Cleanup(s.cleanup)
-	var errs []error
-	for range startAttempts {
-		port, err := freePort(true)
-		if err != nil {
-			tb.Fatalf("redistest: %v", err)
-		}
-		s.port = port
-		if err := s.start(); err == nil {
-			return s
-		} else {
-			errs = append(errs, err)
-		}
-	}
-	tb.Fatalf("redistest: could not start cluster node after %d attempts: %v", startAttempts, errors.Join(errs...))
-	return nil
+	s.launch(true, "cluster node")
+	return s
 }
 
 // Addrs returns the host:port of every node.

@@ -2,9 +2,12 @@ package redistest_test
 
 import (
 	"fmt"
+	"os/exec"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idemproxy/idemproxy/internal/redistest"
 )
@@ -128,4 +131,67 @@ func TestMissingRedisFails(t *testing.T) {
 			t.Errorf("%s without redis-server: message %q, want %q", name, rec.msg, want)
 		}
 	}
+}
+
+// TestRestartRefusesForeignServer gives the port of a stopped server to a
+// redis-server that redistest did not start: Restart must fail instead of
+// taking that server's PONG for its own.
+func TestRestartRefusesForeignServer(t *testing.T) {
+	rec := &fatalRecorder{T: t}
+	var s *redistest.Server
+	runTB(func() { s = redistest.Start(rec) })
+	if rec.msg != "" {
+		t.Fatalf("Start: %s", rec.msg)
+	}
+	s.Stop()
+
+	foreign := exec.Command("redis-server", "--port", strconv.Itoa(s.Port()), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", t.TempDir())
+	if err := foreign.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = foreign.Process.Kill(); _ = foreign.Wait() })
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if got, err := s.Do("PING"); err == nil && got == "PONG" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the foreign redis-server did not answer PING within 10s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	runTB(func() { s.Restart() })
+	if want := fmt.Sprintf("redistest: restart on port %d:", s.Port()); !strings.HasPrefix(rec.msg, want) {
+		t.Fatalf("Restart with a foreign redis-server on the port: message %q, want one starting with %q", rec.msg, want)
+	}
+	t.Logf("Restart refused: %s", rec.msg)
+	// The foreign server was left alone.
+	if got, err := s.Do("INFO", "server"); err != nil || !strings.Contains(got, "process_id:"+strconv.Itoa(foreign.Process.Pid)) {
+		t.Errorf("INFO server after the refused Restart = %v; want the foreign server (pid %d) still there", err, foreign.Process.Pid)
+	}
+}
+
+func TestSentinel(t *testing.T) {
+	m := redistest.Start(t)
+	sen := redistest.StartSentinel(t, m, "mymaster")
+	got, err := sen.Do("SENTINEL", "get-master-addr-by-name", "mymaster")
+	if want := "127.0.0.1\n" + strconv.Itoa(m.Port()); err != nil || got != want {
+		t.Fatalf("SENTINEL get-master-addr-by-name = %q, %v; want %q", got, err, want)
+	}
+	if info, err := sen.Do("INFO", "server"); err != nil || !strings.Contains(info, "redis_mode:sentinel") {
+		t.Errorf("INFO server of the sentinel = %v; want redis_mode:sentinel", err)
+	}
+}
+
+// runTB runs f in a goroutine of its own, so that a fatalRecorder's Fatal
+// (runtime.Goexit) ends only f, and waits for it.
+func runTB(f func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
+	<-done
 }

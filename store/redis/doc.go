@@ -2,6 +2,42 @@
 // same idempotency key use one Redis (a single node, Sentinel or Cluster,
 // through go-redis' universal client) and so agree on who owns a key.
 //
+// # Topologies
+//
+// Options.Addrs with the other options chooses the client:
+//
+//   - One address: a single node. A Redis Cluster node at that address is
+//     refused by Ping (most keys would fail with MOVED).
+//   - Several addresses, or Options.ClusterMode: a Redis Cluster, the
+//     addresses being seeds. ClusterMode is for a Cluster behind one
+//     configuration endpoint (AWS ElastiCache with cluster mode enabled).
+//   - Options.MasterName: Sentinel; Addrs are the Sentinels. Username and
+//     Password are for the master, SentinelUsername and SentinelPassword
+//     for the Sentinels.
+//
+// # TLS
+//
+// Options.TLS is used as given (for a private CA, set RootCAs). When its
+// ServerName is empty, Go's TLS dialer verifies each connection against the
+// host of the address it dials: the configured address for a single node,
+// the address each node announces for a Cluster, the address the Sentinels
+// report for a Sentinel master. A ServerName that is set applies to every
+// node.
+//
+// # Readiness and eviction
+//
+// Every record has a TTL, so Redis' volatile-* eviction policies may evict
+// live records just as the allkeys-* ones do; an evicted record lets a
+// retried request reach the upstream again (a double charge). Ping, which
+// /readyz uses, therefore fails with ErrEvictionPolicy when INFO memory
+// shows maxmemory above 0 with a maxmemory_policy other than noeviction, on
+// the node, the Sentinel master, or any Cluster master. It reads INFO, not
+// CONFIG, which managed services often refuse, and looks again on every
+// call. An ACL user for the proxy therefore needs INFO besides the script
+// and key commands; Options.SkipEvictionCheck turns the check off where INFO
+// memory is not available. With noeviction a full Redis refuses writes, and
+// reservations fail with an error (a 503), never silently.
+//
 // # Data layout
 //
 // Every proxy key is one Redis HASH under KeyPrefix + key (the proxy's keys

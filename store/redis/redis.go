@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -23,17 +24,40 @@ const (
 
 // Options configures a Store.
 type Options struct {
-	// Addrs are the Redis addresses (host:port). One address without
-	// MasterName: a single node. Several without MasterName: a Redis Cluster
-	// (the addresses are seeds). With MasterName: Sentinel addresses.
+	// Addrs are the Redis addresses (host:port); what they address depends
+	// on the other fields:
+	//
+	//   - MasterName set: the Sentinel addresses.
+	//   - ClusterMode set, or several addresses: a Redis Cluster; the
+	//     addresses are seeds, from which the client learns every node.
+	//   - Otherwise (one address): a single node. A single address is never
+	//     taken for a Cluster: a Cluster behind one configuration endpoint
+	//     (AWS ElastiCache with cluster mode enabled) needs ClusterMode, or
+	//     Ping fails, naming it.
 	Addrs []string
+	// ClusterMode uses the Redis Cluster client even for a single address,
+	// such as a configuration endpoint (AWS ElastiCache, cluster mode
+	// enabled). It cannot be combined with MasterName.
+	ClusterMode bool
 	// MasterName is the Sentinel master name; empty: no Sentinel.
 	MasterName string
-	// Username and Password authenticate (ACL user, or just a password).
+	// Username and Password authenticate to Redis (ACL user, or just a
+	// password); with Sentinel, to the master and replicas.
 	Username, Password string
+	// SentinelUsername and SentinelPassword authenticate to the Sentinels
+	// themselves (their requirepass or ACL user), which may differ from
+	// the data nodes' credentials; empty: the Sentinels need no auth. Only
+	// with MasterName.
+	SentinelUsername, SentinelPassword string
 	// DB is the database number; it must be 0 for a Redis Cluster.
 	DB int
-	// TLS configures TLS; nil means plain TCP.
+	// TLS configures TLS; nil means plain TCP. The caller builds it, for
+	// example with RootCAs for a private CA. An empty ServerName is filled
+	// in for every connection from the host of the address dialled (Go's
+	// tls.DialWithDialer does this): the configured address for a single
+	// node, the address each node announces on a Cluster, the address the
+	// Sentinels report for a Sentinel master. A ServerName that is set is
+	// used for every node, so every node's certificate must carry it.
 	TLS *tls.Config
 	// KeyPrefix is put in front of every proxy key; empty means
 	// DefaultKeyPrefix ("idemproxy:").
@@ -44,7 +68,16 @@ type Options struct {
 	// OpTimeout bounds every store operation, retries included, on top of the
 	// caller's context; zero means DefaultOpTimeout (500ms).
 	OpTimeout time.Duration
+	// SkipEvictionCheck turns off Ping's check of the eviction policy (see
+	// Store.Ping). Only for a Redis that refuses or hides INFO memory and is
+	// known to run with maxmemory-policy noeviction or without maxmemory: an
+	// evicted record lets a retried request through a second time.
+	SkipEvictionCheck bool
 }
+
+// ErrEvictionPolicy is returned (wrapped) by Ping when Redis may evict
+// records: maxmemory is set and maxmemory-policy is not noeviction.
+var ErrEvictionPolicy = errors.New("redis may evict idempotency records")
 
 // Store is a proxy.Store kept in Redis. It is safe for concurrent use, also
 // by several processes sharing one Redis.
@@ -52,6 +85,10 @@ type Store struct {
 	client    goredis.UniversalClient
 	prefix    string
 	opTimeout time.Duration
+	// single is set for a single-node client (neither Cluster nor
+	// Sentinel), whose node must not be a Cluster node.
+	single        bool
+	checkEviction bool
 }
 
 var _ proxy.Store = (*Store)(nil)
@@ -63,39 +100,62 @@ func New(opts Options) (*Store, error) {
 	if len(opts.Addrs) == 0 {
 		return nil, errors.New("redis store: no address")
 	}
-	if opts.DB != 0 && opts.MasterName == "" && len(opts.Addrs) > 1 {
+	sentinel := opts.MasterName != ""
+	cluster := !sentinel && (opts.ClusterMode || len(opts.Addrs) > 1)
+	if sentinel && opts.ClusterMode {
+		return nil, errors.New("redis store: cluster mode and a sentinel master name exclude each other")
+	}
+	if !sentinel && (opts.SentinelUsername != "" || opts.SentinelPassword != "") {
+		return nil, errors.New("redis store: sentinel credentials without a sentinel master name")
+	}
+	if opts.DB != 0 && cluster {
 		return nil, fmt.Errorf("redis store: db %d: redis cluster has only db 0", opts.DB)
 	}
 	if opts.DialTimeout < 0 || opts.OpTimeout < 0 {
 		return nil, errors.New("redis store: negative timeout")
 	}
-	s := &Store{prefix: opts.KeyPrefix, opTimeout: opts.OpTimeout}
+	s := &Store{
+		prefix:        opts.KeyPrefix,
+		opTimeout:     opts.OpTimeout,
+		single:        !sentinel && !cluster,
+		checkEviction: !opts.SkipEvictionCheck,
+	}
 	if s.prefix == "" {
 		s.prefix = DefaultKeyPrefix
 	}
 	if s.opTimeout == 0 {
 		s.opTimeout = DefaultOpTimeout
 	}
+	s.client = goredis.NewUniversalClient(universalOptions(opts, s.opTimeout))
+	return s, nil
+}
+
+// universalOptions maps opts (checked by New) to go-redis options; opTimeout
+// is the effective op timeout.
+func universalOptions(opts Options, opTimeout time.Duration) *goredis.UniversalOptions {
 	dial := opts.DialTimeout
 	if dial == 0 {
 		dial = DefaultDialTimeout
 	}
-	s.client = goredis.NewUniversalClient(&goredis.UniversalOptions{
-		Addrs:      opts.Addrs,
-		MasterName: opts.MasterName,
-		Username:   opts.Username,
-		Password:   opts.Password,
-		DB:         opts.DB,
-		TLSConfig:  opts.TLS,
-		ClientName: "idemproxy",
+	return &goredis.UniversalOptions{
+		Addrs:            opts.Addrs,
+		IsClusterMode:    opts.ClusterMode,
+		MasterName:       opts.MasterName,
+		Username:         opts.Username,
+		Password:         opts.Password,
+		SentinelUsername: opts.SentinelUsername,
+		SentinelPassword: opts.SentinelPassword,
+		DB:               opts.DB,
+		TLSConfig:        opts.TLS,
+		ClientName:       "idemproxy",
 
 		DialTimeout: dial,
 		// One dial per attempt: MaxRetries already retries a refused dial,
 		// and a Redis that is down should be reported (as a 503) with its
 		// real cause, not after the whole op timeout was spent dialling.
 		DialerRetries: 1,
-		ReadTimeout:   s.opTimeout,
-		WriteTimeout:  s.opTimeout,
+		ReadTimeout:   opTimeout,
+		WriteTimeout:  opTimeout,
 		// Every call runs under a context bounded by OpTimeout; let that
 		// deadline bound the socket reads and writes too.
 		ContextTimeoutEnabled: true,
@@ -108,8 +168,7 @@ func New(opts Options) (*Store, error) {
 		// retried Release or Delete whose first attempt was applied reports
 		// ErrNotOwner or false, which leaves the key in the same, released,
 		// state.
-	})
-	return s, nil
+	}
 }
 
 // Close closes the connections to Redis.
@@ -234,22 +293,106 @@ func (s *Store) Delete(ctx context.Context, key string) (bool, error) {
 	return n > 0, nil
 }
 
-// Ping implements proxy.Store. On a Redis Cluster every master must answer.
+// Ping implements proxy.Store: Redis answers, and is fit to keep records.
+// On a Redis Cluster every master must pass; with Sentinel, the master.
+//
+// Fit means: unless Options.SkipEvictionCheck, INFO memory shows maxmemory 0
+// or maxmemory_policy noeviction. Every record has a TTL, so the volatile-*
+// policies evict live records as readily as the allkeys-* ones, and an
+// evicted record lets a retried request reach the upstream a second time;
+// Ping then fails with ErrEvictionPolicy, naming the policy. (With
+// noeviction, a full Redis refuses writes: reservations fail with an error,
+// never silently.) A single-node Store also fails when its node is a
+// Cluster node, since most keys would then be answered with MOVED: that
+// address needs Options.ClusterMode. The checks use INFO, not CONFIG GET,
+// which managed services often refuse; they run on every Ping because
+// CONFIG SET can change the policy at any time.
 func (s *Store) Ping(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, s.opTimeout)
 	defer cancel()
 	var err error
-	if cc, ok := s.client.(*goredis.ClusterClient); ok {
-		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error {
-			return c.Ping(ctx).Err()
+	switch c := s.client.(type) {
+	case *goredis.ClusterClient:
+		err = c.ForEachMaster(ctx, func(ctx context.Context, n *goredis.Client) error {
+			if err := s.checkNode(ctx, n, false); err != nil {
+				return fmt.Errorf("node %s: %w", n.Options().Addr, err)
+			}
+			return nil
 		})
-	} else {
-		err = s.client.Ping(ctx).Err()
+	case *goredis.Client:
+		err = s.checkNode(ctx, c, s.single)
+	default:
+		err = fmt.Errorf("unexpected client %T", s.client)
 	}
 	if err != nil {
 		return fmt.Errorf("redis store: ping: %w", err)
 	}
 	return nil
+}
+
+// checkNode pings one node and checks its eviction policy and, with
+// single, that it is not a Cluster node. The commands go one by one, not in
+// a pipeline: go-redis gives pipelines a connection pool of their own, and
+// Ping must exercise the pool that the store's operations use.
+func (s *Store) checkNode(ctx context.Context, c *goredis.Client, single bool) error {
+	if err := c.Ping(ctx).Err(); err != nil {
+		return err
+	}
+	if s.checkEviction {
+		info, err := c.Info(ctx, "memory").Result()
+		if err != nil {
+			return fmt.Errorf("INFO memory, to check the eviction policy (see Options.SkipEvictionCheck): %w", err)
+		}
+		if err := checkEviction(info); err != nil {
+			return err
+		}
+	}
+	if single {
+		info, err := c.Info(ctx, "cluster").Result()
+		var refused goredis.Error
+		switch {
+		case errors.As(err, &refused):
+			// INFO refused (an ACL without INFO): the Cluster check is a
+			// diagnosis only, skip it.
+		case err != nil:
+			return fmt.Errorf("INFO cluster: %w", err)
+		case infoField(info, "cluster_enabled") == "1":
+			return errors.New("the node is part of a Redis Cluster, but one address without cluster mode means a single node: enable cluster mode for a configuration endpoint, or list several seed addresses")
+		}
+	}
+	return nil
+}
+
+// checkEviction checks the INFO memory text info: maxmemory 0, or policy
+// noeviction.
+func checkEviction(info string) error {
+	policy := infoField(info, "maxmemory_policy")
+	if policy == "" {
+		return errors.New("INFO memory shows no maxmemory_policy, so the eviction policy cannot be checked (see Options.SkipEvictionCheck)")
+	}
+	if policy == "noeviction" {
+		return nil
+	}
+	limit := infoField(info, "maxmemory")
+	n, err := strconv.ParseInt(limit, 10, 64)
+	if err != nil {
+		return fmt.Errorf("INFO memory: maxmemory %q is not a number", limit)
+	}
+	if n == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: maxmemory-policy is %s with maxmemory %d bytes; every record has a TTL, so Redis may evict live records and a retried request would reach the upstream twice: set maxmemory-policy noeviction (or maxmemory 0)",
+		ErrEvictionPolicy, policy, n)
+}
+
+// infoField returns the value of field in INFO text, or "".
+func infoField(info, field string) string {
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
 }
 
 func checkKey(key string) error {

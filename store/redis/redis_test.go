@@ -79,6 +79,13 @@ func TestConformanceCluster(t *testing.T) {
 			return newStore(t, Options{Addrs: c.Addrs()})
 		})
 	})
+	// One seed address with ClusterMode, as behind an AWS ElastiCache
+	// configuration endpoint.
+	t.Run("one endpoint", func(t *testing.T) {
+		storetest.Run(t, func(t *testing.T) proxy.Store {
+			return newStore(t, Options{Addrs: c.Addrs()[:1], ClusterMode: true})
+		})
+	})
 
 	// The suite's keys are random, so they spread over the cluster; check
 	// that every node got some.
