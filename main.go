@@ -11,6 +11,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -150,21 +151,38 @@ type storeCloser interface {
 func (a *app) openStore(reg prometheus.Registerer) (storeCloser, string, error) {
 	if r := a.cfg.Store.Redis; r != nil {
 		opts := redis.Options{
-			Addrs:       r.Addrs,
-			MasterName:  r.MasterName,
-			DB:          r.DB,
-			KeyPrefix:   r.KeyPrefix,
-			DialTimeout: r.DialTimeout.D(),
-			OpTimeout:   r.OpTimeout.D(),
+			Addrs:             r.Addrs,
+			MasterName:        r.MasterName,
+			ClusterMode:       r.Cluster,
+			SkipEvictionCheck: r.SkipEvictionCheck,
+			DB:                r.DB,
+			KeyPrefix:         r.KeyPrefix,
+			DialTimeout:       r.DialTimeout.D(),
+			OpTimeout:         r.OpTimeout.D(),
 		}
-		if r.UsernameEnv != "" {
-			opts.Username = a.getenv(r.UsernameEnv)
-		}
-		if r.PasswordEnv != "" {
-			opts.Password = a.getenv(r.PasswordEnv)
+		for _, c := range []struct {
+			env string
+			dst *string
+		}{
+			{r.UsernameEnv, &opts.Username}, {r.PasswordEnv, &opts.Password},
+			{r.SentinelUsernameEnv, &opts.SentinelUsername}, {r.SentinelPasswordEnv, &opts.SentinelPassword},
+		} {
+			if c.env != "" {
+				*c.dst = a.getenv(c.env)
+			}
 		}
 		if r.TLS {
 			opts.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
+			if r.TLSCAFile != "" {
+				pem, err := os.ReadFile(r.TLSCAFile)
+				if err != nil {
+					return nil, "", fmt.Errorf("store.redis.tls_ca_file: %w", err)
+				}
+				opts.TLS.RootCAs = x509.NewCertPool()
+				if !opts.TLS.RootCAs.AppendCertsFromPEM(pem) {
+					return nil, "", fmt.Errorf("store.redis.tls_ca_file: no PEM certificate in %s", r.TLSCAFile)
+				}
+			}
 		}
 		s, err := redis.New(opts)
 		if err != nil {
@@ -290,7 +308,7 @@ func (a *app) serve(ctx context.Context) error {
 			log.Warn("the key API is disabled: " + cfg.Admin.TokenEnv + " is not set")
 		}
 		adm = admin.NewHandler(admin.Options{
-			Store: store, Routes: a, Gatherer: reg, Token: token, TokenEnv: cfg.Admin.TokenEnv,
+			Store: a.p.Store(), Routes: a, Gatherer: reg, Token: token, TokenEnv: cfg.Admin.TokenEnv,
 			Reload: a.reload, StoreOptional: a.storeOptional, Logger: log,
 		})
 		aln, err := net.Listen("tcp", cfg.Admin.Listen)

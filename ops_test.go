@@ -34,6 +34,7 @@ func TestMetricsScrape(t *testing.T) {
 	charge(p, "ORD-M1")
 	charge(p, "ORD-M1")
 	do("GET", p.url("/orders/ORD-M1/charges"), "")
+	do("GET", p.adminURL("/readyz"), "") // the admin side's store use is measured too
 	r := do("GET", p.adminURL("/metrics"), "")
 	if r.status != 200 {
 		t.Fatalf("/metrics = %d", r.status)
@@ -52,7 +53,8 @@ func TestMetricsScrape(t *testing.T) {
 		}
 	}
 	for _, prefix := range []string{"idemproxy_build_info{", "go_goroutines ", "process_resident_memory_bytes ",
-		"idemproxy_badger_lsm_size_bytes ", `idemproxy_store_operation_duration_seconds_count{operation="reserve",store="badger"}`} {
+		"idemproxy_badger_lsm_size_bytes ", `idemproxy_store_operation_duration_seconds_count{operation="reserve",store="badger"}`,
+		`idemproxy_store_operation_duration_seconds_count{operation="ping",store="badger"}`} {
 		if !strings.Contains(r.body, "\n"+prefix) {
 			t.Errorf("/metrics has no %s series", prefix)
 		}
@@ -256,5 +258,23 @@ func TestDashboardAndAlertsNameExportedMetrics(t *testing.T) {
 		if strings.HasPrefix(n, "idemproxy_") && !strings.Contains(string(dash), n) {
 			t.Errorf("the dashboard does not show %s", n)
 		}
+	}
+}
+
+// TestRedisTLSCAFile: a CA bundle without a certificate is refused when the
+// store opens, naming the field.
+func TestRedisTLSCAFile(t *testing.T) {
+	dir := t.TempDir()
+	ca := filepath.Join(dir, "ca.pem")
+	os.WriteFile(ca, []byte("not a certificate"), 0o600)
+	cfg := writeConfig(t, filepath.Join(dir, "c.yaml"), "http://127.0.0.1:9", "unused", "", chargesRoute)
+	b, _ := os.ReadFile(cfg)
+	y := strings.Replace(string(b), "  badger:\n    dir: unused\n",
+		"  redis:\n    addrs: [127.0.0.1:1]\n    tls: true\n    tls_ca_file: "+ca+"\n", 1)
+	os.WriteFile(cfg, []byte(y), 0o600)
+	var out strings.Builder
+	code := run(t.Context(), []string{"-config", cfg}, &out, &out, func(string) string { return "" })
+	if code != 1 || !strings.Contains(out.String(), "tls_ca_file: no PEM certificate") {
+		t.Errorf("exit %d, output %q; want 1 naming tls_ca_file", code, out.String())
 	}
 }

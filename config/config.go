@@ -87,12 +87,25 @@ type Redis struct {
 	// MasterName they are Sentinels.
 	Addrs      []string `yaml:"addrs"`
 	MasterName string   `yaml:"master_name"`
+	// Cluster makes a single address a Redis Cluster configuration
+	// endpoint (as managed services give one).
+	Cluster bool `yaml:"cluster"`
 	// UsernameEnv and PasswordEnv name environment variables; credentials
-	// never come from the file.
-	UsernameEnv string `yaml:"username_env"`
-	PasswordEnv string `yaml:"password_env"`
-	DB          int    `yaml:"db"`
-	TLS         bool   `yaml:"tls"`
+	// never come from the file. SentinelUsernameEnv and
+	// SentinelPasswordEnv do the same for the Sentinels themselves.
+	UsernameEnv         string `yaml:"username_env"`
+	PasswordEnv         string `yaml:"password_env"`
+	SentinelUsernameEnv string `yaml:"sentinel_username_env"`
+	SentinelPasswordEnv string `yaml:"sentinel_password_env"`
+	DB                  int    `yaml:"db"`
+	// TLS turns TLS on; TLSCAFile, when set, is a PEM bundle of the CAs to
+	// trust instead of the system's.
+	TLS       bool   `yaml:"tls"`
+	TLSCAFile string `yaml:"tls_ca_file"`
+	// SkipEvictionCheck stops /readyz from checking that Redis cannot
+	// evict records (maxmemory-policy noeviction), for a Redis that hides
+	// INFO memory and is known to be configured so.
+	SkipEvictionCheck bool `yaml:"skip_eviction_check"`
 	// KeyPrefix prefixes every Redis key. Default "idemproxy:".
 	KeyPrefix string `yaml:"key_prefix"`
 	// DialTimeout default 1s; OpTimeout default 500ms.

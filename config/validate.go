@@ -144,7 +144,10 @@ func (c *Config) validateStore(p *problems) {
 		if r.MasterName != "" && len(r.Addrs) == 0 {
 			p.add("store.redis.master_name", "needs the Sentinel addresses in addrs")
 		}
-		for _, e := range []struct{ field, name string }{{"username_env", r.UsernameEnv}, {"password_env", r.PasswordEnv}} {
+		for _, e := range []struct{ field, name string }{
+			{"username_env", r.UsernameEnv}, {"password_env", r.PasswordEnv},
+			{"sentinel_username_env", r.SentinelUsernameEnv}, {"sentinel_password_env", r.SentinelPasswordEnv},
+		} {
 			if e.name == "" {
 				continue
 			}
@@ -157,7 +160,21 @@ func (c *Config) validateStore(p *problems) {
 		if r.DB < 0 {
 			p.add("store.redis.db", "must not be negative")
 		}
-		if r.DB != 0 && len(r.Addrs) > 1 && r.MasterName == "" {
+		if (r.SentinelUsernameEnv != "" || r.SentinelPasswordEnv != "") && r.MasterName == "" {
+			p.add("store.redis.sentinel_password_env", "Sentinel credentials need master_name")
+		}
+		if r.Cluster && r.MasterName != "" {
+			p.add("store.redis.cluster", "a Redis Cluster has no master_name (that is Sentinel)")
+		}
+		if r.TLSCAFile != "" {
+			if !r.TLS {
+				p.add("store.redis.tls_ca_file", "needs tls: true")
+			}
+			if _, err := os.Stat(r.TLSCAFile); err != nil {
+				p.add("store.redis.tls_ca_file", "%v", err)
+			}
+		}
+		if r.DB != 0 && (len(r.Addrs) > 1 || r.Cluster) && r.MasterName == "" {
 			p.add("store.redis.db", "a Redis Cluster has only database 0")
 		}
 		if r.DialTimeout <= 0 {

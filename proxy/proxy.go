@@ -234,6 +234,11 @@ func cleanPath(p string) string {
 	return c
 }
 
+// Store returns the proxy's store with its metrics: other users of the
+// store (the admin API, readiness) go through it so that their operations
+// are measured and their failures counted too.
+func (p *Proxy) Store() Store { return p.store }
+
 // HasRoute reports whether the current configuration has a route named name.
 func (p *Proxy) HasRoute(name string) bool {
 	_, ok := p.table.Load().routes[name]
