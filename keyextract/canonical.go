@@ -147,6 +147,11 @@ func (c *canonicalizer) object(v gjson.Result, path string, tracked bool) error 
 	seen := map[string]string{}
 	var err error
 	v.ForEach(func(k, val gjson.Result) bool {
+		if !utf8.ValidString(k.Str) {
+			// As encoding/json reads it, before sorting: each invalid
+			// byte is U+FFFD.
+			k.Str = string([]rune(k.Str))
+		}
 		folded := foldName(k.Str)
 		if first, dup := seen[folded]; dup {
 			err = fmt.Errorf("the names %q and %q in one object are the same name to case-insensitive readers", first, k.Str)
