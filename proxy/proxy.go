@@ -189,18 +189,26 @@ func register(mux *http.ServeMux, pattern string, h http.Handler) (err error) {
 // other is proxied untouched, without touching the store.
 //
 // A path that is not in canonical form ("/charges/", "//charges",
-// "/a/../charges") is matched in its cleaned form, since many upstreams
-// treat both as one endpoint: the request is protected by that route and
-// forwarded as sent. Paths are matched case-sensitively.
+// "/a/../charges", "/v1%2Fcharges") is matched in its cleaned, decoded form
+// (with and without a trailing slash), since many upstreams treat them as
+// one endpoint: the request is protected by that route and forwarded as
+// sent. Paths are matched case-sensitively.
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	t := p.table.Load()
 	if t.matches(r) {
 		t.mux.ServeHTTP(w, r) // sets the path wildcards, then serveRoute
 		return
 	}
-	if clean := cleanPath(r.URL.Path); clean != r.URL.Path {
+	// The cleaned, decoded path ("/v1%2Fcharges" is /v1/charges to many
+	// upstreams), and the same with a trailing slash for patterns that end
+	// in one.
+	clean := cleanPath(r.URL.Path)
+	for _, c := range []string{clean, clean + "/"} {
+		if c == "//" || (c == r.URL.Path && r.URL.RawPath == "") {
+			continue // the root twice, or the match already tried
+		}
 		u := *r.URL
-		u.Path, u.RawPath = clean, ""
+		u.Path, u.RawPath = c, ""
 		rc := r.WithContext(context.WithValue(r.Context(), sentURLKey{}, r.URL))
 		rc.URL = &u
 		if t.matches(rc) {

@@ -577,4 +577,8 @@ func TestQueryIsPartOfTheRequest(t *testing.T) {
 		t.Errorf("same query, other order: %s, want a replay", a)
 	}
 	wantStatus(t, "other query", e.do("POST", "/orders/O-Q/charges?amount=900&currency=EUR", `{"amount": 1}`, "Idempotency-Key", "k"), 422, "fingerprint-mismatch")
+	// Queries Go cannot parse are fingerprinted too.
+	wantStatus(t, "unparsable", e.do("POST", "/orders/O-Q/charges?amount=100;", `{"amount": 1}`, "Idempotency-Key", "k2"), 201, "")
+	wantStatus(t, "other unparsable", e.do("POST", "/orders/O-Q/charges?amount=900;", `{"amount": 1}`, "Idempotency-Key", "k2"), 422, "fingerprint-mismatch")
+	wantStatus(t, "bad escape", e.do("POST", "/orders/O-Q/charges?amount=%zz9", `{"amount": 1}`, "Idempotency-Key", "k2"), 422, "fingerprint-mismatch")
 }

@@ -13,7 +13,9 @@ import (
 	"net/http/httptrace"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -87,8 +89,8 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 	// The target is the (cleaned) path and the query, parameters sorted:
 	// the same key with another query is another request.
 	target := r.URL.Path
-	if q := r.URL.Query(); len(q) > 0 {
-		target += "?" + q.Encode()
+	if raw := r.URL.RawQuery; raw != "" {
+		target += "?" + canonicalQuery(raw)
 	}
 	fp, jsonErr := keyextract.Fingerprint(r.Method, target, body, cfg.Fingerprint.Ignore)
 	if rt.spec.NeedsJSON() && jsonErr != nil {
@@ -168,6 +170,18 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 		a.answerExisting(w, rec)
 		return
 	}
+}
+
+// canonicalQuery sorts the parameters of a query string. A query Go cannot
+// parse (a ';', a bad escape) is sorted as raw pairs, so that no part of it
+// is left out of the fingerprint.
+func canonicalQuery(raw string) string {
+	if q, err := url.ParseQuery(raw); err == nil {
+		return q.Encode()
+	}
+	pairs := strings.FieldsFunc(raw, func(r rune) bool { return r == '&' || r == ';' })
+	slices.Sort(pairs)
+	return "raw:" + strings.Join(pairs, "&")
 }
 
 // readBody buffers the request body up to limit bytes.

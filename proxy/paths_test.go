@@ -1,0 +1,72 @@
+package proxy_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"path"
+	"strings"
+	"sync/atomic"
+	"testing"
+)
+
+// An upstream that routes on the decoded path (gorilla/mux default,
+// Go's pre-1.22 ServeMux, nginx location matching) and treats a trailing
+// slash as the same endpoint (Express non-strict routing).
+func decodedPathUpstream(t *testing.T, endpoint string, n *atomic.Int32) string {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == "POST" && path.Clean(r.URL.Path) == endpoint {
+			n.Add(1)
+		}
+		w.WriteHeader(201)
+	}))
+	t.Cleanup(up.Close)
+	return up.URL
+}
+
+func rawPost(t *testing.T, e *env, rawPath, key string) int {
+	req, _ := http.NewRequest("POST", e.srv.URL+"/", strings.NewReader(`{}`))
+	req.URL.Opaque = rawPath // sent byte for byte
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := e.srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// TestEncodedSlashIsProtected: "/v1%2Fcharges" is /v1/charges to upstreams
+// that route on the decoded path; it must not pass through unprotected.
+func TestEncodedSlashIsProtected(t *testing.T) {
+	var n atomic.Int32
+	e := &env{t: t}
+	e.start(decodedPathUpstream(t, "/v1/charges", &n), `
+  - name: charges
+    match: POST /v1/charges
+    key: {header: Idempotency-Key}
+`)
+	rawPost(t, e, "/v1%2Fcharges", "k1")
+	rawPost(t, e, "/v1%2Fcharges", "k1")
+	if n.Load() != 1 {
+		t.Errorf("/v1%%2Fcharges with one key charged %d times", n.Load())
+	}
+}
+
+// TestTrailingSlashPatternIsProtected: a pattern that ends in a slash
+// protects the same path without it, and unclean variants of it.
+func TestTrailingSlashPatternIsProtected(t *testing.T) {
+	for _, p := range []string{"/charges", "/charges//", "/charges/."} {
+		var n atomic.Int32
+		e := &env{t: t}
+		e.start(decodedPathUpstream(t, "/charges", &n), `
+  - name: charges
+    match: POST /charges/{$}
+    key: {header: Idempotency-Key}
+`)
+		rawPost(t, e, p, "k1")
+		rawPost(t, e, p, "k1")
+		if n.Load() != 1 {
+			t.Errorf("%s with one key charged %d times", p, n.Load())
+		}
+	}
+}
