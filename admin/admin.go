@@ -231,7 +231,13 @@ func (h *Handler) deleteKey(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"error": "store unavailable: " + err.Error()})
 		return
 	}
-	if prev != nil && prev.State == proxy.StateInFlight && r.URL.Query().Get("force") != "true" {
+	if prev == nil {
+		// Nothing to delete: deleting anyway could remove a reservation
+		// made since, whose request is at the upstream now.
+		writeJSON(w, http.StatusNotFound, map[string]any{"error": "no record for this key (never seen, released or expired)"})
+		return
+	}
+	if prev.State == proxy.StateInFlight && r.URL.Query().Get("force") != "true" {
 		// Its request is at the upstream right now: a retry let through
 		// by a release would be forwarded a second time.
 		writeJSON(w, http.StatusConflict, map[string]any{

@@ -300,6 +300,9 @@ func emptyStores(b []byte) []string {
 		return nil
 	}
 	store := mappingValue(root.Content[0], "store")
+	if store != nil && store.Tag == "!!null" {
+		return []string{"store: the section is empty; give badger or redis, or remove it"}
+	}
 	var problems []string
 	for _, name := range []string{"badger", "redis"} {
 		if v := mappingValue(store, name); v != nil && v.Tag == "!!null" {

@@ -710,6 +710,11 @@ func TestEmptyStoreSection(t *testing.T) {
 			t.Errorf("store.%s with nothing under it: err = %v, want it reported", store, err)
 		}
 	}
+	y := "listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:9000\nstore:\n  # redis: {addrs: [redis:6379]}\n" +
+		"routes:\n  - {name: c, match: POST /c, key: {json: id}}\n"
+	if _, err := Parse([]byte(y)); err == nil || !strings.Contains(err.Error(), "store: the section is empty") {
+		t.Errorf("store with nothing under it: err = %v, want it reported", err)
+	}
 }
 
 func TestListenersAndHostKey(t *testing.T) {
