@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -276,5 +277,20 @@ func TestRedisTLSCAFile(t *testing.T) {
 	code := run(t.Context(), []string{"-config", cfg}, &out, &out, func(string) string { return "" })
 	if code != 1 || !strings.Contains(out.String(), "tls_ca_file: no PEM certificate") {
 		t.Errorf("exit %d, output %q; want 1 naming tls_ca_file", code, out.String())
+	}
+}
+
+// TestREADMEListsEveryProblem keeps the README's table of answers in step
+// with the problems the proxy can answer with.
+func TestREADMEListsEveryProblem(t *testing.T) {
+	b, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range proxy.Problems() {
+		row := fmt.Sprintf("| %d | `%s` |", p.Status, p.Name)
+		if !strings.Contains(string(b), row) {
+			t.Errorf("the README's answers table has no row %q", row)
+		}
 	}
 }
