@@ -32,7 +32,6 @@ func NewTransport() *http.Transport {
 type noResend struct {
 	base      http.RoundTripper
 	fresh     http.RoundTripper // keep-alives off
-	renameHdr bool
 }
 
 func newNoResend(base http.RoundTripper) http.RoundTripper {
