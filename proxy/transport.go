@@ -30,8 +30,8 @@ func NewTransport() *http.Transport {
 // transport does not look up (header names are case-insensitive on the
 // wire), and requests with an idempotent method never reuse a connection.
 type noResend struct {
-	base      http.RoundTripper
-	fresh     http.RoundTripper // keep-alives off
+	base  http.RoundTripper
+	fresh http.RoundTripper // keep-alives off
 }
 
 func newNoResend(base http.RoundTripper) http.RoundTripper {
