@@ -1,0 +1,367 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"reflect"
+	"runtime"
+	"sync"
+	"syscall"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/idemproxy/idemproxy/admin"
+	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store/badger"
+	"github.com/idemproxy/idemproxy/store/redis"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// app is a running idemproxy.
+type app struct {
+	log    *slog.Logger
+	path   string
+	getenv func(string) string
+
+	mu       sync.Mutex // serialises reloads
+	cfg      *config.Config
+	p        *proxy.Proxy
+	reloadOK prometheus.Gauge
+	reloadTS prometheus.Gauge
+}
+
+// storeCloser is a store the program opens and closes.
+type storeCloser interface {
+	proxy.Store
+	Close() error
+}
+
+// openStore opens the configured store and names it for the metrics.
+func (a *app) openStore(reg prometheus.Registerer) (storeCloser, string, error) {
+	if r := a.cfg.Store.Redis; r != nil {
+		opts := redis.Options{
+			Addrs:             r.Addrs,
+			MasterName:        r.MasterName,
+			ClusterMode:       r.Cluster,
+			SkipEvictionCheck: r.SkipEvictionCheck,
+			DB:                r.DB,
+			KeyPrefix:         r.KeyPrefix,
+			DialTimeout:       r.DialTimeout.D(),
+			OpTimeout:         r.OpTimeout.D(),
+		}
+		for _, c := range []struct {
+			env string
+			dst *string
+		}{
+			{r.UsernameEnv, &opts.Username}, {r.PasswordEnv, &opts.Password},
+			{r.SentinelUsernameEnv, &opts.SentinelUsername}, {r.SentinelPasswordEnv, &opts.SentinelPassword},
+		} {
+			if c.env != "" {
+				*c.dst = a.getenv(c.env)
+			}
+		}
+		if r.TLS {
+			opts.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
+			if r.TLSCAFile != "" {
+				pem, err := os.ReadFile(r.TLSCAFile)
+				if err != nil {
+					return nil, "", fmt.Errorf("store.redis.tls_ca_file: %w", err)
+				}
+				opts.TLS.RootCAs = x509.NewCertPool()
+				if !opts.TLS.RootCAs.AppendCertsFromPEM(pem) {
+					return nil, "", fmt.Errorf("store.redis.tls_ca_file: no PEM certificate in %s", r.TLSCAFile)
+				}
+			}
+		}
+		s, err := redis.New(opts)
+		if err != nil {
+			return nil, "", err
+		}
+		// go-redis logs every failed dial; the store's errors already reach
+		// the log and the metrics, so its own lines go to debug.
+		goredis.SetLogger(redisLogger{a.log})
+		return s, "redis", nil
+	}
+	b := a.cfg.Store.Badger
+	s, err := badger.Open(badger.Options{
+		Dir:        b.Dir,
+		SyncWrites: *b.SyncWrites,
+		GCInterval: b.GCInterval.D(),
+		Logger:     a.log,
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	registerBadgerMetrics(reg, s)
+	return s, "badger", nil
+}
+
+// registerBadgerMetrics exports Badger's size on disk, the figure an
+// operator watches for a store that grows without bound.
+func registerBadgerMetrics(reg prometheus.Registerer, s *badger.Store) {
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "idemproxy_badger_lsm_size_bytes",
+			Help: "Size of Badger's LSM tree on disk.",
+		}, func() float64 { lsm, _ := s.Sizes(); return float64(lsm) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "idemproxy_badger_vlog_size_bytes",
+			Help: "Size of Badger's value log on disk.",
+		}, func() float64 { _, vlog := s.Sizes(); return float64(vlog) }),
+	)
+}
+
+// redisLogger sends go-redis' internal log to slog at debug level.
+type redisLogger struct{ log *slog.Logger }
+
+func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	l.log.Debug("redis: " + fmt.Sprintf(format, v...))
+}
+
+// newRegistry returns the registry of the program's own metrics; the
+// store and the proxy add theirs.
+func (a *app) newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	a.registerMetrics(reg)
+	return reg
+}
+
+// registerMetrics registers the process, build and reload metrics.
+func (a *app) registerMetrics(reg prometheus.Registerer) {
+	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "idemproxy_build_info",
+		Help: "Always 1; the labels name the running build.",
+	}, []string{"version", "goversion"})
+	buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
+	a.reloadOK = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "idemproxy_config_last_reload_successful",
+		Help: "1 if the last configuration (re)load succeeded, 0 if it failed and the previous one is still running.",
+	})
+	a.reloadTS = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "idemproxy_config_last_reload_success_timestamp_seconds",
+		Help: "Unix time of the last successful configuration (re)load.",
+	})
+	reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		buildInfo, a.reloadOK, a.reloadTS,
+	)
+	a.reloadOK.Set(1)
+	a.reloadTS.SetToCurrentTime()
+}
+
+// serve runs the proxy until ctx is cancelled, then shuts down gracefully.
+func (a *app) serve(ctx context.Context) error {
+	cfg, log := a.cfg, a.log
+	// From the start: an unhandled SIGHUP would kill the process.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	reg := a.newRegistry()
+	store, storeName, err := a.openStore(reg)
+	if err != nil {
+		return fmt.Errorf("open store: %w", err)
+	}
+	defer func() {
+		if err := store.Close(); err != nil {
+			log.Error("close store", "err", err)
+		}
+	}()
+	a.p, err = proxy.New(cfg, proxy.Options{
+		Store: store, StoreName: storeName, Logger: log, Metrics: proxy.NewMetrics(reg),
+	})
+	if err != nil {
+		return err
+	}
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	srv := &http.Server{
+		Handler:           a.p,
+		ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout.D(),
+		ReadTimeout:       cfg.Server.ReadTimeout.D(),
+		IdleTimeout:       cfg.Server.IdleTimeout.D(),
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	errc := make(chan error, 2)
+	go func() { errc <- srv.Serve(ln) }()
+
+	var adm *admin.Handler
+	var admSrv *http.Server
+	if cfg.Admin.Listen != "" {
+		token := a.getenv(cfg.Admin.TokenEnv)
+		if token == "" {
+			log.Warn("the key API is disabled: " + cfg.Admin.TokenEnv + " is not set")
+		}
+		adm = admin.NewHandler(admin.Options{
+			Store: a.p.Store(), Routes: a, Gatherer: reg, Token: token, TokenEnv: cfg.Admin.TokenEnv,
+			Reload: a.reload, StoreOptional: a.storeOptional, Logger: log,
+		})
+		aln, err := net.Listen("tcp", cfg.Admin.Listen)
+		if err != nil {
+			srv.Close()
+			return fmt.Errorf("admin listen: %w", err)
+		}
+		admSrv = &http.Server{Handler: adm, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+			WriteTimeout: 30 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+		go func() { errc <- admSrv.Serve(aln) }()
+		log.Info("admin listening", "addr", aln.Addr().String())
+	}
+	log.Info("idemproxy listening", "addr", ln.Addr().String(), "upstream", cfg.Upstream,
+		"store", storeName, "routes", len(cfg.Routes), "version", version, "config", a.path)
+
+	for done := false; !done; {
+		select {
+		case err := <-errc:
+			srv.Close()
+			if admSrv != nil {
+				admSrv.Close()
+			}
+			return fmt.Errorf("serve: %w", err)
+		case <-hup:
+			a.reload()
+		case <-ctx.Done():
+			done = true
+		}
+	}
+
+	// Shut down: not ready at once, keep serving for the drain delay while
+	// load balancers notice, then finish what is in flight.
+	if adm != nil {
+		adm.SetStopping()
+	}
+	sc := a.currentServer()
+	log.Info("shutting down", "drain_delay", sc.DrainDelay.D(), "timeout", sc.ShutdownTimeout.D())
+	time.Sleep(sc.DrainDelay.D())
+	sctx, cancel := context.WithTimeout(context.Background(), sc.ShutdownTimeout.D())
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		log.Warn("shutdown deadline passed: requests still waiting for the upstream leave their keys in doubt")
+		a.p.Abort()
+		srv.Close()
+	}
+	a.p.Wait()
+	if admSrv != nil {
+		actx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		admSrv.Shutdown(actx)
+	}
+	log.Info("idemproxy stopped")
+	return nil
+}
+
+func (a *app) currentServer() config.Server {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.cfg.Server
+}
+
+// RouteScope implements admin.Routes over the running configuration.
+func (a *app) RouteScope(name string) (string, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, r := range a.cfg.Routes {
+		if r.Name == name {
+			return r.Scope.Header, true
+		}
+	}
+	return "", false
+}
+
+// storeOptional reports whether every route of the running configuration
+// forwards when the store fails.
+func (a *app) storeOptional() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, r := range a.cfg.Routes {
+		if r.OnStoreError != config.StoreErrorForward {
+			return false
+		}
+	}
+	return true
+}
+
+// reload re-reads the configuration file and swaps it in; a file that does
+// not load, or that changes what only a restart can change, keeps the
+// running configuration.
+func (a *app) reload() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	cfg, err := config.Load(a.path)
+	if err == nil {
+		err = needsRestart(a.cfg, cfg)
+	}
+	if err == nil {
+		err = a.p.Reload(cfg)
+	}
+	if err != nil {
+		a.reloadOK.Set(0)
+		a.log.Error("configuration reload failed; the running configuration is kept", "config", a.path, "err", err)
+		return err
+	}
+	for _, w := range keysMoved(a.cfg, cfg) {
+		a.log.Warn("route key definition changed: keys stored under the old definition are no longer found, "+
+			"so their duplicates will be forwarded", "route", w)
+	}
+	a.cfg = cfg
+	a.reloadOK.Set(1)
+	a.reloadTS.SetToCurrentTime()
+	a.log.Info("configuration reloaded", "config", a.path, "routes", len(cfg.Routes))
+	return nil
+}
+
+// keysMoved names the routes of old whose store keys new builds
+// differently (renamed away, or another key source or scope).
+func keysMoved(old, new *config.Config) []string {
+	byName := map[string]config.Route{}
+	for _, r := range new.Routes {
+		byName[r.Name] = r
+	}
+	var moved []string
+	for _, r := range old.Routes {
+		n, ok := byName[r.Name]
+		if !ok || !reflect.DeepEqual(n.Key, r.Key) || n.Scope != r.Scope {
+			moved = append(moved, r.Name)
+		}
+	}
+	return moved
+}
+
+// needsRestart reports the settings that differ between old and new but
+// only take effect at start.
+func needsRestart(old, new *config.Config) error {
+	var changed []string
+	if old.Listen != new.Listen {
+		changed = append(changed, "listen")
+	}
+	if old.Admin != new.Admin {
+		changed = append(changed, "admin")
+	}
+	if !reflect.DeepEqual(old.Store, new.Store) {
+		changed = append(changed, "store")
+	}
+	oldS, newS := old.Server, new.Server
+	oldS.DrainDelay, newS.DrainDelay = 0, 0
+	oldS.ShutdownTimeout, newS.ShutdownTimeout = 0, 0
+	oldS.PassthroughTimeout, newS.PassthroughTimeout = 0, 0
+	if oldS != newS {
+		changed = append(changed, "server timeouts")
+	}
+	if len(changed) > 0 {
+		return fmt.Errorf("%v changed: restart idemproxy to apply", changed)
+	}
+	return nil
+}

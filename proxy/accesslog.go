@@ -1,0 +1,30 @@
+package proxy
+
+import (
+	"context"
+	"log/slog"
+	"time"
+)
+
+// finish counts a handled request and writes its access log line.
+func (p *Proxy) finish(a *attempt) {
+	d := time.Since(a.start)
+	route := a.routeName()
+	p.m.requests.WithLabelValues(route, string(a.outcome)).Inc()
+	p.m.duration.WithLabelValues(route, string(a.outcome)).Observe(d.Seconds())
+	attrs := []slog.Attr{
+		slog.String("route", route),
+		slog.String("method", a.in.Method),
+		slog.String("path", a.in.URL.Path),
+		slog.String("outcome", string(a.outcome)),
+		slog.Int("status", a.status),
+		slog.Float64("duration_ms", float64(d.Microseconds())/1000),
+	}
+	if a.upstream > 0 {
+		attrs = append(attrs, slog.Float64("upstream_ms", float64(a.upstream.Microseconds())/1000))
+	}
+	if a.storeKey != "" {
+		attrs = append(attrs, slog.String("key_hash", keyHash(a.storeKey)))
+	}
+	p.log.LogAttrs(context.Background(), slog.LevelInfo, "request", attrs...)
+}

@@ -1,0 +1,296 @@
+package proxy
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptrace"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/keyextract"
+)
+
+// attempt is one request's journey through the proxy.
+type attempt struct {
+	p     *Proxy
+	rt    *route // nil for passthrough
+	in    *http.Request
+	start time.Time
+
+	storeKey string
+	token    string // empty: the request is not protected by a reservation
+	settled  bool
+
+	outcome    Outcome
+	status     int
+	upstreamAt time.Time
+	upstream   time.Duration
+
+	// wrote is set once the request's headers were written to the
+	// upstream connection: before that, a failure proves it was not sent.
+	wrote atomic.Bool
+}
+
+// errUpstreamTimeout is the cause of an upstream request cancelled by the
+// route's upstream_timeout.
+var errUpstreamTimeout = fmt.Errorf("upstream timeout: %w", context.DeadlineExceeded)
+
+// traced returns ctx with a trace that records when a's request headers
+// have been written.
+func (a *attempt) traced(ctx context.Context) context.Context {
+	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: func() { a.wrote.Store(true) }})
+}
+
+type attemptKey struct{}
+
+func (a *attempt) routeName() string {
+	if a.rt == nil {
+		return ""
+	}
+	return a.rt.cfg.Name
+}
+
+// problem answers with a proxy-made error and records the outcome.
+func (a *attempt) problem(w http.ResponseWriter, o Outcome, p problem, detail string, retryAfter int, ext map[string]any) {
+	a.outcome, a.status = o, p.status
+	writeProblem(w, a.in, p, detail, retryAfter, ext)
+}
+
+func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
+	a := &attempt{p: p, rt: rt, in: r, start: time.Now()}
+	gauge := p.m.inFlight.WithLabelValues(rt.cfg.Name)
+	gauge.Inc()
+	defer gauge.Dec()
+	defer p.finish(a)
+	cfg := &rt.cfg
+	if !p.active.enter() {
+		a.problem(w, OutcomeStoreError, probShuttingDown, "the proxy is shutting down; retry on another instance", 1, nil)
+		return
+	}
+	defer p.active.leave()
+
+	body, ok := a.readBody(w, cfg.MaxBodyBytes)
+	if !ok {
+		return
+	}
+	// The target is the (cleaned) path and the query, parameters sorted:
+	// the same key with another query is another request.
+	target := r.URL.Path
+	if raw := r.URL.RawQuery; raw != "" {
+		target += "?" + canonicalQuery(raw)
+	}
+	fp, jsonErr := keyextract.Fingerprint(r.Method, target, body, cfg.Fingerprint.Ignore)
+	if rt.spec.NeedsJSON() && jsonErr != nil {
+		a.problem(w, OutcomeBadRequest, probInvalidJSON, jsonErr.Error(), 0, nil)
+		return
+	}
+	if cfg.Fingerprint.Disabled {
+		fp = ""
+	}
+	key, err := rt.spec.Extract(r, body)
+	if err != nil {
+		if errors.Is(err, keyextract.ErrMissing) && cfg.OnMissingKey == config.MissingKeyForward {
+			a.outcome = OutcomeUnprotected
+			p.forward(w, a, body)
+			return
+		}
+		prob := probInvalidKey
+		switch {
+		case errors.Is(err, keyextract.ErrMissing):
+			prob = probMissingKey
+		case errors.Is(err, keyextract.ErrBadJSON):
+			prob = probInvalidJSON
+		}
+		a.problem(w, OutcomeBadRequest, prob, err.Error(), 0, nil)
+		return
+	}
+	var scope string
+	if h := cfg.Scope.Header; h != "" {
+		if scope = r.Header.Get(h); scope == "" {
+			a.problem(w, OutcomeBadRequest, probMissingScope, "this route keeps one key space per "+h+" header", 0, nil)
+			return
+		}
+	}
+	a.storeKey = StoreKey(cfg.Name, scope, key)
+	res := Reservation{Token: rand.Text(), Fingerprint: fp, Lease: cfg.Lease.D(), TTL: cfg.TTL.D()}
+	waitUntil := time.Now().Add(cfg.WaitTimeout.D())
+	for {
+		// A client that hangs up now does not undo its request: the
+		// reservation and the forward run to the end, and the answer is
+		// stored for its retry.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), storeTimeout)
+		rec, err := p.store.Reserve(rctx, a.storeKey, res)
+		cancel()
+		if err != nil {
+			// The reservation may have been applied with its reply lost:
+			// take it back, so the key is not left in flight (and then in
+			// doubt) for a request that was never forwarded.
+			p.releaseLater(a.storeKey, res.Token)
+			a.storeFailed(w, body, "reserve", err)
+			return
+		}
+		if rec == nil {
+			a.token = res.Token
+			p.forward(w, a, body)
+			return
+		}
+		if fp != "" && rec.Fingerprint != "" && rec.Fingerprint != fp {
+			a.problem(w, OutcomeMismatch, probMismatch,
+				"this key was first used with another request (method, path or body); a new request needs a new key", 0, nil)
+			return
+		}
+		if rec.State == StateInFlight && cfg.Concurrent == config.ConcurrentWait && time.Now().Before(waitUntil) {
+			rec, err = p.waitSettled(r.Context(), a.storeKey, waitUntil)
+			if err != nil && r.Context().Err() != nil {
+				a.outcome = OutcomeConflict // the client stopped waiting
+				return
+			}
+			if err != nil {
+				a.storeFailed(w, body, "get", err)
+				return
+			}
+			// Settled, released or still in flight at the deadline: ask
+			// again, so the answer is checked against this request's
+			// fingerprint (another request may have taken the key).
+			continue
+		}
+		a.answerExisting(w, rec)
+		return
+	}
+}
+
+// canonicalQuery sorts the parameters of a query string. A query Go cannot
+// parse (a ';', a bad escape) is sorted as raw pairs, so that no part of it
+// is left out of the fingerprint.
+func canonicalQuery(raw string) string {
+	if q, err := url.ParseQuery(raw); err == nil {
+		return q.Encode()
+	}
+	pairs := strings.FieldsFunc(raw, func(r rune) bool { return r == '&' || r == ';' })
+	slices.Sort(pairs)
+	return "raw:" + strings.Join(pairs, "&")
+}
+
+// readBody buffers the request body up to limit bytes.
+func (a *attempt) readBody(w http.ResponseWriter, limit int64) ([]byte, bool) {
+	r := a.in
+	tooLarge := func() ([]byte, bool) {
+		a.problem(w, OutcomeBadRequest, probBodyTooLarge,
+			fmt.Sprintf("this route accepts bodies of at most %d bytes", limit), 0, map[string]any{"max_body_bytes": limit})
+		return nil, false
+	}
+	if r.ContentLength > limit {
+		return tooLarge()
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return tooLarge()
+		}
+		a.problem(w, OutcomeBadRequest, probUnreadableBody, err.Error(), 0, nil)
+		return nil, false
+	}
+	return body, true
+}
+
+// releaseLater releases a reservation that may or may not exist, in the
+// background; the owner token makes that safe.
+func (p *Proxy) releaseLater(key, token string) {
+	release := func() {
+		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+		defer cancel()
+		p.store.Release(ctx, key, token)
+	}
+	if !p.active.enter() { // shutting down: the store closes soon
+		release()
+		return
+	}
+	go func() {
+		defer p.active.leave()
+		release()
+	}()
+}
+
+// storeFailed answers a store failure: 503, or the request forwarded
+// unprotected under on_store_error: forward.
+func (a *attempt) storeFailed(w http.ResponseWriter, body []byte, op string, err error) {
+	a.p.log.Error("store failed", "route", a.routeName(), "operation", op, "key_hash", keyHash(a.storeKey), "err", err)
+	a.outcome = OutcomeStoreError
+	if a.rt.cfg.OnStoreError == config.StoreErrorForward {
+		a.p.forward(w, a, body)
+		return
+	}
+	a.problem(w, OutcomeStoreError, probStoreUnavailable, "the idempotency store cannot be reached; retry later", 1, nil)
+}
+
+// waitSettled polls the record under key until it is no longer in flight,
+// the deadline passes or the client goes away, and returns it (nil when it
+// was released).
+func (p *Proxy) waitSettled(ctx context.Context, key string, until time.Time) (*Record, error) {
+	delay := 5 * time.Millisecond
+	for {
+		t := time.NewTimer(min(delay, time.Until(until)))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+		rec, err := p.store.Get(ctx, key)
+		if err != nil || rec == nil || rec.State != StateInFlight || !time.Now().Before(until) {
+			return rec, err
+		}
+		delay = min(delay*2, 100*time.Millisecond)
+	}
+}
+
+// answerExisting answers a request whose key is already known.
+func (a *attempt) answerExisting(w http.ResponseWriter, rec *Record) {
+	switch rec.State {
+	case StateInFlight:
+		a.problem(w, OutcomeConflict, probInFlight,
+			"a request with this key is being forwarded now; retry after it has been answered", 1, nil)
+	case StateCompleted:
+		resp := rec.Response
+		if resp == nil {
+			resp = &Response{}
+		}
+		switch {
+		case a.rt.cfg.Duplicate == config.DuplicateReject:
+			a.problem(w, OutcomeDuplicate, probDuplicate, "this key was already processed", 0,
+				map[string]any{"stored_status": resp.Status})
+		case !resp.BodyStored:
+			a.problem(w, OutcomeDuplicate, probNotReplayable,
+				"this key was already processed, but its answer was larger than the route's max_stored_body_bytes", 0,
+				map[string]any{"stored_status": resp.Status})
+		default:
+			a.outcome, a.status = OutcomeReplayed, resp.Status
+			h := w.Header()
+			for k, vs := range resp.Header {
+				h[k] = vs
+			}
+			h.Set("Idempotent-Replayed", "true")
+			h.Set("Content-Length", strconv.Itoa(len(resp.Body)))
+			w.WriteHeader(resp.Status)
+			w.Write(resp.Body)
+		}
+	default:
+		ext := map[string]any{}
+		if !rec.ExpiresAt.IsZero() {
+			ext["expires_at"] = rec.ExpiresAt.UTC().Format(time.RFC3339)
+		}
+		a.problem(w, OutcomeConflict, probInDoubt,
+			"an earlier request with this key may have reached the upstream, but its answer was lost; "+
+				"check the upstream, then release the key through the admin API, or wait for it to expire", 0, ext)
+	}
+}

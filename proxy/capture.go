@@ -1,0 +1,71 @@
+package proxy
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+)
+
+// capture passes the upstream's body through to the client and keeps a
+// copy up to limit bytes. When the body ends, the answer is committed; if
+// the client went away first, the rest is still read so the answer can be
+// stored; if the upstream's body breaks off, the key is in doubt.
+type capture struct {
+	rc    io.ReadCloser
+	a     *attempt
+	resp  *http.Response
+	limit int64
+	buf   bytes.Buffer
+	over  bool
+	eof   bool
+	err   error
+	done  bool
+}
+
+func (c *capture) keep(p []byte) (int, error) {
+	if !c.over {
+		if int64(c.buf.Len()+len(p)) > c.limit {
+			c.over = true
+			c.buf = bytes.Buffer{}
+		} else {
+			c.buf.Write(p)
+		}
+	}
+	return len(p), nil
+}
+
+func (c *capture) Read(p []byte) (int, error) {
+	n, err := c.rc.Read(p)
+	c.keep(p[:n])
+	switch {
+	case err == io.EOF:
+		c.eof = true
+	case err != nil:
+		c.err = err
+	}
+	return n, err
+}
+
+func (c *capture) Close() error {
+	if !c.done {
+		c.done = true
+		if !c.eof && c.err == nil {
+			if _, err := io.Copy(writerFunc(c.keep), c.rc); err != nil {
+				c.err = err
+			} else {
+				c.eof = true
+			}
+		}
+		if c.eof {
+			c.a.commit(c.resp.StatusCode, c.resp.Header, c.buf.Bytes(), !c.over)
+		} else {
+			c.a.p.log.Warn("upstream answer broke off", "route", c.a.routeName(), "err", c.err)
+			c.a.markInDoubt()
+		}
+	}
+	return c.rc.Close()
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }

@@ -1,0 +1,184 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"time"
+)
+
+// forward sends the request to the upstream. With a.token set, the
+// upstream's outcome settles the reservation.
+func (p *Proxy) forward(w http.ResponseWriter, a *attempt, body []byte) {
+	if p.life.Err() != nil { // past the shutdown deadline: do not start now
+		if a.token != "" {
+			a.release()
+		}
+		a.problem(w, a.outcome, probShuttingDown, "the proxy is shutting down; the request was not sent", 1, nil)
+		return
+	}
+	// The upstream request does not end when the client goes away: the
+	// answer is still committed, and the client's retry gets it replayed.
+	// It ends at the route's upstream_timeout, answer body included, so
+	// that it always settles while its lease (longer) still holds.
+	ctx, cancel := context.WithTimeoutCause(p.life, a.rt.cfg.UpstreamTimeout.D(), errUpstreamTimeout)
+	defer cancel()
+	// The server's context value lets the reverse proxy abort the client's
+	// connection when the answer breaks off, instead of ending it as if it
+	// were complete.
+	ctx = context.WithValue(ctx, http.ServerContextKey, a.in.Context().Value(http.ServerContextKey))
+	out := a.in.WithContext(a.traced(context.WithValue(ctx, attemptKey{}, a)))
+	if sent, ok := a.in.Context().Value(sentURLKey{}).(*url.URL); ok {
+		out.URL = sent // matched in cleaned form, forwarded as sent
+	}
+	out.ContentLength = int64(len(body))
+	out.TransferEncoding = nil
+	out.Body = http.NoBody
+	if len(body) > 0 {
+		out.Body = io.NopCloser(bytes.NewReader(body))
+	}
+	a.upstreamAt = time.Now()
+	defer a.settleUnknown()
+	a.rt.rp.ServeHTTP(w, out)
+}
+
+// settleUnknown makes sure a reservation is settled, should the reverse
+// proxy have returned (or panicked) without a verdict: the request may
+// have reached the upstream, so the key is in doubt.
+func (a *attempt) settleUnknown() {
+	if a.token != "" && !a.settled {
+		a.markInDoubt()
+	}
+}
+
+func (a *attempt) commit(status int, header http.Header, body []byte, stored bool) {
+	a.settled = true
+	a.outcome = OutcomeCommitted
+	resp := Response{Status: status, Header: http.Header{}, BodyStored: stored}
+	for _, name := range a.rt.cfg.ReplayHeaders {
+		if vs := header.Values(name); len(vs) > 0 {
+			resp.Header[name] = vs
+		}
+	}
+	if stored {
+		resp.Body = body
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	a.settleErr("commit", a.p.store.Commit(ctx, a.storeKey, a.token, resp, a.rt.cfg.TTL.D()))
+}
+
+func (a *attempt) release() {
+	a.settled = true
+	a.outcome = OutcomeReleased
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	a.settleErr("release", a.p.store.Release(ctx, a.storeKey, a.token))
+}
+
+func (a *attempt) markInDoubt() {
+	a.settled = true
+	a.outcome = OutcomeInDoubt
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	a.settleErr("mark_in_doubt", a.p.store.MarkInDoubt(ctx, a.storeKey, a.token, a.rt.cfg.TTL.D()))
+}
+
+func (a *attempt) settleErr(op string, err error) {
+	switch {
+	case err == nil:
+	case errors.Is(err, ErrNotOwner):
+		a.p.log.Warn("reservation was taken over before it settled; left to its new owner",
+			"route", a.routeName(), "operation", op, "key_hash", keyHash(a.storeKey))
+	default:
+		// The reservation stays in flight and turns in doubt when its
+		// lease runs out: never released, never charged twice.
+		a.p.log.Error("store failed to settle a key; it will be in doubt when its lease ends",
+			"route", a.routeName(), "operation", op, "key_hash", keyHash(a.storeKey), "err", err)
+		a.outcome = OutcomeStoreError
+	}
+}
+
+// reverseProxy returns the reverse proxy of a route (nil: passthrough).
+func (p *Proxy) reverseProxy(up *url.URL, rt *route) *httputil.ReverseProxy {
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(up)
+			pr.SetXForwarded()
+		},
+		Transport:    p.transport,
+		ErrorLog:     slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
+		ErrorHandler: p.upstreamError,
+	}
+	if rt != nil {
+		rp.Transport = p.protected
+		rp.ModifyResponse = p.upstreamResponse
+	}
+	return rp
+}
+
+// upstreamResponse classifies an answer: a status in the route's release
+// set releases the key; any other answer is streamed to the client while it
+// is captured, and committed once complete.
+func (p *Proxy) upstreamResponse(resp *http.Response) error {
+	a := resp.Request.Context().Value(attemptKey{}).(*attempt)
+	a.upstreamDone(strconv.Itoa(resp.StatusCode))
+	a.status = resp.StatusCode
+	if a.token == "" {
+		return nil
+	}
+	if a.rt.cfg.Releases(resp.StatusCode) {
+		a.release()
+		return nil
+	}
+	resp.Body = &capture{rc: resp.Body, a: a, resp: resp, limit: a.rt.cfg.MaxStoredBodyBytes}
+	return nil
+}
+
+// upstreamError answers a request that got no answer from the upstream: a
+// request whose headers were never written (dial, DNS, TLS, no connection
+// in time) releases its key (502); one that may have been processed turns
+// its key in doubt (504 on timeout, 502 otherwise).
+func (p *Proxy) upstreamError(w http.ResponseWriter, out *http.Request, err error) {
+	a := out.Context().Value(attemptKey{}).(*attempt)
+	a.upstreamDone("error")
+	prob, verdict := probUpstreamReset, a.markInDoubt
+	switch {
+	case !a.wrote.Load():
+		prob, verdict = probUpstreamDown, a.release
+	case errors.Is(context.Cause(out.Context()), context.DeadlineExceeded) ||
+		errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
+		prob = probUpstreamTimeout
+	}
+	p.log.Warn("upstream request failed", "route", a.routeName(), "err", err, "problem", prob.name)
+	outcome := a.outcome
+	if a.token != "" {
+		verdict()
+		outcome = a.outcome
+	}
+	detail := "the upstream could not be reached; the request was not sent"
+	if prob != probUpstreamDown {
+		detail = "the request may have reached the upstream, but no answer came back"
+		if a.token != "" {
+			detail += "; its key is now in doubt and retries get 409 until it is released"
+		}
+	}
+	a.problem(w, outcome, prob, detail, 0, nil)
+}
+
+func (a *attempt) upstreamDone(code string) {
+	a.upstream = time.Since(a.upstreamAt)
+	a.p.m.upstreamDuration.WithLabelValues(a.routeName(), code).Observe(a.upstream.Seconds())
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}

@@ -1,0 +1,26 @@
+package proxy
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// servePassthrough proxies a request that matches no route, untouched.
+func (p *Proxy) servePassthrough(w http.ResponseWriter, r *http.Request, t *table) {
+	a := &attempt{p: p, in: r, start: time.Now(), outcome: OutcomePassthrough}
+	defer p.finish(a)
+	ctx, cancel := context.WithTimeout(r.Context(), t.ptTimeout)
+	defer cancel()
+	a.upstreamAt = time.Now()
+	out := r.WithContext(a.traced(context.WithValue(ctx, attemptKey{}, a)))
+	sw := &statusWriter{ResponseWriter: w}
+	t.passthrough.ServeHTTP(sw, out)
+	if a.status == 0 {
+		a.status = sw.status
+	}
+	if a.upstream == 0 {
+		a.upstreamDone(strconv.Itoa(sw.status))
+	}
+}
