@@ -115,7 +115,16 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 	}
 	var scope string
 	if h := cfg.Scope.Header; h != "" {
-		if scope = r.Header.Get(h); scope == "" {
+		vs := r.Header.Values(h)
+		if len(vs) > 1 {
+			// Scoped by which one? Each client must be one key space.
+			a.problem(w, OutcomeBadRequest, probInvalidScope, "the "+h+" header is repeated", 0, nil)
+			return
+		}
+		if len(vs) == 1 {
+			scope = vs[0]
+		}
+		if scope == "" {
 			a.problem(w, OutcomeBadRequest, probMissingScope, "this route keeps one key space per "+h+" header", 0, nil)
 			return
 		}

@@ -24,6 +24,7 @@ var (
 	probInvalidKey       = problem{"invalid-key", http.StatusBadRequest, "Idempotency key invalid"}
 	probInvalidJSON      = problem{"invalid-json", http.StatusBadRequest, "Request body is not valid JSON"}
 	probMissingScope     = problem{"missing-scope", http.StatusBadRequest, "Scope header missing"}
+	probInvalidScope     = problem{"invalid-scope", http.StatusBadRequest, "Scope header invalid"}
 	probUnreadableBody   = problem{"unreadable-body", http.StatusBadRequest, "Request body could not be read"}
 	probBodyTooLarge     = problem{"body-too-large", http.StatusRequestEntityTooLarge, "Request body too large"}
 	probInFlight         = problem{"request-in-flight", http.StatusConflict, "A request with this key is being processed"}
@@ -45,7 +46,7 @@ func Problems() []struct {
 	Status int
 	Title  string
 } {
-	all := []problem{probMissingKey, probInvalidKey, probInvalidJSON, probMissingScope, probUnreadableBody,
+	all := []problem{probMissingKey, probInvalidKey, probInvalidJSON, probMissingScope, probInvalidScope, probUnreadableBody,
 		probBodyTooLarge, probInFlight, probInDoubt, probDuplicate, probNotReplayable, probMismatch,
 		probUpstreamDown, probUpstreamReset, probUpstreamTimeout, probStoreUnavailable, probShuttingDown}
 	out := make([]struct {

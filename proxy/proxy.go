@@ -14,6 +14,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"path"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -181,7 +182,7 @@ func register(mux *http.ServeMux, pattern string, h http.Handler) (err error) {
 			err = fmt.Errorf("%v", e)
 		}
 	}()
-	mux.Handle(pattern, h)
+	mux.Handle(canonicalPattern(pattern), h)
 	return nil
 }
 
@@ -193,8 +194,16 @@ func register(mux *http.ServeMux, pattern string, h http.Handler) (err error) {
 // (with and without a trailing slash), since many upstreams treat them as
 // one endpoint: the request is protected by that route and forwarded as
 // sent. Paths are matched case-sensitively.
+//
+// Host names are matched as DNS names are: case-insensitively, with a final
+// dot ignored and on any port ("API.Example.COM.:8080" is api.example.com).
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	t := p.table.Load()
+	orig := r
+	if h := canonicalHost(r.Host); h != r.Host {
+		r = r.Clone(r.Context())
+		r.Host = h
+	}
 	if t.matches(r) {
 		t.mux.ServeHTTP(w, r) // sets the path wildcards, then serveRoute
 		return
@@ -216,7 +225,33 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	p.servePassthrough(w, r, t)
+	p.servePassthrough(w, orig, t)
+}
+
+// canonicalHost returns a Host header as a host pattern is written: lower
+// case, without a port and without the final dot of a fully qualified name.
+func canonicalHost(h string) string {
+	if i := strings.LastIndexByte(h, ':'); i >= 0 && !strings.Contains(h[i:], "]") {
+		h = h[:i] // a port ("[::1]:80" keeps "[::1]")
+	}
+	h = strings.TrimSuffix(h, ".")
+	return strings.ToLower(h)
+}
+
+// canonicalPattern lower-cases the host of a ServeMux pattern
+// ("POST API.example.com./charges") and drops its final dot, so that it
+// matches the canonical host of a request.
+func canonicalPattern(pattern string) string {
+	method, rest := "", pattern
+	if i := strings.IndexAny(pattern, " \t"); i >= 0 {
+		method, rest = pattern[:i+1], strings.TrimLeft(pattern[i+1:], " \t")
+	}
+	slash := strings.IndexByte(rest, '/')
+	if slash <= 0 {
+		return pattern // no host
+	}
+	host := strings.ToLower(strings.TrimSuffix(rest[:slash], "."))
+	return method + host + rest[slash:]
 }
 
 // sentURLKey carries the URL a request was sent with when it was matched
