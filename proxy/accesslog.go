@@ -15,7 +15,7 @@ func (p *Proxy) finish(a *attempt) {
 	attrs := []slog.Attr{
 		slog.String("route", route),
 		slog.String("method", a.in.Method),
-		slog.String("path", a.in.URL.Path),
+		slog.String("path", a.loggedPath()),
 		slog.String("outcome", string(a.outcome)),
 		slog.Int("status", a.status),
 		slog.Float64("duration_ms", float64(d.Microseconds())/1000),
@@ -27,4 +27,13 @@ func (p *Proxy) finish(a *attempt) {
 		attrs = append(attrs, slog.String("key_hash", keyHash(a.storeKey)))
 	}
 	p.log.LogAttrs(context.Background(), slog.LevelInfo, "request", attrs...)
+}
+
+// loggedPath is the request's path as the client sent it, also when it was
+// matched in cleaned form.
+func (a *attempt) loggedPath() string {
+	if u := a.sentURL(); u != nil {
+		return u.EscapedPath()
+	}
+	return a.in.URL.Path
 }

@@ -35,7 +35,7 @@ func (p *Proxy) forward(w http.ResponseWriter, a *attempt, body []byte) {
 	// were complete.
 	ctx = context.WithValue(ctx, http.ServerContextKey, a.in.Context().Value(http.ServerContextKey))
 	out := a.in.WithContext(a.traced(context.WithValue(ctx, attemptKey{}, a)))
-	if sent, ok := a.in.Context().Value(sentURLKey{}).(*url.URL); ok {
+	if sent := a.sentURL(); sent != nil {
 		out.URL = sent // matched in cleaned form, forwarded as sent
 	}
 	out.ContentLength = int64(len(body))
@@ -134,7 +134,7 @@ func (p *Proxy) upstreamResponse(resp *http.Response) error {
 	if a.token == "" {
 		return nil
 	}
-	if a.rt.cfg.Releases(resp.StatusCode) {
+	if a.rt.cfg.Releases(resp.StatusCode) || (a.sentURL() != nil && notServed(resp.StatusCode)) {
 		a.release()
 		return nil
 	}
@@ -171,6 +171,22 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, out *http.Request, err erro
 		}
 	}
 	a.problem(w, outcome, prob, detail, 0, nil)
+}
+
+// sentURL returns the URL the request was sent with when it was matched in
+// cleaned form ("/charges/" for "/charges"), nil when it was matched as sent.
+func (a *attempt) sentURL() *url.URL {
+	u, _ := a.in.Context().Value(sentURLKey{}).(*url.URL)
+	return u
+}
+
+// notServed reports whether an answer to a request matched in cleaned form
+// shows that the upstream did not serve the route for the path as sent: not
+// found, method not allowed, or a redirect (to the canonical path). Stored,
+// it would be replayed for the whole TTL to the correct request under the
+// same key.
+func notServed(status int) bool {
+	return status == http.StatusNotFound || status == http.StatusMethodNotAllowed || (status >= 300 && status <= 399)
 }
 
 func (a *attempt) upstreamDone(code string) {

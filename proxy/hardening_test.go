@@ -1,11 +1,20 @@
 package proxy_test
 
 import (
+	"bufio"
+	"bytes"
+	"log/slog"
+	"net"
+	"net/http/httptest"
+	"sync"
+
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/idemproxy/idemproxy/upstream-stub/stub"
 
 	"github.com/idemproxy/idemproxy/proxy"
 )
@@ -115,4 +124,82 @@ func TestKeyNameInAnotherCase(t *testing.T) {
 	if got := e.totalCharges(); got != 1 {
 		t.Errorf("total charges %d, want 1", got)
 	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the proxy's concurrent log writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestRewrittenPathAnswerIsNotKept: a request matched in cleaned form that
+// the upstream did not serve for its path (the stub's mux answers 404 for
+// /charges/ and redirects //charges) must not settle the key: the client's
+// correct POST /charges is then charged, not answered with that 404 or
+// redirect for 24 h. The access log shows the path as sent.
+func TestRewrittenPathAnswerIsNotKept(t *testing.T) {
+	for i, raw := range []string{"/charges/", "//charges", "/./charges", "/charges%2F"} {
+		t.Run(raw, func(t *testing.T) {
+			var log syncBuffer
+			e := &env{t: t, log: &log}
+			e.stub = httptest.NewServer(stub.New(slog.New(slog.DiscardHandler)))
+			t.Cleanup(e.stub.Close)
+			// release_statuses without 404: the rule holds whatever the set.
+			e.start(e.stub.URL, chargesByOrder+"    release_statuses: [429]\n")
+			order := fmt.Sprintf("ORD-P%d", i)
+			body := fmt.Sprintf(`{"orderId": %q, "amount": 1}`, order)
+			resp := rawExchange(t, e.srv.Listener.Addr().String(), fmt.Sprintf(
+				"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+				raw, len(body), body))
+			if resp.StatusCode != 404 && resp.StatusCode/100 != 3 {
+				t.Fatalf("the stub answered %s for %s; the test needs a 404 or a redirect", resp.Status, raw)
+			}
+			if st := e.state("charges", "", order); st != "" {
+				t.Errorf("after %d for %s the key is %q, want released", resp.StatusCode, raw, st)
+			}
+			a := e.do("POST", "/charges", body)
+			if a.status != 201 || a.replayed() {
+				t.Errorf("the correct request after %s: got %s (replayed %v), want a fresh 201", raw, a, a.replayed())
+			}
+			if got := e.charges(order); got != 1 {
+				t.Errorf("charged %d times, want 1", got)
+			}
+			if !strings.Contains(log.String(), fmt.Sprintf(`"path":%q`, raw)) {
+				t.Errorf("access log does not show the path as sent (%s):\n%s", raw, log.String())
+			}
+		})
+	}
+}
+
+// rawExchange writes req byte for byte to addr and returns the final
+// answer.
+func rawExchange(t *testing.T, addr, req string) *http.Response {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if _, err := io.WriteString(conn, req); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp
 }
