@@ -118,6 +118,14 @@ func (p *Proxy) reverseProxy(up *url.URL, rt *route) *httputil.ReverseProxy {
 		ErrorHandler: p.upstreamError,
 	}
 	if rt != nil {
+		// The body was buffered before the request is forwarded: the client
+		// already got its 100 Continue, and a second one (the upstream's,
+		// passed on) would be read as the final answer's prelude twice.
+		rewrite := rp.Rewrite
+		rp.Rewrite = func(pr *httputil.ProxyRequest) {
+			rewrite(pr)
+			pr.Out.Header.Del("Expect")
+		}
 		rp.Transport = p.protected
 		rp.ModifyResponse = p.upstreamResponse
 	}

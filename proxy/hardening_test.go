@@ -203,3 +203,30 @@ func rawExchange(t *testing.T, addr, req string) *http.Response {
 	resp.Body.Close()
 	return resp
 }
+
+// TestExpectContinueOnce: the client gets exactly one 100 Continue, the
+// proxy's; before, the upstream's was passed on as a second one.
+func TestExpectContinueOnce(t *testing.T) {
+	e := newEnv(t, chargesByOrder)
+	conn, err := net.Dial("tcp", e.srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := `{"orderId": "ORD-X", "amount": 1}`
+	fmt.Fprintf(conn, "POST /charges HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n", len(body))
+	br := bufio.NewReader(conn)
+	line, err := br.ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "HTTP/1.1 100") {
+		t.Fatalf("first line %q (%v), want a 100 Continue", line, err)
+	}
+	io.WriteString(conn, body)
+	rest, _ := io.ReadAll(br)
+	all := line + string(rest)
+	if n := strings.Count(all, "HTTP/1.1 100"); n != 1 {
+		t.Errorf("got %d 100 Continue answers, want 1:\n%s", n, all)
+	}
+	if !strings.Contains(all, "HTTP/1.1 201") {
+		t.Errorf("no 201:\n%s", all)
+	}
+}
