@@ -188,6 +188,7 @@ func (a *app) serve(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
+	ln = limitListen(ln, cfg.Server.MaxConnections)
 	srv := &http.Server{
 		Handler:           a.p,
 		ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout.D(),
@@ -357,8 +358,9 @@ func needsRestart(old, new *config.Config) error {
 	oldS.DrainDelay, newS.DrainDelay = 0, 0
 	oldS.ShutdownTimeout, newS.ShutdownTimeout = 0, 0
 	oldS.PassthroughTimeout, newS.PassthroughTimeout = 0, 0
+	oldS.MaxBufferedBytes, newS.MaxBufferedBytes = 0, 0
 	if oldS != newS {
-		changed = append(changed, "server timeouts")
+		changed = append(changed, "server timeouts or max_connections")
 	}
 	if len(changed) > 0 {
 		return fmt.Errorf("%v changed: restart idemproxy to apply", changed)

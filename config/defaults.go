@@ -25,6 +25,8 @@ const (
 	DefaultIdleTimeout        = 120 * time.Second
 	DefaultPassthroughTimeout = 60 * time.Second
 	DefaultShutdownTimeout    = 30 * time.Second
+	DefaultMaxBufferedBytes   = 64 << 20
+	DefaultMaxConnections     = 1024
 )
 
 // applyDefaults fills every unset field. It is the only place defaults are
@@ -55,6 +57,12 @@ func (c *Config) applyDefaults() {
 	setDuration(&s.IdleTimeout, DefaultIdleTimeout)
 	setDuration(&s.PassthroughTimeout, DefaultPassthroughTimeout)
 	setDuration(&s.ShutdownTimeout, DefaultShutdownTimeout)
+	if s.MaxBufferedBytes == 0 {
+		s.MaxBufferedBytes = DefaultMaxBufferedBytes
+	}
+	if s.MaxConnections == 0 {
+		s.MaxConnections = DefaultMaxConnections
+	}
 	for i := range c.Routes {
 		r := &c.Routes[i]
 		setString(&r.Policy, PolicyReserveThenCommit)

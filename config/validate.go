@@ -79,6 +79,12 @@ func (c *Config) Validate() error {
 	if s.DrainDelay < 0 {
 		p.add("server.drain_delay", "must not be negative")
 	}
+	if s.MaxBufferedBytes < 0 {
+		p.add("server.max_buffered_bytes", "must be positive")
+	}
+	if s.MaxConnections < 0 {
+		p.add("server.max_connections", "must be positive")
+	}
 	if len(c.Routes) == 0 {
 		p.add("routes", "at least one route is required (requests matching no route are proxied unprotected)")
 	}
@@ -92,6 +98,9 @@ func (c *Config) Validate() error {
 		}
 		names[r.Name] = i
 		r.validate(&p, f, patterns)
+		if s.MaxBufferedBytes > 0 && r.MaxBodyBytes > s.MaxBufferedBytes {
+			p.add(f+".max_body_bytes", "%d exceeds server.max_buffered_bytes (%d): such a body could never be buffered", r.MaxBodyBytes, s.MaxBufferedBytes)
+		}
 	}
 	if len(p) > 0 {
 		return &ValidationError{Problems: p}

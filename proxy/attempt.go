@@ -26,6 +26,7 @@ type attempt struct {
 	in    *http.Request
 	start time.Time
 
+	held     int64 // bytes of the buffered-bytes budget held by the body
 	storeKey string
 	token    string // empty: the request is not protected by a reservation
 	settled  bool
@@ -77,6 +78,7 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 		return
 	}
 	defer p.active.leave()
+	defer func() { p.budget.give(a.held) }()
 
 	body, ok := a.readBody(w, cfg.MaxBodyBytes)
 	if !ok {
@@ -200,16 +202,37 @@ func (a *attempt) readBody(w http.ResponseWriter, limit int64) ([]byte, bool) {
 	if r.ContentLength > limit {
 		return tooLarge()
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	var src io.Reader = http.MaxBytesReader(w, r.Body, limit)
+	b := &a.p.budget
+	if r.ContentLength >= 0 {
+		if !b.take(r.ContentLength) {
+			return a.overloaded(w)
+		}
+		a.held = r.ContentLength
+	} else {
+		src = &budgetReader{r: src, b: b, held: &a.held}
+	}
+	body, err := io.ReadAll(src)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			return tooLarge()
 		}
+		if errors.Is(err, errOverBudget) {
+			return a.overloaded(w)
+		}
 		a.problem(w, OutcomeBadRequest, probUnreadableBody, err.Error(), 0, nil)
 		return nil, false
 	}
 	return body, true
+}
+
+// overloaded answers a request whose body does not fit the budget of
+// buffered bytes: nothing was stored or forwarded, the retry may fit.
+func (a *attempt) overloaded(w http.ResponseWriter) ([]byte, bool) {
+	a.p.log.Warn("request refused: too many request bytes buffered at once", "route", a.routeName())
+	a.problem(w, OutcomeOverloaded, probOverloaded, "the proxy is buffering too many requests at once; retry later", 1, nil)
+	return nil, false
 }
 
 // releaseLater releases a reservation that may or may not exist, in the

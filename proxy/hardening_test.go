@@ -230,3 +230,97 @@ func TestExpectContinueOnce(t *testing.T) {
 		t.Errorf("no 201:\n%s", all)
 	}
 }
+
+// gate is an upstream in front of the stub that holds every request sent
+// with X-Hold until opened, and counts the requests it holds.
+type gate struct {
+	open    chan struct{}
+	arrived chan struct{}
+}
+
+func newGate(t *testing.T) (*gate, *httptest.Server) {
+	g := &gate{open: make(chan struct{}), arrived: make(chan struct{}, 100)}
+	st := stub.New(slog.New(slog.DiscardHandler))
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Hold") != "" {
+			g.arrived <- struct{}{}
+			<-g.open
+		}
+		st.ServeHTTP(w, r)
+	}))
+	t.Cleanup(up.Close)
+	t.Cleanup(func() {
+		select {
+		case <-g.open:
+		default:
+			close(g.open)
+		}
+	})
+	return g, up
+}
+
+// bigCharge is a charge body of about size bytes.
+func bigCharge(order string, size int) string {
+	return fmt.Sprintf(`{"orderId": %q, "amount": 1, "note": %q}`, order, strings.Repeat("x", size))
+}
+
+// TestBufferedBytesBudget: while two 600 KiB bodies wait for a slow
+// upstream, a third does not fit server.max_buffered_bytes (1.5 MiB): it is
+// a 503 with Retry-After, nothing stored or forwarded, and goes through once
+// the others are done. Bodies of unknown length (chunked) count too.
+func TestBufferedBytesBudget(t *testing.T) {
+	for _, chunked := range []bool{false, true} {
+		t.Run(fmt.Sprintf("chunked=%v", chunked), func(t *testing.T) {
+			g, up := newGate(t)
+			e := &env{t: t, stub: up}
+			cfg := parseConfig(t, up.URL, chargesByOrder)
+			cfg.Server.MaxBufferedBytes = 1536 << 10
+			e.startConfig(cfg)
+			post := func(order string, hold bool) answer {
+				body := bigCharge(order, 600<<10)
+				var rd io.Reader = strings.NewReader(body)
+				if chunked {
+					rd = io.MultiReader(rd) // no length: sent chunked
+				}
+				req, _ := http.NewRequest("POST", e.srv.URL+"/charges", rd)
+				if hold {
+					req.Header.Set("X-Hold", "1")
+				}
+				resp, err := e.srv.Client().Do(req)
+				if err != nil {
+					return answer{err: err}
+				}
+				defer resp.Body.Close()
+				b, _ := io.ReadAll(resp.Body)
+				return answer{status: resp.StatusCode, header: resp.Header, body: b}
+			}
+			held := make(chan answer, 2)
+			for _, o := range []string{"ORD-B1", "ORD-B2"} {
+				go func() { held <- post(o, true) }()
+			}
+			<-g.arrived
+			<-g.arrived
+			a := post("ORD-B3", false)
+			wantStatus(t, "third body", a, 503, "overloaded")
+			if a.header.Get("Retry-After") == "" {
+				t.Errorf("503 overloaded without Retry-After")
+			}
+			if st := e.state("charges", "", "ORD-B3"); st != "" {
+				t.Errorf("refused request left its key %q", st)
+			}
+			close(g.open)
+			for range 2 {
+				if a := <-held; a.status != 201 {
+					t.Errorf("held request: %s", a)
+				}
+			}
+			wantStatus(t, "third body, retried", post("ORD-B3", false), 201, "")
+			if got := e.totalCharges(); got != 3 {
+				t.Errorf("charges = %d, want 3", got)
+			}
+			if got := e.outcomes("charges", proxy.OutcomeOverloaded); got != 1 {
+				t.Errorf("overloaded = %d, want 1", got)
+			}
+		})
+	}
+}

@@ -46,9 +46,14 @@ func newEnv(t *testing.T, routes string) *env {
 }
 
 func (e *env) start(upstream, routes string) {
+	e.t.Helper()
+	e.startConfig(parseConfig(e.t, upstream, routes))
+}
+
+// startConfig starts a proxy serving cfg on a new Badger store.
+func (e *env) startConfig(cfg *config.Config) {
 	t := e.t
 	t.Helper()
-	cfg := parseConfig(t, upstream, routes)
 	st, err := badger.Open(badger.Options{Dir: t.TempDir(), SyncWrites: true})
 	if err != nil {
 		t.Fatal(err)

@@ -36,6 +36,7 @@ var (
 	probUpstreamReset    = problem{"upstream-reset", http.StatusBadGateway, "Upstream connection lost before an answer"}
 	probUpstreamTimeout  = problem{"upstream-timeout", http.StatusGatewayTimeout, "Upstream did not answer in time"}
 	probStoreUnavailable = problem{"store-unavailable", http.StatusServiceUnavailable, "Idempotency store unavailable"}
+	probOverloaded       = problem{"overloaded", http.StatusServiceUnavailable, "Proxy overloaded"}
 	probShuttingDown     = problem{"shutting-down", http.StatusServiceUnavailable, "Proxy shutting down"}
 )
 
@@ -48,7 +49,7 @@ func Problems() []struct {
 } {
 	all := []problem{probMissingKey, probInvalidKey, probInvalidJSON, probMissingScope, probInvalidScope, probUnreadableBody,
 		probBodyTooLarge, probInFlight, probInDoubt, probDuplicate, probNotReplayable, probMismatch,
-		probUpstreamDown, probUpstreamReset, probUpstreamTimeout, probStoreUnavailable, probShuttingDown}
+		probUpstreamDown, probUpstreamReset, probUpstreamTimeout, probStoreUnavailable, probOverloaded, probShuttingDown}
 	out := make([]struct {
 		Name   string
 		Status int

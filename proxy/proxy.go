@@ -53,6 +53,7 @@ type Proxy struct {
 	transport http.RoundTripper // passthrough
 	protected http.RoundTripper // routes: never resends
 	table     atomic.Pointer[table]
+	budget    budget // request bytes buffered at once
 
 	// life is the parent of every upstream request's context: Abort
 	// cancels it, which turns the requests still waiting for an answer in
@@ -172,6 +173,7 @@ func (p *Proxy) Reload(cfg *config.Config) error {
 		t.routes[rc.Name] = rt
 		p.m.initRoute(rc.Name)
 	}
+	p.budget.limit.Store(cfg.Server.MaxBufferedBytes)
 	p.table.Store(t)
 	return nil
 }
