@@ -29,7 +29,10 @@ type attempt struct {
 	held     int64 // bytes of the buffered-bytes budget held by the body
 	storeKey string
 	token    string // empty: the request is not protected by a reservation
-	settled  bool
+	// reservedAt is when the reservation was asked for: its lease runs
+	// from (at the earliest) then.
+	reservedAt time.Time
+	settled    bool
 
 	outcome    Outcome
 	status     int
@@ -139,6 +142,7 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 		// reservation and the forward run to the end, and the answer is
 		// stored for its retry.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), storeTimeout)
+		a.reservedAt = time.Now()
 		rec, err := p.store.Reserve(rctx, a.storeKey, res)
 		cancel()
 		if err != nil {

@@ -72,7 +72,59 @@ func (a *attempt) commit(status int, header http.Header, body []byte, stored boo
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
-	a.settleErr("commit", a.p.store.Commit(ctx, a.storeKey, a.token, resp, a.rt.cfg.TTL.D()))
+	err := a.p.store.Commit(ctx, a.storeKey, a.token, resp, a.rt.cfg.TTL.D())
+	if err != nil && !errors.Is(err, ErrNotOwner) && a.p.retryCommit(a, resp) {
+		a.outcome = OutcomeStoreError // counted now: the answer is not settled yet
+		return
+	}
+	a.settleErr("commit", err)
+}
+
+// retryCommit keeps trying, in the background, to commit an answer whose
+// commit failed (a stalled store, op_timeout), as long as the reservation's
+// lease holds: a commit that gives up at once leaves the key in doubt for
+// its whole TTL although its answer is known. It reports whether the retry
+// was started.
+func (p *Proxy) retryCommit(a *attempt, resp Response) bool {
+	until := a.reservedAt.Add(a.rt.cfg.Lease.D())
+	if time.Until(until) <= 0 || !p.active.enter() {
+		return false
+	}
+	key, token, ttl, route := a.storeKey, a.token, a.rt.cfg.TTL.D(), a.routeName()
+	p.log.Warn("commit failed; retrying while the lease holds", "route", route, "key_hash", keyHash(key), "until", until)
+	go func() {
+		defer p.active.leave()
+		delay := 50 * time.Millisecond
+		for {
+			wait := time.NewTimer(min(delay, max(time.Until(until), 0)))
+			select {
+			case <-p.life.Done(): // past the shutdown deadline
+				wait.Stop()
+				p.log.Error("commit not retried: shutting down; the key will be in doubt when its lease ends",
+					"route", route, "key_hash", keyHash(key))
+				return
+			case <-wait.C:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), min(storeTimeout, max(time.Until(until), time.Millisecond)))
+			err := p.store.Commit(ctx, key, token, resp, ttl)
+			cancel()
+			switch {
+			case err == nil:
+				p.log.Info("commit succeeded on retry", "route", route, "key_hash", keyHash(key))
+				return
+			case errors.Is(err, ErrNotOwner):
+				p.log.Warn("reservation was taken over before it settled; left to its new owner",
+					"route", route, "operation", "commit", "key_hash", keyHash(key))
+				return
+			case !time.Now().Before(until):
+				p.log.Error("store failed to settle a key; it will be in doubt when its lease ends",
+					"route", route, "operation", "commit", "key_hash", keyHash(key), "err", err)
+				return
+			}
+			delay = min(delay*2, time.Second)
+		}
+	}()
+	return true
 }
 
 func (a *attempt) release() {
