@@ -223,7 +223,7 @@ func TestDashboardAndAlertsNameExportedMetrics(t *testing.T) {
 	rec := &metricNames{Registerer: prometheus.NewRegistry(), names: map[string]bool{}}
 	(&app{}).registerMetrics(rec)
 	proxy.NewMetrics(rec)
-	st, err := badger.Open(badger.Options{Dir: t.TempDir()})
+	st, err := badger.OpenGuarded(badger.Options{Dir: t.TempDir()}, badger.GuardOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -79,6 +79,10 @@ type Badger struct {
 	SyncWrites *bool `yaml:"sync_writes"`
 	// GCInterval is how often value-log garbage collection runs. Default 5m.
 	GCInterval Duration `yaml:"gc_interval"`
+	// MinFreeBytes is the free-space floor of the data directory's file
+	// system: below it new reservations are refused (503), so that Badger
+	// never writes into a full disk. Default 64 MiB.
+	MinFreeBytes int64 `yaml:"min_free_bytes"`
 }
 
 // Redis configures the shared store.

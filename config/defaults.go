@@ -16,6 +16,7 @@ const (
 	DefaultMaxStoredBodyBytes = 1 << 20
 	DefaultBadgerDir          = "./data"
 	DefaultGCInterval         = 5 * time.Minute
+	DefaultBadgerMinFreeBytes = 64 << 20
 	DefaultRedisKeyPrefix     = "idemproxy:"
 	DefaultRedisDialTimeout   = time.Second
 	DefaultRedisOpTimeout     = 500 * time.Millisecond
@@ -45,6 +46,9 @@ func (c *Config) applyDefaults() {
 			b.SyncWrites = &t
 		}
 		setDuration(&b.GCInterval, DefaultGCInterval)
+		if b.MinFreeBytes == 0 {
+			b.MinFreeBytes = DefaultBadgerMinFreeBytes
+		}
 	}
 	if r := c.Store.Redis; r != nil {
 		setString(&r.KeyPrefix, DefaultRedisKeyPrefix)

@@ -79,6 +79,9 @@ func (c *Config) Validate() error {
 	if s.DrainDelay < 0 {
 		p.add("server.drain_delay", "must not be negative")
 	}
+	if b := c.Store.Badger; b != nil && b.MinFreeBytes < 0 {
+		p.add("store.badger.min_free_bytes", "must be positive")
+	}
 	if s.MaxBufferedBytes < 0 {
 		p.add("server.max_buffered_bytes", "must be positive")
 	}

@@ -243,6 +243,13 @@ func (a *attempt) overloaded(w http.ResponseWriter) ([]byte, bool) {
 // background; the owner token makes that safe.
 func (p *Proxy) releaseLater(key, token string) {
 	release := func() {
+		// In the background nothing would catch a panicking store: the
+		// whole process would go.
+		defer func() {
+			if e := recover(); e != nil {
+				p.log.Error("store panicked releasing a key", "key_hash", keyHash(key), "panic", fmt.Sprint(e))
+			}
+		}()
 		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 		defer cancel()
 		p.store.Release(ctx, key, token)
