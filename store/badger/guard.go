@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -109,13 +110,21 @@ func OpenGuarded(opts Options, g GuardOptions) (*Guard, error) {
 }
 
 // statfsFree is the space available to unprivileged users on dir's file
-// system.
+// system; a directory not created yet (or removed) is measured on its
+// nearest existing parent, where it will be created.
 func statfsFree(dir string) (uint64, error) {
 	var st syscall.Statfs_t
-	if err := syscall.Statfs(dir, &st); err != nil {
-		return 0, err
+	for {
+		err := syscall.Statfs(dir, &st)
+		if err == nil {
+			return st.Bavail * uint64(st.Bsize), nil
+		}
+		parent := filepath.Dir(dir)
+		if !errors.Is(err, syscall.ENOENT) || parent == dir {
+			return 0, err
+		}
+		dir = parent
 	}
-	return st.Bavail * uint64(st.Bsize), nil
 }
 
 // belowFloor reports whether the data directory's free space is below the
