@@ -178,6 +178,7 @@ func (a *app) registerMetrics(reg prometheus.Registerer) {
 // serve runs the proxy until ctx is cancelled, then shuts down gracefully.
 func (a *app) serve(ctx context.Context) error {
 	cfg, log := a.cfg, a.log
+	raiseOpenFiles(log)
 	// From the start: an unhandled SIGHUP would kill the process.
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)

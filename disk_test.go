@@ -1,11 +1,13 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -53,4 +55,38 @@ func TestFullDisk(t *testing.T) {
 		t.Fatalf("idemproxy exited: %v\n%s", p.exitErr, p.log)
 	default:
 	}
+}
+
+// TestOpenFilesLimitRaised: started with a low soft limit of open files,
+// the binary runs with the hard limit.
+func TestOpenFilesLimitRaised(t *testing.T) {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	if lim.Max <= 256 {
+		t.Fatalf("the hard limit %d is too low for this test", lim.Max)
+	}
+	low := lim
+	low.Cur = 256
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
+		t.Fatal(err)
+	}
+	up := startStub(t)
+	dir := t.TempDir()
+	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), "", chargesRoute))
+	syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim) // the test process itself
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/limits", p.cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); strings.HasPrefix(line, "Max open files") && len(f) >= 5 {
+			if f[3] != strconv.FormatUint(lim.Max, 10) {
+				t.Errorf("the proxy runs with a soft limit of %s open files, want the hard limit %d", f[3], lim.Max)
+			}
+			return
+		}
+	}
+	t.Fatalf("no open files limit in /proc/pid/limits:\n%s", b)
 }

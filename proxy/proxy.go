@@ -236,7 +236,7 @@ func canonicalHost(h string) string {
 	if i := strings.LastIndexByte(h, ':'); i >= 0 && !strings.Contains(h[i:], "]") {
 		h = h[:i] // a port ("[::1]:80" keeps "[::1]")
 	}
-	h = strings.TrimSuffix(h, ".")
+	h = strings.TrimRight(h, ".") // "api.example.com.." is no other name either
 	return strings.ToLower(h)
 }
 
@@ -252,7 +252,7 @@ func canonicalPattern(pattern string) string {
 	if slash <= 0 {
 		return pattern // no host
 	}
-	host := strings.ToLower(strings.TrimSuffix(rest[:slash], "."))
+	host := strings.ToLower(strings.TrimRight(rest[:slash], "."))
 	return method + host + rest[slash:]
 }
 
