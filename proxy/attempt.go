@@ -216,7 +216,16 @@ func (a *attempt) readBody(w http.ResponseWriter, limit int64) ([]byte, bool) {
 	} else {
 		src = &budgetReader{r: src, b: b, held: &a.held}
 	}
-	body, err := io.ReadAll(src)
+	var body []byte
+	var err error
+	if r.ContentLength > 0 {
+		// Exactly the announced size, in one allocation: io.ReadAll's
+		// doubling would hold up to twice the budgeted bytes.
+		body = make([]byte, r.ContentLength)
+		_, err = io.ReadFull(src, body)
+	} else {
+		body, err = io.ReadAll(src)
+	}
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
