@@ -3,10 +3,13 @@ package proxy_test
 import (
 	"bufio"
 	"bytes"
+	"github.com/idemproxy/idemproxy/store/badger"
 	"log/slog"
 	"net"
 	"net/http/httptest"
+	"os"
 	"sync"
+	"time"
 
 	"fmt"
 	"io"
@@ -322,5 +325,52 @@ func TestBufferedBytesBudget(t *testing.T) {
 				t.Errorf("overloaded = %d, want 1", got)
 			}
 		})
+	}
+}
+
+// TestBrokenStoreDoesNotCrash: Badger with its data directory removed
+// fails to rotate its memtable and then panics (nil memtable) in every
+// operation, also in the background release of a failed reservation,
+// where nothing but the proxy can catch it. The proxy must answer, not
+// die. (The Badger guard, used by the binary, turns those panics into
+// errors; this is the proxy's own line of defence for any store.)
+func TestBrokenStoreDoesNotCrash(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(201)
+		w.Write(make([]byte, 8<<10)) // stored in Badger's memtable: fills it fast
+	}))
+	t.Cleanup(up.Close)
+	e := &env{t: t, stub: up}
+	cfg := parseConfig(t, up.URL, chargesByOrder)
+	dir := t.TempDir()
+	st, err := badger.Open(badger.Options{Dir: dir, SyncWrites: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Not closed: a Badger that lost its directory hangs in Close.
+	e.p, err = proxy.New(cfg, proxy.Options{Store: st, StoreName: "badger"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.srv = httptest.NewServer(e.p)
+	t.Cleanup(e.srv.Close)
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	failed := 0
+	for i := 0; i < 3000 && failed < 30; i++ {
+		a := e.charge(fmt.Sprintf(`"ORD-BROKEN-%d"`, i), 1)
+		if a.err != nil || a.status != 201 {
+			failed++
+		}
+	}
+	if failed == 0 {
+		t.Fatal("the store never failed; the test proves nothing")
+	}
+	// Still alive and answering: the background releases have run.
+	time.Sleep(100 * time.Millisecond)
+	a := e.charge(`"ORD-BROKEN-LAST"`, 1)
+	if a.err == nil && a.status != 503 && a.status != 201 {
+		t.Errorf("after the store broke: %s, want 503 store-unavailable", a)
 	}
 }
