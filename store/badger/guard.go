@@ -207,16 +207,8 @@ func (g *Guard) reopen() {
 	}
 	if old := g.Store; old != nil {
 		g.Store = nil
-		closed := make(chan struct{})
-		go func() {
-			defer close(closed)
-			defer func() { recover() }() // a broken Badger may panic closing, too
-			old.Close()
-		}()
-		select {
-		case <-closed:
-		case <-time.After(5 * time.Second):
-			g.opts.Logger.Warn("closing the failed badger store hangs; opening anew without it")
+		if err := closeWithin(old, 5*time.Second); err != nil {
+			g.opts.Logger.Warn("closing the failed badger store failed; opening anew without it", "err", err)
 		}
 	}
 	s, err := func() (s *Store, err error) {
@@ -351,19 +343,28 @@ func (g *Guard) Close() error {
 		return nil
 	}
 	if g.broken.Load() {
-		// A failed Badger can hang closing (its directory is gone): give it
-		// a moment, then leave it to the process exit.
-		closed := make(chan error, 1)
-		go func() {
-			defer func() { recover() }()
-			closed <- s.Close()
-		}()
-		select {
-		case err := <-closed:
-			return err
-		case <-time.After(5 * time.Second):
-			return errors.New("badger: close of the failed store did not finish")
-		}
+		return closeWithin(s, 5*time.Second)
 	}
 	return s.Close()
+}
+
+// closeWithin closes a store that failed: such a Badger can hang closing
+// (its directory is gone) or panic, so it gets d, and is then left to the
+// process exit.
+func closeWithin(s *Store, d time.Duration) error {
+	closed := make(chan error, 1)
+	go func() {
+		defer func() {
+			if p := recover(); p != nil {
+				closed <- fmt.Errorf("badger: panic closing: %v", p)
+			}
+		}()
+		closed <- s.Close()
+	}()
+	select {
+	case err := <-closed:
+		return err
+	case <-time.After(d):
+		return errors.New("badger: close of the failed store did not finish")
+	}
 }
