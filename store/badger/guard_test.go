@@ -224,3 +224,54 @@ func TestGuardFullDisk(t *testing.T) {
 		t.Errorf("panic: %v", err)
 	}
 }
+
+// TestGuardTooManyOpenFiles: with the process out of file descriptors
+// Badger cannot open its next memtable or table file, and then panics in
+// the next operation. The guarded store answers errors, and serves again
+// once descriptors are available.
+func TestGuardTooManyOpenFiles(t *testing.T) {
+	s := openGuarded(t, t.TempDir(), badger.GuardOptions{})
+	ctx := context.Background()
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	low := lim
+	low.Cur = uint64(len(fds) + 4)
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
+		t.Fatal(err)
+	}
+	restored := false
+	restore := func() {
+		if !restored {
+			syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
+			restored = true
+		}
+	}
+	defer restore()
+	body := make([]byte, 8<<10)
+	failed := 0
+	for i := 0; i < 20000 && failed < 20; i++ {
+		k := fmt.Sprintf("k%d", i)
+		_, err := s.Reserve(ctx, k, res)
+		if err == nil {
+			err = s.Commit(ctx, k, res.Token, proxy.Response{Status: 201, Body: body, BodyStored: true}, time.Hour)
+		}
+		if err != nil {
+			failed++
+			s.Get(ctx, k)
+		}
+	}
+	restore()
+	if failed == 0 {
+		t.Fatal("Badger never failed out of file descriptors; the test proves nothing")
+	}
+	eventually(t, "the store serves again", func() bool {
+		_, err := s.Reserve(ctx, fmt.Sprintf("after-%d", time.Now().UnixNano()), res)
+		return err == nil
+	})
+}
