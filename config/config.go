@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -230,6 +231,10 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	*d = Duration(v)
 	return nil
 }
+
+// LogValue implements slog.LogValuer: a Duration is logged as a duration,
+// not as its number of nanoseconds.
+func (d Duration) LogValue() slog.Value { return slog.DurationValue(time.Duration(d)) }
 
 // MarshalYAML implements yaml.Marshaler.
 func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
