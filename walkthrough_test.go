@@ -219,8 +219,8 @@ func TestREADMEWalkThroughTwice(t *testing.T) {
 		{"listen: 127.0.0.1:9091", "listen: 127.0.0.1:0"},
 		{"upstream: http://127.0.0.1:9000", "upstream: " + up.URL},
 		{"dir: ./data", "dir: " + data},
-		{"lease: 35s", "lease: 4s"},
-		{"upstream_timeout: 30s", "upstream_timeout: 2s"},
+		{"lease: 35s", "lease: 5s"},
+		{"upstream_timeout: 30s", "upstream_timeout: 3s"},
 	} {
 		if strings.Count(cfg, r.old) != 1 {
 			t.Fatalf("%s does not say %q once", cfgFile, r.old)
@@ -258,7 +258,7 @@ func TestREADMEWalkThroughTwice(t *testing.T) {
 		p := startProxy(t, path, env...)
 		hosts := map[string]string{"localhost:8080": p.addr, "localhost:9091": p.admin, "localhost:9000": strings.TrimPrefix(up.URL, "http://")}
 		for i, s := range walkThrough {
-			words := shellWords(t, strings.Replace(s.cmd, `"delay": "40s"`, `"delay": "6s"`, 1))
+			words := shellWords(t, strings.Replace(s.cmd, `"delay": "40s"`, `"delay": "8s"`, 1))
 			out, status := curl(t, words, hosts)
 			if status != s.status {
 				t.Errorf("run %d, step %d %s: status %d, want %d\n%s", run, i+1, s.cmd, status, s.status, out)
