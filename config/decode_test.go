@@ -3,6 +3,7 @@ package config
 import (
 	"os"
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -79,5 +80,26 @@ func TestDecodingProblemsFile(t *testing.T) {
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("problems:\n  %q\nwant:\n  %q", got, want)
+	}
+}
+
+// TestAnchorsAndMergeKeys: anchors and merge keys decode as YAML says, and
+// an unknown field brought in by one is still refused.
+func TestAnchorsAndMergeKeys(t *testing.T) {
+	b, err := os.ReadFile("testdata/anchors.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := mustParse(t, string(b))
+	if len(c.Routes) != 2 || c.Routes[1].Name != "refunds" || c.Routes[1].Key.JSON != "orderId" || c.Routes[1].Lease.D() != c.Routes[0].Lease.D() {
+		t.Errorf("merged route = %+v", c.Routes[1])
+	}
+	bad := head + "  - &r\n    name: a\n    match: POST /a\n    key: {json: a}\n    ttll: 1h\n  - <<: *r\n    name: b\n    match: POST /b\n"
+	if _, err := Parse([]byte(bad)); err == nil || !strings.Contains(err.Error(), "ttll") {
+		t.Errorf("an unknown field under an anchor: %v, want it named", err)
+	}
+	aliased := head + "  - name: a\n    match: POST /a\n    key: &k {jsn: a}\n  - name: b\n    match: POST /b\n    key: *k\n"
+	if _, err := Parse([]byte(aliased)); err == nil || !strings.Contains(err.Error(), "jsn") {
+		t.Errorf("an unknown field in an aliased value: %v, want it named", err)
 	}
 }
