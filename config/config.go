@@ -295,7 +295,7 @@ func Parse(b []byte) (*Config, error) {
 	// offending values are dropped so that the rest is still validated.
 	var dc decodeChecker
 	var c Config
-	dc.walk(root.Content[0], reflect.TypeFor[Config](), "")
+	fileOK := dc.walk(root.Content[0], reflect.TypeFor[Config](), "")
 	if len(dc.problems) == 0 {
 		// Strictly, from the file itself: what the walk leaves to the
 		// decoder (aliases, merge keys) is checked too.
@@ -304,6 +304,8 @@ func Parse(b []byte) (*Config, error) {
 		if err := strict.Decode(&c); err != nil {
 			return nil, fmt.Errorf("parse config: %w", err)
 		}
+	} else if !fileOK {
+		return nil, &ValidationError{Problems: dc.problems}
 	} else if err := root.Decode(&c); err != nil {
 		dc.problems = append(dc.problems, lineRE.ReplaceAllString(strings.TrimPrefix(err.Error(), "yaml: unmarshal errors:\n  "), ""))
 	}

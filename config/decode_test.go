@@ -34,6 +34,8 @@ func TestDecodingProblemsNameTheField(t *testing.T) {
 			[]string{"listen: a text value expected, not a mapping (line 1)"}},
 		{"given twice", withRoute("    ttl: 1h\n    ttl: 2h\n"),
 			[]string{"routes[0].ttl: given twice (first on line 8) (line 9)"}},
+		{"a file that is a list", "- listen: 127.0.0.1:8080\n",
+			[]string{"the file: a mapping of fields expected, not a list (line 1)"}},
 		{"a route that is not a mapping", head + "  - charges\n",
 			[]string{`routes[0]: a mapping of fields expected, not "charges" (line 4)`}},
 		// A decoding problem does not hide the validation problems of the
