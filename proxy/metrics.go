@@ -84,8 +84,21 @@ func (m *Metrics) initRoute(route string) {
 			continue
 		}
 		m.requests.WithLabelValues(route, string(o))
+		m.duration.WithLabelValues(route, string(o))
 	}
 	m.inFlight.WithLabelValues(route)
+}
+
+// storeOperations lists the operation label values of the store metrics.
+var storeOperations = []string{"reserve", "commit", "release", "mark_in_doubt", "get", "delete", "ping"}
+
+// initStore creates a store's operation and error series at zero, so that
+// the store-error alert and the dashboard see them on a healthy proxy.
+func (m *Metrics) initStore(store string) {
+	for _, op := range storeOperations {
+		m.storeDuration.WithLabelValues(store, op)
+		m.storeErrors.WithLabelValues(store, op)
+	}
 }
 
 // instrumented wraps a Store with operation timings and error counts.

@@ -133,6 +133,7 @@ func New(cfg *config.Config, opts Options) (*Proxy, error) {
 	if opts.StoreName == "" {
 		opts.StoreName = "store"
 	}
+	opts.Metrics.initStore(opts.StoreName)
 	p := &Proxy{
 		store:     instrumented{Store: opts.Store, name: opts.StoreName, m: opts.Metrics},
 		log:       opts.Logger,

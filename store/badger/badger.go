@@ -67,6 +67,8 @@ type Store struct {
 
 	closeOnce sync.Once
 	closeErr  error
+
+	sizes sizeCache // Sizes' last measurement (size.go)
 }
 
 // record is the stored form of a proxy.Record.
@@ -141,9 +143,6 @@ func (s *Store) Close() error {
 	})
 	return s.closeErr
 }
-
-// Sizes returns the LSM tree's and the value log's size on disk, in bytes.
-func (s *Store) Sizes() (lsm, vlog int64) { return s.db.Size() }
 
 func (s *Store) gcLoop(every time.Duration) {
 	defer s.done.Done()
