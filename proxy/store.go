@@ -53,6 +53,9 @@ type Response struct {
 	// BodyStored is false when the body was larger than the storage cap and
 	// was left out: the answer is known to exist but cannot be replayed.
 	BodyStored bool `json:"body_stored"`
+	// Reconciled is set when the answer came from a reconcile lookup, not
+	// from the original request.
+	Reconciled bool `json:"reconciled,omitempty"`
 }
 
 // Record is the stored state of one key.
