@@ -107,6 +107,7 @@ type table struct {
 	passthrough *httputil.ReverseProxy
 	ptTimeout   time.Duration
 	upstream    string // the upstream's base URL, without a trailing '/'
+	reconciles  bool   // a route has a reconcile section
 }
 
 // route is one configured route, ready to serve.
@@ -176,6 +177,7 @@ func (p *Proxy) Reload(cfg *config.Config) error {
 		t.routes[rc.Name] = rt
 		p.m.initRoute(rc.Name)
 		p.m.rec.initRoute(rc)
+		t.reconciles = t.reconciles || rc.Reconcile != nil
 	}
 	p.table.Store(t)
 	return nil

@@ -197,6 +197,9 @@ func (r *Reconciler) Run(ctx context.Context) {
 // reconcile, counting grace from now (never earlier than the grace after
 // the key turned in doubt).
 func (r *Reconciler) Discover(ctx context.Context) {
+	if !r.p.table.Load().reconciles {
+		return
+	}
 	keys, err := r.st.Unscheduled(ctx, r.opts.Batch)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -217,6 +220,9 @@ func (r *Reconciler) Discover(ctx context.Context) {
 // pass starts the lookups that are due, at most Concurrency at a time, and
 // returns once every one has started.
 func (r *Reconciler) pass(ctx context.Context) {
+	if !r.p.table.Load().reconciles {
+		return
+	}
 	keys, err := r.st.DueLookups(ctx, r.opts.Batch)
 	if err != nil {
 		if ctx.Err() == nil {

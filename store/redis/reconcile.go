@@ -61,7 +61,7 @@ return 1
 `)
 
 // claimScript takes the lookup lease. ARGV: token, lease ms, force (1/0).
-// It returns {1} claimed, {0} not in doubt, {2, ll} another lease is live,
+// It returns {1, ll} claimed until ll, {0} not in doubt, {2, ll} another lease is live,
 // {3, nl} not due (nl 0: not scheduled).
 var claimScript = goredis.NewScript(doubtPreamble + `
 if not doubt then return {0} end
@@ -70,8 +70,9 @@ if ARGV[3] ~= '1' and ((not f[3]) or tonumber(f[3]) > now) then
   return {3, f[3] and tonumber(f[3]) or 0}
 end
 settle()
-redis.call('HSET', KEYS[1], 'lt', ARGV[1], 'll', string.format('%d', now + tonumber(ARGV[2])))
-return {1}
+local ll = now + tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], 'lt', ARGV[1], 'll', string.format('%d', ll))
+return {1, ll}
 `)
 
 // resolveScript settles a claimed lookup. ARGV: token, mode (applied,
@@ -172,6 +173,10 @@ func (s *Store) ClaimLookup(ctx context.Context, key, token string, lease time.D
 	}
 	switch v[0] {
 	case 1:
+		if len(v) > 1 {
+			// Due again only if this lookup's lease lapses unresolved.
+			return s.index(ctx, key, v[1])
+		}
 		return nil
 	case 0:
 		s.index(ctx, key, 0) // expired, settled or released: not due again
