@@ -2,6 +2,7 @@ package badger
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"time"
@@ -14,9 +15,45 @@ import (
 var _ proxy.ReconcileStore = (*Store)(nil)
 
 // The lookup schedule lives on the records (record.NextLookup), so it
-// survives restarts. Finding due records scans the keys whose UserMeta says
-// in flight or in doubt and reads only those values: the completed records,
-// nearly all of them, are skipped without reading their values.
+// survives restarts, and in an index of entries scheduleIndex + due time
+// (8 bytes, big-endian ms) + record key, empty, with the record's expiry and
+// UserMeta metaIndex: DueLookups reads the index in due order and stops at
+// the first entry not yet due. The record is the truth: an entry whose record
+// is gone, settled or rescheduled is stale and deleted when it comes due.
+// Unscheduled, which runs rarely, scans the keys whose UserMeta says in
+// flight or in doubt, reading only those values.
+
+// scheduleIndex prefixes the index entries; record keys begin with a route
+// name, never with a zero byte.
+const scheduleIndex = "\x00rc/"
+
+// metaIndex is the UserMeta of index entries.
+const metaIndex byte = 4
+
+func indexKey(due int64, key []byte) []byte {
+	k := make([]byte, 0, len(scheduleIndex)+8+len(key))
+	k = append(k, scheduleIndex...)
+	k = binary.BigEndian.AppendUint64(k, uint64(due))
+	return append(k, key...)
+}
+
+// reindex moves key's index entry from the due time old to new (0: none).
+func reindex(txn *bdg.Txn, key []byte, old, new int64, expiresAt uint64) error {
+	if old == new {
+		return nil
+	}
+	if old != 0 {
+		if err := txn.Delete(indexKey(old, key)); err != nil {
+			return err
+		}
+	}
+	if new == 0 {
+		return nil
+	}
+	e := bdg.NewEntry(indexKey(new, key), nil).WithMeta(metaIndex)
+	e.ExpiresAt = expiresAt
+	return txn.SetEntry(e)
+}
 
 // inDoubt reports whether rec is in doubt at now (ms): marked so, or in
 // flight with a lapsed lease.
@@ -48,11 +85,15 @@ func (s *Store) changeDoubt(ctx context.Context, op, key string, fn func(rec *re
 		if rec == nil || !inDoubt(rec, now) {
 			return proxy.ErrNotInDoubt
 		}
+		old := rec.NextLookup
 		write, err := fn(rec, now)
 		if err != nil || !write {
 			return err
 		}
 		settleDoubt(rec)
+		if err := reindex(txn, k, old, rec.NextLookup, exp); err != nil {
+			return err
+		}
 		return putAt(txn, k, rec, exp)
 	})
 	if err != nil && !isDomain(err) {
@@ -129,8 +170,12 @@ func (s *Store) ResolveLookup(ctx context.Context, key, token string, res proxy.
 		}
 		settleDoubt(rec)
 		rec.LookupToken, rec.LookupLease = "", 0
+		old := rec.NextLookup
 		switch {
 		case res.Release:
+			if err := reindex(txn, k, old, 0, exp); err != nil {
+				return err
+			}
 			return txn.Delete(k)
 		case res.Applied != nil:
 			rec.State = proxy.StateCompleted
@@ -138,6 +183,9 @@ func (s *Store) ResolveLookup(ctx context.Context, key, token string, res proxy.
 			rec.NextLookup = 0
 		default:
 			rec.NextLookup = now + res.RetryAfter.Milliseconds()
+		}
+		if err := reindex(txn, k, old, rec.NextLookup, exp); err != nil {
+			return err
 		}
 		return putAt(txn, k, rec, exp)
 	})
@@ -147,20 +195,61 @@ func (s *Store) ResolveLookup(ctx context.Context, key, token string, res proxy.
 	return err
 }
 
-// DueLookups implements proxy.ReconcileStore.
+// DueLookups implements proxy.ReconcileStore: it reads the index in due
+// order, and deletes the stale entries it meets.
 func (s *Store) DueLookups(ctx context.Context, limit int) ([]string, error) {
-	return s.scanDoubt(ctx, limit, func(rec *record, now int64) bool {
-		return rec.NextLookup != 0 && rec.NextLookup <= now && (rec.LookupToken == "" || rec.LookupLease <= now)
+	var keys []string
+	var stale [][]byte
+	now := s.now().UnixMilli()
+	err := s.db.View(func(txn *bdg.Txn) error {
+		prefix := []byte(scheduleIndex)
+		it := txn.NewIterator(bdg.IteratorOptions{PrefetchValues: false, Prefix: prefix})
+		defer it.Close()
+		for it.Seek(prefix); it.ValidForPrefix(prefix) && len(keys) < limit; it.Next() {
+			ik := it.Item().KeyCopy(nil)
+			rest := ik[len(prefix):]
+			if len(rest) <= 8 {
+				stale = append(stale, ik)
+				continue
+			}
+			due, k := int64(binary.BigEndian.Uint64(rest[:8])), rest[8:]
+			if due > now {
+				break
+			}
+			rec, _, err := get(txn, k)
+			if err != nil {
+				return err
+			}
+			switch {
+			case rec == nil || !inDoubt(rec, now) || rec.NextLookup != due:
+				stale = append(stale, ik)
+			case rec.LookupToken == "" || rec.LookupLease <= now:
+				keys = append(keys, string(k))
+			}
+		}
+		return nil
 	})
+	if err != nil {
+		return nil, fmt.Errorf("badger: due lookups: %w", err)
+	}
+	if len(stale) > 0 {
+		err := s.update(func(txn *bdg.Txn) error {
+			for _, ik := range stale {
+				if err := txn.Delete(ik); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, fmt.Errorf("badger: due lookups: delete stale index entries: %w", err)
+		}
+	}
+	return keys, nil
 }
 
 // Unscheduled implements proxy.ReconcileStore.
 func (s *Store) Unscheduled(ctx context.Context, limit int) ([]string, error) {
-	return s.scanDoubt(ctx, limit, func(rec *record, now int64) bool { return rec.NextLookup == 0 })
-}
-
-// scanDoubt returns the keys of in-doubt records that match, at most limit.
-func (s *Store) scanDoubt(ctx context.Context, limit int, match func(rec *record, now int64) bool) ([]string, error) {
 	var keys []string
 	now := s.now().UnixMilli()
 	err := s.db.View(func(txn *bdg.Txn) error {
@@ -178,7 +267,7 @@ func (s *Store) scanDoubt(ctx context.Context, limit int, match func(rec *record
 			if err != nil {
 				return err
 			}
-			if rec != nil && inDoubt(rec, now) && match(rec, now) {
+			if rec != nil && inDoubt(rec, now) && rec.NextLookup == 0 {
 				keys = append(keys, string(item.KeyCopy(nil)))
 			}
 		}

@@ -22,10 +22,12 @@ var _ proxy.ReconcileStore = (*Store)(nil)
 // one sorted set per key prefix, <prefix>reconcile, of record keys scored by
 // their next lookup. The record is the truth and the set an index: the
 // scripts below change only the record (one key, so never cross-slot on a
-// Cluster), and the set is updated after them. A stale entry (a record that
-// expired, settled or was released) is removed when it comes due; an entry
-// lost between a script and its set update is found again by Unscheduled,
-// which scans the prefix.
+// Cluster), and the set is updated after them. DueLookups checks each due
+// entry against its record: a stale entry (a record that expired, settled or
+// was released) is removed, but only if its score is still the one read, so
+// that a schedule written meanwhile is never lost. An entry lost between a
+// script and its set update (a crash) leaves a record with a next lookup
+// but no entry; Unscheduled finds those too.
 
 // doubtPreamble reads the record's fields and whether it is in doubt: marked
 // so, or in flight with a lapsed lease. settle() stores the latter as
@@ -53,11 +55,12 @@ redis.call('HSET', KEYS[1], 'nl', string.format('%d', nl))
 return nl
 `)
 
-// unscheduleScript removes the next lookup of an in-doubt record.
+// unscheduleScript removes the next lookup of an in-doubt record and
+// returns it (0: none).
 var unscheduleScript = goredis.NewScript(doubtPreamble + `
-if not doubt then return 0 end
+if not doubt or not f[3] then return 0 end
 redis.call('HDEL', KEYS[1], 'nl')
-return 1
+return tonumber(f[3])
 `)
 
 // claimScript takes the lookup lease. ARGV: token, lease ms, force (1/0).
@@ -77,44 +80,67 @@ return {1, ll}
 
 // resolveScript settles a claimed lookup. ARGV: token, mode (applied,
 // release, retry), then the response JSON (applied) or the delay ms
-// (retry). It returns -1 when the record is not in doubt under the token, 0
-// when it is settled, and the next lookup for retry.
+// (retry). It returns {-1} when the record is not in doubt under the
+// token, {0, ll} when it is settled (ll: the lease end, the set's score for
+// a claimed record), and {nl} for retry.
 var resolveScript = goredis.NewScript(doubtPreamble + `
-if not doubt or f[4] ~= ARGV[1] then return -1 end
+if not doubt or f[4] ~= ARGV[1] then return {-1} end
+local ll = tonumber(f[5]) or 0
 if ARGV[2] == 'release' then
   redis.call('DEL', KEYS[1])
-  return 0
+  return {0, ll}
 end
 settle()
 redis.call('HDEL', KEYS[1], 'lt', 'll')
 if ARGV[2] == 'applied' then
   redis.call('HSET', KEYS[1], 'st', 'completed', 'resp', ARGV[3])
   redis.call('HDEL', KEYS[1], 'nl')
-  return 0
+  return {0, ll}
 end
 local nl = now + tonumber(ARGV[3])
 redis.call('HSET', KEYS[1], 'nl', string.format('%d', nl))
-return nl
+return {nl}
 `)
 
-// dueScript returns up to ARGV[1] members of the schedule KEYS[1] due now.
+// dueScript returns the server time and up to ARGV[1] members of the
+// schedule KEYS[1] due now, with their scores: {now, m1, s1, m2, s2, ...}.
 var dueScript = goredis.NewScript(nowMillis + `
-return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+local r = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[1]))
+table.insert(r, 1, string.format('%d', now))
+return r
+`)
+
+// zremIfScript removes ARGV[1] from the schedule KEYS[1] if its score is
+// still ARGV[2].
+var zremIfScript = goredis.NewScript(`
+local s = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if s and tonumber(s) == tonumber(ARGV[2]) then
+  return redis.call('ZREM', KEYS[1], ARGV[1])
+end
+return 0
 `)
 
 // scheduleKey is the sorted set of the prefix's lookups. Record keys always
 // hold a '/', this one does not.
 func (s *Store) scheduleKey() string { return s.prefix + "reconcile" }
 
-// index puts key in the schedule at nl (ms), or removes it for nl <= 0.
+// index puts key in the schedule at nl (ms); nl <= 0 does nothing.
 func (s *Store) index(ctx context.Context, key string, nl int64) error {
-	var err error
-	if nl > 0 {
-		err = s.client.ZAdd(ctx, s.scheduleKey(), goredis.Z{Score: float64(nl), Member: key}).Err()
-	} else {
-		err = s.client.ZRem(ctx, s.scheduleKey(), key).Err()
+	if nl <= 0 {
+		return nil
 	}
-	if err != nil {
+	if err := s.client.ZAdd(ctx, s.scheduleKey(), goredis.Z{Score: float64(nl), Member: key}).Err(); err != nil {
+		return fmt.Errorf("redis store: lookup schedule: %w", err)
+	}
+	return nil
+}
+
+// unindex removes key from the schedule if its score is still score.
+func (s *Store) unindex(ctx context.Context, key string, score int64) error {
+	if score <= 0 {
+		return nil
+	}
+	if err := zremIfScript.Run(ctx, s.client, []string{s.scheduleKey()}, key, score).Err(); err != nil {
 		return fmt.Errorf("redis store: lookup schedule: %w", err)
 	}
 	return nil
@@ -144,10 +170,11 @@ func (s *Store) ScheduleLookup(ctx context.Context, key string, after time.Durat
 
 // UnscheduleLookup implements proxy.ReconcileStore.
 func (s *Store) UnscheduleLookup(ctx context.Context, key string) error {
-	if _, err := s.runInt(ctx, "unschedule lookup", unscheduleScript, key); err != nil {
+	nl, err := s.runInt(ctx, "unschedule lookup", unscheduleScript, key)
+	if err != nil {
 		return err
 	}
-	return s.index(ctx, key, 0)
+	return s.unindex(ctx, key, nl)
 }
 
 // ClaimLookup implements proxy.ReconcileStore.
@@ -179,8 +206,7 @@ func (s *Store) ClaimLookup(ctx context.Context, key, token string, lease time.D
 		}
 		return nil
 	case 0:
-		s.index(ctx, key, 0) // expired, settled or released: not due again
-		return proxy.ErrNotInDoubt
+		return proxy.ErrNotInDoubt // DueLookups drops its entry
 	case 2:
 		if len(v) > 1 {
 			s.index(ctx, key, v[1]) // due again when that lease ends
@@ -209,23 +235,75 @@ func (s *Store) ResolveLookup(ctx context.Context, key, token string, res proxy.
 	default:
 		args = append(args, "retry", millis(res.RetryAfter))
 	}
-	nl, err := s.runInt(ctx, "resolve lookup", resolveScript, key, args...)
-	if err != nil {
+	if err := checkKey(key); err != nil {
 		return err
 	}
-	if nl < 0 {
-		return proxy.ErrNotOwner
+	rctx, cancel := context.WithTimeout(ctx, s.opTimeout)
+	defer cancel()
+	v, err := resolveScript.Run(rctx, s.client, []string{s.prefix + key}, args...).Int64Slice()
+	if err != nil {
+		return fmt.Errorf("redis store: resolve lookup: %w", err)
 	}
-	return s.index(ctx, key, nl)
+	switch {
+	case len(v) == 0 || v[0] < 0:
+		return proxy.ErrNotOwner
+	case v[0] == 0 && len(v) > 1:
+		return s.unindex(ctx, key, v[1])
+	default:
+		return s.index(ctx, key, v[0])
+	}
 }
 
-// DueLookups implements proxy.ReconcileStore.
+// DueLookups implements proxy.ReconcileStore: the due entries of the
+// schedule, each checked against its record (pipelined HMGET); stale
+// entries are removed, early ones moved to their record's next lookup.
 func (s *Store) DueLookups(ctx context.Context, limit int) ([]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.opTimeout)
 	defer cancel()
-	keys, err := dueScript.Run(ctx, s.client, []string{s.scheduleKey()}, limit).StringSlice()
+	v, err := dueScript.Run(ctx, s.client, []string{s.scheduleKey()}, limit).StringSlice()
 	if err != nil {
 		return nil, fmt.Errorf("redis store: due lookups: %w", err)
+	}
+	if len(v) < 3 {
+		return nil, nil
+	}
+	now, _ := strconv.ParseInt(v[0], 10, 64)
+	type entry struct {
+		key   string
+		score int64
+		cmd   *goredis.SliceCmd
+	}
+	pipe := s.client.Pipeline()
+	var entries []entry
+	for i := 1; i+1 < len(v); i += 2 {
+		score, _ := strconv.ParseFloat(v[i+1], 64)
+		entries = append(entries, entry{v[i], int64(score), pipe.HMGet(ctx, s.prefix+v[i], "st", "le", "nl", "lt", "ll")})
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, goredis.Nil) {
+		return nil, fmt.Errorf("redis store: due lookups: %w", err)
+	}
+	var keys []string
+	for _, e := range entries {
+		f, err := e.cmd.Result()
+		if err != nil || len(f) != 5 {
+			continue
+		}
+		num := func(i int) int64 { n, _ := strconv.ParseInt(str(f[i]), 10, 64); return n }
+		st, le, nl, ll := str(f[0]), num(1), num(2), num(4)
+		doubt := st == string(proxy.StateInDoubt) || (st == string(proxy.StateInFlight) && le <= now)
+		switch {
+		case !doubt || nl == 0:
+			err = s.unindex(ctx, e.key, e.score)
+		case str(f[3]) != "" && ll > now:
+			err = s.index(ctx, e.key, ll) // a lookup is running
+		case nl > now:
+			err = s.index(ctx, e.key, nl)
+		default:
+			keys = append(keys, e.key)
+		}
+		if err != nil {
+			return nil, err
+		}
 	}
 	return keys, nil
 }
@@ -300,13 +378,28 @@ func (s *Store) unscheduledIn(ctx context.Context, c *goredis.Client, batch []st
 	var out []string
 	for _, cmd := range cmds {
 		v, err := cmd.Result()
-		if err != nil || len(v) != 3 || v[2] != nil {
+		if err != nil || len(v) != 3 {
 			continue
 		}
 		st := str(v[0])
 		le, _ := strconv.ParseInt(str(v[1]), 10, 64)
-		if st == string(proxy.StateInDoubt) || (st == string(proxy.StateInFlight) && le <= now) {
-			out = append(out, strings.TrimPrefix(cmd.Args()[1].(string), s.prefix))
+		if st != string(proxy.StateInDoubt) && (st != string(proxy.StateInFlight) || le > now) {
+			continue
+		}
+		key := strings.TrimPrefix(cmd.Args()[1].(string), s.prefix)
+		if v[2] == nil {
+			out = append(out, key)
+			continue
+		}
+		// Scheduled: make sure the schedule has it (a crash between a
+		// script and its set update loses the entry).
+		nl, _ := strconv.ParseInt(str(v[2]), 10, 64)
+		if err := s.client.ZScore(ctx, s.scheduleKey(), key).Err(); errors.Is(err, goredis.Nil) {
+			if err := s.index(ctx, key, nl); err != nil {
+				return nil, err
+			}
+		} else if err != nil {
+			return nil, err
 		}
 	}
 	return out, nil

@@ -198,6 +198,24 @@ var reconcileCases = []reconcileCase{
 		}
 		e.claim("look-1", longLease, true, proxy.ErrNotInDoubt)
 	}},
+	{"a due key settled by its owner, or released and reserved again, is no longer due", func(e *renv) {
+		e.inDoubt()
+		e.schedule(0)
+		e.waitDue()
+		e.commit(e.key, "tok-a", sampleResponse(), time.Hour, nil)
+		if e.listed(e.rs.DueLookups) {
+			e.t.Errorf("DueLookups lists a key its owner committed")
+		}
+		e.delete(e.key)
+		e.reserveOK(e.key, "tok-b", "fp-b", shortLease, longTTL)
+		e.waitFor(func(r *proxy.Record) bool { return r != nil && r.State == proxy.StateInDoubt })
+		if e.listed(e.rs.DueLookups) {
+			e.t.Errorf("DueLookups lists a new, unscheduled reservation under a key once due")
+		}
+		if !e.listed(e.rs.Unscheduled) {
+			e.t.Errorf("Unscheduled does not list the new lapsed reservation")
+		}
+	}},
 	{"unschedule takes the key off the schedule", func(e *renv) {
 		e.inDoubt()
 		e.schedule(0)
