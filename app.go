@@ -183,7 +183,7 @@ func (a *app) serve(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	reconciler, stopReconciler, err := a.startReconciler(store, storeName)
+	reconciler, stopReconciler, err := a.startReconciler(store)
 	if err != nil {
 		return err
 	}
@@ -271,18 +271,12 @@ func (a *app) serve(ctx context.Context) error {
 // startReconciler starts the background reconciliation of in-doubt keys
 // when the store supports it, and returns it (nil otherwise) with the
 // function that stops it and waits for its lookups.
-func (a *app) startReconciler(store storeCloser, storeName string) (admin.Reconciler, func(), error) {
+func (a *app) startReconciler(store storeCloser) (admin.Reconciler, func(), error) {
 	rs, ok := store.(proxy.ReconcileStore)
 	if !ok {
 		return nil, func() {}, nil
 	}
-	// Finding due keys is a sorted-set range in Redis, a scan of the
-	// in-flight and in-doubt records in Badger.
-	tick := time.Second
-	if storeName == "badger" {
-		tick = 5 * time.Second
-	}
-	rec, err := a.p.NewReconciler(proxy.ReconcilerOptions{Store: rs, Tick: tick})
+	rec, err := a.p.NewReconciler(proxy.ReconcilerOptions{Store: rs})
 	if err != nil {
 		return nil, nil, err
 	}

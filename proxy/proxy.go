@@ -144,7 +144,9 @@ func New(cfg *config.Config, opts Options) (*Proxy, error) {
 		transport: opts.Transport,
 		protected: newNoResend(opts.Transport),
 	}
-	p.rstore, _ = opts.Store.(ReconcileStore)
+	if rs, ok := opts.Store.(ReconcileStore); ok {
+		p.rstore = instrumentedReconcile{ReconcileStore: rs, s: p.store.(instrumented)}
+	}
 	p.active.idle.L = &p.active.mu
 	p.life, p.abort = context.WithCancel(context.Background())
 	if err := p.Reload(cfg); err != nil {

@@ -126,7 +126,8 @@ func (m *reconcileMetrics) initRoute(rc config.Route) {
 
 // ReconcilerOptions configures Proxy.NewReconciler.
 type ReconcilerOptions struct {
-	// Store is the proxy's store seen as a ReconcileStore. Required.
+	// Store is the proxy's store seen as a ReconcileStore (its operations
+	// are measured like the proxy's). Required.
 	Store ReconcileStore
 	// Concurrency bounds the lookups running at once; zero means 4.
 	Concurrency int
@@ -167,7 +168,11 @@ func (p *Proxy) NewReconciler(opts ReconcilerOptions) (*Reconciler, error) {
 	if opts.Batch <= 0 {
 		opts.Batch = 100
 	}
-	r := &Reconciler{p: p, st: opts.Store, opts: opts, sem: make(chan struct{}, opts.Concurrency)}
+	st := opts.Store
+	if _, measured := st.(instrumentedReconcile); !measured {
+		st = instrumentedReconcile{ReconcileStore: st, s: p.store.(instrumented)}
+	}
+	r := &Reconciler{p: p, st: st, opts: opts, sem: make(chan struct{}, opts.Concurrency)}
 	return r, nil
 }
 
@@ -390,4 +395,51 @@ func splitStoreKey(k string) (route, scope, key string, ok bool) {
 	route, rest, ok1 := strings.Cut(k, "/")
 	scope, key, ok2 := strings.Cut(rest, "/")
 	return route, scope, key, ok1 && ok2 && key != ""
+}
+
+// instrumentedReconcile adds the store metrics to a ReconcileStore, as
+// instrumented does for Store; the refusals of ClaimLookup and
+// ResolveLookup are answers, not errors.
+type instrumentedReconcile struct {
+	ReconcileStore
+	s instrumented
+}
+
+func (r instrumentedReconcile) observe(op string, start time.Time, err error) {
+	for _, answer := range []error{ErrNotInDoubt, ErrLookupBusy, ErrNotDue} {
+		if errors.Is(err, answer) {
+			err = nil
+		}
+	}
+	r.s.observe(op, start, err)
+}
+
+func (r instrumentedReconcile) ScheduleLookup(ctx context.Context, key string, after time.Duration) (err error) {
+	defer func(start time.Time) { r.observe("schedule_lookup", start, err) }(time.Now())
+	return r.ReconcileStore.ScheduleLookup(ctx, key, after)
+}
+
+func (r instrumentedReconcile) Unscheduled(ctx context.Context, limit int) (keys []string, err error) {
+	defer func(start time.Time) { r.observe("unscheduled", start, err) }(time.Now())
+	return r.ReconcileStore.Unscheduled(ctx, limit)
+}
+
+func (r instrumentedReconcile) DueLookups(ctx context.Context, limit int) (keys []string, err error) {
+	defer func(start time.Time) { r.observe("due_lookups", start, err) }(time.Now())
+	return r.ReconcileStore.DueLookups(ctx, limit)
+}
+
+func (r instrumentedReconcile) ClaimLookup(ctx context.Context, key, token string, lease time.Duration, force bool) (err error) {
+	defer func(start time.Time) { r.observe("claim_lookup", start, err) }(time.Now())
+	return r.ReconcileStore.ClaimLookup(ctx, key, token, lease, force)
+}
+
+func (r instrumentedReconcile) ResolveLookup(ctx context.Context, key, token string, res LookupResult) (err error) {
+	defer func(start time.Time) { r.observe("resolve_lookup", start, err) }(time.Now())
+	return r.ReconcileStore.ResolveLookup(ctx, key, token, res)
+}
+
+func (r instrumentedReconcile) UnscheduleLookup(ctx context.Context, key string) (err error) {
+	defer func(start time.Time) { r.observe("unschedule_lookup", start, err) }(time.Now())
+	return r.ReconcileStore.UnscheduleLookup(ctx, key)
 }
