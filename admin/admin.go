@@ -197,18 +197,28 @@ type keyView struct {
 	Reconciled bool `json:"reconciled,omitempty"`
 }
 
-func (h *Handler) getKey(w http.ResponseWriter, r *http.Request) {
+// record reads the record of a key API request; it answers the request
+// itself (404, 503, a bad route or scope) when there is none to work on.
+func (h *Handler) record(w http.ResponseWriter, r *http.Request) (string, *proxy.Record, bool) {
 	sk, ok := h.storeKey(w, r)
 	if !ok {
-		return
+		return "", nil, false
 	}
 	rec, err := h.opts.Store.Get(r.Context(), sk)
 	if err != nil {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"error": "store unavailable: " + err.Error()})
-		return
+		return "", nil, false
 	}
 	if rec == nil {
 		writeJSON(w, http.StatusNotFound, map[string]any{"error": "no record for this key (never seen, released or expired)"})
+		return "", nil, false
+	}
+	return sk, rec, true
+}
+
+func (h *Handler) getKey(w http.ResponseWriter, r *http.Request) {
+	_, rec, ok := h.record(w, r)
+	if !ok {
 		return
 	}
 	v := keyView{
@@ -293,17 +303,8 @@ func (h *Handler) reconcileKey(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, map[string]any{"error": "reconciliation is not available with this store"})
 		return
 	}
-	sk, ok := h.storeKey(w, r)
+	sk, rec, ok := h.record(w, r)
 	if !ok {
-		return
-	}
-	rec, err := h.opts.Store.Get(r.Context(), sk)
-	if err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"error": "store unavailable: " + err.Error()})
-		return
-	}
-	if rec == nil {
-		writeJSON(w, http.StatusNotFound, map[string]any{"error": "no record for this key (never seen, released or expired)"})
 		return
 	}
 	out, err := h.opts.Reconciler.Reconcile(r.Context(), sk)

@@ -68,10 +68,19 @@ func settleDoubt(rec *record) {
 	rec.Lease = 0
 }
 
+// change is what a changeDoubt callback does with the record.
+type change int
+
+const (
+	keep   change = iota // leave the record as it is
+	write                // store the changed record
+	remove               // delete the record
+)
+
 // changeDoubt applies fn to the in-doubt record under key inside one
-// transaction, keeping the record's expiry; fn returns whether to write.
-// It returns proxy.ErrNotInDoubt when there is no in-doubt record.
-func (s *Store) changeDoubt(ctx context.Context, op, key string, fn func(rec *record, now int64) (bool, error)) error {
+// transaction, keeping the record's expiry and moving its index entry. It
+// returns notInDoubt when there is no in-doubt record, and fn's error.
+func (s *Store) changeDoubt(ctx context.Context, op, key string, notInDoubt error, fn func(rec *record, now int64) (change, error)) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -83,14 +92,22 @@ func (s *Store) changeDoubt(ctx context.Context, op, key string, fn func(rec *re
 		}
 		now := s.now().UnixMilli()
 		if rec == nil || !inDoubt(rec, now) {
-			return proxy.ErrNotInDoubt
+			return notInDoubt
 		}
 		old := rec.NextLookup
-		write, err := fn(rec, now)
-		if err != nil || !write {
+		c, err := fn(rec, now)
+		if err != nil || c == keep {
 			return err
 		}
-		settleDoubt(rec)
+		if c == remove {
+			if err := reindex(txn, k, old, 0, exp); err != nil {
+				return err
+			}
+			return txn.Delete(k)
+		}
+		if rec.State == proxy.StateInFlight {
+			settleDoubt(rec)
+		}
 		if err := reindex(txn, k, old, rec.NextLookup, exp); err != nil {
 			return err
 		}
@@ -113,12 +130,12 @@ func isDomain(err error) bool {
 
 // ScheduleLookup implements proxy.ReconcileStore.
 func (s *Store) ScheduleLookup(ctx context.Context, key string, after time.Duration) error {
-	err := s.changeDoubt(ctx, "schedule lookup", key, func(rec *record, now int64) (bool, error) {
+	err := s.changeDoubt(ctx, "schedule lookup", key, proxy.ErrNotInDoubt, func(rec *record, now int64) (change, error) {
 		if rec.NextLookup != 0 {
-			return false, nil
+			return keep, nil
 		}
 		rec.NextLookup = now + after.Milliseconds()
-		return true, nil
+		return write, nil
 	})
 	if errors.Is(err, proxy.ErrNotInDoubt) {
 		return nil
@@ -128,9 +145,9 @@ func (s *Store) ScheduleLookup(ctx context.Context, key string, after time.Durat
 
 // UnscheduleLookup implements proxy.ReconcileStore.
 func (s *Store) UnscheduleLookup(ctx context.Context, key string) error {
-	err := s.changeDoubt(ctx, "unschedule lookup", key, func(rec *record, now int64) (bool, error) {
+	err := s.changeDoubt(ctx, "unschedule lookup", key, proxy.ErrNotInDoubt, func(rec *record, now int64) (change, error) {
 		rec.NextLookup = 0
-		return true, nil
+		return write, nil
 	})
 	if errors.Is(err, proxy.ErrNotInDoubt) {
 		return nil
@@ -140,43 +157,30 @@ func (s *Store) UnscheduleLookup(ctx context.Context, key string) error {
 
 // ClaimLookup implements proxy.ReconcileStore.
 func (s *Store) ClaimLookup(ctx context.Context, key, token string, lease time.Duration, force bool) error {
-	return s.changeDoubt(ctx, "claim lookup", key, func(rec *record, now int64) (bool, error) {
+	return s.changeDoubt(ctx, "claim lookup", key, proxy.ErrNotInDoubt, func(rec *record, now int64) (change, error) {
 		switch {
 		case rec.LookupToken != "" && rec.LookupLease > now:
-			return false, proxy.ErrLookupBusy
+			return keep, proxy.ErrLookupBusy
 		case !force && (rec.NextLookup == 0 || rec.NextLookup > now):
-			return false, proxy.ErrNotDue
+			return keep, proxy.ErrNotDue
 		}
 		rec.LookupToken = token
 		rec.LookupLease = now + lease.Milliseconds()
-		return true, nil
+		return write, nil
 	})
 }
 
 // ResolveLookup implements proxy.ReconcileStore.
 func (s *Store) ResolveLookup(ctx context.Context, key, token string, res proxy.LookupResult) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	err := s.update(func(txn *bdg.Txn) error {
-		k := []byte(key)
-		rec, exp, err := get(txn, k)
-		if err != nil {
-			return err
-		}
-		now := s.now().UnixMilli()
-		if rec == nil || !inDoubt(rec, now) || rec.LookupToken != token {
-			return proxy.ErrNotOwner
+	return s.changeDoubt(ctx, "resolve lookup", key, proxy.ErrNotOwner, func(rec *record, now int64) (change, error) {
+		if rec.LookupToken != token {
+			return keep, proxy.ErrNotOwner
 		}
 		settleDoubt(rec)
 		rec.LookupToken, rec.LookupLease = "", 0
-		old := rec.NextLookup
 		switch {
 		case res.Release:
-			if err := reindex(txn, k, old, 0, exp); err != nil {
-				return err
-			}
-			return txn.Delete(k)
+			return remove, nil
 		case res.Applied != nil:
 			rec.State = proxy.StateCompleted
 			rec.Response = res.Applied
@@ -184,15 +188,8 @@ func (s *Store) ResolveLookup(ctx context.Context, key, token string, res proxy.
 		default:
 			rec.NextLookup = now + res.RetryAfter.Milliseconds()
 		}
-		if err := reindex(txn, k, old, rec.NextLookup, exp); err != nil {
-			return err
-		}
-		return putAt(txn, k, rec, exp)
+		return write, nil
 	})
-	if err != nil && !errors.Is(err, proxy.ErrNotOwner) {
-		return fmt.Errorf("badger: resolve lookup: %w", err)
-	}
-	return err
 }
 
 // DueLookups implements proxy.ReconcileStore: it reads the index in due
