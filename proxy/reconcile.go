@@ -32,10 +32,10 @@ type ReconcileStore interface {
 	// to after from now, unless it has one already. It does nothing to a
 	// record that is not in doubt, or to no record.
 	ScheduleLookup(ctx context.Context, key string, after time.Duration) error
-	// Unscheduled returns the keys of in-doubt records that have no
-	// lookup scheduled (a crash's orphans, lapsed leases, keys that turned
-	// in doubt on a route without reconcile), at most limit of them.
-	Unscheduled(ctx context.Context, limit int) ([]string, error)
+	// Unscheduled returns the keys beginning with prefix (a route's
+	// "name/") of in-doubt records that have no lookup scheduled (a
+	// crash's orphans, lapsed leases), at most limit of them.
+	Unscheduled(ctx context.Context, prefix string, limit int) ([]string, error)
 	// DueLookups returns the keys of in-doubt records whose next lookup
 	// is due, at most limit of them.
 	DueLookups(ctx context.Context, limit int) ([]string, error)
@@ -84,7 +84,7 @@ var ReconcileResults = []string{ReconcileApplied, ReconcileNotApplied, Reconcile
 type reconcileMetrics struct {
 	reconciliations *prometheus.CounterVec
 	due             prometheus.Gauge
-	unscheduled     prometheus.Gauge
+	discovered      *prometheus.CounterVec
 	observed        *prometheus.CounterVec
 }
 
@@ -98,16 +98,16 @@ func newReconcileMetrics(reg prometheus.Registerer) *reconcileMetrics {
 			Name: "idemproxy_reconcile_due_keys",
 			Help: "In-doubt keys whose lookup was due at the reconciler's last pass (at most one batch).",
 		}),
-		unscheduled: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "idemproxy_keys_in_doubt_unscheduled",
-			Help: "In-doubt keys without a scheduled lookup found at the reconciler's last discovery (at most one batch): keys of routes without reconcile, or not yet scheduled.",
-		}),
+		discovered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemproxy_reconcile_discovered_total",
+			Help: "In-doubt keys found without a scheduled lookup (left by a crash, or a lease that lapsed) and scheduled, by route.",
+		}, []string{"route"}),
 		observed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemproxy_observed_total",
 			Help: "Requests forwarded by routes in observe mode that enforce mode would have answered itself, by route and what it would have done.",
 		}, []string{"route", "would"}),
 	}
-	reg.MustRegister(m.reconciliations, m.due, m.unscheduled, m.observed)
+	reg.MustRegister(m.reconciliations, m.due, m.discovered, m.observed)
 	return m
 }
 
@@ -116,6 +116,7 @@ func (m *reconcileMetrics) initRoute(rc config.Route) {
 		for _, r := range ReconcileResults {
 			m.reconciliations.WithLabelValues(rc.Name, r)
 		}
+		m.discovered.WithLabelValues(rc.Name)
 	}
 	if rc.Mode == config.ModeObserve {
 		for _, w := range Woulds {
@@ -198,26 +199,31 @@ func (r *Reconciler) Run(ctx context.Context) {
 	}
 }
 
-// Discover schedules the in-doubt keys without a schedule on routes that
-// reconcile, counting grace from now (never earlier than the grace after
-// the key turned in doubt).
+// Discover schedules the in-doubt keys without a schedule on the routes
+// that reconcile, counting grace from now (never earlier than the grace
+// after the key turned in doubt). In-doubt keys of other routes are left
+// to an operator or their TTL.
 func (r *Reconciler) Discover(ctx context.Context) {
-	if !r.p.table.Load().reconciles {
-		return
-	}
-	keys, err := r.st.Unscheduled(ctx, r.opts.Batch)
-	if err != nil {
-		if ctx.Err() == nil {
-			r.p.log.Error("reconciler: find unscheduled in-doubt keys", "err", err)
+	for _, rt := range r.p.table.Load().routes {
+		if rt.cfg.Reconcile == nil {
+			continue
 		}
-		return
-	}
-	r.p.m.rec.unscheduled.Set(float64(len(keys)))
-	for _, k := range keys {
-		if rt := r.p.routeOf(k); rt != nil && rt.cfg.Reconcile != nil {
-			if err := r.st.ScheduleLookup(ctx, k, rt.cfg.Reconcile.Grace.D()); err != nil {
-				r.p.log.Error("reconciler: schedule a lookup", "key_hash", keyHash(k), "err", err)
+		keys, err := r.st.Unscheduled(ctx, rt.cfg.Name+"/", r.opts.Batch)
+		if err != nil {
+			if ctx.Err() == nil {
+				r.p.log.Error("reconciler: find unscheduled in-doubt keys", "route", rt.cfg.Name, "err", err)
 			}
+			continue
+		}
+		for _, k := range keys {
+			if err := r.st.ScheduleLookup(ctx, k, rt.cfg.Reconcile.Grace.D()); err != nil {
+				r.p.log.Error("reconciler: schedule a lookup", "route", rt.cfg.Name, "key_hash", keyHash(k), "err", err)
+				continue
+			}
+			r.p.m.rec.discovered.WithLabelValues(rt.cfg.Name).Inc()
+		}
+		if len(keys) > 0 {
+			r.p.log.Warn("in-doubt keys without a lookup found and scheduled", "route", rt.cfg.Name, "keys", len(keys))
 		}
 	}
 }
@@ -419,9 +425,9 @@ func (r instrumentedReconcile) ScheduleLookup(ctx context.Context, key string, a
 	return r.ReconcileStore.ScheduleLookup(ctx, key, after)
 }
 
-func (r instrumentedReconcile) Unscheduled(ctx context.Context, limit int) (keys []string, err error) {
+func (r instrumentedReconcile) Unscheduled(ctx context.Context, prefix string, limit int) (keys []string, err error) {
 	defer func(start time.Time) { r.observe("unscheduled", start, err) }(time.Now())
-	return r.ReconcileStore.Unscheduled(ctx, limit)
+	return r.ReconcileStore.Unscheduled(ctx, prefix, limit)
 }
 
 func (r instrumentedReconcile) DueLookups(ctx context.Context, limit int) (keys []string, err error) {

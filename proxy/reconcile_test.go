@@ -156,6 +156,40 @@ func TestReconcileNotAppliedReleasesAndTheRetryIsChargedOnce(t *testing.T) {
 	if got := e.reconciliations("charges", proxy.ReconcileNotApplied); got != 1 {
 		t.Errorf("reconciliations not_applied = %d, want 1", got)
 	}
+	if got := counterValue(t, e.reg, "idemproxy_reconcile_discovered_total", map[string]string{"route": "charges"}); got != 1 {
+		t.Errorf("discovered = %v, want 1 (the crash's reservation)", got)
+	}
+}
+
+// TestReconcileDiscoveryIsPerRoute: in-doubt keys of a route without
+// reconcile, more than a batch of them, do not keep discovery from
+// finding those of a route that reconciles.
+func TestReconcileDiscoveryIsPerRoute(t *testing.T) {
+	g := newGate()
+	e := &env{t: t}
+	e.stub = httptest.NewServer(g)
+	t.Cleanup(e.stub.Close)
+	e.start(e.stub.URL, reconcileRoute+"  - name: aaa\n    match: POST /aaa\n    key: {json: orderId}\n")
+	rec, err := e.p.NewReconciler(proxy.ReconcilerOptions{Store: e.store, Batch: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lapse := func(route, key string) {
+		t.Helper()
+		res := proxy.Reservation{Token: "crashed", Lease: time.Millisecond, TTL: time.Hour}
+		if r, err := e.store.Reserve(context.Background(), proxy.StoreKey(route, "", key), res); err != nil || r != nil {
+			t.Fatalf("Reserve = %v, %v", r, err)
+		}
+	}
+	for _, k := range []string{"A-1", "A-2", "A-3"} {
+		lapse("aaa", k)
+	}
+	lapse("charges", "R-6")
+	eventually(t, "the leases lapse", func() bool { return e.state("charges", "", "R-6") == proxy.StateInDoubt })
+	reconcileUntil(t, rec, "R-6 is released", func() bool { return e.state("charges", "", "R-6") == "" })
+	if st := e.state("aaa", "", "A-1"); st != proxy.StateInDoubt {
+		t.Errorf("a key of the route without reconcile is %q, want still in_doubt", st)
+	}
 }
 
 func TestReconcileFailingLookupStaysInDoubtAndIsRetried(t *testing.T) {
@@ -211,7 +245,7 @@ func TestReconcileScheduleSurvivesRestart(t *testing.T) {
 
 	st, p, srv := open()
 	defer func() { srv.Close(); st.Close() }()
-	keys, err := st.Unscheduled(context.Background(), 10)
+	keys, err := st.Unscheduled(context.Background(), "charges/", 10)
 	if err != nil || len(keys) != 0 {
 		t.Fatalf("Unscheduled after the restart = %q, %v; want none: the schedule was lost", keys, err)
 	}

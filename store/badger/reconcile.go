@@ -246,13 +246,14 @@ func (s *Store) DueLookups(ctx context.Context, limit int) ([]string, error) {
 }
 
 // Unscheduled implements proxy.ReconcileStore.
-func (s *Store) Unscheduled(ctx context.Context, limit int) ([]string, error) {
+func (s *Store) Unscheduled(ctx context.Context, prefix string, limit int) ([]string, error) {
 	var keys []string
 	now := s.now().UnixMilli()
 	err := s.db.View(func(txn *bdg.Txn) error {
-		it := txn.NewIterator(bdg.IteratorOptions{PrefetchValues: false})
+		p := []byte(prefix)
+		it := txn.NewIterator(bdg.IteratorOptions{PrefetchValues: false, Prefix: p})
 		defer it.Close()
-		for it.Rewind(); it.Valid() && len(keys) < limit; it.Next() {
+		for it.Seek(p); it.ValidForPrefix(p) && len(keys) < limit; it.Next() {
 			if err := ctx.Err(); err != nil {
 				return err
 			}

@@ -48,7 +48,7 @@ func BenchmarkReconcileScan(b *testing.B) {
 			})
 			b.Run("Unscheduled", func(b *testing.B) {
 				for b.Loop() {
-					if keys, err := s.Unscheduled(ctx, 100); err != nil || len(keys) != 0 {
+					if keys, err := s.Unscheduled(ctx, "charges/", 100); err != nil || len(keys) != 0 {
 						b.Fatalf("Unscheduled = %d keys, %v; want none", len(keys), err)
 					}
 				}

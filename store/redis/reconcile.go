@@ -312,10 +312,10 @@ func (s *Store) DueLookups(ctx context.Context, limit int) ([]string, error) {
 const scanCount = 1000
 
 // Unscheduled implements proxy.ReconcileStore. It scans every key under
-// the prefix (SCAN, on every master of a Cluster) and reads the state of
+// the key prefix and prefix (SCAN, on every master of a Cluster) and reads the state of
 // each (pipelined HMGET): a cost proportional to the number of records,
 // which is why the reconciler runs it far less often than DueLookups.
-func (s *Store) Unscheduled(ctx context.Context, limit int) ([]string, error) {
+func (s *Store) Unscheduled(ctx context.Context, prefix string, limit int) ([]string, error) {
 	var (
 		mu   sync.Mutex // ForEachMaster runs scan on the masters at once
 		keys []string
@@ -324,7 +324,7 @@ func (s *Store) Unscheduled(ctx context.Context, limit int) ([]string, error) {
 	scan := func(ctx context.Context, c *goredis.Client) error {
 		var cursor uint64
 		for !enough() {
-			batch, next, err := c.Scan(ctx, cursor, globEscape(s.prefix)+"*", scanCount).Result()
+			batch, next, err := c.Scan(ctx, cursor, globEscape(s.prefix+prefix)+"*", scanCount).Result()
 			if err != nil {
 				return err
 			}

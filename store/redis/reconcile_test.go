@@ -32,7 +32,7 @@ func TestUnscheduledRepairsALostScheduleEntry(t *testing.T) {
 	if due, _ := s.DueLookups(ctx, 10); len(due) != 0 {
 		t.Fatalf("DueLookups = %q with the entry removed, want none", due)
 	}
-	if keys, err := s.Unscheduled(ctx, 10); err != nil || len(keys) != 0 {
+	if keys, err := s.Unscheduled(ctx, "charges/", 10); err != nil || len(keys) != 0 {
 		t.Fatalf("Unscheduled = %q, %v; want none (the record is scheduled)", keys, err)
 	}
 	due, err := s.DueLookups(ctx, 10)

@@ -79,6 +79,11 @@ func (e *renv) listed(list func(context.Context, int) ([]string, error)) bool {
 	return slices.Contains(keys, e.key)
 }
 
+// unscheduled is Unscheduled for the suite's keys ("storetest/...").
+func (e *renv) unscheduled(ctx context.Context, limit int) ([]string, error) {
+	return e.rs.Unscheduled(ctx, "storetest/", limit)
+}
+
 // waitDue polls DueLookups until it lists e.key.
 func (e *renv) waitDue() {
 	e.t.Helper()
@@ -92,11 +97,15 @@ func (e *renv) waitDue() {
 var reconcileCases = []reconcileCase{
 	{"an in-doubt key is unscheduled until scheduled, then due after the delay", func(e *renv) {
 		e.inDoubt()
-		if !e.listed(e.rs.Unscheduled) {
+		if !e.listed(e.unscheduled) {
 			e.t.Errorf("Unscheduled does not list a key marked in doubt")
 		}
+		other := func(ctx context.Context, limit int) ([]string, error) { return e.rs.Unscheduled(ctx, "other/", limit) }
+		if e.listed(other) {
+			e.t.Errorf("Unscheduled with another route's prefix lists the key")
+		}
 		e.schedule(shortLease)
-		if e.listed(e.rs.Unscheduled) {
+		if e.listed(e.unscheduled) {
 			e.t.Errorf("Unscheduled still lists a scheduled key")
 		}
 		e.claim("look-1", longLease, false, proxy.ErrNotDue)
@@ -173,11 +182,11 @@ var reconcileCases = []reconcileCase{
 	{"a lapsed reservation is in doubt for reconciliation; its owner can still commit", func(e *renv) {
 		e.reserveOK(e.key, "tok-a", "fp-a", shortLease, longTTL)
 		e.claim("look-1", longLease, true, proxy.ErrNotInDoubt)
-		if e.listed(e.rs.Unscheduled) {
+		if e.listed(e.unscheduled) {
 			e.t.Errorf("Unscheduled lists a live reservation")
 		}
 		e.waitFor(func(r *proxy.Record) bool { return r != nil && r.State == proxy.StateInDoubt })
-		if !e.listed(e.rs.Unscheduled) {
+		if !e.listed(e.unscheduled) {
 			e.t.Errorf("Unscheduled does not list a lapsed reservation")
 		}
 		e.schedule(longTTL)
@@ -193,7 +202,7 @@ var reconcileCases = []reconcileCase{
 		e.reserveOK(e.key, "tok-a", "fp-a", longLease, longTTL)
 		e.commit(e.key, "tok-a", sampleResponse(), time.Hour, nil)
 		e.schedule(0)
-		if e.listed(e.rs.DueLookups) || e.listed(e.rs.Unscheduled) {
+		if e.listed(e.rs.DueLookups) || e.listed(e.unscheduled) {
 			e.t.Errorf("a completed record is listed for reconciliation")
 		}
 		e.claim("look-1", longLease, true, proxy.ErrNotInDoubt)
@@ -212,7 +221,7 @@ var reconcileCases = []reconcileCase{
 		if e.listed(e.rs.DueLookups) {
 			e.t.Errorf("DueLookups lists a new, unscheduled reservation under a key once due")
 		}
-		if !e.listed(e.rs.Unscheduled) {
+		if !e.listed(e.unscheduled) {
 			e.t.Errorf("Unscheduled does not list the new lapsed reservation")
 		}
 	}},
@@ -226,7 +235,7 @@ var reconcileCases = []reconcileCase{
 		if e.listed(e.rs.DueLookups) {
 			e.t.Errorf("DueLookups lists an unscheduled key")
 		}
-		if !e.listed(e.rs.Unscheduled) {
+		if !e.listed(e.unscheduled) {
 			e.t.Errorf("Unscheduled does not list the unscheduled key")
 		}
 	}},
