@@ -323,10 +323,9 @@ func (r *Reconciler) lookup(ctx context.Context, rt *route, key string) (Reconci
 	if !ok {
 		return fail(fmt.Errorf("store key %q has no route, scope and key", keyHash(key)))
 	}
-	target, err := url.Parse(r.p.table.Load().upstream + strings.Replace(cfg.Reconcile.LookupPath(),
-		config.LookupKeyPlaceholder, url.PathEscape(idemKey), 1))
+	target, err := lookupURL(r.p.table.Load().upstream, cfg.Reconcile.LookupPath(), idemKey)
 	if err != nil {
-		return fail(fmt.Errorf("lookup url: %w", err))
+		return fail(err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.UpstreamTimeout.D())
 	defer cancel()
@@ -368,6 +367,27 @@ func (r *Reconciler) lookup(ctx context.Context, rt *route, key string) (Reconci
 		out.Result, out.Error = ReconcileError, "the lookup answered "+resp.Status
 		return out, retry
 	}
+}
+
+// lookupURL fills key into the lookup path: path-escaped in the path,
+// query-escaped in the query, so that no key can add a path segment or a
+// parameter. A key that is "." or ".." is refused: upstreams clean dot
+// segments, so the lookup would ask about another resource, and its 404
+// would release a key whose request may have been applied.
+func lookupURL(base, lookupPath, key string) (*url.URL, error) {
+	if key == "." || key == ".." {
+		return nil, fmt.Errorf("the key %q cannot be looked up: it is a dot segment", key)
+	}
+	i := strings.Index(lookupPath, config.LookupKeyPlaceholder)
+	esc := url.PathEscape(key)
+	if q := strings.IndexByte(lookupPath, '?'); q >= 0 && q < i {
+		esc = url.QueryEscape(key)
+	}
+	u, err := url.Parse(base + lookupPath[:i] + esc + lookupPath[i+len(config.LookupKeyPlaceholder):])
+	if err != nil {
+		return nil, fmt.Errorf("lookup url: %w", err)
+	}
+	return u, nil
 }
 
 // scheduleLookup schedules the first lookup of a key that just turned in
