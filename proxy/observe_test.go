@@ -93,3 +93,18 @@ func TestObserveModeForwardsOnStoreFailure(t *testing.T) {
 		t.Errorf("charges of O-9 = %d, want 1", got)
 	}
 }
+
+// TestObserveModeCountsDuplicateUnderReject: under duplicate: reject,
+// enforce would have answered a known key with 409 duplicate-request.
+func TestObserveModeCountsDuplicateUnderReject(t *testing.T) {
+	e := newEnv(t, observeRoute+"    duplicate: reject\n")
+	for range 2 {
+		wantStatus(t, "charge", e.charge(`"O-5"`, 5), http.StatusCreated, "")
+	}
+	if got, replayed := e.observed(proxy.WouldDuplicate), e.observed(proxy.WouldReplayed); got != 1 || replayed != 0 {
+		t.Errorf("observed duplicate, replayed = %d, %d; want 1, 0", got, replayed)
+	}
+	if got := e.charges("O-5"); got != 2 {
+		t.Errorf("charges of O-5 = %d, want 2", got)
+	}
+}

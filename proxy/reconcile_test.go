@@ -371,3 +371,46 @@ func TestAdminReconcileNow(t *testing.T) {
 		t.Errorf("GET of a reconciled key = %s, want reconciled: true", w.Body)
 	}
 }
+
+// TestReconcileScheduleSurvivesRestartRedis: the same with Redis: a new
+// proxy process (a new client) finds the schedule in Redis.
+func TestReconcileScheduleSurvivesRestartRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	g := newGate()
+	up := httptest.NewServer(g)
+	t.Cleanup(up.Close)
+	open := func() (*redis.Store, *proxy.Proxy, *httptest.Server) {
+		st, err := redis.New(redis.Options{Addrs: []string{srv.Addr()}, KeyPrefix: "restart:", OpTimeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := proxy.New(parseConfig(t, up.URL, reconcileRoute), proxy.Options{Store: st, Metrics: proxy.NewMetrics(prometheus.NewRegistry())})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st, p, httptest.NewServer(p)
+	}
+	st, _, hs := open()
+	(&env{t: t, stub: up, srv: hs}).fault("delay", 1, "1s")
+	wantStatus(t, "charge answered too late", send(hs.Client(), "POST", hs.URL+"/charges", `{"orderId": "R-7", "amount": 5}`), http.StatusGatewayTimeout, "upstream-timeout")
+	hs.Close()
+	st.Close()
+
+	st, p, hs := open()
+	defer func() { hs.Close(); st.Close() }()
+	if keys, err := st.Unscheduled(context.Background(), "charges/", 10); err != nil || len(keys) != 0 {
+		t.Fatalf("Unscheduled after the restart = %q, %v; want none: the schedule was lost", keys, err)
+	}
+	rec, err := p.NewReconciler(proxy.ReconcilerOptions{Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sk := proxy.StoreKey("charges", "", "R-7")
+	reconcileUntil(t, rec, "the key is completed after the restart", func() bool {
+		r, err := st.Get(context.Background(), sk)
+		return err == nil && r != nil && r.State == proxy.StateCompleted
+	})
+	if a := send(hs.Client(), "POST", hs.URL+"/charges", `{"orderId": "R-7", "amount": 5}`); !a.replayed() || a.header.Get("Idempotent-Reconciled") != "true" {
+		t.Errorf("retry after the restart = %v %v, want the reconciled replay", a, a.header)
+	}
+}
