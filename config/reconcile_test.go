@@ -70,3 +70,16 @@ func TestReconcileAndModeDefaults(t *testing.T) {
 		t.Errorf("Reconcile = %+v without a reconcile section, want nil", r.Reconcile)
 	}
 }
+
+func TestReconcileObserveFile(t *testing.T) {
+	c, err := Load("testdata/reconcile-observe.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := c.Routes[0]; r.Mode != ModeObserve || r.Reconcile.Grace.D() != 2*time.Minute || r.Reconcile.Interval.D() != 30*time.Second {
+		t.Errorf("routes[0] = mode %q, reconcile %+v; want observe, 2m, 30s", r.Mode, r.Reconcile)
+	}
+	if p := c.Routes[1].Reconcile.LookupPath(); p != "/payments?key={key}" {
+		t.Errorf("routes[1] lookup path = %q", p)
+	}
+}
