@@ -414,3 +414,36 @@ func TestReconcileScheduleSurvivesRestartRedis(t *testing.T) {
 		t.Errorf("retry after the restart = %v %v, want the reconciled replay", a, a.header)
 	}
 }
+
+// TestReconcilerRunStopsOnCancel: Run resolves due keys by itself, and
+// returns once its context is cancelled, with no lookup left running.
+func TestReconcilerRunStopsOnCancel(t *testing.T) {
+	g := newGate()
+	e := &env{t: t}
+	e.stub = httptest.NewServer(g)
+	t.Cleanup(e.stub.Close)
+	e.start(e.stub.URL, reconcileRoute)
+	rec, err := e.p.NewReconciler(proxy.ReconcilerOptions{Store: e.store, Tick: 10 * time.Millisecond, DiscoverEvery: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() { rec.Run(ctx); close(stopped) }()
+	e.inDoubtCharged(`"R-8"`)
+	eventually(t, "the background reconciler completes the key", func() bool { return e.state("charges", "", "R-8") == proxy.StateCompleted })
+	// A lookup held at the upstream when the reconciler stops: Run waits
+	// for it, and the key stays in doubt.
+	g.entered, g.block = make(chan struct{}, 4), make(chan struct{})
+	e.inDoubtCharged(`"R-9"`)
+	<-g.entered
+	cancel()
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after its context was cancelled")
+	}
+	if st := e.state("charges", "", "R-9"); st != proxy.StateInDoubt {
+		t.Errorf("state of R-9 after the stop = %q, want in_doubt", st)
+	}
+}
