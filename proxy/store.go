@@ -18,7 +18,8 @@ const (
 	// StateCompleted: the upstream answered and the answer was committed.
 	StateCompleted State = "completed"
 	// StateInDoubt: the request may have reached the upstream, but no answer
-	// came back. Only an operator or the TTL clears it.
+	// came back. An operator, the TTL or, on a route with reconcile, the
+	// upstream's answer to a lookup clears it.
 	StateInDoubt State = "in_doubt"
 )
 
