@@ -447,3 +447,34 @@ func TestReconcilerRunStopsOnCancel(t *testing.T) {
 		t.Errorf("state of R-9 after the stop = %q, want in_doubt", st)
 	}
 }
+
+// TestReconcileFollowsReload: a key due on a route that a reload left
+// without reconcile is taken off the schedule, not looked up; a reload
+// that brings reconcile back schedules it again.
+func TestReconcileFollowsReload(t *testing.T) {
+	g := newGate()
+	other := "  - name: other\n    match: POST /other\n    key: {json: orderId}\n    upstream_timeout: 100ms\n    lease: 200ms\n" +
+		"    reconcile: {lookup: \"GET /orders/{key}/charge\", grace: 300ms, interval: 100ms}\n"
+	e, rec := newReconcileEnv(t, g, reconcileRoute+other)
+	e.inDoubtCharged(`"R-10"`)
+	without := strings.Replace(reconcileRoute, "    reconcile: {lookup: \"GET /orders/{key}/charge\", grace: 300ms, interval: 100ms}\n", "", 1)
+	if err := e.p.Reload(parseConfig(t, e.stub.URL, without+other)); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	eventually(t, "the key is taken off the schedule", func() bool {
+		rec.RunOnce(ctx)
+		keys, err := e.store.Unscheduled(ctx, "charges/", 10)
+		return err == nil && len(keys) == 1
+	})
+	if got := g.lookups.Load(); got != 0 {
+		t.Errorf("lookups on a route without reconcile = %d, want 0", got)
+	}
+	if st := e.state("charges", "", "R-10"); st != proxy.StateInDoubt {
+		t.Errorf("state = %q, want in_doubt", st)
+	}
+	if err := e.p.Reload(parseConfig(t, e.stub.URL, reconcileRoute+other)); err != nil {
+		t.Fatal(err)
+	}
+	reconcileUntil(t, rec, "the key is completed once reconcile is back", func() bool { return e.state("charges", "", "R-10") == proxy.StateCompleted })
+}
