@@ -82,6 +82,16 @@ func newReconcileEnv(t *testing.T, g *lookupGate, routes string) (*env, *proxy.R
 	return e, rec
 }
 
+// serveReconcileRoute serves reconcileRoute on st, in front of upstream.
+func serveReconcileRoute(t *testing.T, upstream string, st proxy.Store) (*proxy.Proxy, *httptest.Server) {
+	t.Helper()
+	p, err := proxy.New(parseConfig(t, upstream, reconcileRoute), proxy.Options{Store: st, Metrics: proxy.NewMetrics(prometheus.NewRegistry())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, httptest.NewServer(p)
+}
+
 // inDoubtCharged leaves order's key in doubt after the stub charged it: the
 // answer comes after the upstream timeout.
 func (e *env) inDoubtCharged(order string) {
@@ -229,11 +239,8 @@ func TestReconcileScheduleSurvivesRestart(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p, err := proxy.New(parseConfig(t, up.URL, reconcileRoute), proxy.Options{Store: st, Metrics: proxy.NewMetrics(prometheus.NewRegistry())})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return st, p, httptest.NewServer(p)
+		p, hs := serveReconcileRoute(t, up.URL, st)
+		return st, p, hs
 	}
 	st, _, srv := open()
 	ev := &env{t: t, stub: up, srv: srv, store: st}
@@ -384,11 +391,8 @@ func TestReconcileScheduleSurvivesRestartRedis(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p, err := proxy.New(parseConfig(t, up.URL, reconcileRoute), proxy.Options{Store: st, Metrics: proxy.NewMetrics(prometheus.NewRegistry())})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return st, p, httptest.NewServer(p)
+		p, hs := serveReconcileRoute(t, up.URL, st)
+		return st, p, hs
 	}
 	st, _, hs := open()
 	(&env{t: t, stub: up, srv: hs}).fault("delay", 1, "1s")
