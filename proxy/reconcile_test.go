@@ -58,13 +58,13 @@ func (g *lookupGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // reconcileRoute is a charges route that reconciles, with times small
-// enough for tests: an upstream timeout of 100ms, a grace of 300ms.
+// enough for tests: an upstream timeout of 300ms, a grace of 600ms.
 const reconcileRoute = `  - name: charges
     match: POST /charges
     key: {json: orderId}
-    upstream_timeout: 100ms
-    lease: 200ms
-    reconcile: {lookup: "GET /orders/{key}/charge", grace: 300ms, interval: 100ms}
+    upstream_timeout: 300ms
+    lease: 500ms
+    reconcile: {lookup: "GET /orders/{key}/charge", grace: 600ms, interval: 100ms}
 `
 
 // newReconcileEnv is newEnv with the gate in front of the stub, and the
@@ -274,8 +274,8 @@ func TestReconcileTwoReplicasOneRedisSendOneLookup(t *testing.T) {
 	g := newGate()
 	up := httptest.NewServer(g)
 	t.Cleanup(up.Close)
-	routes := strings.NewReplacer("upstream_timeout: 100ms", "upstream_timeout: 1s", "lease: 200ms", "lease: 2s",
-		"grace: 300ms", "grace: 3s").Replace(reconcileRoute)
+	routes := strings.NewReplacer("upstream_timeout: 300ms", "upstream_timeout: 1s", "lease: 500ms", "lease: 2s",
+		"grace: 600ms", "grace: 3s").Replace(reconcileRoute)
 	type replica struct {
 		p   *proxy.Proxy
 		rec *proxy.Reconciler
@@ -457,11 +457,11 @@ func TestReconcilerRunStopsOnCancel(t *testing.T) {
 // that brings reconcile back schedules it again.
 func TestReconcileFollowsReload(t *testing.T) {
 	g := newGate()
-	other := "  - name: other\n    match: POST /other\n    key: {json: orderId}\n    upstream_timeout: 100ms\n    lease: 200ms\n" +
-		"    reconcile: {lookup: \"GET /orders/{key}/charge\", grace: 300ms, interval: 100ms}\n"
+	other := "  - name: other\n    match: POST /other\n    key: {json: orderId}\n    upstream_timeout: 300ms\n    lease: 500ms\n" +
+		"    reconcile: {lookup: \"GET /orders/{key}/charge\", grace: 600ms, interval: 100ms}\n"
 	e, rec := newReconcileEnv(t, g, reconcileRoute+other)
 	e.inDoubtCharged(`"R-10"`)
-	without := strings.Replace(reconcileRoute, "    reconcile: {lookup: \"GET /orders/{key}/charge\", grace: 300ms, interval: 100ms}\n", "", 1)
+	without := strings.Replace(reconcileRoute, "    reconcile: {lookup: \"GET /orders/{key}/charge\", grace: 600ms, interval: 100ms}\n", "", 1)
 	if err := e.p.Reload(parseConfig(t, e.stub.URL, without+other)); err != nil {
 		t.Fatal(err)
 	}
