@@ -216,6 +216,9 @@ func (r *Reconciler) Discover(ctx context.Context) {
 			continue
 		}
 		for _, k := range keys {
+			if _, scope, _, _ := splitStoreKey(k); scope != "-" {
+				continue // see reconcile
+			}
 			if err := r.st.ScheduleLookup(ctx, k, rt.cfg.Reconcile.Grace.D()); err != nil {
 				r.p.log.Error("reconciler: schedule a lookup", "route", rt.cfg.Name, "key_hash", keyHash(k), "err", err)
 				continue
@@ -223,7 +226,7 @@ func (r *Reconciler) Discover(ctx context.Context) {
 			r.p.m.rec.discovered.WithLabelValues(rt.cfg.Name).Inc()
 		}
 		if len(keys) > 0 {
-			r.p.log.Warn("in-doubt keys without a lookup found and scheduled", "route", rt.cfg.Name, "keys", len(keys))
+			r.p.log.Warn("in-doubt keys without a lookup found", "route", rt.cfg.Name, "keys", len(keys))
 		}
 	}
 }
@@ -282,12 +285,14 @@ func (r *Reconciler) Reconcile(ctx context.Context, storeKey string) (ReconcileO
 }
 
 // ErrNoReconcile is returned by Reconcile for a key of a route without a
-// reconcile section.
+// reconcile section, or a scoped key.
 var ErrNoReconcile = errors.New("the route has no reconcile lookup")
 
 func (r *Reconciler) reconcile(ctx context.Context, key string, force bool) (ReconcileOutcome, error) {
 	rt := r.p.routeOf(key)
-	if rt == nil || rt.cfg.Reconcile == nil {
+	// A scoped key (left by the route's earlier, scoped definition) is
+	// never looked up: the answer could be another client's.
+	if _, scope, _, _ := splitStoreKey(key); rt == nil || rt.cfg.Reconcile == nil || scope != "-" {
 		if !force {
 			r.st.UnscheduleLookup(ctx, key)
 		}

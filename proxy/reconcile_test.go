@@ -200,6 +200,27 @@ func TestReconcileDiscoveryIsPerRoute(t *testing.T) {
 	if st := e.state("aaa", "", "A-1"); st != proxy.StateInDoubt {
 		t.Errorf("a key of the route without reconcile is %q, want still in_doubt", st)
 	}
+	// A scoped key under the route (from an earlier, scoped definition of
+	// it) is never scheduled or looked up: the answer could be another
+	// client's.
+	scoped := proxy.StoreKey("charges", "alice", "R-6")
+	res := proxy.Reservation{Token: "crashed", Lease: time.Millisecond, TTL: time.Hour}
+	if r, err := e.store.Reserve(context.Background(), scoped, res); err != nil || r != nil {
+		t.Fatalf("Reserve = %v, %v", r, err)
+	}
+	eventually(t, "the scoped key's lease lapses", func() bool { return e.state("charges", "alice", "R-6") == proxy.StateInDoubt })
+	discovered := counterValue(t, e.reg, "idemproxy_reconcile_discovered_total", map[string]string{"route": "charges"})
+	rec.RunOnce(context.Background())
+	if got := counterValue(t, e.reg, "idemproxy_reconcile_discovered_total", map[string]string{"route": "charges"}); got != discovered {
+		t.Errorf("discovered went from %v to %v: the scoped key was scheduled", discovered, got)
+	}
+	before := g.lookups.Load()
+	if _, err := rec.Reconcile(context.Background(), scoped); !errors.Is(err, proxy.ErrNoReconcile) {
+		t.Errorf("Reconcile of a scoped key = %v, want ErrNoReconcile", err)
+	}
+	if n := g.lookups.Load() - before; n != 0 {
+		t.Errorf("lookups of a scoped key = %d, want 0", n)
+	}
 }
 
 func TestReconcileFailingLookupStaysInDoubtAndIsRetried(t *testing.T) {
