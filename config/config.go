@@ -40,6 +40,14 @@ const (
 	StoreErrorForward = "forward"
 )
 
+// Route modes: enforce answers duplicates from the store; observe does the
+// bookkeeping but forwards every request, counting what enforce would have
+// done.
+const (
+	ModeEnforce = "enforce"
+	ModeObserve = "observe"
+)
+
 // Config is the whole configuration file.
 type Config struct {
 	// Listen is the address clients connect to (host:port). Required.
@@ -176,7 +184,46 @@ type Route struct {
 	Fingerprint Fingerprint `yaml:"fingerprint"`
 	// Scope gives each client its own key space.
 	Scope Scope `yaml:"scope"`
+	// Mode is enforce (default) or observe: keys are reserved and
+	// committed, but every request is forwarded and what enforce would
+	// have answered is only counted.
+	Mode string `yaml:"mode"`
+	// Reconcile, when set, resolves in-doubt keys by asking the upstream.
+	Reconcile *Reconcile `yaml:"reconcile"`
 }
+
+// Reconcile configures the lookup that resolves a route's in-doubt keys.
+type Reconcile struct {
+	// Lookup is "GET /path/{key}/...": the request sent to the upstream;
+	// {key} is replaced by the idempotency key, path-escaped. A 404 or 410
+	// answer releases the key, a 2xx completes it with the answer, anything
+	// else leaves it in doubt until the next try.
+	Lookup string `yaml:"lookup"`
+	// Grace is how long after a key turned in doubt the first lookup is
+	// sent: the upstream must have finished (or dropped) the original
+	// request by then. Default the larger of DefaultReconcileGrace and
+	// twice the lease; it must exceed the lease (and so upstream_timeout).
+	Grace Duration `yaml:"grace"`
+	// Interval is the time between lookups of a key that stays in doubt.
+	// Default DefaultReconcileInterval.
+	Interval Duration `yaml:"interval"`
+}
+
+// LookupMethod and LookupPath split Lookup ("GET /orders/{key}/charge").
+func (r *Reconcile) LookupMethod() string {
+	m, _, _ := strings.Cut(r.Lookup, " ")
+	return m
+}
+
+// LookupPath returns the path of Lookup, with its {key} placeholder.
+func (r *Reconcile) LookupPath() string {
+	_, p, _ := strings.Cut(r.Lookup, " ")
+	return strings.TrimLeft(p, " ")
+}
+
+// LookupKeyPlaceholder is what Reconcile.Lookup's path holds where the
+// idempotency key goes.
+const LookupKeyPlaceholder = "{key}"
 
 // Key is exactly one key source, or Parts for a composite key.
 type Key struct {

@@ -39,6 +39,7 @@ type Metrics struct {
 	storeDuration    *prometheus.HistogramVec
 	storeErrors      *prometheus.CounterVec
 	inFlight         *prometheus.GaugeVec
+	rec              *reconcileMetrics // reconciliation and observe mode
 }
 
 // NewMetrics creates the proxy's collectors and registers them on reg.
@@ -73,6 +74,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"route"}),
 	}
 	reg.MustRegister(m.requests, m.duration, m.upstreamDuration, m.storeDuration, m.storeErrors, m.inFlight)
+	m.rec = newReconcileMetrics(reg)
 	return m
 }
 

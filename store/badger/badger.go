@@ -79,6 +79,11 @@ type record struct {
 	CreatedAt   int64           `json:"cr"`           // unix ms
 	Lease       int64           `json:"le,omitempty"` // unix ms, in flight only
 	Response    *proxy.Response `json:"resp,omitempty"`
+	// Reconciliation (reconcile.go): the next lookup, and the lookup
+	// lease's token and end, unix ms; in doubt only.
+	NextLookup  int64  `json:"nl,omitempty"`
+	LookupToken string `json:"lt,omitempty"`
+	LookupLease int64  `json:"ll,omitempty"`
 }
 
 // Open opens (or creates) the store in opts.Dir, turns every reservation
