@@ -199,6 +199,11 @@ func (a *app) serve(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	reconciler, stopReconciler, err := a.startReconciler(store)
+	if err != nil {
+		return err
+	}
+	defer stopReconciler() // before the store closes
 
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -225,7 +230,7 @@ func (a *app) serve(ctx context.Context) error {
 		}
 		adm = admin.NewHandler(admin.Options{
 			Store: a.p.Store(), Routes: a, Gatherer: reg, Token: token, TokenEnv: cfg.Admin.TokenEnv,
-			Reload: a.reload, StoreOptional: a.storeOptional, Logger: log,
+			Reload: a.reload, StoreOptional: a.storeOptional, Logger: log, Reconciler: reconciler,
 		})
 		aln, err := net.Listen("tcp", cfg.Admin.Listen)
 		if err != nil {
@@ -278,6 +283,27 @@ func (a *app) serve(ctx context.Context) error {
 	}
 	log.Info("idemproxy stopped")
 	return nil
+}
+
+// startReconciler starts the background reconciliation of in-doubt keys
+// when the store supports it, and returns it (nil otherwise) with the
+// function that stops it and waits for its lookups.
+func (a *app) startReconciler(store storeCloser) (admin.Reconciler, func(), error) {
+	rs, ok := store.(proxy.ReconcileStore)
+	if !ok {
+		return nil, func() {}, nil
+	}
+	rec, err := a.p.NewReconciler(proxy.ReconcilerOptions{Store: rs})
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		rec.Run(ctx)
+	}()
+	return rec, func() { cancel(); <-done }, nil
 }
 
 func (a *app) currentServer() config.Server {

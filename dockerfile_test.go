@@ -3,6 +3,8 @@ package main
 import (
 	"bufio"
 	"debug/elf"
+	"flag"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,9 +23,17 @@ type dockerfile struct {
 
 func readDockerfile(t *testing.T) dockerfile {
 	t.Helper()
-	f, err := os.Open("Dockerfile")
+	d, err := parseDockerfile()
 	if err != nil {
 		t.Fatal(err)
+	}
+	return d
+}
+
+func parseDockerfile() (dockerfile, error) {
+	f, err := os.Open("Dockerfile")
+	if err != nil {
+		return dockerfile{}, err
 	}
 	defer f.Close()
 	d := dockerfile{stages: map[string][]string{}}
@@ -47,39 +57,98 @@ func readDockerfile(t *testing.T) dockerfile {
 		}
 		cur = ""
 	}
-	return d
+	return d, sc.Err()
 }
 
-// TestDockerfileBuildsAStaticBinary runs the Dockerfile's own build command
-// by hand (no Docker engine here) and checks that the binary it copies into
-// the distroless image is static and reports the build's version.
-func TestDockerfileBuildsAStaticBinary(t *testing.T) {
-	d := readDockerfile(t)
-	env := []string{}
+// buildCommand returns the build stage's environment and its go build
+// command.
+func (d dockerfile) buildCommand() (env []string, build string, err error) {
 	for _, ins := range d.stages["src"] {
 		if kv, ok := strings.CutPrefix(ins, "ENV "); ok {
 			env = append(env, strings.Fields(kv)...)
 		}
 	}
 	if !slices.Contains(env, "CGO_ENABLED=0") {
-		t.Fatalf("the build stage does not set CGO_ENABLED=0: %v", env)
+		return nil, "", fmt.Errorf("the build stage does not set CGO_ENABLED=0: %v", env)
 	}
-	var build string
 	for _, ins := range d.stages["build"] {
 		if strings.HasPrefix(ins, "RUN go build") {
 			build, _, _ = strings.Cut(strings.TrimPrefix(ins, "RUN "), "&&")
 		}
 	}
 	if build == "" || !strings.Contains(build, "-trimpath") || !strings.Contains(build, "-o /out/idemproxy") {
-		t.Fatalf("no 'RUN go build -trimpath ... -o /out/idemproxy' in the build stage: %q", build)
+		return nil, "", fmt.Errorf("no 'RUN go build -trimpath ... -o /out/idemproxy' in the build stage: %q", build)
 	}
-	out := t.TempDir()
-	cmd := exec.Command("sh", "-c", strings.ReplaceAll(build, "/out/", out+"/"))
-	cmd.Env = append(append(os.Environ(), env...), "VERSION=v9.9.9-test")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("%s: %v\n%s", build, err, b)
+	return env, build, nil
+}
+
+// staticBuild is the Dockerfile's build, which compiles every package
+// again (static and with -trimpath: about 50 s on a fresh machine, a few
+// seconds from the build cache). TestMain starts it in the background when
+// TestDockerfileBuildsAStaticBinary is to run, so that the compile overlaps
+// the package's other tests instead of holding them up.
+var staticBuild struct {
+	done  chan struct{}
+	build string
+	bin   string
+	out   []byte
+	err   error
+}
+
+// startStaticBuild starts the Dockerfile's build into dir, unless the
+// -run and -skip flags leave TestDockerfileBuildsAStaticBinary out. It
+// returns a function that waits for the build to end.
+func startStaticBuild(dir string) (wait func()) {
+	const name = "TestDockerfileBuildsAStaticBinary"
+	if f := flag.Lookup("test.run"); f != nil && f.Value.String() != "" {
+		if ok, _ := regexp.MatchString(strings.Split(f.Value.String(), "/")[0], name); !ok {
+			return func() {}
+		}
 	}
-	bin := filepath.Join(out, "idemproxy")
+	if f := flag.Lookup("test.skip"); f != nil && f.Value.String() != "" {
+		if ok, _ := regexp.MatchString(strings.Split(f.Value.String(), "/")[0], name); ok {
+			return func() {}
+		}
+	}
+	b := &staticBuild
+	b.done = make(chan struct{})
+	go func() {
+		defer close(b.done)
+		d, err := parseDockerfile()
+		if err != nil {
+			b.err = err
+			return
+		}
+		env, build, err := d.buildCommand()
+		if err != nil {
+			b.err = err
+			return
+		}
+		b.build, b.bin = build, filepath.Join(dir, "idemproxy")
+		cmd := exec.Command("sh", "-c", strings.ReplaceAll(build, "/out/", dir+"/"))
+		cmd.Env = append(append(os.Environ(), env...), "VERSION=v9.9.9-test")
+		b.out, b.err = cmd.CombinedOutput()
+	}()
+	return func() { <-b.done }
+}
+
+// TestDockerfileBuildsAStaticBinary runs the Dockerfile's own build command
+// by hand (no Docker engine here) and checks that the binary it copies into
+// the distroless image is static and reports the build's version.
+//
+// It is parallel so that it runs after the package's other tests, by which
+// time the build is done.
+func TestDockerfileBuildsAStaticBinary(t *testing.T) {
+	t.Parallel()
+	b := &staticBuild
+	if b.done == nil {
+		t.Fatal("TestMain did not start the Dockerfile's build")
+	}
+	<-b.done
+	if b.err != nil {
+		t.Fatalf("%s: %v\n%s", b.build, b.err, b.out)
+	}
+	bin := b.bin
 	f, err := elf.Open(bin)
 	if err != nil {
 		t.Fatal(err)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -31,12 +32,19 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	flag.Parse()
+	if err := os.Mkdir(filepath.Join(dir, "static"), 0o700); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	waitStatic := startStaticBuild(filepath.Join(dir, "static"))
 	bin = filepath.Join(dir, "idemproxy")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
 		os.Exit(1)
 	}
 	code := m.Run()
+	waitStatic()
 	os.RemoveAll(dir)
 	os.Exit(code)
 }

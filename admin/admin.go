@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -26,6 +27,11 @@ type Store interface {
 	Get(ctx context.Context, key string) (*proxy.Record, error)
 	Delete(ctx context.Context, key string) (bool, error)
 	Ping(ctx context.Context) error
+}
+
+// Reconciler runs the reconcile lookup of an in-doubt key now.
+type Reconciler interface {
+	Reconcile(ctx context.Context, storeKey string) (proxy.ReconcileOutcome, error)
 }
 
 // Routes tells the admin API which routes exist and which header scopes
@@ -55,6 +61,9 @@ type Options struct {
 	// store outage, so that fail-open routes keep their traffic. Nil means
 	// the store is required.
 	StoreOptional func() bool
+	// Reconciler serves POST /v1/keys/{route}/{key}/reconcile; nil
+	// answers 404 there.
+	Reconciler Reconciler
 	// Logger receives the audit log of releases; nil discards it.
 	Logger *slog.Logger
 }
@@ -89,6 +98,7 @@ func NewHandler(opts Options) *Handler {
 	h.mux.Handle("POST /-/reload", h.auth(h.reload)) // a reload is an operator's act too
 	h.mux.Handle("GET /v1/keys/{route}/{key...}", h.auth(h.getKey))
 	h.mux.Handle("DELETE /v1/keys/{route}/{key...}", h.auth(h.deleteKey))
+	h.mux.Handle("POST /v1/keys/{route}/{key}/reconcile", h.auth(h.reconcileKey))
 	return h
 }
 
@@ -183,20 +193,32 @@ type keyView struct {
 	Fingerprint    string      `json:"fingerprint,omitempty"`
 	StoredStatus   int         `json:"stored_status,omitempty"`
 	StoredBytes    *int        `json:"stored_body_bytes,omitempty"`
+	// Reconciled: the stored answer came from a reconcile lookup.
+	Reconciled bool `json:"reconciled,omitempty"`
 }
 
-func (h *Handler) getKey(w http.ResponseWriter, r *http.Request) {
+// record reads the record of a key API request; it answers the request
+// itself (404, 503, a bad route or scope) when there is none to work on.
+func (h *Handler) record(w http.ResponseWriter, r *http.Request) (string, *proxy.Record, bool) {
 	sk, ok := h.storeKey(w, r)
 	if !ok {
-		return
+		return "", nil, false
 	}
 	rec, err := h.opts.Store.Get(r.Context(), sk)
 	if err != nil {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"error": "store unavailable: " + err.Error()})
-		return
+		return "", nil, false
 	}
 	if rec == nil {
 		writeJSON(w, http.StatusNotFound, map[string]any{"error": "no record for this key (never seen, released or expired)"})
+		return "", nil, false
+	}
+	return sk, rec, true
+}
+
+func (h *Handler) getKey(w http.ResponseWriter, r *http.Request) {
+	_, rec, ok := h.record(w, r)
+	if !ok {
 		return
 	}
 	v := keyView{
@@ -213,6 +235,7 @@ func (h *Handler) getKey(w http.ResponseWriter, r *http.Request) {
 	}
 	if resp := rec.Response; resp != nil {
 		v.StoredStatus = resp.Status
+		v.Reconciled = resp.Reconciled
 		if resp.BodyStored {
 			n := len(resp.Body)
 			v.StoredBytes = &n
@@ -269,6 +292,35 @@ func (h *Handler) deleteKey(w http.ResponseWriter, r *http.Request) {
 		"user_agent", r.UserAgent(),
 		"at", time.Now().UTC().Format(time.RFC3339Nano))
 	writeJSON(w, http.StatusOK, map[string]any{"released": true, "previous_state": state})
+}
+
+// reconcileKey runs the reconcile lookup of an in-doubt key now and
+// answers its result: 200 with the result (applied, not_applied or error),
+// 404 for no record, 409 when the key is not in doubt or another lookup of
+// it is running, 400 for a route without reconcile.
+func (h *Handler) reconcileKey(w http.ResponseWriter, r *http.Request) {
+	if h.opts.Reconciler == nil {
+		writeJSON(w, http.StatusNotFound, map[string]any{"error": "reconciliation is not available with this store"})
+		return
+	}
+	sk, rec, ok := h.record(w, r)
+	if !ok {
+		return
+	}
+	out, err := h.opts.Reconciler.Reconcile(r.Context(), sk)
+	switch {
+	case errors.Is(err, proxy.ErrNoReconcile):
+		writeJSON(w, http.StatusBadRequest, map[string]any{"error": "route " + r.PathValue("route") + " has no reconcile lookup"})
+	case errors.Is(err, proxy.ErrNotInDoubt), errors.Is(err, proxy.ErrLookupBusy):
+		writeJSON(w, http.StatusConflict, map[string]any{"error": err.Error(), "state": rec.State})
+	case err != nil:
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"error": "store unavailable: " + err.Error()})
+	default:
+		sum := sha256.Sum256([]byte(sk))
+		h.opts.Logger.Warn("key reconciled by an operator", "route", r.PathValue("route"), "key_hash", hexPrefix(sum[:6]),
+			"result", out.Result, "operator", r.Header.Get("X-Operator"), "remote_addr", r.RemoteAddr)
+		writeJSON(w, http.StatusOK, out)
+	}
 }
 
 func hexPrefix(b []byte) string {

@@ -11,7 +11,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -36,6 +38,14 @@ const (
 	MissingKeyForward = "forward"
 	StoreErrorReject  = "reject"
 	StoreErrorForward = "forward"
+)
+
+// Route modes: enforce answers duplicates from the store; observe does the
+// bookkeeping but forwards every request, counting what enforce would have
+// done.
+const (
+	ModeEnforce = "enforce"
+	ModeObserve = "observe"
 )
 
 // Config is the whole configuration file.
@@ -185,7 +195,46 @@ type Route struct {
 	Fingerprint Fingerprint `yaml:"fingerprint"`
 	// Scope gives each client its own key space.
 	Scope Scope `yaml:"scope"`
+	// Mode is enforce (default) or observe: keys are reserved and
+	// committed, but every request is forwarded and what enforce would
+	// have answered is only counted.
+	Mode string `yaml:"mode"`
+	// Reconcile, when set, resolves in-doubt keys by asking the upstream.
+	Reconcile *Reconcile `yaml:"reconcile"`
 }
+
+// Reconcile configures the lookup that resolves a route's in-doubt keys.
+type Reconcile struct {
+	// Lookup is "GET /path/{key}/...": the request sent to the upstream;
+	// {key} is replaced by the idempotency key, path-escaped. A 404 or 410
+	// answer releases the key, a 2xx completes it with the answer, anything
+	// else leaves it in doubt until the next try.
+	Lookup string `yaml:"lookup"`
+	// Grace is how long after a key turned in doubt the first lookup is
+	// sent: the upstream must have finished (or dropped) the original
+	// request by then. Default the larger of DefaultReconcileGrace and
+	// twice the lease; it must exceed the lease (and so upstream_timeout).
+	Grace Duration `yaml:"grace"`
+	// Interval is the time between lookups of a key that stays in doubt.
+	// Default DefaultReconcileInterval.
+	Interval Duration `yaml:"interval"`
+}
+
+// LookupMethod and LookupPath split Lookup ("GET /orders/{key}/charge").
+func (r *Reconcile) LookupMethod() string {
+	m, _, _ := strings.Cut(r.Lookup, " ")
+	return m
+}
+
+// LookupPath returns the path of Lookup, with its {key} placeholder.
+func (r *Reconcile) LookupPath() string {
+	_, p, _ := strings.Cut(r.Lookup, " ")
+	return strings.TrimLeft(p, " ")
+}
+
+// LookupKeyPlaceholder is what Reconcile.Lookup's path holds where the
+// idempotency key goes.
+const LookupKeyPlaceholder = "{key}"
 
 // Key is exactly one key source, or Parts for a composite key.
 type Key struct {
@@ -230,6 +279,10 @@ func (d Duration) D() time.Duration { return time.Duration(d) }
 // so that the decoder goes on and reports them with every other type error
 // and unknown field in the file.
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.SequenceNode || n.Kind == yaml.MappingNode {
+		return &yaml.TypeError{Errors: []string{
+			fmt.Sprintf("line %d: a duration such as \"30s\" expected, not %s", n.Line, describe(n))}}
+	}
 	if n.Kind != yaml.ScalarNode || n.Tag != "!!str" {
 		return &yaml.TypeError{Errors: []string{
 			fmt.Sprintf("line %d: duration %q needs a unit, e.g. \"30s\" or \"24h\"", n.Line, n.Value)}}
@@ -241,6 +294,10 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	*d = Duration(v)
 	return nil
 }
+
+// LogValue implements slog.LogValuer: a Duration is logged as a duration,
+// not as its number of nanoseconds.
+func (d Duration) LogValue() slog.Value { return slog.DurationValue(time.Duration(d)) }
 
 // MarshalYAML implements yaml.Marshaler.
 func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
@@ -270,13 +327,14 @@ func Load(path string) (*Config, error) {
 	return Parse(b)
 }
 
-// Parse decodes, defaults and validates a configuration. A validation
-// failure is a *ValidationError listing every problem.
+// Parse decodes, defaults and validates a configuration. A file that is
+// not YAML is a plain error; every other problem (an unknown or repeated
+// field, a value of the wrong type, a validation failure) is reported in
+// one *ValidationError, each problem with its field path.
 func Parse(b []byte) (*Config, error) {
-	var c Config
 	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil {
+	var root yaml.Node
+	if err := dec.Decode(&root); err != nil {
 		if errors.Is(err, io.EOF) {
 			return nil, errors.New("parse config: the file is empty")
 		}
@@ -286,17 +344,43 @@ func Parse(b []byte) (*Config, error) {
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
 		return nil, errors.New("parse config: the file holds more than one YAML document")
 	}
-	empty := emptyStores(b)
-	c.applyDefaults()
-	if err := c.Validate(); err != nil || len(empty) > 0 {
-		var problems []string
-		var ve *ValidationError
-		if errors.As(err, &ve) {
-			problems = ve.Problems
-		} else if err != nil {
-			return nil, err
+	if len(root.Content) == 0 {
+		return nil, errors.New("parse config: the file is empty")
+	}
+	empty := emptyStores(&root)
+
+	// Decoding problems are found on the tree, with their paths; the
+	// offending values are dropped so that the rest is still validated.
+	var dc decodeChecker
+	var c Config
+	fileOK := dc.walk(root.Content[0], reflect.TypeFor[Config](), "")
+	if len(dc.problems) == 0 {
+		// Strictly, from the file itself: what the walk leaves to the
+		// decoder (aliases, merge keys) is checked too.
+		strict := yaml.NewDecoder(bytes.NewReader(b))
+		strict.KnownFields(true)
+		if err := strict.Decode(&c); err != nil {
+			return nil, fmt.Errorf("parse config: %w", err)
 		}
-		return nil, &ValidationError{Problems: append(empty, problems...)}
+	} else if !fileOK {
+		return nil, &ValidationError{Problems: dc.problems}
+	} else if err := root.Decode(&c); err != nil {
+		dc.problems = append(dc.problems, lineRE.ReplaceAllString(strings.TrimPrefix(err.Error(), "yaml: unmarshal errors:\n  "), ""))
+	}
+	c.applyDefaults()
+	problems := append(dc.problems, empty...)
+	var ve *ValidationError
+	if err := c.Validate(); errors.As(err, &ve) {
+		for _, p := range ve.Problems {
+			if !dc.covers(p) {
+				problems = append(problems, p)
+			}
+		}
+	} else if err != nil {
+		return nil, err
+	}
+	if len(problems) > 0 {
+		return nil, &ValidationError{Problems: problems}
 	}
 	return &c, nil
 }
@@ -305,9 +389,8 @@ func Parse(b []byte) (*Config, error) {
 // ("redis:" with every field commented out). YAML reads them as absent, and
 // an absent store is the per-replica Badger default: replicas meant to share
 // Redis would each accept every key once.
-func emptyStores(b []byte) []string {
-	var root yaml.Node
-	if yaml.Unmarshal(b, &root) != nil || len(root.Content) == 0 {
+func emptyStores(root *yaml.Node) []string {
+	if len(root.Content) == 0 {
 		return nil
 	}
 	store := mappingValue(root.Content[0], "store")

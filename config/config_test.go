@@ -255,20 +255,20 @@ func TestUnknownFields(t *testing.T) {
 		src  string
 		want []string
 	}{
-		{"top level", "lisen: :8080\n" + withRoute(""), []string{"field lisen not found in type config.Config"}},
-		{"route", withRoute("    polcy: release-on-5xx\n"), []string{"field polcy not found in type config.Route"}},
-		{"key", head + "  - name: a\n    match: POST /a\n    key: {jsn: orderId}\n", []string{"field jsn not found in type config.Key"}},
-		{"badger", withRoute("") + "store:\n  badger:\n    directory: /data\n", []string{"field directory not found in type config.Badger"}},
-		{"redis", withRoute("") + "store:\n  redis:\n    addr: [a:1]\n", []string{"field addr not found in type config.Redis"}},
-		{"fingerprint", withRoute("    fingerprint: {ignored: [a]}\n"), []string{"field ignored not found in type config.Fingerprint"}},
-		{"admin", "admin: {port: 9091}\n" + withRoute(""), []string{"field port not found in type config.Admin"}},
-		{"server", "server: {write_timeout: 1s}\n" + withRoute(""), []string{"field write_timeout not found in type config.Server"}},
+		{"top level", "lisen: :8080\n" + withRoute(""), []string{"lisen: unknown field (line 1)"}},
+		{"route", withRoute("    polcy: release-on-5xx\n"), []string{"routes[0].polcy: unknown field (line 8)"}},
+		{"key", head + "  - name: a\n    match: POST /a\n    key: {jsn: orderId}\n", []string{"routes[0].key.jsn: unknown field (line 6)"}},
+		{"badger", withRoute("") + "store:\n  badger:\n    directory: /data\n", []string{"store.badger.directory: unknown field (line 10)"}},
+		{"redis", withRoute("") + "store:\n  redis:\n    addr: [a:1]\n", []string{"store.redis.addr: unknown field (line 10)"}},
+		{"fingerprint", withRoute("    fingerprint: {ignored: [a]}\n"), []string{"routes[0].fingerprint.ignored: unknown field (line 8)"}},
+		{"admin", "admin: {port: 9091}\n" + withRoute(""), []string{"admin.port: unknown field (line 1)"}},
+		{"server", "server: {write_timeout: 1s}\n" + withRoute(""), []string{"server.write_timeout: unknown field (line 1)"}},
 		// All of them at once, with the line of each, and bad durations too.
 		{"several", "lisen: :8080\n" + withRoute("    polcy: x\n    ttl: 30\n    lease: abc\n"), []string{
-			"line 1: field lisen not found",
-			"line 9: field polcy not found",
-			`line 10: duration "30" needs a unit`,
-			`line 11: invalid duration "abc"`,
+			"lisen: unknown field (line 1)",
+			"routes[0].polcy: unknown field (line 9)",
+			`routes[0].ttl: duration "30" needs a unit, e.g. "30s" or "24h" (line 10)`,
+			`routes[0].lease: invalid duration "abc" (line 11)`,
 		}},
 	}
 	for _, tc := range tests {
@@ -510,8 +510,8 @@ func TestDurations(t *testing.T) {
 		{value: "7 d", err: `invalid duration "7 d"`},
 		{value: "1d12h", err: `invalid duration "1d12h"`},
 		{value: "99999d", err: `invalid duration "99999d"`},
-		{value: "[24h]", err: "needs a unit"},
-		{value: "{h: 24}", err: "needs a unit"},
+		{value: "[24h]", err: `a duration such as "30s" expected, not a list`},
+		{value: "{h: 24}", err: `a duration such as "30s" expected, not a mapping`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.value, func(t *testing.T) {
@@ -532,7 +532,7 @@ func TestDurations(t *testing.T) {
 			if !strings.Contains(err.Error(), tc.err) {
 				t.Errorf("ttl: %s: error %q does not contain %q", tc.value, err, tc.err)
 			}
-			if !strings.Contains(err.Error(), "line 8:") {
+			if !strings.Contains(err.Error(), "routes[0].ttl: ") || !strings.Contains(err.Error(), "(line 8)") {
 				t.Errorf("ttl: %s: error %q does not give the line", tc.value, err)
 			}
 		})

@@ -28,6 +28,8 @@ const (
 	DefaultShutdownTimeout    = 30 * time.Second
 	DefaultMaxBufferedBytes   = 64 << 20
 	DefaultMaxConnections     = 1024
+	DefaultReconcileGrace     = 5 * time.Minute
+	DefaultReconcileInterval  = time.Minute
 )
 
 // applyDefaults fills every unset field. It is the only place defaults are
@@ -74,6 +76,7 @@ func (c *Config) applyDefaults() {
 		setString(&r.Concurrent, ConcurrentReject)
 		setString(&r.OnMissingKey, MissingKeyReject)
 		setString(&r.OnStoreError, StoreErrorReject)
+		setString(&r.Mode, ModeEnforce)
 		setDuration(&r.WaitTimeout, DefaultWaitTimeout)
 		setDuration(&r.TTL, DefaultTTL)
 		setDuration(&r.UpstreamTimeout, DefaultUpstreamTimeout)
@@ -89,6 +92,12 @@ func (c *Config) applyDefaults() {
 		}
 		for j, h := range r.ReplayHeaders {
 			r.ReplayHeaders[j] = http.CanonicalHeaderKey(h)
+		}
+		if rc := r.Reconcile; rc != nil {
+			// The first lookup waits well past the window in which the
+			// original request may still be processed upstream.
+			setDuration(&rc.Grace, max(DefaultReconcileGrace, 2*r.Lease.D()))
+			setDuration(&rc.Interval, DefaultReconcileInterval)
 		}
 	}
 }

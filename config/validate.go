@@ -250,6 +250,51 @@ func (r *Route) validate(p *problems, f string, patterns *patternSet) {
 	if r.Scope.Header != "" && !headerToken.MatchString(r.Scope.Header) {
 		p.add(f+".scope.header", "%q is not a header name", r.Scope.Header)
 	}
+	oneOf(p, f+".mode", r.Mode, ModeEnforce, ModeObserve)
+	if r.Reconcile != nil {
+		r.validateReconcile(p, f+".reconcile")
+	}
+}
+
+// validateReconcile checks a route's reconcile section. The grace must
+// exceed the lease: until the lease ends the original request may still be
+// waiting for its answer, and a lookup that runs while the upstream is
+// still processing it answers 404, releases the key and lets the retry
+// charge twice.
+func (r *Route) validateReconcile(p *problems, f string) {
+	rc := r.Reconcile
+	method, path := rc.LookupMethod(), rc.LookupPath()
+	switch {
+	case rc.Lookup == "":
+		p.add(f+".lookup", `required (e.g. "GET /orders/{key}/charge")`)
+	case method != http.MethodGet:
+		p.add(f+".lookup", "%q must be a GET: a lookup must not change anything upstream", rc.Lookup)
+	case !strings.HasPrefix(path, "/") || strings.ContainsAny(path, " \t#"):
+		p.add(f+".lookup", "%q needs a path starting with '/' after the method", rc.Lookup)
+	case strings.Count(path, LookupKeyPlaceholder) != 1 || strings.Count(path, "{") != 1 || strings.Count(path, "}") != 1:
+		p.add(f+".lookup", "%q must hold {key} exactly once and no other placeholder", rc.Lookup)
+	default:
+		if _, err := url.Parse(strings.Replace(path, LookupKeyPlaceholder, "k", 1)); err != nil {
+			p.add(f+".lookup", "%q: %v", rc.Lookup, err)
+		}
+	}
+	if len(r.Key.Parts) > 0 {
+		p.add(f+".lookup", "a composite key (key.parts) has no single value to look up; reconcile needs a single-source key")
+	}
+	if r.Scope.Header != "" {
+		p.add(f, "not allowed with scope.header: the lookup cannot tell one client's key from another's, "+
+			"and one client's charge would be replayed to another")
+	}
+	if rc.Grace <= r.Lease {
+		p.add(f+".grace", "%s must exceed lease (%s): until then the original request may still be processed upstream, "+
+			"and a lookup answering 404 would let the retry charge twice", rc.Grace.D(), r.Lease.D())
+	}
+	if rc.Grace >= r.TTL {
+		p.add(f+".grace", "%s must be shorter than ttl (%s), or no lookup would run before the key expires", rc.Grace.D(), r.TTL.D())
+	}
+	if rc.Interval <= 0 {
+		p.add(f+".interval", "must be positive")
+	}
 }
 
 func oneOf(p *problems, field, v string, allowed ...string) {

@@ -95,6 +95,9 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 	}
 	fp, jsonErr := keyextract.Fingerprint(r.Method, target, body, cfg.Fingerprint.Ignore)
 	if rt.spec.NeedsJSON() && jsonErr != nil {
+		if a.observe(w, body, WouldBadRequest) {
+			return
+		}
 		a.problem(w, OutcomeBadRequest, probInvalidJSON, jsonErr.Error(), 0, nil)
 		return
 	}
@@ -115,6 +118,9 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 		case errors.Is(err, keyextract.ErrBadJSON):
 			prob = probInvalidJSON
 		}
+		if a.observe(w, body, WouldBadRequest) {
+			return
+		}
 		a.problem(w, OutcomeBadRequest, prob, err.Error(), 0, nil)
 		return
 	}
@@ -123,6 +129,9 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 		vs := r.Header.Values(h)
 		if len(vs) > 1 {
 			// Scoped by which one? Each client must be one key space.
+			if a.observe(w, body, WouldBadRequest) {
+				return
+			}
 			a.problem(w, OutcomeBadRequest, probInvalidScope, "the "+h+" header is repeated", 0, nil)
 			return
 		}
@@ -130,6 +139,9 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 			scope = vs[0]
 		}
 		if scope == "" {
+			if a.observe(w, body, WouldBadRequest) {
+				return
+			}
 			a.problem(w, OutcomeBadRequest, probMissingScope, "this route keeps one key space per "+h+" header", 0, nil)
 			return
 		}
@@ -159,8 +171,14 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 			return
 		}
 		if fp != "" && rec.Fingerprint != "" && rec.Fingerprint != fp {
+			if a.observe(w, body, WouldMismatch) {
+				return
+			}
 			a.problem(w, OutcomeMismatch, probMismatch,
 				"this key was first used with another request (method, path or body); a new request needs a new key", 0, nil)
+			return
+		}
+		if a.observeExisting(w, body, rec) {
 			return
 		}
 		if rec.State == StateInFlight && cfg.Concurrent == config.ConcurrentWait && time.Now().Before(waitUntil) {
@@ -278,7 +296,7 @@ func (p *Proxy) releaseLater(key, token string) {
 func (a *attempt) storeFailed(w http.ResponseWriter, body []byte, op string, err error) {
 	a.p.log.Error("store failed", "route", a.routeName(), "operation", op, "key_hash", keyHash(a.storeKey), "err", err)
 	a.outcome = OutcomeStoreError
-	if a.rt.cfg.OnStoreError == config.StoreErrorForward {
+	if a.rt.cfg.OnStoreError == config.StoreErrorForward || a.observing() {
 		a.p.forward(w, a, body)
 		return
 	}
@@ -332,6 +350,9 @@ func (a *attempt) answerExisting(w http.ResponseWriter, rec *Record) {
 				h[k] = vs
 			}
 			h.Set("Idempotent-Replayed", "true")
+			if resp.Reconciled {
+				h.Set("Idempotent-Reconciled", "true")
+			}
 			h.Set("Content-Length", strconv.Itoa(len(resp.Body)))
 			w.WriteHeader(resp.Status)
 			w.Write(resp.Body)

@@ -140,7 +140,11 @@ func (a *attempt) markInDoubt() {
 	a.outcome = OutcomeInDoubt
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
-	a.settleErr("mark_in_doubt", a.p.store.MarkInDoubt(ctx, a.storeKey, a.token, a.rt.cfg.TTL.D()))
+	err := a.p.store.MarkInDoubt(ctx, a.storeKey, a.token, a.rt.cfg.TTL.D())
+	a.settleErr("mark_in_doubt", err)
+	if err == nil {
+		a.scheduleLookup()
+	}
 }
 
 func (a *attempt) settleErr(op string, err error) {

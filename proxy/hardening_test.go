@@ -234,15 +234,15 @@ func TestExpectContinueOnce(t *testing.T) {
 	}
 }
 
-// gate is an upstream in front of the stub that holds every request sent
+// holdGate is an upstream in front of the stub that holds every request sent
 // with X-Hold until opened, and counts the requests it holds.
-type gate struct {
+type holdGate struct {
 	open    chan struct{}
 	arrived chan struct{}
 }
 
-func newGate(t *testing.T) (*gate, *httptest.Server) {
-	g := &gate{open: make(chan struct{}), arrived: make(chan struct{}, 100)}
+func newHoldGate(t *testing.T) (*holdGate, *httptest.Server) {
+	g := &holdGate{open: make(chan struct{}), arrived: make(chan struct{}, 100)}
 	st := stub.New(slog.New(slog.DiscardHandler))
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("X-Hold") != "" {
@@ -274,7 +274,7 @@ func bigCharge(order string, size int) string {
 func TestBufferedBytesBudget(t *testing.T) {
 	for _, chunked := range []bool{false, true} {
 		t.Run(fmt.Sprintf("chunked=%v", chunked), func(t *testing.T) {
-			g, up := newGate(t)
+			g, up := newHoldGate(t)
 			e := &env{t: t, stub: up}
 			cfg := parseConfig(t, up.URL, chargesByOrder)
 			cfg.Server.MaxBufferedBytes = 1536 << 10

@@ -40,6 +40,7 @@ type Metrics struct {
 	storeDuration    *prometheus.HistogramVec
 	storeErrors      *prometheus.CounterVec
 	inFlight         *prometheus.GaugeVec
+	rec              *reconcileMetrics // reconciliation and observe mode
 }
 
 // NewMetrics creates the proxy's collectors and registers them on reg.
@@ -74,6 +75,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"route"}),
 	}
 	reg.MustRegister(m.requests, m.duration, m.upstreamDuration, m.storeDuration, m.storeErrors, m.inFlight)
+	m.rec = newReconcileMetrics(reg)
 	return m
 }
 
@@ -85,8 +87,21 @@ func (m *Metrics) initRoute(route string) {
 			continue
 		}
 		m.requests.WithLabelValues(route, string(o))
+		m.duration.WithLabelValues(route, string(o))
 	}
 	m.inFlight.WithLabelValues(route)
+}
+
+// storeOperations lists the operation label values of the store metrics.
+var storeOperations = []string{"reserve", "commit", "release", "mark_in_doubt", "get", "delete", "ping"}
+
+// initStore creates a store's operation and error series at zero, so that
+// the store-error alert and the dashboard see them on a healthy proxy.
+func (m *Metrics) initStore(store string) {
+	for _, op := range storeOperations {
+		m.storeDuration.WithLabelValues(store, op)
+		m.storeErrors.WithLabelValues(store, op)
+	}
 }
 
 // instrumented wraps a Store with operation timings and error counts.

@@ -48,6 +48,7 @@ type Options struct {
 // while it serves.
 type Proxy struct {
 	store     Store
+	rstore    ReconcileStore // nil: the store cannot reconcile
 	log       *slog.Logger
 	m         *Metrics
 	transport http.RoundTripper // passthrough
@@ -106,6 +107,8 @@ type table struct {
 	routes      map[string]*route
 	passthrough *httputil.ReverseProxy
 	ptTimeout   time.Duration
+	upstream    string // the upstream's base URL, without a trailing '/'
+	reconciles  bool   // a route has a reconcile section
 }
 
 // route is one configured route, ready to serve.
@@ -135,12 +138,16 @@ func New(cfg *config.Config, opts Options) (*Proxy, error) {
 	if opts.StoreName == "" {
 		opts.StoreName = "store"
 	}
+	opts.Metrics.initStore(opts.StoreName)
 	p := &Proxy{
 		store:     instrumented{Store: opts.Store, name: opts.StoreName, m: opts.Metrics},
 		log:       opts.Logger,
 		m:         opts.Metrics,
 		transport: opts.Transport,
 		protected: newNoResend(opts.Transport),
+	}
+	if rs, ok := opts.Store.(ReconcileStore); ok {
+		p.rstore = instrumentedReconcile{ReconcileStore: rs, s: p.store.(instrumented)}
 	}
 	p.active.idle.L = &p.active.mu
 	p.life, p.abort = context.WithCancel(context.Background())
@@ -162,6 +169,7 @@ func (p *Proxy) Reload(cfg *config.Config) error {
 		mux:       http.NewServeMux(),
 		routes:    make(map[string]*route, len(cfg.Routes)),
 		ptTimeout: cfg.Server.PassthroughTimeout.D(),
+		upstream:  strings.TrimSuffix(up.String(), "/"),
 	}
 	t.passthrough = p.reverseProxy(up, nil)
 	for _, rc := range cfg.Routes {
@@ -172,6 +180,8 @@ func (p *Proxy) Reload(cfg *config.Config) error {
 		}
 		t.routes[rc.Name] = rt
 		p.m.initRoute(rc.Name)
+		p.m.rec.initRoute(rc)
+		t.reconciles = t.reconciles || rc.Reconcile != nil
 	}
 	p.budget.limit.Store(cfg.Server.MaxBufferedBytes)
 	p.table.Store(t)

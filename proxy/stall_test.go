@@ -25,7 +25,7 @@ func TestRedisStall(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	g, up := newGate(t)
+	g, up := newHoldGate(t)
 	cfg := parseConfig(t, up.URL, chargesByOrder+"    upstream_timeout: 5s\n    lease: 15s\n")
 	reg := prometheus.NewRegistry()
 	p, err := proxy.New(cfg, proxy.Options{Store: st, StoreName: "redis", Metrics: proxy.NewMetrics(reg)})

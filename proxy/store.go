@@ -18,7 +18,8 @@ const (
 	// StateCompleted: the upstream answered and the answer was committed.
 	StateCompleted State = "completed"
 	// StateInDoubt: the request may have reached the upstream, but no answer
-	// came back. Only an operator or the TTL clears it.
+	// came back. An operator, the TTL or, on a route with reconcile, the
+	// upstream's answer to a lookup clears it.
 	StateInDoubt State = "in_doubt"
 )
 
@@ -53,6 +54,9 @@ type Response struct {
 	// BodyStored is false when the body was larger than the storage cap and
 	// was left out: the answer is known to exist but cannot be replayed.
 	BodyStored bool `json:"body_stored"`
+	// Reconciled is set when the answer came from a reconcile lookup, not
+	// from the original request.
+	Reconciled bool `json:"reconciled,omitempty"`
 }
 
 // Record is the stored state of one key.

@@ -67,6 +67,8 @@ type Store struct {
 
 	closeOnce sync.Once
 	closeErr  error
+
+	sizes sizeCache // Sizes' last measurement (size.go)
 }
 
 // record is the stored form of a proxy.Record.
@@ -77,6 +79,11 @@ type record struct {
 	CreatedAt   int64           `json:"cr"`           // unix ms
 	Lease       int64           `json:"le,omitempty"` // unix ms, in flight only
 	Response    *proxy.Response `json:"resp,omitempty"`
+	// Reconciliation (reconcile.go): the next lookup, and the lookup
+	// lease's token and end, unix ms; in doubt only.
+	NextLookup  int64  `json:"nl,omitempty"`
+	LookupToken string `json:"lt,omitempty"`
+	LookupLease int64  `json:"ll,omitempty"`
 }
 
 // Open opens (or creates) the store in opts.Dir, turns every reservation
@@ -141,9 +148,6 @@ func (s *Store) Close() error {
 	})
 	return s.closeErr
 }
-
-// Sizes returns the LSM tree's and the value log's size on disk, in bytes.
-func (s *Store) Sizes() (lsm, vlog int64) { return s.db.Size() }
 
 func (s *Store) gcLoop(every time.Duration) {
 	defer s.done.Done()

@@ -26,6 +26,10 @@ func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) proxy.Store { return open(t, t.TempDir()) })
 }
 
+func TestReconcileConformance(t *testing.T) {
+	storetest.RunReconcile(t, func(t *testing.T) storetest.ReconcileStore { return open(t, t.TempDir()) })
+}
+
 // TestReopenTurnsInFlightInDoubt: a reservation left in flight by a
 // process that stopped is in doubt when the store is opened again, at
 // once, whatever its lease said; completed records survive.

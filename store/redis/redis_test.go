@@ -66,6 +66,19 @@ func TestConformance(t *testing.T) {
 	})
 }
 
+func TestReconcileConformance(t *testing.T) {
+	srv := redistest.Start(t)
+	storetest.RunReconcile(t, func(t *testing.T) storetest.ReconcileStore {
+		return newStore(t, Options{Addrs: []string{srv.Addr()}})
+	})
+	c := redistest.StartCluster(t, 3)
+	t.Run("cluster", func(t *testing.T) {
+		storetest.RunReconcile(t, func(t *testing.T) storetest.ReconcileStore {
+			return newStore(t, Options{Addrs: c.Addrs()})
+		})
+	})
+}
+
 func TestConformanceCluster(t *testing.T) {
 	c := redistest.StartCluster(t, 3)
 	s := newStore(t, Options{Addrs: c.Addrs()})

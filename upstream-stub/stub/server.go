@@ -64,6 +64,7 @@ func New(logger *slog.Logger) http.Handler {
 	mux.HandleFunc("GET /charges", s.listCharges)
 	mux.HandleFunc("DELETE /charges", s.deleteCharges)
 	mux.HandleFunc("GET /orders/{orderId}/charges", s.orderStatement)
+	mux.HandleFunc("GET /orders/{orderId}/charge", s.latestCharge)
 	mux.HandleFunc("POST /faults", s.queueFault)
 	mux.HandleFunc("GET /faults", s.listFaults)
 	mux.HandleFunc("DELETE /faults", s.clearFaults)
@@ -256,6 +257,26 @@ func (s *server) orderStatement(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Unlock()
 	s.writeJSON(w, http.StatusOK, statement{OrderID: orderID, Charges: len(items), Items: items})
+}
+
+// latestCharge handles GET /orders/{orderId}/charge, the question an
+// idempotency proxy asks about a request whose answer it lost ("was this
+// order charged?"): 200 with the order's latest charge, or 404 when the
+// order has none.
+func (s *server) latestCharge(w http.ResponseWriter, r *http.Request) {
+	orderID := r.PathValue("orderId")
+	s.mu.Lock()
+	idx := s.byOrder[orderID]
+	var c charge
+	if len(idx) > 0 {
+		c = s.charges[idx[len(idx)-1]]
+	}
+	s.mu.Unlock()
+	if len(idx) == 0 {
+		s.writeProblem(w, problem{Status: http.StatusNotFound, Detail: fmt.Sprintf("order %q has no charge", orderID)})
+		return
+	}
+	s.writeJSON(w, http.StatusOK, c)
 }
 
 // healthz handles GET /healthz.

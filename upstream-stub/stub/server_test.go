@@ -333,6 +333,41 @@ func TestOrderStatement(t *testing.T) {
 	}
 }
 
+func TestLatestCharge(t *testing.T) {
+	ts := newTestServer(t)
+	a1 := wantCharge(t, postCharge(t, ts, `{"orderId": "A", "amount": 1}`, nil), "A", "1")
+	a2 := wantCharge(t, postCharge(t, ts, `{"orderId": "A", "amount": 3}`, nil), "A", "3")
+	b1 := wantCharge(t, postCharge(t, ts, `{"orderId": "B/1", "amount": 2}`, nil), "B/1", "2")
+	tests := []struct {
+		path   string
+		status int
+		want   charge
+	}{
+		{"/orders/A/charge", http.StatusOK, a2},
+		{"/orders/B%2F1/charge", http.StatusOK, b1},
+		{"/orders/C/charge", http.StatusNotFound, charge{}},
+	}
+	for _, tt := range tests {
+		r := send(t, ts.Client(), "GET", ts.URL+tt.path, "", nil)
+		if r.status != tt.status {
+			t.Fatalf("GET %s = %d %s, want %d", tt.path, r.status, r.body, tt.status)
+		}
+		if tt.status != http.StatusOK {
+			if ct := r.header.Get("Content-Type"); ct != "application/problem+json" {
+				t.Errorf("GET %s Content-Type = %q, want application/problem+json", tt.path, ct)
+			}
+			continue
+		}
+		var got charge
+		if err := json.Unmarshal(r.body, &got); err != nil {
+			t.Fatal(err)
+		}
+		if got != tt.want {
+			t.Errorf("GET %s = %+v, want %+v (not the first, %+v)", tt.path, got, tt.want, a1)
+		}
+	}
+}
+
 func TestListAndDeleteCharges(t *testing.T) {
 	ts := newTestServer(t)
 

@@ -1,0 +1,200 @@
+package config
+
+import (
+	"fmt"
+	"reflect"
+	"regexp"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// decodeChecker walks a YAML tree alongside the configuration's types and
+// reports what the decoder would refuse (unknown fields, repeated fields,
+// values of the wrong type) with the field's path and line, in the form of
+// the validation problems ("routes[0].ttl: invalid duration "30 s" (line
+// 7)"). It removes each offending node from the tree, so that the rest of
+// the file still decodes and is validated.
+type decodeChecker struct {
+	problems []string
+	// bad are the paths whose value was removed; validation problems under
+	// them would only repeat the decoding problem.
+	bad []string
+}
+
+var unmarshalerType = reflect.TypeFor[yaml.Unmarshaler]()
+
+// lineRE is the "line N: " prefix of the YAML library's messages.
+var lineRE = regexp.MustCompile(`^line \d+: `)
+
+func (c *decodeChecker) add(path string, line int, format string, args ...any) {
+	c.problems = append(c.problems, fmt.Sprintf("%s: %s (line %d)", path, fmt.Sprintf(format, args...), line))
+}
+
+// covers reports whether a validation problem concerns a path whose
+// value was removed.
+func (c *decodeChecker) covers(problem string) bool {
+	for _, b := range c.bad {
+		if rest, ok := strings.CutPrefix(problem, b); ok &&
+			(strings.HasPrefix(rest, ":") || strings.HasPrefix(rest, ".") || strings.HasPrefix(rest, "[")) {
+			return true
+		}
+	}
+	return false
+}
+
+// walk checks n against type t at path and reports whether n may stay.
+// Aliases and merge keys are left to the decoder.
+func (c *decodeChecker) walk(n *yaml.Node, t reflect.Type, path string) bool {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if n.Kind == yaml.AliasNode || (n.Kind == yaml.ScalarNode && n.Tag == "!!null") {
+		return true
+	}
+	if reflect.PointerTo(t).Implements(unmarshalerType) {
+		return c.leaf(n, t, path)
+	}
+	switch {
+	case t.Kind() == reflect.Struct && n.Kind == yaml.MappingNode:
+		c.mapping(n, t, path)
+		return true
+	case t.Kind() == reflect.Slice && n.Kind == yaml.SequenceNode:
+		for i, e := range n.Content {
+			if !c.walk(e, t.Elem(), fmt.Sprintf("%s[%d]", path, i)) {
+				// An empty value in its place keeps the indexes (and the
+				// count) of the elements after it.
+				n.Content[i] = &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!null", Line: e.Line, Column: e.Column}
+				if et := t.Elem(); et.Kind() == reflect.Struct {
+					n.Content[i] = &yaml.Node{Kind: yaml.MappingNode, Tag: "!!map", Line: e.Line, Column: e.Column}
+				}
+			}
+		}
+		return true
+	}
+	return c.leaf(n, t, path)
+}
+
+// mapping checks the fields of a mapping decoded into struct type t and
+// drops those that are unknown, repeated or of the wrong type.
+func (c *decodeChecker) mapping(n *yaml.Node, t reflect.Type, path string) {
+	fields := yamlFields(t)
+	first := map[string]int{}
+	kept := make([]*yaml.Node, 0, len(n.Content))
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if k.Tag == "!!merge" {
+			kept = append(kept, k, v)
+			continue
+		}
+		p := k.Value
+		if path != "" {
+			p = path + "." + k.Value
+		}
+		if k.Kind != yaml.ScalarNode {
+			c.add(pathOr(path), k.Line, "a field name must be a plain word")
+			continue
+		}
+		if line, ok := first[k.Value]; ok {
+			c.add(p, k.Line, "given twice (first on line %d)", line)
+			continue
+		}
+		first[k.Value] = k.Line
+		ft, ok := fields[k.Value]
+		if !ok {
+			c.add(p, k.Line, "unknown field")
+			continue
+		}
+		if c.walk(v, ft, p) {
+			kept = append(kept, k, v)
+		}
+	}
+	n.Content = kept
+}
+
+// leaf decodes n into a new value of type t and reports a failure.
+func (c *decodeChecker) leaf(n *yaml.Node, t reflect.Type, path string) bool {
+	err := n.Decode(reflect.New(t).Interface())
+	if err == nil {
+		return true
+	}
+	c.bad = append(c.bad, path)
+	msg := err.Error()
+	if reflect.PointerTo(t).Implements(unmarshalerType) {
+		if te, ok := err.(*yaml.TypeError); ok && len(te.Errors) > 0 {
+			msg = lineRE.ReplaceAllString(te.Errors[0], "")
+		}
+	} else {
+		msg = wantKind(t) + ", not " + describe(n)
+	}
+	c.add(pathOr(path), n.Line, "%s", msg)
+	return false
+}
+
+func pathOr(path string) string {
+	if path == "" {
+		return "the file"
+	}
+	return path
+}
+
+// wantKind says what a value of type t is written as.
+func wantKind(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.Bool:
+		return "true or false expected"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "a whole number expected"
+	case reflect.String:
+		return "a text value expected"
+	case reflect.Slice:
+		return "a list expected"
+	case reflect.Struct, reflect.Map:
+		return "a mapping of fields expected"
+	}
+	return "a " + t.Kind().String() + " expected"
+}
+
+// describe names what n is, for a type problem.
+func describe(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	}
+	v := n.Value
+	if len(v) > 40 {
+		v = v[:40] + "..."
+	}
+	return fmt.Sprintf("%q", v)
+}
+
+// yamlFields maps the YAML names of t's fields (inline structs included)
+// to their types, as the YAML library names them.
+func yamlFields(t reflect.Type) map[string]reflect.Type {
+	fields := map[string]reflect.Type{}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		tag := f.Tag.Get("yaml")
+		if tag == "-" {
+			continue
+		}
+		name, opts, _ := strings.Cut(tag, ",")
+		if strings.Contains(","+opts+",", ",inline,") && f.Type.Kind() == reflect.Struct {
+			for k, v := range yamlFields(f.Type) {
+				fields[k] = v
+			}
+			continue
+		}
+		if name == "" {
+			name = strings.ToLower(f.Name)
+		}
+		fields[name] = f.Type
+	}
+	return fields
+}

@@ -1,0 +1,110 @@
+package proxy_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/proxy"
+)
+
+const observeRoute = `  - name: charges
+    match: POST /charges
+    key: {json: orderId}
+    mode: observe
+`
+
+func (e *env) observed(would string) int {
+	e.t.Helper()
+	return int(counterValue(e.t, e.reg, "idemproxy_observed_total", map[string]string{"route": "charges", "would": would}))
+}
+
+// TestObserveModeForwardsAndCounts: a route in observe mode forwards every
+// request, duplicates and mismatches included, and counts what enforce
+// would have answered; a reload to enforce then protects the same keys.
+func TestObserveModeForwardsAndCounts(t *testing.T) {
+	e := newEnv(t, observeRoute)
+	sk := proxy.StoreKey("charges", "", "O-3")
+	if r, err := e.store.Reserve(context.Background(), sk, proxy.Reservation{Token: "busy", Lease: time.Minute, TTL: time.Hour}); err != nil || r != nil {
+		t.Fatalf("Reserve = %v, %v", r, err)
+	}
+	steps := []struct {
+		name   string
+		body   string
+		status int
+		would  string // "" : nothing counted
+	}{
+		{"first request", `{"orderId": "O-1", "amount": 5}`, http.StatusCreated, ""},
+		{"duplicate", `{"orderId": "O-1", "amount": 5}`, http.StatusCreated, proxy.WouldReplayed},
+		{"same key, another body", `{"orderId": "O-1", "amount": 7}`, http.StatusCreated, proxy.WouldMismatch},
+		{"key in flight", `{"orderId": "O-3", "amount": 5}`, http.StatusCreated, proxy.WouldConflict},
+		{"no key: the upstream's own 400", `{"amount": 5}`, http.StatusBadRequest, proxy.WouldBadRequest},
+		{"not JSON: the upstream's own 400", `{"orderId": `, http.StatusBadRequest, proxy.WouldBadRequest},
+	}
+	for _, s := range steps {
+		before := map[string]int{}
+		for _, w := range proxy.Woulds {
+			before[w] = e.observed(w)
+		}
+		a := e.do("POST", "/charges", s.body)
+		if a.status != s.status || a.problemType() != "" || a.replayed() {
+			t.Errorf("%s: got %v (replayed %v), want the upstream's %d", s.name, a, a.replayed(), s.status)
+		}
+		for _, w := range proxy.Woulds {
+			want := before[w]
+			if w == s.would {
+				want++
+			}
+			if got := e.observed(w); got != want {
+				t.Errorf("%s: observed{would=%s} = %d, want %d", s.name, w, got, want)
+			}
+		}
+	}
+	if got := e.charges("O-1"); got != 3 {
+		t.Errorf("charges of O-1 = %d, want 3: observe mode forwards everything", got)
+	}
+	if st := e.state("charges", "", "O-1"); st != proxy.StateCompleted {
+		t.Errorf("state of O-1 = %q, want completed: observe mode keeps the bookkeeping", st)
+	}
+
+	// The rollout: switch to enforce by a reload; the recorded key is now
+	// protected.
+	if err := e.p.Reload(parseConfig(t, e.stub.URL, strings.Replace(observeRoute, "mode: observe", "mode: enforce", 1))); err != nil {
+		t.Fatal(err)
+	}
+	if a := e.charge(`"O-1"`, 5); !a.replayed() || e.charges("O-1") != 3 {
+		t.Errorf("after the switch to enforce: %v, charges %d; want the first answer replayed, no new charge", a, e.charges("O-1"))
+	}
+	wantStatus(t, "mismatch under enforce", e.charge(`"O-1"`, 9), http.StatusUnprocessableEntity, "fingerprint-mismatch")
+}
+
+// TestObserveModeForwardsOnStoreFailure: a store failure in observe mode
+// forwards the request and counts it as a store error.
+func TestObserveModeForwardsOnStoreFailure(t *testing.T) {
+	e := newEnv(t, observeRoute)
+	e.store.Close()
+	wantStatus(t, "store closed", e.charge(`"O-9"`, 5), http.StatusCreated, "")
+	if got := e.outcomes("charges", proxy.OutcomeStoreError); got != 1 {
+		t.Errorf("outcome store_error = %d, want 1", got)
+	}
+	if got := e.charges("O-9"); got != 1 {
+		t.Errorf("charges of O-9 = %d, want 1", got)
+	}
+}
+
+// TestObserveModeCountsDuplicateUnderReject: under duplicate: reject,
+// enforce would have answered a known key with 409 duplicate-request.
+func TestObserveModeCountsDuplicateUnderReject(t *testing.T) {
+	e := newEnv(t, observeRoute+"    duplicate: reject\n")
+	for range 2 {
+		wantStatus(t, "charge", e.charge(`"O-5"`, 5), http.StatusCreated, "")
+	}
+	if got, replayed := e.observed(proxy.WouldDuplicate), e.observed(proxy.WouldReplayed); got != 1 || replayed != 0 {
+		t.Errorf("observed duplicate, replayed = %d, %d; want 1, 0", got, replayed)
+	}
+	if got := e.charges("O-5"); got != 2 {
+		t.Errorf("charges of O-5 = %d, want 2", got)
+	}
+}

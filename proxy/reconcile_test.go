@@ -1,0 +1,505 @@
+package proxy_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemproxy/idemproxy/admin"
+	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store/badger"
+	"github.com/idemproxy/idemproxy/store/redis"
+	"github.com/idemproxy/idemproxy/upstream-stub/stub"
+)
+
+// lookupGate is the real stub with control over its lookups (GET
+// /orders/{orderId}/charge): it counts them, fails the first ones on
+// demand, and can hold them until released.
+type lookupGate struct {
+	h       http.Handler
+	lookups atomic.Int32
+	fail    atomic.Int32  // lookups still to answer 503
+	entered chan struct{} // if set, told of each lookup
+	block   chan struct{} // if set, each lookup waits for it to close
+}
+
+func newGate() *lookupGate { return &lookupGate{h: stub.New(slog.New(slog.DiscardHandler))} }
+
+func (g *lookupGate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodGet && strings.HasSuffix(r.URL.Path, "/charge") {
+		g.lookups.Add(1)
+		if g.entered != nil {
+			g.entered <- struct{}{}
+		}
+		if g.block != nil {
+			select {
+			case <-g.block:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		if g.fail.Load() > 0 {
+			g.fail.Add(-1)
+			http.Error(w, "lookup unavailable", http.StatusServiceUnavailable)
+			return
+		}
+	}
+	g.h.ServeHTTP(w, r)
+}
+
+// reconcileRoute is a charges route that reconciles, with times small
+// enough for tests: an upstream timeout of 300ms, a grace of 600ms.
+const reconcileRoute = `  - name: charges
+    match: POST /charges
+    key: {json: orderId}
+    upstream_timeout: 300ms
+    lease: 500ms
+    reconcile: {lookup: "GET /orders/{key}/charge", grace: 600ms, interval: 100ms}
+`
+
+// newReconcileEnv is newEnv with the gate in front of the stub, and the
+// proxy's reconciler.
+func newReconcileEnv(t *testing.T, g *lookupGate, routes string) (*env, *proxy.Reconciler) {
+	t.Helper()
+	e := &env{t: t}
+	e.stub = httptest.NewServer(g)
+	t.Cleanup(e.stub.Close)
+	e.start(e.stub.URL, routes)
+	rec, err := e.p.NewReconciler(proxy.ReconcilerOptions{Store: e.store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, rec
+}
+
+// serveReconcileRoute serves reconcileRoute on st, in front of upstream.
+func serveReconcileRoute(t *testing.T, upstream string, st proxy.Store) (*proxy.Proxy, *httptest.Server) {
+	t.Helper()
+	p, err := proxy.New(parseConfig(t, upstream, reconcileRoute), proxy.Options{Store: st, Metrics: proxy.NewMetrics(prometheus.NewRegistry())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, httptest.NewServer(p)
+}
+
+// inDoubtCharged leaves order's key in doubt after the stub charged it: the
+// answer comes after the upstream timeout.
+func (e *env) inDoubtCharged(order string) {
+	e.t.Helper()
+	e.fault("delay", 1, "1s")
+	wantStatus(e.t, "charge answered too late", e.charge(order, 5), http.StatusGatewayTimeout, "upstream-timeout")
+	if st := e.state("charges", "", strings.Trim(order, `"`)); st != proxy.StateInDoubt {
+		e.t.Fatalf("state after the timeout = %q, want in_doubt", st)
+	}
+}
+
+func (e *env) reconciliations(route, result string) int {
+	e.t.Helper()
+	return int(counterValue(e.t, e.reg, "idemproxy_reconciliations_total", map[string]string{"route": route, "result": result}))
+}
+
+// reconcileUntil runs passes of rec until cond holds.
+func reconcileUntil(t *testing.T, rec *proxy.Reconciler, what string, cond func() bool) {
+	t.Helper()
+	eventually(t, what, func() bool {
+		rec.RunOnce(context.Background())
+		return cond()
+	})
+}
+
+func TestReconcileAppliedBecomesReplayOfTheLookup(t *testing.T) {
+	g := newGate()
+	e, rec := newReconcileEnv(t, g, reconcileRoute)
+	e.inDoubtCharged(`"R-1"`)
+	wantStatus(t, "retry while in doubt", e.charge(`"R-1"`, 5), http.StatusConflict, "outcome-in-doubt")
+
+	reconcileUntil(t, rec, "the key is completed", func() bool { return e.state("charges", "", "R-1") == proxy.StateCompleted })
+	a := e.charge(`"R-1"`, 5)
+	wantStatus(t, "retry after reconciliation", a, http.StatusOK, "")
+	if !a.replayed() || a.header.Get("Idempotent-Reconciled") != "true" {
+		t.Errorf("retry headers = %v, want Idempotent-Replayed and Idempotent-Reconciled true", a.header)
+	}
+	if a.field("orderId") != "R-1" || a.field("chargeId") == nil {
+		t.Errorf("retry body = %s, want the lookup's charge of R-1", a.body)
+	}
+	if got := e.charges(`R-1`); got != 1 {
+		t.Errorf("charges of R-1 = %d, want 1", got)
+	}
+	if got := e.reconciliations("charges", proxy.ReconcileApplied); got != 1 {
+		t.Errorf("reconciliations applied = %d, want 1", got)
+	}
+	if got := g.lookups.Load(); got != 1 {
+		t.Errorf("lookups = %d, want 1", got)
+	}
+}
+
+func TestReconcileNotAppliedReleasesAndTheRetryIsChargedOnce(t *testing.T) {
+	g := newGate()
+	e, rec := newReconcileEnv(t, g, reconcileRoute)
+	// A crash: a reservation whose request never reached the upstream, its
+	// lease lapsed with nobody left to settle it.
+	sk := proxy.StoreKey("charges", "", "R-2")
+	if r, err := e.store.Reserve(context.Background(), sk, proxy.Reservation{Token: "crashed", Lease: 50 * time.Millisecond, TTL: time.Hour}); err != nil || r != nil {
+		t.Fatalf("Reserve = %v, %v", r, err)
+	}
+	eventually(t, "the lease lapses", func() bool { return e.state("charges", "", "R-2") == proxy.StateInDoubt })
+	wantStatus(t, "retry while in doubt", e.charge(`"R-2"`, 5), http.StatusConflict, "outcome-in-doubt")
+
+	reconcileUntil(t, rec, "the key is released", func() bool { return e.state("charges", "", "R-2") == "" })
+	wantStatus(t, "retry after the release", e.charge(`"R-2"`, 5), http.StatusCreated, "")
+	if a := e.charge(`"R-2"`, 5); !a.replayed() || a.header.Get("Idempotent-Reconciled") != "" {
+		t.Errorf("second retry = %v %v, want a plain replay", a, a.header)
+	}
+	if got := e.charges("R-2"); got != 1 {
+		t.Errorf("charges of R-2 = %d, want 1", got)
+	}
+	if got := e.reconciliations("charges", proxy.ReconcileNotApplied); got != 1 {
+		t.Errorf("reconciliations not_applied = %d, want 1", got)
+	}
+	if got := counterValue(t, e.reg, "idemproxy_reconcile_discovered_total", map[string]string{"route": "charges"}); got != 1 {
+		t.Errorf("discovered = %v, want 1 (the crash's reservation)", got)
+	}
+}
+
+// TestReconcileDiscoveryIsPerRoute: in-doubt keys of a route without
+// reconcile, more than a batch of them, do not keep discovery from
+// finding those of a route that reconciles.
+func TestReconcileDiscoveryIsPerRoute(t *testing.T) {
+	g := newGate()
+	e := &env{t: t}
+	e.stub = httptest.NewServer(g)
+	t.Cleanup(e.stub.Close)
+	e.start(e.stub.URL, reconcileRoute+"  - name: aaa\n    match: POST /aaa\n    key: {json: orderId}\n")
+	rec, err := e.p.NewReconciler(proxy.ReconcilerOptions{Store: e.store, Batch: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lapse := func(route, key string) {
+		t.Helper()
+		res := proxy.Reservation{Token: "crashed", Lease: time.Millisecond, TTL: time.Hour}
+		if r, err := e.store.Reserve(context.Background(), proxy.StoreKey(route, "", key), res); err != nil || r != nil {
+			t.Fatalf("Reserve = %v, %v", r, err)
+		}
+	}
+	for _, k := range []string{"A-1", "A-2", "A-3"} {
+		lapse("aaa", k)
+	}
+	lapse("charges", "R-6")
+	eventually(t, "the leases lapse", func() bool { return e.state("charges", "", "R-6") == proxy.StateInDoubt })
+	reconcileUntil(t, rec, "R-6 is released", func() bool { return e.state("charges", "", "R-6") == "" })
+	if st := e.state("aaa", "", "A-1"); st != proxy.StateInDoubt {
+		t.Errorf("a key of the route without reconcile is %q, want still in_doubt", st)
+	}
+	// A scoped key under the route (from an earlier, scoped definition of
+	// it) is never scheduled or looked up: the answer could be another
+	// client's.
+	scoped := proxy.StoreKey("charges", "alice", "R-6")
+	res := proxy.Reservation{Token: "crashed", Lease: time.Millisecond, TTL: time.Hour}
+	if r, err := e.store.Reserve(context.Background(), scoped, res); err != nil || r != nil {
+		t.Fatalf("Reserve = %v, %v", r, err)
+	}
+	eventually(t, "the scoped key's lease lapses", func() bool { return e.state("charges", "alice", "R-6") == proxy.StateInDoubt })
+	discovered := counterValue(t, e.reg, "idemproxy_reconcile_discovered_total", map[string]string{"route": "charges"})
+	rec.RunOnce(context.Background())
+	if got := counterValue(t, e.reg, "idemproxy_reconcile_discovered_total", map[string]string{"route": "charges"}); got != discovered {
+		t.Errorf("discovered went from %v to %v: the scoped key was scheduled", discovered, got)
+	}
+	before := g.lookups.Load()
+	if _, err := rec.Reconcile(context.Background(), scoped); !errors.Is(err, proxy.ErrNoReconcile) {
+		t.Errorf("Reconcile of a scoped key = %v, want ErrNoReconcile", err)
+	}
+	if n := g.lookups.Load() - before; n != 0 {
+		t.Errorf("lookups of a scoped key = %d, want 0", n)
+	}
+}
+
+func TestReconcileFailingLookupStaysInDoubtAndIsRetried(t *testing.T) {
+	g := newGate()
+	g.fail.Store(2)
+	e, rec := newReconcileEnv(t, g, reconcileRoute)
+	e.inDoubtCharged(`"R-3"`)
+
+	reconcileUntil(t, rec, "a first lookup fails", func() bool { return e.reconciliations("charges", proxy.ReconcileError) >= 1 })
+	if st := e.state("charges", "", "R-3"); st != proxy.StateInDoubt {
+		t.Errorf("state after a failed lookup = %q, want in_doubt", st)
+	}
+	wantStatus(t, "retry after a failed lookup", e.charge(`"R-3"`, 5), http.StatusConflict, "outcome-in-doubt")
+
+	reconcileUntil(t, rec, "the key is completed", func() bool { return e.state("charges", "", "R-3") == proxy.StateCompleted })
+	if got := e.reconciliations("charges", proxy.ReconcileError); got != 2 {
+		t.Errorf("reconciliations error = %d, want 2", got)
+	}
+	if got := g.lookups.Load(); got != 3 {
+		t.Errorf("lookups = %d, want 3 (two failed, one applied)", got)
+	}
+	if a := e.charge(`"R-3"`, 5); !a.replayed() || e.charges("R-3") != 1 {
+		t.Errorf("retry = %v, charges %d; want a replay and one charge", a, e.charges("R-3"))
+	}
+}
+
+// TestReconcileScheduleSurvivesRestart: the schedule is in the store, so a
+// proxy opened again on the same Badger directory looks the key up when it
+// is due without discovering it anew.
+func TestReconcileScheduleSurvivesRestart(t *testing.T) {
+	g := newGate()
+	up := httptest.NewServer(g)
+	t.Cleanup(up.Close)
+	dir := t.TempDir()
+	open := func() (*badger.Store, *proxy.Proxy, *httptest.Server) {
+		st, err := badger.Open(badger.Options{Dir: dir, SyncWrites: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, hs := serveReconcileRoute(t, up.URL, st)
+		return st, p, hs
+	}
+	st, _, srv := open()
+	ev := &env{t: t, stub: up, srv: srv, store: st}
+	ev.inDoubtCharged(`"R-4"`)
+	srv.Close()
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	st, p, srv := open()
+	defer func() { srv.Close(); st.Close() }()
+	keys, err := st.Unscheduled(context.Background(), "charges/", 10)
+	if err != nil || len(keys) != 0 {
+		t.Fatalf("Unscheduled after the restart = %q, %v; want none: the schedule was lost", keys, err)
+	}
+	rec, err := p.NewReconciler(proxy.ReconcilerOptions{Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev = &env{t: t, stub: up, srv: srv, store: st}
+	reconcileUntil(t, rec, "the key is completed after the restart", func() bool { return ev.state("charges", "", "R-4") == proxy.StateCompleted })
+	if a := ev.charge(`"R-4"`, 5); !a.replayed() || ev.charges("R-4") != 1 {
+		t.Errorf("retry = %v, charges %d; want a replay and one charge", a, ev.charges("R-4"))
+	}
+}
+
+// TestReconcileTwoReplicasOneRedisSendOneLookup: the lookup lease lets one
+// replica look a key up at a time, even when both are told to at once.
+func TestReconcileTwoReplicasOneRedisSendOneLookup(t *testing.T) {
+	srv := redistest.Start(t)
+	g := newGate()
+	up := httptest.NewServer(g)
+	t.Cleanup(up.Close)
+	routes := strings.NewReplacer("upstream_timeout: 300ms", "upstream_timeout: 1s", "lease: 500ms", "lease: 2s",
+		"grace: 600ms", "grace: 3s").Replace(reconcileRoute)
+	type replica struct {
+		p   *proxy.Proxy
+		rec *proxy.Reconciler
+		e   *env
+	}
+	var rs []replica
+	for range 2 {
+		st, err := redis.New(redis.Options{Addrs: []string{srv.Addr()}, KeyPrefix: "two:", OpTimeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		reg := prometheus.NewRegistry()
+		p, err := proxy.New(parseConfig(t, up.URL, routes), proxy.Options{Store: st, Metrics: proxy.NewMetrics(reg)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs := httptest.NewServer(p)
+		t.Cleanup(hs.Close)
+		rec, err := p.NewReconciler(proxy.ReconcilerOptions{Store: st})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs = append(rs, replica{p, rec, &env{t: t, stub: up, srv: hs, reg: reg}})
+	}
+	a, b := rs[0], rs[1]
+	a.e.fault("delay", 1, "3s")
+	wantStatus(t, "charge answered too late", a.e.charge(`"R-5"`, 5), http.StatusGatewayTimeout, "upstream-timeout")
+
+	g.entered, g.block = make(chan struct{}, 4), make(chan struct{})
+	sk := proxy.StoreKey("charges", "", "R-5")
+	done := make(chan proxy.ReconcileOutcome, 1)
+	go func() {
+		out, err := a.rec.Reconcile(context.Background(), sk)
+		if err != nil {
+			t.Errorf("replica A: Reconcile: %v", err)
+		}
+		done <- out
+	}()
+	<-g.entered // A's lookup is at the upstream now
+	if _, err := b.rec.Reconcile(context.Background(), sk); !errors.Is(err, proxy.ErrLookupBusy) {
+		t.Errorf("replica B: Reconcile during A's lookup = %v, want ErrLookupBusy", err)
+	}
+	close(g.block)
+	if out := <-done; out.Result != proxy.ReconcileApplied {
+		t.Errorf("replica A: result = %+v, want applied", out)
+	}
+	b.rec.RunOnce(context.Background())
+	if got := g.lookups.Load(); got != 1 {
+		t.Errorf("lookups = %d, want 1", got)
+	}
+	if ans := b.e.charge(`"R-5"`, 5); !ans.replayed() || ans.header.Get("Idempotent-Reconciled") != "true" {
+		t.Errorf("retry on replica B = %v %v, want the reconciled replay", ans, ans.header)
+	}
+	if got := a.e.charges("R-5"); got != 1 {
+		t.Errorf("charges of R-5 = %d, want 1", got)
+	}
+}
+
+type oneRoute struct{}
+
+func (oneRoute) RouteScope(name string) (string, bool) { return "", name == "charges" }
+
+func TestAdminReconcileNow(t *testing.T) {
+	g := newGate()
+	e, rec := newReconcileEnv(t, g, reconcileRoute)
+	h := admin.NewHandler(admin.Options{Store: e.p.Store(), Routes: oneRoute{}, Token: "tok", Reconciler: rec})
+	post := func(key string) (int, map[string]any) {
+		req := httptest.NewRequest("POST", "/v1/keys/charges/"+key+"/reconcile", nil)
+		req.Header.Set("Authorization", "Bearer tok")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		var m map[string]any
+		json.Unmarshal(w.Body.Bytes(), &m)
+		return w.Code, m
+	}
+	tests := []struct {
+		name   string
+		setup  func()
+		key    string
+		status int
+		result string
+	}{
+		{"no record", func() {}, "A-0", http.StatusNotFound, ""},
+		{"in doubt, charged: applied at once, before the grace", func() { e.inDoubtCharged(`"A-1"`) }, "A-1", http.StatusOK, proxy.ReconcileApplied},
+		{"completed: not in doubt", func() {}, "A-1", http.StatusConflict, ""},
+	}
+	for _, tt := range tests {
+		tt.setup()
+		code, body := post(tt.key)
+		if code != tt.status || (tt.result != "" && body["result"] != tt.result) {
+			t.Errorf("%s: POST = %d %v, want %d result %q", tt.name, code, body, tt.status, tt.result)
+		}
+	}
+	req := httptest.NewRequest("GET", "/v1/keys/charges/A-1", nil)
+	req.Header.Set("Authorization", "Bearer tok")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, req)
+	if !strings.Contains(w.Body.String(), `"reconciled": true`) {
+		t.Errorf("GET of a reconciled key = %s, want reconciled: true", w.Body)
+	}
+}
+
+// TestReconcileScheduleSurvivesRestartRedis: the same with Redis: a new
+// proxy process (a new client) finds the schedule in Redis.
+func TestReconcileScheduleSurvivesRestartRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	g := newGate()
+	up := httptest.NewServer(g)
+	t.Cleanup(up.Close)
+	open := func() (*redis.Store, *proxy.Proxy, *httptest.Server) {
+		st, err := redis.New(redis.Options{Addrs: []string{srv.Addr()}, KeyPrefix: "restart:", OpTimeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, hs := serveReconcileRoute(t, up.URL, st)
+		return st, p, hs
+	}
+	st, _, hs := open()
+	(&env{t: t, stub: up, srv: hs}).fault("delay", 1, "1s")
+	wantStatus(t, "charge answered too late", send(hs.Client(), "POST", hs.URL+"/charges", `{"orderId": "R-7", "amount": 5}`), http.StatusGatewayTimeout, "upstream-timeout")
+	hs.Close()
+	st.Close()
+
+	st, p, hs := open()
+	defer func() { hs.Close(); st.Close() }()
+	if keys, err := st.Unscheduled(context.Background(), "charges/", 10); err != nil || len(keys) != 0 {
+		t.Fatalf("Unscheduled after the restart = %q, %v; want none: the schedule was lost", keys, err)
+	}
+	rec, err := p.NewReconciler(proxy.ReconcilerOptions{Store: st})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sk := proxy.StoreKey("charges", "", "R-7")
+	reconcileUntil(t, rec, "the key is completed after the restart", func() bool {
+		r, err := st.Get(context.Background(), sk)
+		return err == nil && r != nil && r.State == proxy.StateCompleted
+	})
+	if a := send(hs.Client(), "POST", hs.URL+"/charges", `{"orderId": "R-7", "amount": 5}`); !a.replayed() || a.header.Get("Idempotent-Reconciled") != "true" {
+		t.Errorf("retry after the restart = %v %v, want the reconciled replay", a, a.header)
+	}
+}
+
+// TestReconcilerRunStopsOnCancel: Run resolves due keys by itself, and
+// returns once its context is cancelled, with no lookup left running.
+func TestReconcilerRunStopsOnCancel(t *testing.T) {
+	g := newGate()
+	e := &env{t: t}
+	e.stub = httptest.NewServer(g)
+	t.Cleanup(e.stub.Close)
+	e.start(e.stub.URL, reconcileRoute)
+	rec, err := e.p.NewReconciler(proxy.ReconcilerOptions{Store: e.store, Tick: 10 * time.Millisecond, DiscoverEvery: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() { rec.Run(ctx); close(stopped) }()
+	e.inDoubtCharged(`"R-8"`)
+	eventually(t, "the background reconciler completes the key", func() bool { return e.state("charges", "", "R-8") == proxy.StateCompleted })
+	// A lookup held at the upstream when the reconciler stops: Run waits
+	// for it, and the key stays in doubt.
+	g.entered, g.block = make(chan struct{}, 4), make(chan struct{})
+	e.inDoubtCharged(`"R-9"`)
+	<-g.entered
+	cancel()
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run did not return after its context was cancelled")
+	}
+	if st := e.state("charges", "", "R-9"); st != proxy.StateInDoubt {
+		t.Errorf("state of R-9 after the stop = %q, want in_doubt", st)
+	}
+}
+
+// TestReconcileFollowsReload: a key due on a route that a reload left
+// without reconcile is taken off the schedule, not looked up; a reload
+// that brings reconcile back schedules it again.
+func TestReconcileFollowsReload(t *testing.T) {
+	g := newGate()
+	other := "  - name: other\n    match: POST /other\n    key: {json: orderId}\n    upstream_timeout: 300ms\n    lease: 500ms\n" +
+		"    reconcile: {lookup: \"GET /orders/{key}/charge\", grace: 600ms, interval: 100ms}\n"
+	e, rec := newReconcileEnv(t, g, reconcileRoute+other)
+	e.inDoubtCharged(`"R-10"`)
+	without := strings.Replace(reconcileRoute, "    reconcile: {lookup: \"GET /orders/{key}/charge\", grace: 600ms, interval: 100ms}\n", "", 1)
+	if err := e.p.Reload(parseConfig(t, e.stub.URL, without+other)); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	eventually(t, "the key is taken off the schedule", func() bool {
+		rec.RunOnce(ctx)
+		keys, err := e.store.Unscheduled(ctx, "charges/", 10)
+		return err == nil && len(keys) == 1
+	})
+	if got := g.lookups.Load(); got != 0 {
+		t.Errorf("lookups on a route without reconcile = %d, want 0", got)
+	}
+	if st := e.state("charges", "", "R-10"); st != proxy.StateInDoubt {
+		t.Errorf("state = %q, want in_doubt", st)
+	}
+	if err := e.p.Reload(parseConfig(t, e.stub.URL, reconcileRoute+other)); err != nil {
+		t.Fatal(err)
+	}
+	reconcileUntil(t, rec, "the key is completed once reconcile is back", func() bool { return e.state("charges", "", "R-10") == proxy.StateCompleted })
+}
