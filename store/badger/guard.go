@@ -34,8 +34,10 @@ import (
 //     a still-full disk waits instead of crash-looping.
 //
 // Guard embeds the *Store that is open, so the Store's other methods are
-// promoted; those are not guarded, and must not race a reopen. The methods
-// of proxy.Store, Close and Sizes are guarded.
+// promoted; those are not guarded, and must not race a reopen (nor be
+// called while the store is broken: the embedded Store is then nil). The
+// methods of proxy.Store and proxy.ReconcileStore, Close and Sizes are
+// guarded.
 type Guard struct {
 	*Store // the open store; nil while broken. Swapped under mu.
 
@@ -58,7 +60,10 @@ type Guard struct {
 	reopens atomic.Uint64 // successful reopens after a fault
 }
 
-var _ proxy.Store = (*Guard)(nil)
+var (
+	_ proxy.Store          = (*Guard)(nil)
+	_ proxy.ReconcileStore = (*Guard)(nil)
+)
 
 // GuardOptions configures OpenGuarded.
 type GuardOptions struct {
@@ -256,10 +261,16 @@ func (g *Guard) do(op func(s *Store) error) (err error) {
 }
 
 // isFault reports whether err from a store operation means that Badger
-// itself failed, rather than the caller's context or fencing.
+// itself failed, rather than the caller's context, fencing or a record in
+// another state.
 func isFault(err error) bool {
-	return !errors.Is(err, proxy.ErrNotOwner) && !errors.Is(err, context.Canceled) &&
-		!errors.Is(err, context.DeadlineExceeded)
+	for _, domain := range []error{proxy.ErrNotOwner, proxy.ErrNotInDoubt, proxy.ErrLookupBusy, proxy.ErrNotDue,
+		context.Canceled, context.DeadlineExceeded} {
+		if errors.Is(err, domain) {
+			return false
+		}
+	}
+	return true
 }
 
 // Reserve implements proxy.Store; below the free-space floor it refuses.
@@ -318,6 +329,47 @@ func (g *Guard) Ping(ctx context.Context) error {
 		return fmt.Errorf("%w (%d bytes free, floor %d)", ErrLowDisk, g.FreeBytes(), g.floor)
 	}
 	return g.do(func(s *Store) error { return s.Ping(ctx) })
+}
+
+// ScheduleLookup implements proxy.ReconcileStore.
+func (g *Guard) ScheduleLookup(ctx context.Context, key string, after time.Duration) error {
+	return g.do(func(s *Store) error { return s.ScheduleLookup(ctx, key, after) })
+}
+
+// Unscheduled implements proxy.ReconcileStore.
+func (g *Guard) Unscheduled(ctx context.Context, prefix string, limit int) (keys []string, err error) {
+	err = g.do(func(s *Store) error {
+		keys, err = s.Unscheduled(ctx, prefix, limit)
+		return err
+	})
+	return keys, err
+}
+
+// DueLookups implements proxy.ReconcileStore.
+func (g *Guard) DueLookups(ctx context.Context, limit int) (keys []string, err error) {
+	err = g.do(func(s *Store) error {
+		keys, err = s.DueLookups(ctx, limit)
+		return err
+	})
+	return keys, err
+}
+
+// ClaimLookup implements proxy.ReconcileStore.
+func (g *Guard) ClaimLookup(ctx context.Context, key, token string, lease time.Duration, force bool) error {
+	return g.do(func(s *Store) error { return s.ClaimLookup(ctx, key, token, lease, force) })
+}
+
+// ResolveLookup implements proxy.ReconcileStore.
+func (g *Guard) ResolveLookup(ctx context.Context, key, token string, res proxy.LookupResult) error {
+	if res.Applied != nil {
+		g.wrote(len(key) + len(res.Applied.Body))
+	}
+	return g.do(func(s *Store) error { return s.ResolveLookup(ctx, key, token, res) })
+}
+
+// UnscheduleLookup implements proxy.ReconcileStore.
+func (g *Guard) UnscheduleLookup(ctx context.Context, key string) error {
+	return g.do(func(s *Store) error { return s.UnscheduleLookup(ctx, key) })
 }
 
 // Sizes returns the open store's sizes on disk (zero while broken).
