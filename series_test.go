@@ -113,7 +113,19 @@ func scrapedSeries(t *testing.T, scrape string) []struct {
 func TestHealthyProxyExportsEverySeriesTheAlertsAndDashboardUse(t *testing.T) {
 	up := startStub(t)
 	dir := t.TempDir()
-	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), "", chargesRoute))
+	// One route of each kind the alerts and panels watch: enforcing,
+	// reconciling, and observing.
+	routes := chargesRoute + `
+  - name: reconciled
+    match: POST /orders/{orderId}/charges
+    key: {path: orderId}
+    reconcile: {lookup: "GET /orders/{key}/charge"}
+  - name: observed
+    match: POST /observed
+    key: {json: orderId}
+    mode: observe
+`
+	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), "", routes))
 	r := do("GET", p.adminURL("/metrics"), "")
 	if r.status != 200 {
 		t.Fatalf("/metrics = %d", r.status)

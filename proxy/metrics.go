@@ -93,7 +93,8 @@ func (m *Metrics) initRoute(route string) {
 }
 
 // storeOperations lists the operation label values of the store metrics.
-var storeOperations = []string{"reserve", "commit", "release", "mark_in_doubt", "get", "delete", "ping"}
+var storeOperations = []string{"reserve", "commit", "release", "mark_in_doubt", "get", "delete", "ping",
+	"schedule_lookup", "unschedule_lookup", "unscheduled", "due_lookups", "claim_lookup", "resolve_lookup"}
 
 // initStore creates a store's operation and error series at zero, so that
 // the store-error alert and the dashboard see them on a healthy proxy.
