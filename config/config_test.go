@@ -380,6 +380,8 @@ func TestValidationProblems(t *testing.T) {
 		{"bad wildcard", head + "  - name: a\n    match: POST /a/{id\n    key: {json: a}\n", `routes[0].match: parsing "POST /a/{id"`},
 		{"same pattern twice", head + "  - name: a\n    match: POST /a\n    key: {json: a}\n  - name: b\n    match: POST /a\n    key: {json: a}\n",
 			`routes[1].match: "POST /a" conflicts with routes[0].match "POST /a": POST /a matches the same requests as POST /a`},
+		{"same host in another case", head + "  - name: a\n    match: POST api.example.com/a\n    key: {json: a}\n  - name: b\n    match: POST API.Example.com./a\n    key: {json: a}\n",
+			`routes[1].match: "POST API.Example.com./a" conflicts with routes[0].match "POST api.example.com/a"`},
 		{"overlapping patterns", head + "  - name: a\n    match: POST /o/{id}/c\n    key: {json: a}\n  - name: b\n    match: POST /o/x/c\n    key: {json: a}\n  - name: c\n    match: POST /o/{x}/c\n    key: {json: a}\n",
 			`routes[2].match: "POST /o/{x}/c" conflicts with routes[0].match "POST /o/{id}/c"`},
 

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"github.com/idemproxy/idemproxy/config"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -18,7 +19,7 @@ func FuzzHostMatch(f *testing.F) {
 		f.Add(h)
 	}
 	mux := http.NewServeMux()
-	mux.Handle(canonicalPattern("POST API.Example.com./charges"), http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	mux.Handle(config.CanonicalPattern("POST API.Example.com./charges"), http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	f.Fuzz(func(t *testing.T, host string) {
 		c := canonicalHost(host)
 		if again := canonicalHost(c); again != c && strings.LastIndexByte(c, ':') < 0 {

@@ -194,7 +194,7 @@ func register(mux *http.ServeMux, pattern string, h http.Handler) (err error) {
 			err = fmt.Errorf("%v", e)
 		}
 	}()
-	mux.Handle(canonicalPattern(pattern), h)
+	mux.Handle(config.CanonicalPattern(pattern), h)
 	return nil
 }
 
@@ -250,21 +250,6 @@ func canonicalHost(h string) string {
 	return strings.ToLower(h)
 }
 
-// canonicalPattern lower-cases the host of a ServeMux pattern
-// ("POST API.example.com./charges") and drops its final dot, so that it
-// matches the canonical host of a request.
-func canonicalPattern(pattern string) string {
-	method, rest := "", pattern
-	if i := strings.IndexAny(pattern, " \t"); i >= 0 {
-		method, rest = pattern[:i+1], strings.TrimLeft(pattern[i+1:], " \t")
-	}
-	slash := strings.IndexByte(rest, '/')
-	if slash <= 0 {
-		return pattern // no host
-	}
-	host := strings.ToLower(strings.TrimRight(rest[:slash], "."))
-	return method + host + rest[slash:]
-}
 
 // sentURLKey carries the URL a request was sent with when it was matched
 // in cleaned form.

@@ -38,6 +38,9 @@ func openGuarded(t testing.TB, dir string, g badger.GuardOptions) *badger.Guard 
 // TestGuardConformance: the guard is a store like any other.
 func TestGuardConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) proxy.Store { return openGuarded(t, t.TempDir(), badger.GuardOptions{}) })
+	storetest.RunReconcile(t, func(t *testing.T) storetest.ReconcileStore {
+		return openGuarded(t, t.TempDir(), badger.GuardOptions{})
+	})
 }
 
 func eventually(t *testing.T, what string, cond func() bool) {
