@@ -250,7 +250,6 @@ func canonicalHost(h string) string {
 	return strings.ToLower(h)
 }
 
-
 // sentURLKey carries the URL a request was sent with when it was matched
 // in cleaned form.
 type sentURLKey struct{}
