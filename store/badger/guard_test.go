@@ -65,23 +65,7 @@ func TestGuardDirectoryRemoved(t *testing.T) {
 	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)
 	}
-	body := make([]byte, 8<<10) // kept in the memtable: fills it fast
-	failed := 0
-	for i := range 20000 {
-		k := fmt.Sprintf("k%d", i)
-		_, err := s.Reserve(ctx, k, res)
-		if err == nil {
-			err = s.Commit(ctx, k, res.Token, proxy.Response{Status: 201, Body: body, BodyStored: true}, time.Hour)
-		}
-		if err != nil {
-			failed++
-			s.Get(ctx, k) // this is where a bare Badger panics
-			s.Release(ctx, k, res.Token)
-			if failed > 20 {
-				break
-			}
-		}
-	}
+	failed := writeUntilFailing(ctx, s)
 	if failed == 0 {
 		t.Fatal("Badger never failed with its directory removed; the test proves nothing")
 	}
@@ -95,6 +79,29 @@ func TestGuardDirectoryRemoved(t *testing.T) {
 	if s.Reopens() == 0 {
 		t.Errorf("Reopens() = 0 after a reopen")
 	}
+}
+
+// writeUntilFailing reserves and commits keys with 8 KiB answers (kept in
+// the memtable: they fill it fast) until 20 operations failed or 20,000
+// keys were written, and returns the number of failures. After each
+// failure it reads and releases the key: that is where a bare Badger whose
+// memtable could not be rotated panics.
+func writeUntilFailing(ctx context.Context, s *badger.Guard) int {
+	body := make([]byte, 8<<10)
+	failed := 0
+	for i := 0; i < 20000 && failed < 20; i++ {
+		k := fmt.Sprintf("k%d", i)
+		_, err := s.Reserve(ctx, k, res)
+		if err == nil {
+			err = s.Commit(ctx, k, res.Token, proxy.Response{Status: 201, Body: body, BodyStored: true}, time.Hour)
+		}
+		if err != nil {
+			failed++
+			s.Get(ctx, k)
+			s.Release(ctx, k, res.Token)
+		}
+	}
+	return failed
 }
 
 // TestGuardFloor: below the free-space floor new reservations are refused
@@ -256,19 +263,7 @@ func TestGuardTooManyOpenFiles(t *testing.T) {
 		}
 	}
 	defer restore()
-	body := make([]byte, 8<<10)
-	failed := 0
-	for i := 0; i < 20000 && failed < 20; i++ {
-		k := fmt.Sprintf("k%d", i)
-		_, err := s.Reserve(ctx, k, res)
-		if err == nil {
-			err = s.Commit(ctx, k, res.Token, proxy.Response{Status: 201, Body: body, BodyStored: true}, time.Hour)
-		}
-		if err != nil {
-			failed++
-			s.Get(ctx, k)
-		}
-	}
+	failed := writeUntilFailing(ctx, s)
 	restore()
 	if failed == 0 {
 		t.Fatal("Badger never failed out of file descriptors; the test proves nothing")
