@@ -1,18 +1,19 @@
 // Package badger is idemproxy's embedded key store, on Badger.
 //
-// Each key record is one Badger entry: the value is the record as JSON, the
-// entry's UserMeta byte mirrors its state (so that start-up can find
-// in-flight records without reading values), and the record's TTL is
-// Badger's own expiry. Reserve, Commit, Release and MarkInDoubt are each one
-// serialisable Badger transaction, retried on conflict, which makes the
-// reservation atomic among the requests of this process. Badger locks its
-// directory, so one store serves exactly one process: the embedded store is
-// per replica.
+// Each key record is one Badger entry: the value is the record in a compact,
+// versioned binary encoding (record.go), the entry's UserMeta byte mirrors
+// its state (so that start-up can find in-flight records without reading
+// values), and the record's TTL is Badger's own expiry. Reserve, Commit,
+// Release and MarkInDoubt are each one closure applied by the store's single
+// writer, which batches the closures queued meanwhile into one Badger
+// transaction and one WAL sync (group commit, writer.go): reservations are
+// atomic among the requests of this process, and durable together. Badger
+// locks its directory, so one store serves exactly one process: the
+// embedded store is per replica.
 package badger
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -33,17 +34,14 @@ const (
 	metaInDoubt   byte = 3
 )
 
-// maxConflictRetries bounds the retries of one operation that keeps losing
-// to concurrent transactions on the same key.
-const maxConflictRetries = 1000
-
 // Options configures Open.
 type Options struct {
 	// Dir is the data directory, created if missing. Required.
 	Dir string
 	// SyncWrites makes every write durable (fsync) before it returns, so
-	// a reservation is on disk before its request is forwarded. Badger
-	// writes concurrent transactions in batches with one sync each.
+	// a reservation is on disk before its request is forwarded. The
+	// store's writer applies concurrent writes in one transaction, so they
+	// share one sync.
 	//
 	// Only reservations need it, but Badger's DB.Sync cannot stand in for
 	// it: it syncs the active memtable's log only, and a reservation
@@ -60,6 +58,7 @@ type Options struct {
 // Store is the Badger key store. Its methods are safe for concurrent use.
 type Store struct {
 	db   *bdg.DB
+	w    *writer
 	log  *slog.Logger
 	now  func() time.Time
 	stop chan struct{}
@@ -69,7 +68,8 @@ type Store struct {
 	closeErr  error
 }
 
-// record is the stored form of a proxy.Record.
+// record is the stored form of a proxy.Record, encoded by marshal (record.go);
+// the JSON names are those of the records earlier releases wrote, still read.
 type record struct {
 	State       proxy.State     `json:"st"`
 	Token       string          `json:"tok"`
@@ -115,9 +115,10 @@ func Open(opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("badger: open %s: %w", opts.Dir, err)
 	}
-	s := &Store{db: db, log: opts.Logger, now: time.Now, stop: make(chan struct{})}
+	s := &Store{db: db, w: newWriter(db), log: opts.Logger, now: time.Now, stop: make(chan struct{})}
 	n, err := s.orphansInDoubt()
 	if err != nil {
+		s.w.close()
 		db.Close()
 		return nil, fmt.Errorf("badger: recover in-flight reservations: %w", err)
 	}
@@ -135,6 +136,7 @@ func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.stop)
 		s.done.Wait()
+		s.w.close() // applies what is queued; later writes fail
 		if err := s.db.Close(); err != nil {
 			s.closeErr = fmt.Errorf("badger: close: %w", err)
 		}
@@ -219,17 +221,13 @@ func (s *Store) orphansInDoubt() (int, error) {
 	return len(orphans), nil
 }
 
-// update runs fn in a read-write transaction, retrying when a concurrent
-// transaction wrote a key that fn read.
-func (s *Store) update(fn func(txn *bdg.Txn) error) error {
-	for range maxConflictRetries {
-		err := s.db.Update(fn)
-		if !errors.Is(err, bdg.ErrConflict) {
-			return err
-		}
-	}
-	return fmt.Errorf("badger: gave up after %d transaction conflicts", maxConflictRetries)
-}
+// update runs fn in the read-write transaction of the writer's next batch
+// and returns fn's error, or the batch's commit error. fn sees the writes
+// of the closures before it in the batch and may run more than once (when
+// another closure of its batch fails), so it must set every result it
+// returns through captured variables anew on each run. Every write to the
+// database goes through update: the writer is the only writer.
+func (s *Store) update(fn func(txn *bdg.Txn) error) error { return s.w.update(fn) }
 
 // Reserve implements proxy.Store.
 func (s *Store) Reserve(ctx context.Context, key string, res proxy.Reservation) (*proxy.Record, error) {
@@ -407,7 +405,7 @@ func get(txn *bdg.Txn, k []byte) (*record, uint64, error) {
 		return nil, 0, err
 	}
 	var rec record
-	err = item.Value(func(v []byte) error { return json.Unmarshal(v, &rec) })
+	err = item.Value(rec.unmarshal)
 	if err != nil {
 		return nil, 0, fmt.Errorf("decode record: %w", err)
 	}
@@ -422,7 +420,7 @@ func put(txn *bdg.Txn, k []byte, rec *record, now time.Time, ttl time.Duration) 
 }
 
 func putAt(txn *bdg.Txn, k []byte, rec *record, expiresAt uint64) error {
-	v, err := json.Marshal(rec)
+	v, err := rec.marshal()
 	if err != nil {
 		return fmt.Errorf("encode record: %w", err)
 	}
