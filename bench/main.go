@@ -54,12 +54,13 @@ func main() {
 	driver := flag.String("driver", "auto", "load driver: auto (wrk when on the PATH), wrk or go")
 	targets := flag.String("targets", "bare,badger-sync,badger-nosync,redis", "targets to measure, comma-separated")
 	keep := flag.Bool("keep", false, "keep the temporary directory (binaries, data, logs)")
+	logLevel := flag.String("log-level", "info", "idemproxy's -log-level (info writes the access log)")
 	flag.Parse()
 	if *bareListen != "" {
 		serveBare(*bareListen, *bareUpstream)
 		return
 	}
-	if err := run(*duration, *conns, *rounds, *driver, strings.Split(*targets, ","), *keep); err != nil {
+	if err := run(*duration, *conns, *rounds, *driver, strings.Split(*targets, ","), *keep, *logLevel); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
@@ -109,7 +110,7 @@ type result struct {
 	errors       int64
 }
 
-func run(d time.Duration, conns, rounds int, driver string, names []string, keep bool) error {
+func run(d time.Duration, conns, rounds int, driver string, names []string, keep bool, logLevel string) error {
 	tmp, err := os.MkdirTemp("", "idemproxy-bench")
 	if err != nil {
 		return err
@@ -216,7 +217,7 @@ func run(d time.Duration, conns, rounds int, driver string, names []string, keep
 			if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 				return err
 			}
-			c, err = start(bin, "-config", path)
+			c, err = start(bin, "-config", path, "-log-level", logLevel)
 		default:
 			return fmt.Errorf("unknown target %q", n)
 		}

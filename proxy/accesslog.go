@@ -10,8 +10,8 @@ import (
 func (p *Proxy) finish(a *attempt) {
 	d := time.Since(a.start)
 	route := a.routeName()
-	p.m.requests.WithLabelValues(route, string(a.outcome)).Inc()
-	p.m.duration.WithLabelValues(route, string(a.outcome)).Observe(d.Seconds())
+	a.series.requests.of(string(a.outcome)).Inc()
+	a.series.duration.of(string(a.outcome)).Observe(d.Seconds())
 	attrs := []slog.Attr{
 		slog.String("route", route),
 		slog.String("method", a.in.Method),

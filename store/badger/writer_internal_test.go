@@ -5,6 +5,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"runtime"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -258,5 +261,42 @@ func TestUpdateAfterClose(t *testing.T) {
 	s.Close()
 	if _, err := s.Reserve(context.Background(), "k", proxy.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour}); err == nil {
 		t.Fatal("reserve after close succeeded")
+	}
+}
+
+// BenchmarkGroupCommit measures reserve+commit pairs from 32 goroutines
+// (the load of 32 connections) and reports how many closures share a
+// commit.
+func BenchmarkGroupCommit(b *testing.B) {
+	for _, sync := range []bool{false, true} {
+		b.Run(fmt.Sprintf("sync=%v", sync), func(b *testing.B) {
+			s, err := Open(Options{Dir: b.TempDir(), SyncWrites: sync})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			var commits atomic.Int64
+			commit := s.w.commit
+			s.w.commit = func(txn *bdg.Txn) error { commits.Add(1); return commit(txn) }
+			ctx := context.Background()
+			resp := proxy.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}},
+				Body: []byte(`{"chargeId":"ch_1","orderId":"ORD-1","amount":10}`), BodyStored: true}
+			var n atomic.Int64
+			b.ReportAllocs()
+			b.SetParallelism(max(1, 32/runtime.GOMAXPROCS(0)))
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					k := fmt.Sprintf("charges/-/ORD-%d", n.Add(1))
+					if _, err := s.Reserve(ctx, k, proxy.Reservation{Token: "t", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}); err != nil {
+						b.Fatal(err)
+					}
+					if err := s.Commit(ctx, k, "t", resp, time.Hour); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+			b.ReportMetric(float64(2*b.N)/float64(max(1, commits.Load())), "ops/commit")
+		})
 	}
 }
