@@ -21,6 +21,7 @@ import (
 	"time"
 
 	bdg "github.com/dgraph-io/badger/v4"
+	"github.com/dgraph-io/badger/v4/options"
 
 	"github.com/idemproxy/idemproxy/proxy"
 )
@@ -101,8 +102,8 @@ func Open(opts Options) (*Store, error) {
 		// 1 GiB value-log files).
 		WithMemTableSize(4 << 20).
 		WithNumMemtables(2).
-		WithNumLevelZeroTables(2).
-		WithNumLevelZeroTablesStall(8).
+		WithNumLevelZeroTables(4).
+		WithNumLevelZeroTablesStall(16).
 		WithBaseTableSize(1 << 20).
 		WithBlockCacheSize(4 << 20).
 		WithIndexCacheSize(2 << 20).
@@ -110,7 +111,13 @@ func Open(opts Options) (*Store, error) {
 		WithValueThreshold(16 << 10).
 		WithNumCompactors(2).
 		WithNumGoroutines(2).
-		WithMetricsEnabled(false)
+		WithMetricsEnabled(false).
+		// Records are small and mostly random (tokens, hashes): compression
+		// gains little and costs CPU and a goroutine pool per table built.
+		WithCompression(options.None).
+		// The store's writer is the only writer (writer.go): its
+		// transactions cannot conflict, so their reads need no tracking.
+		WithDetectConflicts(false)
 	db, err := bdg.Open(bo)
 	if err != nil {
 		return nil, fmt.Errorf("badger: open %s: %w", opts.Dir, err)
