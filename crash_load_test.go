@@ -130,4 +130,3 @@ func stubCharges(t *testing.T, stubURL string) map[string]int {
 	}
 	return out
 }
-
