@@ -55,12 +55,13 @@ func main() {
 	targets := flag.String("targets", "bare,badger-sync,badger-nosync,redis", "targets to measure, comma-separated")
 	keep := flag.Bool("keep", false, "keep the temporary directory (binaries, data, logs)")
 	logLevel := flag.String("log-level", "info", "idemproxy's -log-level (info writes the access log)")
+	single := flag.Bool("single", true, "also measure at 1 connection (false: a soak at -conns only)")
 	flag.Parse()
 	if *bareListen != "" {
 		serveBare(*bareListen, *bareUpstream)
 		return
 	}
-	if err := run(*duration, *conns, *rounds, *driver, strings.Split(*targets, ","), *keep, *logLevel); err != nil {
+	if err := run(*duration, *conns, *rounds, *driver, strings.Split(*targets, ","), *keep, *logLevel, *single); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
@@ -108,9 +109,11 @@ type result struct {
 	cpuPerReq    time.Duration // at -conns connections
 	peakRSS      int64         // VmHWM, bytes
 	errors       int64
+	keys         int64
+	anon, file   int64 // RSS at the end: anonymous (heap, stacks) and mapped files
 }
 
-func run(d time.Duration, conns, rounds int, driver string, names []string, keep bool, logLevel string) error {
+func run(d time.Duration, conns, rounds int, driver string, names []string, keep bool, logLevel string, single bool) error {
 	tmp, err := os.MkdirTemp("", "idemproxy-bench")
 	if err != nil {
 		return err
@@ -237,6 +240,7 @@ func run(d time.Duration, conns, rounds int, driver string, names []string, keep
 	fmt.Printf("load: unique-key POST /charges, %s per measurement, 1 and %d connections, driven by %s; %d round(s), %d CPUs\n",
 		d, conns, how, rounds, runtime.NumCPU())
 	all := map[string][]result{}
+	keys := map[string]int64{} // unique keys sent to each target, warm-ups aside
 	nonce := strconv.FormatInt(time.Now().UnixNano(), 36)
 	for r := range rounds {
 		for _, t := range ts {
@@ -246,9 +250,11 @@ func run(d time.Duration, conns, rounds int, driver string, names []string, keep
 			if _, err := load(useWrk, t.addr, conns, time.Second, prefix+"-w", tmp); err != nil {
 				return fmt.Errorf("%s: %w", t.name, err)
 			}
-			one, err := load(useWrk, t.addr, 1, d, prefix+"-1", tmp)
-			if err != nil {
-				return fmt.Errorf("%s: %w", t.name, err)
+			var one stats
+			if single {
+				if one, err = load(useWrk, t.addr, 1, d, prefix+"-1", tmp); err != nil {
+					return fmt.Errorf("%s: %w", t.name, err)
+				}
 			}
 			cpu0 := cpuTime(t.pid)
 			many, err := load(useWrk, t.addr, conns, d, prefix+"-n", tmp)
@@ -259,6 +265,7 @@ func run(d time.Duration, conns, rounds int, driver string, names []string, keep
 			res.rps1, res.p50_1, res.p99_1 = one.rps(), one.p50, one.p99
 			res.rpsN, res.p50N, res.p99N = many.rps(), many.p50, many.p99
 			res.errors = one.errors + many.errors
+			keys[t.name] += one.requests + many.requests
 			if many.requests > 0 {
 				res.cpuPerReq = cpu / time.Duration(many.requests)
 			}
@@ -278,6 +285,8 @@ func run(d time.Duration, conns, rounds int, driver string, names []string, keep
 		sort.Slice(rs, func(i, j int) bool { return rs[i].rpsN < rs[j].rpsN })
 		m := rs[len(rs)/2]
 		m.peakRSS = vmHWM(t.pid)
+		m.anon, m.file = procStatus(t.pid, "RssAnon"), procStatus(t.pid, "RssFile")
+		m.keys = keys[t.name]
 		out = append(out, m)
 	}
 	printTable(os.Stdout, out, conns)
@@ -292,7 +301,7 @@ func printTable(w io.Writer, rs []result, conns int) {
 		}
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "target\trps@%d\tvs bare\tp50@1\tp99@1\tp50@%d\tp99@%d\tCPU/req\tvs bare\tpeak RSS\terrors\t\n", conns, conns, conns)
+	fmt.Fprintf(tw, "target\trps@%d\tvs bare\tp50@1\tp99@1\tp50@%d\tp99@%d\tCPU/req\tvs bare\tpeak RSS\tRSS anon+file at end\tkeys\terrors\t\n", conns, conns, conns)
 	for _, r := range rs {
 		ratio := func(a, b float64) string {
 			if base == nil || b == 0 {
@@ -305,8 +314,9 @@ func printTable(w io.Writer, rs []result, conns int) {
 			rr = ratio(r.rpsN, base.rpsN)
 			cr = ratio(float64(r.cpuPerReq), float64(base.cpuPerReq))
 		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f MiB\t%d\t\n", r.name, r.rpsN, rr,
-			ms(r.p50_1), ms(r.p99_1), ms(r.p50N), ms(r.p99N), us(r.cpuPerReq), cr, float64(r.peakRSS)/(1<<20), r.errors)
+		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f MiB\t%.0f+%.0f MiB\t%d\t%d\t\n", r.name, r.rpsN, rr,
+			ms(r.p50_1), ms(r.p99_1), ms(r.p50N), ms(r.p99N), us(r.cpuPerReq), cr, float64(r.peakRSS)/(1<<20),
+			float64(r.anon)/(1<<20), float64(r.file)/(1<<20), r.keys, r.errors)
 	}
 	tw.Flush()
 	fmt.Fprintln(w, "CPU/req is the measured process's user+system time over the loaded run, divided by its requests;")
@@ -456,13 +466,16 @@ func cpuTime(pid int) time.Duration {
 }
 
 // vmHWM is a process's peak resident set size, in bytes.
-func vmHWM(pid int) int64 {
+func vmHWM(pid int) int64 { return procStatus(pid, "VmHWM") }
+
+// procStatus reads one kB field of /proc/<pid>/status, in bytes.
+func procStatus(pid int, field string) int64 {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0
 	}
 	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+		if rest, ok := strings.CutPrefix(line, field+":"); ok {
 			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
 			return kb << 10
 		}
