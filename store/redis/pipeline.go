@@ -1,0 +1,140 @@
+package redis
+
+import (
+	"context"
+	"strings"
+	"sync"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// Pipelining.
+//
+// Every script call of the store goes through one pipeliner: a goroutine
+// that takes the calls queued while the previous round trip was on the
+// wire (up to maxPipeline) and sends them to Redis as one pipeline of
+// EVALSHAs: one write and one read for all of them, instead of one each.
+// Each call still gets its own reply, so one call's error (a script error,
+// NOSCRIPT) never fails another. A call alone is sent as it always was
+// (Script.Run). Pipelined scripts are safe to resend for the same reason
+// single ones are (go-redis retries a pipeline that failed on the network):
+// each checks the caller's owner token.
+
+// maxPipeline bounds the calls of one pipeline.
+const maxPipeline = 64
+
+// call is one queued script call.
+type call struct {
+	ctx    context.Context
+	script *goredis.Script
+	keys   []string
+	args   []any
+	cmd    *goredis.Cmd
+	done   chan struct{}
+}
+
+type pipeliner struct {
+	client goredis.UniversalClient
+	calls  chan *call
+
+	mu     sync.RWMutex // held for reading while queueing; close takes it for writing
+	closed bool
+	exited chan struct{}
+}
+
+func newPipeliner(c goredis.UniversalClient) *pipeliner {
+	p := &pipeliner{client: c, calls: make(chan *call, maxPipeline), exited: make(chan struct{})}
+	go p.loop()
+	return p
+}
+
+// run runs script like Script.Run, sharing a round trip with the calls
+// queued at the same time. It returns when the reply is in or ctx ends.
+func (p *pipeliner) run(ctx context.Context, script *goredis.Script, keys []string, args ...any) *goredis.Cmd {
+	c := &call{ctx: ctx, script: script, keys: keys, args: args, done: make(chan struct{})}
+	p.mu.RLock()
+	if p.closed {
+		p.mu.RUnlock()
+		return script.Run(ctx, p.client, keys, args...) // fails on the closed client
+	}
+	p.calls <- c
+	p.mu.RUnlock()
+	select {
+	case <-c.done:
+		return c.cmd
+	case <-ctx.Done():
+		// The call may still be applied, as with a reply lost on the
+		// network: the caller treats the error so.
+		cmd := goredis.NewCmd(ctx)
+		cmd.SetErr(context.Cause(ctx))
+		return cmd
+	}
+}
+
+func (p *pipeliner) close() {
+	p.mu.Lock()
+	if !p.closed {
+		p.closed = true
+		close(p.calls)
+	}
+	p.mu.Unlock()
+	<-p.exited
+}
+
+func (p *pipeliner) loop() {
+	defer close(p.exited)
+	batch := make([]*call, 0, maxPipeline)
+	for c := range p.calls {
+		batch = append(batch[:0], c)
+	collect:
+		for len(batch) < maxPipeline {
+			select {
+			case c, ok := <-p.calls:
+				if !ok {
+					break collect
+				}
+				batch = append(batch, c)
+			default:
+				break collect
+			}
+		}
+		p.send(batch)
+		clear(batch)
+	}
+}
+
+// send sends batch and answers each call.
+func (p *pipeliner) send(batch []*call) {
+	live := batch[:0]
+	for _, c := range batch {
+		if err := c.ctx.Err(); err != nil { // its caller has gone: do not send it now
+			c.cmd = goredis.NewCmd(c.ctx)
+			c.cmd.SetErr(err)
+			close(c.done)
+			continue
+		}
+		live = append(live, c)
+	}
+	switch len(live) {
+	case 0:
+		return
+	case 1:
+		c := live[0]
+		c.cmd = c.script.Run(c.ctx, p.client, c.keys, c.args...)
+		close(c.done)
+		return
+	}
+	// The pipeline runs under the first call's deadline; every call has
+	// the same op timeout and the first was queued first.
+	pipe := p.client.Pipeline()
+	for _, c := range live {
+		c.cmd = c.script.EvalSha(live[0].ctx, pipe, c.keys, c.args...)
+	}
+	pipe.Exec(live[0].ctx) // each command carries its own error
+	for _, c := range live {
+		if err := c.cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			c.cmd = c.script.Run(c.ctx, p.client, c.keys, c.args...) // loads it
+		}
+		close(c.done)
+	}
+}
