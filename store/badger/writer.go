@@ -7,6 +7,8 @@ import (
 	"sync"
 
 	bdg "github.com/dgraph-io/badger/v4"
+
+	"github.com/idemproxy/idemproxy/internal/batch"
 )
 
 // Group commit.
@@ -47,12 +49,8 @@ var opPool = sync.Pool{New: func() any { return &op{done: make(chan error, 1)} }
 
 // writer serialises the store's mutations into batched transactions.
 type writer struct {
-	db  *bdg.DB
-	ops chan *op
-
-	mu     sync.RWMutex // held for reading while queueing; Close takes it for writing
-	closed bool
-	exited chan struct{}
+	db *bdg.DB
+	q  *batch.Queue[*op]
 
 	// commit commits a batch's transaction; tests replace it to fail a
 	// batch.
@@ -60,9 +58,8 @@ type writer struct {
 }
 
 func newWriter(db *bdg.DB) *writer {
-	w := &writer{db: db, ops: make(chan *op, maxBatchOps), exited: make(chan struct{}),
-		commit: func(txn *bdg.Txn) error { return txn.Commit() }}
-	go w.loop()
+	w := &writer{db: db, commit: func(txn *bdg.Txn) error { return txn.Commit() }}
+	w.q = batch.New(maxBatchOps, w.apply)
 	return w
 }
 
@@ -71,54 +68,18 @@ func newWriter(db *bdg.DB) *writer {
 func (w *writer) update(fn func(txn *bdg.Txn) error) error {
 	o := opPool.Get().(*op)
 	o.fn = fn
-	w.mu.RLock()
-	if w.closed {
-		w.mu.RUnlock()
-		o.fn = nil
-		opPool.Put(o)
-		return errClosed
+	err := errClosed
+	if w.q.Put(o) {
+		err = <-o.done
 	}
-	w.ops <- o
-	w.mu.RUnlock()
-	err := <-o.done
 	o.fn = nil
 	opPool.Put(o)
 	return err
 }
 
-// close stops taking mutations, waits until the queued ones are applied and
-// the writer has exited.
-func (w *writer) close() {
-	w.mu.Lock()
-	if !w.closed {
-		w.closed = true
-		close(w.ops)
-	}
-	w.mu.Unlock()
-	<-w.exited
-}
-
-func (w *writer) loop() {
-	defer close(w.exited)
-	batch := make([]*op, 0, maxBatchOps)
-	for o := range w.ops {
-		batch = append(batch[:0], o)
-	collect:
-		for len(batch) < maxBatchOps {
-			select {
-			case o, ok := <-w.ops:
-				if !ok {
-					break collect
-				}
-				batch = append(batch, o)
-			default:
-				break collect
-			}
-		}
-		w.apply(batch)
-		clear(batch)
-	}
-}
+// close stops taking mutations and returns once the queued ones are
+// applied.
+func (w *writer) close() { w.q.Close() }
 
 // apply applies batch in as few transactions as Badger's size limits
 // allow, and answers every op in it.

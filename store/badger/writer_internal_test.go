@@ -55,9 +55,9 @@ func holdWriter(t *testing.T, s *Store) (release func()) {
 // waitQueued waits until n closures are queued behind the writer.
 func waitQueued(t *testing.T, s *Store, n int) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); len(s.w.ops) < n; time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(10 * time.Second); s.w.q.Len() < n; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d closures queued, want %d", len(s.w.ops), n)
+			t.Fatalf("%d closures queued, want %d", s.w.q.Len(), n)
 		}
 	}
 }

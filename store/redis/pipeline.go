@@ -3,9 +3,10 @@ package redis
 import (
 	"context"
 	"strings"
-	"sync"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/idemproxy/idemproxy/internal/batch"
 )
 
 // Pipelining.
@@ -35,16 +36,12 @@ type call struct {
 
 type pipeliner struct {
 	client goredis.UniversalClient
-	calls  chan *call
-
-	mu     sync.RWMutex // held for reading while queueing; close takes it for writing
-	closed bool
-	exited chan struct{}
+	q      *batch.Queue[*call]
 }
 
 func newPipeliner(c goredis.UniversalClient) *pipeliner {
-	p := &pipeliner{client: c, calls: make(chan *call, maxPipeline), exited: make(chan struct{})}
-	go p.loop()
+	p := &pipeliner{client: c}
+	p.q = batch.New(maxPipeline, p.send)
 	return p
 }
 
@@ -52,13 +49,9 @@ func newPipeliner(c goredis.UniversalClient) *pipeliner {
 // queued at the same time. It returns when the reply is in or ctx ends.
 func (p *pipeliner) run(ctx context.Context, script *goredis.Script, keys []string, args ...any) *goredis.Cmd {
 	c := &call{ctx: ctx, script: script, keys: keys, args: args, done: make(chan struct{})}
-	p.mu.RLock()
-	if p.closed {
-		p.mu.RUnlock()
-		return script.Run(ctx, p.client, keys, args...) // fails on the closed client
+	if !p.q.Put(c) {
+		return script.Run(ctx, p.client, keys, args...) // closed: fails on the closed client
 	}
-	p.calls <- c
-	p.mu.RUnlock()
 	select {
 	case <-c.done:
 		return c.cmd
@@ -71,37 +64,7 @@ func (p *pipeliner) run(ctx context.Context, script *goredis.Script, keys []stri
 	}
 }
 
-func (p *pipeliner) close() {
-	p.mu.Lock()
-	if !p.closed {
-		p.closed = true
-		close(p.calls)
-	}
-	p.mu.Unlock()
-	<-p.exited
-}
-
-func (p *pipeliner) loop() {
-	defer close(p.exited)
-	batch := make([]*call, 0, maxPipeline)
-	for c := range p.calls {
-		batch = append(batch[:0], c)
-	collect:
-		for len(batch) < maxPipeline {
-			select {
-			case c, ok := <-p.calls:
-				if !ok {
-					break collect
-				}
-				batch = append(batch, c)
-			default:
-				break collect
-			}
-		}
-		p.send(batch)
-		clear(batch)
-	}
-}
+func (p *pipeliner) close() { p.q.Close() }
 
 // send sends batch and answers each call.
 func (p *pipeliner) send(batch []*call) {

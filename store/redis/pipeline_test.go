@@ -63,7 +63,7 @@ func TestPipelinedCallsShareARoundTrip(t *testing.T) {
 		_, err := s.Reserve(ctx, "first", proxy.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour})
 		errs <- err
 	}()
-	for deadline := time.Now().Add(5 * time.Second); len(s.pipe.calls) > 0; time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(5 * time.Second); s.pipe.q.Len() > 0; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the first call was not taken")
 		}
@@ -79,9 +79,9 @@ func TestPipelinedCallsShareARoundTrip(t *testing.T) {
 	go func() {
 		errs <- fmt.Errorf("bad script: %w", s.pipe.run(ctx, boom, []string{"x"}).Err())
 	}()
-	for deadline := time.Now().Add(5 * time.Second); len(s.pipe.calls) < n+1; time.Sleep(time.Millisecond) {
+	for deadline := time.Now().Add(5 * time.Second); s.pipe.q.Len() < n+1; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d calls queued, want %d", len(s.pipe.calls), n+1)
+			t.Fatalf("%d calls queued, want %d", s.pipe.q.Len(), n+1)
 		}
 	}
 	if err := admin.Do(ctx, "CLIENT", "UNPAUSE").Err(); err != nil {
