@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"strings"
+	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
@@ -35,12 +36,13 @@ type call struct {
 }
 
 type pipeliner struct {
-	client goredis.UniversalClient
-	q      *batch.Queue[*call]
+	client    goredis.UniversalClient
+	q         *batch.Queue[*call]
+	opTimeout time.Duration
 }
 
-func newPipeliner(c goredis.UniversalClient) *pipeliner {
-	p := &pipeliner{client: c}
+func newPipeliner(c goredis.UniversalClient, opTimeout time.Duration) *pipeliner {
+	p := &pipeliner{client: c, opTimeout: opTimeout}
 	p.q = batch.New(maxPipeline, p.send)
 	return p
 }
@@ -87,13 +89,16 @@ func (p *pipeliner) send(batch []*call) {
 		close(c.done)
 		return
 	}
-	// The pipeline runs under the first call's deadline; every call has
-	// the same op timeout and the first was queued first.
+	// The pipeline gets a whole op timeout of its own: a call that waited
+	// in the queue must not cut it short for the others (each caller still
+	// stops waiting at its own deadline).
+	ctx, cancel := context.WithTimeout(context.Background(), p.opTimeout)
+	defer cancel()
 	pipe := p.client.Pipeline()
 	for _, c := range live {
-		c.cmd = c.script.EvalSha(live[0].ctx, pipe, c.keys, c.args...)
+		c.cmd = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
 	}
-	pipe.Exec(live[0].ctx) // each command carries its own error
+	pipe.Exec(ctx) // each command carries its own error
 	for _, c := range live {
 		if err := c.cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
 			c.cmd = c.script.Run(c.ctx, p.client, c.keys, c.args...) // loads it

@@ -128,7 +128,7 @@ func New(opts Options) (*Store, error) {
 		s.opTimeout = DefaultOpTimeout
 	}
 	s.client = goredis.NewUniversalClient(universalOptions(opts, s.opTimeout))
-	s.pipe = newPipeliner(s.client)
+	s.pipe = newPipeliner(s.client, s.opTimeout)
 	return s, nil
 }
 
