@@ -39,14 +39,19 @@ const (
 type Options struct {
 	// Dir is the data directory, created if missing. Required.
 	Dir string
-	// SyncWrites makes every write durable (fsync) before it returns, so
-	// a reservation is on disk before its request is forwarded. The
-	// store's writer applies concurrent writes in one transaction, so they
-	// share one sync.
+	// SyncWrites makes every write that needs it durable (fsync) before
+	// it returns, so a reservation is on disk before its request is
+	// forwarded. The store's writer applies concurrent writes in one
+	// transaction, so they share one sync, and a batch of only commits,
+	// releases and in-doubt marks (whose loss leaves a key in doubt, never
+	// charged twice) is not synced: the next reservation's sync covers it.
 	//
-	// Only reservations need it, but Badger's DB.Sync cannot stand in for
-	// it: it syncs the active memtable's log only, and a reservation
-	// written just before the memtable is rotated would stay unsynced.
+	// The writer syncs with DB.Sync right after its commit. DB.Sync syncs
+	// the active memtable's log only, so nothing else may write between the
+	// commit and the sync (a write that rotated the memtable would leave
+	// the batch in an unsynced log): the writer is the only writer, and
+	// value-log garbage collection, whose rewrites are Badger's own writes,
+	// holds the writer's exclusive lock while it runs.
 	SyncWrites bool
 	// GCInterval is how often value-log garbage collection runs; zero means
 	// five minutes.
@@ -95,7 +100,7 @@ func Open(opts Options) (*Store, error) {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	bo := bdg.DefaultOptions(opts.Dir).
-		WithSyncWrites(opts.SyncWrites).
+		WithSyncWrites(false). // the writer syncs, see Options.SyncWrites
 		WithLogger(logger{opts.Logger}).
 		// Sized for a sidecar: a few tens of MiB instead of Badger's
 		// server-sized defaults (64 MiB memtables x5, a 256 MiB block cache,
@@ -122,7 +127,7 @@ func Open(opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("badger: open %s: %w", opts.Dir, err)
 	}
-	s := &Store{db: db, w: newWriter(db), log: opts.Logger, now: time.Now, stop: make(chan struct{})}
+	s := &Store{db: db, w: newWriter(db, opts.SyncWrites), log: opts.Logger, now: time.Now, stop: make(chan struct{})}
 	n, err := s.orphansInDoubt()
 	if err != nil {
 		s.w.close()
@@ -178,7 +183,9 @@ func (s *Store) RunGC() int {
 			return n
 		default:
 		}
+		s.w.exclusive.Lock() // no rewrite between a batch's commit and its sync
 		err := s.db.RunValueLogGC(0.5)
+		s.w.exclusive.Unlock()
 		if err != nil {
 			if !errors.Is(err, bdg.ErrNoRewrite) && !errors.Is(err, bdg.ErrRejected) {
 				s.log.Warn("value-log garbage collection failed", "err", err)
@@ -229,12 +236,19 @@ func (s *Store) orphansInDoubt() (int, error) {
 }
 
 // update runs fn in the read-write transaction of the writer's next batch
-// and returns fn's error, or the batch's commit error. fn sees the writes
+// and returns fn's error, or the batch's commit error; with SyncWrites the
+// batch is synced before update returns. fn sees the writes
 // of the closures before it in the batch and may run more than once (when
 // another closure of its batch fails), so it must set every result it
 // returns through captured variables anew on each run. Every write to the
 // database goes through update: the writer is the only writer.
-func (s *Store) update(fn func(txn *bdg.Txn) error) error { return s.w.update(fn) }
+func (s *Store) update(fn func(txn *bdg.Txn) error) error { return s.w.update(fn, true) }
+
+// updateLazy is update for a write whose loss after a power failure is
+// safe (it leaves the key in flight, which a restart turns in doubt): it
+// returns once applied, and its batch is synced only if another write in
+// it needs that.
+func (s *Store) updateLazy(fn func(txn *bdg.Txn) error) error { return s.w.update(fn, false) }
 
 // Reserve implements proxy.Store.
 func (s *Store) Reserve(ctx context.Context, key string, res proxy.Reservation) (*proxy.Record, error) {
@@ -302,7 +316,7 @@ func (s *Store) transition(ctx context.Context, op, key, token string, change fu
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	err := s.update(func(txn *bdg.Txn) error {
+	err := s.updateLazy(func(txn *bdg.Txn) error {
 		k := []byte(key)
 		rec, _, err := get(txn, k)
 		if err != nil {

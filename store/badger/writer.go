@@ -16,8 +16,10 @@ import (
 // Every mutation of the store is a closure handed to s.update, which queues
 // it for the store's single writer goroutine. The writer takes everything
 // that is queued (up to maxBatchOps) and applies it in one Badger
-// transaction: one commit, and with SyncWrites one WAL sync, for the whole
-// batch. Closures of one batch run one after the other in the same
+// transaction: one commit, and with SyncWrites one sync (DB.Sync, right
+// after the commit) for the whole batch, if any write in it asked for one
+// (reservations do; commits, releases and in-doubt marks do not: see
+// Options.SyncWrites). Closures of one batch run one after the other in the same
 // transaction, so each sees the writes of those before it (two reservations
 // of one key in one batch: the second finds the first), and since there is
 // only one writer, transactions never conflict. Readers (Get) keep using
@@ -42,6 +44,7 @@ var errClosed = errors.New("badger: store is closed")
 // op is one queued mutation and the channel its result is sent on.
 type op struct {
 	fn   func(txn *bdg.Txn) error
+	sync bool       // its batch must be synced before it is answered
 	done chan error // buffered: the writer never blocks on it
 }
 
@@ -49,25 +52,32 @@ var opPool = sync.Pool{New: func() any { return &op{done: make(chan error, 1)} }
 
 // writer serialises the store's mutations into batched transactions.
 type writer struct {
-	db *bdg.DB
-	q  *batch.Queue[*op]
+	db         *bdg.DB
+	q          *batch.Queue[*op]
+	syncWrites bool
 
-	// commit commits a batch's transaction; tests replace it to fail a
-	// batch.
+	// exclusive is held from a batch's commit to its sync; whatever else
+	// writes to the database (value-log GC) holds it too.
+	exclusive sync.Mutex
+
+	// commit commits a batch's transaction and sync makes it durable;
+	// tests replace them to fail a batch or count syncs.
 	commit func(txn *bdg.Txn) error
+	sync   func() error
 }
 
-func newWriter(db *bdg.DB) *writer {
-	w := &writer{db: db, commit: func(txn *bdg.Txn) error { return txn.Commit() }}
+func newWriter(db *bdg.DB, syncWrites bool) *writer {
+	w := &writer{db: db, syncWrites: syncWrites,
+		commit: func(txn *bdg.Txn) error { return txn.Commit() }, sync: db.Sync}
 	w.q = batch.New(maxBatchOps, w.apply)
 	return w
 }
 
 // update runs fn in the next batch's read-write transaction and returns
 // fn's error, or the batch's commit error.
-func (w *writer) update(fn func(txn *bdg.Txn) error) error {
+func (w *writer) update(fn func(txn *bdg.Txn) error, sync bool) error {
 	o := opPool.Get().(*op)
-	o.fn = fn
+	o.fn, o.sync = fn, sync
 	err := errClosed
 	if w.q.Put(o) {
 		err = <-o.done
@@ -126,8 +136,15 @@ func (w *writer) applyOnce(batch []*op) []*op {
 			}
 			return rest
 		}
+		w.exclusive.Lock()
 		err := w.commit(txn)
 		txn.Discard()
+		if err == nil && w.syncWrites && slices.ContainsFunc(batch, func(o *op) bool { return o.sync }) {
+			if err = w.sync(); err != nil {
+				err = fmt.Errorf("sync: %w", err) // applied, but maybe not on disk: fail them all
+			}
+		}
+		w.exclusive.Unlock()
 		if errors.Is(err, bdg.ErrConflict) && retries < maxBatchRetries {
 			retries++
 			continue

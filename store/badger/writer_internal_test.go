@@ -26,14 +26,14 @@ func openInternal(t *testing.T) *Store {
 	return s
 }
 
-// holdWriter occupies the writer with a closure that blocks until the
-// returned function is called, so that whatever is queued meanwhile lands
-// in the next batch, together.
+// holdWriter occupies the writer with a closure (one that needs no sync)
+// that blocks until the returned function is called, so that whatever is
+// queued meanwhile lands in the next batch, together.
 func holdWriter(t *testing.T, s *Store) (release func()) {
 	t.Helper()
 	started, unblock, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
 	go func() {
-		done <- s.update(func(*bdg.Txn) error {
+		done <- s.updateLazy(func(*bdg.Txn) error {
 			select {
 			case <-started:
 			default:
@@ -298,5 +298,79 @@ func BenchmarkGroupCommit(b *testing.B) {
 			})
 			b.ReportMetric(float64(2*b.N)/float64(max(1, commits.Load())), "ops/commit")
 		})
+	}
+}
+
+// TestOnlyReservationsWaitForASync: a batch of commits is applied without
+// a sync (losing it leaves keys in doubt, never charged twice); a batch
+// with a reservation is synced once, before any caller in it returns; a
+// failed sync fails every caller of its batch.
+func TestOnlyReservationsWaitForASync(t *testing.T) {
+	s := openInternal(t)
+	ctx := context.Background()
+	res := proxy.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour}
+	for i := range 4 {
+		if _, err := s.Reserve(ctx, fmt.Sprintf("k%d", i), res); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var syncs atomic.Int64
+	var failSync atomic.Bool
+	boom := errors.New("fsync failed")
+	sync := s.w.sync
+	s.w.sync = func() error {
+		syncs.Add(1)
+		if failSync.Load() {
+			return boom
+		}
+		return sync()
+	}
+	resp := proxy.Response{Status: 201, BodyStored: true}
+
+	// Commits only: no sync.
+	release := holdWriter(t, s)
+	errs := make(chan error, 4)
+	for i := range 3 {
+		go func() { errs <- s.Commit(ctx, fmt.Sprintf("k%d", i), "t", resp, time.Hour) }()
+	}
+	waitQueued(t, s, 3)
+	release()
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := syncs.Load(); n != 0 {
+		t.Errorf("%d syncs for a batch of commits, want 0", n)
+	}
+
+	// A reservation with a commit: one sync for both.
+	release = holdWriter(t, s)
+	go func() { errs <- s.Commit(ctx, "k3", "t", resp, time.Hour) }()
+	waitQueued(t, s, 1)
+	go func() { _, err := s.Reserve(ctx, "new", res); errs <- err }()
+	waitQueued(t, s, 2)
+	release()
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := syncs.Load(); n != 1 {
+		t.Errorf("%d syncs for a batch with a reservation, want 1", n)
+	}
+
+	// The sync fails: every caller of the batch gets the error.
+	failSync.Store(true)
+	release = holdWriter(t, s)
+	go func() { _, err := s.Reserve(ctx, "new2", res); errs <- err }()
+	waitQueued(t, s, 1)
+	go func() { errs <- s.Release(ctx, "new", "t") }()
+	waitQueued(t, s, 2)
+	release()
+	for range 2 {
+		if err := <-errs; !errors.Is(err, boom) {
+			t.Errorf("err = %v, want the failed sync's", err)
+		}
 	}
 }
