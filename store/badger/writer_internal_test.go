@@ -266,7 +266,7 @@ func TestUpdateAfterClose(t *testing.T) {
 
 // BenchmarkGroupCommit measures reserve+commit pairs from 32 goroutines
 // (the load of 32 connections) and reports how many closures share a
-// commit.
+// commit and how many syncs a reserve+commit pair costs.
 func BenchmarkGroupCommit(b *testing.B) {
 	for _, sync := range []bool{false, true} {
 		b.Run(fmt.Sprintf("sync=%v", sync), func(b *testing.B) {
@@ -278,6 +278,9 @@ func BenchmarkGroupCommit(b *testing.B) {
 			var commits atomic.Int64
 			commit := s.w.commit
 			s.w.commit = func(txn *bdg.Txn) error { commits.Add(1); return commit(txn) }
+			var syncs atomic.Int64
+			syncFn := s.w.sync
+			s.w.sync = func() error { syncs.Add(1); return syncFn() }
 			ctx := context.Background()
 			resp := proxy.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}},
 				Body: []byte(`{"chargeId":"ch_1","orderId":"ORD-1","amount":10}`), BodyStored: true}
@@ -297,6 +300,7 @@ func BenchmarkGroupCommit(b *testing.B) {
 				}
 			})
 			b.ReportMetric(float64(2*b.N)/float64(max(1, commits.Load())), "ops/commit")
+			b.ReportMetric(float64(syncs.Load())/float64(b.N), "syncs/op")
 		})
 	}
 }
