@@ -216,3 +216,45 @@ func normal(rec record) record {
 	}
 	return rec
 }
+
+// TestRecordEncodesEveryField: every field of record survives the
+// encoding. A field added to record without a tag in marshal and
+// unmarshal fails here instead of being silently dropped on disk.
+func TestRecordEncodesEveryField(t *testing.T) {
+	var rec record
+	v := reflect.ValueOf(&rec).Elem()
+	for i := range v.NumField() {
+		f, sf := v.Field(i), v.Type().Field(i)
+		switch {
+		case sf.Type == reflect.TypeOf(proxy.State("")):
+			f.SetString(string(proxy.StateInDoubt))
+		case sf.Type == reflect.TypeOf(&proxy.Response{}):
+			f.Set(reflect.ValueOf(recordCases[2].rec.Response))
+		case f.Kind() == reflect.String:
+			f.SetString("value of " + sf.Name)
+		case f.CanInt():
+			f.SetInt(int64(1000 + i))
+		case f.CanUint():
+			f.SetUint(uint64(1000 + i))
+		case f.Kind() == reflect.Bool:
+			f.SetBool(true)
+		default:
+			t.Fatalf("record.%s (%s): give it a tag in marshal and unmarshal, then a value here", sf.Name, sf.Type)
+		}
+	}
+	b, err := rec.marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got record
+	if err := got.unmarshal(b); err != nil {
+		t.Fatal(err)
+	}
+	gv := reflect.ValueOf(got)
+	for i := range v.NumField() {
+		if !reflect.DeepEqual(gv.Field(i).Interface(), v.Field(i).Interface()) {
+			t.Errorf("record.%s = %v after a round trip, want %v: is it in marshal and unmarshal?",
+				v.Type().Field(i).Name, gv.Field(i).Interface(), v.Field(i).Interface())
+		}
+	}
+}
