@@ -120,6 +120,7 @@ func (p *Proxy) reverseProxy(up *url.URL, rt *route) *httputil.ReverseProxy {
 		Transport:    p.transport,
 		ErrorLog:     slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
 		ErrorHandler: p.upstreamError,
+		BufferPool:   copyBuffers,
 	}
 	if rt != nil {
 		rp.Transport = p.protected
@@ -179,7 +180,7 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, out *http.Request, err erro
 
 func (a *attempt) upstreamDone(code string) {
 	a.upstream = time.Since(a.upstreamAt)
-	a.p.m.upstreamDuration.WithLabelValues(a.routeName(), code).Observe(a.upstream.Seconds())
+	a.series.upstream.of(code).Observe(a.upstream.Seconds())
 }
 
 func isTimeout(err error) bool {
