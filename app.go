@@ -183,6 +183,7 @@ func (a *app) serve(ctx context.Context) error {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
+	a.applyMemoryLimit(cfg)
 	reg := a.newRegistry()
 	store, storeName, err := a.openStore(reg)
 	if err != nil {
@@ -358,6 +359,9 @@ func (a *app) reload() error {
 	for _, w := range keysMoved(a.cfg, cfg) {
 		a.log.Warn("route key definition changed: keys stored under the old definition are no longer found, "+
 			"so their duplicates will be forwarded", "route", w)
+	}
+	if cfg.MemoryLimit != a.cfg.MemoryLimit {
+		a.applyMemoryLimit(cfg)
 	}
 	a.cfg = cfg
 	a.reloadOK.Set(1)

@@ -63,6 +63,11 @@ type Config struct {
 	// Routes are the protected routes. Requests that match none are proxied
 	// untouched.
 	Routes []Route `yaml:"routes"`
+	// MemoryLimit is the Go runtime's soft memory limit in bytes (see
+	// runtime/debug.SetMemoryLimit). Zero (default) means: GOMEMLIMIT when
+	// set, else 80% of the container's cgroup limit, else
+	// DefaultMemoryLimit. -1 means no soft limit.
+	MemoryLimit int64 `yaml:"memory_limit"`
 }
 
 // Admin configures the admin listener (metrics, health, key inspection).

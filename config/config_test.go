@@ -366,6 +366,8 @@ func TestValidationProblems(t *testing.T) {
 		{"server timeout negative", "server: {read_timeout: -1s}\n" + withRoute(""), "server.read_timeout: must be positive"},
 		{"drain delay negative", "server: {drain_delay: -1s}\n" + withRoute(""), "server.drain_delay: must not be negative"},
 		{"badger gc negative", "store: {badger: {gc_interval: -1m}}\n" + withRoute(""), "store.badger.gc_interval: must be positive"},
+		{"memory limit too small", "memory_limit: 1048576\n" + withRoute(""), "memory_limit: 1048576 bytes is below the minimum of 16777216 (16 MiB); 0 chooses it, -1 disables it"},
+		{"memory limit negative", "memory_limit: -2\n" + withRoute(""), "memory_limit: -2 bytes is below the minimum of 16777216 (16 MiB); 0 chooses it, -1 disables it"},
 
 		{"no name", head + "  - match: POST /a\n    key: {json: a}\n", `routes[0].name: "" must be 1 to 64`},
 		{"long name", head + "  - name: " + strings.Repeat("n", 65) + "\n    match: POST /a\n    key: {json: a}\n", `routes[0].name: "nnnn`},

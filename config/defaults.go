@@ -30,6 +30,13 @@ const (
 	DefaultMaxConnections     = 1024
 	DefaultReconcileGrace     = 5 * time.Minute
 	DefaultReconcileInterval  = time.Minute
+	// DefaultMemoryLimit is the soft memory limit when neither the
+	// configuration, GOMEMLIMIT nor a cgroup limit gives one.
+	DefaultMemoryLimit = 48 << 20
+	// MinMemoryLimit is the smallest memory_limit accepted: below it the
+	// store's own buffers do not fit and the garbage collector would run
+	// without pause.
+	MinMemoryLimit = 16 << 20
 )
 
 // applyDefaults fills every unset field. It is the only place defaults are

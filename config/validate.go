@@ -63,6 +63,9 @@ func (c *Config) Validate() error {
 		p.add("admin.token_env", "%q is not an environment variable name", c.Admin.TokenEnv)
 	}
 	c.validateStore(&p)
+	if m := c.MemoryLimit; m != 0 && m != -1 && m < MinMemoryLimit {
+		p.add("memory_limit", "%d bytes is below the minimum of %d (16 MiB); 0 chooses it, -1 disables it", m, MinMemoryLimit)
+	}
 	s := c.Server
 	for _, d := range []struct {
 		name string

@@ -21,10 +21,11 @@ import (
 
 // attempt is one request's journey through the proxy.
 type attempt struct {
-	p     *Proxy
-	rt    *route // nil for passthrough
-	in    *http.Request
-	start time.Time
+	p      *Proxy
+	rt     *route // nil for passthrough
+	in     *http.Request
+	start  time.Time
+	series *routeSeries
 
 	held     int64 // bytes of the buffered-bytes budget held by the body
 	storeKey string
@@ -70,8 +71,8 @@ func (a *attempt) problem(w http.ResponseWriter, o Outcome, p problem, detail st
 }
 
 func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
-	a := &attempt{p: p, rt: rt, in: r, start: time.Now()}
-	gauge := p.m.inFlight.WithLabelValues(rt.cfg.Name)
+	a := &attempt{p: p, rt: rt, in: r, start: time.Now(), series: rt.series}
+	gauge := rt.series.inFlight
 	gauge.Inc()
 	defer gauge.Dec()
 	defer p.finish(a)

@@ -172,6 +172,7 @@ func (p *Proxy) reverseProxy(up *url.URL, rt *route) *httputil.ReverseProxy {
 		Transport:    p.transport,
 		ErrorLog:     slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
 		ErrorHandler: p.upstreamError,
+		BufferPool:   copyBuffers,
 	}
 	if rt != nil {
 		// The body was buffered before the request is forwarded: the client
@@ -255,7 +256,7 @@ func notServed(status int) bool {
 
 func (a *attempt) upstreamDone(code string) {
 	a.upstream = time.Since(a.upstreamAt)
-	a.p.m.upstreamDuration.WithLabelValues(a.routeName(), code).Observe(a.upstream.Seconds())
+	a.series.upstream.of(code).Observe(a.upstream.Seconds())
 }
 
 func isTimeout(err error) bool {

@@ -108,14 +108,15 @@ func (m *Metrics) initStore(store string) {
 // instrumented wraps a Store with operation timings and error counts.
 type instrumented struct {
 	Store
-	name string
-	m    *Metrics
+	name   string
+	m      *Metrics
+	series *storeSeries
 }
 
 func (s instrumented) observe(op string, start time.Time, err error) {
-	s.m.storeDuration.WithLabelValues(s.name, op).Observe(time.Since(start).Seconds())
+	s.series.duration.of(op).Observe(time.Since(start).Seconds())
 	if err != nil && !errors.Is(err, ErrNotOwner) {
-		s.m.storeErrors.WithLabelValues(s.name, op).Inc()
+		s.series.errors.of(op).Inc()
 	}
 }
 

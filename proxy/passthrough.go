@@ -9,7 +9,7 @@ import (
 
 // servePassthrough proxies a request that matches no route, untouched.
 func (p *Proxy) servePassthrough(w http.ResponseWriter, r *http.Request, t *table) {
-	a := &attempt{p: p, in: r, start: time.Now(), outcome: OutcomePassthrough}
+	a := &attempt{p: p, in: r, start: time.Now(), outcome: OutcomePassthrough, series: t.ptSeries}
 	defer p.finish(a)
 	ctx, cancel := context.WithTimeout(r.Context(), t.ptTimeout)
 	defer cancel()

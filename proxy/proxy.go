@@ -106,6 +106,7 @@ type table struct {
 	mux         *http.ServeMux
 	routes      map[string]*route
 	passthrough *httputil.ReverseProxy
+	ptSeries    *routeSeries
 	ptTimeout   time.Duration
 	upstream    string // the upstream's base URL, without a trailing '/'
 	reconciles  bool   // a route has a reconcile section
@@ -113,10 +114,11 @@ type table struct {
 
 // route is one configured route, ready to serve.
 type route struct {
-	cfg  config.Route
-	spec keyextract.Spec
-	rp   *httputil.ReverseProxy
-	p    *Proxy
+	cfg    config.Route
+	spec   keyextract.Spec
+	rp     *httputil.ReverseProxy
+	p      *Proxy
+	series *routeSeries
 }
 
 func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) { rt.p.serveRoute(w, r, rt) }
@@ -140,7 +142,8 @@ func New(cfg *config.Config, opts Options) (*Proxy, error) {
 	}
 	opts.Metrics.initStore(opts.StoreName)
 	p := &Proxy{
-		store:     instrumented{Store: opts.Store, name: opts.StoreName, m: opts.Metrics},
+		store: instrumented{Store: opts.Store, name: opts.StoreName, m: opts.Metrics,
+			series: opts.Metrics.storeSeries(opts.StoreName)},
 		log:       opts.Logger,
 		m:         opts.Metrics,
 		transport: opts.Transport,
@@ -170,10 +173,11 @@ func (p *Proxy) Reload(cfg *config.Config) error {
 		routes:    make(map[string]*route, len(cfg.Routes)),
 		ptTimeout: cfg.Server.PassthroughTimeout.D(),
 		upstream:  strings.TrimSuffix(up.String(), "/"),
+		ptSeries:  p.m.routeSeries(""),
 	}
 	t.passthrough = p.reverseProxy(up, nil)
 	for _, rc := range cfg.Routes {
-		rt := &route{cfg: rc, spec: rc.Key.Spec(), p: p}
+		rt := &route{cfg: rc, spec: rc.Key.Spec(), p: p, series: p.m.routeSeries(rc.Name)}
 		rt.rp = p.reverseProxy(up, rt)
 		if err := register(t.mux, rc.Match, rt); err != nil {
 			return fmt.Errorf("proxy: route %s: %w", rc.Name, err)

@@ -1,18 +1,19 @@
 // Package badger is idemproxy's embedded key store, on Badger.
 //
-// Each key record is one Badger entry: the value is the record as JSON, the
-// entry's UserMeta byte mirrors its state (so that start-up can find
-// in-flight records without reading values), and the record's TTL is
-// Badger's own expiry. Reserve, Commit, Release and MarkInDoubt are each one
-// serialisable Badger transaction, retried on conflict, which makes the
-// reservation atomic among the requests of this process. Badger locks its
-// directory, so one store serves exactly one process: the embedded store is
-// per replica.
+// Each key record is one Badger entry: the value is the record in a compact,
+// versioned binary encoding (record.go), the entry's UserMeta byte mirrors
+// its state (so that start-up can find in-flight records without reading
+// values), and the record's TTL is Badger's own expiry. Reserve, Commit,
+// Release and MarkInDoubt are each one closure applied by the store's single
+// writer, which batches the closures queued meanwhile into one Badger
+// transaction and one WAL sync (group commit, writer.go): reservations are
+// atomic among the requests of this process, and durable together. Badger
+// locks its directory, so one store serves exactly one process: the
+// embedded store is per replica.
 package badger
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -20,6 +21,7 @@ import (
 	"time"
 
 	bdg "github.com/dgraph-io/badger/v4"
+	"github.com/dgraph-io/badger/v4/options"
 
 	"github.com/idemproxy/idemproxy/proxy"
 )
@@ -33,21 +35,23 @@ const (
 	metaInDoubt   byte = 3
 )
 
-// maxConflictRetries bounds the retries of one operation that keeps losing
-// to concurrent transactions on the same key.
-const maxConflictRetries = 1000
-
 // Options configures Open.
 type Options struct {
 	// Dir is the data directory, created if missing. Required.
 	Dir string
-	// SyncWrites makes every write durable (fsync) before it returns, so
-	// a reservation is on disk before its request is forwarded. Badger
-	// writes concurrent transactions in batches with one sync each.
+	// SyncWrites makes every write that needs it durable (fsync) before
+	// it returns, so a reservation is on disk before its request is
+	// forwarded. The store's writer applies concurrent writes in one
+	// transaction, so they share one sync, and a batch of only commits,
+	// releases and in-doubt marks (whose loss leaves a key in doubt, never
+	// charged twice) is not synced: the next reservation's sync covers it.
 	//
-	// Only reservations need it, but Badger's DB.Sync cannot stand in for
-	// it: it syncs the active memtable's log only, and a reservation
-	// written just before the memtable is rotated would stay unsynced.
+	// The writer syncs with DB.Sync right after its commit. DB.Sync syncs
+	// the active memtable's log only, so nothing else may write between the
+	// commit and the sync (a write that rotated the memtable would leave
+	// the batch in an unsynced log): the writer is the only writer, and
+	// value-log garbage collection, whose rewrites are Badger's own writes,
+	// holds the writer's exclusive lock while it runs.
 	SyncWrites bool
 	// GCInterval is how often value-log garbage collection runs; zero means
 	// five minutes.
@@ -60,6 +64,7 @@ type Options struct {
 // Store is the Badger key store. Its methods are safe for concurrent use.
 type Store struct {
 	db   *bdg.DB
+	w    *writer
 	log  *slog.Logger
 	now  func() time.Time
 	stop chan struct{}
@@ -71,7 +76,8 @@ type Store struct {
 	sizes sizeCache // Sizes' last measurement (size.go)
 }
 
-// record is the stored form of a proxy.Record.
+// record is the stored form of a proxy.Record, encoded by marshal (record.go);
+// the JSON names are those of the records earlier releases wrote, still read.
 type record struct {
 	State       proxy.State     `json:"st"`
 	Token       string          `json:"tok"`
@@ -101,15 +107,15 @@ func Open(opts Options) (*Store, error) {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	bo := bdg.DefaultOptions(opts.Dir).
-		WithSyncWrites(opts.SyncWrites).
+		WithSyncWrites(false). // the writer syncs, see Options.SyncWrites
 		WithLogger(logger{opts.Logger}).
 		// Sized for a sidecar: a few tens of MiB instead of Badger's
 		// server-sized defaults (64 MiB memtables x5, a 256 MiB block cache,
 		// 1 GiB value-log files).
 		WithMemTableSize(4 << 20).
 		WithNumMemtables(2).
-		WithNumLevelZeroTables(2).
-		WithNumLevelZeroTablesStall(8).
+		WithNumLevelZeroTables(4).
+		WithNumLevelZeroTablesStall(16).
 		WithBaseTableSize(1 << 20).
 		WithBlockCacheSize(4 << 20).
 		WithIndexCacheSize(2 << 20).
@@ -117,14 +123,21 @@ func Open(opts Options) (*Store, error) {
 		WithValueThreshold(16 << 10).
 		WithNumCompactors(2).
 		WithNumGoroutines(2).
-		WithMetricsEnabled(false)
+		WithMetricsEnabled(false).
+		// Records are small and mostly random (tokens, hashes): compression
+		// gains little and costs CPU and a goroutine pool per table built.
+		WithCompression(options.None).
+		// The store's writer is the only writer (writer.go): its
+		// transactions cannot conflict, so their reads need no tracking.
+		WithDetectConflicts(false)
 	db, err := bdg.Open(bo)
 	if err != nil {
 		return nil, fmt.Errorf("badger: open %s: %w", opts.Dir, err)
 	}
-	s := &Store{db: db, log: opts.Logger, now: time.Now, stop: make(chan struct{})}
+	s := &Store{db: db, w: newWriter(db, opts.SyncWrites), log: opts.Logger, now: time.Now, stop: make(chan struct{})}
 	n, err := s.orphansInDoubt()
 	if err != nil {
+		s.w.close()
 		db.Close()
 		return nil, fmt.Errorf("badger: recover in-flight reservations: %w", err)
 	}
@@ -142,6 +155,7 @@ func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.stop)
 		s.done.Wait()
+		s.w.close() // applies what is queued; later writes fail
 		if err := s.db.Close(); err != nil {
 			s.closeErr = fmt.Errorf("badger: close: %w", err)
 		}
@@ -173,7 +187,9 @@ func (s *Store) RunGC() int {
 			return n
 		default:
 		}
+		s.w.exclusive.Lock() // no rewrite between a batch's commit and its sync
 		err := s.db.RunValueLogGC(0.5)
+		s.w.exclusive.Unlock()
 		if err != nil {
 			if !errors.Is(err, bdg.ErrNoRewrite) && !errors.Is(err, bdg.ErrRejected) {
 				s.log.Warn("value-log garbage collection failed", "err", err)
@@ -223,17 +239,20 @@ func (s *Store) orphansInDoubt() (int, error) {
 	return len(orphans), nil
 }
 
-// update runs fn in a read-write transaction, retrying when a concurrent
-// transaction wrote a key that fn read.
-func (s *Store) update(fn func(txn *bdg.Txn) error) error {
-	for range maxConflictRetries {
-		err := s.db.Update(fn)
-		if !errors.Is(err, bdg.ErrConflict) {
-			return err
-		}
-	}
-	return fmt.Errorf("badger: gave up after %d transaction conflicts", maxConflictRetries)
-}
+// update runs fn in the read-write transaction of the writer's next batch
+// and returns fn's error, or the batch's commit error; with SyncWrites the
+// batch is synced before update returns. fn sees the writes
+// of the closures before it in the batch and may run more than once (when
+// another closure of its batch fails), so it must set every result it
+// returns through captured variables anew on each run. Every write to the
+// database goes through update: the writer is the only writer.
+func (s *Store) update(fn func(txn *bdg.Txn) error) error { return s.w.update(fn, true) }
+
+// updateLazy is update for a write whose loss after a power failure is
+// safe (it leaves the key in flight, which a restart turns in doubt): it
+// returns once applied, and its batch is synced only if another write in
+// it needs that.
+func (s *Store) updateLazy(fn func(txn *bdg.Txn) error) error { return s.w.update(fn, false) }
 
 // Reserve implements proxy.Store.
 func (s *Store) Reserve(ctx context.Context, key string, res proxy.Reservation) (*proxy.Record, error) {
@@ -301,7 +320,7 @@ func (s *Store) transition(ctx context.Context, op, key, token string, change fu
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	err := s.update(func(txn *bdg.Txn) error {
+	err := s.updateLazy(func(txn *bdg.Txn) error {
 		k := []byte(key)
 		rec, _, err := get(txn, k)
 		if err != nil {
@@ -411,7 +430,7 @@ func get(txn *bdg.Txn, k []byte) (*record, uint64, error) {
 		return nil, 0, err
 	}
 	var rec record
-	err = item.Value(func(v []byte) error { return json.Unmarshal(v, &rec) })
+	err = item.Value(rec.unmarshal)
 	if err != nil {
 		return nil, 0, fmt.Errorf("decode record: %w", err)
 	}
@@ -426,7 +445,7 @@ func put(txn *bdg.Txn, k []byte, rec *record, now time.Time, ttl time.Duration) 
 }
 
 func putAt(txn *bdg.Txn, k []byte, rec *record, expiresAt uint64) error {
-	v, err := json.Marshal(rec)
+	v, err := rec.marshal()
 	if err != nil {
 		return fmt.Errorf("encode record: %w", err)
 	}

@@ -83,6 +83,7 @@ var ErrEvictionPolicy = errors.New("redis may evict idempotency records")
 // by several processes sharing one Redis.
 type Store struct {
 	client    goredis.UniversalClient
+	pipe      *pipeliner
 	prefix    string
 	opTimeout time.Duration
 	// single is set for a single-node client (neither Cluster nor
@@ -128,6 +129,7 @@ func New(opts Options) (*Store, error) {
 		s.opTimeout = DefaultOpTimeout
 	}
 	s.client = goredis.NewUniversalClient(universalOptions(opts, s.opTimeout))
+	s.pipe = newPipeliner(s.client, s.opTimeout)
 	return s, nil
 }
 
@@ -174,6 +176,7 @@ func universalOptions(opts Options, opTimeout time.Duration) *goredis.UniversalO
 
 // Close closes the connections to Redis.
 func (s *Store) Close() error {
+	s.pipe.close()
 	if err := s.client.Close(); err != nil {
 		return fmt.Errorf("redis store: close: %w", err)
 	}
@@ -197,7 +200,7 @@ func (s *Store) Reserve(ctx context.Context, key string, res proxy.Reservation) 
 	if err != nil {
 		return nil, fmt.Errorf("redis store: reserve: %w", err)
 	}
-	v, err := reserveScript.Run(ctx, s.client, []string{s.prefix + key},
+	v, err := s.pipe.run(ctx, reserveScript, []string{s.prefix + key},
 		res.Token, res.Fingerprint, millis(res.Lease), millis(res.TTL), deadline).Slice()
 	if err != nil {
 		if strings.Contains(err.Error(), lateReply) {
@@ -259,7 +262,7 @@ func (s *Store) fenced(ctx context.Context, op string, script *goredis.Script, k
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.opTimeout)
 	defer cancel()
-	n, err := script.Run(ctx, s.client, []string{s.prefix + key}, append([]any{token}, args...)...).Int64()
+	n, err := s.pipe.run(ctx, script, []string{s.prefix + key}, append([]any{token}, args...)...).Int64()
 	if err != nil {
 		return fmt.Errorf("redis store: %s: %w", op, err)
 	}
@@ -276,7 +279,7 @@ func (s *Store) Get(ctx context.Context, key string) (*proxy.Record, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.opTimeout)
 	defer cancel()
-	v, err := getScript.Run(ctx, s.client, []string{s.prefix + key}).Slice()
+	v, err := s.pipe.run(ctx, getScript, []string{s.prefix + key}).Slice()
 	if err != nil {
 		return nil, fmt.Errorf("redis store: get: %w", err)
 	}

@@ -1,0 +1,506 @@
+// Command bench measures idemproxy against a bare reverse proxy, side by
+// side, on loopback: the upstream stub, a tuned httputil.ReverseProxy (the
+// baseline), and the real idemproxy binary with synced Badger, unsynced
+// Badger and Redis (when redis-server is on the PATH), each in its own
+// process so that its CPU time and peak RSS can be read from /proc.
+//
+// Every target gets unique-key POST /charges at 1 connection and at -conns
+// connections for -duration each, driven by wrk when it is on the PATH
+// (or with -driver go, by an in-process Go client). The output is one
+// table: requests per second, p50/p99 latency, CPU time per request, peak
+// RSS (VmHWM) and the ratios to the baseline.
+//
+// Usage, from the repository root:
+//
+//	go run ./bench [-duration 5s] [-conns 32] [-rounds 1] [-driver auto|wrk|go] [-targets bare,badger-sync,badger-nosync,redis]
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"text/tabwriter"
+	"time"
+)
+
+// clkTck is the kernel's clock tick for /proc/<pid>/stat CPU times; 100 on
+// every Linux platform Go supports.
+const clkTck = 100
+
+func main() {
+	bareListen := flag.String("bare-listen", "", "internal: serve the bare reverse proxy on this address")
+	bareUpstream := flag.String("bare-upstream", "", "internal: the bare proxy's upstream")
+	duration := flag.Duration("duration", 5*time.Second, "length of each measurement")
+	conns := flag.Int("conns", 32, "connections of the loaded measurement")
+	rounds := flag.Int("rounds", 1, "rounds over all targets (the median round is shown)")
+	driver := flag.String("driver", "auto", "load driver: auto (wrk when on the PATH), wrk or go")
+	targets := flag.String("targets", "bare,badger-sync,badger-nosync,redis", "targets to measure, comma-separated")
+	keep := flag.Bool("keep", false, "keep the temporary directory (binaries, data, logs)")
+	logLevel := flag.String("log-level", "info", "idemproxy's -log-level (info writes the access log)")
+	single := flag.Bool("single", true, "also measure at 1 connection (false: a soak at -conns only)")
+	flag.Parse()
+	if *bareListen != "" {
+		serveBare(*bareListen, *bareUpstream)
+		return
+	}
+	if err := run(*duration, *conns, *rounds, *driver, strings.Split(*targets, ","), *keep, *logLevel, *single); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// serveBare is the baseline: a tuned httputil.ReverseProxy, as a sidecar
+// without idempotency would be (idle pool of 1024, a buffer pool).
+func serveBare(listen, upstream string) {
+	up, err := url.Parse(upstream)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConns, tr.MaxIdleConnsPerHost = 1024, 1024
+	rp := &httputil.ReverseProxy{
+		Rewrite:    func(pr *httputil.ProxyRequest) { pr.SetURL(up); pr.SetXForwarded() },
+		Transport:  tr,
+		BufferPool: &bufPool{p: sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}},
+	}
+	srv := &http.Server{Addr: listen, Handler: rp, ReadHeaderTimeout: 10 * time.Second}
+	fmt.Fprintln(os.Stderr, srv.ListenAndServe())
+	os.Exit(1)
+}
+
+type bufPool struct{ p sync.Pool }
+
+func (b *bufPool) Get() []byte  { return *b.p.Get().(*[]byte) }
+func (b *bufPool) Put(v []byte) { b.p.Put(&v) }
+
+// target is one process under measurement.
+type target struct {
+	name string
+	cmd  *exec.Cmd
+	addr string
+	pid  int
+}
+
+// result is one target's measurement.
+type result struct {
+	name         string
+	rps1, rpsN   float64
+	p50_1, p99_1 time.Duration
+	p50N, p99N   time.Duration
+	cpuPerReq    time.Duration // at -conns connections
+	peakRSS      int64         // VmHWM, bytes
+	errors       int64
+	keys         int64
+	anon, file   int64 // RSS at the end: anonymous (heap, stacks) and mapped files
+}
+
+func run(d time.Duration, conns, rounds int, driver string, names []string, keep bool, logLevel string, single bool) error {
+	tmp, err := os.MkdirTemp("", "idemproxy-bench")
+	if err != nil {
+		return err
+	}
+	if !keep {
+		defer os.RemoveAll(tmp)
+	} else {
+		fmt.Println("temporary directory:", tmp)
+	}
+	useWrk := false
+	switch driver {
+	case "auto":
+		_, err := exec.LookPath("wrk")
+		useWrk = err == nil
+	case "wrk":
+		useWrk = true
+	case "go":
+	default:
+		return fmt.Errorf("unknown driver %q", driver)
+	}
+	if slices.Contains(names, "redis") {
+		if _, err := exec.LookPath("redis-server"); err != nil {
+			fmt.Println("redis-server is not on the PATH: the redis target is left out")
+			names = slices.DeleteFunc(names, func(s string) bool { return s == "redis" })
+		}
+	}
+	bin := filepath.Join(tmp, "idemproxy")
+	stubBin := filepath.Join(tmp, "upstream-stub")
+	for _, b := range [][2]string{{bin, "."}, {stubBin, "./upstream-stub"}} {
+		if out, err := exec.Command("go", "build", "-o", b[0], b[1]).CombinedOutput(); err != nil {
+			return fmt.Errorf("go build %s: %w\n%s", b[1], err, out)
+		}
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	var procs []*exec.Cmd
+	defer func() {
+		for _, c := range procs {
+			c.Process.Signal(syscall.SIGTERM)
+			done := make(chan struct{})
+			go func() { c.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(5 * time.Second):
+				c.Process.Kill()
+				<-done
+			}
+		}
+	}()
+	start := func(name string, args ...string) (*exec.Cmd, error) {
+		c := exec.Command(name, args...)
+		logf, err := os.Create(filepath.Join(tmp, filepath.Base(name)+"-"+strconv.Itoa(len(procs))+".log"))
+		if err != nil {
+			return nil, err
+		}
+		c.Stdout, c.Stderr = io.Discard, logf // a pipe, like a container's log
+		if err := c.Start(); err != nil {
+			return nil, err
+		}
+		procs = append(procs, c)
+		return c, nil
+	}
+
+	stubAddr := freeAddr()
+	if _, err := start(stubBin, "-listen", stubAddr, "-log-level", "ERROR"); err != nil {
+		return err
+	}
+	if err := waitListening(stubAddr); err != nil {
+		return fmt.Errorf("stub: %w", err)
+	}
+	stubURL := "http://" + stubAddr
+	redisAddr := ""
+	if slices.Contains(names, "redis") {
+		redisAddr = freeAddr()
+		_, port, _ := net.SplitHostPort(redisAddr)
+		rdir := filepath.Join(tmp, "redis")
+		os.Mkdir(rdir, 0o700)
+		if _, err := start("redis-server", "--bind", "127.0.0.1", "--port", port, "--dir", rdir,
+			"--save", "", "--appendonly", "yes", "--appendfsync", "everysec"); err != nil {
+			return err
+		}
+		if err := waitListening(redisAddr); err != nil {
+			return fmt.Errorf("redis: %w", err)
+		}
+	}
+
+	var ts []*target
+	for _, n := range names {
+		addr := freeAddr()
+		var c *exec.Cmd
+		switch n {
+		case "bare":
+			c, err = start(self, "-bare-listen", addr, "-bare-upstream", stubURL)
+		case "badger-sync", "badger-nosync", "redis":
+			store := fmt.Sprintf("  badger:\n    dir: %s\n    sync_writes: %v\n", filepath.Join(tmp, "data-"+n), n == "badger-sync")
+			if n == "redis" {
+				store = fmt.Sprintf("  redis:\n    addrs: [%s]\n", redisAddr)
+			}
+			cfg := fmt.Sprintf("listen: %s\nupstream: %s\nstore:\n%sroutes:\n  - name: charges\n    match: POST /charges\n    key: {json: orderId}\n",
+				addr, stubURL, store)
+			path := filepath.Join(tmp, n+".yaml")
+			if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+				return err
+			}
+			c, err = start(bin, "-config", path, "-log-level", logLevel)
+		default:
+			return fmt.Errorf("unknown target %q", n)
+		}
+		if err != nil {
+			return err
+		}
+		if err := waitListening(addr); err != nil {
+			return fmt.Errorf("%s: %w", n, err)
+		}
+		ts = append(ts, &target{name: n, cmd: c, addr: addr, pid: c.Process.Pid})
+	}
+
+	how := "an in-process Go client"
+	if useWrk {
+		how = "wrk (" + strconv.Itoa(min(conns, 2)) + " threads)"
+	}
+	fmt.Printf("load: unique-key POST /charges, %s per measurement, 1 and %d connections, driven by %s; %d round(s), %d CPUs\n",
+		d, conns, how, rounds, runtime.NumCPU())
+	all := map[string][]result{}
+	keys := map[string]int64{} // unique keys sent to each target, warm-ups aside
+	nonce := strconv.FormatInt(time.Now().UnixNano(), 36)
+	for r := range rounds {
+		for _, t := range ts {
+			res := result{name: t.name}
+			prefix := fmt.Sprintf("%s-%d-%s", nonce, r, t.name)
+			// Warm up: connections, the store's first tables.
+			if _, err := load(useWrk, t.addr, conns, time.Second, prefix+"-w", tmp); err != nil {
+				return fmt.Errorf("%s: %w", t.name, err)
+			}
+			var one stats
+			if single {
+				if one, err = load(useWrk, t.addr, 1, d, prefix+"-1", tmp); err != nil {
+					return fmt.Errorf("%s: %w", t.name, err)
+				}
+			}
+			cpu0 := cpuTime(t.pid)
+			many, err := load(useWrk, t.addr, conns, d, prefix+"-n", tmp)
+			if err != nil {
+				return fmt.Errorf("%s: %w", t.name, err)
+			}
+			cpu := cpuTime(t.pid) - cpu0
+			res.rps1, res.p50_1, res.p99_1 = one.rps(), one.p50, one.p99
+			res.rpsN, res.p50N, res.p99N = many.rps(), many.p50, many.p99
+			res.errors = one.errors + many.errors
+			keys[t.name] += one.requests + many.requests
+			if many.requests > 0 {
+				res.cpuPerReq = cpu / time.Duration(many.requests)
+			}
+			res.peakRSS = vmHWM(t.pid)
+			all[t.name] = append(all[t.name], res)
+			// The stub keeps every charge: forget them between targets.
+			if req, err := http.NewRequest("DELETE", stubURL+"/charges", nil); err == nil {
+				if resp, err := http.DefaultClient.Do(req); err == nil {
+					resp.Body.Close()
+				}
+			}
+		}
+	}
+	var out []result
+	for _, t := range ts {
+		rs := all[t.name]
+		sort.Slice(rs, func(i, j int) bool { return rs[i].rpsN < rs[j].rpsN })
+		m := rs[len(rs)/2]
+		m.peakRSS = vmHWM(t.pid)
+		m.anon, m.file = procStatus(t.pid, "RssAnon"), procStatus(t.pid, "RssFile")
+		m.keys = keys[t.name]
+		out = append(out, m)
+	}
+	printTable(os.Stdout, out, conns)
+	return nil
+}
+
+func printTable(w io.Writer, rs []result, conns int) {
+	var base *result
+	for i := range rs {
+		if rs[i].name == "bare" {
+			base = &rs[i]
+		}
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "target\trps@%d\tvs bare\tp50@1\tp99@1\tp50@%d\tp99@%d\tCPU/req\tvs bare\tpeak RSS\tRSS anon+file at end\tkeys\terrors\t\n", conns, conns, conns)
+	for _, r := range rs {
+		ratio := func(a, b float64) string {
+			if base == nil || b == 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%.2f", a/b)
+		}
+		rr, cr := "-", "-"
+		if base != nil {
+			rr = ratio(r.rpsN, base.rpsN)
+			cr = ratio(float64(r.cpuPerReq), float64(base.cpuPerReq))
+		}
+		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f MiB\t%.0f+%.0f MiB\t%d\t%d\t\n", r.name, r.rpsN, rr,
+			ms(r.p50_1), ms(r.p99_1), ms(r.p50N), ms(r.p99N), us(r.cpuPerReq), cr, float64(r.peakRSS)/(1<<20),
+			float64(r.anon)/(1<<20), float64(r.file)/(1<<20), r.keys, r.errors)
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "CPU/req is the measured process's user+system time over the loaded run, divided by its requests;")
+	fmt.Fprintln(w, "peak RSS is its VmHWM at the end of all rounds. The stub, Redis and the load driver are not included.")
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d.Microseconds())/1000) }
+func us(d time.Duration) string { return fmt.Sprintf("%d µs", d.Microseconds()) }
+
+// stats is one load run's result.
+type stats struct {
+	requests int64
+	errors   int64 // transport errors and statuses other than 201
+	elapsed  time.Duration
+	p50, p99 time.Duration
+}
+
+func (s stats) rps() float64 { return float64(s.requests) / s.elapsed.Seconds() }
+
+func load(useWrk bool, addr string, conns int, d time.Duration, prefix, tmp string) (stats, error) {
+	if useWrk {
+		return loadWrk(addr, conns, d, prefix, tmp)
+	}
+	return loadGo(addr, conns, d, prefix)
+}
+
+// wrkScript sends unique-key charges (one key space per thread) and prints
+// its summary as one line that loadWrk parses.
+const wrkScript = `
+local threads = {}
+local counter = 0
+function setup(thread)
+  thread:set("tid", #threads)
+  table.insert(threads, thread)
+end
+function init(args)
+  prefix = args[1]
+  wrk.method = "POST"
+  wrk.headers["Content-Type"] = "application/json"
+end
+function request()
+  counter = counter + 1
+  return wrk.format(nil, "/charges", nil,
+    '{"orderId": "' .. prefix .. '-' .. tid .. '-' .. counter .. '", "amount": 10, "sentAt": "2026-12-01T10:00:00Z"}')
+end
+local bad = 0
+function response(status, headers, body)
+  if status ~= 201 then bad = bad + 1 end
+end
+function done(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format("BENCH %d %d %d %d %d\n", summary.requests, summary.duration,
+    e.connect + e.read + e.write + e.timeout + e.status, latency:percentile(50), latency:percentile(99)))
+end
+`
+
+func loadWrk(addr string, conns int, d time.Duration, prefix, tmp string) (stats, error) {
+	script := filepath.Join(tmp, "charges.lua")
+	if err := os.WriteFile(script, []byte(wrkScript), 0o600); err != nil {
+		return stats{}, err
+	}
+	threads := min(conns, 2)
+	out, err := exec.Command("wrk", "-t", strconv.Itoa(threads), "-c", strconv.Itoa(conns),
+		"-d", fmt.Sprintf("%ds", int(d.Seconds())), "--timeout", "10s", "-s", script,
+		"http://"+addr, "--", prefix).CombinedOutput()
+	if err != nil {
+		return stats{}, fmt.Errorf("wrk: %w\n%s", err, out)
+	}
+	sc := bufio.NewScanner(strings.NewReader(string(out)))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) == 6 && f[0] == "BENCH" {
+			n := make([]int64, 5)
+			for i := range n {
+				n[i], _ = strconv.ParseInt(f[i+1], 10, 64)
+			}
+			return stats{requests: n[0], elapsed: time.Duration(n[1]) * time.Microsecond, errors: n[2],
+				p50: time.Duration(n[3]) * time.Microsecond, p99: time.Duration(n[4]) * time.Microsecond}, nil
+		}
+	}
+	return stats{}, fmt.Errorf("wrk printed no summary:\n%s", out)
+}
+
+func loadGo(addr string, conns int, d time.Duration, prefix string) (stats, error) {
+	tr := &http.Transport{MaxIdleConnsPerHost: conns, MaxConnsPerHost: conns}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	var (
+		mu   sync.Mutex
+		lats []time.Duration
+		errs atomic.Int64
+		wg   sync.WaitGroup
+	)
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	begin := time.Now()
+	for w := range conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var mine []time.Duration
+			for i := 0; ctx.Err() == nil; i++ {
+				body := fmt.Sprintf(`{"orderId": "%s-%d-%d", "amount": 10, "sentAt": "2026-12-01T10:00:00Z"}`, prefix, w, i)
+				t0 := time.Now()
+				resp, err := c.Post("http://"+addr+"/charges", "application/json", strings.NewReader(body))
+				if err != nil {
+					errs.Add(1)
+					continue
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 201 {
+					errs.Add(1)
+				}
+				mine = append(mine, time.Since(t0))
+			}
+			mu.Lock()
+			lats = append(lats, mine...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	el := time.Since(begin)
+	if len(lats) == 0 {
+		return stats{}, errors.New("no request completed")
+	}
+	slices.Sort(lats)
+	return stats{requests: int64(len(lats)), errors: errs.Load(), elapsed: el,
+		p50: lats[len(lats)/2], p99: lats[len(lats)*99/100]}, nil
+}
+
+// cpuTime is a process's user+system CPU time so far.
+func cpuTime(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	// The command name may contain spaces: fields count from after ')'.
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 13 {
+		return 0
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	st, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+st) * time.Second / clkTck
+}
+
+// vmHWM is a process's peak resident set size, in bytes.
+func vmHWM(pid int) int64 { return procStatus(pid, "VmHWM") }
+
+// procStatus reads one kB field of /proc/<pid>/status, in bytes.
+func procStatus(pid int, field string) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, field+":"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// freeAddr returns a loopback address with a port that was free a moment ago.
+func freeAddr() string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func waitListening(addr string) error {
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+			c.Close()
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("%s not listening within 20s", addr)
+}

@@ -1,0 +1,132 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+)
+
+// TestCrashUnderLoad: kill -9 during a storm of unique keys with
+// sync_writes on, restart on the same data, and retry every key sent. A
+// reservation is on disk before its request is forwarded, so no key is
+// charged twice: every key the stub charged is replayed or in doubt, and
+// every key answered 201 before the crash is replayed or in doubt.
+func TestCrashUnderLoad(t *testing.T) {
+	up := startStub(t)
+	dir := t.TempDir()
+	cfg := writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), "", chargesRoute)
+	p := startProxy(t, cfg)
+
+	const clients = 16
+	var (
+		stop    atomic.Bool
+		ok201   atomic.Int64
+		mu      sync.Mutex
+		answers = map[string]result{} // every key sent, with its answer before the crash
+		wg      sync.WaitGroup
+	)
+	for c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; !stop.Load() && i < 5000; i++ {
+				order := fmt.Sprintf("ORD-L%d-%d", c, i)
+				r := charge(p, order)
+				mu.Lock()
+				answers[order] = r
+				mu.Unlock()
+				if r.status == 201 {
+					ok201.Add(1)
+				}
+			}
+		}()
+	}
+	// Kill once the storm is well under way.
+	eventually(t, "the storm gets answers", func() bool { return ok201.Load() >= 300 })
+	p.cmd.Process.Signal(syscall.SIGKILL)
+	p.wait()
+	stop.Store(true)
+	wg.Wait()
+
+	p2 := startProxy(t, cfg)
+	charged := stubCharges(t, up.URL)
+	type retry struct {
+		order string
+		r     result
+	}
+	orders := make(chan string)
+	retries := make(chan retry)
+	for range 8 {
+		go func() {
+			for o := range orders {
+				retries <- retry{o, charge(p2, o)}
+			}
+		}()
+	}
+	go func() {
+		for o := range answers {
+			orders <- o
+		}
+		close(orders)
+	}()
+	var answered, replayed, inDoubt, fresh int
+	for range len(answers) {
+		rt := <-retries
+		before := answers[rt.order]
+		replay := rt.r.status == 201 && rt.r.header.Get("Idempotent-Replayed") == "true"
+		doubt := rt.r.status == 409 && problemType(rt.r) == "outcome-in-doubt"
+		switch {
+		case replay:
+			replayed++
+		case doubt:
+			inDoubt++
+		case rt.r.status == 201:
+			fresh++
+		}
+		if before.status == 201 {
+			answered++
+			if !replay && !doubt {
+				t.Errorf("%s was answered 201 before the crash; retry = %d %s, want replayed or in doubt", rt.order, rt.r.status, rt.r.body)
+			} else if replay && rt.r.body != before.body {
+				t.Errorf("%s replayed %s, want the first answer %s", rt.order, rt.r.body, before.body)
+			}
+		}
+		if charged[rt.order] > 0 && !replay && !doubt {
+			t.Errorf("%s was charged before the crash; retry = %d %s, want replayed or in doubt", rt.order, rt.r.status, rt.r.body)
+		}
+	}
+	after := stubCharges(t, up.URL)
+	for order, n := range after {
+		if n > 1 {
+			t.Errorf("%s charged %d times", order, n)
+		}
+	}
+	t.Logf("%d keys sent, %d answered 201 before the crash; retries: %d replayed, %d in doubt, %d forwarded (never reached the upstream)",
+		len(answers), answered, replayed, inDoubt, fresh)
+	if answered < 300 {
+		t.Errorf("%d keys answered before the crash, want the storm's 300 or more", answered)
+	}
+}
+
+// stubCharges returns the stub's charge count per order.
+func stubCharges(t *testing.T, stubURL string) map[string]int {
+	t.Helper()
+	r := do("GET", stubURL+"/charges", "")
+	var list struct {
+		Items []struct {
+			OrderID string `json:"orderId"`
+		} `json:"items"`
+	}
+	if err := json.Unmarshal([]byte(r.body), &list); err != nil {
+		t.Fatalf("charges: %v %v", err, r.err)
+	}
+	out := map[string]int{}
+	for _, c := range list.Items {
+		out[c.OrderID]++
+	}
+	return out
+}

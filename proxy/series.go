@@ -1,0 +1,74 @@
+package proxy
+
+import (
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// seriesCache resolves a metric vector's child for a label value once, so
+// that a request does not hash label values and take the vector's lock.
+// Its labels are bounded (outcomes, status codes, store operations), and
+// children are created on first use, as WithLabelValues would.
+type seriesCache[T any] struct {
+	m       sync.Map // label value → T
+	resolve func(label string) T
+}
+
+func (c *seriesCache[T]) of(label string) T {
+	if v, ok := c.m.Load(label); ok {
+		return v.(T)
+	}
+	v := c.resolve(label)
+	c.m.Store(label, v)
+	return v
+}
+
+// routeSeries are the series of one route (route "" for passthrough).
+type routeSeries struct {
+	requests *seriesCache[prometheus.Counter]  // by outcome
+	duration *seriesCache[prometheus.Observer] // by outcome
+	upstream *seriesCache[prometheus.Observer] // by code
+	inFlight prometheus.Gauge
+}
+
+func (m *Metrics) routeSeries(route string) *routeSeries {
+	return &routeSeries{
+		requests: &seriesCache[prometheus.Counter]{resolve: func(o string) prometheus.Counter {
+			return m.requests.WithLabelValues(route, o)
+		}},
+		duration: &seriesCache[prometheus.Observer]{resolve: func(o string) prometheus.Observer {
+			return m.duration.WithLabelValues(route, o)
+		}},
+		upstream: &seriesCache[prometheus.Observer]{resolve: func(code string) prometheus.Observer {
+			return m.upstreamDuration.WithLabelValues(route, code)
+		}},
+		inFlight: m.inFlight.WithLabelValues(route),
+	}
+}
+
+// storeSeries are the series of one store's operations.
+type storeSeries struct {
+	duration *seriesCache[prometheus.Observer] // by operation
+	errors   *seriesCache[prometheus.Counter]  // by operation
+}
+
+func (m *Metrics) storeSeries(store string) *storeSeries {
+	return &storeSeries{
+		duration: &seriesCache[prometheus.Observer]{resolve: func(op string) prometheus.Observer {
+			return m.storeDuration.WithLabelValues(store, op)
+		}},
+		errors: &seriesCache[prometheus.Counter]{resolve: func(op string) prometheus.Counter {
+			return m.storeErrors.WithLabelValues(store, op)
+		}},
+	}
+}
+
+// copyBuffers are the reverse proxies' body copy buffers, shared by every
+// route, so that a request does not allocate 32 KiB.
+var copyBuffers = &bufferPool{p: sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}}
+
+type bufferPool struct{ p sync.Pool }
+
+func (b *bufferPool) Get() []byte  { return *b.p.Get().(*[]byte) }
+func (b *bufferPool) Put(v []byte) { b.p.Put(&v) }

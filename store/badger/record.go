@@ -1,0 +1,277 @@
+package badger
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/idemproxy/idemproxy/proxy"
+)
+
+// The record encoding.
+//
+// A record is stored as a version byte followed by fields, each a tag byte,
+// a uvarint length and that many bytes of payload:
+//
+//	record  = version *field
+//	field   = tag uvarint(len) payload
+//
+// Integers are varint payloads (zig-zag, encoding/binary), strings and the
+// body raw bytes, a header value is uvarint(len(name)) name value, one field
+// per value in order. A decoder skips tags it does not know, so a field can
+// be added without a new version:
+//
+//  1. pick the next unused tag below (never reuse or renumber one; a
+//     removed field's tag stays reserved);
+//  2. write it in marshal, only when it is set, so records without it
+//     stay as short as before;
+//  3. read it in unmarshal's switch.
+//
+// Older binaries then ignore the new field and newer ones read records
+// without it as the zero value. Bump recordVersion only for a change an
+// old decoder must not misread (changing a tag's meaning); unmarshal
+// rejects versions it does not know.
+//
+// Records written by earlier releases as JSON (they begin with '{') are
+// still read.
+const recordVersion byte = 1
+
+// Field tags of recordVersion 1.
+const (
+	tagState       = 1 // one byte: stateCode
+	tagToken       = 2
+	tagFingerprint = 3
+	tagCreatedAt   = 4 // varint, unix ms
+	tagLease       = 5 // varint, unix ms
+	tagStatus      = 6 // varint; present iff the record has a response
+	tagHeader      = 7 // one per header value
+	tagBody        = 8
+	tagBodyStored  = 9  // one byte, 1
+	tagNextLookup  = 10 // varint, unix ms: the reconcile lookup's due time
+	tagLookupToken = 11 // the reconcile lookup lease's owner token
+	tagLookupLease = 12 // varint, unix ms: the lookup lease's end
+	tagReconciled  = 13 // one byte, 1: the response came from a lookup
+)
+
+// State codes of tagState.
+var stateCodes = map[proxy.State]byte{proxy.StateInFlight: 1, proxy.StateCompleted: 2, proxy.StateInDoubt: 3}
+
+func stateOf(c byte) (proxy.State, bool) {
+	switch c {
+	case 1:
+		return proxy.StateInFlight, true
+	case 2:
+		return proxy.StateCompleted, true
+	case 3:
+		return proxy.StateInDoubt, true
+	}
+	return "", false
+}
+
+// marshal encodes rec in one allocation.
+func (rec *record) marshal() ([]byte, error) {
+	code, ok := stateCodes[rec.State]
+	if !ok {
+		return nil, fmt.Errorf("unknown state %q", rec.State)
+	}
+	var e enc
+	for pass := 0; pass < 2; pass++ {
+		if pass == 1 {
+			e.b = make([]byte, 0, e.n)
+		}
+		e.byte(recordVersion)
+		e.bytesField(tagState, []byte{code})
+		e.stringField(tagToken, rec.Token)
+		e.stringField(tagFingerprint, rec.Fingerprint)
+		e.varintField(tagCreatedAt, rec.CreatedAt)
+		if rec.Lease != 0 {
+			e.varintField(tagLease, rec.Lease)
+		}
+		if rec.NextLookup != 0 {
+			e.varintField(tagNextLookup, rec.NextLookup)
+		}
+		if rec.LookupToken != "" {
+			e.stringField(tagLookupToken, rec.LookupToken)
+		}
+		if rec.LookupLease != 0 {
+			e.varintField(tagLookupLease, rec.LookupLease)
+		}
+		if r := rec.Response; r != nil {
+			e.varintField(tagStatus, int64(r.Status))
+			for name, vs := range r.Header {
+				for _, v := range vs {
+					e.headerField(name, v)
+				}
+			}
+			if len(r.Body) > 0 {
+				e.bytesField(tagBody, r.Body)
+			}
+			if r.BodyStored {
+				e.bytesField(tagBodyStored, []byte{1})
+			}
+			if r.Reconciled {
+				e.bytesField(tagReconciled, []byte{1})
+			}
+		}
+	}
+	return e.b, nil
+}
+
+// enc writes fields into b, or, while b is nil, only counts their size in n.
+type enc struct {
+	b []byte
+	n int
+}
+
+func (e *enc) byte(c byte) {
+	if e.b == nil {
+		e.n++
+		return
+	}
+	e.b = append(e.b, c)
+}
+
+func (e *enc) uvarint(v uint64) {
+	if e.b == nil {
+		var tmp [binary.MaxVarintLen64]byte
+		e.n += binary.PutUvarint(tmp[:], v)
+		return
+	}
+	e.b = binary.AppendUvarint(e.b, v)
+}
+
+func (e *enc) raw(p []byte) {
+	if e.b == nil {
+		e.n += len(p)
+		return
+	}
+	e.b = append(e.b, p...)
+}
+
+func (e *enc) rawString(s string) {
+	if e.b == nil {
+		e.n += len(s)
+		return
+	}
+	e.b = append(e.b, s...)
+}
+
+func (e *enc) bytesField(tag byte, p []byte) {
+	e.byte(tag)
+	e.uvarint(uint64(len(p)))
+	e.raw(p)
+}
+
+func (e *enc) stringField(tag byte, s string) {
+	e.byte(tag)
+	e.uvarint(uint64(len(s)))
+	e.rawString(s)
+}
+
+func (e *enc) varintField(tag byte, v int64) {
+	var tmp [binary.MaxVarintLen64]byte
+	e.bytesField(tag, tmp[:binary.PutVarint(tmp[:], v)])
+}
+
+func (e *enc) headerField(name, value string) {
+	var tmp [binary.MaxVarintLen64]byte
+	nl := binary.PutUvarint(tmp[:], uint64(len(name)))
+	e.byte(tagHeader)
+	e.uvarint(uint64(nl + len(name) + len(value)))
+	e.raw(tmp[:nl])
+	e.rawString(name)
+	e.rawString(value)
+}
+
+var errCorrupt = errors.New("corrupt record")
+
+// unmarshal decodes v (binary or legacy JSON) into rec; it copies what it
+// keeps, so v may be reused afterwards.
+func (rec *record) unmarshal(v []byte) error {
+	*rec = record{}
+	if len(v) > 0 && v[0] == '{' {
+		return json.Unmarshal(v, rec)
+	}
+	if len(v) == 0 {
+		return fmt.Errorf("%w: empty", errCorrupt)
+	}
+	if v[0] != recordVersion {
+		return fmt.Errorf("%w: unknown version %d", errCorrupt, v[0])
+	}
+	v = v[1:]
+	var resp proxy.Response
+	hasResp, hasState := false, false
+	for len(v) > 0 {
+		tag := v[0]
+		n, w := binary.Uvarint(v[1:])
+		if w <= 0 || n > uint64(len(v)-1-w) {
+			return fmt.Errorf("%w: field %d: bad length", errCorrupt, tag)
+		}
+		p := v[1+w : 1+w+int(n)]
+		v = v[1+w+int(n):]
+		switch tag {
+		case tagState:
+			var ok bool
+			if len(p) != 1 {
+				return fmt.Errorf("%w: state", errCorrupt)
+			}
+			if rec.State, ok = stateOf(p[0]); !ok {
+				return fmt.Errorf("%w: unknown state %d", errCorrupt, p[0])
+			}
+			hasState = true
+		case tagToken:
+			rec.Token = string(p)
+		case tagFingerprint:
+			rec.Fingerprint = string(p)
+		case tagLookupToken:
+			rec.LookupToken = string(p)
+		case tagCreatedAt, tagLease, tagStatus, tagNextLookup, tagLookupLease:
+			x, w := binary.Varint(p)
+			if w <= 0 || w != len(p) {
+				return fmt.Errorf("%w: field %d: bad integer", errCorrupt, tag)
+			}
+			switch tag {
+			case tagCreatedAt:
+				rec.CreatedAt = x
+			case tagLease:
+				rec.Lease = x
+			case tagNextLookup:
+				rec.NextLookup = x
+			case tagLookupLease:
+				rec.LookupLease = x
+			default:
+				if x < 0 || x > 999 {
+					return fmt.Errorf("%w: status %d", errCorrupt, x)
+				}
+				resp.Status, hasResp = int(x), true
+			}
+		case tagHeader:
+			nl, w := binary.Uvarint(p)
+			if w <= 0 || nl > uint64(len(p)-w) {
+				return fmt.Errorf("%w: header", errCorrupt)
+			}
+			name := string(p[w : w+int(nl)])
+			if resp.Header == nil {
+				resp.Header = http.Header{}
+			}
+			resp.Header[name] = append(resp.Header[name], string(p[w+int(nl):]))
+		case tagBody:
+			resp.Body = append([]byte(nil), p...)
+		case tagBodyStored:
+			resp.BodyStored = len(p) == 1 && p[0] == 1
+		case tagReconciled:
+			resp.Reconciled = len(p) == 1 && p[0] == 1
+		default:
+			// A field of a newer release: skipped.
+		}
+	}
+	if !hasState {
+		return fmt.Errorf("%w: no state", errCorrupt)
+	}
+	if hasResp || resp.Header != nil || resp.Body != nil || resp.BodyStored || resp.Reconciled {
+		rec.Response = &resp
+	}
+	return nil
+}

@@ -1,0 +1,160 @@
+package badger
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+
+	bdg "github.com/dgraph-io/badger/v4"
+
+	"github.com/idemproxy/idemproxy/internal/batch"
+)
+
+// Group commit.
+//
+// Every mutation of the store is a closure handed to s.update, which queues
+// it for the store's single writer goroutine. The writer takes everything
+// that is queued (up to maxBatchOps) and applies it in one Badger
+// transaction: one commit, and with SyncWrites one sync (DB.Sync, right
+// after the commit) for the whole batch, if any write in it asked for one
+// (reservations do; commits, releases and in-doubt marks do not: see
+// Options.SyncWrites). Closures of one batch run one after the other in the same
+// transaction, so each sees the writes of those before it (two reservations
+// of one key in one batch: the second finds the first), and since there is
+// only one writer, transactions never conflict. Readers (Get) keep using
+// concurrent read transactions.
+//
+// Each caller gets its own closure's error. A closure that fails may have
+// written part of its changes into the transaction; the batch is then rerun
+// without it in a fresh transaction (closures must therefore be safe to run
+// again, as they were under the conflict retries before). A batch whose
+// commit fails fails every caller in it: none of their writes happened.
+
+// maxBatchOps bounds the closures applied in one transaction.
+const maxBatchOps = 256
+
+// maxBatchRetries bounds the reruns of one batch on transaction conflicts,
+// which only writes outside the writer can cause.
+const maxBatchRetries = 100
+
+// errClosed is returned by update after Close.
+var errClosed = errors.New("badger: store is closed")
+
+// op is one queued mutation and the channel its result is sent on.
+type op struct {
+	fn   func(txn *bdg.Txn) error
+	sync bool       // its batch must be synced before it is answered
+	done chan error // buffered: the writer never blocks on it
+}
+
+var opPool = sync.Pool{New: func() any { return &op{done: make(chan error, 1)} }}
+
+// writer serialises the store's mutations into batched transactions.
+type writer struct {
+	db         *bdg.DB
+	q          *batch.Queue[*op]
+	syncWrites bool
+
+	// exclusive is held from a batch's commit to its sync; whatever else
+	// writes to the database (value-log GC) holds it too.
+	exclusive sync.Mutex
+
+	// commit commits a batch's transaction and sync makes it durable;
+	// tests replace them to fail a batch or count syncs.
+	commit func(txn *bdg.Txn) error
+	sync   func() error
+}
+
+func newWriter(db *bdg.DB, syncWrites bool) *writer {
+	w := &writer{db: db, syncWrites: syncWrites,
+		commit: func(txn *bdg.Txn) error { return txn.Commit() }, sync: db.Sync}
+	w.q = batch.New(maxBatchOps, w.apply)
+	return w
+}
+
+// update runs fn in the next batch's read-write transaction and returns
+// fn's error, or the batch's commit error.
+func (w *writer) update(fn func(txn *bdg.Txn) error, sync bool) error {
+	o := opPool.Get().(*op)
+	o.fn, o.sync = fn, sync
+	err := errClosed
+	if w.q.Put(o) {
+		err = <-o.done
+	}
+	o.fn = nil
+	opPool.Put(o)
+	return err
+}
+
+// close stops taking mutations and returns once the queued ones are
+// applied.
+func (w *writer) close() { w.q.Close() }
+
+// apply applies batch in as few transactions as Badger's size limits
+// allow, and answers every op in it.
+func (w *writer) apply(batch []*op) {
+	for len(batch) > 0 {
+		batch = w.applyOnce(batch)
+	}
+}
+
+// applyOnce applies the longest prefix of batch that fits in one
+// transaction and answers its ops; it returns the ops left for the next
+// transaction. An op whose closure fails is answered with its error and
+// the others are rerun without it, in a fresh transaction.
+func (w *writer) applyOnce(batch []*op) []*op {
+	for retries := 0; ; {
+		txn := w.db.NewTransaction(true)
+		n, failed := 0, false
+		for n < len(batch) {
+			err := batch[n].fn(txn)
+			if err == nil {
+				n++
+				continue
+			}
+			if errors.Is(err, bdg.ErrTxnTooBig) && n > 0 {
+				break // full: commit those before it, without its half
+			}
+			batch[n].done <- err
+			batch = slices.Delete(batch, n, n+1)
+			failed = true
+			break
+		}
+		if failed || n < len(batch) {
+			// Discard whatever the failed or overflowing closure wrote.
+			txn.Discard()
+			if failed {
+				if len(batch) == 0 {
+					return nil
+				}
+				continue
+			}
+			rest := batch[n:]
+			for head := batch[:n]; len(head) > 0; {
+				head = w.applyOnce(head)
+			}
+			return rest
+		}
+		w.exclusive.Lock()
+		err := w.commit(txn)
+		txn.Discard()
+		if err == nil && w.syncWrites && slices.ContainsFunc(batch, func(o *op) bool { return o.sync }) {
+			if err = w.sync(); err != nil {
+				err = fmt.Errorf("sync: %w", err) // applied, but maybe not on disk: fail them all
+			}
+		}
+		w.exclusive.Unlock()
+		if errors.Is(err, bdg.ErrConflict) && retries < maxBatchRetries {
+			retries++
+			continue
+		}
+		if err != nil {
+			err = fmt.Errorf("commit batch: %w", err)
+		}
+		for _, o := range batch {
+			o.done <- err
+		}
+		return nil
+	}
+}

@@ -1,0 +1,380 @@
+package badger
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	bdg "github.com/dgraph-io/badger/v4"
+
+	"github.com/idemproxy/idemproxy/proxy"
+)
+
+func openInternal(t *testing.T) *Store {
+	t.Helper()
+	s, err := Open(Options{Dir: t.TempDir(), SyncWrites: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// holdWriter occupies the writer with a closure (one that needs no sync)
+// that blocks until the returned function is called, so that whatever is
+// queued meanwhile lands in the next batch, together.
+func holdWriter(t *testing.T, s *Store) (release func()) {
+	t.Helper()
+	started, unblock, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+	go func() {
+		done <- s.updateLazy(func(*bdg.Txn) error {
+			select {
+			case <-started:
+			default:
+				close(started)
+			}
+			<-unblock
+			return nil
+		})
+	}()
+	<-started
+	return func() {
+		close(unblock)
+		if err := <-done; err != nil {
+			t.Errorf("holding closure: %v", err)
+		}
+	}
+}
+
+// waitQueued waits until n closures are queued behind the writer.
+func waitQueued(t *testing.T, s *Store, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); s.w.q.Len() < n; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d closures queued, want %d", s.w.q.Len(), n)
+		}
+	}
+}
+
+// countCommits wraps the writer's commit to count the batches committed.
+func countCommits(s *Store) *int {
+	var n int
+	commit := s.w.commit
+	s.w.commit = func(txn *bdg.Txn) error { n++; return commit(txn) }
+	return &n
+}
+
+// TestOneKeyReservedOnceInOneBatch: concurrent reservations of one key that
+// are applied in one transaction see each other: exactly one wins, the
+// others get its in-flight record, and they share one commit.
+func TestOneKeyReservedOnceInOneBatch(t *testing.T) {
+	for _, n := range []int{2, 16, maxBatchOps - 1} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			s := openInternal(t)
+			release := holdWriter(t, s)
+			commits := countCommits(s)
+			type res struct {
+				tok string
+				rec *proxy.Record
+				err error
+			}
+			out := make(chan res, n)
+			for i := range n {
+				tok := fmt.Sprintf("t%d", i)
+				go func() {
+					rec, err := s.Reserve(context.Background(), "k", proxy.Reservation{Token: tok, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour})
+					out <- res{tok, rec, err}
+				}()
+			}
+			waitQueued(t, s, n)
+			release()
+			var winners []string
+			for range n {
+				r := <-out
+				switch {
+				case r.err != nil:
+					t.Fatalf("reserve %s: %v", r.tok, r.err)
+				case r.rec == nil:
+					winners = append(winners, r.tok)
+				case r.rec.State != proxy.StateInFlight:
+					t.Errorf("loser %s saw state %s, want in_flight", r.tok, r.rec.State)
+				}
+			}
+			if len(winners) != 1 {
+				t.Fatalf("winners = %v, want exactly one", winners)
+			}
+			rec, err := s.Get(context.Background(), "k")
+			if err != nil || rec == nil || rec.Token != winners[0] {
+				t.Fatalf("stored %+v %v, want the winner %s", rec, err, winners[0])
+			}
+			// The holding batch's commit, then one for all n reservations.
+			if *commits != 2 {
+				t.Errorf("%d commits, want 2 (the n reservations in one batch)", *commits)
+			}
+		})
+	}
+}
+
+// TestFailedBatchFailsEveryCaller: when a batch's commit fails, every
+// caller in it gets the error and none of their writes is stored; the
+// next batch works again.
+func TestFailedBatchFailsEveryCaller(t *testing.T) {
+	s := openInternal(t)
+	release := holdWriter(t, s)
+	const n = 8
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			_, err := s.Reserve(context.Background(), fmt.Sprintf("k%d", i), proxy.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour})
+			errs <- err
+		}()
+	}
+	waitQueued(t, s, n)
+	// The holding closure's batch commits; the next one, the n
+	// reservations, fails.
+	boom := errors.New("disk on fire")
+	commit, calls := s.w.commit, 0
+	s.w.commit = func(txn *bdg.Txn) error {
+		calls++
+		if calls == 2 {
+			return boom
+		}
+		return commit(txn)
+	}
+	release()
+	for range n {
+		if err := <-errs; !errors.Is(err, boom) {
+			t.Errorf("reserve: err = %v, want the batch's %v", err, boom)
+		}
+	}
+	for i := range n {
+		if rec, err := s.Get(context.Background(), fmt.Sprintf("k%d", i)); err != nil || rec != nil {
+			t.Errorf("k%d stored after a failed batch: %+v %v", i, rec, err)
+		}
+	}
+	if rec, err := s.Reserve(context.Background(), "k0", proxy.Reservation{Token: "t2", Lease: time.Minute, TTL: time.Hour}); err != nil || rec != nil {
+		t.Errorf("reserve after the failed batch: %+v %v", rec, err)
+	}
+}
+
+// TestFailingClosureFailsOnlyItsCaller: a closure that writes and then
+// fails gets its own error, its writes are not committed, and the other
+// closures of its batch succeed.
+func TestFailingClosureFailsOnlyItsCaller(t *testing.T) {
+	s := openInternal(t)
+	release := holdWriter(t, s)
+	bad := errors.New("bad closure")
+	results := make(chan error, 3)
+	for i, k := range []string{"a", "bad", "b"} {
+		go func() {
+			results <- s.update(func(txn *bdg.Txn) error {
+				if err := txn.Set([]byte(k), []byte("v")); err != nil {
+					return err
+				}
+				if k == "bad" {
+					return bad
+				}
+				return nil
+			})
+		}()
+		waitQueued(t, s, i+1) // in this order: "a" runs before "bad", and again after
+	}
+	release()
+	var badSeen, ok int
+	for range 3 {
+		switch err := <-results; {
+		case errors.Is(err, bad):
+			badSeen++
+		case err == nil:
+			ok++
+		default:
+			t.Errorf("unexpected error %v", err)
+		}
+	}
+	if badSeen != 1 || ok != 2 {
+		t.Fatalf("bad=%d ok=%d, want 1 and 2", badSeen, ok)
+	}
+	err := s.db.View(func(txn *bdg.Txn) error {
+		for k, want := range map[string]bool{"a": true, "b": true, "bad": false} {
+			_, err := txn.Get([]byte(k))
+			if got := err == nil; got != want {
+				t.Errorf("%s stored = %v, want %v (%v)", k, got, want, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestBatchLargerThanATransaction: a batch whose writes exceed Badger's
+// transaction size is split over several transactions, and every write
+// lands.
+func TestBatchLargerThanATransaction(t *testing.T) {
+	s := openInternal(t)
+	release := holdWriter(t, s)
+	commits := countCommits(s)
+	const n = 120
+	val := bytes.Repeat([]byte("x"), 15<<10) // under the value threshold: counts in full
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			errs <- s.update(func(txn *bdg.Txn) error { return txn.Set(fmt.Appendf(nil, "big%d", i), val) })
+		}()
+	}
+	waitQueued(t, s, n)
+	release()
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatalf("write: %v", err)
+		}
+	}
+	if *commits < 2 {
+		t.Errorf("%d commits, want the batch split", *commits)
+	}
+	err := s.db.View(func(txn *bdg.Txn) error {
+		for i := range n {
+			if _, err := txn.Get(fmt.Appendf(nil, "big%d", i)); err != nil {
+				t.Errorf("big%d: %v", i, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestUpdateAfterClose: writes after Close fail instead of hanging.
+func TestUpdateAfterClose(t *testing.T) {
+	s, err := Open(Options{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if _, err := s.Reserve(context.Background(), "k", proxy.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour}); err == nil {
+		t.Fatal("reserve after close succeeded")
+	}
+}
+
+// BenchmarkGroupCommit measures reserve+commit pairs from 32 goroutines
+// (the load of 32 connections) and reports how many closures share a
+// commit and how many syncs a reserve+commit pair costs.
+func BenchmarkGroupCommit(b *testing.B) {
+	for _, sync := range []bool{false, true} {
+		b.Run(fmt.Sprintf("sync=%v", sync), func(b *testing.B) {
+			s, err := Open(Options{Dir: b.TempDir(), SyncWrites: sync})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Close()
+			var commits atomic.Int64
+			commit := s.w.commit
+			s.w.commit = func(txn *bdg.Txn) error { commits.Add(1); return commit(txn) }
+			var syncs atomic.Int64
+			syncFn := s.w.sync
+			s.w.sync = func() error { syncs.Add(1); return syncFn() }
+			ctx := context.Background()
+			resp := proxy.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}},
+				Body: []byte(`{"chargeId":"ch_1","orderId":"ORD-1","amount":10}`), BodyStored: true}
+			var n atomic.Int64
+			b.ReportAllocs()
+			b.SetParallelism(max(1, 32/runtime.GOMAXPROCS(0)))
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					k := fmt.Sprintf("charges/-/ORD-%d", n.Add(1))
+					if _, err := s.Reserve(ctx, k, proxy.Reservation{Token: "t", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}); err != nil {
+						b.Fatal(err)
+					}
+					if err := s.Commit(ctx, k, "t", resp, time.Hour); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+			b.ReportMetric(float64(2*b.N)/float64(max(1, commits.Load())), "ops/commit")
+			b.ReportMetric(float64(syncs.Load())/float64(b.N), "syncs/op")
+		})
+	}
+}
+
+// TestOnlyReservationsWaitForASync: a batch of commits is applied without
+// a sync (losing it leaves keys in doubt, never charged twice); a batch
+// with a reservation is synced once, before any caller in it returns; a
+// failed sync fails every caller of its batch.
+func TestOnlyReservationsWaitForASync(t *testing.T) {
+	s := openInternal(t)
+	ctx := context.Background()
+	res := proxy.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour}
+	for i := range 4 {
+		if _, err := s.Reserve(ctx, fmt.Sprintf("k%d", i), res); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var syncs atomic.Int64
+	var failSync atomic.Bool
+	boom := errors.New("fsync failed")
+	sync := s.w.sync
+	s.w.sync = func() error {
+		syncs.Add(1)
+		if failSync.Load() {
+			return boom
+		}
+		return sync()
+	}
+	resp := proxy.Response{Status: 201, BodyStored: true}
+
+	// Commits only: no sync.
+	release := holdWriter(t, s)
+	errs := make(chan error, 4)
+	for i := range 3 {
+		go func() { errs <- s.Commit(ctx, fmt.Sprintf("k%d", i), "t", resp, time.Hour) }()
+	}
+	waitQueued(t, s, 3)
+	release()
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := syncs.Load(); n != 0 {
+		t.Errorf("%d syncs for a batch of commits, want 0", n)
+	}
+
+	// A reservation with a commit: one sync for both.
+	release = holdWriter(t, s)
+	go func() { errs <- s.Commit(ctx, "k3", "t", resp, time.Hour) }()
+	waitQueued(t, s, 1)
+	go func() { _, err := s.Reserve(ctx, "new", res); errs <- err }()
+	waitQueued(t, s, 2)
+	release()
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := syncs.Load(); n != 1 {
+		t.Errorf("%d syncs for a batch with a reservation, want 1", n)
+	}
+
+	// The sync fails: every caller of the batch gets the error.
+	failSync.Store(true)
+	release = holdWriter(t, s)
+	go func() { _, err := s.Reserve(ctx, "new2", res); errs <- err }()
+	waitQueued(t, s, 1)
+	go func() { errs <- s.Release(ctx, "new", "t") }()
+	waitQueued(t, s, 2)
+	release()
+	for range 2 {
+		if err := <-errs; !errors.Is(err, boom) {
+			t.Errorf("err = %v, want the failed sync's", err)
+		}
+	}
+}
