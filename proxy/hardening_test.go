@@ -330,10 +330,11 @@ func TestBufferedBytesBudget(t *testing.T) {
 
 // TestBrokenStoreDoesNotCrash: Badger with its data directory removed
 // fails to rotate its memtable and then panics (nil memtable) in every
-// operation, also in the background release of a failed reservation,
-// where nothing but the proxy can catch it. The proxy must answer, not
-// die. (The Badger guard, used by the binary, turns those panics into
-// errors; this is the proxy's own line of defence for any store.)
+// transaction: in the request's goroutine for reads, in the store's
+// group-commit writer for writes, and so also under the background release
+// of a failed reservation, where nothing but the store or the proxy can
+// catch it. The proxy must answer, not die, even on a bare (unguarded)
+// Badger store.
 func TestBrokenStoreDoesNotCrash(t *testing.T) {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(201)
