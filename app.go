@@ -93,12 +93,12 @@ func (a *app) openStore(reg prometheus.Registerer) (storeCloser, string, error) 
 		return s, "redis", nil
 	}
 	b := a.cfg.Store.Badger
-	s, err := badger.Open(badger.Options{
+	s, err := badger.OpenGuarded(badger.Options{
 		Dir:        b.Dir,
 		SyncWrites: *b.SyncWrites,
 		GCInterval: b.GCInterval.D(),
 		Logger:     a.log,
-	})
+	}, badger.GuardOptions{MinFreeBytes: uint64(b.MinFreeBytes)})
 	if err != nil {
 		return nil, "", err
 	}
@@ -107,8 +107,23 @@ func (a *app) openStore(reg prometheus.Registerer) (storeCloser, string, error) 
 }
 
 // registerBadgerMetrics exports Badger's size on disk, the figure an
-// operator watches for a store that grows without bound.
-func registerBadgerMetrics(reg prometheus.Registerer, s *badger.Store) {
+// operator watches for a store that grows without bound, and the guard's
+// free space, refusals and reopens.
+func registerBadgerMetrics(reg prometheus.Registerer, s *badger.Guard) {
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "idemproxy_badger_disk_free_bytes",
+			Help: "Free space of the Badger data directory's file system, as last measured.",
+		}, func() float64 { return float64(s.FreeBytes()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "idemproxy_badger_low_disk_refusals_total",
+			Help: "Reservations refused because free disk space was below store.badger.min_free_bytes.",
+		}, func() float64 { return float64(s.LowDiskRefusals()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "idemproxy_badger_reopens_total",
+			Help: "Times the Badger store was reopened after it failed.",
+		}, func() float64 { return float64(s.Reopens()) }),
+	)
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "idemproxy_badger_lsm_size_bytes",
@@ -163,6 +178,7 @@ func (a *app) registerMetrics(reg prometheus.Registerer) {
 // serve runs the proxy until ctx is cancelled, then shuts down gracefully.
 func (a *app) serve(ctx context.Context) error {
 	cfg, log := a.cfg, a.log
+	raiseOpenFiles(log)
 	// From the start: an unhandled SIGHUP would kill the process.
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -194,6 +210,7 @@ func (a *app) serve(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
+	ln = limitListen(ln, cfg.Server.MaxConnections)
 	srv := &http.Server{
 		Handler:           a.p,
 		ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout.D(),
@@ -387,8 +404,9 @@ func needsRestart(old, new *config.Config) error {
 	oldS.DrainDelay, newS.DrainDelay = 0, 0
 	oldS.ShutdownTimeout, newS.ShutdownTimeout = 0, 0
 	oldS.PassthroughTimeout, newS.PassthroughTimeout = 0, 0
+	oldS.MaxBufferedBytes, newS.MaxBufferedBytes = 0, 0
 	if oldS != newS {
-		changed = append(changed, "server timeouts")
+		changed = append(changed, "server timeouts or max_connections")
 	}
 	if len(changed) > 0 {
 		return fmt.Errorf("%v changed: restart idemproxy to apply", changed)

@@ -73,7 +73,12 @@ func TestReload(t *testing.T) {
 	path := filepath.Join(dir, "c.yaml")
 	data := filepath.Join(dir, "data")
 	writeConfig(t, path, up.URL, data, "", chargesRoute)
-	p := startProxy(t, path)
+	const token = "reload-token-for-the-test"
+	p := startProxy(t, path, "IDEMPROXY_ADMIN_TOKEN="+token)
+	auth := []string{"Authorization", "Bearer " + token}
+	if r := do("POST", p.adminURL("/-/reload"), ""); r.status != 401 {
+		t.Errorf("reload without the token = %d %q, want 401", r.status, r.body)
+	}
 	reloadGauge := func() string {
 		v, _ := metricValue(do("GET", p.adminURL("/metrics"), "").body, "idemproxy_config_last_reload_successful")
 		return v
@@ -92,7 +97,7 @@ func TestReload(t *testing.T) {
 
 	// A bad file, by POST: 400, the running configuration stays.
 	os.WriteFile(path, []byte("listen: [\n"), 0o600)
-	r := do("POST", p.adminURL("/-/reload"), "")
+	r := do("POST", p.adminURL("/-/reload"), "", auth...)
 	if r.status != 400 || !strings.Contains(r.body, "running configuration is kept") {
 		t.Errorf("bad reload = %d %q, want 400 and the running configuration kept", r.status, r.body)
 	}
@@ -104,12 +109,12 @@ func TestReload(t *testing.T) {
 	}
 	// A file that changes what needs a restart is refused too.
 	writeConfig(t, path, up.URL, filepath.Join(dir, "other-data"), "", chargesRoute)
-	if r := do("POST", p.adminURL("/-/reload"), ""); r.status != 400 || !strings.Contains(r.body, "store") {
+	if r := do("POST", p.adminURL("/-/reload"), "", auth...); r.status != 400 || !strings.Contains(r.body, "store") {
 		t.Errorf("store change = %d %q, want 400 naming the store", r.status, r.body)
 	}
 	// Back to a good file, by POST.
 	writeConfig(t, path, up.URL, data, "", chargesRoute)
-	if r := do("POST", p.adminURL("/-/reload"), ""); r.status != 200 {
+	if r := do("POST", p.adminURL("/-/reload"), "", auth...); r.status != 200 {
 		t.Errorf("good reload = %d %s", r.status, r.body)
 	}
 	if got := reloadGauge(); got != "1" {
@@ -218,7 +223,7 @@ func TestDashboardAndAlertsNameExportedMetrics(t *testing.T) {
 	rec := &metricNames{Registerer: prometheus.NewRegistry(), names: map[string]bool{}}
 	(&app{}).registerMetrics(rec)
 	proxy.NewMetrics(rec)
-	st, err := badger.Open(badger.Options{Dir: t.TempDir()})
+	st, err := badger.OpenGuarded(badger.Options{Dir: t.TempDir()}, badger.GuardOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

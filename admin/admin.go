@@ -48,8 +48,8 @@ type Options struct {
 	Routes Routes
 	// Gatherer is exposed on /metrics; nil means prometheus.DefaultGatherer.
 	Gatherer prometheus.Gatherer
-	// Token is the bearer token of /v1/keys. Empty disables the key API
-	// (403): it is never open.
+	// Token is the bearer token of /v1/keys and POST /-/reload. Empty
+	// disables both over HTTP (403): they are never open.
 	Token string
 	// TokenEnv names the variable the token comes from, for messages;
 	// empty means DefaultTokenEnv.
@@ -95,7 +95,7 @@ func NewHandler(opts Options) *Handler {
 	h.mux.Handle("GET /metrics", promhttp.HandlerFor(opts.Gatherer, promhttp.HandlerOpts{EnableOpenMetrics: true}))
 	h.mux.HandleFunc("GET /livez", func(w http.ResponseWriter, r *http.Request) { writeText(w, http.StatusOK, "ok") })
 	h.mux.HandleFunc("GET /readyz", h.readyz)
-	h.mux.HandleFunc("POST /-/reload", h.reload)
+	h.mux.Handle("POST /-/reload", h.auth(h.reload)) // a reload is an operator's act too
 	h.mux.Handle("GET /v1/keys/{route}/{key...}", h.auth(h.getKey))
 	h.mux.Handle("DELETE /v1/keys/{route}/{key...}", h.auth(h.deleteKey))
 	h.mux.Handle("POST /v1/keys/{route}/{key}/reconcile", h.auth(h.reconcileKey))
@@ -137,7 +137,7 @@ func (h *Handler) reload(w http.ResponseWriter, r *http.Request) {
 	writeText(w, http.StatusOK, "reloaded")
 }
 
-// auth guards the key API: 403 when no token is configured, 401 for a
+// auth guards the key API and reload: 403 when no token is configured, 401 for a
 // missing or wrong token (compared in constant time). The scheme name is
 // case-insensitive (RFC 9110, section 11.1).
 func (h *Handler) auth(next http.HandlerFunc) http.Handler {

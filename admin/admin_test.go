@@ -727,14 +727,19 @@ func TestReload(t *testing.T) {
 		name     string
 		reload   func() error
 		method   string
+		auth     string
+		token    string
 		want     int
 		wantBody string
 		wantCall bool
 	}{
-		{"ok", func() error { return nil }, http.MethodPost, http.StatusOK, "reloaded", true},
-		{"failing", func() error { return errors.New("routes[2].match: bad pattern") }, http.MethodPost, http.StatusBadRequest, "routes[2].match: bad pattern", true},
-		{"nil", nil, http.MethodPost, http.StatusNotFound, "not available", false},
-		{"GET is not allowed", func() error { return nil }, http.MethodGet, http.StatusMethodNotAllowed, "", false},
+		{"ok", func() error { return nil }, http.MethodPost, bearer, testToken, http.StatusOK, "reloaded", true},
+		{"failing", func() error { return errors.New("routes[2].match: bad pattern") }, http.MethodPost, bearer, testToken, http.StatusBadRequest, "routes[2].match: bad pattern", true},
+		{"nil", nil, http.MethodPost, bearer, testToken, http.StatusNotFound, "not available", false},
+		{"GET is not allowed", func() error { return nil }, http.MethodGet, bearer, testToken, http.StatusMethodNotAllowed, "", false},
+		{"no token sent", func() error { return nil }, http.MethodPost, "", testToken, http.StatusUnauthorized, "bearer token", false},
+		{"wrong token", func() error { return nil }, http.MethodPost, "Bearer guess", testToken, http.StatusUnauthorized, "bearer token", false},
+		{"no token configured", func() error { return nil }, http.MethodPost, "Bearer ", "", http.StatusForbidden, "disabled", false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -743,8 +748,8 @@ func TestReload(t *testing.T) {
 			if tt.reload != nil {
 				reload = func() error { called = true; return tt.reload() }
 			}
-			h := newHandler(t, st, func(o *admin.Options) { o.Reload = reload })
-			rec := serve(t, h, tt.method, "/-/reload", "", nil)
+			h := newHandler(t, st, func(o *admin.Options) { o.Reload, o.Token = reload, tt.token })
+			rec := serve(t, h, tt.method, "/-/reload", tt.auth, nil)
 			if rec.Code != tt.want || !strings.Contains(rec.Body.String(), tt.wantBody) {
 				t.Errorf("%s /-/reload = %d %q, want %d containing %q", tt.method, rec.Code, rec.Body, tt.want, tt.wantBody)
 			}

@@ -94,6 +94,10 @@ type Badger struct {
 	SyncWrites *bool `yaml:"sync_writes"`
 	// GCInterval is how often value-log garbage collection runs. Default 5m.
 	GCInterval Duration `yaml:"gc_interval"`
+	// MinFreeBytes is the free-space floor of the data directory's file
+	// system: below it new reservations are refused (503), so that Badger
+	// never writes into a full disk. Default 64 MiB.
+	MinFreeBytes int64 `yaml:"min_free_bytes"`
 }
 
 // Redis configures the shared store.
@@ -143,6 +147,13 @@ type Server struct {
 	// ShutdownTimeout is how long in-flight requests get to finish on
 	// shutdown; those cut by it leave their keys in doubt. Default 30s.
 	ShutdownTimeout Duration `yaml:"shutdown_timeout"`
+	// MaxBufferedBytes bounds the request bytes buffered at once over all
+	// protected routes; a request that does not fit is answered 503
+	// overloaded before anything is stored or forwarded. Default 64 MiB.
+	MaxBufferedBytes int64 `yaml:"max_buffered_bytes"`
+	// MaxConnections bounds the client connections open at once; further
+	// connections wait in the listen backlog. Default 1024.
+	MaxConnections int `yaml:"max_connections"`
 }
 
 // Route is one protected route.

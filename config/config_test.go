@@ -382,6 +382,8 @@ func TestValidationProblems(t *testing.T) {
 		{"bad wildcard", head + "  - name: a\n    match: POST /a/{id\n    key: {json: a}\n", `routes[0].match: parsing "POST /a/{id"`},
 		{"same pattern twice", head + "  - name: a\n    match: POST /a\n    key: {json: a}\n  - name: b\n    match: POST /a\n    key: {json: a}\n",
 			`routes[1].match: "POST /a" conflicts with routes[0].match "POST /a": POST /a matches the same requests as POST /a`},
+		{"same host in another case", head + "  - name: a\n    match: POST api.example.com/a\n    key: {json: a}\n  - name: b\n    match: POST API.Example.com./a\n    key: {json: a}\n",
+			`routes[1].match: "POST API.Example.com./a" conflicts with routes[0].match "POST api.example.com/a"`},
 		{"overlapping patterns", head + "  - name: a\n    match: POST /o/{id}/c\n    key: {json: a}\n  - name: b\n    match: POST /o/x/c\n    key: {json: a}\n  - name: c\n    match: POST /o/{x}/c\n    key: {json: a}\n",
 			`routes[2].match: "POST /o/{x}/c" conflicts with routes[0].match "POST /o/{id}/c"`},
 
@@ -586,15 +588,15 @@ func TestDurationMarshalYAML(t *testing.T) {
 }
 
 func TestReleases(t *testing.T) {
-	statuses := []int{200, 201, 204, 301, 400, 404, 409, 422, 429, 500, 502, 503, 504, 599}
+	statuses := []int{200, 201, 204, 301, 307, 400, 401, 402, 403, 404, 405, 406, 409, 410, 412, 413, 415, 418, 422, 429, 500, 502, 503, 504, 599}
 	tests := []struct {
 		name     string
 		route    string
 		releases []int
 	}{
-		{"reserve-then-commit", "", []int{429}},
-		{"reserve-then-commit, explicit", "    policy: reserve-then-commit\n", []int{429}},
-		{"release-on-5xx", "    policy: release-on-5xx\n", []int{429, 500, 502, 503, 504, 599}},
+		{"reserve-then-commit", "", []int{400, 401, 403, 404, 405, 409, 413, 415, 422, 429}},
+		{"reserve-then-commit, explicit", "    policy: reserve-then-commit\n", []int{400, 401, 403, 404, 405, 409, 413, 415, 422, 429}},
+		{"release-on-5xx", "    policy: release-on-5xx\n", []int{400, 401, 403, 404, 405, 409, 413, 415, 422, 429, 500, 502, 503, 504, 599}},
 		{"override", "    release_statuses: [503, 429]\n", []int{429, 503}},
 		{"override replaces the policy", "    policy: release-on-5xx\n    release_statuses: [503]\n", []int{503}},
 		{"override without 429", "    release_statuses: [500]\n", []int{500}},

@@ -2,6 +2,7 @@ package config
 
 import (
 	"net/http"
+	"slices"
 	"time"
 )
 
@@ -15,6 +16,7 @@ const (
 	DefaultMaxStoredBodyBytes = 1 << 20
 	DefaultBadgerDir          = "./data"
 	DefaultGCInterval         = 5 * time.Minute
+	DefaultBadgerMinFreeBytes = 64 << 20
 	DefaultRedisKeyPrefix     = "idemproxy:"
 	DefaultRedisDialTimeout   = time.Second
 	DefaultRedisOpTimeout     = 500 * time.Millisecond
@@ -24,6 +26,8 @@ const (
 	DefaultIdleTimeout        = 120 * time.Second
 	DefaultPassthroughTimeout = 60 * time.Second
 	DefaultShutdownTimeout    = 30 * time.Second
+	DefaultMaxBufferedBytes   = 64 << 20
+	DefaultMaxConnections     = 1024
 	DefaultReconcileGrace     = 5 * time.Minute
 	DefaultReconcileInterval  = time.Minute
 	// DefaultMemoryLimit is the soft memory limit when neither the
@@ -51,6 +55,9 @@ func (c *Config) applyDefaults() {
 			b.SyncWrites = &t
 		}
 		setDuration(&b.GCInterval, DefaultGCInterval)
+		if b.MinFreeBytes == 0 {
+			b.MinFreeBytes = DefaultBadgerMinFreeBytes
+		}
 	}
 	if r := c.Store.Redis; r != nil {
 		setString(&r.KeyPrefix, DefaultRedisKeyPrefix)
@@ -63,6 +70,12 @@ func (c *Config) applyDefaults() {
 	setDuration(&s.IdleTimeout, DefaultIdleTimeout)
 	setDuration(&s.PassthroughTimeout, DefaultPassthroughTimeout)
 	setDuration(&s.ShutdownTimeout, DefaultShutdownTimeout)
+	if s.MaxBufferedBytes == 0 {
+		s.MaxBufferedBytes = DefaultMaxBufferedBytes
+	}
+	if s.MaxConnections == 0 {
+		s.MaxConnections = DefaultMaxConnections
+	}
 	for i := range c.Routes {
 		r := &c.Routes[i]
 		setString(&r.Policy, PolicyReserveThenCommit)
@@ -108,19 +121,25 @@ func setDuration(d *Duration, def time.Duration) {
 	}
 }
 
+// DefaultReleaseStatuses are the client errors that mean "refused before
+// any work": the upstream did nothing, so the key is released and the
+// corrected request (or a plain retry) goes through. Keeping them would make
+// a validation error (or a squatter's invalid body) the key's answer for
+// its whole TTL.
+var DefaultReleaseStatuses = []int{
+	http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound,
+	http.StatusMethodNotAllowed, http.StatusConflict, http.StatusRequestEntityTooLarge,
+	http.StatusUnsupportedMediaType, http.StatusUnprocessableEntity, http.StatusTooManyRequests,
+}
+
 // Releases reports whether an upstream answer with status releases the key
 // on route r: the route's release_statuses when set, otherwise the policy's
-// set (429, plus every 5xx under release-on-5xx).
+// set (DefaultReleaseStatuses, plus every 5xx under release-on-5xx).
 func (r *Route) Releases(status int) bool {
 	if r.ReleaseStatuses != nil {
-		for _, s := range r.ReleaseStatuses {
-			if s == status {
-				return true
-			}
-		}
-		return false
+		return slices.Contains(r.ReleaseStatuses, status)
 	}
-	if status == http.StatusTooManyRequests {
+	if slices.Contains(DefaultReleaseStatuses, status) {
 		return true
 	}
 	return r.Policy == PolicyReleaseOn5xx && status >= 500 && status <= 599

@@ -82,6 +82,15 @@ func (c *Config) Validate() error {
 	if s.DrainDelay < 0 {
 		p.add("server.drain_delay", "must not be negative")
 	}
+	if b := c.Store.Badger; b != nil && b.MinFreeBytes < 0 {
+		p.add("store.badger.min_free_bytes", "must be positive")
+	}
+	if s.MaxBufferedBytes < 0 {
+		p.add("server.max_buffered_bytes", "must be positive")
+	}
+	if s.MaxConnections < 0 {
+		p.add("server.max_connections", "must be positive")
+	}
 	if len(c.Routes) == 0 {
 		p.add("routes", "at least one route is required (requests matching no route are proxied unprotected)")
 	}
@@ -95,6 +104,9 @@ func (c *Config) Validate() error {
 		}
 		names[r.Name] = i
 		r.validate(&p, f, patterns)
+		if s.MaxBufferedBytes > 0 && r.MaxBodyBytes > s.MaxBufferedBytes {
+			p.add(f+".max_body_bytes", "%d exceeds server.max_buffered_bytes (%d): such a body could never be buffered", r.MaxBodyBytes, s.MaxBufferedBytes)
+		}
 	}
 	if len(p) > 0 {
 		return &ValidationError{Problems: p}
@@ -311,7 +323,7 @@ func (s *patternSet) add(field, pattern string) (err error) {
 			err = s.explain(pattern, fmt.Sprint(e))
 		}
 	}()
-	s.mux.Handle(pattern, http.NotFoundHandler())
+	s.mux.Handle(CanonicalPattern(pattern), http.NotFoundHandler())
 	s.fields = append(s.fields, field)
 	s.values = append(s.values, pattern)
 	return nil
@@ -334,8 +346,8 @@ func (s *patternSet) explain(pattern, msg string) error {
 func conflicts(a, b string) (conflict bool) {
 	defer func() { conflict = recover() != nil }()
 	mux := http.NewServeMux()
-	mux.Handle(a, http.NotFoundHandler())
-	mux.Handle(b, http.NotFoundHandler())
+	mux.Handle(CanonicalPattern(a), http.NotFoundHandler())
+	mux.Handle(CanonicalPattern(b), http.NotFoundHandler())
 	return false
 }
 
@@ -463,4 +475,21 @@ func (k Key) Spec() keyextract.Spec {
 		src = keyextract.Source{Kind: keyextract.Path, Name: k.Path}
 	}
 	return keyextract.Spec{Parts: []keyextract.Source{src}}
+}
+
+// CanonicalPattern lower-cases the host of a ServeMux pattern
+// ("POST API.example.com./charges") and drops its final dot, so that it
+// matches the canonical host of a request. The proxy registers patterns
+// in this form, and validation checks them for conflicts in it.
+func CanonicalPattern(pattern string) string {
+	method, rest := "", pattern
+	if i := strings.IndexAny(pattern, " \t"); i >= 0 {
+		method, rest = pattern[:i+1], strings.TrimLeft(pattern[i+1:], " \t")
+	}
+	slash := strings.IndexByte(rest, '/')
+	if slash <= 0 {
+		return pattern // no host
+	}
+	host := strings.ToLower(strings.TrimRight(rest[:slash], "."))
+	return method + host + rest[slash:]
 }

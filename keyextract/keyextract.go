@@ -171,7 +171,10 @@ func (src Source) value(r *http.Request, body []byte) (string, error) {
 		if b := bytes.TrimLeft(body, " \t\r\n"); b[0] != '{' && b[0] != '[' {
 			return "", &Error{Source: src, Err: ErrMissing}
 		}
-		res := gjson.GetBytes(body, src.Name)
+		res, ambiguous := lookupFold(gjson.ParseBytes(body), src.Name)
+		if ambiguous {
+			return "", &Error{Source: src, Err: ErrInvalid, Reason: "a name on the path appears in more than one letter case"}
+		}
 		switch res.Type {
 		case gjson.String:
 			if res.Str == "" {
@@ -190,6 +193,41 @@ func (src Source) value(r *http.Request, body []byte) (string, error) {
 		}
 	}
 	return "", &Error{Source: src, Err: ErrInvalid, Reason: "unknown source"}
+}
+
+// lookupFold finds path in v, matching object member names as many
+// upstreams decode them: case-insensitively (Go's encoding/json takes
+// "OrderId" for a field orderId). A name whose only match differs in case
+// is that member, so a request is never forwarded as "missing a key" that
+// the upstream reads; a name matched by more than one member (orderId and
+// OrderId) is ambiguous, since upstreams differ in which one they take.
+func lookupFold(v gjson.Result, path string) (res gjson.Result, ambiguous bool) {
+	for name := range strings.SplitSeq(path, ".") {
+		switch {
+		case v.IsObject():
+			var found gjson.Result
+			n := 0
+			v.ForEach(func(k, val gjson.Result) bool {
+				if strings.EqualFold(k.Str, name) {
+					found = val
+					n++
+				}
+				return n < 2
+			})
+			if n > 1 {
+				return gjson.Result{}, true
+			}
+			v = found
+		case v.IsArray():
+			v = v.Get(name) // an index; a name is not found
+		default:
+			return gjson.Result{}, false
+		}
+		if !v.Exists() {
+			return gjson.Result{}, false
+		}
+	}
+	return v, false
 }
 
 func checkKey(src Source, key string) error {

@@ -19,7 +19,7 @@ func (p *Proxy) finish(a *attempt) {
 	attrs := append(make([]slog.Attr, 0, 8), // on the stack: room for every attribute
 		slog.String("route", route),
 		slog.String("method", a.in.Method),
-		slog.String("path", a.in.URL.Path),
+		slog.String("path", a.loggedPath()),
 		slog.String("outcome", string(a.outcome)),
 		slog.Int("status", a.status),
 		slog.Float64("duration_ms", float64(d.Microseconds())/1000))
@@ -30,4 +30,13 @@ func (p *Proxy) finish(a *attempt) {
 		attrs = append(attrs, slog.String("key_hash", keyHash(a.storeKey)))
 	}
 	p.log.LogAttrs(ctx, slog.LevelInfo, "request", attrs...)
+}
+
+// loggedPath is the request's path as the client sent it, also when it was
+// matched in cleaned form.
+func (a *attempt) loggedPath() string {
+	if u := a.sentURL(); u != nil {
+		return u.EscapedPath()
+	}
+	return a.in.URL.Path
 }

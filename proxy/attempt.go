@@ -27,9 +27,13 @@ type attempt struct {
 	start  time.Time
 	series *routeSeries
 
+	held     int64 // bytes of the buffered-bytes budget held by the body
 	storeKey string
 	token    string // empty: the request is not protected by a reservation
-	settled  bool
+	// reservedAt is when the reservation was asked for: its lease runs
+	// from (at the earliest) then.
+	reservedAt time.Time
+	settled    bool
 
 	outcome    Outcome
 	status     int
@@ -78,6 +82,7 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 		return
 	}
 	defer p.active.leave()
+	defer func() { p.budget.give(a.held) }()
 
 	body, ok := a.readBody(w, cfg.MaxBodyBytes)
 	if !ok {
@@ -122,7 +127,19 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 	}
 	var scope string
 	if h := cfg.Scope.Header; h != "" {
-		if scope = r.Header.Get(h); scope == "" {
+		vs := r.Header.Values(h)
+		if len(vs) > 1 {
+			// Scoped by which one? Each client must be one key space.
+			if a.observe(w, body, WouldBadRequest) {
+				return
+			}
+			a.problem(w, OutcomeBadRequest, probInvalidScope, "the "+h+" header is repeated", 0, nil)
+			return
+		}
+		if len(vs) == 1 {
+			scope = vs[0]
+		}
+		if scope == "" {
 			if a.observe(w, body, WouldBadRequest) {
 				return
 			}
@@ -138,6 +155,7 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 		// reservation and the forward run to the end, and the answer is
 		// stored for its retry.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), storeTimeout)
+		a.reservedAt = time.Now()
 		rec, err := p.store.Reserve(rctx, a.storeKey, res)
 		cancel()
 		if err != nil {
@@ -207,11 +225,33 @@ func (a *attempt) readBody(w http.ResponseWriter, limit int64) ([]byte, bool) {
 	if r.ContentLength > limit {
 		return tooLarge()
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	var src io.Reader = http.MaxBytesReader(w, r.Body, limit)
+	b := &a.p.budget
+	if r.ContentLength >= 0 {
+		if !b.take(r.ContentLength) {
+			return a.overloaded(w)
+		}
+		a.held = r.ContentLength
+	} else {
+		src = &budgetReader{r: src, b: b, held: &a.held}
+	}
+	var body []byte
+	var err error
+	if r.ContentLength > 0 {
+		// Exactly the announced size, in one allocation: io.ReadAll's
+		// doubling would hold up to twice the budgeted bytes.
+		body = make([]byte, r.ContentLength)
+		_, err = io.ReadFull(src, body)
+	} else {
+		body, err = io.ReadAll(src)
+	}
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			return tooLarge()
+		}
+		if errors.Is(err, errOverBudget) {
+			return a.overloaded(w)
 		}
 		a.problem(w, OutcomeBadRequest, probUnreadableBody, err.Error(), 0, nil)
 		return nil, false
@@ -219,10 +259,25 @@ func (a *attempt) readBody(w http.ResponseWriter, limit int64) ([]byte, bool) {
 	return body, true
 }
 
+// overloaded answers a request whose body does not fit the budget of
+// buffered bytes: nothing was stored or forwarded, the retry may fit.
+func (a *attempt) overloaded(w http.ResponseWriter) ([]byte, bool) {
+	a.p.log.Warn("request refused: too many request bytes buffered at once", "route", a.routeName())
+	a.problem(w, OutcomeOverloaded, probOverloaded, "the proxy is buffering too many requests at once; retry later", 1, nil)
+	return nil, false
+}
+
 // releaseLater releases a reservation that may or may not exist, in the
 // background; the owner token makes that safe.
 func (p *Proxy) releaseLater(key, token string) {
 	release := func() {
+		// In the background nothing would catch a panicking store: the
+		// whole process would go.
+		defer func() {
+			if e := recover(); e != nil {
+				p.log.Error("store panicked releasing a key", "key_hash", keyHash(key), "panic", fmt.Sprint(e))
+			}
+		}()
 		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 		defer cancel()
 		p.store.Release(ctx, key, token)

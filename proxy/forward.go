@@ -35,7 +35,7 @@ func (p *Proxy) forward(w http.ResponseWriter, a *attempt, body []byte) {
 	// were complete.
 	ctx = context.WithValue(ctx, http.ServerContextKey, a.in.Context().Value(http.ServerContextKey))
 	out := a.in.WithContext(a.traced(context.WithValue(ctx, attemptKey{}, a)))
-	if sent, ok := a.in.Context().Value(sentURLKey{}).(*url.URL); ok {
+	if sent := a.sentURL(); sent != nil {
 		out.URL = sent // matched in cleaned form, forwarded as sent
 	}
 	out.ContentLength = int64(len(body))
@@ -72,7 +72,59 @@ func (a *attempt) commit(status int, header http.Header, body []byte, stored boo
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
-	a.settleErr("commit", a.p.store.Commit(ctx, a.storeKey, a.token, resp, a.rt.cfg.TTL.D()))
+	err := a.p.store.Commit(ctx, a.storeKey, a.token, resp, a.rt.cfg.TTL.D())
+	if err != nil && !errors.Is(err, ErrNotOwner) && a.p.retryCommit(a, resp) {
+		a.outcome = OutcomeStoreError // counted now: the answer is not settled yet
+		return
+	}
+	a.settleErr("commit", err)
+}
+
+// retryCommit keeps trying, in the background, to commit an answer whose
+// commit failed (a stalled store, op_timeout), as long as the reservation's
+// lease holds: a commit that gives up at once leaves the key in doubt for
+// its whole TTL although its answer is known. It reports whether the retry
+// was started.
+func (p *Proxy) retryCommit(a *attempt, resp Response) bool {
+	until := a.reservedAt.Add(a.rt.cfg.Lease.D())
+	if time.Until(until) <= 0 || !p.active.enter() {
+		return false
+	}
+	key, token, ttl, route := a.storeKey, a.token, a.rt.cfg.TTL.D(), a.routeName()
+	p.log.Warn("commit failed; retrying while the lease holds", "route", route, "key_hash", keyHash(key), "until", until)
+	go func() {
+		defer p.active.leave()
+		delay := 50 * time.Millisecond
+		for {
+			wait := time.NewTimer(min(delay, max(time.Until(until), 0)))
+			select {
+			case <-p.life.Done(): // past the shutdown deadline
+				wait.Stop()
+				p.log.Error("commit not retried: shutting down; the key will be in doubt when its lease ends",
+					"route", route, "key_hash", keyHash(key))
+				return
+			case <-wait.C:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), min(storeTimeout, max(time.Until(until), time.Millisecond)))
+			err := p.store.Commit(ctx, key, token, resp, ttl)
+			cancel()
+			switch {
+			case err == nil:
+				p.log.Info("commit succeeded on retry", "route", route, "key_hash", keyHash(key))
+				return
+			case errors.Is(err, ErrNotOwner):
+				p.log.Warn("reservation was taken over before it settled; left to its new owner",
+					"route", route, "operation", "commit", "key_hash", keyHash(key))
+				return
+			case !time.Now().Before(until):
+				p.log.Error("store failed to settle a key; it will be in doubt when its lease ends",
+					"route", route, "operation", "commit", "key_hash", keyHash(key), "err", err)
+				return
+			}
+			delay = min(delay*2, time.Second)
+		}
+	}()
+	return true
 }
 
 func (a *attempt) release() {
@@ -123,6 +175,14 @@ func (p *Proxy) reverseProxy(up *url.URL, rt *route) *httputil.ReverseProxy {
 		BufferPool:   copyBuffers,
 	}
 	if rt != nil {
+		// The body was buffered before the request is forwarded: the client
+		// already got its 100 Continue, and a second one (the upstream's,
+		// passed on) would be read as the final answer's prelude twice.
+		rewrite := rp.Rewrite
+		rp.Rewrite = func(pr *httputil.ProxyRequest) {
+			rewrite(pr)
+			pr.Out.Header.Del("Expect")
+		}
 		rp.Transport = p.protected
 		rp.ModifyResponse = p.upstreamResponse
 	}
@@ -139,7 +199,7 @@ func (p *Proxy) upstreamResponse(resp *http.Response) error {
 	if a.token == "" {
 		return nil
 	}
-	if a.rt.cfg.Releases(resp.StatusCode) {
+	if a.rt.cfg.Releases(resp.StatusCode) || (a.sentURL() != nil && notServed(resp.StatusCode)) {
 		a.release()
 		return nil
 	}
@@ -176,6 +236,22 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, out *http.Request, err erro
 		}
 	}
 	a.problem(w, outcome, prob, detail, 0, nil)
+}
+
+// sentURL returns the URL the request was sent with when it was matched in
+// cleaned form ("/charges/" for "/charges"), nil when it was matched as sent.
+func (a *attempt) sentURL() *url.URL {
+	u, _ := a.in.Context().Value(sentURLKey{}).(*url.URL)
+	return u
+}
+
+// notServed reports whether an answer to a request matched in cleaned form
+// shows that the upstream did not serve the route for the path as sent: not
+// found, method not allowed, or a redirect (to the canonical path). Stored,
+// it would be replayed for the whole TTL to the correct request under the
+// same key.
+func notServed(status int) bool {
+	return status == http.StatusNotFound || status == http.StatusMethodNotAllowed || (status >= 300 && status <= 399)
 }
 
 func (a *attempt) upstreamDone(code string) {

@@ -30,6 +30,8 @@ type env struct {
 	p     *proxy.Proxy
 	store *badger.Store
 	reg   *prometheus.Registry
+	// log, when set before start, receives the proxy's log (JSON).
+	log io.Writer
 }
 
 // newEnv starts the stub and a proxy whose configuration is routes (the
@@ -44,9 +46,14 @@ func newEnv(t *testing.T, routes string) *env {
 }
 
 func (e *env) start(upstream, routes string) {
+	e.t.Helper()
+	e.startConfig(parseConfig(e.t, upstream, routes))
+}
+
+// startConfig starts a proxy serving cfg on a new Badger store.
+func (e *env) startConfig(cfg *config.Config) {
 	t := e.t
 	t.Helper()
-	cfg := parseConfig(t, upstream, routes)
 	st, err := badger.Open(badger.Options{Dir: t.TempDir(), SyncWrites: true})
 	if err != nil {
 		t.Fatal(err)
@@ -54,7 +61,11 @@ func (e *env) start(upstream, routes string) {
 	e.store = st
 	t.Cleanup(func() { st.Close() })
 	e.reg = prometheus.NewRegistry()
-	e.p, err = proxy.New(cfg, proxy.Options{Store: st, StoreName: "badger", Metrics: proxy.NewMetrics(e.reg)})
+	logger := slog.New(slog.DiscardHandler)
+	if e.log != nil {
+		logger = slog.New(slog.NewJSONHandler(e.log, nil))
+	}
+	e.p, err = proxy.New(cfg, proxy.Options{Store: st, StoreName: "badger", Metrics: proxy.NewMetrics(e.reg), Logger: logger})
 	if err != nil {
 		t.Fatal(err)
 	}

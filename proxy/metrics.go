@@ -24,12 +24,13 @@ const (
 	OutcomeBadRequest  Outcome = "bad_request" // 400 or 413
 	OutcomeUnprotected Outcome = "unprotected" // forwarded without a key (on_missing_key: forward)
 	OutcomeStoreError  Outcome = "store_error" // the store failed: 503, or forwarded under on_store_error: forward
+	OutcomeOverloaded  Outcome = "overloaded"  // 503: the body did not fit the buffered-bytes budget
 	OutcomePassthrough Outcome = "passthrough" // no route matched
 )
 
 // Outcomes lists every outcome, in documentation order.
 var Outcomes = []Outcome{OutcomeCommitted, OutcomeReplayed, OutcomeReleased, OutcomeInDoubt, OutcomeConflict,
-	OutcomeDuplicate, OutcomeMismatch, OutcomeBadRequest, OutcomeUnprotected, OutcomeStoreError, OutcomePassthrough}
+	OutcomeDuplicate, OutcomeMismatch, OutcomeBadRequest, OutcomeUnprotected, OutcomeStoreError, OutcomeOverloaded, OutcomePassthrough}
 
 // Metrics are the proxy's Prometheus collectors.
 type Metrics struct {

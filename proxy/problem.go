@@ -24,6 +24,7 @@ var (
 	probInvalidKey       = problem{"invalid-key", http.StatusBadRequest, "Idempotency key invalid"}
 	probInvalidJSON      = problem{"invalid-json", http.StatusBadRequest, "Request body is not valid JSON"}
 	probMissingScope     = problem{"missing-scope", http.StatusBadRequest, "Scope header missing"}
+	probInvalidScope     = problem{"invalid-scope", http.StatusBadRequest, "Scope header invalid"}
 	probUnreadableBody   = problem{"unreadable-body", http.StatusBadRequest, "Request body could not be read"}
 	probBodyTooLarge     = problem{"body-too-large", http.StatusRequestEntityTooLarge, "Request body too large"}
 	probInFlight         = problem{"request-in-flight", http.StatusConflict, "A request with this key is being processed"}
@@ -35,6 +36,7 @@ var (
 	probUpstreamReset    = problem{"upstream-reset", http.StatusBadGateway, "Upstream connection lost before an answer"}
 	probUpstreamTimeout  = problem{"upstream-timeout", http.StatusGatewayTimeout, "Upstream did not answer in time"}
 	probStoreUnavailable = problem{"store-unavailable", http.StatusServiceUnavailable, "Idempotency store unavailable"}
+	probOverloaded       = problem{"overloaded", http.StatusServiceUnavailable, "Proxy overloaded"}
 	probShuttingDown     = problem{"shutting-down", http.StatusServiceUnavailable, "Proxy shutting down"}
 )
 
@@ -45,9 +47,9 @@ func Problems() []struct {
 	Status int
 	Title  string
 } {
-	all := []problem{probMissingKey, probInvalidKey, probInvalidJSON, probMissingScope, probUnreadableBody,
+	all := []problem{probMissingKey, probInvalidKey, probInvalidJSON, probMissingScope, probInvalidScope, probUnreadableBody,
 		probBodyTooLarge, probInFlight, probInDoubt, probDuplicate, probNotReplayable, probMismatch,
-		probUpstreamDown, probUpstreamReset, probUpstreamTimeout, probStoreUnavailable, probShuttingDown}
+		probUpstreamDown, probUpstreamReset, probUpstreamTimeout, probStoreUnavailable, probOverloaded, probShuttingDown}
 	out := make([]struct {
 		Name   string
 		Status int

@@ -54,6 +54,7 @@ type Proxy struct {
 	transport http.RoundTripper // passthrough
 	protected http.RoundTripper // routes: never resends
 	table     atomic.Pointer[table]
+	budget    budget // request bytes buffered at once
 
 	// life is the parent of every upstream request's context: Abort
 	// cancels it, which turns the requests still waiting for an answer in
@@ -186,6 +187,7 @@ func (p *Proxy) Reload(cfg *config.Config) error {
 		p.m.rec.initRoute(rc)
 		t.reconciles = t.reconciles || rc.Reconcile != nil
 	}
+	p.budget.limit.Store(cfg.Server.MaxBufferedBytes)
 	p.table.Store(t)
 	return nil
 }
@@ -196,7 +198,7 @@ func register(mux *http.ServeMux, pattern string, h http.Handler) (err error) {
 			err = fmt.Errorf("%v", e)
 		}
 	}()
-	mux.Handle(pattern, h)
+	mux.Handle(config.CanonicalPattern(pattern), h)
 	return nil
 }
 
@@ -208,8 +210,16 @@ func register(mux *http.ServeMux, pattern string, h http.Handler) (err error) {
 // (with and without a trailing slash), since many upstreams treat them as
 // one endpoint: the request is protected by that route and forwarded as
 // sent. Paths are matched case-sensitively.
+//
+// Host names are matched as DNS names are: case-insensitively, with a final
+// dot ignored and on any port ("API.Example.COM.:8080" is api.example.com).
 func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	t := p.table.Load()
+	orig := r
+	if h := canonicalHost(r.Host); h != r.Host {
+		r = r.Clone(r.Context())
+		r.Host = h
+	}
 	if t.matches(r) {
 		t.mux.ServeHTTP(w, r) // sets the path wildcards, then serveRoute
 		return
@@ -231,7 +241,17 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	p.servePassthrough(w, r, t)
+	p.servePassthrough(w, orig, t)
+}
+
+// canonicalHost returns a Host header as a host pattern is written: lower
+// case, without a port and without the final dot of a fully qualified name.
+func canonicalHost(h string) string {
+	if i := strings.LastIndexByte(h, ':'); i >= 0 && !strings.Contains(h[i:], "]") {
+		h = h[:i] // a port ("[::1]:80" keeps "[::1]")
+	}
+	h = strings.TrimRight(h, ".") // "api.example.com.." is no other name either
+	return strings.ToLower(h)
 }
 
 // sentURLKey carries the URL a request was sent with when it was matched

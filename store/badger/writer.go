@@ -108,7 +108,7 @@ func (w *writer) applyOnce(batch []*op) []*op {
 		txn := w.db.NewTransaction(true)
 		n, failed := 0, false
 		for n < len(batch) {
-			err := batch[n].fn(txn)
+			err := recovered(func() error { return batch[n].fn(txn) })
 			if err == nil {
 				n++
 				continue
@@ -137,7 +137,7 @@ func (w *writer) applyOnce(batch []*op) []*op {
 			return rest
 		}
 		w.exclusive.Lock()
-		err := w.commit(txn)
+		err := recovered(func() error { return w.commit(txn) })
 		txn.Discard()
 		if err == nil && w.syncWrites && slices.ContainsFunc(batch, func(o *op) bool { return o.sync }) {
 			if err = w.sync(); err != nil {
@@ -157,4 +157,18 @@ func (w *writer) applyOnce(batch []*op) []*op {
 		}
 		return nil
 	}
+}
+
+// recovered runs fn and turns a panic into its error. A Badger that failed
+// to rotate its memtable (its directory removed, no file descriptors left)
+// panics on a nil memtable in the next transaction; in the writer goroutine
+// that panic would end the process, while as an error it fails only the
+// batch's callers (and the Guard reopens the store).
+func recovered(fn func() error) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("badger: panic: %v", p)
+		}
+	}()
+	return fn()
 }

@@ -90,6 +90,7 @@ type Store struct {
 	// Sentinel), whose node must not be a Cluster node.
 	single        bool
 	checkEviction bool
+	clock         redisClock // for reservation deadlines (deadline.go)
 }
 
 var _ proxy.Store = (*Store)(nil)
@@ -195,9 +196,16 @@ func (s *Store) Reserve(ctx context.Context, key string, res proxy.Reservation) 
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.opTimeout)
 	defer cancel()
-	v, err := s.pipe.run(ctx, reserveScript, []string{s.prefix + key},
-		res.Token, res.Fingerprint, millis(res.Lease), millis(res.TTL)).Slice()
+	deadline, err := s.deadline(ctx)
 	if err != nil {
+		return nil, fmt.Errorf("redis store: reserve: %w", err)
+	}
+	v, err := s.pipe.run(ctx, reserveScript, []string{s.prefix + key},
+		res.Token, res.Fingerprint, millis(res.Lease), millis(res.TTL), deadline).Slice()
+	if err != nil {
+		if strings.Contains(err.Error(), lateReply) {
+			err = errReserveLate
+		}
 		return nil, fmt.Errorf("redis store: reserve: %w", err)
 	}
 	rec, err := decodeRecord(v)

@@ -20,7 +20,11 @@ return {0, f[1], f[2], f[3], f[4], f[5], f[6], redis.call('PTTL', KEYS[1]), now}
 // reserveScript creates an in-flight record when the key is free.
 //
 //	KEYS[1] record key
-//	ARGV    token, fingerprint, lease ms, ttl ms
+//	ARGV    token, fingerprint, lease ms, ttl ms, deadline (Unix ms, Redis
+//	        clock; optional)
+//
+// Past the deadline it changes nothing and returns the error IDEMPROXY_LATE:
+// its caller has stopped waiting (see deadline.go).
 //
 // It returns {1} when the caller owns the key: the record was created, or it
 // is a live in-flight reservation carrying the caller's token (the caller's
@@ -28,6 +32,9 @@ return {0, f[1], f[2], f[3], f[4], f[5], f[6], redis.call('PTTL', KEYS[1]), now}
 // network errors, and this check is what makes that retry safe). Otherwise it
 // returns {0, st, tok, fp, cr, le, resp, pttl, now} and changes nothing.
 var reserveScript = goredis.NewScript(nowMillis + `
+if ARGV[5] and now > tonumber(ARGV[5]) then
+  return redis.error_reply('IDEMPROXY_LATE reservation past its deadline')
+end
 if redis.call('EXISTS', KEYS[1]) == 0 then
   redis.call('HSET', KEYS[1], 'st', 'in_flight', 'tok', ARGV[1], 'fp', ARGV[2],
     'cr', string.format('%d', now), 'le', string.format('%d', now + tonumber(ARGV[3])))

@@ -1,0 +1,377 @@
+package proxy_test
+
+import (
+	"bufio"
+	"bytes"
+	"github.com/idemproxy/idemproxy/store/badger"
+	"log/slog"
+	"net"
+	"net/http/httptest"
+	"os"
+	"sync"
+	"time"
+
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/idemproxy/idemproxy/upstream-stub/stub"
+
+	"github.com/idemproxy/idemproxy/proxy"
+)
+
+// hostPost sends a charge with the given Host header.
+func (e *env) hostPost(host, body string) answer {
+	e.t.Helper()
+	req, err := http.NewRequest("POST", e.srv.URL+"/charges", strings.NewReader(body))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	req.Host = host
+	resp, err := e.srv.Client().Do(req)
+	if err != nil {
+		return answer{err: err}
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return answer{status: resp.StatusCode, header: resp.Header, body: b, err: err}
+}
+
+// TestHostPatternsMatchAsDNSNames: a host-bound route protects its host
+// however the client spells it; before, "API.EXAMPLE.COM" and
+// "api.example.com." passed through unprotected and were charged each time.
+func TestHostPatternsMatchAsDNSNames(t *testing.T) {
+	for _, pattern := range []string{"POST api.example.com/charges", "POST API.Example.com./charges"} {
+		e := newEnv(t, fmt.Sprintf(`
+  - name: charges
+    match: %s
+    key: {json: orderId}
+`, pattern))
+		for i, host := range []string{"api.example.com", "API.EXAMPLE.COM", "api.example.com.", "api.example.com:8080", "Api.Example.Com.:443"} {
+			order := fmt.Sprintf("ORD-H%d", i)
+			for range 3 {
+				a := e.hostPost(host, fmt.Sprintf(`{"orderId": %q, "amount": 1}`, order))
+				if a.status != 201 {
+					t.Fatalf("%s, Host %s: %s", pattern, host, a)
+				}
+			}
+			if got := e.charges(order); got != 1 {
+				t.Errorf("%s, Host %q: charged %d times, want 1", pattern, host, got)
+			}
+		}
+		// Another host is not this route's.
+		e.hostPost("other.example.com", `{"orderId": "ORD-OTHER", "amount": 1}`)
+		e.hostPost("other.example.com", `{"orderId": "ORD-OTHER", "amount": 1}`)
+		if got := e.charges("ORD-OTHER"); got != 2 {
+			t.Errorf("%s: another host charged %d times, want 2 (passthrough)", pattern, got)
+		}
+	}
+}
+
+// TestRepeatedScopeHeader: two scope values are a 400, never scoped by
+// the first (eve's request in alice's key space, or the reverse).
+func TestRepeatedScopeHeader(t *testing.T) {
+	e := newEnv(t, `
+  - name: charges
+    match: POST /charges
+    key: {json: orderId}
+    scope: {header: X-Api-Key}
+`)
+	a := e.charge(`"ORD-S"`, 1, "X-Api-Key", "eve", "X-Api-Key", "alice")
+	wantStatus(t, "repeated scope", a, 400, "invalid-scope")
+	if got := e.charges("ORD-S"); got != 0 {
+		t.Errorf("charged %d times, want 0", got)
+	}
+	wantStatus(t, "one scope", e.charge(`"ORD-S"`, 1, "X-Api-Key", "alice"), 201, "")
+}
+
+// TestValidationErrorIsReleased: an upstream 400 ("amount must be greater
+// than zero") keeps nothing, so the corrected request under the same key
+// is charged, not a 422 for the key's whole TTL.
+func TestValidationErrorIsReleased(t *testing.T) {
+	e := newEnv(t, chargesByOrder)
+	wantStatus(t, "amount 0", e.charge(`"ORD-V"`, 0), 400, "")
+	if st := e.state("charges", "", "ORD-V"); st != "" {
+		t.Errorf("after the upstream's 400 the key is %q, want released", st)
+	}
+	wantStatus(t, "corrected", e.charge(`"ORD-V"`, 10), 201, "")
+	wantStatus(t, "retry", e.charge(`"ORD-V"`, 10), 201, "")
+	if got := e.charges("ORD-V"); got != 1 {
+		t.Errorf("charged %d times, want 1", got)
+	}
+	if got := e.outcomes("charges", proxy.OutcomeReleased); got != 1 {
+		t.Errorf("released = %d, want 1", got)
+	}
+}
+
+// TestKeyNameInAnotherCase: with on_missing_key: forward, {"OrderId": "X"}
+// is read as the key (a Go upstream decodes it as orderId), not forwarded
+// unprotected on every retry.
+func TestKeyNameInAnotherCase(t *testing.T) {
+	e := newEnv(t, `
+  - name: charges
+    match: POST /charges
+    key: {json: orderId}
+    on_missing_key: forward
+`)
+	for range 3 {
+		e.do("POST", "/charges", `{"OrderId": "ORD-C", "amount": 5}`)
+	}
+	if got := e.charges("ORD-C"); got != 1 {
+		t.Errorf("charged %d times, want 1", got)
+	}
+	a := e.do("POST", "/charges", `{"orderId": "ORD-D", "OrderId": "ORD-E", "amount": 5}`)
+	wantStatus(t, "two cases", a, 400, "invalid-json")
+	if got := e.totalCharges(); got != 1 {
+		t.Errorf("total charges %d, want 1", got)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the proxy's concurrent log writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestRewrittenPathAnswerIsNotKept: a request matched in cleaned form that
+// the upstream did not serve for its path (the stub's mux answers 404 for
+// /charges/ and redirects //charges) must not settle the key: the client's
+// correct POST /charges is then charged, not answered with that 404 or
+// redirect for 24 h. The access log shows the path as sent.
+func TestRewrittenPathAnswerIsNotKept(t *testing.T) {
+	for i, raw := range []string{"/charges/", "//charges", "/./charges", "/charges%2F"} {
+		t.Run(raw, func(t *testing.T) {
+			var log syncBuffer
+			e := &env{t: t, log: &log}
+			e.stub = httptest.NewServer(stub.New(slog.New(slog.DiscardHandler)))
+			t.Cleanup(e.stub.Close)
+			// release_statuses without 404: the rule holds whatever the set.
+			e.start(e.stub.URL, chargesByOrder+"    release_statuses: [429]\n")
+			order := fmt.Sprintf("ORD-P%d", i)
+			body := fmt.Sprintf(`{"orderId": %q, "amount": 1}`, order)
+			resp := rawExchange(t, e.srv.Listener.Addr().String(), fmt.Sprintf(
+				"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+				raw, len(body), body))
+			if resp.StatusCode != 404 && resp.StatusCode/100 != 3 {
+				t.Fatalf("the stub answered %s for %s; the test needs a 404 or a redirect", resp.Status, raw)
+			}
+			if st := e.state("charges", "", order); st != "" {
+				t.Errorf("after %d for %s the key is %q, want released", resp.StatusCode, raw, st)
+			}
+			a := e.do("POST", "/charges", body)
+			if a.status != 201 || a.replayed() {
+				t.Errorf("the correct request after %s: got %s (replayed %v), want a fresh 201", raw, a, a.replayed())
+			}
+			if got := e.charges(order); got != 1 {
+				t.Errorf("charged %d times, want 1", got)
+			}
+			if !strings.Contains(log.String(), fmt.Sprintf(`"path":%q`, raw)) {
+				t.Errorf("access log does not show the path as sent (%s):\n%s", raw, log.String())
+			}
+		})
+	}
+}
+
+// rawExchange writes req byte for byte to addr and returns the final
+// answer.
+func rawExchange(t *testing.T, addr, req string) *http.Response {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if _, err := io.WriteString(conn, req); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp
+}
+
+// TestExpectContinueOnce: the client gets exactly one 100 Continue, the
+// proxy's; before, the upstream's was passed on as a second one.
+func TestExpectContinueOnce(t *testing.T) {
+	e := newEnv(t, chargesByOrder)
+	conn, err := net.Dial("tcp", e.srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := `{"orderId": "ORD-X", "amount": 1}`
+	fmt.Fprintf(conn, "POST /charges HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\nExpect: 100-continue\r\nConnection: close\r\n\r\n", len(body))
+	br := bufio.NewReader(conn)
+	line, err := br.ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "HTTP/1.1 100") {
+		t.Fatalf("first line %q (%v), want a 100 Continue", line, err)
+	}
+	io.WriteString(conn, body)
+	rest, _ := io.ReadAll(br)
+	all := line + string(rest)
+	if n := strings.Count(all, "HTTP/1.1 100"); n != 1 {
+		t.Errorf("got %d 100 Continue answers, want 1:\n%s", n, all)
+	}
+	if !strings.Contains(all, "HTTP/1.1 201") {
+		t.Errorf("no 201:\n%s", all)
+	}
+}
+
+// holdGate is an upstream in front of the stub that holds every request sent
+// with X-Hold until opened, and counts the requests it holds.
+type holdGate struct {
+	open    chan struct{}
+	arrived chan struct{}
+}
+
+func newHoldGate(t *testing.T) (*holdGate, *httptest.Server) {
+	g := &holdGate{open: make(chan struct{}), arrived: make(chan struct{}, 100)}
+	st := stub.New(slog.New(slog.DiscardHandler))
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Hold") != "" {
+			g.arrived <- struct{}{}
+			<-g.open
+		}
+		st.ServeHTTP(w, r)
+	}))
+	t.Cleanup(up.Close)
+	t.Cleanup(func() {
+		select {
+		case <-g.open:
+		default:
+			close(g.open)
+		}
+	})
+	return g, up
+}
+
+// bigCharge is a charge body of about size bytes.
+func bigCharge(order string, size int) string {
+	return fmt.Sprintf(`{"orderId": %q, "amount": 1, "note": %q}`, order, strings.Repeat("x", size))
+}
+
+// TestBufferedBytesBudget: while two 600 KiB bodies wait for a slow
+// upstream, a third does not fit server.max_buffered_bytes (1.5 MiB): it is
+// a 503 with Retry-After, nothing stored or forwarded, and goes through once
+// the others are done. Bodies of unknown length (chunked) count too.
+func TestBufferedBytesBudget(t *testing.T) {
+	for _, chunked := range []bool{false, true} {
+		t.Run(fmt.Sprintf("chunked=%v", chunked), func(t *testing.T) {
+			g, up := newHoldGate(t)
+			e := &env{t: t, stub: up}
+			cfg := parseConfig(t, up.URL, chargesByOrder)
+			cfg.Server.MaxBufferedBytes = 1536 << 10
+			e.startConfig(cfg)
+			post := func(order string, hold bool) answer {
+				body := bigCharge(order, 600<<10)
+				var rd io.Reader = strings.NewReader(body)
+				if chunked {
+					rd = io.MultiReader(rd) // no length: sent chunked
+				}
+				req, _ := http.NewRequest("POST", e.srv.URL+"/charges", rd)
+				if hold {
+					req.Header.Set("X-Hold", "1")
+				}
+				resp, err := e.srv.Client().Do(req)
+				if err != nil {
+					return answer{err: err}
+				}
+				defer resp.Body.Close()
+				b, _ := io.ReadAll(resp.Body)
+				return answer{status: resp.StatusCode, header: resp.Header, body: b}
+			}
+			held := make(chan answer, 2)
+			for _, o := range []string{"ORD-B1", "ORD-B2"} {
+				go func() { held <- post(o, true) }()
+			}
+			<-g.arrived
+			<-g.arrived
+			a := post("ORD-B3", false)
+			wantStatus(t, "third body", a, 503, "overloaded")
+			if a.header.Get("Retry-After") == "" {
+				t.Errorf("503 overloaded without Retry-After")
+			}
+			if st := e.state("charges", "", "ORD-B3"); st != "" {
+				t.Errorf("refused request left its key %q", st)
+			}
+			close(g.open)
+			for range 2 {
+				if a := <-held; a.status != 201 {
+					t.Errorf("held request: %s", a)
+				}
+			}
+			wantStatus(t, "third body, retried", post("ORD-B3", false), 201, "")
+			if got := e.totalCharges(); got != 3 {
+				t.Errorf("charges = %d, want 3", got)
+			}
+			if got := e.outcomes("charges", proxy.OutcomeOverloaded); got != 1 {
+				t.Errorf("overloaded = %d, want 1", got)
+			}
+		})
+	}
+}
+
+// TestBrokenStoreDoesNotCrash: Badger with its data directory removed
+// fails to rotate its memtable and then panics (nil memtable) in every
+// transaction: in the request's goroutine for reads, in the store's
+// group-commit writer for writes, and so also under the background release
+// of a failed reservation, where nothing but the store or the proxy can
+// catch it. The proxy must answer, not die, even on a bare (unguarded)
+// Badger store.
+func TestBrokenStoreDoesNotCrash(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(201)
+		w.Write(make([]byte, 8<<10)) // stored in Badger's memtable: fills it fast
+	}))
+	t.Cleanup(up.Close)
+	e := &env{t: t, stub: up}
+	cfg := parseConfig(t, up.URL, chargesByOrder)
+	dir := t.TempDir()
+	st, err := badger.Open(badger.Options{Dir: dir, SyncWrites: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Not closed: a Badger that lost its directory hangs in Close.
+	e.p, err = proxy.New(cfg, proxy.Options{Store: st, StoreName: "badger"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.srv = httptest.NewServer(e.p)
+	t.Cleanup(e.srv.Close)
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	failed := 0
+	for i := 0; i < 3000 && failed < 30; i++ {
+		a := e.charge(fmt.Sprintf(`"ORD-BROKEN-%d"`, i), 1)
+		if a.err != nil || a.status != 201 {
+			failed++
+		}
+	}
+	if failed == 0 {
+		t.Fatal("the store never failed; the test proves nothing")
+	}
+	// Still alive and answering: the background releases have run.
+	time.Sleep(100 * time.Millisecond)
+	a := e.charge(`"ORD-BROKEN-LAST"`, 1)
+	if a.err == nil && a.status != 503 && a.status != 201 {
+		t.Errorf("after the store broke: %s, want 503 store-unavailable", a)
+	}
+}

@@ -1,0 +1,77 @@
+package proxy_test
+
+import (
+	"context"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store/redis"
+)
+
+// TestRedisStall: Redis freezes (SIGSTOP) while one charge is at the
+// upstream and another arrives. The second is a 503 store-unavailable and
+// must leave no reservation behind once Redis resumes; the first is
+// answered 201, its commit times out, and it must be retried within the
+// lease so that the key ends completed, not in doubt for its TTL.
+func TestRedisStall(t *testing.T) {
+	srv := redistest.Start(t)
+	st, err := redis.New(redis.Options{Addrs: []string{srv.Addr()}, OpTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	g, up := newHoldGate(t)
+	cfg := parseConfig(t, up.URL, chargesByOrder+"    upstream_timeout: 5s\n    lease: 15s\n")
+	reg := prometheus.NewRegistry()
+	p, err := proxy.New(cfg, proxy.Options{Store: st, StoreName: "redis", Metrics: proxy.NewMetrics(reg)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, stub: up, p: p, reg: reg}
+	e.srv = httptest.NewServer(p)
+	t.Cleanup(e.srv.Close)
+	state := func(key string) proxy.State {
+		rec, err := st.Get(context.Background(), proxy.StoreKey("charges", "", key))
+		if err != nil {
+			t.Fatalf("get %s: %v", key, err)
+		}
+		if rec == nil {
+			return ""
+		}
+		return rec.State
+	}
+
+	wantStatus(t, "warm-up", e.charge(`"ORD-W"`, 1), 201, "")
+	first := make(chan answer, 1)
+	go func() { first <- e.charge(`"ORD-R1"`, 1, "X-Hold", "1") }()
+	<-g.arrived
+	srv.Pause()
+	wantStatus(t, "during the stall", e.charge(`"ORD-R2"`, 1), 503, "store-unavailable")
+	close(g.open)
+	wantStatus(t, "answered during the stall", <-first, 201, "")
+	commitErrors := func() bool {
+		return counterValue(t, reg, "idemproxy_store_errors_total", map[string]string{"store": "redis", "operation": "commit"}) > 0
+	}
+	eventually(t, "the commit fails while Redis is frozen", commitErrors)
+	srv.Resume()
+
+	eventually(t, "the commit is retried and ORD-R1 completed", func() bool { return state("ORD-R1") == proxy.StateCompleted })
+	if got := state("ORD-R2"); got != "" {
+		t.Errorf("the request answered 503 left its key %q", got)
+	}
+	a := e.charge(`"ORD-R1"`, 1)
+	if a.status != 201 || !a.replayed() {
+		t.Errorf("retry of ORD-R1: %s, want the 201 replayed", a)
+	}
+	wantStatus(t, "ORD-R2 after the stall", e.charge(`"ORD-R2"`, 1), 201, "")
+	for _, o := range []string{"ORD-R1", "ORD-R2"} {
+		if got := e.charges(o); got != 1 {
+			t.Errorf("%s charged %d times, want 1", o, got)
+		}
+	}
+}

@@ -1,0 +1,422 @@
+package badger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/idemproxy/idemproxy/proxy"
+)
+
+// Guard is a Store that survives Badger failing: a full disk, the data
+// directory removed while running, too many open files. Badger answers
+// such faults with errors and then, once a memtable could not be rotated,
+// with nil-pointer panics in the caller's goroutine, and a disk that fills
+// up under its mmapped files is a SIGBUS that no recover can catch. The
+// guard
+//
+//   - refuses new reservations while the free space of the data directory's
+//     file system is below a floor (checked with statfs at most once a
+//     second), so Badger never writes into a full disk, while commits,
+//     releases and in-doubt marks of requests already forwarded still go
+//     through and fit in the space left above the floor;
+//   - turns panics inside Badger into errors, and on such a fault marks the
+//     store broken: every operation then fails fast (503 in the proxy),
+//     Ping fails (/readyz 503), and the store is reopened in the background
+//     until that works again;
+//   - opens the store at start only when the floor allows, so a restart on
+//     a still-full disk waits instead of crash-looping.
+//
+// Guard embeds the *Store that is open, so the Store's other methods are
+// promoted; those are not guarded, and must not race a reopen (nor be
+// called while the store is broken: the embedded Store is then nil). The
+// methods of proxy.Store and proxy.ReconcileStore, Close and Sizes are
+// guarded.
+type Guard struct {
+	*Store // the open store; nil while broken. Swapped under mu.
+
+	mu      sync.RWMutex
+	opts    Options
+	floor   uint64
+	free    func(dir string) (uint64, error)
+	stop    chan struct{}
+	done    sync.WaitGroup
+	closed  bool
+	broken  atomic.Bool
+	lastErr atomic.Pointer[error]
+
+	freeBytes atomic.Uint64
+	freeAt    atomic.Int64  // unix ns of the last statfs
+	written   atomic.Uint64 // bytes written (estimated) since the last statfs
+	statMu    sync.Mutex
+
+	lowDisk atomic.Uint64 // reservations refused below the floor
+	reopens atomic.Uint64 // successful reopens after a fault
+}
+
+var (
+	_ proxy.Store          = (*Guard)(nil)
+	_ proxy.ReconcileStore = (*Guard)(nil)
+)
+
+// GuardOptions configures OpenGuarded.
+type GuardOptions struct {
+	// MinFreeBytes is the free-space floor of the data directory's file
+	// system: below it new reservations are refused. Zero: no floor.
+	MinFreeBytes uint64
+	// FreeBytes reports the bytes available to the process on dir's file
+	// system; nil means statfs(2).
+	FreeBytes func(dir string) (uint64, error)
+}
+
+// ErrLowDisk is returned (wrapped) by Guard.Reserve and Guard.Ping while the
+// data directory's free space is below the floor.
+var ErrLowDisk = errors.New("badger: free disk space below the floor; new reservations are refused")
+
+// ErrBroken is returned (wrapped) by every Guard operation while the store
+// failed and has not been reopened yet.
+var ErrBroken = errors.New("badger: the store failed and is being reopened")
+
+// guardRetry is how often a broken or not yet opened store is reopened,
+// and how long a free-space figure is used.
+const guardRetry = time.Second
+
+// OpenGuarded opens a guarded store. When the disk is below the floor it
+// returns a Guard that is not open yet and opens it once space is back;
+// any other failure to open is returned.
+func OpenGuarded(opts Options, g GuardOptions) (*Guard, error) {
+	if g.FreeBytes == nil {
+		g.FreeBytes = statfsFree
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	gd := &Guard{opts: opts, floor: g.MinFreeBytes, free: g.FreeBytes, stop: make(chan struct{})}
+	if gd.belowFloor() {
+		opts.Logger.Error("free disk space is below the floor: the store opens once there is room",
+			"dir", opts.Dir, "free_bytes", gd.freeBytes.Load(), "min_free_bytes", gd.floor)
+		gd.fail(ErrLowDisk)
+	} else {
+		s, err := Open(opts)
+		if err != nil {
+			return nil, err
+		}
+		gd.Store = s
+	}
+	gd.done.Add(1)
+	go gd.watch()
+	return gd, nil
+}
+
+// statfsFree is the space available to unprivileged users on dir's file
+// system; a directory not created yet (or removed) is measured on its
+// nearest existing parent, where it will be created.
+func statfsFree(dir string) (uint64, error) {
+	var st syscall.Statfs_t
+	for {
+		err := syscall.Statfs(dir, &st)
+		if err == nil {
+			return st.Bavail * uint64(st.Bsize), nil
+		}
+		parent := filepath.Dir(dir)
+		if !errors.Is(err, syscall.ENOENT) || parent == dir {
+			return 0, err
+		}
+		dir = parent
+	}
+}
+
+// belowFloor reports whether the data directory's free space is below the
+// floor, calling statfs at most once per guardRetry. A directory that
+// cannot be measured (removed) is not reported as full: its operations
+// fail on their own.
+func (g *Guard) belowFloor() bool {
+	if g.floor == 0 {
+		return false
+	}
+	now := time.Now().UnixNano()
+	if now-g.freeAt.Load() >= int64(guardRetry) && g.statMu.TryLock() {
+		if free, err := g.free(g.opts.Dir); err == nil {
+			g.freeBytes.Store(free)
+		} else {
+			g.freeBytes.Store(^uint64(0))
+		}
+		g.written.Store(0)
+		g.freeAt.Store(now)
+		g.statMu.Unlock()
+	}
+	// Between two statfs calls, count what was written since: a burst of
+	// large answers cannot run through the floor in that second.
+	free, written := g.freeBytes.Load(), g.written.Load()
+	return free < written || free-written < g.floor
+}
+
+// wrote adds an estimate of the bytes a write of n value bytes takes on
+// disk: Badger writes a value twice (log, then table or value log) plus
+// its key and bookkeeping.
+func (g *Guard) wrote(n int) { g.written.Add(2*uint64(n) + 1024) }
+
+// FreeBytes is the last measured free space of the data directory's file
+// system.
+func (g *Guard) FreeBytes() uint64 {
+	if f := g.freeBytes.Load(); f != ^uint64(0) {
+		return f
+	}
+	return 0
+}
+
+// LowDiskRefusals counts the reservations refused below the floor.
+func (g *Guard) LowDiskRefusals() uint64 { return g.lowDisk.Load() }
+
+// Reopens counts the times the store was reopened after a fault.
+func (g *Guard) Reopens() uint64 { return g.reopens.Load() }
+
+// fail marks the store broken with cause.
+func (g *Guard) fail(cause error) {
+	if !g.broken.Swap(true) {
+		g.opts.Logger.Error("badger store failed: protected requests get 503 until it is reopened", "err", cause)
+	}
+	g.lastErr.Store(&cause)
+}
+
+// watch reopens a broken store once a second until it works.
+func (g *Guard) watch() {
+	defer g.done.Done()
+	t := time.NewTicker(guardRetry)
+	defer t.Stop()
+	for {
+		select {
+		case <-g.stop:
+			return
+		case <-t.C:
+		}
+		if g.broken.Load() && !g.belowFloor() {
+			g.reopen()
+		}
+	}
+}
+
+// reopen closes the failed store (abandoning a Close that hangs on a lost
+// directory) and opens it again.
+func (g *Guard) reopen() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return
+	}
+	if old := g.Store; old != nil {
+		g.Store = nil
+		if err := closeWithin(old, 5*time.Second); err != nil {
+			g.opts.Logger.Warn("closing the failed badger store failed; opening anew without it", "err", err)
+		}
+	}
+	s, err := func() (s *Store, err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				err = fmt.Errorf("panic: %v", p)
+			}
+		}()
+		return Open(g.opts)
+	}()
+	if err != nil {
+		g.lastErr.Store(&err)
+		g.opts.Logger.Warn("reopening the badger store failed; retrying", "err", err)
+		return
+	}
+	g.Store = s
+	g.broken.Store(false)
+	g.reopens.Add(1)
+	g.opts.Logger.Info("badger store reopened; serving again", "dir", g.opts.Dir)
+}
+
+// do runs op on the open store under the read lock, turning a panic into an
+// error and a store fault into a broken store.
+func (g *Guard) do(op func(s *Store) error) (err error) {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	if g.Store == nil || g.broken.Load() {
+		cause := ErrBroken
+		if p := g.lastErr.Load(); p != nil {
+			cause = fmt.Errorf("%w: %w", ErrBroken, *p)
+		}
+		return cause
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("badger: panic: %v", p)
+			g.fail(err)
+		}
+	}()
+	err = op(g.Store)
+	if err != nil && isFault(err) {
+		g.fail(err)
+	}
+	return err
+}
+
+// isFault reports whether err from a store operation means that Badger
+// itself failed, rather than the caller's context, fencing or a record in
+// another state.
+func isFault(err error) bool {
+	for _, domain := range []error{proxy.ErrNotOwner, proxy.ErrNotInDoubt, proxy.ErrLookupBusy, proxy.ErrNotDue,
+		context.Canceled, context.DeadlineExceeded} {
+		if errors.Is(err, domain) {
+			return false
+		}
+	}
+	return true
+}
+
+// Reserve implements proxy.Store; below the free-space floor it refuses.
+func (g *Guard) Reserve(ctx context.Context, key string, res proxy.Reservation) (rec *proxy.Record, err error) {
+	if g.belowFloor() {
+		g.lowDisk.Add(1)
+		return nil, fmt.Errorf("%w (%d bytes free, floor %d)", ErrLowDisk, g.FreeBytes(), g.floor)
+	}
+	g.wrote(len(key) + len(res.Fingerprint))
+	err = g.do(func(s *Store) error {
+		rec, err = s.Reserve(ctx, key, res)
+		return err
+	})
+	return rec, err
+}
+
+// Commit implements proxy.Store. It is not held back by the floor: the
+// request was forwarded, and its answer fits in the space above it.
+func (g *Guard) Commit(ctx context.Context, key, token string, resp proxy.Response, ttl time.Duration) error {
+	g.wrote(len(key) + len(resp.Body))
+	return g.do(func(s *Store) error { return s.Commit(ctx, key, token, resp, ttl) })
+}
+
+// Release implements proxy.Store.
+func (g *Guard) Release(ctx context.Context, key, token string) error {
+	return g.do(func(s *Store) error { return s.Release(ctx, key, token) })
+}
+
+// MarkInDoubt implements proxy.Store.
+func (g *Guard) MarkInDoubt(ctx context.Context, key, token string, ttl time.Duration) error {
+	return g.do(func(s *Store) error { return s.MarkInDoubt(ctx, key, token, ttl) })
+}
+
+// Get implements proxy.Store.
+func (g *Guard) Get(ctx context.Context, key string) (rec *proxy.Record, err error) {
+	err = g.do(func(s *Store) error {
+		rec, err = s.Get(ctx, key)
+		return err
+	})
+	return rec, err
+}
+
+// Delete implements proxy.Store.
+func (g *Guard) Delete(ctx context.Context, key string) (existed bool, err error) {
+	err = g.do(func(s *Store) error {
+		existed, err = s.Delete(ctx, key)
+		return err
+	})
+	return existed, err
+}
+
+// Ping implements proxy.Store: it fails while the store is broken or the
+// disk is below the floor.
+func (g *Guard) Ping(ctx context.Context) error {
+	if g.belowFloor() {
+		return fmt.Errorf("%w (%d bytes free, floor %d)", ErrLowDisk, g.FreeBytes(), g.floor)
+	}
+	return g.do(func(s *Store) error { return s.Ping(ctx) })
+}
+
+// ScheduleLookup implements proxy.ReconcileStore.
+func (g *Guard) ScheduleLookup(ctx context.Context, key string, after time.Duration) error {
+	return g.do(func(s *Store) error { return s.ScheduleLookup(ctx, key, after) })
+}
+
+// Unscheduled implements proxy.ReconcileStore.
+func (g *Guard) Unscheduled(ctx context.Context, prefix string, limit int) (keys []string, err error) {
+	err = g.do(func(s *Store) error {
+		keys, err = s.Unscheduled(ctx, prefix, limit)
+		return err
+	})
+	return keys, err
+}
+
+// DueLookups implements proxy.ReconcileStore.
+func (g *Guard) DueLookups(ctx context.Context, limit int) (keys []string, err error) {
+	err = g.do(func(s *Store) error {
+		keys, err = s.DueLookups(ctx, limit)
+		return err
+	})
+	return keys, err
+}
+
+// ClaimLookup implements proxy.ReconcileStore.
+func (g *Guard) ClaimLookup(ctx context.Context, key, token string, lease time.Duration, force bool) error {
+	return g.do(func(s *Store) error { return s.ClaimLookup(ctx, key, token, lease, force) })
+}
+
+// ResolveLookup implements proxy.ReconcileStore.
+func (g *Guard) ResolveLookup(ctx context.Context, key, token string, res proxy.LookupResult) error {
+	if res.Applied != nil {
+		g.wrote(len(key) + len(res.Applied.Body))
+	}
+	return g.do(func(s *Store) error { return s.ResolveLookup(ctx, key, token, res) })
+}
+
+// UnscheduleLookup implements proxy.ReconcileStore.
+func (g *Guard) UnscheduleLookup(ctx context.Context, key string) error {
+	return g.do(func(s *Store) error { return s.UnscheduleLookup(ctx, key) })
+}
+
+// Sizes returns the open store's sizes on disk (zero while broken).
+func (g *Guard) Sizes() (lsm, vlog int64) {
+	g.do(func(s *Store) error { lsm, vlog = s.Sizes(); return nil })
+	return lsm, vlog
+}
+
+// Close stops reopening and closes the open store.
+func (g *Guard) Close() error {
+	g.mu.Lock()
+	if g.closed {
+		g.mu.Unlock()
+		return nil
+	}
+	g.closed = true
+	close(g.stop)
+	s := g.Store
+	g.Store = nil
+	g.mu.Unlock()
+	g.done.Wait()
+	if s == nil {
+		return nil
+	}
+	if g.broken.Load() {
+		return closeWithin(s, 5*time.Second)
+	}
+	return s.Close()
+}
+
+// closeWithin closes a store that failed: such a Badger can hang closing
+// (its directory is gone) or panic, so it gets d, and is then left to the
+// process exit.
+func closeWithin(s *Store, d time.Duration) error {
+	closed := make(chan error, 1)
+	go func() {
+		defer func() {
+			if p := recover(); p != nil {
+				closed <- fmt.Errorf("badger: panic closing: %v", p)
+			}
+		}()
+		closed <- s.Close()
+	}()
+	select {
+	case err := <-closed:
+		return err
+	case <-time.After(d):
+		return errors.New("badger: close of the failed store did not finish")
+	}
+}

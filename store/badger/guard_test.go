@@ -1,0 +1,275 @@
+package badger_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store/badger"
+	"github.com/idemproxy/idemproxy/store/storetest"
+)
+
+// A compile-time guard: the guarded store is a proxy.Store, and it embeds
+// the concrete store so that the Store's other methods are promoted.
+var (
+	_ proxy.Store = (*badger.Guard)(nil)
+	_             = (&badger.Guard{}).Store
+)
+
+func openGuarded(t testing.TB, dir string, g badger.GuardOptions) *badger.Guard {
+	t.Helper()
+	s, err := badger.OpenGuarded(badger.Options{Dir: dir, SyncWrites: true}, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// TestGuardConformance: the guard is a store like any other.
+func TestGuardConformance(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) proxy.Store { return openGuarded(t, t.TempDir(), badger.GuardOptions{}) })
+	storetest.RunReconcile(t, func(t *testing.T) storetest.ReconcileStore {
+		return openGuarded(t, t.TempDir(), badger.GuardOptions{})
+	})
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(15 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 15s", what)
+		}
+	}
+}
+
+var res = proxy.Reservation{Token: "tok", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
+
+// TestGuardDirectoryRemoved: the data directory removed while running makes
+// Badger fail to rotate its memtable, and then panic (nil memtable) in the
+// next operation's goroutine. The guarded store answers errors instead,
+// fails Ping, and reopens itself: it serves again without a restart.
+func TestGuardDirectoryRemoved(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	s := openGuarded(t, dir, badger.GuardOptions{})
+	ctx := context.Background()
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	failed := writeUntilFailing(ctx, s)
+	if failed == 0 {
+		t.Fatal("Badger never failed with its directory removed; the test proves nothing")
+	}
+	if err := s.Ping(ctx); err == nil {
+		t.Errorf("Ping of a failed store = nil, want an error (readyz 503)")
+	}
+	eventually(t, "the store is reopened", func() bool { return s.Ping(ctx) == nil })
+	if rec, err := s.Reserve(ctx, "after", res); err != nil || rec != nil {
+		t.Fatalf("Reserve after the reopen = %+v, %v", rec, err)
+	}
+	if s.Reopens() == 0 {
+		t.Errorf("Reopens() = 0 after a reopen")
+	}
+}
+
+// writeUntilFailing reserves and commits keys with 8 KiB answers (kept in
+// the memtable: they fill it fast) until 20 operations failed or 20,000
+// keys were written, and returns the number of failures. After each
+// failure it reads and releases the key: that is where a bare Badger whose
+// memtable could not be rotated panics.
+func writeUntilFailing(ctx context.Context, s *badger.Guard) int {
+	body := make([]byte, 8<<10)
+	failed := 0
+	for i := 0; i < 20000 && failed < 20; i++ {
+		k := fmt.Sprintf("k%d", i)
+		_, err := s.Reserve(ctx, k, res)
+		if err == nil {
+			err = s.Commit(ctx, k, res.Token, proxy.Response{Status: 201, Body: body, BodyStored: true}, time.Hour)
+		}
+		if err != nil {
+			failed++
+			s.Get(ctx, k)
+			s.Release(ctx, k, res.Token)
+		}
+	}
+	return failed
+}
+
+// TestGuardFloor: below the free-space floor new reservations are refused
+// and Ping fails, while the commit of a request already forwarded goes
+// through; when space is back the store serves again.
+func TestGuardFloor(t *testing.T) {
+	var free atomic.Uint64
+	free.Store(1 << 30)
+	s := openGuarded(t, t.TempDir(), badger.GuardOptions{
+		MinFreeBytes: 64 << 20,
+		FreeBytes:    func(string) (uint64, error) { return free.Load(), nil },
+	})
+	ctx := context.Background()
+	if _, err := s.Reserve(ctx, "forwarded", res); err != nil {
+		t.Fatal(err)
+	}
+	free.Store(10 << 20)
+	n := 0
+	eventually(t, "a reservation is refused below the floor", func() bool {
+		n++ // the last figure is used for up to a second: a key per try
+		_, err := s.Reserve(ctx, fmt.Sprintf("new-%d", n), res)
+		return errors.Is(err, badger.ErrLowDisk)
+	})
+	if rec, _ := s.Get(ctx, fmt.Sprintf("new-%d", n)); rec != nil {
+		t.Errorf("a refused reservation left %+v", rec)
+	}
+	if err := s.Ping(ctx); !errors.Is(err, badger.ErrLowDisk) {
+		t.Errorf("Ping below the floor = %v, want ErrLowDisk", err)
+	}
+	if err := s.Commit(ctx, "forwarded", res.Token, proxy.Response{Status: 201}, time.Hour); err != nil {
+		t.Errorf("Commit below the floor = %v, want it to go through", err)
+	}
+	if s.LowDiskRefusals() == 0 {
+		t.Errorf("LowDiskRefusals() = 0")
+	}
+	free.Store(1 << 30)
+	eventually(t, "reservations are taken again", func() bool {
+		_, err := s.Reserve(ctx, "new", res)
+		return err == nil
+	})
+}
+
+// TestGuardFullDisk fills a real, small file system (tmpfs) with Badger's
+// own writes: the floor must stop new reservations before Badger writes
+// into a full disk (a SIGBUS in its mmapped files, which kills the
+// process), commits must still fit, and removing the file that took the
+// space lets the store serve again. A restart on the full disk waits for
+// space instead of failing.
+func TestGuardFullDisk(t *testing.T) {
+	mnt := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=96m", "tmpfs", mnt).CombinedOutput(); err != nil {
+		t.Fatalf("this test needs to mount a tmpfs (run as root): %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", "-l", mnt).Run() })
+	filler := filepath.Join(mnt, "filler")
+	if err := os.WriteFile(filler, make([]byte, 40<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(mnt, "data")
+	s := openGuarded(t, dir, badger.GuardOptions{MinFreeBytes: 32 << 20})
+	ctx := context.Background()
+	body := make([]byte, 64<<10)
+	var refused bool
+	var reserved []string
+	for i := 0; i < 5000 && !refused; i++ {
+		k := fmt.Sprintf("k%d", i)
+		_, err := s.Reserve(ctx, k, res)
+		switch {
+		case errors.Is(err, badger.ErrLowDisk):
+			refused = true
+		case err != nil:
+			t.Fatalf("Reserve %d: %v", i, err)
+		default:
+			reserved = append(reserved, k)
+		}
+		// Commit every other one at once; the rest are "at the upstream".
+		if err == nil && i%2 == 0 {
+			if err := s.Commit(ctx, k, res.Token, proxy.Response{Status: 201, Body: body, BodyStored: true}, time.Hour); err != nil {
+				t.Fatalf("Commit %d: %v", i, err)
+			}
+		}
+		time.Sleep(time.Millisecond) // let statfs see the growth (checked once a second)
+	}
+	if !refused {
+		t.Fatal("the floor never refused a reservation")
+	}
+	// The requests already forwarded settle.
+	for i, k := range reserved {
+		if i%2 == 1 {
+			if err := s.Commit(ctx, k, res.Token, proxy.Response{Status: 201, Body: body[:1024], BodyStored: true}, time.Hour); err != nil {
+				t.Errorf("Commit of forwarded %s below the floor: %v", k, err)
+			}
+		}
+	}
+	if err := s.Ping(ctx); !errors.Is(err, badger.ErrLowDisk) {
+		t.Errorf("Ping below the floor = %v, want ErrLowDisk", err)
+	}
+	// A restart on the full disk waits instead of failing. (The floor
+	// counts what was written since the last statfs pessimistically: take
+	// what is really left above it.)
+	s.Close()
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(mnt, &st); err != nil {
+		t.Fatal(err)
+	}
+	if free := int64(st.Bavail) * st.Bsize; free > 16<<20 {
+		if err := os.WriteFile(filler+"2", make([]byte, free-16<<20), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s2, err := badger.OpenGuarded(badger.Options{Dir: dir, SyncWrites: true}, badger.GuardOptions{MinFreeBytes: 32 << 20})
+	if err != nil {
+		t.Fatalf("OpenGuarded on a full disk: %v, want a store that waits for space", err)
+	}
+	defer s2.Close()
+	if _, err := s2.Reserve(ctx, "while-full", res); err == nil {
+		t.Errorf("Reserve on the full disk after a restart succeeded")
+	}
+	os.Remove(filler)
+	os.Remove(filler + "2")
+	eventually(t, "the store serves once space is back", func() bool {
+		_, err := s2.Reserve(ctx, "after", res)
+		return err == nil
+	})
+	rec, err := s2.Get(ctx, reserved[0])
+	if err != nil || rec == nil || rec.State != proxy.StateCompleted {
+		t.Errorf("a record committed before the disk filled: %+v, %v", rec, err)
+	}
+	if strings.Contains(fmt.Sprint(err), "panic") {
+		t.Errorf("panic: %v", err)
+	}
+}
+
+// TestGuardTooManyOpenFiles: with the process out of file descriptors
+// Badger cannot open its next memtable or table file, and then panics in
+// the next operation. The guarded store answers errors, and serves again
+// once descriptors are available.
+func TestGuardTooManyOpenFiles(t *testing.T) {
+	s := openGuarded(t, t.TempDir(), badger.GuardOptions{})
+	ctx := context.Background()
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	low := lim
+	low.Cur = uint64(len(fds) + 4)
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
+		t.Fatal(err)
+	}
+	restored := false
+	restore := func() {
+		if !restored {
+			syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
+			restored = true
+		}
+	}
+	defer restore()
+	failed := writeUntilFailing(ctx, s)
+	restore()
+	if failed == 0 {
+		t.Fatal("Badger never failed out of file descriptors; the test proves nothing")
+	}
+	eventually(t, "the store serves again", func() bool {
+		_, err := s.Reserve(ctx, fmt.Sprintf("after-%d", time.Now().UnixNano()), res)
+		return err == nil
+	})
+}
