@@ -59,6 +59,10 @@ type Options struct {
 	// Logger receives Badger's warnings and errors and the store's own
 	// messages; nil discards them.
 	Logger *slog.Logger
+	// keepInFlight leaves in-flight records as they are at open: set by
+	// Guard.reopen, whose process still runs the requests that hold them
+	// (a lapsed lease reads as in doubt all the same).
+	keepInFlight bool
 }
 
 // Store is the Badger key store. Its methods are safe for concurrent use.
@@ -135,7 +139,10 @@ func Open(opts Options) (*Store, error) {
 		return nil, fmt.Errorf("badger: open %s: %w", opts.Dir, err)
 	}
 	s := &Store{db: db, w: newWriter(db, opts.SyncWrites), log: opts.Logger, now: time.Now, stop: make(chan struct{})}
-	n, err := s.orphansInDoubt()
+	n, err := 0, error(nil)
+	if !opts.keepInFlight {
+		n, err = s.orphansInDoubt()
+	}
 	if err != nil {
 		s.w.close()
 		db.Close()
@@ -432,7 +439,7 @@ func get(txn *bdg.Txn, k []byte) (*record, uint64, error) {
 	var rec record
 	err = item.Value(rec.unmarshal)
 	if err != nil {
-		return nil, 0, fmt.Errorf("decode record: %w", err)
+		return nil, 0, fmt.Errorf("decode record: %w", corrupt(err))
 	}
 	return &rec, item.ExpiresAt(), nil
 }

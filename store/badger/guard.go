@@ -205,13 +205,18 @@ func (g *Guard) watch() {
 // reopen closes the failed store (abandoning a Close that hangs on a lost
 // directory) and opens it again.
 func (g *Guard) reopen() {
+	// The failed store is taken out under the lock, but closed and opened
+	// without it: meanwhile operations fail fast with ErrBroken instead of
+	// queueing behind a Close that hangs or an Open that replays logs.
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	if g.closed {
+		g.mu.Unlock()
 		return
 	}
-	if old := g.Store; old != nil {
-		g.Store = nil
+	old := g.Store
+	g.Store = nil
+	g.mu.Unlock()
+	if old != nil {
 		if err := closeWithin(old, 5*time.Second); err != nil {
 			g.opts.Logger.Warn("closing the failed badger store failed; opening anew without it", "err", err)
 		}
@@ -222,11 +227,21 @@ func (g *Guard) reopen() {
 				err = fmt.Errorf("panic: %v", p)
 			}
 		}()
-		return Open(g.opts)
+		o := g.opts
+		// The requests holding in-flight reservations are still running
+		// in this process: they are not orphans.
+		o.keepInFlight = true
+		return Open(o)
 	}()
 	if err != nil {
 		g.lastErr.Store(&err)
 		g.opts.Logger.Warn("reopening the badger store failed; retrying", "err", err)
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed { // closed while reopening: nobody will serve from it
+		s.Close()
 		return
 	}
 	g.Store = s
@@ -265,7 +280,7 @@ func (g *Guard) do(op func(s *Store) error) (err error) {
 // another state.
 func isFault(err error) bool {
 	for _, domain := range []error{proxy.ErrNotOwner, proxy.ErrNotInDoubt, proxy.ErrLookupBusy, proxy.ErrNotDue,
-		context.Canceled, context.DeadlineExceeded} {
+		errCorrupt, context.Canceled, context.DeadlineExceeded} {
 		if errors.Is(err, domain) {
 			return false
 		}

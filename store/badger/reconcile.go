@@ -214,6 +214,13 @@ func (s *Store) DueLookups(ctx context.Context, limit int) ([]string, error) {
 				break
 			}
 			rec, _, err := get(txn, k)
+			if errors.Is(err, errCorrupt) {
+				// One undecodable record must not stop every lookup:
+				// it is never looked up, and its entry goes.
+				s.log.Error("in-doubt record cannot be decoded; not reconciled", "err", err)
+				stale = append(stale, ik)
+				continue
+			}
 			if err != nil {
 				return err
 			}
@@ -262,6 +269,10 @@ func (s *Store) Unscheduled(ctx context.Context, prefix string, limit int) ([]st
 				continue
 			}
 			rec, _, err := get(txn, item.Key())
+			if errors.Is(err, errCorrupt) {
+				s.log.Error("in-doubt record cannot be decoded; not reconciled", "err", err)
+				continue
+			}
 			if err != nil {
 				return err
 			}

@@ -187,6 +187,15 @@ func (e *enc) headerField(name, value string) {
 
 var errCorrupt = errors.New("corrupt record")
 
+// corrupt marks a decoding error as a corrupt record, one key's problem
+// rather than the store's.
+func corrupt(err error) error {
+	if errors.Is(err, errCorrupt) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", errCorrupt, err)
+}
+
 // unmarshal decodes v (binary or legacy JSON) into rec; it copies what it
 // keeps, so v may be reused afterwards.
 func (rec *record) unmarshal(v []byte) error {
