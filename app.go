@@ -276,6 +276,10 @@ func (a *app) serve(ctx context.Context) error {
 		a.p.Abort()
 		srv.Close()
 	}
+	// Settling retries left by a stalled store end at the same deadline
+	// (their keys turn in doubt when their leases end), so that shutdown
+	// stays within shutdown_timeout.
+	defer context.AfterFunc(sctx, a.p.Abort)()
 	a.p.Wait()
 	if admSrv != nil {
 		actx, cancel := context.WithTimeout(context.Background(), time.Second)

@@ -70,55 +70,71 @@ func (a *attempt) commit(status int, header http.Header, body []byte, stored boo
 	if stored {
 		resp.Body = body
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
-	defer cancel()
-	err := a.p.store.Commit(ctx, a.storeKey, a.token, resp, a.rt.cfg.TTL.D())
-	if err != nil && !errors.Is(err, ErrNotOwner) && a.p.retryCommit(a, resp) {
-		a.outcome = OutcomeStoreError // counted now: the answer is not settled yet
-		return
-	}
-	a.settleErr("commit", err)
+	key, token, ttl := a.storeKey, a.token, a.rt.cfg.TTL.D()
+	a.settle("commit", func(ctx context.Context) error { return a.p.store.Commit(ctx, key, token, resp, ttl) })
 }
 
-// retryCommit keeps trying, in the background, to commit an answer whose
-// commit failed (a stalled store, op_timeout), as long as the reservation's
-// lease holds: a commit that gives up at once leaves the key in doubt for
-// its whole TTL although its answer is known. It reports whether the retry
-// was started.
-func (p *Proxy) retryCommit(a *attempt, resp Response) bool {
+// settle runs op, the store operation that settles a's reservation. When
+// it fails (a stalled store, op_timeout), it is retried in the background
+// as long as the reservation's lease holds: giving up at once would leave
+// the key in flight and then in doubt for its whole TTL, although the
+// outcome is known. It reports whether op succeeded at once.
+func (a *attempt) settle(opName string, op func(ctx context.Context) error) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	err := op(ctx)
+	cancel()
+	if err != nil && !errors.Is(err, ErrNotOwner) && a.p.retrySettle(a, opName, op) {
+		a.outcome = OutcomeStoreError // counted now: the key is not settled yet
+		return false
+	}
+	a.settleErr(opName, err)
+	return err == nil
+}
+
+// retrySettle retries op in the background until it succeeds, the
+// reservation is taken over, or its lease ends. It reports whether the
+// retry was started.
+func (p *Proxy) retrySettle(a *attempt, opName string, op func(ctx context.Context) error) bool {
 	until := a.reservedAt.Add(a.rt.cfg.Lease.D())
 	if time.Until(until) <= 0 || !p.active.enter() {
 		return false
 	}
-	key, token, ttl, route := a.storeKey, a.token, a.rt.cfg.TTL.D(), a.routeName()
-	p.log.Warn("commit failed; retrying while the lease holds", "route", route, "key_hash", keyHash(key), "until", until)
+	key, route := a.storeKey, a.routeName()
+	p.log.Warn("settling a key failed; retrying while the lease holds", "route", route, "operation", opName,
+		"key_hash", keyHash(key), "until", until)
 	go func() {
 		defer p.active.leave()
+		defer func() {
+			if e := recover(); e != nil {
+				p.log.Error("settling a key panicked; it will be in doubt when its lease ends",
+					"route", route, "operation", opName, "key_hash", keyHash(key), "panic", e)
+			}
+		}()
 		delay := 50 * time.Millisecond
 		for {
 			wait := time.NewTimer(min(delay, max(time.Until(until), 0)))
 			select {
 			case <-p.life.Done(): // past the shutdown deadline
 				wait.Stop()
-				p.log.Error("commit not retried: shutting down; the key will be in doubt when its lease ends",
-					"route", route, "key_hash", keyHash(key))
+				p.log.Error("not retried: shutting down; the key will be in doubt when its lease ends",
+					"route", route, "operation", opName, "key_hash", keyHash(key))
 				return
 			case <-wait.C:
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), min(storeTimeout, max(time.Until(until), time.Millisecond)))
-			err := p.store.Commit(ctx, key, token, resp, ttl)
+			err := op(ctx)
 			cancel()
 			switch {
 			case err == nil:
-				p.log.Info("commit succeeded on retry", "route", route, "key_hash", keyHash(key))
+				p.log.Info("settled on retry", "route", route, "operation", opName, "key_hash", keyHash(key))
 				return
 			case errors.Is(err, ErrNotOwner):
 				p.log.Warn("reservation was taken over before it settled; left to its new owner",
-					"route", route, "operation", "commit", "key_hash", keyHash(key))
+					"route", route, "operation", opName, "key_hash", keyHash(key))
 				return
 			case !time.Now().Before(until):
 				p.log.Error("store failed to settle a key; it will be in doubt when its lease ends",
-					"route", route, "operation", "commit", "key_hash", keyHash(key), "err", err)
+					"route", route, "operation", opName, "key_hash", keyHash(key), "err", err)
 				return
 			}
 			delay = min(delay*2, time.Second)
@@ -130,9 +146,8 @@ func (p *Proxy) retryCommit(a *attempt, resp Response) bool {
 func (a *attempt) release() {
 	a.settled = true
 	a.outcome = OutcomeReleased
-	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
-	defer cancel()
-	a.settleErr("release", a.p.store.Release(ctx, a.storeKey, a.token))
+	key, token := a.storeKey, a.token
+	a.settle("release", func(ctx context.Context) error { return a.p.store.Release(ctx, key, token) })
 }
 
 func (a *attempt) markInDoubt() {

@@ -254,6 +254,11 @@ func (r *Reconciler) pass(ctx context.Context) {
 		r.wg.Add(1)
 		go func() {
 			defer func() { <-r.sem; r.wg.Done() }()
+			defer func() {
+				if e := recover(); e != nil { // a store used without its guard
+					r.p.log.Error("reconciler: lookup panicked; the key stays in doubt", "key_hash", keyHash(k), "panic", e)
+				}
+			}()
 			r.reconcile(ctx, k, false)
 		}()
 	}
