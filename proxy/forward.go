@@ -38,6 +38,9 @@ func (p *Proxy) forward(w http.ResponseWriter, a *attempt, body []byte) {
 	if sent := a.sentURL(); sent != nil {
 		out.URL = sent // matched in cleaned form, forwarded as sent
 	}
+	if h, ok := a.in.Context().Value(sentHostKey{}).(string); ok {
+		out.Host = h // matched as a DNS name; X-Forwarded-Host as sent
+	}
 	out.ContentLength = int64(len(body))
 	out.TransferEncoding = nil
 	out.Body = http.NoBody

@@ -375,3 +375,31 @@ func TestBrokenStoreDoesNotCrash(t *testing.T) {
 		t.Errorf("after the store broke: %s, want 503 store-unavailable", a)
 	}
 }
+
+// TestForwardedHostAsSent: a request matched by its host as a DNS name
+// (another case, a port) is forwarded with X-Forwarded-Host as the client
+// sent it, as passthrough does: an upstream that builds absolute URLs from
+// it would otherwise store a Location without the port for the whole TTL.
+func TestForwardedHostAsSent(t *testing.T) {
+	seen := make(chan string, 10)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen <- r.Header.Get("X-Forwarded-Host")
+		w.WriteHeader(201)
+	}))
+	t.Cleanup(up.Close)
+	e := &env{t: t}
+	e.start(up.URL, `
+  - name: charges
+    match: POST api.example.com/charges
+    key: {json: orderId}
+`)
+	for i, host := range []string{"api.example.com", "API.Example.com:8443", "api.example.com."} {
+		a := e.hostPost(host, fmt.Sprintf(`{"orderId": "ORD-XF%d", "amount": 1}`, i))
+		if a.status != 201 {
+			t.Fatalf("Host %s: %s", host, a)
+		}
+		if got := <-seen; got != host {
+			t.Errorf("Host %q: upstream saw X-Forwarded-Host %q, want it as sent", host, got)
+		}
+	}
+}

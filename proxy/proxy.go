@@ -217,7 +217,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	t := p.table.Load()
 	orig := r
 	if h := canonicalHost(r.Host); h != r.Host {
-		r = r.Clone(r.Context())
+		r = r.Clone(context.WithValue(r.Context(), sentHostKey{}, r.Host))
 		r.Host = h
 	}
 	if t.matches(r) {
@@ -257,6 +257,10 @@ func canonicalHost(h string) string {
 // sentURLKey carries the URL a request was sent with when it was matched
 // in cleaned form.
 type sentURLKey struct{}
+
+// sentHostKey carries the Host header a request was sent with when it was
+// matched in canonical form (lower case, no port, no final dot).
+type sentHostKey struct{}
 
 // matches reports whether r matches a route as it is.
 func (t *table) matches(r *http.Request) bool {
