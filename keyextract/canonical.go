@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"maps"
 	"slices"
@@ -239,7 +240,10 @@ func isIndex(name string) bool {
 // skip checks an ignored value (a repeated name is an error there too)
 // without writing it.
 func (c *canonicalizer) skip(v gjson.Result) error {
-	d := canonicalizer{w: bufio.NewWriter(io.Discard)}
+	bw := writers.Get().(*bufio.Writer) // pooled: a new 4 KiB writer per ignored value was most of a fingerprint's garbage
+	defer writers.Put(bw)
+	bw.Reset(io.Discard)
+	d := canonicalizer{w: bw}
 	return d.value(v, "", false)
 }
 
@@ -300,13 +304,29 @@ func Fingerprint(method, target string, body []byte, ignore []string) (fp string
 	h := sha256.New()
 	// Length-prefixed, so that no method, target and body can be shifted
 	// into one another (a path may hold a decoded newline).
-	fmt.Fprintf(h, "%d:%s%d:%s", len(method), method, len(target), target)
-	h.Write([]byte{'j'})
+	writePrefix(h, method, target, 'j')
 	if jsonErr = canonicalize(h, body, ignore); jsonErr != nil {
 		h.Reset()
-		fmt.Fprintf(h, "%d:%s%d:%s", len(method), method, len(target), target)
-		h.Write([]byte{'r'})
+		writePrefix(h, method, target, 'r')
 		h.Write(body)
 	}
-	return hex.EncodeToString(h.Sum(nil)), jsonErr
+	var sum [sha256.Size]byte
+	var out [2 * sha256.Size]byte
+	hex.Encode(out[:], h.Sum(sum[:0]))
+	return string(out[:]), jsonErr
+}
+
+// writePrefix writes "<len(method)>:<method><len(target)>:<target><kind>"
+// to h, as fmt.Fprintf("%d:%s%d:%s") and the kind byte would, without
+// boxing its arguments.
+func writePrefix(h hash.Hash, method, target string, kind byte) {
+	var small [128]byte
+	b := strconv.AppendInt(small[:0], int64(len(method)), 10)
+	b = append(b, ':')
+	b = append(b, method...)
+	b = strconv.AppendInt(b, int64(len(target)), 10)
+	b = append(b, ':')
+	b = append(b, target...)
+	b = append(b, kind)
+	h.Write(b)
 }
