@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"unicode"
 	"unicode/utf8"
 
@@ -51,24 +52,66 @@ func canonicalize(w io.Writer, body []byte, ignore []string) error {
 	bw.Reset(w)
 	c := canonicalizer{w: bw}
 	if len(ignore) > 0 {
-		c.ignore = make(map[string]bool, len(ignore))
-		c.children = map[string]map[string]bool{}
-		for _, p := range ignore {
-			c.ignore[p] = true
-			parent := ""
-			for name := range strings.SplitSeq(p, ".") {
-				if c.children[parent] == nil {
-					c.children[parent] = map[string]bool{}
-				}
-				c.children[parent][name] = true
-				parent = join(parent, name)
-			}
-		}
+		set := ignoreSetOf(ignore)
+		c.ignore, c.children = set.ignore, set.children
 	}
 	if err := c.value(gjson.ParseBytes(body), "", c.ignore != nil); err != nil {
 		return fmt.Errorf("%w: %v", ErrBadJSON, err)
 	}
 	return bw.Flush()
+}
+
+// ignoreSet is the compiled form of a list of ignored paths. It is only
+// read once built, so one set serves concurrent fingerprints.
+type ignoreSet struct {
+	ignore   map[string]bool
+	children map[string]map[string]bool
+}
+
+func newIgnoreSet(ignore []string) *ignoreSet {
+	set := &ignoreSet{ignore: make(map[string]bool, len(ignore)), children: map[string]map[string]bool{}}
+	for _, p := range ignore {
+		set.ignore[p] = true
+		parent := ""
+		for name := range strings.SplitSeq(p, ".") {
+			if set.children[parent] == nil {
+				set.children[parent] = map[string]bool{}
+			}
+			set.children[parent][name] = true
+			parent = join(parent, name)
+		}
+	}
+	return set
+}
+
+// ignoreSets caches compiled ignore lists by their NUL-joined paths: a
+// route's list is the same on every request, and building its maps was
+// most of a small fingerprint's allocations. The cache is bounded (the
+// lists come from the configuration, but callers may pass any).
+var (
+	ignoreSets     sync.Map // string -> *ignoreSet
+	ignoreSetCount atomic.Int32
+)
+
+const maxIgnoreSets = 256
+
+func ignoreSetOf(ignore []string) *ignoreSet {
+	for _, p := range ignore {
+		if strings.IndexByte(p, 0) >= 0 {
+			return newIgnoreSet(ignore) // the joined key would be ambiguous
+		}
+	}
+	key := strings.Join(ignore, "\x00") // one path: no allocation
+	if set, ok := ignoreSets.Load(key); ok {
+		return set.(*ignoreSet)
+	}
+	set := newIgnoreSet(ignore)
+	if ignoreSetCount.Load() < maxIgnoreSets {
+		if _, loaded := ignoreSets.LoadOrStore(key, set); !loaded {
+			ignoreSetCount.Add(1)
+		}
+	}
+	return set
 }
 
 var writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4096) }}
