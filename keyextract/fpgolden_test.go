@@ -1,6 +1,13 @@
 package keyextract
 
-import "testing"
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"testing"
+
+	"github.com/tidwall/gjson"
+)
 
 // TestFingerprintGolden pins fingerprints to values computed before the
 // prefix was written without fmt: stored reservations keep their
@@ -21,5 +28,46 @@ func TestFingerprintGolden(t *testing.T) {
 		if got != tt.want {
 			t.Errorf("Fingerprint(%q, %q, %q) = %q, want %q", tt.method, tt.target, tt.body, got, tt.want)
 		}
+	}
+}
+
+// TestFingerprintIgnoreCache checks that a cached ignore list, one past the
+// cache's bound and one whose NUL-joined key would be ambiguous all give
+// the fingerprint of their own list, not of another list.
+func TestFingerprintIgnoreCache(t *testing.T) {
+	body := []byte(`{"a": 1, "b": 2, "a\u0000b": 3, "x": {"y": 4}}`)
+	want := func(ignore []string) string {
+		t.Helper()
+		var h bytes.Buffer
+		c := canonicalizer{w: bufio.NewWriter(&h)}
+		set := newIgnoreSet(ignore)
+		c.ignore, c.children = set.ignore, set.children
+		if err := c.value(gjson.ParseBytes(body), "", true); err != nil {
+			t.Fatal(err)
+		}
+		c.w.Flush()
+		return h.String()
+	}
+	got := func(ignore []string) string {
+		t.Helper()
+		var h bytes.Buffer
+		if err := canonicalize(&h, body, ignore); err != nil {
+			t.Fatal(err)
+		}
+		return h.String()
+	}
+	lists := [][]string{{"a"}, {"b"}, {"a", "b"}, {"a\x00b"}, {"x.y"}, {"x"}}
+	for i := range maxIgnoreSets + 8 { // fill the cache past its bound
+		lists = append(lists, []string{fmt.Sprintf("p%d", i), "a"})
+	}
+	for round := range 2 { // the second round reads the cache
+		for _, ignore := range lists {
+			if g, w := got(ignore), want(ignore); g != w {
+				t.Errorf("round %d, ignore %q: canonical form %s, want %s", round, ignore, g, w)
+			}
+		}
+	}
+	if got([]string{"a\x00b"}) == got([]string{"a", "b"}) {
+		t.Errorf("ignore [a\\x00b] and [a b] gave one canonical form")
 	}
 }
