@@ -45,3 +45,15 @@ func BenchmarkFingerprint(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkFingerprintSmall measures the fingerprint of a typical small
+// request body with one ignored path: the per-request cost on the hot path.
+func BenchmarkFingerprintSmall(b *testing.B) {
+	body := []byte(`{"orderId": "B-1", "amount": 10, "sentAt": "2026-11-30T10:00:00Z"}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Fingerprint("POST", "/charges", body, []string{"sentAt"}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

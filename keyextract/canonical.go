@@ -8,12 +8,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"maps"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"unicode"
 	"unicode/utf8"
 
@@ -50,24 +52,66 @@ func canonicalize(w io.Writer, body []byte, ignore []string) error {
 	bw.Reset(w)
 	c := canonicalizer{w: bw}
 	if len(ignore) > 0 {
-		c.ignore = make(map[string]bool, len(ignore))
-		c.children = map[string]map[string]bool{}
-		for _, p := range ignore {
-			c.ignore[p] = true
-			parent := ""
-			for name := range strings.SplitSeq(p, ".") {
-				if c.children[parent] == nil {
-					c.children[parent] = map[string]bool{}
-				}
-				c.children[parent][name] = true
-				parent = join(parent, name)
-			}
-		}
+		set := ignoreSetOf(ignore)
+		c.ignore, c.children = set.ignore, set.children
 	}
 	if err := c.value(gjson.ParseBytes(body), "", c.ignore != nil); err != nil {
 		return fmt.Errorf("%w: %v", ErrBadJSON, err)
 	}
 	return bw.Flush()
+}
+
+// ignoreSet is the compiled form of a list of ignored paths. It is only
+// read once built, so one set serves concurrent fingerprints.
+type ignoreSet struct {
+	ignore   map[string]bool
+	children map[string]map[string]bool
+}
+
+func newIgnoreSet(ignore []string) *ignoreSet {
+	set := &ignoreSet{ignore: make(map[string]bool, len(ignore)), children: map[string]map[string]bool{}}
+	for _, p := range ignore {
+		set.ignore[p] = true
+		parent := ""
+		for name := range strings.SplitSeq(p, ".") {
+			if set.children[parent] == nil {
+				set.children[parent] = map[string]bool{}
+			}
+			set.children[parent][name] = true
+			parent = join(parent, name)
+		}
+	}
+	return set
+}
+
+// ignoreSets caches compiled ignore lists by their NUL-joined paths: a
+// route's list is the same on every request, and building its maps was
+// most of a small fingerprint's allocations. The cache is bounded (the
+// lists come from the configuration, but callers may pass any).
+var (
+	ignoreSets     sync.Map // string -> *ignoreSet
+	ignoreSetCount atomic.Int32
+)
+
+const maxIgnoreSets = 256
+
+func ignoreSetOf(ignore []string) *ignoreSet {
+	for _, p := range ignore {
+		if strings.IndexByte(p, 0) >= 0 {
+			return newIgnoreSet(ignore) // the joined key would be ambiguous
+		}
+	}
+	key := strings.Join(ignore, "\x00") // one path: no allocation
+	if set, ok := ignoreSets.Load(key); ok {
+		return set.(*ignoreSet)
+	}
+	set := newIgnoreSet(ignore)
+	if ignoreSetCount.Load() < maxIgnoreSets {
+		if _, loaded := ignoreSets.LoadOrStore(key, set); !loaded {
+			ignoreSetCount.Add(1)
+		}
+	}
+	return set
 }
 
 var writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4096) }}
@@ -239,7 +283,10 @@ func isIndex(name string) bool {
 // skip checks an ignored value (a repeated name is an error there too)
 // without writing it.
 func (c *canonicalizer) skip(v gjson.Result) error {
-	d := canonicalizer{w: bufio.NewWriter(io.Discard)}
+	bw := writers.Get().(*bufio.Writer) // pooled: a new 4 KiB writer per ignored value was most of a fingerprint's garbage
+	defer writers.Put(bw)
+	bw.Reset(io.Discard)
+	d := canonicalizer{w: bw}
 	return d.value(v, "", false)
 }
 
@@ -300,13 +347,29 @@ func Fingerprint(method, target string, body []byte, ignore []string) (fp string
 	h := sha256.New()
 	// Length-prefixed, so that no method, target and body can be shifted
 	// into one another (a path may hold a decoded newline).
-	fmt.Fprintf(h, "%d:%s%d:%s", len(method), method, len(target), target)
-	h.Write([]byte{'j'})
+	writePrefix(h, method, target, 'j')
 	if jsonErr = canonicalize(h, body, ignore); jsonErr != nil {
 		h.Reset()
-		fmt.Fprintf(h, "%d:%s%d:%s", len(method), method, len(target), target)
-		h.Write([]byte{'r'})
+		writePrefix(h, method, target, 'r')
 		h.Write(body)
 	}
-	return hex.EncodeToString(h.Sum(nil)), jsonErr
+	var sum [sha256.Size]byte
+	var out [2 * sha256.Size]byte
+	hex.Encode(out[:], h.Sum(sum[:0]))
+	return string(out[:]), jsonErr
+}
+
+// writePrefix writes "<len(method)>:<method><len(target)>:<target><kind>"
+// to h, as fmt.Fprintf("%d:%s%d:%s") and the kind byte would, without
+// boxing its arguments.
+func writePrefix(h hash.Hash, method, target string, kind byte) {
+	var small [128]byte
+	b := strconv.AppendInt(small[:0], int64(len(method)), 10)
+	b = append(b, ':')
+	b = append(b, method...)
+	b = strconv.AppendInt(b, int64(len(target)), 10)
+	b = append(b, ':')
+	b = append(b, target...)
+	b = append(b, kind)
+	h.Write(b)
 }

@@ -66,9 +66,19 @@ func (m *Metrics) storeSeries(store string) *storeSeries {
 
 // copyBuffers are the reverse proxies' body copy buffers, shared by every
 // route, so that a request does not allocate 32 KiB.
-var copyBuffers = &bufferPool{p: sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}}
+var copyBuffers = &bufferPool{p: sync.Pool{New: func() any { return new([copyBufferSize]byte) }}}
 
+// copyBufferSize is the size of a reverse proxy's copy buffer.
+const copyBufferSize = 32 << 10
+
+// bufferPool pools array pointers, so that Put, which gets a slice back,
+// does not allocate a new pointer to store it (a *[]byte would).
 type bufferPool struct{ p sync.Pool }
 
-func (b *bufferPool) Get() []byte  { return *b.p.Get().(*[]byte) }
-func (b *bufferPool) Put(v []byte) { b.p.Put(&v) }
+func (b *bufferPool) Get() []byte { return b.p.Get().(*[copyBufferSize]byte)[:] }
+
+func (b *bufferPool) Put(v []byte) {
+	if len(v) >= copyBufferSize {
+		b.p.Put((*[copyBufferSize]byte)(v))
+	}
+}

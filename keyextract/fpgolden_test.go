@@ -1,0 +1,73 @@
+package keyextract
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"testing"
+
+	"github.com/tidwall/gjson"
+)
+
+// TestFingerprintGolden pins fingerprints to values computed before the
+// prefix was written without fmt: stored reservations keep their
+// fingerprints across an upgrade, so the hash input may never change.
+func TestFingerprintGolden(t *testing.T) {
+	tests := []struct {
+		method, target, body string
+		ignore               []string
+		want                 string
+	}{
+		{"POST", "/charges", `{"orderId": "B-1", "amount": 10, "sentAt": "x"}`, []string{"sentAt"}, "22fbee5d8a6c3e911452fa42ba7fd816f8e0678e924f11db73a1955584fc2d89"},
+		{"POST", "/charges?a=1", `not json`, nil, "c40219efb6a748aaf395b9e00adc5c38c18b085b9616b7b80286ff8a451f0c6a"},
+		{"PUT", "/a\nb/" + string(make([]byte, 200)), `{"b":[1,2,{"c":null}],"a":"é"}`, nil, "a7ebfe5b65b4b0e6e62dfde425ad40902234a633c842e2ef76d8b9bd1a3dbc68"},
+		{"", "", ``, nil, "cc8c6091afd4aaed4fdda0b5332d3e839ad4aa84fbc772ab8f65f7eeb6997b6e"},
+	}
+	for _, tt := range tests {
+		got, _ := Fingerprint(tt.method, tt.target, []byte(tt.body), tt.ignore)
+		if got != tt.want {
+			t.Errorf("Fingerprint(%q, %q, %q) = %q, want %q", tt.method, tt.target, tt.body, got, tt.want)
+		}
+	}
+}
+
+// TestFingerprintIgnoreCache checks that a cached ignore list, one past the
+// cache's bound and one whose NUL-joined key would be ambiguous all give
+// the fingerprint of their own list, not of another list.
+func TestFingerprintIgnoreCache(t *testing.T) {
+	body := []byte(`{"a": 1, "b": 2, "a\u0000b": 3, "x": {"y": 4}}`)
+	want := func(ignore []string) string {
+		t.Helper()
+		var h bytes.Buffer
+		c := canonicalizer{w: bufio.NewWriter(&h)}
+		set := newIgnoreSet(ignore)
+		c.ignore, c.children = set.ignore, set.children
+		if err := c.value(gjson.ParseBytes(body), "", true); err != nil {
+			t.Fatal(err)
+		}
+		c.w.Flush()
+		return h.String()
+	}
+	got := func(ignore []string) string {
+		t.Helper()
+		var h bytes.Buffer
+		if err := canonicalize(&h, body, ignore); err != nil {
+			t.Fatal(err)
+		}
+		return h.String()
+	}
+	lists := [][]string{{"a"}, {"b"}, {"a", "b"}, {"a\x00b"}, {"x.y"}, {"x"}}
+	for i := range maxIgnoreSets + 8 { // fill the cache past its bound
+		lists = append(lists, []string{fmt.Sprintf("p%d", i), "a"})
+	}
+	for round := range 2 { // the second round reads the cache
+		for _, ignore := range lists {
+			if g, w := got(ignore), want(ignore); g != w {
+				t.Errorf("round %d, ignore %q: canonical form %s, want %s", round, ignore, g, w)
+			}
+		}
+	}
+	if got([]string{"a\x00b"}) == got([]string{"a", "b"}) {
+		t.Errorf("ignore [a\\x00b] and [a b] gave one canonical form")
+	}
+}
