@@ -3,7 +3,10 @@
 // queued meanwhile, up to a bound, and handles them together.
 package batch
 
-import "sync"
+import (
+	"sync"
+	"time"
+)
 
 // Queue hands the items put into it to its handler in batches. Its
 // methods are safe for concurrent use.
@@ -33,6 +36,23 @@ func (q *Queue[T]) Put(item T) bool {
 	}
 	q.items <- item
 	return true
+}
+
+// PutUntil is Put that gives up when stop fires first (the queue stays
+// full because its handler is stuck). It reports whether item was queued,
+// and whether the queue was closed.
+func (q *Queue[T]) PutUntil(item T, stop <-chan time.Time) (queued, closed bool) {
+	q.mu.RLock()
+	defer q.mu.RUnlock()
+	if q.closed {
+		return false, true
+	}
+	select {
+	case q.items <- item:
+		return true, false
+	case <-stop:
+		return false, false
+	}
 }
 
 // Len returns the number of items waiting for the handler.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	bdg "github.com/dgraph-io/badger/v4"
 
@@ -41,6 +42,14 @@ const maxBatchRetries = 100
 // errClosed is returned by update after Close.
 var errClosed = errors.New("badger: store is closed")
 
+// errStalled is returned by update when its batch was not applied within
+// the writer's wait.
+var errStalled = errors.New("badger: the writer did not apply the write in time")
+
+// defaultWriteWait bounds how long update waits for its batch: far beyond
+// a sync on a loaded disk, short enough that a stuck Badger answers 503s.
+const defaultWriteWait = 10 * time.Second
+
 // op is one queued mutation and the channel its result is sent on.
 type op struct {
 	fn   func(txn *bdg.Txn) error
@@ -55,6 +64,8 @@ type writer struct {
 	db         *bdg.DB
 	q          *batch.Queue[*op]
 	syncWrites bool
+	// wait bounds how long update waits for its batch to be applied.
+	wait time.Duration
 
 	// exclusive is held from a batch's commit to its sync; whatever else
 	// writes to the database (value-log GC) holds it too.
@@ -67,24 +78,41 @@ type writer struct {
 }
 
 func newWriter(db *bdg.DB, syncWrites bool) *writer {
-	w := &writer{db: db, syncWrites: syncWrites,
+	w := &writer{db: db, syncWrites: syncWrites, wait: defaultWriteWait,
 		commit: func(txn *bdg.Txn) error { return txn.Commit() }, sync: db.Sync}
 	w.q = batch.New(maxBatchOps, w.apply)
 	return w
 }
 
 // update runs fn in the next batch's read-write transaction and returns
-// fn's error, or the batch's commit error.
+// fn's error, or the batch's commit error. When the batch is not applied
+// within w.wait (Badger stuck, say in a write stall on a failing disk), it
+// returns errStalled rather than hang its caller: fn may still be applied
+// later, as with any store error after which the caller cannot know.
 func (w *writer) update(fn func(txn *bdg.Txn) error, sync bool) error {
 	o := opPool.Get().(*op)
 	o.fn, o.sync = fn, sync
-	err := errClosed
-	if w.q.Put(o) {
-		err = <-o.done
+	timer := time.NewTimer(w.wait)
+	defer timer.Stop()
+	queued, closed := w.q.PutUntil(o, timer.C)
+	if !queued {
+		o.fn = nil
+		opPool.Put(o)
+		if closed {
+			return errClosed
+		}
+		return errStalled
 	}
-	o.fn = nil
-	opPool.Put(o)
-	return err
+	select {
+	case err := <-o.done:
+		o.fn = nil
+		opPool.Put(o)
+		return err
+	case <-timer.C:
+		// Abandoned: the writer still answers it on its buffered channel,
+		// so it must not go back to the pool.
+		return errStalled
+	}
 }
 
 // close stops taking mutations and returns once the queued ones are

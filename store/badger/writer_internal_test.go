@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"runtime"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -376,5 +377,35 @@ func TestOnlyReservationsWaitForASync(t *testing.T) {
 		if err := <-errs; !errors.Is(err, boom) {
 			t.Errorf("err = %v, want the failed sync's", err)
 		}
+	}
+}
+
+// TestStuckWriterFailsInsteadOfHanging: while Badger does not apply a
+// batch (a write stall on a failing disk), a write answers an error after
+// the writer's wait instead of hanging its request (and, behind the guard,
+// every other one); once Badger moves again, writes go through.
+func TestStuckWriterFailsInsteadOfHanging(t *testing.T) {
+	s := openInternal(t)
+	release := holdWriter(t, s)
+	s.w.wait = 100 * time.Millisecond
+	ctx := context.Background()
+	res := proxy.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour}
+	if _, err := s.Reserve(ctx, "stuck", res); !errors.Is(err, errStalled) {
+		t.Errorf("reserve behind a stuck writer: err = %v, want %v", err, errStalled)
+	}
+	// A full queue gives up too, rather than block in Put.
+	var wg sync.WaitGroup
+	for range maxBatchOps {
+		wg.Go(func() { s.Release(ctx, "absent", "t") })
+	}
+	waitQueued(t, s, maxBatchOps)
+	if _, err := s.Reserve(ctx, "queued", res); !errors.Is(err, errStalled) {
+		t.Errorf("reserve into a full queue: err = %v, want %v", err, errStalled)
+	}
+	release()
+	wg.Wait()
+	s.w.wait = defaultWriteWait
+	if rec, err := s.Reserve(ctx, "after", res); err != nil || rec != nil {
+		t.Errorf("reserve once the writer moves: %v, %v; want nil, nil", rec, err)
 	}
 }
