@@ -50,9 +50,10 @@ func BenchmarkFingerprint(b *testing.B) {
 // request body with one ignored path: the per-request cost on the hot path.
 func BenchmarkFingerprintSmall(b *testing.B) {
 	body := []byte(`{"orderId": "B-1", "amount": 10, "sentAt": "2026-11-30T10:00:00Z"}`)
+	ignore := CompileIgnore([]string{"sentAt"}) // as a route does, once
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := Fingerprint("POST", "/charges", body, []string{"sentAt"}); err != nil {
+		if _, err := FingerprintIgnoring("POST", "/charges", body, ignore); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -15,7 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"unicode"
 	"unicode/utf8"
 
@@ -36,14 +35,14 @@ const MaxDepth = 128
 func Canonicalize(body []byte, ignore []string) ([]byte, error) {
 	var out bytes.Buffer
 	out.Grow(len(body))
-	if err := canonicalize(&out, body, ignore); err != nil {
+	if err := canonicalize(&out, body, CompileIgnore(ignore)); err != nil {
 		return nil, err
 	}
 	return out.Bytes(), nil
 }
 
 // canonicalize writes the canonical form of body to w.
-func canonicalize(w io.Writer, body []byte, ignore []string) error {
+func canonicalize(w io.Writer, body []byte, ignore *Ignore) error {
 	if err := checkJSON(body); err != nil {
 		return err
 	}
@@ -51,9 +50,8 @@ func canonicalize(w io.Writer, body []byte, ignore []string) error {
 	defer writers.Put(bw)
 	bw.Reset(w)
 	c := canonicalizer{w: bw}
-	if len(ignore) > 0 {
-		set := ignoreSetOf(ignore)
-		c.ignore, c.children = set.ignore, set.children
+	if ignore != nil {
+		c.ignore, c.children = ignore.ignore, ignore.children
 	}
 	if err := c.value(gjson.ParseBytes(body), "", c.ignore != nil); err != nil {
 		return fmt.Errorf("%w: %v", ErrBadJSON, err)
@@ -61,57 +59,35 @@ func canonicalize(w io.Writer, body []byte, ignore []string) error {
 	return bw.Flush()
 }
 
-// ignoreSet is the compiled form of a list of ignored paths. It is only
-// read once built, so one set serves concurrent fingerprints.
-type ignoreSet struct {
+// Ignore is a compiled list of ignored JSON paths (fingerprint.ignore).
+// It is only read once built, so one Ignore serves concurrent
+// fingerprints; a nil *Ignore leaves nothing out.
+type Ignore struct {
 	ignore   map[string]bool
 	children map[string]map[string]bool
 }
 
-func newIgnoreSet(ignore []string) *ignoreSet {
-	set := &ignoreSet{ignore: make(map[string]bool, len(ignore)), children: map[string]map[string]bool{}}
-	for _, p := range ignore {
-		set.ignore[p] = true
+// CompileIgnore compiles the dotted paths to leave out of a fingerprint
+// (sentAt, meta.sentAt); it returns nil for an empty list. Compile a
+// route's list once, not per request: building it is most of a small
+// fingerprint's allocations.
+func CompileIgnore(paths []string) *Ignore {
+	if len(paths) == 0 {
+		return nil
+	}
+	ig := &Ignore{ignore: make(map[string]bool, len(paths)), children: map[string]map[string]bool{}}
+	for _, p := range paths {
+		ig.ignore[p] = true
 		parent := ""
 		for name := range strings.SplitSeq(p, ".") {
-			if set.children[parent] == nil {
-				set.children[parent] = map[string]bool{}
+			if ig.children[parent] == nil {
+				ig.children[parent] = map[string]bool{}
 			}
-			set.children[parent][name] = true
+			ig.children[parent][name] = true
 			parent = join(parent, name)
 		}
 	}
-	return set
-}
-
-// ignoreSets caches compiled ignore lists by their NUL-joined paths: a
-// route's list is the same on every request, and building its maps was
-// most of a small fingerprint's allocations. The cache is bounded (the
-// lists come from the configuration, but callers may pass any).
-var (
-	ignoreSets     sync.Map // string -> *ignoreSet
-	ignoreSetCount atomic.Int32
-)
-
-const maxIgnoreSets = 256
-
-func ignoreSetOf(ignore []string) *ignoreSet {
-	for _, p := range ignore {
-		if strings.IndexByte(p, 0) >= 0 {
-			return newIgnoreSet(ignore) // the joined key would be ambiguous
-		}
-	}
-	key := strings.Join(ignore, "\x00") // one path: no allocation
-	if set, ok := ignoreSets.Load(key); ok {
-		return set.(*ignoreSet)
-	}
-	set := newIgnoreSet(ignore)
-	if ignoreSetCount.Load() < maxIgnoreSets {
-		if _, loaded := ignoreSets.LoadOrStore(key, set); !loaded {
-			ignoreSetCount.Add(1)
-		}
-	}
-	return set
+	return ig
 }
 
 var writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4096) }}
@@ -344,6 +320,12 @@ func plain(s string) bool {
 // send timestamp do not matter); any other body is hashed as it is, and
 // jsonErr says why it is not JSON (an empty body is not JSON either).
 func Fingerprint(method, target string, body []byte, ignore []string) (fp string, jsonErr error) {
+	return FingerprintIgnoring(method, target, body, CompileIgnore(ignore))
+}
+
+// FingerprintIgnoring is Fingerprint with the ignored paths compiled
+// beforehand (CompileIgnore).
+func FingerprintIgnoring(method, target string, body []byte, ignore *Ignore) (fp string, jsonErr error) {
 	h := sha256.New()
 	// Length-prefixed, so that no method, target and body can be shifted
 	// into one another (a path may hold a decoded newline).

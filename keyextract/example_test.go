@@ -82,3 +82,15 @@ func ExampleFingerprint() {
 	// other amount is the same request: false
 	// body is not valid JSON: invalid character 'o' looking for beginning of value
 }
+
+// A route compiles its ignored paths once and fingerprints every request
+// with them; the fingerprint is the one Fingerprint gives.
+func ExampleFingerprintIgnoring() {
+	ignore := keyextract.CompileIgnore([]string{"sentAt"})
+	body := []byte(`{"orderId":1001,"amount":5,"sentAt":"10:00"}`)
+	a, _ := keyextract.FingerprintIgnoring("POST", "/charges", body, ignore)
+	b, _ := keyextract.Fingerprint("POST", "/charges", body, []string{"sentAt"})
+	fmt.Println(a == b)
+	// Output:
+	// true
+}

@@ -94,7 +94,7 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 	if raw := r.URL.RawQuery; raw != "" {
 		target += "?" + canonicalQuery(raw)
 	}
-	fp, jsonErr := keyextract.Fingerprint(r.Method, target, body, cfg.Fingerprint.Ignore)
+	fp, jsonErr := keyextract.FingerprintIgnoring(r.Method, target, body, rt.ignore)
 	if rt.spec.NeedsJSON() && jsonErr != nil {
 		if a.observe(w, body, WouldBadRequest) {
 			return

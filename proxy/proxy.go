@@ -116,6 +116,7 @@ type table struct {
 type route struct {
 	cfg    config.Route
 	spec   keyextract.Spec
+	ignore *keyextract.Ignore // fingerprint.ignore, compiled once
 	rp     *httputil.ReverseProxy
 	p      *Proxy
 	series *routeSeries
@@ -177,7 +178,8 @@ func (p *Proxy) Reload(cfg *config.Config) error {
 	}
 	t.passthrough = p.reverseProxy(up, nil)
 	for _, rc := range cfg.Routes {
-		rt := &route{cfg: rc, spec: rc.Key.Spec(), p: p, series: p.m.routeSeries(rc.Name)}
+		rt := &route{cfg: rc, spec: rc.Key.Spec(), ignore: keyextract.CompileIgnore(rc.Fingerprint.Ignore),
+			p: p, series: p.m.routeSeries(rc.Name)}
 		rt.rp = p.reverseProxy(up, rt)
 		if err := register(t.mux, rc.Match, rt); err != nil {
 			return fmt.Errorf("proxy: route %s: %w", rc.Name, err)
