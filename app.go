@@ -232,6 +232,7 @@ func (a *app) serve(ctx context.Context) error {
 		adm = admin.NewHandler(admin.Options{
 			Store: a.p.Store(), Routes: a, Gatherer: reg, Token: token, TokenEnv: cfg.Admin.TokenEnv,
 			Reload: a.reload, StoreOptional: a.storeOptional, Logger: log, Reconciler: reconciler,
+			Pprof: cfg.Admin.Pprof,
 		})
 		aln, err := net.Listen("tcp", cfg.Admin.Listen)
 		if err != nil {

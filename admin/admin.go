@@ -11,6 +11,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"net/http/pprof"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -66,6 +67,9 @@ type Options struct {
 	Reconciler Reconciler
 	// Logger receives the audit log of releases; nil discards it.
 	Logger *slog.Logger
+	// Pprof serves Go's runtime profiles under /debug/pprof/, behind the
+	// token like the key API; false leaves them out (404).
+	Pprof bool
 }
 
 // DefaultTokenEnv is the variable the key API token comes from unless the
@@ -99,6 +103,15 @@ func NewHandler(opts Options) *Handler {
 	h.mux.Handle("GET /v1/keys/{route}/{key...}", h.auth(h.getKey))
 	h.mux.Handle("DELETE /v1/keys/{route}/{key...}", h.auth(h.deleteKey))
 	h.mux.Handle("POST /v1/keys/{route}/{key}/reconcile", h.auth(h.reconcileKey))
+	if opts.Pprof {
+		// A profile shows the process's internals and costs CPU while it
+		// runs: an operator's tool, behind the token.
+		h.mux.Handle("GET /debug/pprof/", h.auth(pprof.Index))
+		h.mux.Handle("GET /debug/pprof/cmdline", h.auth(pprof.Cmdline))
+		h.mux.Handle("GET /debug/pprof/profile", h.auth(pprof.Profile))
+		h.mux.Handle("GET /debug/pprof/symbol", h.auth(pprof.Symbol))
+		h.mux.Handle("GET /debug/pprof/trace", h.auth(pprof.Trace))
+	}
 	return h
 }
 

@@ -759,3 +759,34 @@ func TestReload(t *testing.T) {
 		})
 	}
 }
+
+func TestPprof(t *testing.T) {
+	st := openStore(t)
+	on := newHandler(t, st, func(o *admin.Options) { o.Pprof = true })
+	off := newHandler(t, st, nil)
+	tests := []struct {
+		name string
+		h    http.Handler
+		auth string
+		want int
+	}{
+		{"enabled, with the token", on, bearer, http.StatusOK},
+		{"enabled, no token", on, "", http.StatusUnauthorized},
+		{"enabled, wrong token", on, "Bearer nope", http.StatusUnauthorized},
+		{"disabled", off, bearer, http.StatusNotFound},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rec := serve(t, tt.h, "GET", "/debug/pprof/goroutine?debug=1", tt.auth, nil)
+			if rec.Code != tt.want {
+				t.Fatalf("GET /debug/pprof/goroutine: status %d, want %d: %s", rec.Code, tt.want, rec.Body)
+			}
+			if tt.want == http.StatusOK && !strings.Contains(rec.Body.String(), "goroutine profile") {
+				t.Errorf("body is not a goroutine profile: %.200s", rec.Body)
+			}
+		})
+	}
+	if rec := serve(t, on, "GET", "/debug/pprof/", "", nil); rec.Code != http.StatusUnauthorized {
+		t.Errorf("GET /debug/pprof/ without the token: status %d, want 401", rec.Code)
+	}
+}

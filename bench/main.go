@@ -12,7 +12,11 @@
 //
 // Usage, from the repository root:
 //
-//	go run ./bench [-duration 5s] [-conns 32] [-rounds 1] [-driver auto|wrk|go] [-targets bare,badger-sync,badger-nosync,redis]
+//	go run ./bench [-duration 5s] [-conns 32] [-rounds 1] [-driver auto|wrk|go] [-targets bare,badger-sync,badger-nosync,redis] [-profile DIR]
+//
+// With -profile, each idemproxy target serves pprof on an admin listener
+// and a CPU profile of its loaded run in the last round is written to
+// DIR/<target>.pprof (go tool pprof DIR/badger-nosync.pprof).
 package main
 
 import (
@@ -56,12 +60,13 @@ func main() {
 	keep := flag.Bool("keep", false, "keep the temporary directory (binaries, data, logs)")
 	logLevel := flag.String("log-level", "info", "idemproxy's -log-level (info writes the access log)")
 	single := flag.Bool("single", true, "also measure at 1 connection (false: a soak at -conns only)")
+	profile := flag.String("profile", "", "write a CPU profile of each idemproxy target's loaded run of the last round to this directory")
 	flag.Parse()
 	if *bareListen != "" {
 		serveBare(*bareListen, *bareUpstream)
 		return
 	}
-	if err := run(*duration, *conns, *rounds, *driver, strings.Split(*targets, ","), *keep, *logLevel, *single); err != nil {
+	if err := run(*duration, *conns, *rounds, *driver, strings.Split(*targets, ","), *keep, *logLevel, *single, *profile); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
@@ -94,10 +99,11 @@ func (b *bufPool) Put(v []byte) { b.p.Put(&v) }
 
 // target is one process under measurement.
 type target struct {
-	name string
-	cmd  *exec.Cmd
-	addr string
-	pid  int
+	name  string
+	cmd   *exec.Cmd
+	addr  string
+	admin string // idemproxy's admin listener (with -profile), else empty
+	pid   int
 }
 
 // result is one target's measurement.
@@ -113,7 +119,12 @@ type result struct {
 	anon, file   int64 // RSS at the end: anonymous (heap, stacks) and mapped files
 }
 
-func run(d time.Duration, conns, rounds int, driver string, names []string, keep bool, logLevel string, single bool) error {
+func run(d time.Duration, conns, rounds int, driver string, names []string, keep bool, logLevel string, single bool, profile string) error {
+	if profile != "" {
+		if err := os.MkdirAll(profile, 0o755); err != nil {
+			return err
+		}
+	}
 	tmp, err := os.MkdirTemp("", "idemproxy-bench")
 	if err != nil {
 		return err
@@ -167,6 +178,7 @@ func run(d time.Duration, conns, rounds int, driver string, names []string, keep
 	}()
 	start := func(name string, args ...string) (*exec.Cmd, error) {
 		c := exec.Command(name, args...)
+		c.Env = append(os.Environ(), "IDEMPROXY_ADMIN_TOKEN="+benchToken) // for -profile
 		logf, err := os.Create(filepath.Join(tmp, filepath.Base(name)+"-"+strconv.Itoa(len(procs))+".log"))
 		if err != nil {
 			return nil, err
@@ -204,7 +216,7 @@ func run(d time.Duration, conns, rounds int, driver string, names []string, keep
 
 	var ts []*target
 	for _, n := range names {
-		addr := freeAddr()
+		addr, adminAddr := freeAddr(), ""
 		var c *exec.Cmd
 		switch n {
 		case "bare":
@@ -216,6 +228,10 @@ func run(d time.Duration, conns, rounds int, driver string, names []string, keep
 			}
 			cfg := fmt.Sprintf("listen: %s\nupstream: %s\nstore:\n%sroutes:\n  - name: charges\n    match: POST /charges\n    key: {json: orderId}\n",
 				addr, stubURL, store)
+			if profile != "" {
+				adminAddr = freeAddr()
+				cfg += fmt.Sprintf("admin:\n  listen: %s\n  pprof: true\n", adminAddr)
+			}
 			path := filepath.Join(tmp, n+".yaml")
 			if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 				return err
@@ -230,7 +246,7 @@ func run(d time.Duration, conns, rounds int, driver string, names []string, keep
 		if err := waitListening(addr); err != nil {
 			return fmt.Errorf("%s: %w", n, err)
 		}
-		ts = append(ts, &target{name: n, cmd: c, addr: addr, pid: c.Process.Pid})
+		ts = append(ts, &target{name: n, cmd: c, addr: addr, admin: adminAddr, pid: c.Process.Pid})
 	}
 
 	how := "an in-process Go client"
@@ -256,12 +272,24 @@ func run(d time.Duration, conns, rounds int, driver string, names []string, keep
 					return fmt.Errorf("%s: %w", t.name, err)
 				}
 			}
+			var prof chan error
+			if t.admin != "" && r == rounds-1 {
+				prof = make(chan error, 1)
+				go func() {
+					prof <- cpuProfile(t.admin, max(d-time.Second, time.Second), filepath.Join(profile, t.name+".pprof"))
+				}()
+			}
 			cpu0 := cpuTime(t.pid)
 			many, err := load(useWrk, t.addr, conns, d, prefix+"-n", tmp)
 			if err != nil {
 				return fmt.Errorf("%s: %w", t.name, err)
 			}
 			cpu := cpuTime(t.pid) - cpu0
+			if prof != nil {
+				if err := <-prof; err != nil {
+					return fmt.Errorf("%s: profile: %w", t.name, err)
+				}
+			}
 			res.rps1, res.p50_1, res.p99_1 = one.rps(), one.p50, one.p99
 			res.rpsN, res.p50N, res.p99N = many.rps(), many.p50, many.p99
 			res.errors = one.errors + many.errors
@@ -503,4 +531,35 @@ func waitListening(addr string) error {
 		time.Sleep(20 * time.Millisecond)
 	}
 	return fmt.Errorf("%s not listening within 20s", addr)
+}
+
+// benchToken is the admin token of the profiled targets.
+const benchToken = "bench"
+
+// cpuProfile fetches a CPU profile of d from an idemproxy admin listener
+// into path.
+func cpuProfile(admin string, d time.Duration, path string) error {
+	req, err := http.NewRequest("GET", fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", admin, int(d.Seconds())), nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "Bearer "+benchToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return fmt.Errorf("%s: %s", resp.Status, b)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, resp.Body); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }

@@ -77,6 +77,10 @@ type Admin struct {
 	// TokenEnv names the environment variable that holds the bearer token
 	// for /v1/keys. Default IDEMPROXY_ADMIN_TOKEN.
 	TokenEnv string `yaml:"token_env"`
+	// Pprof serves Go's runtime profiles (net/http/pprof) under
+	// /debug/pprof/ on the admin listener, behind the admin token, for
+	// profiling a proxy under its real load. Default false.
+	Pprof bool `yaml:"pprof"`
 }
 
 // Store selects exactly one backend.
