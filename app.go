@@ -30,6 +30,7 @@ import (
 // app is a running idemproxy.
 type app struct {
 	log    *slog.Logger
+	access *proxy.AccessLog // nil: the access log is off
 	path   string
 	getenv func(string) string
 
@@ -195,7 +196,7 @@ func (a *app) serve(ctx context.Context) error {
 		}
 	}()
 	a.p, err = proxy.New(cfg, proxy.Options{
-		Store: store, StoreName: storeName, Logger: log, Metrics: proxy.NewMetrics(reg),
+		Store: store, StoreName: storeName, Logger: log, AccessLog: a.access, Metrics: proxy.NewMetrics(reg),
 	})
 	if err != nil {
 		return err

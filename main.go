@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/proxy"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -61,10 +62,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	case *healthURL != "":
 		return healthcheck(*healthURL, stderr)
 	}
-	log, err := newLogger(stderr, *logFormat, *logLevel)
+	sink := newLogSink(stderr)
+	defer sink.Flush()
+	log, err := newLogger(sink, *logFormat, *logLevel)
 	if err != nil {
 		fmt.Fprintf(stderr, "idemproxy: %v\n", err)
 		return 2
+	}
+	var access *proxy.AccessLog
+	if log.Enabled(ctx, slog.LevelInfo) {
+		access, _ = proxy.NewAccessLog(sink.lines(), *logFormat) // the format was checked by newLogger
 	}
 	cfg, err := config.Load(*configPath)
 	if err != nil {
@@ -75,7 +82,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		fmt.Fprintf(stdout, "%s: ok (%d routes)\n", *configPath, len(cfg.Routes))
 		return 0
 	}
-	a := &app{log: log, path: *configPath, cfg: cfg, getenv: getenv}
+	a := &app{log: log, access: access, path: *configPath, cfg: cfg, getenv: getenv}
 	if err := a.serve(ctx); err != nil {
 		log.Error("idemproxy stopped", "err", err)
 		return 1
