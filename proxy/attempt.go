@@ -27,7 +27,8 @@ type attempt struct {
 	start  time.Time
 	series *routeSeries
 
-	held     int64 // bytes of the buffered-bytes budget held by the body
+	held     int64  // bytes of the buffered-bytes budget held by the body
+	body     []byte // the buffered request body, once forwarded
 	storeKey string
 	token    string // empty: the request is not protected by a reservation
 	// reservedAt is when the reservation was asked for: its lease runs

@@ -41,6 +41,7 @@ func (p *Proxy) forward(w http.ResponseWriter, a *attempt, body []byte) {
 	if h, ok := a.in.Context().Value(sentHostKey{}).(string); ok {
 		out.Host = h // matched as a DNS name; X-Forwarded-Host as sent
 	}
+	a.body = body
 	out.ContentLength = int64(len(body))
 	out.TransferEncoding = nil
 	out.Body = http.NoBody

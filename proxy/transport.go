@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"bytes"
+	"io"
 	"net"
 	"net/http"
 	"time"
@@ -45,6 +47,15 @@ func newNoResend(base http.RoundTripper) http.RoundTripper {
 }
 
 func (n *noResend) RoundTrip(req *http.Request) (*http.Response, error) {
+	if a, ok := req.Context().Value(attemptKey{}).(*attempt); ok && len(a.body) > 0 && req.Body != nil {
+		// The reverse proxy wraps the body in a reader of its own, which
+		// makes the transport send the headers and the body in two
+		// writes (two packets, two reads upstream). The body was buffered:
+		// given as the in-memory reader it is, it goes out with the
+		// headers in one write.
+		req = req.WithContext(req.Context()) // a shallow copy: RoundTrip must not change req
+		req.Body = io.NopCloser(bytes.NewReader(a.body))
+	}
 	for _, h := range []string{"Idempotency-Key", "X-Idempotency-Key"} {
 		if vs, ok := req.Header[h]; ok {
 			delete(req.Header, h)
