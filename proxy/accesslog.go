@@ -192,7 +192,7 @@ func (p *Proxy) finish(a *attempt) {
 	e := entry{route: a.routeName(), method: a.in.Method, path: a.loggedPath(), outcome: string(a.outcome),
 		status: a.status, duration: d, upstream: a.upstream}
 	if a.storeKey != "" {
-		e.keyHash = keyHash(a.storeKey)
+		e.keyHash = KeyHash(a.storeKey)
 	}
 	if p.access != nil {
 		p.access.write(e)

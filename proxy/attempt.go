@@ -276,7 +276,7 @@ func (p *Proxy) releaseLater(key, token string) {
 		// whole process would go.
 		defer func() {
 			if e := recover(); e != nil {
-				p.log.Error("store panicked releasing a key", "key_hash", keyHash(key), "panic", fmt.Sprint(e))
+				p.log.Error("store panicked releasing a key", "key_hash", KeyHash(key), "panic", fmt.Sprint(e))
 			}
 		}()
 		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
@@ -296,7 +296,7 @@ func (p *Proxy) releaseLater(key, token string) {
 // storeFailed answers a store failure: 503, or the request forwarded
 // unprotected under on_store_error: forward.
 func (a *attempt) storeFailed(w http.ResponseWriter, body []byte, op string, err error) {
-	a.p.log.Error("store failed", "route", a.routeName(), "operation", op, "key_hash", keyHash(a.storeKey), "err", err)
+	a.p.log.Error("store failed", "route", a.routeName(), "operation", op, "key_hash", KeyHash(a.storeKey), "err", err)
 	a.outcome = OutcomeStoreError
 	if a.rt.cfg.OnStoreError == config.StoreErrorForward || a.observing() {
 		a.p.forward(w, a, body)

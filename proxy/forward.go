@@ -105,13 +105,13 @@ func (p *Proxy) retrySettle(a *attempt, opName string, op func(ctx context.Conte
 	}
 	key, route := a.storeKey, a.routeName()
 	p.log.Warn("settling a key failed; retrying while the lease holds", "route", route, "operation", opName,
-		"key_hash", keyHash(key), "until", until)
+		"key_hash", KeyHash(key), "until", until)
 	go func() {
 		defer p.active.leave()
 		defer func() {
 			if e := recover(); e != nil {
 				p.log.Error("settling a key panicked; it will be in doubt when its lease ends",
-					"route", route, "operation", opName, "key_hash", keyHash(key), "panic", e)
+					"route", route, "operation", opName, "key_hash", KeyHash(key), "panic", e)
 			}
 		}()
 		delay := 50 * time.Millisecond
@@ -121,7 +121,7 @@ func (p *Proxy) retrySettle(a *attempt, opName string, op func(ctx context.Conte
 			case <-p.life.Done(): // past the shutdown deadline
 				wait.Stop()
 				p.log.Error("not retried: shutting down; the key will be in doubt when its lease ends",
-					"route", route, "operation", opName, "key_hash", keyHash(key))
+					"route", route, "operation", opName, "key_hash", KeyHash(key))
 				return
 			case <-wait.C:
 			}
@@ -130,15 +130,15 @@ func (p *Proxy) retrySettle(a *attempt, opName string, op func(ctx context.Conte
 			cancel()
 			switch {
 			case err == nil:
-				p.log.Info("settled on retry", "route", route, "operation", opName, "key_hash", keyHash(key))
+				p.log.Info("settled on retry", "route", route, "operation", opName, "key_hash", KeyHash(key))
 				return
 			case errors.Is(err, ErrNotOwner):
 				p.log.Warn("reservation was taken over before it settled; left to its new owner",
-					"route", route, "operation", opName, "key_hash", keyHash(key))
+					"route", route, "operation", opName, "key_hash", KeyHash(key))
 				return
 			case !time.Now().Before(until):
 				p.log.Error("store failed to settle a key; it will be in doubt when its lease ends",
-					"route", route, "operation", opName, "key_hash", keyHash(key), "err", err)
+					"route", route, "operation", opName, "key_hash", KeyHash(key), "err", err)
 				return
 			}
 			delay = min(delay*2, time.Second)
@@ -171,12 +171,12 @@ func (a *attempt) settleErr(op string, err error) {
 	case err == nil:
 	case errors.Is(err, ErrNotOwner):
 		a.p.log.Warn("reservation was taken over before it settled; left to its new owner",
-			"route", a.routeName(), "operation", op, "key_hash", keyHash(a.storeKey))
+			"route", a.routeName(), "operation", op, "key_hash", KeyHash(a.storeKey))
 	default:
 		// The reservation stays in flight and turns in doubt when its
 		// lease runs out: never released, never charged twice.
 		a.p.log.Error("store failed to settle a key; it will be in doubt when its lease ends",
-			"route", a.routeName(), "operation", op, "key_hash", keyHash(a.storeKey), "err", err)
+			"route", a.routeName(), "operation", op, "key_hash", KeyHash(a.storeKey), "err", err)
 		a.outcome = OutcomeStoreError
 	}
 }

@@ -322,8 +322,9 @@ func StoreKey(route, scope, key string) string {
 	return route + "/" + s + "/" + key
 }
 
-// keyHash is a short, one-way digest of a store key for logs.
-func keyHash(storeKey string) string {
+// KeyHash is a short, one-way digest of a store key, for logs: the key
+// itself may carry a customer reference.
+func KeyHash(storeKey string) string {
 	sum := sha256.Sum256([]byte(storeKey))
 	return hex.EncodeToString(sum[:6])
 }

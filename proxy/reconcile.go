@@ -220,7 +220,7 @@ func (r *Reconciler) Discover(ctx context.Context) {
 				continue // see reconcile
 			}
 			if err := r.st.ScheduleLookup(ctx, k, rt.cfg.Reconcile.Grace.D()); err != nil {
-				r.p.log.Error("reconciler: schedule a lookup", "route", rt.cfg.Name, "key_hash", keyHash(k), "err", err)
+				r.p.log.Error("reconciler: schedule a lookup", "route", rt.cfg.Name, "key_hash", KeyHash(k), "err", err)
 				continue
 			}
 			r.p.m.rec.discovered.WithLabelValues(rt.cfg.Name).Inc()
@@ -256,7 +256,7 @@ func (r *Reconciler) pass(ctx context.Context) {
 			defer func() { <-r.sem; r.wg.Done() }()
 			defer func() {
 				if e := recover(); e != nil { // a store used without its guard
-					r.p.log.Error("reconciler: lookup panicked; the key stays in doubt", "key_hash", keyHash(k), "panic", e)
+					r.p.log.Error("reconciler: lookup panicked; the key stays in doubt", "key_hash", KeyHash(k), "panic", e)
 				}
 			}()
 			r.reconcile(ctx, k, false)
@@ -313,11 +313,11 @@ func (r *Reconciler) reconcile(ctx context.Context, key string, force bool) (Rec
 		if errors.Is(err, ErrNotOwner) {
 			return ReconcileOutcome{}, ErrNotInDoubt // settled meanwhile
 		}
-		r.p.log.Error("reconciler: settle a lookup", "route", cfg.Name, "key_hash", keyHash(key), "err", err)
+		r.p.log.Error("reconciler: settle a lookup", "route", cfg.Name, "key_hash", KeyHash(key), "err", err)
 		return ReconcileOutcome{}, err
 	}
 	r.p.m.rec.reconciliations.WithLabelValues(cfg.Name, out.Result).Inc()
-	r.p.log.Warn("in-doubt key reconciled", "route", cfg.Name, "key_hash", keyHash(key),
+	r.p.log.Warn("in-doubt key reconciled", "route", cfg.Name, "key_hash", KeyHash(key),
 		"result", out.Result, "lookup_status", out.LookupStatus, "err", out.Error)
 	return out, nil
 }
@@ -331,7 +331,7 @@ func (r *Reconciler) lookup(ctx context.Context, rt *route, key string) (Reconci
 	}
 	_, _, idemKey, ok := splitStoreKey(key)
 	if !ok {
-		return fail(fmt.Errorf("store key %q has no route, scope and key", keyHash(key)))
+		return fail(fmt.Errorf("store key %q has no route, scope and key", KeyHash(key)))
 	}
 	target, err := lookupURL(r.p.table.Load().upstream, cfg.Reconcile.LookupPath(), idemKey)
 	if err != nil {
@@ -412,7 +412,7 @@ func (a *attempt) scheduleLookup() {
 	defer cancel()
 	if err := st.ScheduleLookup(ctx, a.storeKey, rc.Grace.D()); err != nil {
 		// Discovery finds it later.
-		a.p.log.Error("schedule the lookup of an in-doubt key", "route", a.routeName(), "key_hash", keyHash(a.storeKey), "err", err)
+		a.p.log.Error("schedule the lookup of an in-doubt key", "route", a.routeName(), "key_hash", KeyHash(a.storeKey), "err", err)
 	}
 }
 

@@ -78,6 +78,7 @@ type Store struct {
 	closeErr  error
 
 	sizes sizeCache // Sizes' last measurement (size.go)
+	mem   memo      // reservations made and commits not yet applied (commit.go)
 }
 
 // record is the stored form of a proxy.Record, encoded by marshal (record.go);
@@ -138,7 +139,7 @@ func Open(opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("badger: open %s: %w", opts.Dir, err)
 	}
-	s := &Store{db: db, w: newWriter(db, opts.SyncWrites), log: opts.Logger, now: time.Now, stop: make(chan struct{})}
+	s := &Store{db: db, w: newWriter(db, opts.SyncWrites), log: opts.Logger, now: time.Now, stop: make(chan struct{}), mem: newMemo()}
 	n, err := 0, error(nil)
 	if !opts.keepInFlight {
 		n, err = s.orphansInDoubt()
@@ -266,7 +267,15 @@ func (s *Store) Reserve(ctx context.Context, key string, res proxy.Reservation) 
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	var existing *proxy.Record
+	// A commit not yet applied was queued before this reservation's write
+	// would be: it is found here, or by the write in Badger.
+	if pc := s.mem.committed(key); pc != nil {
+		return s.public(pc.rec, pc.expiresAt), nil
+	}
+	var (
+		existing *proxy.Record
+		made     reservation
+	)
 	err := s.update(func(txn *bdg.Txn) error {
 		existing = nil
 		k := []byte(key)
@@ -278,6 +287,7 @@ func (s *Store) Reserve(ctx context.Context, key string, res proxy.Reservation) 
 			existing = s.public(rec, exp)
 			if existing.State == proxy.StateInFlight && rec.Token == res.Token {
 				existing = nil // the caller's own reservation, applied before
+				made = reservation{token: rec.Token, fingerprint: rec.Fingerprint, createdAt: rec.CreatedAt, lease: rec.Lease}
 			}
 			return nil
 		}
@@ -289,26 +299,21 @@ func (s *Store) Reserve(ctx context.Context, key string, res proxy.Reservation) 
 			CreatedAt:   now.UnixMilli(),
 			Lease:       now.Add(res.Lease).UnixMilli(),
 		}
+		made = reservation{token: rec.Token, fingerprint: rec.Fingerprint, createdAt: rec.CreatedAt, lease: rec.Lease}
 		return put(txn, k, rec, now, res.TTL)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("badger: reserve: %w", err)
 	}
+	if existing == nil {
+		s.mem.own(key, made, s.now().UnixMilli())
+	}
 	return existing, nil
-}
-
-// Commit implements proxy.Store.
-func (s *Store) Commit(ctx context.Context, key, token string, resp proxy.Response, ttl time.Duration) error {
-	return s.transition(ctx, "commit", key, token, func(rec *record) time.Duration {
-		rec.State = proxy.StateCompleted
-		rec.Lease = 0
-		rec.Response = &resp
-		return ttl
-	})
 }
 
 // MarkInDoubt implements proxy.Store.
 func (s *Store) MarkInDoubt(ctx context.Context, key, token string, ttl time.Duration) error {
+	s.mem.disown(key, token)
 	return s.transition(ctx, "mark in doubt", key, token, func(rec *record) time.Duration {
 		rec.State = proxy.StateInDoubt
 		rec.Lease = 0
@@ -318,6 +323,7 @@ func (s *Store) MarkInDoubt(ctx context.Context, key, token string, ttl time.Dur
 
 // Release implements proxy.Store.
 func (s *Store) Release(ctx context.Context, key, token string) error {
+	s.mem.disown(key, token)
 	return s.transition(ctx, "release", key, token, nil)
 }
 
@@ -356,6 +362,9 @@ func (s *Store) Get(ctx context.Context, key string) (*proxy.Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	if pc := s.mem.committed(key); pc != nil {
+		return s.public(pc.rec, pc.expiresAt), nil
+	}
 	var out *proxy.Record
 	err := s.db.View(func(txn *bdg.Txn) error {
 		rec, exp, err := get(txn, []byte(key))
@@ -391,6 +400,7 @@ func (s *Store) Delete(ctx context.Context, key string) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("badger: delete: %w", err)
 	}
+	s.mem.forget(key) // applied after any commit queued before it
 	return existed, nil
 }
 
@@ -445,10 +455,14 @@ func get(txn *bdg.Txn, k []byte) (*record, uint64, error) {
 }
 
 func put(txn *bdg.Txn, k []byte, rec *record, now time.Time, ttl time.Duration) error {
-	// Badger's expiry has one-second granularity: round up, so a record is
-	// never forgotten early.
-	exp := now.Add(ttl + time.Second - 1).Unix()
-	return putAt(txn, k, rec, uint64(exp))
+	return putAt(txn, k, rec, expiry(now, ttl))
+}
+
+// expiry is the Badger expiry of a record written at now for ttl. Badger's
+// expiry has one-second granularity: it is rounded up, so a record is
+// never forgotten early.
+func expiry(now time.Time, ttl time.Duration) uint64 {
+	return uint64(now.Add(ttl + time.Second - 1).Unix())
 }
 
 func putAt(txn *bdg.Txn, k []byte, rec *record, expiresAt uint64) error {

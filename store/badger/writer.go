@@ -53,8 +53,24 @@ const defaultWriteWait = 10 * time.Second
 // op is one queued mutation and the channel its result is sent on.
 type op struct {
 	fn   func(txn *bdg.Txn) error
-	sync bool       // its batch must be synced before it is answered
+	sync bool // its batch must be synced before it is answered
+	// then, when set, makes the op asynchronous: nobody waits on done,
+	// and the writer calls then with the op's result instead (on its own
+	// goroutine: then must be quick, and must not wait for the writer).
+	then func(error)
 	done chan error // buffered: the writer never blocks on it
+}
+
+// answer hands o its result. An asynchronous op goes back to the pool
+// here, since nobody waits for it.
+func (o *op) answer(err error) {
+	if then := o.then; then != nil {
+		o.fn, o.then = nil, nil
+		opPool.Put(o)
+		then(err)
+		return
+	}
+	o.done <- err
 }
 
 var opPool = sync.Pool{New: func() any { return &op{done: make(chan error, 1)} }}
@@ -115,6 +131,27 @@ func (w *writer) update(fn func(txn *bdg.Txn) error, sync bool) error {
 	}
 }
 
+// updateAsync queues fn for the next batch and returns at once; then gets
+// fn's error, or the batch's commit error, once the batch is applied. It
+// returns an error, and then is never called, when fn could not be queued
+// within w.wait or the writer is closed.
+func (w *writer) updateAsync(fn func(txn *bdg.Txn) error, then func(error)) error {
+	o := opPool.Get().(*op)
+	o.fn, o.sync, o.then = fn, false, then
+	timer := time.NewTimer(w.wait)
+	defer timer.Stop()
+	queued, closed := w.q.PutUntil(o, timer.C)
+	if !queued {
+		o.fn, o.then = nil, nil
+		opPool.Put(o)
+		if closed {
+			return errClosed
+		}
+		return errStalled
+	}
+	return nil
+}
+
 // close stops taking mutations and returns once the queued ones are
 // applied.
 func (w *writer) close() { w.q.Close() }
@@ -144,8 +181,9 @@ func (w *writer) applyOnce(batch []*op) []*op {
 			if errors.Is(err, bdg.ErrTxnTooBig) && n > 0 {
 				break // full: commit those before it, without its half
 			}
-			batch[n].done <- err
+			failedOp := batch[n]
 			batch = slices.Delete(batch, n, n+1)
+			failedOp.answer(err)
 			failed = true
 			break
 		}
@@ -181,7 +219,7 @@ func (w *writer) applyOnce(batch []*op) []*op {
 			err = fmt.Errorf("commit batch: %w", err)
 		}
 		for _, o := range batch {
-			o.done <- err
+			o.answer(err)
 		}
 		return nil
 	}

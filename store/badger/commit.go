@@ -1,0 +1,217 @@
+package badger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	bdg "github.com/dgraph-io/badger/v4"
+
+	"github.com/idemproxy/idemproxy/proxy"
+)
+
+// Commits that do not wait.
+//
+// A commit needs no sync of its own (its loss leaves the key in doubt,
+// never charged twice: Options.SyncWrites), so what its caller waits for
+// is only the writer's round trip, on the path of every answer. Commit
+// skips that wait when the store itself made the reservation it settles:
+// the completed record is put in memory (pending), where Reserve and Get
+// find it at once, and queued for the writer, whose batch writes it to
+// Badger; once applied it leaves memory. Since the writer applies
+// mutations in the order they were queued, a write queued after the
+// commit (an admin release, say) finds it applied. A commit whose batch
+// fails stays in memory and is queued again while the reservation's lease
+// holds; past the lease it is dropped and the key reads in doubt, as after
+// a failed synchronous commit. Badger locks its directory, so this
+// process's memory is the only other reader there is.
+//
+// The store knows which reservations it made (owned) from Reserve until
+// they are settled; any other commit (a store reopened by the Guard, an
+// owner the store does not know) takes the synchronous path, which reads
+// the record.
+
+// memo is what the store knows of its keys without reading Badger.
+type memo struct {
+	mu      sync.Mutex
+	owned   map[string]reservation    // made by this store, not settled yet
+	pending map[string]*pendingCommit // committed, not yet applied
+	// sweepAt is the size of owned at which reservations whose lease
+	// ended (never settled: the store failed them) are forgotten.
+	sweepAt int
+}
+
+// reservation is a reservation the store made.
+type reservation struct {
+	token       string
+	fingerprint string
+	createdAt   int64 // unix ms
+	lease       int64 // unix ms
+}
+
+// pendingCommit is a completed record on its way to Badger.
+type pendingCommit struct {
+	rec       *record
+	expiresAt uint64
+}
+
+func newMemo() memo {
+	return memo{owned: map[string]reservation{}, pending: map[string]*pendingCommit{}, sweepAt: minSweep}
+}
+
+// minSweep is the least size of owned that is swept.
+const minSweep = 1024
+
+// own records a reservation the store just made, at now (unix ms).
+func (m *memo) own(key string, r reservation, now int64) {
+	m.mu.Lock()
+	m.owned[key] = r
+	if len(m.owned) >= m.sweepAt {
+		for k, o := range m.owned {
+			if o.lease <= now {
+				delete(m.owned, k)
+			}
+		}
+		m.sweepAt = max(minSweep, 2*len(m.owned))
+	}
+	m.mu.Unlock()
+}
+
+// disown forgets the reservation under key if it carries token ("" for
+// any).
+func (m *memo) disown(key, token string) {
+	m.mu.Lock()
+	if r, ok := m.owned[key]; ok && (token == "" || r.token == token) {
+		delete(m.owned, key)
+	}
+	m.mu.Unlock()
+}
+
+// committed returns the pending commit under key, nil if there is none.
+func (m *memo) committed(key string) *pendingCommit {
+	m.mu.Lock()
+	pc := m.pending[key]
+	m.mu.Unlock()
+	return pc
+}
+
+// settled removes pc from memory, unless another commit replaced it.
+func (m *memo) settled(key string, pc *pendingCommit) {
+	m.mu.Lock()
+	if m.pending[key] == pc {
+		delete(m.pending, key)
+	}
+	m.mu.Unlock()
+}
+
+// forget removes whatever memory holds of key: its record was deleted.
+func (m *memo) forget(key string) {
+	m.mu.Lock()
+	delete(m.owned, key)
+	delete(m.pending, key)
+	m.mu.Unlock()
+}
+
+// Commit implements proxy.Store. A commit of a reservation this store made
+// returns once it is visible to Reserve and Get, before Badger has it
+// (see above); any other is applied before Commit returns.
+func (s *Store) Commit(ctx context.Context, key, token string, resp proxy.Response, ttl time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	now := s.now()
+	s.mem.mu.Lock()
+	r, ok := s.mem.owned[key]
+	if !ok || r.token != token || now.UnixMilli() >= r.lease {
+		s.mem.mu.Unlock()
+		return s.commitNow(ctx, key, token, resp, ttl)
+	}
+	delete(s.mem.owned, key)
+	pc := &pendingCommit{
+		rec: &record{State: proxy.StateCompleted, Token: token, Fingerprint: r.fingerprint,
+			CreatedAt: r.createdAt, Response: &resp},
+		expiresAt: expiry(now, ttl),
+	}
+	s.mem.pending[key] = pc
+	s.mem.mu.Unlock()
+	c := &asyncCommit{s: s, key: key, token: token, pc: pc, lease: time.UnixMilli(r.lease), delay: 50 * time.Millisecond}
+	if err := s.w.updateAsync(c.apply, c.done); err != nil {
+		s.mem.settled(key, pc)
+		return fmt.Errorf("badger: commit: %w", err)
+	}
+	return nil
+}
+
+// commitNow is the synchronous commit: read, check the owner, write.
+func (s *Store) commitNow(ctx context.Context, key, token string, resp proxy.Response, ttl time.Duration) error {
+	return s.transition(ctx, "commit", key, token, func(rec *record) time.Duration {
+		rec.State = proxy.StateCompleted
+		rec.Lease = 0
+		rec.Response = &resp
+		return ttl
+	})
+}
+
+// asyncCommit is one commit on its way to Badger.
+type asyncCommit struct {
+	s          *Store
+	key, token string
+	pc         *pendingCommit
+	lease      time.Time // the reservation's lease: retried until then
+	delay      time.Duration
+}
+
+// apply writes the completed record if the stored one still carries the
+// token (an operator may have released the key meanwhile).
+func (c *asyncCommit) apply(txn *bdg.Txn) error {
+	k := []byte(c.key)
+	cur, _, err := get(txn, k)
+	if err != nil {
+		return err
+	}
+	if cur == nil || cur.Token != c.token {
+		return proxy.ErrNotOwner
+	}
+	if cur.State == proxy.StateCompleted {
+		return nil // the first answer stays
+	}
+	cur.State, cur.Lease, cur.Response = proxy.StateCompleted, 0, c.pc.rec.Response
+	return putAt(txn, k, cur, c.pc.expiresAt)
+}
+
+// done is called by the writer with the result of apply's batch.
+func (c *asyncCommit) done(err error) {
+	s := c.s
+	switch {
+	case err == nil:
+		s.mem.settled(c.key, c.pc)
+		return
+	case errors.Is(err, proxy.ErrNotOwner):
+		s.mem.settled(c.key, c.pc)
+		s.log.Warn("reservation was taken over before its commit was written; left to its new owner", "key_hash", proxy.KeyHash(c.key))
+		return
+	}
+	select {
+	case <-s.stop:
+	default:
+		if wait := min(c.delay, time.Until(c.lease)); wait > 0 {
+			s.log.Warn("writing a commit failed; retrying while the lease holds", "key_hash", proxy.KeyHash(c.key), "err", err)
+			c.delay = min(2*c.delay, time.Second)
+			time.AfterFunc(wait, func() {
+				if err := s.w.updateAsync(c.apply, c.done); err != nil {
+					c.giveUp(err)
+				}
+			})
+			return
+		}
+	}
+	c.giveUp(err)
+}
+
+func (c *asyncCommit) giveUp(err error) {
+	c.s.mem.settled(c.key, c.pc)
+	c.s.log.Error("store failed to write a commit; the key will be in doubt when its lease ends",
+		"key_hash", proxy.KeyHash(c.key), "err", err)
+}
