@@ -44,6 +44,14 @@ func BenchmarkProxiedRequest(b *testing.B) {
 				}
 			})
 		})
+		// One request at a time: the latency a single client sees.
+		b.Run(fmt.Sprintf("new-key-serial/sync=%v", sync), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				body := fmt.Sprintf(`{"orderId": "S-%d", "amount": 10, "sentAt": "2026-11-30T10:00:00Z"}`, n.Add(1))
+				serve(b, p, body, 201)
+			}
+		})
 		b.Run(fmt.Sprintf("replay/sync=%v", sync), func(b *testing.B) {
 			body := `{"orderId": "B-1", "amount": 10, "sentAt": "2026-11-30T10:00:00Z"}`
 			b.ReportAllocs()

@@ -7,9 +7,11 @@
 // Release and MarkInDoubt are each one closure applied by the store's single
 // writer, which batches the closures queued meanwhile into one Badger
 // transaction and one WAL sync (group commit, writer.go): reservations are
-// atomic among the requests of this process, and durable together. Badger
-// locks its directory, so one store serves exactly one process: the
-// embedded store is per replica.
+// atomic among the requests of this process, and durable together. A
+// commit of a reservation the store made is answered once it is in the
+// store's memory, before the writer applies it (commit.go). Badger locks
+// its directory, so one store serves exactly one process: the embedded
+// store is per replica.
 package badger
 
 import (
