@@ -55,8 +55,10 @@ func TestCommitVisibleBeforeApplied(t *testing.T) {
 		t.Fatalf("in Badger while the writer is held: %+v, want still in flight (the commit is queued)", rec)
 	}
 	for name, read := range map[string]func() (*proxy.Record, error){
-		"Get":     func() (*proxy.Record, error) { return s.Get(ctx, "k") },
-		"Reserve": func() (*proxy.Record, error) { return s.Reserve(ctx, "k", proxy.Reservation{Token: "t2", Lease: time.Minute, TTL: time.Hour}) },
+		"Get": func() (*proxy.Record, error) { return s.Get(ctx, "k") },
+		"Reserve": func() (*proxy.Record, error) {
+			return s.Reserve(ctx, "k", proxy.Reservation{Token: "t2", Lease: time.Minute, TTL: time.Hour})
+		},
 	} {
 		rec, err := read()
 		if err != nil || rec == nil || rec.State != proxy.StateCompleted || rec.Fingerprint != "fp1" ||
