@@ -15,6 +15,7 @@ type capture struct {
 	a     *attempt
 	resp  *http.Response
 	limit int64
+	held  int64 // budget taken for buf; a.held counts it too, and the attempt gives it back
 	buf   bytes.Buffer
 	over  bool
 	eof   bool
@@ -23,15 +24,36 @@ type capture struct {
 }
 
 func (c *capture) keep(p []byte) (int, error) {
-	if !c.over {
-		if int64(c.buf.Len()+len(p)) > c.limit {
-			c.over = true
-			c.buf = bytes.Buffer{}
-		} else {
-			c.buf.Write(p)
-		}
+	if c.over {
+		return len(p), nil
 	}
+	n := int64(c.buf.Len() + len(p))
+	if n > c.limit {
+		c.drop()
+		return len(p), nil
+	}
+	// The copy counts in server.max_buffered_bytes like the request
+	// bodies: a burst of large answers must not take the sidecar's memory.
+	// It is held until the request ends (the attempt gives it back).
+	if need := n - c.held; need > 0 {
+		step := max(need, budgetStep)
+		if !c.a.p.budget.take(step) {
+			c.a.p.log.Warn("answer not stored: too many bytes buffered at once; duplicates get 409 response-not-replayable",
+				"route", c.a.routeName())
+			c.drop()
+			return len(p), nil
+		}
+		c.held += step
+		c.a.held += step
+	}
+	c.buf.Write(p)
 	return len(p), nil
+}
+
+// drop stops keeping the answer: it is committed as not stored.
+func (c *capture) drop() {
+	c.over = true
+	c.buf = bytes.Buffer{}
 }
 
 func (c *capture) Read(p []byte) (int, error) {

@@ -3,13 +3,15 @@ package proxy_test
 import (
 	"bufio"
 	"bytes"
-	"github.com/idemproxy/idemproxy/store/badger"
 	"log/slog"
 	"net"
 	"net/http/httptest"
 	"os"
+	"strconv"
 	"sync"
 	"time"
+
+	"github.com/idemproxy/idemproxy/store/badger"
 
 	"fmt"
 	"io"
@@ -400,6 +402,78 @@ func TestForwardedHostAsSent(t *testing.T) {
 		}
 		if got := <-seen; got != host {
 			t.Errorf("Host %q: upstream saw X-Forwarded-Host %q, want it as sent", host, got)
+		}
+	}
+}
+
+// TestCapturedAnswersCountInTheBudget: the copy of an answer kept for
+// replay counts in server.max_buffered_bytes. An answer that does not fit
+// still reaches its client whole, is committed (never charged twice) and
+// is not replayable; the budget is given back when the request ends, so a
+// later answer that fits is stored.
+func TestCapturedAnswersCountInTheBudget(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		n, _ := strconv.Atoi(r.Header.Get("X-Answer-Bytes"))
+		w.Header().Set("Content-Type", "text/plain")
+		w.WriteHeader(201)
+		w.Write(bytes.Repeat([]byte("a"), n))
+	}))
+	t.Cleanup(up.Close)
+	e := &env{t: t, stub: up}
+	cfg := parseConfig(t, up.URL, `
+  - name: charges
+    match: POST /charges
+    key: {json: orderId}
+    max_body_bytes: 65536
+    max_stored_body_bytes: 4194304
+`)
+	cfg.Server.MaxBufferedBytes = 1 << 20
+	e.startConfig(cfg)
+	post := func(order string, answerBytes int) answer {
+		req, _ := http.NewRequest("POST", e.srv.URL+"/charges", strings.NewReader(`{"orderId":"`+order+`"}`))
+		req.Header.Set("X-Answer-Bytes", strconv.Itoa(answerBytes))
+		resp, err := e.srv.Client().Do(req)
+		if err != nil {
+			return answer{err: err}
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return answer{status: resp.StatusCode, header: resp.Header, body: b}
+	}
+	tests := []struct {
+		order      string
+		bytes      int
+		replayable bool
+	}{
+		{"ORD-C1", 3 << 20, false},  // over the budget: not kept
+		{"ORD-C2", 900 << 10, true}, // fits, once the first gave its share back
+		{"ORD-C3", 900 << 10, true}, // and again: nothing leaked
+	}
+	for _, tt := range tests {
+		// Bodies of megabytes: compare statuses only, not whole answers.
+		status := func(what string, a answer, code int, problemType string) {
+			t.Helper()
+			if a.err != nil {
+				t.Fatalf("%s: %v", what, a.err)
+			}
+			if a.status != code || a.problemType() != problemType {
+				t.Errorf("%s: got %d %q, want %d %q", what, a.status, a.problemType(), code, problemType)
+			}
+		}
+		a := post(tt.order, tt.bytes)
+		status(tt.order, a, 201, "")
+		if len(a.body) != tt.bytes {
+			t.Errorf("%s: client got %d bytes, want %d", tt.order, len(a.body), tt.bytes)
+		}
+		dup := post(tt.order, tt.bytes)
+		if tt.replayable {
+			status(tt.order+" retried", dup, 201, "")
+			if dup.header.Get("Idempotent-Replayed") != "true" || len(dup.body) != tt.bytes {
+				t.Errorf("%s retried: replayed=%q, %d bytes, want the stored answer", tt.order, dup.header.Get("Idempotent-Replayed"), len(dup.body))
+			}
+		} else {
+			status(tt.order+" retried", dup, 409, "response-not-replayable")
 		}
 	}
 }
