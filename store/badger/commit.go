@@ -31,7 +31,14 @@ import (
 // The store knows which reservations it made (owned) from Reserve until
 // they are settled; any other commit (a store reopened by the Guard, an
 // owner the store does not know) takes the synchronous path, which reads
-// the record.
+// the record; so do commits of answers larger than maxAsyncBody.
+
+// maxAsyncBody is the largest answer body committed without waiting. A
+// pending commit's body outlives its request (and the request's share of
+// server.max_buffered_bytes): with the writer's queue full, at most
+// maxBatchOps of them wait, so this bounds that memory to 16 MiB. A larger
+// answer's commit waits for the writer, as its request holds its bytes.
+const maxAsyncBody = 64 << 10
 
 // memo is what the store knows of its keys without reading Badger.
 type memo struct {
@@ -124,7 +131,7 @@ func (s *Store) Commit(ctx context.Context, key, token string, resp proxy.Respon
 	now := s.now()
 	s.mem.mu.Lock()
 	r, ok := s.mem.owned[key]
-	if !ok || r.token != token || now.UnixMilli() >= r.lease {
+	if !ok || r.token != token || now.UnixMilli() >= r.lease || len(resp.Body) > maxAsyncBody {
 		s.mem.mu.Unlock()
 		return s.commitNow(ctx, key, token, resp, ttl)
 	}

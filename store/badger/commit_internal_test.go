@@ -205,3 +205,33 @@ func TestUnsettledReservationsForgotten(t *testing.T) {
 		t.Errorf("%d lapsed reservations remembered, want at most %d", n, minSweep)
 	}
 }
+
+// A large answer's commit waits for the writer: pending commits outlive
+// their requests' share of the buffered-bytes budget, so only small ones
+// may.
+func TestLargeAnswerCommitWaits(t *testing.T) {
+	ctx := context.Background()
+	s := openInternal(t)
+	mustReserve(t, s, "k", reservation1)
+	big := answer
+	big.Body = make([]byte, maxAsyncBody+1)
+	release := holdWriter(t, s)
+	done := make(chan error, 1)
+	go func() { done <- s.Commit(ctx, "k", "t1", big, time.Hour) }()
+	waitQueued(t, s, 1)
+	select {
+	case err := <-done:
+		t.Fatalf("commit of a large answer returned before the writer applied it: %v", err)
+	default:
+	}
+	if s.mem.committed("k") != nil {
+		t.Error("a large answer was kept in memory")
+	}
+	release()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if rec := stored(t, s, "k"); rec == nil || rec.State != proxy.StateCompleted || len(rec.Response.Body) != len(big.Body) {
+		t.Errorf("in Badger: %+v, want the completed large answer", rec)
+	}
+}
