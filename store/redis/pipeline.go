@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -18,7 +19,7 @@ import (
 // EVALSHAs: one write and one read for all of them, instead of one each.
 // Each call still gets its own reply, so one call's error (a script error,
 // NOSCRIPT) never fails another. A call alone is sent as it always was
-// (Script.Run). Pipelined scripts are safe to resend for the same reason
+// (Script.Run), by its own caller when no other call is running at all. Pipelined scripts are safe to resend for the same reason
 // single ones are (go-redis retries a pipeline that failed on the network):
 // each checks the caller's owner token.
 
@@ -39,6 +40,11 @@ type pipeliner struct {
 	client    goredis.UniversalClient
 	q         *batch.Queue[*call]
 	opTimeout time.Duration
+	// calls is the number of calls being run: a call that finds no other
+	// is sent by its caller at once, without the hand-off to the
+	// pipeliner's goroutine and back (two goroutine wake-ups, tens of
+	// microseconds of latency when the proxy is not loaded).
+	calls atomic.Int64
 }
 
 func newPipeliner(c goredis.UniversalClient, opTimeout time.Duration) *pipeliner {
@@ -48,8 +54,13 @@ func newPipeliner(c goredis.UniversalClient, opTimeout time.Duration) *pipeliner
 }
 
 // run runs script like Script.Run, sharing a round trip with the calls
-// queued at the same time. It returns when the reply is in or ctx ends.
+// queued at the same time; a call made while no other runs is sent at
+// once. It returns when the reply is in or ctx ends.
 func (p *pipeliner) run(ctx context.Context, script *goredis.Script, keys []string, args ...any) *goredis.Cmd {
+	defer p.calls.Add(-1)
+	if p.calls.Add(1) == 1 {
+		return script.Run(ctx, p.client, keys, args...) // alone: as send would
+	}
 	c := &call{ctx: ctx, script: script, keys: keys, args: args, done: make(chan struct{})}
 	if !p.q.Put(c) {
 		return script.Run(ctx, p.client, keys, args...) // closed: fails on the closed client

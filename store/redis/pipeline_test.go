@@ -52,23 +52,27 @@ func TestPipelinedCallsShareARoundTrip(t *testing.T) {
 	if err := admin.ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	// Pause Redis, send one call (it waits on the wire), queue the rest
-	// behind it, then unpause: they go in one pipeline.
+	// Pause Redis. A first call, alone, is sent by its caller; a second
+	// is taken by the pipeliner and sent alone too; both wait on the wire.
+	// The rest queue behind them, then Redis is unpaused: they go in one
+	// pipeline.
 	if err := admin.Do(ctx, "CLIENT", "PAUSE", "10000", "WRITE").Err(); err != nil {
 		t.Fatal(err)
 	}
 	const n = 20
-	errs := make(chan error, n+2)
-	go func() {
-		_, err := s.Reserve(ctx, "first", proxy.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour})
-		errs <- err
-	}()
-	for deadline := time.Now().Add(5 * time.Second); s.pipe.q.Len() > 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the first call was not taken")
+	errs := make(chan error, n+3)
+	for i, key := range []string{"first", "second"} {
+		go func() {
+			_, err := s.Reserve(ctx, key, proxy.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour})
+			errs <- err
+		}()
+		for deadline := time.Now().Add(5 * time.Second); s.pipe.calls.Load() < int64(i+1) || s.pipe.q.Len() > 0; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the %s call was not sent", key)
+			}
 		}
+		time.Sleep(50 * time.Millisecond) // it is on the wire, waiting for the pause to end
 	}
-	time.Sleep(50 * time.Millisecond) // it is on the wire, waiting for the pause to end
 	boom := goredis.NewScript(`return redis.error_reply('boom')`)
 	for i := range n {
 		go func() {
@@ -88,7 +92,7 @@ func TestPipelinedCallsShareARoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	var failed int
-	for range n + 2 {
+	for range n + 3 {
 		err := <-errs
 		switch {
 		case err == nil:
