@@ -29,6 +29,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -71,13 +72,14 @@ func main() {
 	profile := flag.String("profile", "", "write a CPU profile of each idemproxy target's loaded run of the last round to this directory")
 	ttl := flag.Duration("ttl", 0, "the idemproxy targets' route ttl (0: the default, 24h)")
 	sample := flag.Duration("sample", 0, "print keys sent, data-directory size and RSS of each target this often during the loaded run (0: never)")
+	prefill := flag.Int("prefill", 0, "store this many completed keys in each Badger target's directory before it starts")
 	flag.Parse()
 	if *bareListen != "" {
 		serveBare(*bareListen, *bareUpstream)
 		return
 	}
 	o := options{d: *duration, conns: *conns, rounds: *rounds, driver: *driver, names: strings.Split(*targets, ","),
-		keep: *keep, logLevel: *logLevel, single: *single, profile: *profile, ttl: *ttl, sample: *sample}
+		keep: *keep, logLevel: *logLevel, single: *single, profile: *profile, ttl: *ttl, sample: *sample, prefill: *prefill}
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
@@ -144,6 +146,7 @@ type options struct {
 	profile       string
 	ttl           time.Duration // route ttl of the idemproxy targets; 0: the default
 	sample        time.Duration // sampling period of the loaded run; 0: none
+	prefill       int           // keys stored in each Badger target before it starts
 }
 
 func run(o options) error {
@@ -258,6 +261,15 @@ func run(o options) error {
 			c, err = start(self, "-bare-listen", addr, "-bare-upstream", stubURL)
 		case "badger-sync", "badger-nosync", "redis":
 			dataDir = filepath.Join(tmp, "data-"+n)
+			if o.prefill > 0 && n != "redis" {
+				t0 := time.Now()
+				if err := prefillStore(dataDir, o.prefill, cmp.Or(o.ttl, 24*time.Hour)); err != nil {
+					return fmt.Errorf("%s: prefill: %w", n, err)
+				}
+				size, alloc := dirSize(dataDir)
+				fmt.Printf("prefill %s: %d keys in %s, data dir %.1f MiB (%.1f MiB allocated)\n",
+					n, o.prefill, time.Since(t0).Round(time.Second), mib(size), mib(alloc))
+			}
 			store := fmt.Sprintf("  badger:\n    dir: %s\n    sync_writes: %v\n", dataDir, n == "badger-sync")
 			if n == "redis" {
 				dataDir = ""
