@@ -63,7 +63,7 @@ type Options struct {
 	// Guard.reopen, whose process still runs the requests that hold them
 	// (a lapsed lease reads as in doubt all the same).
 	keepInFlight bool
-	// trimEvery overrides trimInterval; negative: never (tests trim
+	// trimEvery overrides trimPoll; negative: never (tests trim
 	// themselves).
 	trimEvery time.Duration
 	// noCompactions stops Badger's compactions (tests that count the
@@ -178,7 +178,7 @@ func Open(opts Options) (*Store, error) {
 		s.log.Warn("reservations left in flight by the previous process are now in doubt", "keys", n)
 	}
 	if opts.trimEvery == 0 {
-		opts.trimEvery = trimInterval
+		opts.trimEvery = trimPoll
 	}
 	s.done.Add(1)
 	go s.gcLoop(opts.GCInterval, opts.trimEvery)
@@ -199,10 +199,10 @@ func (s *Store) Close() error {
 	return s.closeErr
 }
 
-// trimInterval is how often the pages of the mapped tables' data blocks
-// are returned to the kernel (trimmer): the resident set grows by at most
-// what flushes and compactions touch in that time.
-const trimInterval = 250 * time.Millisecond
+// trimPoll is how often the store asks whether the mapped tables should
+// be trimmed (trimmer.poll): the resident set grows by at most what
+// flushes and compactions touch in that time, beyond trimGrowth.
+const trimPoll = 25 * time.Millisecond
 
 // scanTrimInterval is how often the mapped tables are trimmed while the
 // start-up scan reads them all: it reads a few hundred MB per second.
@@ -248,8 +248,8 @@ func (s *Store) gcLoop(every, trimEvery time.Duration) {
 			return
 		case <-t.C:
 			s.RunGC()
-		case <-trim:
-			if _, err := s.trim.trim(); err != nil {
+		case now := <-trim:
+			if err := s.trim.poll(now); err != nil {
 				s.log.Warn("mapped tables stay resident", "err", err)
 			}
 		}
