@@ -159,18 +159,3 @@ func TestTrimKeepsOnlyIndexesResident(t *testing.T) {
 		t.Errorf("after trimming, %d bytes of %d tables (%d bytes) resident; want at most the indexes' %d (and straddling folios; before: %d)", got, len(ssts), total, bound, before)
 	}
 }
-
-func BenchmarkTrim(b *testing.B) {
-	dir := os.Getenv("TRIM_DIR")
-	if dir == "" {
-		b.Skip("TRIM_DIR")
-	}
-	s, err := Open(Options{Dir: dir, trimEvery: -1})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Close()
-	for b.Loop() {
-		s.trim.trim()
-	}
-}
