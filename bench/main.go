@@ -12,7 +12,15 @@
 //
 // Usage, from the repository root:
 //
-//	go run ./bench [-duration 5s] [-conns 32] [-rounds 1] [-driver auto|wrk|go] [-targets bare,badger-sync,badger-nosync,redis] [-profile DIR]
+//	go run ./bench [-duration 5s] [-conns 32] [-rounds 1] [-driver auto|wrk|go] [-targets bare,badger-sync,badger-nosync,redis] [-profile DIR] [-ttl D] [-sample D]
+//
+// With -ttl, the idemproxy targets' route remembers keys for that long
+// instead of the default 24 h (its lease and upstream timeout shrink to
+// fit), so that keys expire while new ones arrive. With -sample, the loaded
+// run is driven in pieces of that length, and after each piece a line
+// per target says the keys sent so far, the size of the data directory
+// (the sum of its files' sizes, and the blocks allocated to them), RssAnon,
+// RssFile and VmHWM; the latencies of the table are then the worst piece's.
 //
 // With -profile, each idemproxy target serves pprof on an admin listener
 // and a CPU profile of its loaded run in the last round is written to
@@ -21,6 +29,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -61,12 +70,17 @@ func main() {
 	logLevel := flag.String("log-level", "info", "idemproxy's -log-level (info writes the access log)")
 	single := flag.Bool("single", true, "also measure at 1 connection (false: a soak at -conns only)")
 	profile := flag.String("profile", "", "write a CPU profile of each idemproxy target's loaded run of the last round to this directory")
+	ttl := flag.Duration("ttl", 0, "the idemproxy targets' route ttl (0: the default, 24h)")
+	sample := flag.Duration("sample", 0, "print keys sent, data-directory size and RSS of each target this often during the loaded run (0: never)")
+	prefill := flag.Int("prefill", 0, "store this many completed keys in each Badger target's directory before it starts")
 	flag.Parse()
 	if *bareListen != "" {
 		serveBare(*bareListen, *bareUpstream)
 		return
 	}
-	if err := run(*duration, *conns, *rounds, *driver, strings.Split(*targets, ","), *keep, *logLevel, *single, *profile); err != nil {
+	o := options{d: *duration, conns: *conns, rounds: *rounds, driver: *driver, names: strings.Split(*targets, ","),
+		keep: *keep, logLevel: *logLevel, single: *single, profile: *profile, ttl: *ttl, sample: *sample, prefill: *prefill}
+	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
@@ -104,6 +118,7 @@ type target struct {
 	addr  string
 	admin string // idemproxy's admin listener (with -profile), else empty
 	pid   int
+	dir   string // Badger's data directory, if any
 }
 
 // result is one target's measurement.
@@ -119,7 +134,30 @@ type result struct {
 	anon, file   int64 // RSS at the end: anonymous (heap, stacks) and mapped files
 }
 
-func run(d time.Duration, conns, rounds int, driver string, names []string, keep bool, logLevel string, single bool, profile string) error {
+// options are the command's flags.
+type options struct {
+	d             time.Duration
+	conns, rounds int
+	driver        string
+	names         []string
+	keep          bool
+	logLevel      string
+	single        bool
+	profile       string
+	ttl           time.Duration // route ttl of the idemproxy targets; 0: the default
+	sample        time.Duration // sampling period of the loaded run; 0: none
+	prefill       int           // keys stored in each Badger target before it starts
+}
+
+func run(o options) error {
+	d, conns, rounds, driver, names := o.d, o.conns, o.rounds, o.driver, o.names
+	keep, logLevel, single, profile := o.keep, o.logLevel, o.single, o.profile
+	if o.ttl != 0 && o.ttl < 2*time.Second {
+		return errors.New("-ttl must be at least 2s (the lease and upstream timeout fit below it)")
+	}
+	if o.sample != 0 && o.sample < time.Second {
+		return errors.New("-sample must be at least 1s")
+	}
 	if profile != "" {
 		if err := os.MkdirAll(profile, 0o755); err != nil {
 			return err
@@ -216,18 +254,33 @@ func run(d time.Duration, conns, rounds int, driver string, names []string, keep
 
 	var ts []*target
 	for _, n := range names {
-		addr, adminAddr := freeAddr(), ""
+		addr, adminAddr, dataDir := freeAddr(), "", ""
 		var c *exec.Cmd
 		switch n {
 		case "bare":
 			c, err = start(self, "-bare-listen", addr, "-bare-upstream", stubURL)
 		case "badger-sync", "badger-nosync", "redis":
-			store := fmt.Sprintf("  badger:\n    dir: %s\n    sync_writes: %v\n", filepath.Join(tmp, "data-"+n), n == "badger-sync")
+			dataDir = filepath.Join(tmp, "data-"+n)
+			if o.prefill > 0 && n != "redis" {
+				t0 := time.Now()
+				if err := prefillStore(dataDir, o.prefill, cmp.Or(o.ttl, 24*time.Hour)); err != nil {
+					return fmt.Errorf("%s: prefill: %w", n, err)
+				}
+				size, alloc := dirSize(dataDir)
+				fmt.Printf("prefill %s: %d keys in %s, data dir %.1f MiB (%.1f MiB allocated)\n",
+					n, o.prefill, time.Since(t0).Round(time.Second), mib(size), mib(alloc))
+			}
+			store := fmt.Sprintf("  badger:\n    dir: %s\n    sync_writes: %v\n", dataDir, n == "badger-sync")
 			if n == "redis" {
+				dataDir = ""
 				store = fmt.Sprintf("  redis:\n    addrs: [%s]\n", redisAddr)
 			}
 			cfg := fmt.Sprintf("listen: %s\nupstream: %s\nstore:\n%sroutes:\n  - name: charges\n    match: POST /charges\n    key: {json: orderId}\n",
 				addr, stubURL, store)
+			if o.ttl > 0 {
+				// ttl > lease > upstream_timeout, as the configuration requires.
+				cfg += fmt.Sprintf("    ttl: %s\n    lease: %s\n    upstream_timeout: %s\n", o.ttl, o.ttl/2, o.ttl/4)
+			}
 			if profile != "" {
 				adminAddr = freeAddr()
 				cfg += fmt.Sprintf("admin:\n  listen: %s\n  pprof: true\n", adminAddr)
@@ -246,7 +299,7 @@ func run(d time.Duration, conns, rounds int, driver string, names []string, keep
 		if err := waitListening(addr); err != nil {
 			return fmt.Errorf("%s: %w", n, err)
 		}
-		ts = append(ts, &target{name: n, cmd: c, addr: addr, admin: adminAddr, pid: c.Process.Pid})
+		ts = append(ts, &target{name: n, cmd: c, addr: addr, admin: adminAddr, pid: c.Process.Pid, dir: dataDir})
 	}
 
 	how := "an in-process Go client"
@@ -280,7 +333,12 @@ func run(d time.Duration, conns, rounds int, driver string, names []string, keep
 				}()
 			}
 			cpu0 := cpuTime(t.pid)
-			many, err := load(useWrk, t.addr, conns, d, prefix+"-n", tmp)
+			var many stats
+			if o.sample > 0 {
+				many, err = loadSampled(useWrk, t, conns, d, o.sample, prefix+"-n", tmp, keys[t.name]+one.requests)
+			} else {
+				many, err = load(useWrk, t.addr, conns, d, prefix+"-n", tmp)
+			}
 			if err != nil {
 				return fmt.Errorf("%s: %w", t.name, err)
 			}
@@ -475,6 +533,53 @@ func loadGo(addr string, conns int, d time.Duration, prefix string) (stats, erro
 	return stats{requests: int64(len(lats)), errors: errs.Load(), elapsed: el,
 		p50: lats[len(lats)/2], p99: lats[len(lats)*99/100]}, nil
 }
+
+// loadSampled is load in pieces of at most every, printing a sample of t
+// after each; sent is the number of keys sent to t before. The latencies
+// are the worst piece's.
+func loadSampled(useWrk bool, t *target, conns int, d, every time.Duration, prefix, tmp string, sent int64) (stats, error) {
+	var all stats
+	for i := 0; d-all.elapsed >= time.Second; i++ {
+		s, err := load(useWrk, t.addr, conns, min(every, d-all.elapsed), fmt.Sprintf("%s%d", prefix, i), tmp)
+		if err != nil {
+			return all, err
+		}
+		all.requests += s.requests
+		all.errors += s.errors
+		all.elapsed += s.elapsed
+		all.p50, all.p99 = max(all.p50, s.p50), max(all.p99, s.p99)
+		size, alloc := dirSize(t.dir)
+		fmt.Printf("sample %s: %s, %d keys sent, data dir %.1f MiB (%.1f MiB allocated), RssAnon %.1f MiB, RssFile %.1f MiB, VmHWM %.1f MiB\n",
+			t.name, all.elapsed.Round(time.Second), sent+all.requests, mib(size), mib(alloc),
+			mib(procStatus(t.pid, "RssAnon")), mib(procStatus(t.pid, "RssFile")), mib(vmHWM(t.pid)))
+	}
+	return all, nil
+}
+
+// dirSize is the sum of the sizes of the files under dir, and of the
+// blocks allocated to them (files may be sparse); zero when there is no dir.
+func dirSize(dir string) (size, alloc int64) {
+	if dir == "" {
+		return 0, 0
+	}
+	filepath.WalkDir(dir, func(_ string, e os.DirEntry, err error) error {
+		if err != nil || e.IsDir() {
+			return nil // files come and go under compaction
+		}
+		fi, err := e.Info()
+		if err != nil {
+			return nil
+		}
+		size += fi.Size()
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			alloc += st.Blocks * 512
+		}
+		return nil
+	})
+	return size, alloc
+}
+
+func mib(n int64) float64 { return float64(n) / (1 << 20) }
 
 // cpuTime is a process's user+system CPU time so far.
 func cpuTime(pid int) time.Duration {

@@ -65,6 +65,12 @@ type Options struct {
 	// Guard.reopen, whose process still runs the requests that hold them
 	// (a lapsed lease reads as in doubt all the same).
 	keepInFlight bool
+	// trimEvery overrides trimPoll; negative: never (tests trim
+	// themselves).
+	trimEvery time.Duration
+	// noCompactions stops Badger's compactions (tests that count the
+	// tables' pages).
+	noCompactions bool
 }
 
 // Store is the Badger key store. Its methods are safe for concurrent use.
@@ -81,6 +87,7 @@ type Store struct {
 
 	sizes sizeCache // Sizes' last measurement (size.go)
 	mem   memo      // reservations made and commits not yet applied (commit.go)
+	trim  *trimmer  // returns mapped table pages to the kernel (trim_linux.go)
 }
 
 // record is the stored form of a proxy.Record, encoded by marshal (record.go);
@@ -118,14 +125,24 @@ func Open(opts Options) (*Store, error) {
 		WithLogger(logger{opts.Logger}).
 		// Sized for a sidecar: a few tens of MiB instead of Badger's
 		// server-sized defaults (64 MiB memtables x5, a 256 MiB block cache,
-		// 1 GiB value-log files).
-		WithMemTableSize(4 << 20).
+		// 1 GiB value-log files). The Go heap holds the memtables' arenas
+		// (about 1.4 times MemTableSize each) and the table builders, whose
+		// buffers start at twice the table's size and are kept, up to 8,
+		// in Badger's allocator pool: small memtables and tables, all of
+		// one size (TableSizeMultiplier 1 below: no larger tables, and so
+		// larger buffers, deeper down), keep both to a few MiB whatever
+		// the keys stored. Eight level-0 tables of 1 MiB before a
+		// compaction keep compactions as large as four of 2 MiB would.
+		WithMemTableSize(1 << 20).
 		WithNumMemtables(2).
-		WithNumLevelZeroTables(4).
+		WithNumLevelZeroTables(8).
 		WithNumLevelZeroTablesStall(16).
-		WithBaseTableSize(1 << 20).
-		WithBlockCacheSize(4 << 20).
-		WithIndexCacheSize(2 << 20).
+		WithBaseTableSize(512 << 10).
+		// Without compression or encryption Badger reads blocks and
+		// indexes straight from its mapped tables: a block cache only
+		// caches their headers, and the index cache is not used at all.
+		WithBlockCacheSize(0).
+		WithIndexCacheSize(0).
 		WithValueLogFileSize(16 << 20).
 		WithValueThreshold(16 << 10).
 		WithNumCompactors(2).
@@ -137,14 +154,23 @@ func Open(opts Options) (*Store, error) {
 		// The store's writer is the only writer (writer.go): its
 		// transactions cannot conflict, so their reads need no tracking.
 		WithDetectConflicts(false)
+	bo.TableSizeMultiplier = 1 // see above (there is no With method)
+	if opts.noCompactions {
+		bo = bo.WithNumCompactors(0)
+	}
 	db, err := bdg.Open(bo)
 	if err != nil {
 		return nil, fmt.Errorf("badger: open %s: %w", opts.Dir, err)
 	}
-	s := &Store{db: db, w: newWriter(db, opts.SyncWrites), log: opts.Logger, now: time.Now, stop: make(chan struct{}), mem: newMemo()}
+	s := &Store{db: db, w: newWriter(db, opts.SyncWrites), log: opts.Logger, now: time.Now, stop: make(chan struct{}),
+		mem: newMemo(), trim: newTrimmer(opts.Dir)}
 	n, err := 0, error(nil)
 	if !opts.keepInFlight {
+		// The scan reads every table: trim meanwhile, or the whole store
+		// would be resident once.
+		stop := s.trimWhile(scanTrimInterval)
 		n, err = s.orphansInDoubt()
+		stop()
 	}
 	if err != nil {
 		s.w.close()
@@ -154,8 +180,11 @@ func Open(opts Options) (*Store, error) {
 	if n > 0 {
 		s.log.Warn("reservations left in flight by the previous process are now in doubt", "keys", n)
 	}
+	if opts.trimEvery == 0 {
+		opts.trimEvery = trimPoll
+	}
 	s.done.Add(1)
-	go s.gcLoop(opts.GCInterval)
+	go s.gcLoop(opts.GCInterval, opts.trimEvery)
 	return s, nil
 }
 
@@ -173,16 +202,59 @@ func (s *Store) Close() error {
 	return s.closeErr
 }
 
-func (s *Store) gcLoop(every time.Duration) {
+// trimPoll is how often the store asks whether the mapped tables should
+// be trimmed (trimmer.poll): the resident set grows by at most what
+// flushes and compactions touch in that time, beyond trimGrowth.
+const trimPoll = 25 * time.Millisecond
+
+// scanTrimInterval is how often the mapped tables are trimmed while the
+// start-up scan reads them all: it reads a few hundred MB per second.
+const scanTrimInterval = 5 * time.Millisecond
+
+// trimWhile trims the mapped tables every period until the returned
+// function is called; that function trims once more and returns.
+func (s *Store) trimWhile(every time.Duration) (stop func()) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-t.C:
+				s.trim.trim() // an error is said by the gc loop's trims
+			}
+		}
+	}()
+	return func() {
+		close(quit)
+		<-done
+		s.trim.trim()
+	}
+}
+
+func (s *Store) gcLoop(every, trimEvery time.Duration) {
 	defer s.done.Done()
 	t := time.NewTicker(every)
 	defer t.Stop()
+	var trim <-chan time.Time
+	if trimEvery > 0 {
+		tt := time.NewTicker(trimEvery)
+		defer tt.Stop()
+		trim = tt.C
+	}
 	for {
 		select {
 		case <-s.stop:
 			return
 		case <-t.C:
 			s.RunGC()
+		case now := <-trim:
+			if err := s.trim.poll(now); err != nil {
+				s.log.Warn("mapped tables stay resident", "err", err)
+			}
 		}
 	}
 }
