@@ -1,33 +1,13 @@
 package main
 
 import (
-	"bytes"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
 
-// lockedBuffer is a bytes.Buffer safe for the sink's timer goroutine.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 func TestLogSinkOrderAndFlush(t *testing.T) {
-	var out lockedBuffer
+	var out syncBuffer
 	s := newLogSink(&out)
 	access := s.lines()
 	access.Write([]byte("access 1\n"))
@@ -58,7 +38,7 @@ func TestLogSinkOrderAndFlush(t *testing.T) {
 }
 
 func TestLogSinkFullBuffer(t *testing.T) {
-	var out lockedBuffer
+	var out syncBuffer
 	s := newLogSink(&out)
 	line := strings.Repeat("x", 1000) + "\n"
 	n := 0

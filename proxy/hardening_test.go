@@ -431,15 +431,7 @@ func TestCapturedAnswersCountInTheBudget(t *testing.T) {
 	cfg.Server.MaxBufferedBytes = 1 << 20
 	e.startConfig(cfg)
 	post := func(order string, answerBytes int) answer {
-		req, _ := http.NewRequest("POST", e.srv.URL+"/charges", strings.NewReader(`{"orderId":"`+order+`"}`))
-		req.Header.Set("X-Answer-Bytes", strconv.Itoa(answerBytes))
-		resp, err := e.srv.Client().Do(req)
-		if err != nil {
-			return answer{err: err}
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return answer{status: resp.StatusCode, header: resp.Header, body: b}
+		return e.do("POST", "/charges", `{"orderId":"`+order+`"}`, "X-Answer-Bytes", strconv.Itoa(answerBytes))
 	}
 	tests := []struct {
 		order      string
