@@ -36,7 +36,9 @@ func (c *capture) keep(p []byte) (int, error) {
 	// bodies: a burst of large answers must not take the sidecar's memory.
 	// It is held until the request ends (the attempt gives it back).
 	if need := n - c.held; need > 0 {
-		step := max(need, budgetStep)
+		// In steps of a page: small answers (most) take little; a large
+		// one does not touch the shared counter for every read.
+		step := min((need+captureStep-1)/captureStep*captureStep, c.limit-c.held)
 		if !c.a.p.budget.take(step) {
 			c.a.p.log.Warn("answer not stored: too many bytes buffered at once; duplicates get 409 response-not-replayable",
 				"route", c.a.routeName())
@@ -49,6 +51,9 @@ func (c *capture) keep(p []byte) (int, error) {
 	c.buf.Write(p)
 	return len(p), nil
 }
+
+// captureStep is how much of the budget a captured answer takes at a time.
+const captureStep = 4 << 10
 
 // drop stops keeping the answer: it is committed as not stored.
 func (c *capture) drop() {

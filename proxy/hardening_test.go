@@ -469,3 +469,56 @@ func TestCapturedAnswersCountInTheBudget(t *testing.T) {
 		}
 	}
 }
+
+// TestSmallAnswersTakeLittleBudget: answers being captured at once each
+// take about their size from server.max_buffered_bytes, not a large step:
+// with a budget of 128 KiB, 20 small answers whose upstream is still
+// sending them, all at the same time, are all stored and replayed.
+func TestSmallAnswersTakeLittleBudget(t *testing.T) {
+	const n = 20
+	var started sync.WaitGroup
+	started.Add(n)
+	open := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(201)
+		io.WriteString(w, `{"charge":`)
+		if r.Header.Get("X-Hold") != "" {
+			w.(http.Flusher).Flush() // the proxy is capturing this answer now
+			started.Done()
+			<-open
+		}
+		io.WriteString(w, `"ch_1"}`)
+	}))
+	t.Cleanup(up.Close)
+	e := &env{t: t, stub: up}
+	cfg := parseConfig(t, up.URL, `
+  - name: charges
+    match: POST /charges
+    key: {json: orderId}
+    max_body_bytes: 4096
+`)
+	cfg.Server.MaxBufferedBytes = 128 << 10
+	e.startConfig(cfg)
+	done := make(chan answer, n)
+	for i := range n {
+		go func() {
+			done <- e.do("POST", "/charges", fmt.Sprintf(`{"orderId":"S-%d","amount":1}`, i), "X-Hold", "1")
+		}()
+	}
+	started.Wait()
+	time.Sleep(50 * time.Millisecond) // the first parts reach the proxy
+	close(open)
+	for range n {
+		if a := <-done; a.status != 201 {
+			t.Errorf("held request: %s", a)
+		}
+	}
+	for i := range n {
+		a := e.do("POST", "/charges", fmt.Sprintf(`{"orderId":"S-%d","amount":1}`, i))
+		if a.status != 201 || a.header.Get("Idempotent-Replayed") != "true" {
+			t.Errorf("S-%d retried: %d replayed=%q, want the stored answer", i, a.status, a.header.Get("Idempotent-Replayed"))
+		}
+	}
+}

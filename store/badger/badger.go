@@ -65,6 +65,10 @@ type Options struct {
 	// Guard.reopen, whose process still runs the requests that hold them
 	// (a lapsed lease reads as in doubt all the same).
 	keepInFlight bool
+	// lost, when set, takes over a commit that was answered but whose
+	// write failed (commit.go): the Guard writes it again, on the store it
+	// reopens if need be. Nil: the store retries it itself.
+	lost func(c lostCommit, err error)
 	// trimEvery overrides trimPoll; negative: never (tests trim
 	// themselves).
 	trimEvery time.Duration
@@ -85,9 +89,10 @@ type Store struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	sizes sizeCache // Sizes' last measurement (size.go)
-	mem   memo      // reservations made and commits not yet applied (commit.go)
-	trim  *trimmer  // returns mapped table pages to the kernel (trim_linux.go)
+	sizes sizeCache                     // Sizes' last measurement (size.go)
+	mem   memo                          // reservations made and commits not yet applied (commit.go)
+	trim  *trimmer                      // returns mapped table pages to the kernel (trim_linux.go)
+	lost  func(c lostCommit, err error) // Options.lost
 }
 
 // record is the stored form of a proxy.Record, encoded by marshal (record.go);
@@ -163,7 +168,7 @@ func Open(opts Options) (*Store, error) {
 		return nil, fmt.Errorf("badger: open %s: %w", opts.Dir, err)
 	}
 	s := &Store{db: db, w: newWriter(db, opts.SyncWrites), log: opts.Logger, now: time.Now, stop: make(chan struct{}),
-		mem: newMemo(), trim: newTrimmer(opts.Dir)}
+		mem: newMemo(), trim: newTrimmer(opts.Dir), lost: opts.lost}
 	n, err := 0, error(nil)
 	if !opts.keepInFlight {
 		// The scan reads every table: trim meanwhile, or the whole store

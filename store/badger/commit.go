@@ -35,9 +35,12 @@ import (
 
 // maxAsyncBody is the largest answer body committed without waiting. A
 // pending commit's body outlives its request (and the request's share of
-// server.max_buffered_bytes): with the writer's queue full, at most
-// maxBatchOps of them wait, so this bounds that memory to 16 MiB. A larger
-// answer's commit waits for the writer, as its request holds its bytes.
+// server.max_buffered_bytes) while the writer is behind: the writer's
+// queue and batch hold up to 2 x maxBatchOps of them, plus those whose
+// callers wait for room in the queue (at most the requests in flight), so
+// this bounds that memory to a few tens of MiB even with the writer
+// stuck. A larger answer's commit waits for the writer, as its request
+// holds its bytes.
 const maxAsyncBody = 64 << 10
 
 // memo is what the store knows of its keys without reading Badger.
@@ -143,7 +146,8 @@ func (s *Store) Commit(ctx context.Context, key, token string, resp proxy.Respon
 	}
 	s.mem.pending[key] = pc
 	s.mem.mu.Unlock()
-	c := &asyncCommit{s: s, key: key, token: token, pc: pc, lease: time.UnixMilli(r.lease), delay: 50 * time.Millisecond}
+	c := &asyncCommit{s: s, lostCommit: lostCommit{key: key, token: token, resp: resp, ttl: ttl, lease: time.UnixMilli(r.lease)},
+		pc: pc, delay: initialRetry}
 	if err := s.w.updateAsync(c.apply, c.done); err != nil {
 		s.mem.settled(key, pc)
 		return fmt.Errorf("badger: commit: %w", err)
@@ -161,13 +165,21 @@ func (s *Store) commitNow(ctx context.Context, key, token string, resp proxy.Res
 	})
 }
 
+// lostCommit is a commit that was answered but could not be written:
+// whoever takes it over writes it again until lease.
+type lostCommit struct {
+	key, token string
+	resp       proxy.Response
+	ttl        time.Duration
+	lease      time.Time // the reservation's lease: retried until then
+}
+
 // asyncCommit is one commit on its way to Badger.
 type asyncCommit struct {
-	s          *Store
-	key, token string
-	pc         *pendingCommit
-	lease      time.Time // the reservation's lease: retried until then
-	delay      time.Duration
+	lostCommit
+	s     *Store
+	pc    *pendingCommit
+	delay time.Duration
 }
 
 // apply writes the completed record if the stored one still carries the
@@ -199,12 +211,21 @@ func (c *asyncCommit) done(err error) {
 		s.mem.settled(c.key, c.pc)
 		s.log.Warn("reservation was taken over before its commit was written; left to its new owner", "key_hash", proxy.KeyHash(c.key))
 		return
+	case s.lost != nil:
+		// The Guard writes it again, on a reopened store if this one
+		// failed: this store's memory, and its retries, end with it. Off
+		// the writer's goroutine, which a reopen waits for.
+		s.mem.settled(c.key, c.pc)
+		go s.lost(c.lostCommit, err)
+		return
 	}
 	select {
 	case <-s.stop:
 	default:
 		if wait := min(c.delay, time.Until(c.lease)); wait > 0 {
-			s.log.Warn("writing a commit failed; retrying while the lease holds", "key_hash", proxy.KeyHash(c.key), "err", err)
+			if c.delay == initialRetry { // once per commit: a failing disk must not flood the log
+				s.log.Warn("writing a commit failed; retrying while the lease holds", "key_hash", proxy.KeyHash(c.key), "err", err)
+			}
 			c.delay = min(2*c.delay, time.Second)
 			time.AfterFunc(wait, func() {
 				if err := s.w.updateAsync(c.apply, c.done); err != nil {
@@ -216,6 +237,9 @@ func (c *asyncCommit) done(err error) {
 	}
 	c.giveUp(err)
 }
+
+// initialRetry is the first wait before a failed commit is written again.
+const initialRetry = 50 * time.Millisecond
 
 func (c *asyncCommit) giveUp(err error) {
 	c.s.mem.settled(c.key, c.pc)

@@ -235,3 +235,36 @@ func TestLargeAnswerCommitWaits(t *testing.T) {
 		t.Errorf("in Badger: %+v, want the completed large answer", rec)
 	}
 }
+
+// A commit answered but not written because the store failed is written
+// again by the Guard on the store it reopens, within the lease: it is not
+// lost with the failed store's memory (the key would be in doubt for its
+// whole TTL).
+func TestGuardWritesALostCommitOnTheReopenedStore(t *testing.T) {
+	g, err := OpenGuarded(Options{Dir: t.TempDir()}, GuardOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	ctx := context.Background()
+	const key = "pay/-/k1"
+	if rec, err := g.Reserve(ctx, key, reservation1); err != nil || rec != nil {
+		t.Fatalf("reserve: %+v %v", rec, err)
+	}
+	g.Store.w.commit = func(*bdg.Txn) error { return errors.New("badger: panic: nil memtable") }
+	if err := g.Commit(ctx, key, "t1", answer, time.Hour); err != nil {
+		t.Fatalf("commit: %v", err)
+	}
+	waitReopen(t, g, 1)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		rec, err := g.Get(ctx, key)
+		if err == nil && rec != nil && rec.State == proxy.StateCompleted && string(rec.Response.Body) == string(answer.Body) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the reopen: %+v %v, want the committed answer", rec, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -98,6 +98,8 @@ func OpenGuarded(opts Options, g GuardOptions) (*Guard, error) {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	gd := &Guard{opts: opts, floor: g.MinFreeBytes, free: g.FreeBytes, stop: make(chan struct{})}
+	gd.opts.lost = gd.lostCommit
+	opts = gd.opts
 	if gd.belowFloor() {
 		opts.Logger.Error("free disk space is below the floor: the store opens once there is room",
 			"dir", opts.Dir, "free_bytes", gd.freeBytes.Load(), "min_free_bytes", gd.floor)
@@ -307,6 +309,45 @@ func (g *Guard) Reserve(ctx context.Context, key string, res proxy.Reservation) 
 func (g *Guard) Commit(ctx context.Context, key, token string, resp proxy.Response, ttl time.Duration) error {
 	g.wrote(len(key) + len(resp.Body))
 	return g.do(func(s *Store) error { return s.Commit(ctx, key, token, resp, ttl) })
+}
+
+// lostCommit writes again, until its lease ends, a commit whose caller was
+// answered but whose write failed: on the store as it is, or as reopened
+// after the failure. Meanwhile the key reads in flight (409); past the
+// lease, in doubt. The failure breaks the store if it is Badger's own.
+func (g *Guard) lostCommit(c lostCommit, cause error) {
+	if isFault(cause) {
+		g.fail(cause)
+	}
+	log := g.opts.Logger.With("key_hash", proxy.KeyHash(c.key))
+	log.Warn("writing a commit failed; retrying while the lease holds", "err", cause)
+	for delay := initialRetry; ; delay = min(2*delay, time.Second) {
+		wait := min(delay, time.Until(c.lease))
+		if wait <= 0 {
+			log.Error("store failed to write a commit; the key will be in doubt when its lease ends", "err", cause)
+			return
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-g.stop:
+			t.Stop()
+			log.Error("store closed before a commit was written; the key will be in doubt when its lease ends", "err", cause)
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := g.Commit(ctx, c.key, c.token, c.resp, c.ttl)
+		cancel()
+		switch {
+		case err == nil:
+			log.Info("commit written on retry")
+			return
+		case errors.Is(err, proxy.ErrNotOwner):
+			log.Warn("reservation was taken over before its commit was written; left to its new owner")
+			return
+		}
+		cause = err
+	}
 }
 
 // Release implements proxy.Store.

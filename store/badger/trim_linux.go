@@ -197,16 +197,21 @@ func indexOffset(path string) (int64, error) {
 	if _, err := f.ReadAt(b[:], pos); err != nil {
 		return 0, err
 	}
-	pos -= int64(binary.BigEndian.Uint32(b[:])) + 4
-	if pos < 0 {
-		return 0, errors.New("bad checksum length")
+	// Badger creates a table at its full size and fills it through its
+	// mapping, footer last: until then the footer reads as zeros, which
+	// must not be taken (and cached) for an empty index at the end.
+	cl := int64(binary.BigEndian.Uint32(b[:]))
+	pos -= cl + 4
+	if cl == 0 || pos < 0 {
+		return 0, errors.New("bad checksum length (a table not written yet?)")
 	}
 	if _, err := f.ReadAt(b[:], pos); err != nil {
 		return 0, err
 	}
-	pos -= int64(binary.BigEndian.Uint32(b[:]))
-	if pos < 0 {
-		return 0, errors.New("bad index length")
+	il := int64(binary.BigEndian.Uint32(b[:]))
+	pos -= il
+	if il == 0 || pos <= 0 {
+		return 0, errors.New("bad index length (a table not written yet?)")
 	}
 	return pos, nil
 }

@@ -159,3 +159,16 @@ func TestTrimKeepsOnlyIndexesResident(t *testing.T) {
 		t.Errorf("after trimming, %d bytes of %d tables (%d bytes) resident; want at most the indexes' %d (and straddling folios; before: %d)", got, len(ssts), total, bound, before)
 	}
 }
+
+// A table Badger has created at its full size but not filled yet reads
+// as zeros: its index offset is an error (not cached), not the end of the
+// file, which would page out the index and bloom filter on every trim.
+func TestIndexOffsetOfUnwrittenTable(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "000001.sst")
+	if err := os.WriteFile(p, make([]byte, 512<<10), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if off, err := indexOffset(p); err == nil {
+		t.Errorf("indexOffset of an all-zero table = %d, nil; want an error", off)
+	}
+}
