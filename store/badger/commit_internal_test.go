@@ -199,7 +199,7 @@ func TestUnsettledReservationsForgotten(t *testing.T) {
 	s := openInternal(t)
 	now := time.Now()
 	for i := range 3 * minSweep {
-		s.mem.own(string(rune(i)), reservation{token: "t", lease: now.Add(-time.Second).UnixMilli()}, now.UnixMilli())
+		s.mem.own(string(rune(i)), record{Token: "t", Lease: now.Add(-time.Second).UnixMilli()}, now.UnixMilli())
 	}
 	if n := len(s.mem.owned); n > minSweep {
 		t.Errorf("%d lapsed reservations remembered, want at most %d", n, minSweep)
@@ -241,11 +241,7 @@ func TestLargeAnswerCommitWaits(t *testing.T) {
 // lost with the failed store's memory (the key would be in doubt for its
 // whole TTL).
 func TestGuardWritesALostCommitOnTheReopenedStore(t *testing.T) {
-	g, err := OpenGuarded(Options{Dir: t.TempDir()}, GuardOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
+	g := openGuardInternal(t)
 	ctx := context.Background()
 	const key = "pay/-/k1"
 	if rec, err := g.Reserve(ctx, key, reservation1); err != nil || rec != nil {

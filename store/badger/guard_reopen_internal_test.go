@@ -21,16 +21,24 @@ func waitReopen(t *testing.T, g *Guard, n uint64) {
 	}
 }
 
+// openGuardInternal opens a guarded store in a temporary directory,
+// closed when the test ends.
+func openGuardInternal(t *testing.T) *Guard {
+	t.Helper()
+	g, err := OpenGuarded(Options{Dir: t.TempDir()}, GuardOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	return g
+}
+
 // TestReopenKeepsLiveReservations: a reopen inside the running process
 // must not turn the reservations of requests still at the upstream in
 // doubt (which a forced admin lookup could then release while the upstream
 // is charging): they stay in flight and their owners can commit them.
 func TestReopenKeepsLiveReservations(t *testing.T) {
-	g, err := OpenGuarded(Options{Dir: t.TempDir()}, GuardOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
+	g := openGuardInternal(t)
 	ctx := context.Background()
 	const key = "pay/-/k1"
 	if rec, err := g.Reserve(ctx, key, proxy.Reservation{Token: "t1", Lease: time.Minute, TTL: time.Hour}); err != nil || rec != nil {
@@ -58,14 +66,10 @@ func TestReopenKeepsLiveReservations(t *testing.T) {
 // problem: the reconciler's pass over it, and a Get of it, must not mark
 // the whole store broken (every protected request a 503).
 func TestCorruptRecordIsNotAStoreFault(t *testing.T) {
-	g, err := OpenGuarded(Options{Dir: t.TempDir()}, GuardOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
+	g := openGuardInternal(t)
 	ctx := context.Background()
 	k := []byte("pay/-/bad")
-	err = g.Store.update(func(txn *bdg.Txn) error {
+	err := g.Store.update(func(txn *bdg.Txn) error {
 		if err := txn.SetEntry(bdg.NewEntry(k, []byte{recordVersion, 0xff}).WithMeta(metaInDoubt)); err != nil {
 			return err
 		}
