@@ -353,7 +353,7 @@ func (s *Store) Reserve(ctx context.Context, key string, res proxy.Reservation) 
 	}
 	var (
 		existing *proxy.Record
-		made     reservation
+		made     record // the in-flight record, once it is the caller's
 	)
 	err := s.update(func(txn *bdg.Txn) error {
 		existing = nil
@@ -366,7 +366,7 @@ func (s *Store) Reserve(ctx context.Context, key string, res proxy.Reservation) 
 			existing = s.public(rec, exp)
 			if existing.State == proxy.StateInFlight && rec.Token == res.Token {
 				existing = nil // the caller's own reservation, applied before
-				made = reservation{token: rec.Token, fingerprint: rec.Fingerprint, createdAt: rec.CreatedAt, lease: rec.Lease}
+				made = *rec
 			}
 			return nil
 		}
@@ -378,7 +378,7 @@ func (s *Store) Reserve(ctx context.Context, key string, res proxy.Reservation) 
 			CreatedAt:   now.UnixMilli(),
 			Lease:       now.Add(res.Lease).UnixMilli(),
 		}
-		made = reservation{token: rec.Token, fingerprint: rec.Fingerprint, createdAt: rec.CreatedAt, lease: rec.Lease}
+		made = *rec
 		return put(txn, k, rec, now, res.TTL)
 	})
 	if err != nil {

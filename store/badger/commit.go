@@ -46,19 +46,11 @@ const maxAsyncBody = 64 << 10
 // memo is what the store knows of its keys without reading Badger.
 type memo struct {
 	mu      sync.Mutex
-	owned   map[string]reservation    // made by this store, not settled yet
+	owned   map[string]record         // in-flight records this store wrote, not settled yet
 	pending map[string]*pendingCommit // committed, not yet applied
 	// sweepAt is the size of owned at which reservations whose lease
 	// ended (never settled: the store failed them) are forgotten.
 	sweepAt int
-}
-
-// reservation is a reservation the store made.
-type reservation struct {
-	token       string
-	fingerprint string
-	createdAt   int64 // unix ms
-	lease       int64 // unix ms
 }
 
 // pendingCommit is a completed record on its way to Badger.
@@ -68,19 +60,19 @@ type pendingCommit struct {
 }
 
 func newMemo() memo {
-	return memo{owned: map[string]reservation{}, pending: map[string]*pendingCommit{}, sweepAt: minSweep}
+	return memo{owned: map[string]record{}, pending: map[string]*pendingCommit{}, sweepAt: minSweep}
 }
 
 // minSweep is the least size of owned that is swept.
 const minSweep = 1024
 
 // own records a reservation the store just made, at now (unix ms).
-func (m *memo) own(key string, r reservation, now int64) {
+func (m *memo) own(key string, r record, now int64) {
 	m.mu.Lock()
 	m.owned[key] = r
 	if len(m.owned) >= m.sweepAt {
 		for k, o := range m.owned {
-			if o.lease <= now {
+			if o.Lease <= now {
 				delete(m.owned, k)
 			}
 		}
@@ -93,7 +85,7 @@ func (m *memo) own(key string, r reservation, now int64) {
 // any).
 func (m *memo) disown(key, token string) {
 	m.mu.Lock()
-	if r, ok := m.owned[key]; ok && (token == "" || r.token == token) {
+	if r, ok := m.owned[key]; ok && (token == "" || r.Token == token) {
 		delete(m.owned, key)
 	}
 	m.mu.Unlock()
@@ -134,19 +126,17 @@ func (s *Store) Commit(ctx context.Context, key, token string, resp proxy.Respon
 	now := s.now()
 	s.mem.mu.Lock()
 	r, ok := s.mem.owned[key]
-	if !ok || r.token != token || now.UnixMilli() >= r.lease || len(resp.Body) > maxAsyncBody {
+	if !ok || r.Token != token || now.UnixMilli() >= r.Lease || len(resp.Body) > maxAsyncBody {
 		s.mem.mu.Unlock()
 		return s.commitNow(ctx, key, token, resp, ttl)
 	}
 	delete(s.mem.owned, key)
-	pc := &pendingCommit{
-		rec: &record{State: proxy.StateCompleted, Token: token, Fingerprint: r.fingerprint,
-			CreatedAt: r.createdAt, Response: &resp},
-		expiresAt: expiry(now, ttl),
-	}
+	lease := time.UnixMilli(r.Lease)
+	r.State, r.Lease, r.Response = proxy.StateCompleted, 0, &resp
+	pc := &pendingCommit{rec: &r, expiresAt: expiry(now, ttl)}
 	s.mem.pending[key] = pc
 	s.mem.mu.Unlock()
-	c := &asyncCommit{s: s, lostCommit: lostCommit{key: key, token: token, resp: resp, ttl: ttl, lease: time.UnixMilli(r.lease)},
+	c := &asyncCommit{s: s, lostCommit: lostCommit{key: key, token: token, resp: resp, ttl: ttl, lease: lease},
 		pc: pc, delay: initialRetry}
 	if err := s.w.updateAsync(c.apply, c.done); err != nil {
 		s.mem.settled(key, pc)
