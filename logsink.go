@@ -25,7 +25,6 @@ type logSink struct {
 	w     io.Writer
 	buf   []byte
 	timer *time.Timer // armed while buf holds lines
-	err   error       // the last failed write, for Close
 }
 
 func newLogSink(w io.Writer) *logSink {
@@ -78,8 +77,6 @@ func (s *logSink) flushLocked() {
 		return
 	}
 	s.timer.Stop()
-	if _, err := s.w.Write(s.buf); err != nil {
-		s.err = err // a log that cannot be written is not worth stopping for
-	}
+	s.w.Write(s.buf) // a log that cannot be written is not worth stopping for
 	s.buf = s.buf[:0]
 }

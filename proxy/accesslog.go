@@ -189,6 +189,10 @@ func (p *Proxy) finish(a *attempt) {
 	d := time.Since(a.start)
 	a.series.requests.of(string(a.outcome)).Inc()
 	a.series.duration.of(string(a.outcome)).Observe(d.Seconds())
+	ctx := context.Background()
+	if p.access == nil && !p.log.Enabled(ctx, slog.LevelInfo) {
+		return // the access log is off (-log-level warn or above): build nothing
+	}
 	e := entry{route: a.routeName(), method: a.in.Method, path: a.loggedPath(), outcome: string(a.outcome),
 		status: a.status, duration: d, upstream: a.upstream}
 	if a.storeKey != "" {
@@ -197,10 +201,6 @@ func (p *Proxy) finish(a *attempt) {
 	if p.access != nil {
 		p.access.write(e)
 		return
-	}
-	ctx := context.Background()
-	if !p.log.Enabled(ctx, slog.LevelInfo) {
-		return // the access log is off (-log-level warn or above)
 	}
 	attrs := append(make([]slog.Attr, 0, 8), // on the stack: room for every attribute
 		slog.String("route", e.route),
