@@ -178,6 +178,7 @@ func Open(opts Options) (*Store, error) {
 		stop()
 	}
 	if err != nil {
+		s.trim.close()
 		s.w.close()
 		db.Close()
 		return nil, fmt.Errorf("badger: recover in-flight reservations: %w", err)
@@ -199,6 +200,7 @@ func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.stop)
 		s.done.Wait()
+		s.trim.close()
 		s.w.close() // applies what is queued; later writes fail
 		if err := s.db.Close(); err != nil {
 			s.closeErr = fmt.Errorf("badger: close: %w", err)

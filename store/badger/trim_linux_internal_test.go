@@ -12,8 +12,11 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	bdg "github.com/dgraph-io/badger/v4"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/idemproxy/idemproxy/proxy"
 )
@@ -88,8 +91,15 @@ func residentTables(t *testing.T, dir string) int64 {
 
 // TestTrimKeepsOnlyIndexesResident: after every block of every table has
 // been read, trimming leaves at most the tables' indexes (and the page
-// each one starts in) resident.
+// each one starts in) resident, whether the kernel takes every range in
+// one process_madvise or each in a madvise of its own.
 func TestTrimKeepsOnlyIndexesResident(t *testing.T) {
+	for _, batched := range []bool{true, false} {
+		t.Run(fmt.Sprintf("batched=%v", batched), func(t *testing.T) { testTrimKeepsOnlyIndexesResident(t, batched) })
+	}
+}
+
+func testTrimKeepsOnlyIndexesResident(t *testing.T, batched bool) {
 	dir, err := filepath.Abs(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -106,6 +116,14 @@ func TestTrimKeepsOnlyIndexesResident(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
+	if !batched {
+		s.trim.mu.Lock()
+		unix.Close(s.trim.pidfd)
+		s.trim.pidfd = -1
+		s.trim.mu.Unlock()
+	} else if s.trim.pidfd < 0 {
+		t.Log("this kernel refuses process_madvise: both runs advise range by range")
+	}
 
 	// Read every block of every table, as a compaction does.
 	n := 0
@@ -171,4 +189,84 @@ func TestIndexOffsetOfUnwrittenTable(t *testing.T) {
 	if off, err := indexOffset(p); err == nil {
 		t.Errorf("indexOffset of an all-zero table = %d, nil; want an error", off)
 	}
+}
+
+// TestTrimSkipsUnmappedRanges: a table unmapped between the reading of the
+// maps and the advice (a compaction deleted it) fails its range only; the
+// ranges after it are still paged out, in one process_madvise or one by
+// one.
+func TestTrimSkipsUnmappedRanges(t *testing.T) {
+	page := os.Getpagesize()
+	for _, batched := range []bool{true, false} {
+		t.Run(fmt.Sprintf("batched=%v", batched), func(t *testing.T) {
+			f, err := os.Create(filepath.Join(t.TempDir(), "table"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			const size = 64 << 10
+			if err := f.Truncate(3 * size); err != nil {
+				t.Fatal(err)
+			}
+			var maps [3][]byte
+			for i := range maps {
+				m, err := unix.Mmap(int(f.Fd()), int64(i*size), size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for j := 0; j < size; j += page {
+					m[j] = 1
+				}
+				if err := unix.Msync(m, unix.MS_SYNC); err != nil { // clean pages: PAGEOUT drops them
+					t.Fatal(err)
+				}
+				maps[i] = m
+			}
+			defer unix.Munmap(maps[0])
+			defer unix.Munmap(maps[2])
+			ranges := make([]iovec, len(maps))
+			for i, m := range maps {
+				ranges[i] = iovec{base: uintptr(unsafe.Pointer(&m[0])), len: size}
+			}
+			if err := unix.Munmap(maps[1]); err != nil {
+				t.Fatal(err)
+			}
+
+			tr := newTrimmer(t.TempDir())
+			defer tr.close()
+			if !batched && tr.pidfd >= 0 {
+				unix.Close(tr.pidfd)
+				tr.pidfd = -1
+			}
+			tr.mu.Lock()
+			advised, err := tr.advise(ranges)
+			tr.mu.Unlock()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if advised != 2*size {
+				t.Errorf("advised %d bytes, want %d (the two mapped ranges)", advised, 2*size)
+			}
+			for _, i := range []int{0, 2} {
+				if n := residentPages(t, maps[i]); n > 0 {
+					t.Errorf("range %d: %d of %d pages still resident", i, n, size/page)
+				}
+			}
+		})
+	}
+}
+
+// residentPages counts the pages of m that are in memory (mincore).
+func residentPages(t *testing.T, m []byte) int {
+	t.Helper()
+	vec := make([]byte, (len(m)+os.Getpagesize()-1)/os.Getpagesize())
+	_, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0])))
+	if errno != 0 {
+		t.Fatal(errno)
+	}
+	n := 0
+	for _, v := range vec {
+		n += int(v & 1)
+	}
+	return n
 }
