@@ -3,25 +3,23 @@ package proxy_test
 import (
 	"bufio"
 	"bytes"
+	"context"
+	"fmt"
+	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
+	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/store/badger"
-
-	"fmt"
-	"io"
-	"net/http"
-	"strings"
-	"testing"
-
-	"github.com/idemproxy/idemproxy/upstream-stub/stub"
-
 	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store/badger"
+	"github.com/idemproxy/idemproxy/upstream-stub/stub"
 )
 
 // hostPost sends a charge with the given Host header.
@@ -466,6 +464,60 @@ func TestCapturedAnswersCountInTheBudget(t *testing.T) {
 			}
 		} else {
 			status(tt.order+" retried", dup, 409, "response-not-replayable")
+		}
+	}
+}
+
+// TestAnswerLargerThanBadgerHolds: with max_stored_body_bytes raised past
+// the largest value Badger stores (16 MiB), a larger answer still reaches
+// its client whole and its key is completed, not replayable: a retry gets
+// 409 response-not-replayable, never a 409 in flight or in doubt for the
+// key's whole TTL (the commit used to fail). An answer just under the
+// limit is replayed.
+func TestAnswerLargerThanBadgerHolds(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		n, _ := strconv.Atoi(r.Header.Get("X-Answer-Bytes"))
+		w.Header().Set("Content-Type", "text/plain")
+		w.WriteHeader(201)
+		w.Write(bytes.Repeat([]byte("a"), n))
+	}))
+	t.Cleanup(up.Close)
+	e := &env{t: t, stub: up}
+	cfg := parseConfig(t, up.URL, `
+  - name: charges
+    match: POST /charges
+    key: {json: orderId}
+    max_stored_body_bytes: 33554432
+`)
+	e.startConfig(cfg)
+	post := func(order string, answerBytes int) answer {
+		return e.do("POST", "/charges", `{"orderId":"`+order+`"}`, "X-Answer-Bytes", strconv.Itoa(answerBytes))
+	}
+	tests := []struct {
+		order      string
+		bytes      int
+		replayable bool
+	}{
+		{"ORD-H1", 17 << 20, false},
+		{"ORD-H2", 15 << 20, true},
+	}
+	for _, tt := range tests {
+		a := post(tt.order, tt.bytes)
+		if a.err != nil || a.status != 201 || len(a.body) != tt.bytes {
+			t.Fatalf("%s: %d, %d bytes, %v; want 201 with %d bytes", tt.order, a.status, len(a.body), a.err, tt.bytes)
+		}
+		dup := post(tt.order, tt.bytes)
+		switch {
+		case dup.err != nil:
+			t.Fatalf("%s retried: %v", tt.order, dup.err)
+		case tt.replayable && (dup.status != 201 || dup.header.Get("Idempotent-Replayed") != "true" || len(dup.body) != tt.bytes):
+			t.Errorf("%s retried: %d, replayed=%q, %d bytes; want the stored answer", tt.order, dup.status, dup.header.Get("Idempotent-Replayed"), len(dup.body))
+		case !tt.replayable && (dup.status != 409 || dup.problemType() != "response-not-replayable"):
+			t.Errorf("%s retried: got %d %q, want 409 %q", tt.order, dup.status, dup.problemType(), "response-not-replayable")
+		}
+		if rec, err := e.store.Get(context.Background(), proxy.StoreKey("charges", "", tt.order)); err != nil || rec == nil || rec.State != proxy.StateCompleted {
+			t.Errorf("%s: stored %+v, %v; want completed", tt.order, rec, err)
 		}
 	}
 }

@@ -148,7 +148,7 @@ func Open(opts Options) (*Store, error) {
 		// caches their headers, and the index cache is not used at all.
 		WithBlockCacheSize(0).
 		WithIndexCacheSize(0).
-		WithValueLogFileSize(16 << 20).
+		WithValueLogFileSize(valueLogFileSize).
 		WithValueThreshold(16 << 10).
 		WithNumCompactors(2).
 		WithNumGoroutines(2).
@@ -546,10 +546,27 @@ func expiry(now time.Time, ttl time.Duration) uint64 {
 	return uint64(now.Add(ttl + time.Second - 1).Unix())
 }
 
+// valueLogFileSize is the size of Badger's value-log files, and so the
+// largest value it stores: it refuses a larger one.
+const valueLogFileSize = 16 << 20
+
 func putAt(txn *bdg.Txn, k []byte, rec *record, expiresAt uint64) error {
 	v, err := rec.marshal()
 	if err != nil {
 		return fmt.Errorf("encode record: %w", err)
+	}
+	if len(v) > valueLogFileSize && rec.Response != nil && rec.Response.BodyStored {
+		// An answer Badger cannot hold (max_stored_body_bytes raised past
+		// it) is kept as one too large to store: its duplicates get 409
+		// response-not-replayable. Failing the commit instead would leave
+		// the key in doubt for its whole TTL.
+		small := *rec
+		resp := *rec.Response
+		resp.Body, resp.BodyStored = nil, false
+		small.Response = &resp
+		if v, err = small.marshal(); err != nil {
+			return fmt.Errorf("encode record: %w", err)
+		}
 	}
 	e := bdg.NewEntry(k, v).WithMeta(meta(rec.State))
 	e.ExpiresAt = expiresAt
