@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	bdg "github.com/dgraph-io/badger/v4"
@@ -236,9 +237,9 @@ func (s *Store) DueLookups(ctx context.Context, limit int) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("badger: due lookups: %w", err)
 	}
-	if len(stale) > 0 {
+	for chunk := range slices.Chunk(stale, staleChunk) {
 		err := s.update(func(txn *bdg.Txn) error {
-			for _, ik := range stale {
+			for _, ik := range chunk {
 				if err := txn.Delete(ik); err != nil {
 					return err
 				}
@@ -251,6 +252,13 @@ func (s *Store) DueLookups(ctx context.Context, limit int) ([]string, error) {
 	}
 	return keys, nil
 }
+
+// staleChunk is the most stale index entries deleted in one write. A write
+// must fit in one Badger transaction, which holds some hundreds of entries
+// of the longest keys (its limits follow from the memtable size): the
+// stale entries met by one DueLookups, a few thousand after an operator
+// released as many in-doubt keys, take several writes.
+const staleChunk = 128
 
 // Unscheduled implements proxy.ReconcileStore.
 func (s *Store) Unscheduled(ctx context.Context, prefix string, limit int) ([]string, error) {

@@ -414,9 +414,16 @@ func checkKey(key string) error {
 }
 
 // millis converts d to whole milliseconds, rounding up so that a positive
-// duration never becomes 0 (PEXPIRE 0 would delete the key at once).
+// duration never becomes 0 (PEXPIRE 0 would delete the key at once). It
+// rounds without adding to d: d + 1ms - 1 overflows for a duration within a
+// millisecond of the largest one (a ttl the configuration accepts), and a
+// negative PEXPIRE deletes the key at once too.
 func millis(d time.Duration) int64 {
-	return int64((d + time.Millisecond - 1) / time.Millisecond)
+	ms := d / time.Millisecond
+	if d%time.Millisecond > 0 {
+		ms++
+	}
+	return int64(ms)
 }
 
 // decodeRecord turns a reply of reserveScript or getScript into a record:

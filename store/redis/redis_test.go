@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -447,5 +448,28 @@ func TestInvalidArguments(t *testing.T) {
 	}
 	if got := millis(time.Nanosecond); got != 1 {
 		t.Errorf("millis(1ns) = %d, want 1 (never 0)", got)
+	}
+}
+
+// TestLargestTTLKeepsTheReservation: the configuration accepts a ttl up
+// to the largest duration ("2562047h47m16.854775807s"). Its conversion to
+// milliseconds overflowed to a negative PEXPIRE, which deleted the
+// reservation as it was made: the next request with the key was forwarded
+// too, and charged twice.
+func TestLargestTTLKeepsTheReservation(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newStore(t, Options{Addrs: []string{srv.Addr()}})
+	huge := proxy.Reservation{Token: "tok-a", Fingerprint: "fp-a", Lease: time.Minute, TTL: math.MaxInt64}
+	if rec, err := s.Reserve(ctx(t), "r/-/k", huge); err != nil || rec != nil {
+		t.Fatalf("Reserve = %v, %v; want nil, nil", rec, err)
+	}
+	rec, err := s.Reserve(ctx(t), "r/-/k", proxy.Reservation{Token: "tok-b", Fingerprint: "fp-a", Lease: time.Minute, TTL: time.Hour})
+	if err != nil || rec == nil || rec.State != proxy.StateInFlight {
+		t.Fatalf("second Reserve = %+v, %v; want the first reservation, in flight", rec, err)
+	}
+	for _, d := range []time.Duration{1, time.Millisecond, time.Millisecond + 1, math.MaxInt64} {
+		if got := millis(d); got <= 0 || time.Duration(got) < d/time.Millisecond {
+			t.Errorf("millis(%d) = %d", d, got)
+		}
 	}
 }
