@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -183,6 +184,61 @@ func TestRewrittenPathAnswerIsNotKept(t *testing.T) {
 				t.Errorf("access log does not show the path as sent (%s):\n%s", raw, log.String())
 			}
 		})
+	}
+}
+
+// TestRedirectAfterProcessingIsKept: an upstream that routes /charges/ as
+// /charges (Express, Rails) and answers a charge it made with a redirect to
+// the new charge (303 See Other, or Rails' and Express' default 302) has
+// served the request: the key must be committed. Before, every redirect to
+// a request matched in cleaned form released the key, and each retry was
+// charged again. A redirect to the request's own path in canonical form
+// still releases it (TestRewrittenPathAnswerIsNotKept).
+func TestRedirectAfterProcessingIsKept(t *testing.T) {
+	var mu sync.Mutex
+	charged := map[string]int{}
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != "POST" || strings.TrimSuffix(r.URL.Path, "/") != "/charges" {
+			http.NotFound(w, r)
+			return
+		}
+		var c struct{ OrderID string }
+		if err := json.NewDecoder(r.Body).Decode(&c); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		mu.Lock()
+		charged[c.OrderID]++
+		n := charged[c.OrderID]
+		mu.Unlock()
+		status := http.StatusSeeOther
+		if strings.HasSuffix(c.OrderID, "-302") {
+			status = http.StatusFound
+		}
+		http.Redirect(w, r, fmt.Sprintf("/charges/%s-%d", c.OrderID, n), status)
+	}))
+	t.Cleanup(up.Close)
+	e := &env{t: t}
+	e.start(up.URL, chargesByOrder)
+	for _, order := range []string{"ORD-R303", "ORD-R-302"} {
+		body := fmt.Sprintf(`{"orderId": %q, "amount": 1}`, order)
+		for i := range 2 {
+			resp := rawExchange(t, e.srv.Listener.Addr().String(), fmt.Sprintf(
+				"POST /charges/ HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+				len(body), body))
+			if want := "/charges/" + order + "-1"; resp.StatusCode/100 != 3 || resp.Header.Get("Location") != want {
+				t.Errorf("%s, request %d: got %s to %q, want a redirect to %s", order, i+1, resp.Status, resp.Header.Get("Location"), want)
+			}
+		}
+		mu.Lock()
+		got := charged[order]
+		mu.Unlock()
+		if got != 1 {
+			t.Errorf("%s: charged %d times, want 1", order, got)
+		}
+		if st := e.state("charges", "", order); st != proxy.StateCompleted {
+			t.Errorf("%s: the key is %q, want completed", order, st)
+		}
 	}
 }
 
