@@ -239,7 +239,7 @@ func (a *attempt) readBody(w http.ResponseWriter, limit int64) ([]byte, bool) {
 		}
 		a.held = r.ContentLength
 	} else {
-		src = &budgetReader{r: src, b: b, held: &a.held}
+		src = &budgetReader{r: src, b: b, held: &a.held, max: limit}
 	}
 	var body []byte
 	var err error

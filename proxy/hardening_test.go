@@ -384,6 +384,34 @@ func TestBufferedBytesBudget(t *testing.T) {
 	}
 }
 
+// TestChunkedBodyFitsASmallBudget: a body of unknown length (chunked) takes
+// the budget in steps, but never more than the route's max_body_bytes: a
+// server.max_buffered_bytes below the step (valid, since it covers every
+// route's max_body_bytes) refused every chunked request with 503 overloaded,
+// with nothing else buffered.
+func TestChunkedBodyFitsASmallBudget(t *testing.T) {
+	e := &env{t: t}
+	e.stub = httptest.NewServer(stub.New(slog.New(slog.DiscardHandler)))
+	t.Cleanup(e.stub.Close)
+	cfg := parseConfig(t, e.stub.URL, chargesByOrder+"    max_body_bytes: 1024\n")
+	cfg.Server.MaxBufferedBytes = 16 << 10
+	e.startConfig(cfg)
+	for i := range 2 {
+		body := strings.NewReader(`{"orderId": "ORD-SMALL", "amount": 1}`)
+		req, _ := http.NewRequest("POST", e.srv.URL+"/charges", struct{ *strings.Reader }{body}) // hides the length
+		resp, err := e.srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		wantStatus(t, fmt.Sprintf("chunked request %d", i+1), answer{status: resp.StatusCode, header: resp.Header, body: b}, 201, "")
+	}
+	if got := e.charges("ORD-SMALL"); got != 1 {
+		t.Errorf("charged %d times, want 1", got)
+	}
+}
+
 // TestBrokenStoreDoesNotCrash: Badger with its data directory removed
 // fails to rotate its memtable and then panics (nil memtable) in every
 // transaction: in the request's goroutine for reads, in the store's
