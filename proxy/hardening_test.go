@@ -189,11 +189,12 @@ func TestRewrittenPathAnswerIsNotKept(t *testing.T) {
 
 // TestRedirectAfterProcessingIsKept: an upstream that routes /charges/ as
 // /charges (Express, Rails) and answers a charge it made with a redirect to
-// the new charge (303 See Other, or Rails' and Express' default 302) has
-// served the request: the key must be committed. Before, every redirect to
-// a request matched in cleaned form released the key, and each retry was
-// charged again. A redirect to the request's own path in canonical form
-// still releases it (TestRewrittenPathAnswerIsNotKept).
+// the new charge (303 See Other, or Rails' and Express' default 302), or
+// with a 303 back to the list at /charges, has served the request: the key
+// must be committed. Before, every redirect to a request matched in cleaned
+// form released the key, and each retry was charged again. A 301, 307 or
+// 308 to the request's own path in canonical form still releases it
+// (TestRewrittenPathAnswerIsNotKept).
 func TestRedirectAfterProcessingIsKept(t *testing.T) {
 	var mu sync.Mutex
 	charged := map[string]int{}
@@ -211,23 +212,33 @@ func TestRedirectAfterProcessingIsKept(t *testing.T) {
 		charged[c.OrderID]++
 		n := charged[c.OrderID]
 		mu.Unlock()
-		status := http.StatusSeeOther
-		if strings.HasSuffix(c.OrderID, "-302") {
-			status = http.StatusFound
+		switch {
+		case strings.HasSuffix(c.OrderID, "-302"):
+			http.Redirect(w, r, fmt.Sprintf("/charges/%s-%d", c.OrderID, n), http.StatusFound)
+		case strings.HasSuffix(c.OrderID, "-index"): // back to the list of charges
+			http.Redirect(w, r, "/charges", http.StatusSeeOther)
+		default:
+			http.Redirect(w, r, fmt.Sprintf("/charges/%s-%d", c.OrderID, n), http.StatusSeeOther)
 		}
-		http.Redirect(w, r, fmt.Sprintf("/charges/%s-%d", c.OrderID, n), status)
 	}))
 	t.Cleanup(up.Close)
 	e := &env{t: t}
 	e.start(up.URL, chargesByOrder)
-	for _, order := range []string{"ORD-R303", "ORD-R-302"} {
+	for _, order := range []string{"ORD-R303", "ORD-R-302", "ORD-R-index"} {
 		body := fmt.Sprintf(`{"orderId": %q, "amount": 1}`, order)
 		for i := range 2 {
 			resp := rawExchange(t, e.srv.Listener.Addr().String(), fmt.Sprintf(
 				"POST /charges/ HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
 				len(body), body))
-			if want := "/charges/" + order + "-1"; resp.StatusCode/100 != 3 || resp.Header.Get("Location") != want {
+			want := "/charges/" + order + "-1"
+			if strings.HasSuffix(order, "-index") {
+				want = "/charges"
+			}
+			if resp.StatusCode/100 != 3 || resp.Header.Get("Location") != want {
 				t.Errorf("%s, request %d: got %s to %q, want a redirect to %s", order, i+1, resp.Status, resp.Header.Get("Location"), want)
+			}
+			if replayed := resp.Header.Get("Idempotent-Replayed") == "true"; replayed != (i == 1) {
+				t.Errorf("%s, request %d: replayed %v", order, i+1, replayed)
 			}
 		}
 		mu.Lock()
