@@ -184,9 +184,14 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 			return
 		}
 		if rec.State == StateInFlight && cfg.Concurrent == config.ConcurrentWait && time.Now().Before(waitUntil) {
-			rec, err = p.waitSettled(r.Context(), a.storeKey, waitUntil)
+			_, err = p.waitSettled(r.Context(), a.storeKey, waitUntil)
 			if err != nil && r.Context().Err() != nil {
-				a.outcome = OutcomeConflict // the client stopped waiting
+				// The client stopped waiting: answered as without waiting.
+				// A client that went away never reads it; one that only
+				// half-closed its connection, or whose read_timeout
+				// passed, would otherwise get the server's empty 200 OK
+				// for a request still in flight.
+				a.answerExisting(w, rec)
 				return
 			}
 			if err != nil {
@@ -234,7 +239,7 @@ func (a *attempt) readBody(w http.ResponseWriter, limit int64) ([]byte, bool) {
 		}
 		a.held = r.ContentLength
 	} else {
-		src = &budgetReader{r: src, b: b, held: &a.held}
+		src = &budgetReader{r: src, b: b, held: &a.held, max: limit}
 	}
 	var body []byte
 	var err error

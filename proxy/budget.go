@@ -40,9 +40,10 @@ const budgetStep = 64 << 10
 
 // budgetReader takes budget for a body of unknown length as it arrives.
 type budgetReader struct {
-	r    io.Reader
+	r    io.Reader // at most max bytes (http.MaxBytesReader)
 	b    *budget
 	held *int64 // the attempt's share of the budget
+	max  int64  // the route's max_body_bytes: no step takes more
 	read int64
 }
 
@@ -50,7 +51,10 @@ func (br *budgetReader) Read(p []byte) (int, error) {
 	n, err := br.r.Read(p)
 	br.read += int64(n)
 	if need := br.read - *br.held; need > 0 {
-		step := max(need, budgetStep)
+		// A step never goes past the route's limit: max_buffered_bytes
+		// only has to hold that (validation), and a step beyond it would
+		// refuse a small body with nothing else buffered.
+		step := max(need, min(budgetStep, br.max-*br.held))
 		if !br.b.take(step) {
 			return n, errOverBudget
 		}

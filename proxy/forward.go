@@ -218,7 +218,7 @@ func (p *Proxy) upstreamResponse(resp *http.Response) error {
 	if a.token == "" {
 		return nil
 	}
-	if a.rt.cfg.Releases(resp.StatusCode) || (a.sentURL() != nil && notServed(resp.StatusCode)) {
+	if a.rt.cfg.Releases(resp.StatusCode) || (a.sentURL() != nil && notServed(resp)) {
 		a.release()
 		return nil
 	}
@@ -266,11 +266,27 @@ func (a *attempt) sentURL() *url.URL {
 
 // notServed reports whether an answer to a request matched in cleaned form
 // shows that the upstream did not serve the route for the path as sent: not
-// found, method not allowed, or a redirect (to the canonical path). Stored,
-// it would be replayed for the whole TTL to the correct request under the
-// same key.
-func notServed(status int) bool {
-	return status == http.StatusNotFound || status == http.StatusMethodNotAllowed || (status >= 300 && status <= 399)
+// found, method not allowed, or a redirect that keeps the method or is
+// permanent (307, 308, 301: what routers and servers answer a path in
+// another spelling; Go's ServeMux sends a POST to the cleaned path with a
+// 307) to that path in canonical form. Stored, it would be replayed for the whole TTL to the
+// correct request under the same key. Any other redirect is the upstream's
+// own answer: frameworks answer a POST they processed with a redirect to
+// the new resource or back to the list (303, or 302 by default in Rails
+// and Express), and releasing that key would let the retry be charged
+// again.
+func notServed(resp *http.Response) bool {
+	switch status := resp.StatusCode; {
+	case status == http.StatusNotFound || status == http.StatusMethodNotAllowed:
+		return true
+	case status == http.StatusMovedPermanently || status == http.StatusTemporaryRedirect ||
+		status == http.StatusPermanentRedirect:
+		// Resolved against the request as sent to the upstream, so that
+		// the upstream's base path is on both sides.
+		loc, err := resp.Location()
+		return err == nil && cleanPath(loc.Path) == cleanPath(resp.Request.URL.Path)
+	}
+	return false
 }
 
 func (a *attempt) upstreamDone(code string) {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -186,6 +187,72 @@ func TestRewrittenPathAnswerIsNotKept(t *testing.T) {
 	}
 }
 
+// TestRedirectAfterProcessingIsKept: an upstream that routes /charges/ as
+// /charges (Express, Rails) and answers a charge it made with a redirect to
+// the new charge (303 See Other, or Rails' and Express' default 302), or
+// with a 303 back to the list at /charges, has served the request: the key
+// must be committed. Before, every redirect to a request matched in cleaned
+// form released the key, and each retry was charged again. A 301, 307 or
+// 308 to the request's own path in canonical form still releases it
+// (TestRewrittenPathAnswerIsNotKept).
+func TestRedirectAfterProcessingIsKept(t *testing.T) {
+	var mu sync.Mutex
+	charged := map[string]int{}
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != "POST" || strings.TrimSuffix(r.URL.Path, "/") != "/charges" {
+			http.NotFound(w, r)
+			return
+		}
+		var c struct{ OrderID string }
+		if err := json.NewDecoder(r.Body).Decode(&c); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		mu.Lock()
+		charged[c.OrderID]++
+		n := charged[c.OrderID]
+		mu.Unlock()
+		switch {
+		case strings.HasSuffix(c.OrderID, "-302"):
+			http.Redirect(w, r, fmt.Sprintf("/charges/%s-%d", c.OrderID, n), http.StatusFound)
+		case strings.HasSuffix(c.OrderID, "-index"): // back to the list of charges
+			http.Redirect(w, r, "/charges", http.StatusSeeOther)
+		default:
+			http.Redirect(w, r, fmt.Sprintf("/charges/%s-%d", c.OrderID, n), http.StatusSeeOther)
+		}
+	}))
+	t.Cleanup(up.Close)
+	e := &env{t: t}
+	e.start(up.URL, chargesByOrder)
+	for _, order := range []string{"ORD-R303", "ORD-R-302", "ORD-R-index"} {
+		body := fmt.Sprintf(`{"orderId": %q, "amount": 1}`, order)
+		for i := range 2 {
+			resp := rawExchange(t, e.srv.Listener.Addr().String(), fmt.Sprintf(
+				"POST /charges/ HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
+				len(body), body))
+			want := "/charges/" + order + "-1"
+			if strings.HasSuffix(order, "-index") {
+				want = "/charges"
+			}
+			if resp.StatusCode/100 != 3 || resp.Header.Get("Location") != want {
+				t.Errorf("%s, request %d: got %s to %q, want a redirect to %s", order, i+1, resp.Status, resp.Header.Get("Location"), want)
+			}
+			if replayed := resp.Header.Get("Idempotent-Replayed") == "true"; replayed != (i == 1) {
+				t.Errorf("%s, request %d: replayed %v", order, i+1, replayed)
+			}
+		}
+		mu.Lock()
+		got := charged[order]
+		mu.Unlock()
+		if got != 1 {
+			t.Errorf("%s: charged %d times, want 1", order, got)
+		}
+		if st := e.state("charges", "", order); st != proxy.StateCompleted {
+			t.Errorf("%s: the key is %q, want completed", order, st)
+		}
+	}
+}
+
 // rawExchange writes req byte for byte to addr and returns the final
 // answer.
 func rawExchange(t *testing.T, addr, req string) *http.Response {
@@ -325,6 +392,34 @@ func TestBufferedBytesBudget(t *testing.T) {
 				t.Errorf("overloaded = %d, want 1", got)
 			}
 		})
+	}
+}
+
+// TestChunkedBodyFitsASmallBudget: a body of unknown length (chunked) takes
+// the budget in steps, but never more than the route's max_body_bytes: a
+// server.max_buffered_bytes below the step (valid, since it covers every
+// route's max_body_bytes) refused every chunked request with 503 overloaded,
+// with nothing else buffered.
+func TestChunkedBodyFitsASmallBudget(t *testing.T) {
+	e := &env{t: t}
+	e.stub = httptest.NewServer(stub.New(slog.New(slog.DiscardHandler)))
+	t.Cleanup(e.stub.Close)
+	cfg := parseConfig(t, e.stub.URL, chargesByOrder+"    max_body_bytes: 1024\n")
+	cfg.Server.MaxBufferedBytes = 16 << 10
+	e.startConfig(cfg)
+	for i := range 2 {
+		body := strings.NewReader(`{"orderId": "ORD-SMALL", "amount": 1}`)
+		req, _ := http.NewRequest("POST", e.srv.URL+"/charges", struct{ *strings.Reader }{body}) // hides the length
+		resp, err := e.srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		wantStatus(t, fmt.Sprintf("chunked request %d", i+1), answer{status: resp.StatusCode, header: resp.Header, body: b}, 201, "")
+	}
+	if got := e.charges("ORD-SMALL"); got != 1 {
+		t.Errorf("charged %d times, want 1", got)
 	}
 }
 

@@ -1,7 +1,10 @@
 package proxy_test
 
 import (
+	"bufio"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -49,4 +52,54 @@ func TestWaiterIsNotGivenAnotherRequestsAnswer(t *testing.T) {
 	if b.replayed() || string(b.body) == "charged 999 for C" {
 		t.Errorf("B was answered with C's stored answer although its fingerprint differs")
 	}
+}
+
+// TestWaiterThatStopsWaitingIsNotToldOK: a waiter whose request context
+// ends while the key is in flight (here a client that half-closes its
+// connection after its request, which ends the context at once; a
+// wait_timeout past server.read_timeout does the same) is answered 409
+// request-in-flight. Before, the handler returned without an answer and
+// the server sent an empty 200 OK: a success for a charge still in flight,
+// which may yet fail.
+func TestWaiterThatStopsWaitingIsNotToldOK(t *testing.T) {
+	release := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-release
+		w.WriteHeader(201)
+		w.Write([]byte("charged"))
+	}))
+	defer up.Close()
+	e := &env{t: t}
+	e.start(up.URL, `
+  - name: charges
+    match: POST /charges
+    key: {header: Idempotency-Key}
+    concurrent: wait
+    wait_timeout: 5s
+`)
+	first := make(chan answer)
+	go func() { first <- e.do("POST", "/charges", `{"amount":1}`, "Idempotency-Key", "k") }()
+	defer func() {
+		close(release)
+		if a := <-first; a.status != 201 {
+			t.Errorf("first request: %s, want 201", a)
+		}
+	}()
+	eventually(t, "the first request holds the key", func() bool { return e.state("charges", "", "k") == "in_flight" })
+	conn, err := net.Dial("tcp", e.srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := `{"amount":1}`
+	fmt.Fprintf(conn, "POST /charges HTTP/1.1\r\nHost: x\r\nIdempotency-Key: k\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	conn.(*net.TCPConn).CloseWrite()
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	a := answer{status: resp.StatusCode, header: resp.Header, body: b}
+	wantStatus(t, "the waiter that stopped waiting", a, 409, "request-in-flight")
 }
