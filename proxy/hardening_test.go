@@ -499,12 +499,12 @@ func TestForwardedHostAsSent(t *testing.T) {
 	}
 }
 
-// TestCapturedAnswersCountInTheBudget: the copy of an answer kept for
-// replay counts in server.max_buffered_bytes. An answer that does not fit
-// still reaches its client whole, is committed (never charged twice) and
-// is not replayable; the budget is given back when the request ends, so a
-// later answer that fits is stored.
-func TestCapturedAnswersCountInTheBudget(t *testing.T) {
+// sizedAnswers starts the proxy with a charges route (its settings
+// appended from route) before an upstream that answers 201 with as many
+// bytes as the request's X-Answer-Bytes asks; budget, when not 0, is
+// server.max_buffered_bytes. post sends a charge for order.
+func sizedAnswers(t *testing.T, route string, budget int64) (post func(order string, answerBytes int) answer, e *env) {
+	t.Helper()
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		n, _ := strconv.Atoi(r.Header.Get("X-Answer-Bytes"))
@@ -513,19 +513,30 @@ func TestCapturedAnswersCountInTheBudget(t *testing.T) {
 		w.Write(bytes.Repeat([]byte("a"), n))
 	}))
 	t.Cleanup(up.Close)
-	e := &env{t: t, stub: up}
+	e = &env{t: t, stub: up}
 	cfg := parseConfig(t, up.URL, `
   - name: charges
     match: POST /charges
-    key: {json: orderId}
+    key: {json: orderId}`+route)
+	if budget != 0 {
+		cfg.Server.MaxBufferedBytes = budget
+	}
+	e.startConfig(cfg)
+	return func(order string, answerBytes int) answer {
+		return e.do("POST", "/charges", `{"orderId":"`+order+`"}`, "X-Answer-Bytes", strconv.Itoa(answerBytes))
+	}, e
+}
+
+// TestCapturedAnswersCountInTheBudget: the copy of an answer kept for
+// replay counts in server.max_buffered_bytes. An answer that does not fit
+// still reaches its client whole, is committed (never charged twice) and
+// is not replayable; the budget is given back when the request ends, so a
+// later answer that fits is stored.
+func TestCapturedAnswersCountInTheBudget(t *testing.T) {
+	post, _ := sizedAnswers(t, `
     max_body_bytes: 65536
     max_stored_body_bytes: 4194304
-`)
-	cfg.Server.MaxBufferedBytes = 1 << 20
-	e.startConfig(cfg)
-	post := func(order string, answerBytes int) answer {
-		return e.do("POST", "/charges", `{"orderId":"`+order+`"}`, "X-Answer-Bytes", strconv.Itoa(answerBytes))
-	}
+`, 1<<20)
 	tests := []struct {
 		order      string
 		bytes      int
@@ -570,25 +581,9 @@ func TestCapturedAnswersCountInTheBudget(t *testing.T) {
 // key's whole TTL (the commit used to fail). An answer just under the
 // limit is replayed.
 func TestAnswerLargerThanBadgerHolds(t *testing.T) {
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		n, _ := strconv.Atoi(r.Header.Get("X-Answer-Bytes"))
-		w.Header().Set("Content-Type", "text/plain")
-		w.WriteHeader(201)
-		w.Write(bytes.Repeat([]byte("a"), n))
-	}))
-	t.Cleanup(up.Close)
-	e := &env{t: t, stub: up}
-	cfg := parseConfig(t, up.URL, `
-  - name: charges
-    match: POST /charges
-    key: {json: orderId}
+	post, e := sizedAnswers(t, `
     max_stored_body_bytes: 33554432
-`)
-	e.startConfig(cfg)
-	post := func(order string, answerBytes int) answer {
-		return e.do("POST", "/charges", `{"orderId":"`+order+`"}`, "X-Answer-Bytes", strconv.Itoa(answerBytes))
-	}
+`, 0)
 	tests := []struct {
 		order      string
 		bytes      int
