@@ -368,6 +368,10 @@ func checkPattern(p *problems, field, pattern string, patterns *patternSet) (wil
 		p.add(field, "method %q never matches: HTTP methods are case-sensitive (%s)", method, strings.ToUpper(method))
 	} else if strings.ContainsAny(host, " \t") {
 		p.add(field, "%q never matches: its host part %q holds white space", pattern, host)
+	} else if i := strings.LastIndexByte(host, ':'); i >= 0 && !strings.Contains(host[i:], "]") {
+		// A request's host is matched without its port, so a pattern's
+		// host with one never matches.
+		p.add(field, "%q never matches: hosts are matched on any port, so the port %q must be left out", pattern, host[i:])
 	}
 	wildcards = map[string]bool{}
 	rest := pattern
