@@ -356,6 +356,10 @@ func TestValidationProblems(t *testing.T) {
 	}{
 		{"no listen", "upstream: http://x\nroutes:\n" + strings.SplitN(withRoute(""), "routes:\n", 2)[1], "listen: required"},
 		{"listen without port", strings.Replace(withRoute(""), "127.0.0.1:8080", "127.0.0.1", 1), `listen: "127.0.0.1" is not a host:port address`},
+		{"listen port out of range", strings.Replace(withRoute(""), "127.0.0.1:8080", "127.0.0.1:99999", 1), `listen: "127.0.0.1:99999": port 99999 is not 0 to 65535 or a service name`},
+		{"listen port unknown name", strings.Replace(withRoute(""), "127.0.0.1:8080", "127.0.0.1:no-such-service", 1), `listen: "127.0.0.1:no-such-service": port no-such-service is not 0 to 65535 or a service name`},
+		{"admin port out of range", "admin: {listen: \"127.0.0.1:70000\"}\n" + withRoute(""), `admin.listen: "127.0.0.1:70000": port 70000 is not 0 to 65535 or a service name`},
+		{"upstream port out of range", strings.Replace(withRoute(""), "http://127.0.0.1:9000", "http://127.0.0.1:99999", 1), `upstream: "http://127.0.0.1:99999": port 99999 is not 0 to 65535 or a service name`},
 		{"no upstream", strings.Replace(withRoute(""), "upstream: http://127.0.0.1:9000\n", "", 1), "upstream: required"},
 		{"relative upstream", strings.Replace(withRoute(""), "http://127.0.0.1:9000", "/api", 1), `upstream: "/api" is not an absolute`},
 		{"upstream with query", strings.Replace(withRoute(""), "http://127.0.0.1:9000", "http://x/?a=1", 1), `upstream: "http://x/?a=1" must not carry a query`},

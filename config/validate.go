@@ -52,6 +52,8 @@ func (c *Config) Validate() error {
 		p.add("upstream", "%q is not an absolute http or https URL", c.Upstream)
 	} else if u.RawQuery != "" || u.Fragment != "" {
 		p.add("upstream", "%q must not carry a query or fragment", c.Upstream)
+	} else if port := u.Port(); port != "" && !validPort(port) {
+		p.add("upstream", "%q: port %s is not 0 to 65535 or a service name", c.Upstream, port)
 	}
 	if c.Admin.Listen != "" {
 		checkAddr(&p, "admin.listen", c.Admin.Listen, false)
@@ -123,7 +125,16 @@ func checkAddr(p *problems, field, addr string, required bool) {
 	}
 	if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
 		p.add(field, "%q is not a host:port address", addr)
+	} else if !validPort(port) {
+		p.add(field, "%q: port %s is not 0 to 65535 or a service name", addr, port)
 	}
+}
+
+// validPort reports whether port is one that the network functions
+// accept: a number from 0 to 65535, or a known service name ("http").
+func validPort(port string) bool {
+	_, err := net.LookupPort("tcp", port)
+	return err == nil
 }
 
 // samePort reports whether two listen addresses would bind one port: the
