@@ -671,6 +671,10 @@ func TestRedis(t *testing.T) {
 	}
 
 	redis := func(fields string) string { return "store:\n  redis:\n" + fields + withRoute("") }
+	notPEM := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(notPEM, []byte("not a certificate\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name string
 		src  string
@@ -690,6 +694,8 @@ func TestRedis(t *testing.T) {
 		{"db on a cluster", redis("    addrs: [r1:6379, r2:6379]\n    db: 1\n"), []string{"store.redis.db: a Redis Cluster has only database 0"}},
 		{"negative timeouts", redis("    addrs: [r:6379]\n    dial_timeout: -1s\n    op_timeout: -1ms\n"),
 			[]string{"store.redis.dial_timeout: must be positive", "store.redis.op_timeout: must be positive"}},
+		{"CA file without a certificate", redis("    addrs: [r:6379]\n    tls: true\n    tls_ca_file: " + notPEM + "\n"),
+			[]string{"store.redis.tls_ca_file: no PEM certificate in " + notPEM}},
 		{"badger and redis", "store:\n  badger: {dir: /d}\n  redis: {addrs: [\"r:6379\"]}\n" + withRoute(""), []string{"store: set exactly one of badger and redis"}},
 	}
 	for _, tc := range tests {

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -196,8 +197,12 @@ func (c *Config) validateStore(p *problems) {
 			if !r.TLS {
 				p.add("store.redis.tls_ca_file", "needs tls: true")
 			}
-			if _, err := os.Stat(r.TLSCAFile); err != nil {
+			// Read as the store reads it when it opens: a file without a
+			// certificate would otherwise pass -check and stop the start.
+			if pem, err := os.ReadFile(r.TLSCAFile); err != nil {
 				p.add("store.redis.tls_ca_file", "%v", err)
+			} else if !x509.NewCertPool().AppendCertsFromPEM(pem) {
+				p.add("store.redis.tls_ca_file", "no PEM certificate in %s", r.TLSCAFile)
 			}
 		}
 		if r.DB != 0 && (len(r.Addrs) > 1 || r.Cluster) && r.MasterName == "" {
