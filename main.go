@@ -30,6 +30,11 @@ import (
 var version = "dev"
 
 func main() {
+	// A write to stderr after its reader went away (a log shipper that
+	// died) would otherwise kill the process with SIGPIPE and cut every
+	// request in flight; ignored, the write fails and the log sink drops
+	// the line.
+	signal.Ignore(syscall.SIGPIPE)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv))

@@ -15,6 +15,12 @@ import (
 // limit.
 const cgroupMemoryMax = "/sys/fs/cgroup/memory.max"
 
+// envMemoryLimit is the soft memory limit the runtime took from GOMEMLIMIT
+// at start (math.MaxInt64 without it), read before the program sets its
+// own: once memory_limit was applied, the runtime's current limit is no
+// longer GOMEMLIMIT's, and a reload back to memory_limit: 0 must restore it.
+var envMemoryLimit = debug.SetMemoryLimit(-1)
+
 // memoryLimit chooses the Go runtime's soft memory limit: the
 // configuration's memory_limit, else GOMEMLIMIT (already applied by the
 // runtime), else 80% of the cgroup limit in cgroupFile (the rest is left for
@@ -28,7 +34,7 @@ func memoryLimit(configured int64, getenv func(string) string, cgroupFile string
 	case configured > 0:
 		return configured, "memory_limit"
 	case getenv("GOMEMLIMIT") != "":
-		return debug.SetMemoryLimit(-1), "GOMEMLIMIT"
+		return envMemoryLimit, "GOMEMLIMIT"
 	}
 	if b, err := os.ReadFile(cgroupFile); err == nil {
 		s := strings.TrimSpace(string(b))

@@ -356,6 +356,10 @@ func TestValidationProblems(t *testing.T) {
 	}{
 		{"no listen", "upstream: http://x\nroutes:\n" + strings.SplitN(withRoute(""), "routes:\n", 2)[1], "listen: required"},
 		{"listen without port", strings.Replace(withRoute(""), "127.0.0.1:8080", "127.0.0.1", 1), `listen: "127.0.0.1" is not a host:port address`},
+		{"listen port out of range", strings.Replace(withRoute(""), "127.0.0.1:8080", "127.0.0.1:99999", 1), `listen: "127.0.0.1:99999": port 99999 is not 0 to 65535 or a service name`},
+		{"listen port unknown name", strings.Replace(withRoute(""), "127.0.0.1:8080", "127.0.0.1:no-such-service", 1), `listen: "127.0.0.1:no-such-service": port no-such-service is not 0 to 65535 or a service name`},
+		{"admin port out of range", "admin: {listen: \"127.0.0.1:70000\"}\n" + withRoute(""), `admin.listen: "127.0.0.1:70000": port 70000 is not 0 to 65535 or a service name`},
+		{"upstream port out of range", strings.Replace(withRoute(""), "http://127.0.0.1:9000", "http://127.0.0.1:99999", 1), `upstream: "http://127.0.0.1:99999": port 99999 is not 0 to 65535 or a service name`},
 		{"no upstream", strings.Replace(withRoute(""), "upstream: http://127.0.0.1:9000\n", "", 1), "upstream: required"},
 		{"relative upstream", strings.Replace(withRoute(""), "http://127.0.0.1:9000", "/api", 1), `upstream: "/api" is not an absolute`},
 		{"upstream with query", strings.Replace(withRoute(""), "http://127.0.0.1:9000", "http://x/?a=1", 1), `upstream: "http://x/?a=1" must not carry a query`},
@@ -376,6 +380,10 @@ func TestValidationProblems(t *testing.T) {
 		{"no match", head + "  - name: a\n    key: {json: a}\n", "routes[0].match: required"},
 		{"two methods", head + "  - name: a\n    match: \"POST PUT /a\"\n    key: {json: a}\n", `routes[0].match: "POST PUT /a" never matches: its host part "PUT " holds white space`},
 		{"leading space", head + "  - name: a\n    match: \" POST /a\"\n    key: {json: a}\n", `routes[0].match: " POST /a" never matches: its host part "POST " holds white space`},
+		{"host with a port", head + "  - name: a\n    match: POST api.example.com:8080/a\n    key: {json: a}\n",
+			`routes[0].match: "POST api.example.com:8080/a" never matches: hosts are matched on any port, so the port ":8080" must be left out`},
+		{"IPv6 host with a port", head + "  - name: a\n    match: POST [::1]:8080/a\n    key: {json: a}\n",
+			`routes[0].match: "POST [::1]:8080/a" never matches: hosts are matched on any port, so the port ":8080" must be left out`},
 		{"lower-case method", head + "  - name: a\n    match: post /a\n    key: {json: a}\n", `routes[0].match: method "post" never matches: HTTP methods are case-sensitive (POST)`},
 		{"bad method", head + "  - name: a\n    match: \"PO(ST /a\"\n    key: {json: a}\n", `routes[0].match: parsing "PO(ST /a": at offset 0: invalid method`},
 		{"no slash", head + "  - name: a\n    match: POST charges\n    key: {json: a}\n", `routes[0].match: parsing "POST charges"`},
@@ -663,6 +671,10 @@ func TestRedis(t *testing.T) {
 	}
 
 	redis := func(fields string) string { return "store:\n  redis:\n" + fields + withRoute("") }
+	notPEM := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(notPEM, []byte("not a certificate\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name string
 		src  string
@@ -682,6 +694,8 @@ func TestRedis(t *testing.T) {
 		{"db on a cluster", redis("    addrs: [r1:6379, r2:6379]\n    db: 1\n"), []string{"store.redis.db: a Redis Cluster has only database 0"}},
 		{"negative timeouts", redis("    addrs: [r:6379]\n    dial_timeout: -1s\n    op_timeout: -1ms\n"),
 			[]string{"store.redis.dial_timeout: must be positive", "store.redis.op_timeout: must be positive"}},
+		{"CA file without a certificate", redis("    addrs: [r:6379]\n    tls: true\n    tls_ca_file: " + notPEM + "\n"),
+			[]string{"store.redis.tls_ca_file: no PEM certificate in " + notPEM}},
 		{"badger and redis", "store:\n  badger: {dir: /d}\n  redis: {addrs: [\"r:6379\"]}\n" + withRoute(""), []string{"store: set exactly one of badger and redis"}},
 	}
 	for _, tc := range tests {

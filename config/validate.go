@@ -1,6 +1,7 @@
 package config
 
 import (
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -52,6 +53,8 @@ func (c *Config) Validate() error {
 		p.add("upstream", "%q is not an absolute http or https URL", c.Upstream)
 	} else if u.RawQuery != "" || u.Fragment != "" {
 		p.add("upstream", "%q must not carry a query or fragment", c.Upstream)
+	} else if port := u.Port(); port != "" && !validPort(port) {
+		p.add("upstream", "%q: port %s is not 0 to 65535 or a service name", c.Upstream, port)
 	}
 	if c.Admin.Listen != "" {
 		checkAddr(&p, "admin.listen", c.Admin.Listen, false)
@@ -123,7 +126,16 @@ func checkAddr(p *problems, field, addr string, required bool) {
 	}
 	if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
 		p.add(field, "%q is not a host:port address", addr)
+	} else if !validPort(port) {
+		p.add(field, "%q: port %s is not 0 to 65535 or a service name", addr, port)
 	}
+}
+
+// validPort reports whether port is one that the network functions
+// accept: a number from 0 to 65535, or a known service name ("http").
+func validPort(port string) bool {
+	_, err := net.LookupPort("tcp", port)
+	return err == nil
 }
 
 // samePort reports whether two listen addresses would bind one port: the
@@ -185,8 +197,12 @@ func (c *Config) validateStore(p *problems) {
 			if !r.TLS {
 				p.add("store.redis.tls_ca_file", "needs tls: true")
 			}
-			if _, err := os.Stat(r.TLSCAFile); err != nil {
+			// Read as the store reads it when it opens: a file without a
+			// certificate would otherwise pass -check and stop the start.
+			if pem, err := os.ReadFile(r.TLSCAFile); err != nil {
 				p.add("store.redis.tls_ca_file", "%v", err)
+			} else if !x509.NewCertPool().AppendCertsFromPEM(pem) {
+				p.add("store.redis.tls_ca_file", "no PEM certificate in %s", r.TLSCAFile)
 			}
 		}
 		if r.DB != 0 && (len(r.Addrs) > 1 || r.Cluster) && r.MasterName == "" {
@@ -368,6 +384,10 @@ func checkPattern(p *problems, field, pattern string, patterns *patternSet) (wil
 		p.add(field, "method %q never matches: HTTP methods are case-sensitive (%s)", method, strings.ToUpper(method))
 	} else if strings.ContainsAny(host, " \t") {
 		p.add(field, "%q never matches: its host part %q holds white space", pattern, host)
+	} else if i := strings.LastIndexByte(host, ':'); i >= 0 && !strings.Contains(host[i:], "]") {
+		// A request's host is matched without its port, so a pattern's
+		// host with one never matches.
+		p.add(field, "%q never matches: hosts are matched on any port, so the port %q must be left out", pattern, host[i:])
 	}
 	wildcards = map[string]bool{}
 	rest := pattern
