@@ -26,7 +26,9 @@ import (
 // Store is what the admin API needs of the key store.
 type Store interface {
 	Get(ctx context.Context, key string) (*proxy.Record, error)
-	Delete(ctx context.Context, key string) (bool, error)
+	// Release deletes the record under key if it still carries token;
+	// otherwise it returns proxy.ErrNotOwner.
+	Release(ctx context.Context, key, token string) error
 	Ping(ctx context.Context) error
 }
 
@@ -281,13 +283,20 @@ func (h *Handler) deleteKey(w http.ResponseWriter, r *http.Request) {
 		})
 		return
 	}
-	existed, err := h.opts.Store.Delete(r.Context(), sk)
-	if err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"error": "store unavailable: " + err.Error()})
+	// Only the record read above is released, fenced by its owner token:
+	// a record that replaced it meanwhile (a reservation made after a
+	// reconcile lookup or the TTL removed it, whose request may be at the
+	// upstream now) is left alone, or a retry would be forwarded while
+	// that request is still being processed.
+	err = h.opts.Store.Release(r.Context(), sk, prev.Token)
+	if errors.Is(err, proxy.ErrNotOwner) {
+		writeJSON(w, http.StatusConflict, map[string]any{
+			"error": "the key changed while it was being released (settled, expired or reserved again); look at it again",
+		})
 		return
 	}
-	if !existed {
-		writeJSON(w, http.StatusNotFound, map[string]any{"error": "no record for this key (never seen, released or expired)"})
+	if err != nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"error": "store unavailable: " + err.Error()})
 		return
 	}
 	var state proxy.State

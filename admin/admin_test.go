@@ -14,6 +14,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -788,5 +789,49 @@ func TestPprof(t *testing.T) {
 	}
 	if rec := serve(t, on, "GET", "/debug/pprof/", "", nil); rec.Code != http.StatusUnauthorized {
 		t.Errorf("GET /debug/pprof/ without the token: status %d, want 401", rec.Code)
+	}
+}
+
+// replacedAfterGet is the real Badger store whose Get, once, lets the key
+// move on after it was read: the record read is settled (a reconcile
+// lookup's release, or its TTL) and a client's retry reserves the key again.
+type replacedAfterGet struct {
+	*badger.Store
+	once  *sync.Once
+	after func()
+}
+
+func (s replacedAfterGet) Get(ctx context.Context, key string) (*proxy.Record, error) {
+	rec, err := s.Store.Get(ctx, key)
+	s.once.Do(s.after)
+	return rec, err
+}
+
+// TestReleaseLeavesANewReservationAlone: a DELETE releases the record it
+// read. A reservation made since, whose request is at the upstream now,
+// is not removed: a second retry would be forwarded while the first is
+// still being charged.
+func TestReleaseLeavesANewReservationAlone(t *testing.T) {
+	st := openStore(t)
+	sk := proxy.StoreKey("charges", "", "raced")
+	seed(t, st, sk, seedInDoubt)
+	retry := proxy.Reservation{Token: "retry-owner", Fingerprint: "fp-retry", Lease: lease, TTL: ttl}
+	racing := replacedAfterGet{Store: st, once: new(sync.Once), after: func() {
+		ctx := context.Background()
+		if err := st.Release(ctx, sk, ownerToken); err != nil {
+			t.Errorf("settle the record read: %v", err)
+		}
+		if prev, err := st.Reserve(ctx, sk, retry); err != nil || prev != nil {
+			t.Errorf("retry's Reserve = %v, %v; want nil, nil", prev, err)
+		}
+	}}
+	h := newHandler(t, racing, nil)
+	rec := serve(t, h, http.MethodDelete, "/v1/keys/charges/raced", bearer, nil)
+	if rec.Code != http.StatusConflict {
+		t.Errorf("DELETE of a key reserved again after it was read = %d, want 409; body %s", rec.Code, rec.Body)
+	}
+	got, err := st.Get(context.Background(), sk)
+	if err != nil || got == nil || got.State != proxy.StateInFlight || got.Token != retry.Token {
+		t.Fatalf("record after the DELETE = %+v, %v; want the retry's reservation, in flight", got, err)
 	}
 }

@@ -33,7 +33,7 @@ type ReconcileStore interface {
 	// record that is not in doubt, or to no record.
 	ScheduleLookup(ctx context.Context, key string, after time.Duration) error
 	// Unscheduled returns the keys beginning with prefix (a route's
-	// "name/") of in-doubt records that have no lookup scheduled (a
+	// "name/", or "name/-/" for its unscoped keys) of in-doubt records that have no lookup scheduled (a
 	// crash's orphans, lapsed leases), at most limit of them.
 	Unscheduled(ctx context.Context, prefix string, limit int) ([]string, error)
 	// DueLookups returns the keys of in-doubt records whose next lookup
@@ -202,13 +202,16 @@ func (r *Reconciler) Run(ctx context.Context) {
 // Discover schedules the in-doubt keys without a schedule on the routes
 // that reconcile, counting grace from now (never earlier than the grace
 // after the key turned in doubt). In-doubt keys of other routes are left
-// to an operator or their TTL.
+// to an operator or their TTL, and so are scoped keys (see reconcile): the
+// store is asked for the route's unscoped keys only, so that a batch full
+// of scoped keys, which are never scheduled, cannot hide an unscoped one
+// from every discovery.
 func (r *Reconciler) Discover(ctx context.Context) {
 	for _, rt := range r.p.table.Load().routes {
 		if rt.cfg.Reconcile == nil {
 			continue
 		}
-		keys, err := r.st.Unscheduled(ctx, rt.cfg.Name+"/", r.opts.Batch)
+		keys, err := r.st.Unscheduled(ctx, StoreKey(rt.cfg.Name, "", ""), r.opts.Batch)
 		if err != nil {
 			if ctx.Err() == nil {
 				r.p.log.Error("reconciler: find unscheduled in-doubt keys", "route", rt.cfg.Name, "err", err)

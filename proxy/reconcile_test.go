@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -502,4 +503,49 @@ func TestReconcileFollowsReload(t *testing.T) {
 		t.Fatal(err)
 	}
 	reconcileUntil(t, rec, "the key is completed once reconcile is back", func() bool { return e.state("charges", "", "R-10") == proxy.StateCompleted })
+}
+
+// TestReconcileDiscoveryIsNotStarvedByScopedKeys: in-doubt keys left by a
+// route's earlier, scoped definition are never looked up; on Redis, whose
+// scan comes in no particular order, a batch full of them must not hide
+// the unscoped orphan that discovery is there to schedule.
+func TestReconcileDiscoveryIsNotStarvedByScopedKeys(t *testing.T) {
+	srv := redistest.Start(t)
+	st, err := redis.New(redis.Options{Addrs: []string{srv.Addr()}, KeyPrefix: "starve:", OpTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	up := httptest.NewServer(newGate())
+	t.Cleanup(up.Close)
+	p, hs := serveReconcileRoute(t, up.URL, st)
+	t.Cleanup(hs.Close)
+	ctx := context.Background()
+	orphan := func(sk string) {
+		res := proxy.Reservation{Token: "tok-" + sk, Fingerprint: "fp", Lease: time.Hour, TTL: time.Hour}
+		if rec, err := st.Reserve(ctx, sk, res); err != nil || rec != nil {
+			t.Fatalf("Reserve(%q) = %v, %v", sk, rec, err)
+		}
+		if err := st.MarkInDoubt(ctx, sk, res.Token, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 200 {
+		orphan(proxy.StoreKey("charges", "tenant-a", fmt.Sprintf("S-%d", i)))
+	}
+	orphan(proxy.StoreKey("charges", "", "U-1"))
+	rec, err := p.NewReconciler(proxy.ReconcilerOptions{Store: st, Batch: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		rec.Discover(ctx)
+	}
+	keys, err := st.Unscheduled(ctx, "charges/-/", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != 0 {
+		t.Errorf("unscoped in-doubt keys still without a lookup after discovery: %q", keys)
+	}
 }
