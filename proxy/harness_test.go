@@ -222,7 +222,8 @@ func (e *env) outcomes(route string, o proxy.Outcome) int {
 	return int(counterValue(e.t, e.reg, "idemproxy_requests_total", map[string]string{"route": route, "outcome": string(o)}))
 }
 
-// counterValue returns the value of the counter name with exactly labels.
+// counterValue returns the value of the counter (or gauge) name with
+// exactly labels.
 func counterValue(t *testing.T, reg prometheus.Gatherer, name string, labels map[string]string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
@@ -242,6 +243,9 @@ func counterValue(t *testing.T, reg prometheus.Gatherer, name string, labels map
 				if labels[l.GetName()] != l.GetValue() {
 					continue metrics
 				}
+			}
+			if g := m.GetGauge(); g != nil {
+				return g.GetValue()
 			}
 			return m.GetCounter().GetValue()
 		}

@@ -238,6 +238,7 @@ func (r *Reconciler) Discover(ctx context.Context) {
 // returns once every one has started.
 func (r *Reconciler) pass(ctx context.Context) {
 	if !r.p.table.Load().reconciles {
+		r.p.m.rec.due.Set(0) // no route reconciles (any more): nothing is due
 		return
 	}
 	keys, err := r.st.DueLookups(ctx, r.opts.Batch)

@@ -505,6 +505,27 @@ func TestReconcileFollowsReload(t *testing.T) {
 	reconcileUntil(t, rec, "the key is completed once reconcile is back", func() bool { return e.state("charges", "", "R-10") == proxy.StateCompleted })
 }
 
+// TestReconcileDueGaugeFollowsReload: idemproxy_reconcile_due_keys counts
+// the keys due at the reconciler's last pass. Once a reload leaves no route
+// that reconciles, passes stop, and the gauge must say 0 rather than keep
+// its last count: an alert on it would fire until the next restart.
+func TestReconcileDueGaugeFollowsReload(t *testing.T) {
+	g := newGate()
+	g.fail.Store(1 << 20) // every lookup fails: the key stays due
+	e, rec := newReconcileEnv(t, g, reconcileRoute)
+	e.inDoubtCharged(`"R-20"`)
+	due := func() float64 { return counterValue(t, e.reg, "idemproxy_reconcile_due_keys", nil) }
+	reconcileUntil(t, rec, "the key is due", func() bool { return due() == 1 })
+	without := strings.Replace(reconcileRoute, "    reconcile: {lookup: \"GET /orders/{key}/charge\", grace: 600ms, interval: 100ms}\n", "", 1)
+	if err := e.p.Reload(parseConfig(t, e.stub.URL, without)); err != nil {
+		t.Fatal(err)
+	}
+	rec.RunOnce(context.Background())
+	if got := due(); got != 0 {
+		t.Errorf("idemproxy_reconcile_due_keys = %v after a reload without reconcile, want 0", got)
+	}
+}
+
 // TestReconcileDiscoveryIsNotStarvedByScopedKeys: in-doubt keys left by a
 // route's earlier, scoped definition are never looked up; on Redis, whose
 // scan comes in no particular order, a batch full of them must not hide
