@@ -70,3 +70,37 @@ func TestTrailingSlashPatternIsProtected(t *testing.T) {
 		}
 	}
 }
+
+// TestEscapedSlashInWildcardWithTrailingSlashIsProtected: to an upstream
+// that routes on the escaped path and treats a trailing slash as the same
+// endpoint (Express: "/orders/A%2FB/charges/" is order A/B's charges),
+// the retry with a trailing slash is the same charge. Matched only in its
+// decoded form (/orders/A/B/charges, which no route matches), it passed
+// through unprotected and was charged a second time.
+func TestEscapedSlashInWildcardWithTrailingSlashIsProtected(t *testing.T) {
+	var n atomic.Int32
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == "POST" && strings.TrimSuffix(r.URL.EscapedPath(), "/") == "/orders/A%2FB/charges" {
+			n.Add(1)
+		}
+		w.WriteHeader(201)
+	}))
+	t.Cleanup(up.Close)
+	e := &env{t: t}
+	e.start(up.URL, `
+  - name: order-charges
+    match: POST /orders/{id}/charges
+    key: {path: id}
+`)
+	for _, p := range []string{"/orders/A%2FB/charges", "/orders/A%2FB/charges/"} {
+		if status := rawPost(t, e, p, ""); status != 201 {
+			t.Errorf("%s: %d, want 201", p, status)
+		}
+	}
+	if n.Load() != 1 {
+		t.Errorf("order A/B charged %d times, want once", n.Load())
+	}
+	if got := e.state("order-charges", "", "A/B"); got != "completed" {
+		t.Errorf("key A/B is %q, want completed", got)
+	}
+}
