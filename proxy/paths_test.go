@@ -104,3 +104,33 @@ func TestEscapedSlashInWildcardWithTrailingSlashIsProtected(t *testing.T) {
 		t.Errorf("key A/B is %q, want completed", got)
 	}
 }
+
+// TestQueryKeyGoCannotParseIsNotForwardedUnprotected: "?id=50%off" holds
+// a bad escape, which Go's url.ParseQuery leaves out, but PHP and
+// Express read it as id "50%off". With on_missing_key: forward, the proxy
+// took the key for missing and forwarded every delivery unprotected: the
+// order was charged twice. The key is invalid (400), as a repeated
+// parameter is.
+func TestQueryKeyGoCannotParseIsNotForwardedUnprotected(t *testing.T) {
+	for _, query := range []string{"id=50%off", "id=A;B", "x=1;id=A", "id=A&id=50%off"} {
+		var n atomic.Int32
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			n.Add(1)
+			w.WriteHeader(201)
+		}))
+		e := &env{t: t}
+		e.start(up.URL, `
+  - name: charges
+    match: POST /charges
+    key: {query: id}
+    on_missing_key: forward
+`)
+		for range 2 {
+			wantStatus(t, query, e.do("POST", "/charges?"+query, `{}`), 400, "invalid-key")
+		}
+		if n.Load() != 0 {
+			t.Errorf("%s: forwarded %d times, want none", query, n.Load())
+		}
+		up.Close()
+	}
+}
