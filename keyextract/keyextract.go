@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"regexp"
 	"strings"
 	"unicode"
@@ -148,6 +149,11 @@ func (src Source) value(r *http.Request, body []byte) (string, error) {
 		return vs[0], nil
 	case Query:
 		vs := r.URL.Query()[src.Name]
+		if unparsedParam(r.URL.RawQuery, src.Name) {
+			// Left out by Go, read by others: not missing, and with
+			// on_missing_key: forward it would go unprotected.
+			return "", &Error{Source: src, Err: ErrInvalid, Reason: "the parameter is not valid query syntax (a bad % escape or a ';')"}
+		}
 		if len(vs) > 1 {
 			return "", &Error{Source: src, Err: ErrInvalid, Reason: "the parameter is repeated"}
 		}
@@ -193,6 +199,30 @@ func (src Source) value(r *http.Request, body []byte) (string, error) {
 		}
 	}
 	return "", &Error{Source: src, Err: ErrInvalid, Reason: "unknown source"}
+}
+
+// unparsedParam reports whether query holds a pair named name that Go's
+// url.ParseQuery leaves out: one with a bad escape ("id=50%off") or a ';'
+// ("id=A;B", "x=1;id=A"). Upstreams in other languages read it (PHP and
+// Express keep a bad escape as written, some split pairs at ';').
+func unparsedParam(query, name string) bool {
+	for query != "" {
+		var pair string
+		pair, query, _ = strings.Cut(query, "&")
+		if _, err := url.ParseQuery(pair); err == nil {
+			continue
+		}
+		for sub := range strings.SplitSeq(pair, ";") {
+			k, _, _ := strings.Cut(sub, "=")
+			if u, err := url.QueryUnescape(k); err == nil {
+				k = u
+			}
+			if k == name {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // lookupFold finds path in v, matching object member names as many

@@ -70,3 +70,67 @@ func TestTrailingSlashPatternIsProtected(t *testing.T) {
 		}
 	}
 }
+
+// TestEscapedSlashInWildcardWithTrailingSlashIsProtected: to an upstream
+// that routes on the escaped path and treats a trailing slash as the same
+// endpoint (Express: "/orders/A%2FB/charges/" is order A/B's charges),
+// the retry with a trailing slash is the same charge. Matched only in its
+// decoded form (/orders/A/B/charges, which no route matches), it passed
+// through unprotected and was charged a second time.
+func TestEscapedSlashInWildcardWithTrailingSlashIsProtected(t *testing.T) {
+	var n atomic.Int32
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == "POST" && strings.TrimSuffix(r.URL.EscapedPath(), "/") == "/orders/A%2FB/charges" {
+			n.Add(1)
+		}
+		w.WriteHeader(201)
+	}))
+	t.Cleanup(up.Close)
+	e := &env{t: t}
+	e.start(up.URL, `
+  - name: order-charges
+    match: POST /orders/{id}/charges
+    key: {path: id}
+`)
+	for _, p := range []string{"/orders/A%2FB/charges", "/orders/A%2FB/charges/"} {
+		if status := rawPost(t, e, p, ""); status != 201 {
+			t.Errorf("%s: %d, want 201", p, status)
+		}
+	}
+	if n.Load() != 1 {
+		t.Errorf("order A/B charged %d times, want once", n.Load())
+	}
+	if got := e.state("order-charges", "", "A/B"); got != "completed" {
+		t.Errorf("key A/B is %q, want completed", got)
+	}
+}
+
+// TestQueryKeyGoCannotParseIsNotForwardedUnprotected: "?id=50%off" holds
+// a bad escape, which Go's url.ParseQuery leaves out, but PHP and
+// Express read it as id "50%off". With on_missing_key: forward, the proxy
+// took the key for missing and forwarded every delivery unprotected: the
+// order was charged twice. The key is invalid (400), as a repeated
+// parameter is.
+func TestQueryKeyGoCannotParseIsNotForwardedUnprotected(t *testing.T) {
+	for _, query := range []string{"id=50%off", "id=A;B", "x=1;id=A", "id=A&id=50%off"} {
+		var n atomic.Int32
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			n.Add(1)
+			w.WriteHeader(201)
+		}))
+		e := &env{t: t}
+		e.start(up.URL, `
+  - name: charges
+    match: POST /charges
+    key: {query: id}
+    on_missing_key: forward
+`)
+		for range 2 {
+			wantStatus(t, query, e.do("POST", "/charges?"+query, `{}`), 400, "invalid-key")
+		}
+		if n.Load() != 0 {
+			t.Errorf("%s: forwarded %d times, want none", query, n.Load())
+		}
+		up.Close()
+	}
+}

@@ -214,10 +214,11 @@ func register(mux *http.ServeMux, pattern string, h http.Handler) (err error) {
 // other is proxied untouched, without touching the store.
 //
 // A path that is not in canonical form ("/charges/", "//charges",
-// "/a/../charges", "/v1%2Fcharges") is matched in its cleaned, decoded form
-// (with and without a trailing slash), since many upstreams treat them as
-// one endpoint: the request is protected by that route and forwarded as
-// sent. Paths are matched case-sensitively.
+// "/a/../charges", "/v1%2Fcharges") is matched in its cleaned form, first
+// with its escapes kept ("/orders/A%2FB/charges/" is order A/B's), then
+// decoded (with and without a trailing slash each), since many upstreams
+// treat them as one endpoint: the request is protected by that route and
+// forwarded as sent. Paths are matched case-sensitively.
 //
 // Host names are matched as DNS names are: case-insensitively, with a final
 // dot ignored and on any port ("API.Example.COM.:8080" is api.example.com).
@@ -232,16 +233,27 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		t.mux.ServeHTTP(w, r) // sets the path wildcards, then serveRoute
 		return
 	}
-	// The cleaned, decoded path ("/v1%2Fcharges" is /v1/charges to many
-	// upstreams), and the same with a trailing slash for patterns that end
-	// in one.
+	// The cleaned path with its escapes kept ("/orders/A%2FB/charges/" is
+	// order A/B's charges to upstreams that route on the escaped path and
+	// ignore a trailing slash), then the cleaned, decoded path
+	// ("/v1%2Fcharges" is /v1/charges to many upstreams), each also with a
+	// trailing slash for patterns that end in one.
+	type candidate struct{ path, raw string }
+	var cands []candidate
+	if r.URL.RawPath != "" {
+		esc := cleanPath(r.URL.EscapedPath())
+		if dec, err := url.PathUnescape(esc); err == nil && esc != r.URL.EscapedPath() {
+			cands = append(cands, candidate{dec, esc}, candidate{dec + "/", esc + "/"})
+		}
+	}
 	clean := cleanPath(r.URL.Path)
-	for _, c := range []string{clean, clean + "/"} {
-		if c == "//" || (c == r.URL.Path && r.URL.RawPath == "") {
+	cands = append(cands, candidate{clean, ""}, candidate{clean + "/", ""})
+	for _, c := range cands {
+		if c.path == "//" || (c.path == r.URL.Path && r.URL.RawPath == "") {
 			continue // the root twice, or the match already tried
 		}
 		u := *r.URL
-		u.Path, u.RawPath = c, ""
+		u.Path, u.RawPath = c.path, c.raw
 		rc := r.WithContext(context.WithValue(r.Context(), sentURLKey{}, r.URL))
 		rc.URL = &u
 		if t.matches(rc) {
