@@ -89,6 +89,11 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 	if !ok {
 		return
 	}
+	if invalidUpgrade(r.Header) {
+		// Never forwarded, so in observe mode too.
+		a.problem(w, OutcomeBadRequest, probInvalidUpgrade, upgradeDetail, 0, nil)
+		return
+	}
 	// The target is the (cleaned) path and the query, parameters sorted:
 	// the same key with another query is another request.
 	target := r.URL.Path

@@ -11,6 +11,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -293,6 +294,31 @@ func (a *attempt) upstreamDone(code string) {
 	a.upstream = time.Since(a.upstreamAt)
 	a.series.upstream.of(code).Observe(a.upstream.Seconds())
 }
+
+// invalidUpgrade reports whether a request asks to switch to a protocol
+// whose name is not printable ASCII (Connection: Upgrade and such an
+// Upgrade header), a request the reverse proxy refuses to forward. That is
+// the client's error: answered before it is reserved or counted against
+// the upstream.
+func invalidUpgrade(h http.Header) bool {
+	upgrade := false
+	for _, v := range h["Connection"] {
+		for tok := range strings.SplitSeq(v, ",") {
+			upgrade = upgrade || strings.EqualFold(strings.Trim(tok, " \t"), "upgrade")
+		}
+	}
+	if !upgrade {
+		return false
+	}
+	for _, c := range []byte(h.Get("Upgrade")) {
+		if c < ' ' || c > '~' {
+			return true
+		}
+	}
+	return false
+}
+
+const upgradeDetail = "the Upgrade header names a protocol that is not printable ASCII; the request was not sent"
 
 func isTimeout(err error) bool {
 	var ne net.Error
