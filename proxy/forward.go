@@ -214,6 +214,14 @@ func (p *Proxy) reverseProxy(up *url.URL, rt *route) *httputil.ReverseProxy {
 // is captured, and committed once complete.
 func (p *Proxy) upstreamResponse(resp *http.Response) error {
 	a := resp.Request.Context().Value(attemptKey{}).(*attempt)
+	if a.token != "" && resp.StatusCode == http.StatusSwitchingProtocols {
+		// The connection now speaks another protocol: there is no answer
+		// to store, and the reverse proxy, which cannot relay it through
+		// the capture, would leave the upstream's connection open. The
+		// error closes it, and the request, processed with an unknown
+		// outcome, is in doubt.
+		return errSwitchedProtocols
+	}
 	a.upstreamDone(strconv.Itoa(resp.StatusCode))
 	a.status = resp.StatusCode
 	if a.token == "" {
@@ -226,6 +234,10 @@ func (p *Proxy) upstreamResponse(resp *http.Response) error {
 	resp.Body = &capture{rc: resp.Body, a: a, resp: resp, limit: a.rt.cfg.MaxStoredBodyBytes}
 	return nil
 }
+
+// errSwitchedProtocols is the error of a protected request that the
+// upstream answered with 101 Switching Protocols.
+var errSwitchedProtocols = errors.New("upstream switched protocols on a protected route")
 
 // upstreamError answers a request that got no answer from the upstream: a
 // request whose headers were never written (dial, DNS, TLS, no connection

@@ -55,3 +55,52 @@ func TestInvalidUpgradeIsABadRequest(t *testing.T) {
 		t.Errorf("passthrough: got %d %s, want 400 invalid-upgrade", resp.StatusCode, b)
 	}
 }
+
+// TestSwitchingProtocolsOnAProtectedRoute: the upstream answers a protected
+// request with 101 Switching Protocols. The proxy cannot store a switched
+// connection: the key is in doubt (502 upstream-reset), and the upstream's
+// switched connection must be closed, not left open forever.
+func TestSwitchingProtocolsOnAProtectedRoute(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	closed := make(chan struct{})
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		br := bufio.NewReader(c)
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
+		}
+		io.Copy(io.Discard, req.Body)
+		io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+		io.Copy(io.Discard, br) // until the proxy closes the connection
+		close(closed)
+	}()
+	e := &env{t: t}
+	e.start("http://"+ln.Addr().String(), chargesByOrder)
+	body := `{"orderId": "ORD-S1", "amount": 1}`
+	resp := rawRequest(t, e.srv.Listener.Addr().String(), fmt.Sprintf("POST /charges HTTP/1.1\r\nHost: x\r\n"+
+		"Content-Type: application/json\r\nContent-Length: %d\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n%s", len(body), body))
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 502 || !strings.Contains(string(b), proxy.ProblemTypePrefix+"upstream-reset") {
+		t.Errorf("got %d %s, want 502 upstream-reset", resp.StatusCode, b)
+	}
+	if got := e.state("charges", "", "ORD-S1"); got != proxy.StateInDoubt {
+		t.Errorf("the key is %q, want in doubt: the upstream took the request", got)
+	}
+	eventually(t, "the proxy closes the upstream's switched connection", func() bool {
+		select {
+		case <-closed:
+			return true
+		default:
+			return false
+		}
+	})
+}
