@@ -198,10 +198,20 @@ func (p *Proxy) reverseProxy(up *url.URL, rt *route) *httputil.ReverseProxy {
 		// The body was buffered before the request is forwarded: the client
 		// already got its 100 Continue, and a second one (the upstream's,
 		// passed on) would be read as the final answer's prelude twice.
+		//
+		// Nor is a protocol switch asked for: a switched connection has no
+		// answer to store, so an upstream that accepts one (an h2c or
+		// WebSocket upgrade, which curl --http2 asks for on every
+		// request) would leave the key in doubt after processing the
+		// request. Without it the upstream answers in HTTP/1.1.
 		rewrite := rp.Rewrite
 		rp.Rewrite = func(pr *httputil.ProxyRequest) {
 			rewrite(pr)
 			pr.Out.Header.Del("Expect")
+			if pr.Out.Header.Get("Upgrade") != "" {
+				pr.Out.Header.Del("Upgrade")
+				pr.Out.Header.Del("Connection")
+			}
 		}
 		rp.Transport = p.protected
 		rp.ModifyResponse = p.upstreamResponse

@@ -104,3 +104,59 @@ func TestSwitchingProtocolsOnAProtectedRoute(t *testing.T) {
 		}
 	})
 }
+
+// TestUpgradeIsNotAskedOfTheUpstream: a client asks to upgrade a protected
+// charge (curl --http2 sends Upgrade: h2c on every request) and the
+// upstream accepts upgrades. The proxy must not pass the request on: the
+// upstream would process it behind a 101 that has no answer to store,
+// leaving a charged key in doubt. Forwarded without it, the answer is
+// stored and replayed.
+func TestUpgradeIsNotAskedOfTheUpstream(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					io.Copy(io.Discard, req.Body)
+					if req.Header.Get("Upgrade") != "" {
+						io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n")
+						io.Copy(io.Discard, br)
+						return
+					}
+					io.WriteString(c, "HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 13\r\n\r\n{\"charged\":1}")
+				}
+			}()
+		}
+	}()
+	e := &env{t: t}
+	e.start("http://"+ln.Addr().String(), chargesByOrder)
+	body := `{"orderId": "ORD-H1", "amount": 1}`
+	req := fmt.Sprintf("POST /charges HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"+
+		"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n%s", len(body), body)
+	resp := rawRequest(t, e.srv.Listener.Addr().String(), req)
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 201 || string(b) != `{"charged":1}` {
+		t.Errorf("got %d %s, want the upstream's 201", resp.StatusCode, b)
+	}
+	if got := e.state("charges", "", "ORD-H1"); got != proxy.StateCompleted {
+		t.Errorf("the key is %q, want completed", got)
+	}
+	a := e.do("POST", "/charges", body)
+	if a.status != 201 || !a.replayed() {
+		t.Errorf("retry: %s, want the 201 replayed", a)
+	}
+}
