@@ -36,6 +36,9 @@ type attempt struct {
 	reservedAt time.Time
 	settled    bool
 
+	// client writes the answer to the client, once forwarded.
+	client *http.ResponseController
+
 	outcome    Outcome
 	status     int
 	upstreamAt time.Time

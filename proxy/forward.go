@@ -51,6 +51,7 @@ func (p *Proxy) forward(w http.ResponseWriter, a *attempt, body []byte) {
 	}
 	a.upstreamAt = time.Now()
 	defer a.settleUnknown()
+	a.client = http.NewResponseController(w)
 	a.rt.rp.ServeHTTP(w, out)
 }
 
@@ -234,6 +235,16 @@ func (p *Proxy) upstreamResponse(resp *http.Response) error {
 	}
 	a.upstreamDone(strconv.Itoa(resp.StatusCode))
 	a.status = resp.StatusCode
+	// The answer's body is read from the upstream as fast as the client
+	// takes it. A client that stops reading would hold the request, its
+	// connection and its reservation for as long as it stays connected,
+	// well past upstream_timeout, which bounds the whole exchange: its
+	// writes fail at that deadline too, and the key settles as for an
+	// answer that broke off then. (The server clears the deadline before
+	// the connection's next request.)
+	if d, ok := resp.Request.Context().Deadline(); ok && a.client != nil {
+		a.client.SetWriteDeadline(d)
+	}
 	if a.token == "" {
 		return nil
 	}
