@@ -225,12 +225,14 @@ func (p *Proxy) reverseProxy(up *url.URL, rt *route) *httputil.ReverseProxy {
 // is captured, and committed once complete.
 func (p *Proxy) upstreamResponse(resp *http.Response) error {
 	a := resp.Request.Context().Value(attemptKey{}).(*attempt)
-	if a.token != "" && resp.StatusCode == http.StatusSwitchingProtocols {
-		// The connection now speaks another protocol: there is no answer
-		// to store, and the reverse proxy, which cannot relay it through
-		// the capture, would leave the upstream's connection open. The
-		// error closes it, and the request, processed with an unknown
-		// outcome, is in doubt.
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		// The connection now speaks another protocol, which a route never
+		// asks for (it does not pass Upgrade on): there is no answer to
+		// store, and the reverse proxy, which cannot relay it through the
+		// capture or to a client that did not ask, would leave the
+		// upstream's connection open. The error closes it, and a
+		// protected request, processed with an unknown outcome, is in
+		// doubt.
 		return errSwitchedProtocols
 	}
 	a.upstreamDone(strconv.Itoa(resp.StatusCode))
@@ -256,9 +258,9 @@ func (p *Proxy) upstreamResponse(resp *http.Response) error {
 	return nil
 }
 
-// errSwitchedProtocols is the error of a protected request that the
+// errSwitchedProtocols is the error of a request on a route that the
 // upstream answered with 101 Switching Protocols.
-var errSwitchedProtocols = errors.New("upstream switched protocols on a protected route")
+var errSwitchedProtocols = errors.New("upstream switched protocols on a route")
 
 // upstreamError answers a request that got no answer from the upstream: a
 // request whose headers were never written (dial, DNS, TLS, no connection

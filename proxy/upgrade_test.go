@@ -160,3 +160,48 @@ func TestUpgradeIsNotAskedOfTheUpstream(t *testing.T) {
 		t.Errorf("retry: %s, want the 201 replayed", a)
 	}
 }
+
+// TestSwitchingProtocolsUnprotected: a request on a route that is
+// forwarded without a reservation (on_missing_key: forward) is answered
+// 101 by the upstream, which the route never asked for (it does not pass
+// Upgrade on). The upstream's switched connection must be closed too.
+func TestSwitchingProtocolsUnprotected(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	closed := make(chan struct{})
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		br := bufio.NewReader(c)
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
+		}
+		io.Copy(io.Discard, req.Body)
+		io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+		io.Copy(io.Discard, br)
+		close(closed)
+	}()
+	e := &env{t: t}
+	e.start("http://"+ln.Addr().String(), `
+  - name: charges
+    match: POST /charges
+    key: {header: Idempotency-Key}
+    on_missing_key: forward
+`)
+	wantStatus(t, "unprotected", e.do("POST", "/charges", `{"amount":1}`), 502, "upstream-reset")
+	eventually(t, "the proxy closes the upstream's switched connection", func() bool {
+		select {
+		case <-closed:
+			return true
+		default:
+			return false
+		}
+	})
+}
