@@ -36,6 +36,9 @@ type attempt struct {
 	reservedAt time.Time
 	settled    bool
 
+	// client writes the answer to the client, once forwarded.
+	client *http.ResponseController
+
 	outcome    Outcome
 	status     int
 	upstreamAt time.Time
@@ -87,6 +90,11 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 
 	body, ok := a.readBody(w, cfg.MaxBodyBytes)
 	if !ok {
+		return
+	}
+	if invalidUpgrade(r.Header) {
+		// Never forwarded, so in observe mode too.
+		a.problem(w, OutcomeBadRequest, probInvalidUpgrade, upgradeDetail, 0, nil)
 		return
 	}
 	// The target is the (cleaned) path and the query, parameters sorted:

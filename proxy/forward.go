@@ -11,6 +11,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -50,6 +51,7 @@ func (p *Proxy) forward(w http.ResponseWriter, a *attempt, body []byte) {
 	}
 	a.upstreamAt = time.Now()
 	defer a.settleUnknown()
+	a.client = http.NewResponseController(w)
 	a.rt.rp.ServeHTTP(w, out)
 }
 
@@ -197,10 +199,20 @@ func (p *Proxy) reverseProxy(up *url.URL, rt *route) *httputil.ReverseProxy {
 		// The body was buffered before the request is forwarded: the client
 		// already got its 100 Continue, and a second one (the upstream's,
 		// passed on) would be read as the final answer's prelude twice.
+		//
+		// Nor is a protocol switch asked for: a switched connection has no
+		// answer to store, so an upstream that accepts one (an h2c or
+		// WebSocket upgrade, which curl --http2 asks for on every
+		// request) would leave the key in doubt after processing the
+		// request. Without it the upstream answers in HTTP/1.1.
 		rewrite := rp.Rewrite
 		rp.Rewrite = func(pr *httputil.ProxyRequest) {
 			rewrite(pr)
 			pr.Out.Header.Del("Expect")
+			if pr.Out.Header.Get("Upgrade") != "" {
+				pr.Out.Header.Del("Upgrade")
+				pr.Out.Header.Del("Connection")
+			}
 		}
 		rp.Transport = p.protected
 		rp.ModifyResponse = p.upstreamResponse
@@ -213,8 +225,28 @@ func (p *Proxy) reverseProxy(up *url.URL, rt *route) *httputil.ReverseProxy {
 // is captured, and committed once complete.
 func (p *Proxy) upstreamResponse(resp *http.Response) error {
 	a := resp.Request.Context().Value(attemptKey{}).(*attempt)
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		// The connection now speaks another protocol, which a route never
+		// asks for (it does not pass Upgrade on): there is no answer to
+		// store, and the reverse proxy, which cannot relay it through the
+		// capture or to a client that did not ask, would leave the
+		// upstream's connection open. The error closes it, and a
+		// protected request, processed with an unknown outcome, is in
+		// doubt.
+		return errSwitchedProtocols
+	}
 	a.upstreamDone(strconv.Itoa(resp.StatusCode))
 	a.status = resp.StatusCode
+	// The answer's body is read from the upstream as fast as the client
+	// takes it. A client that stops reading would hold the request, its
+	// connection and its reservation for as long as it stays connected,
+	// well past upstream_timeout, which bounds the whole exchange: its
+	// writes fail at that deadline too, and the key settles as for an
+	// answer that broke off then. (The server clears the deadline before
+	// the connection's next request.)
+	if d, ok := resp.Request.Context().Deadline(); ok && a.client != nil {
+		a.client.SetWriteDeadline(d)
+	}
 	if a.token == "" {
 		return nil
 	}
@@ -225,6 +257,10 @@ func (p *Proxy) upstreamResponse(resp *http.Response) error {
 	resp.Body = &capture{rc: resp.Body, a: a, resp: resp, limit: a.rt.cfg.MaxStoredBodyBytes}
 	return nil
 }
+
+// errSwitchedProtocols is the error of a request on a route that the
+// upstream answered with 101 Switching Protocols.
+var errSwitchedProtocols = errors.New("upstream switched protocols on a route")
 
 // upstreamError answers a request that got no answer from the upstream: a
 // request whose headers were never written (dial, DNS, TLS, no connection
@@ -293,6 +329,31 @@ func (a *attempt) upstreamDone(code string) {
 	a.upstream = time.Since(a.upstreamAt)
 	a.series.upstream.of(code).Observe(a.upstream.Seconds())
 }
+
+// invalidUpgrade reports whether a request asks to switch to a protocol
+// whose name is not printable ASCII (Connection: Upgrade and such an
+// Upgrade header), a request the reverse proxy refuses to forward. That is
+// the client's error: answered before it is reserved or counted against
+// the upstream.
+func invalidUpgrade(h http.Header) bool {
+	upgrade := false
+	for _, v := range h["Connection"] {
+		for tok := range strings.SplitSeq(v, ",") {
+			upgrade = upgrade || strings.EqualFold(strings.Trim(tok, " \t"), "upgrade")
+		}
+	}
+	if !upgrade {
+		return false
+	}
+	for _, c := range []byte(h.Get("Upgrade")) {
+		if c < ' ' || c > '~' {
+			return true
+		}
+	}
+	return false
+}
+
+const upgradeDetail = "the Upgrade header names a protocol that is not printable ASCII; the request was not sent"
 
 func isTimeout(err error) bool {
 	var ne net.Error

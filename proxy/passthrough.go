@@ -11,6 +11,10 @@ import (
 func (p *Proxy) servePassthrough(w http.ResponseWriter, r *http.Request, t *table) {
 	a := &attempt{p: p, in: r, start: time.Now(), outcome: OutcomePassthrough, series: t.ptSeries}
 	defer p.finish(a)
+	if invalidUpgrade(r.Header) {
+		a.problem(w, OutcomePassthrough, probInvalidUpgrade, upgradeDetail, 0, nil)
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), t.ptTimeout)
 	defer cancel()
 	a.upstreamAt = time.Now()

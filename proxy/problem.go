@@ -26,6 +26,7 @@ var (
 	probMissingScope     = problem{"missing-scope", http.StatusBadRequest, "Scope header missing"}
 	probInvalidScope     = problem{"invalid-scope", http.StatusBadRequest, "Scope header invalid"}
 	probUnreadableBody   = problem{"unreadable-body", http.StatusBadRequest, "Request body could not be read"}
+	probInvalidUpgrade   = problem{"invalid-upgrade", http.StatusBadRequest, "Upgrade protocol invalid"}
 	probBodyTooLarge     = problem{"body-too-large", http.StatusRequestEntityTooLarge, "Request body too large"}
 	probInFlight         = problem{"request-in-flight", http.StatusConflict, "A request with this key is being processed"}
 	probInDoubt          = problem{"outcome-in-doubt", http.StatusConflict, "The outcome of an earlier request with this key is unknown"}
@@ -48,7 +49,7 @@ func Problems() []struct {
 	Title  string
 } {
 	all := []problem{probMissingKey, probInvalidKey, probInvalidJSON, probMissingScope, probInvalidScope, probUnreadableBody,
-		probBodyTooLarge, probInFlight, probInDoubt, probDuplicate, probNotReplayable, probMismatch,
+		probInvalidUpgrade, probBodyTooLarge, probInFlight, probInDoubt, probDuplicate, probNotReplayable, probMismatch,
 		probUpstreamDown, probUpstreamReset, probUpstreamTimeout, probStoreUnavailable, probOverloaded, probShuttingDown}
 	out := make([]struct {
 		Name   string

@@ -1,0 +1,113 @@
+package proxy_test
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/proxy"
+)
+
+// upstreamCodes returns the code labels of
+// idemproxy_upstream_request_duration_seconds observed for route.
+func upstreamCodes(t *testing.T, e *env, route string) map[string]uint64 {
+	t.Helper()
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	codes := map[string]uint64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "idemproxy_upstream_request_duration_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var r, c string
+			for _, l := range m.GetLabel() {
+				switch l.GetName() {
+				case "route":
+					r = l.GetValue()
+				case "code":
+					c = l.GetValue()
+				}
+			}
+			if r == route && m.GetHistogram().GetSampleCount() > 0 {
+				codes[c] += m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	return codes
+}
+
+// TestPassthroughEarlyHintsStatus: an upstream that sends 103 Early Hints
+// before its 200 is a 200 to the client, and must be a 200 in the metrics
+// and the access log too, not the informational 103.
+func TestPassthroughEarlyHintsStatus(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Link", "</style.css>; rel=preload")
+		w.WriteHeader(http.StatusEarlyHints)
+		w.Write([]byte("ok"))
+	}))
+	defer up.Close()
+	e := &env{t: t}
+	e.start(up.URL, chargesByOrder)
+	wantStatus(t, "passthrough", e.do("GET", "/page", ""), 200, "")
+	if got := upstreamCodes(t, e, ""); got["200"] != 1 || len(got) != 1 {
+		t.Errorf("upstream codes of the passthrough = %v, want one 200", got)
+	}
+}
+
+// TestClientThatStopsReading: the client sends a charge and then stops
+// reading (its window stays shut) while a large answer streams. The
+// exchange with the upstream is bounded by upstream_timeout, body
+// included; the request must end then too and settle its key, instead of
+// holding the handler, the connection and the reservation for as long as
+// the client keeps its connection open.
+func TestClientThatStopsReading(t *testing.T) {
+	chunk := bytes.Repeat([]byte("x"), 64<<10)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		if r.Header.Get("Idempotency-Key") != "k1" {
+			w.Write([]byte("small"))
+			return
+		}
+		for range 512 { // 32 MiB, more than any socket buffers hold
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+		}
+	}))
+	defer up.Close()
+	e := &env{t: t}
+	e.start(up.URL, `
+  - name: charges
+    match: POST /charges
+    key: {header: Idempotency-Key}
+    upstream_timeout: 1s
+    lease: 1h
+`)
+	conn, err := net.Dial("tcp", e.srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.(*net.TCPConn).SetReadBuffer(4 << 10)
+	fmt.Fprintf(conn, "POST /charges HTTP/1.1\r\nHost: x\r\nIdempotency-Key: k1\r\nContent-Length: 2\r\n\r\n{}")
+	eventually(t, "the charge is reserved", func() bool { return e.state("charges", "", "k1") != "" })
+	eventually(t, "the key settles although the client stopped reading", func() bool {
+		return e.state("charges", "", "k1") != proxy.StateInFlight
+	})
+	if got := e.state("charges", "", "k1"); got != proxy.StateInDoubt {
+		t.Errorf("the key is %q, want in doubt: the answer broke off", got)
+	}
+	// The deadline is the answer's, not the connection's: the next
+	// request on a kept-alive connection, after it, is answered.
+	c := e.srv.Client()
+	wantStatus(t, "first on the connection", send(c, "POST", e.srv.URL+"/charges", "{}", "Idempotency-Key", "k2"), 200, "")
+	time.Sleep(1500 * time.Millisecond) // past the first request's upstream_timeout
+	wantStatus(t, "next on the connection", send(c, "POST", e.srv.URL+"/charges", "{}", "Idempotency-Key", "k3"), 200, "")
+}
