@@ -209,10 +209,10 @@ func (p *Proxy) reverseProxy(up *url.URL, rt *route) *httputil.ReverseProxy {
 		rp.Rewrite = func(pr *httputil.ProxyRequest) {
 			rewrite(pr)
 			pr.Out.Header.Del("Expect")
-			if pr.Out.Header.Get("Upgrade") != "" {
-				pr.Out.Header.Del("Upgrade")
-				pr.Out.Header.Del("Connection")
-			}
+			// Without its Upgrade header the reverse proxy asks for no
+			// switch; Connection stays, so that the headers it names are
+			// still dropped as hop-by-hop.
+			pr.Out.Header.Del("Upgrade")
 		}
 		rp.Transport = p.protected
 		rp.ModifyResponse = p.upstreamResponse
