@@ -160,8 +160,9 @@ func textField(b []byte, name, v string) []byte {
 }
 
 // textNeedsQuoting reports whether slog's text handler would quote s:
-// empty, a space, '=', a quote or a control character, or a rune that is
-// not printable.
+// empty, a space, '=', a quote or a control character below U+0020, or a
+// rune that is not printable. DEL (0x7f) is not quoted: slog takes its
+// safe bytes from encoding/json, which writes DEL as it is.
 func textNeedsQuoting(s string) bool {
 	if s == "" {
 		return true
@@ -169,7 +170,7 @@ func textNeedsQuoting(s string) bool {
 	for i := 0; i < len(s); {
 		c := s[i]
 		if c < utf8.RuneSelf {
-			if c <= ' ' || c == '=' || c == '"' || c == 0x7f {
+			if c <= ' ' || c == '=' || c == '"' {
 				return true
 			}
 			i++

@@ -22,6 +22,8 @@ func TestAccessLogMatchesSlog(t *testing.T) {
 		{route: "ünï", method: "\t\n\r\x01\x7f", path: "/\u2028\u2029/\xff/<&>", outcome: "x", status: 599,
 			duration: 999 * time.Nanosecond, keyHash: "k"},
 		{route: "\u00a0", method: "M", path: "/%2F%20", outcome: "\u200b", status: 0, duration: 17 * time.Millisecond},
+		// A path sent as /charges%7F is logged decoded, with a DEL alone.
+		{route: "", method: "POST", path: "/charges\x7f", outcome: "passthrough", status: 404, duration: time.Millisecond},
 	}
 	for _, format := range []string{"json", "text"} {
 		for _, e := range entries {

@@ -111,3 +111,29 @@ func TestClientThatStopsReading(t *testing.T) {
 	time.Sleep(1500 * time.Millisecond) // past the first request's upstream_timeout
 	wantStatus(t, "next on the connection", send(c, "POST", e.srv.URL+"/charges", "{}", "Idempotency-Key", "k3"), 200, "")
 }
+
+// TestPassthroughUpstreamDurationEndsAtHeaders: the upstream duration of a
+// passthrough request is, as on a route, the time until the upstream's
+// response headers, not until the client has taken the whole body (for a
+// WebSocket or a stream, the whole session).
+func TestPassthroughUpstreamDurationEndsAtHeaders(t *testing.T) {
+	release := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		<-release
+		w.Write([]byte("done"))
+	}))
+	defer up.Close()
+	defer close(release)
+	e := &env{t: t}
+	e.start(up.URL, chargesByOrder)
+	resp, err := http.Get(e.srv.URL + "/stream")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	eventually(t, "the passthrough's upstream duration observed once its headers came", func() bool {
+		return upstreamCodes(t, e, "")["200"] == 1
+	})
+}

@@ -216,6 +216,14 @@ func (p *Proxy) reverseProxy(up *url.URL, rt *route) *httputil.ReverseProxy {
 		}
 		rp.Transport = p.protected
 		rp.ModifyResponse = p.upstreamResponse
+	} else {
+		// The upstream duration ends at the answer's headers, as on a
+		// route, not once the client has taken the whole body (a stream,
+		// a WebSocket session).
+		rp.ModifyResponse = func(resp *http.Response) error {
+			resp.Request.Context().Value(attemptKey{}).(*attempt).upstreamDone(strconv.Itoa(resp.StatusCode))
+			return nil
+		}
 	}
 	return rp
 }
