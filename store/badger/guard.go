@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -58,6 +59,11 @@ type Guard struct {
 
 	lowDisk atomic.Uint64 // reservations refused below the floor
 	reopens atomic.Uint64 // successful reopens after a fault
+
+	// closing is closed when the Close of a failed store, abandoned by a
+	// reopen, ends; nil when there is none. Only the watch goroutine uses
+	// it.
+	closing <-chan struct{}
 }
 
 var (
@@ -219,8 +225,28 @@ func (g *Guard) reopen() {
 	g.Store = nil
 	g.mu.Unlock()
 	if old != nil {
-		if err := closeWithin(old, 5*time.Second); err != nil {
-			g.opts.Logger.Warn("closing the failed badger store failed; opening anew without it", "err", err)
+		closed, err := closeWithin(old, 5*time.Second)
+		if err != nil {
+			g.opts.Logger.Warn("closing the failed badger store failed", "err", err)
+		}
+		g.closing = closed
+	}
+	if g.closing != nil {
+		select {
+		case <-g.closing:
+			g.closing = nil
+		default:
+			// The failed store's Close has not ended: it still flushes its
+			// memtable into the directory, and then deletes that
+			// memtable's log and its lock file by name, which would be
+			// the files of a store opened there meanwhile (its log: every
+			// reservation since lost on the next crash). A removed
+			// directory is given back, empty, so that the flush can end;
+			// the store is opened once the Close has ended.
+			if err := os.MkdirAll(g.opts.Dir, 0o700); err != nil {
+				g.opts.Logger.Warn("recreating the badger data directory failed; retrying", "err", err)
+			}
+			return
 		}
 	}
 	s, err := func() (s *Store, err error) {
@@ -451,28 +477,33 @@ func (g *Guard) Close() error {
 		return nil
 	}
 	if g.broken.Load() {
-		return closeWithin(s, 5*time.Second)
+		_, err := closeWithin(s, 5*time.Second)
+		return err
 	}
 	return s.Close()
 }
 
 // closeWithin closes a store that failed: such a Badger can hang closing
-// (its directory is gone) or panic, so it gets d, and is then left to the
-// process exit.
-func closeWithin(s *Store, d time.Duration) error {
-	closed := make(chan error, 1)
+// (its directory is gone) or panic, so it gets d, and is then left to
+// finish in the background. The returned channel is closed when the Close
+// ends, also after d.
+func closeWithin(s *Store, d time.Duration) (<-chan struct{}, error) {
+	result := make(chan error, 1)
+	closed := make(chan struct{})
 	go func() {
+		defer close(closed)
 		defer func() {
 			if p := recover(); p != nil {
-				closed <- fmt.Errorf("badger: panic closing: %v", p)
+				result <- fmt.Errorf("badger: panic closing: %v", p)
 			}
 		}()
-		closed <- s.Close()
+		result <- s.Close()
 	}()
 	select {
-	case err := <-closed:
-		return err
+	case err := <-result:
+		<-closed
+		return closed, err
 	case <-time.After(d):
-		return errors.New("badger: close of the failed store did not finish")
+		return closed, errors.New("badger: close of the failed store did not finish")
 	}
 }
