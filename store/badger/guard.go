@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -64,6 +65,10 @@ type Guard struct {
 	// reopen, ends; nil when there is none. Only the watch goroutine uses
 	// it.
 	closing <-chan struct{}
+	// recreated is set when the watch goroutine recreated a removed
+	// directory for such a Close: the table its flush leaves there is
+	// not the store's.
+	recreated bool
 }
 
 var (
@@ -243,8 +248,12 @@ func (g *Guard) reopen() {
 			// reservation since lost on the next crash). A removed
 			// directory is given back, empty, so that the flush can end;
 			// the store is opened once the Close has ended.
-			if err := os.MkdirAll(g.opts.Dir, 0o700); err != nil {
-				g.opts.Logger.Warn("recreating the badger data directory failed; retrying", "err", err)
+			if _, err := os.Stat(g.opts.Dir); errors.Is(err, fs.ErrNotExist) {
+				if err := os.MkdirAll(g.opts.Dir, 0o700); err != nil {
+					g.opts.Logger.Warn("recreating the badger data directory failed; retrying", "err", err)
+				} else {
+					g.recreated = true
+				}
 			}
 			return
 		}
@@ -259,6 +268,7 @@ func (g *Guard) reopen() {
 		// The requests holding in-flight reservations are still running
 		// in this process: they are not orphans.
 		o.keepInFlight = true
+		o.orphanTables = g.recreated
 		return Open(o)
 	}()
 	if err != nil {
@@ -273,6 +283,7 @@ func (g *Guard) reopen() {
 		return
 	}
 	g.Store = s
+	g.recreated = false
 	g.broken.Store(false)
 	g.reopens.Add(1)
 	g.opts.Logger.Info("badger store reopened; serving again", "dir", g.opts.Dir)
