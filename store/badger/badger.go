@@ -18,7 +18,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -65,6 +68,10 @@ type Options struct {
 	// Guard.reopen, whose process still runs the requests that hold them
 	// (a lapsed lease reads as in doubt all the same).
 	keepInFlight bool
+	// orphanTables lets Open start a store whose directory holds tables
+	// but no MANIFEST: set by Guard.reopen for a directory it recreated,
+	// where the failed store's last flush left a table nothing refers to.
+	orphanTables bool
 	// lost, when set, takes over a commit that was answered but whose
 	// write failed (commit.go): the Guard writes it again, on the store it
 	// reopens if need be. Nil: the store retries it itself.
@@ -163,6 +170,11 @@ func Open(opts Options) (*Store, error) {
 	if opts.noCompactions {
 		bo = bo.WithNumCompactors(0)
 	}
+	if !opts.orphanTables {
+		if err := checkManifest(opts.Dir); err != nil {
+			return nil, err
+		}
+	}
 	db, err := bdg.Open(bo)
 	if err != nil {
 		return nil, fmt.Errorf("badger: open %s: %w", opts.Dir, err)
@@ -192,6 +204,21 @@ func Open(opts Options) (*Store, error) {
 	s.done.Add(1)
 	go s.gcLoop(opts.GCInterval, opts.trimEvery)
 	return s, nil
+}
+
+// checkManifest refuses a directory that holds tables but no MANIFEST (a
+// partial copy or restore): Badger would open it as a new store and delete
+// the tables, forgetting every key they hold, so that every retry of those
+// requests would be forwarded again.
+func checkManifest(dir string) error {
+	tables, err := filepath.Glob(filepath.Join(dir, "*.sst"))
+	if err != nil || len(tables) == 0 {
+		return nil
+	}
+	if _, err := os.Stat(filepath.Join(dir, "MANIFEST")); errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("badger: open %s: %d table files but no MANIFEST: refusing to start empty and delete them (restore the MANIFEST, or move the directory away to start empty)", dir, len(tables))
+	}
+	return nil
 }
 
 // Close stops garbage collection and closes the database. Operations

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -58,6 +60,15 @@ type Guard struct {
 
 	lowDisk atomic.Uint64 // reservations refused below the floor
 	reopens atomic.Uint64 // successful reopens after a fault
+
+	// closing is closed when the Close of a failed store, abandoned by a
+	// reopen, ends; nil when there is none. Only the watch goroutine uses
+	// it.
+	closing <-chan struct{}
+	// recreated is set when the watch goroutine recreated a removed
+	// directory for such a Close: the table its flush leaves there is
+	// not the store's.
+	recreated bool
 }
 
 var (
@@ -219,8 +230,32 @@ func (g *Guard) reopen() {
 	g.Store = nil
 	g.mu.Unlock()
 	if old != nil {
-		if err := closeWithin(old, 5*time.Second); err != nil {
-			g.opts.Logger.Warn("closing the failed badger store failed; opening anew without it", "err", err)
+		closed, err := closeWithin(old, 5*time.Second)
+		if err != nil {
+			g.opts.Logger.Warn("closing the failed badger store failed", "err", err)
+		}
+		g.closing = closed
+	}
+	if g.closing != nil {
+		select {
+		case <-g.closing:
+			g.closing = nil
+		default:
+			// The failed store's Close has not ended: it still flushes its
+			// memtable into the directory, and then deletes that
+			// memtable's log and its lock file by name, which would be
+			// the files of a store opened there meanwhile (its log: every
+			// reservation since lost on the next crash). A removed
+			// directory is given back, empty, so that the flush can end;
+			// the store is opened once the Close has ended.
+			if _, err := os.Stat(g.opts.Dir); errors.Is(err, fs.ErrNotExist) {
+				if err := os.MkdirAll(g.opts.Dir, 0o700); err != nil {
+					g.opts.Logger.Warn("recreating the badger data directory failed; retrying", "err", err)
+				} else {
+					g.recreated = true
+				}
+			}
+			return
 		}
 	}
 	s, err := func() (s *Store, err error) {
@@ -233,6 +268,7 @@ func (g *Guard) reopen() {
 		// The requests holding in-flight reservations are still running
 		// in this process: they are not orphans.
 		o.keepInFlight = true
+		o.orphanTables = g.recreated
 		return Open(o)
 	}()
 	if err != nil {
@@ -247,6 +283,7 @@ func (g *Guard) reopen() {
 		return
 	}
 	g.Store = s
+	g.recreated = false
 	g.broken.Store(false)
 	g.reopens.Add(1)
 	g.opts.Logger.Info("badger store reopened; serving again", "dir", g.opts.Dir)
@@ -451,28 +488,33 @@ func (g *Guard) Close() error {
 		return nil
 	}
 	if g.broken.Load() {
-		return closeWithin(s, 5*time.Second)
+		_, err := closeWithin(s, 5*time.Second)
+		return err
 	}
 	return s.Close()
 }
 
 // closeWithin closes a store that failed: such a Badger can hang closing
-// (its directory is gone) or panic, so it gets d, and is then left to the
-// process exit.
-func closeWithin(s *Store, d time.Duration) error {
-	closed := make(chan error, 1)
+// (its directory is gone) or panic, so it gets d, and is then left to
+// finish in the background. The returned channel is closed when the Close
+// ends, also after d.
+func closeWithin(s *Store, d time.Duration) (<-chan struct{}, error) {
+	result := make(chan error, 1)
+	closed := make(chan struct{})
 	go func() {
+		defer close(closed)
 		defer func() {
 			if p := recover(); p != nil {
-				closed <- fmt.Errorf("badger: panic closing: %v", p)
+				result <- fmt.Errorf("badger: panic closing: %v", p)
 			}
 		}()
-		closed <- s.Close()
+		result <- s.Close()
 	}()
 	select {
-	case err := <-closed:
-		return err
+	case err := <-result:
+		<-closed
+		return closed, err
 	case <-time.After(d):
-		return errors.New("badger: close of the failed store did not finish")
+		return closed, errors.New("badger: close of the failed store did not finish")
 	}
 }

@@ -1,0 +1,110 @@
+package badger
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/proxy"
+)
+
+// copyDir copies the regular files of src into dst: what a crash would
+// leave on disk (the writer synced, so the page cache is the disk).
+func copyDir(t *testing.T, src, dst string) {
+	t.Helper()
+	if err := os.MkdirAll(dst, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	ents, err := os.ReadDir(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if !e.Type().IsRegular() || e.Name() == "LOCK" {
+			continue
+		}
+		in, err := os.Open(filepath.Join(src, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := os.Create(filepath.Join(dst, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.Copy(out, in); err != nil {
+			t.Fatal(err)
+		}
+		in.Close()
+		out.Close()
+	}
+}
+
+// TestReopenAfterDirectoryRemovedKeepsReservationsDurable: with its data
+// directory removed, Badger cannot flush its memtable, so closing the
+// failed store hangs and the guard reopens without it. The abandoned store
+// must not finish its flush into the directory the reopened store
+// created: it would delete that store's write-ahead log by name, and every
+// reservation made since would be lost on the next crash (charged twice).
+func TestReopenAfterDirectoryRemovedKeepsReservationsDurable(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	g, err := OpenGuarded(Options{Dir: dir, SyncWrites: true}, GuardOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	old := g.Store
+	ctx := context.Background()
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	res := proxy.Reservation{Token: "tok", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
+	body := make([]byte, 8<<10)
+	failed := 0
+	for i := 0; i < 20000 && failed < 20; i++ {
+		k := fmt.Sprintf("k%d", i)
+		_, err := g.Reserve(ctx, k, res)
+		if err == nil {
+			err = g.Commit(ctx, k, res.Token, proxy.Response{Status: 201, Body: body, BodyStored: true}, time.Hour)
+		}
+		if err != nil {
+			failed++
+			g.Get(ctx, k)
+			g.Release(ctx, k, res.Token)
+		}
+	}
+	if failed == 0 {
+		t.Fatal("Badger never failed with its directory removed; the test proves nothing")
+	}
+	waitReopen(t, g, 1)
+	if rec, err := g.Reserve(ctx, "after", res); err != nil || rec != nil {
+		t.Fatalf("Reserve after the reopen = %+v, %v", rec, err)
+	}
+	// Wait for the abandoned store's Close to end (Close again waits for
+	// the first one).
+	closed := make(chan struct{})
+	go func() { old.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the failed store's Close never ended")
+	}
+	if rec, err := g.Reserve(ctx, "later", res); err != nil || rec != nil {
+		t.Fatalf("Reserve after the failed store closed = %+v, %v", rec, err)
+	}
+	snap := filepath.Join(t.TempDir(), "snap")
+	copyDir(t, dir, snap)
+	s, err := Open(Options{Dir: snap})
+	if err != nil {
+		t.Fatalf("opening what a crash would leave: %v", err)
+	}
+	defer s.Close()
+	for _, k := range []string{"after", "later"} {
+		if rec, err := s.Get(ctx, k); err != nil || rec == nil {
+			t.Errorf("reservation %q after a crash = %+v, %v; want it on disk (it was synced before its request was forwarded)", k, rec, err)
+		}
+	}
+}
