@@ -1,0 +1,140 @@
+package main
+
+import (
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store/badger"
+)
+
+// metricLabels records the name and variable labels of every metric
+// registered through it.
+type metricLabels struct {
+	prometheus.Registerer
+	labels map[string][]string
+}
+
+var descRE = regexp.MustCompile(`fqName: "([^"]+)".*variableLabels: \{([^}]*)\}`)
+
+func (m *metricLabels) Register(c prometheus.Collector) error {
+	ch := make(chan *prometheus.Desc, 16)
+	go func() { c.Describe(ch); close(ch) }()
+	for d := range ch {
+		if n := descRE.FindStringSubmatch(d.String()); n != nil {
+			var ls []string
+			if n[2] != "" {
+				ls = strings.Split(n[2], ",")
+			}
+			m.labels[n[1]] = ls
+		}
+	}
+	return m.Registerer.Register(c)
+}
+
+func (m *metricLabels) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		if err := m.Register(c); err != nil {
+			panic(err)
+		}
+	}
+}
+
+// readmeSection returns the README's text from heading to the next heading
+// of the same level.
+func readmeSection(t *testing.T, heading string) string {
+	t.Helper()
+	b, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(b), "\n"+heading+"\n")
+	if !ok {
+		t.Fatalf("the README has no %q", heading)
+	}
+	level := heading[:strings.IndexByte(heading, ' ')+1]
+	if i := strings.Index(rest, "\n"+level); i >= 0 {
+		rest = rest[:i]
+	}
+	return rest
+}
+
+// TestREADMEMetricsTableListsEveryMetric: every idemproxy metric the binary
+// registers has a row in the README's Metrics table that names each of its
+// labels, and every row names a registered metric.
+func TestREADMEMetricsTableListsEveryMetric(t *testing.T) {
+	rec := &metricLabels{Registerer: prometheus.NewRegistry(), labels: map[string][]string{}}
+	(&app{}).registerMetrics(rec)
+	proxy.NewMetrics(rec)
+	st, err := badger.OpenGuarded(badger.Options{Dir: t.TempDir()}, badger.GuardOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	registerBadgerMetrics(rec, st)
+
+	rows := map[string]string{} // metric → its table row
+	for _, line := range strings.Split(readmeSection(t, "### Metrics"), "\n") {
+		if !strings.HasPrefix(line, "| `idemproxy_") {
+			continue
+		}
+		cells := strings.Split(line, "|")
+		for _, n := range regexp.MustCompile("`(idemproxy_[a-z0-9_]+)`").FindAllStringSubmatch(cells[1], -1) {
+			rows[n[1]] = line
+		}
+	}
+	for name, labels := range rec.labels {
+		if !strings.HasPrefix(name, "idemproxy_") {
+			continue
+		}
+		row, ok := rows[name]
+		if !ok {
+			t.Errorf("the README's Metrics table has no row for %s", name)
+			continue
+		}
+		for _, l := range labels {
+			if !strings.Contains(row, "`"+l+"`") {
+				t.Errorf("the README's row for %s does not name its label %s", name, l)
+			}
+		}
+	}
+	for name := range rows {
+		if _, ok := rec.labels[name]; !ok {
+			t.Errorf("the README's Metrics table lists %s, which the binary does not register", name)
+		}
+	}
+}
+
+// TestREADMEMetricsTableListsEveryLabelValue: every value the outcome,
+// would and result labels can take is in its metric's row.
+func TestREADMEMetricsTableListsEveryLabelValue(t *testing.T) {
+	sec := readmeSection(t, "### Metrics")
+	row := func(metric string) string {
+		for _, line := range strings.Split(sec, "\n") {
+			if strings.HasPrefix(line, "| `"+metric+"`") {
+				return line
+			}
+		}
+		t.Fatalf("the README's Metrics table has no row for %s", metric)
+		return ""
+	}
+	check := func(metric string, values []string) {
+		r := row(metric)
+		for _, v := range values {
+			if !strings.Contains(r, "`"+v+"`") {
+				t.Errorf("the README's row for %s does not list the value %q", metric, v)
+			}
+		}
+	}
+	var outcomes []string
+	for _, o := range proxy.Outcomes {
+		outcomes = append(outcomes, string(o))
+	}
+	check("idemproxy_requests_total", outcomes)
+	check("idemproxy_observed_total", proxy.Woulds)
+	check("idemproxy_reconciliations_total", proxy.ReconcileResults)
+}
