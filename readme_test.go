@@ -2,11 +2,14 @@ package main
 
 import (
 	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store/badger"
@@ -137,4 +140,43 @@ func TestREADMEMetricsTableListsEveryLabelValue(t *testing.T) {
 	check("idemproxy_requests_total", outcomes)
 	check("idemproxy_observed_total", proxy.Woulds)
 	check("idemproxy_reconciliations_total", proxy.ReconcileResults)
+}
+
+// TestDeployConfigsCheck: every configuration under deploy/, the ones in
+// the Kubernetes ConfigMaps included, passes -check.
+func TestDeployConfigsCheck(t *testing.T) {
+	dir := t.TempDir()
+	files := []string{"config.example.yaml", "deploy/compose-config.yaml", "deploy/container-config.yaml"}
+	for _, f := range []string{"deploy/kubernetes/configmap.yaml", "deploy/kubernetes/redis/redis-store.patch.yaml"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, doc := range strings.Split(string(b), "\n---\n") {
+			var cm struct {
+				Kind string            `yaml:"kind"`
+				Data map[string]string `yaml:"data"`
+			}
+			if err := yaml.Unmarshal([]byte(doc), &cm); err != nil {
+				t.Fatalf("%s: %v", f, err)
+			}
+			if c, ok := cm.Data["config.yaml"]; ok && cm.Kind == "ConfigMap" {
+				out := filepath.Join(dir, strings.ReplaceAll(f, "/", "_"))
+				os.WriteFile(out, []byte(c), 0o600)
+				files = append(files, out)
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("%s holds no ConfigMap with a config.yaml", f)
+		}
+	}
+	for _, f := range files {
+		cmd := exec.Command(bin, "-check", "-config", f)
+		cmd.Env = append(os.Environ(), "IDEMPROXY_REDIS_PASSWORD=set-from-a-secret")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("%s: %v\n%s", f, err, out)
+		}
+	}
 }
