@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store/badger"
 )
@@ -177,6 +179,49 @@ func TestDeployConfigsCheck(t *testing.T) {
 		cmd.Env = append(os.Environ(), "IDEMPROXY_REDIS_PASSWORD=set-from-a-secret")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Errorf("%s: %v\n%s", f, err, out)
+		}
+	}
+}
+
+// TestREADMEReloadNamesWhatARestartNeeds: each server setting and
+// memory_limit is named in the README's Reload paragraph, among those a
+// restart applies exactly when a reload that changes it is refused.
+func TestREADMEReloadNamesWhatARestartNeeds(t *testing.T) {
+	sec := strings.Join(strings.Fields(readmeSection(t, "### Reload and shutdown")), " ")
+	restart, applied, ok := strings.Cut(sec, "(a restart applies those)")
+	if !ok {
+		t.Fatal(`the README's Reload paragraph no longer says "(a restart applies those)"`)
+	}
+	restart = restart[strings.LastIndex(restart, "changes"):]
+	applied, _, _ = strings.Cut(applied, "are applied by a")
+	base, err := config.Parse([]byte("listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:9000\n" +
+		"routes: [{name: charges, match: POST /charges, key: {json: orderId}}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := reflect.TypeFor[config.Server]()
+	fields := []string{"memory_limit"}
+	for i := range st.NumField() {
+		fields = append(fields, st.Field(i).Tag.Get("yaml"))
+	}
+	for i, name := range fields {
+		changed := *base
+		if i == 0 {
+			changed.MemoryLimit = 1 << 30
+		} else {
+			f := reflect.ValueOf(&changed.Server).Elem().Field(i - 1)
+			f.SetInt(f.Int() + 1)
+		}
+		needs := needsRestart(base, &changed) != nil
+		named := func(text string) bool {
+			return strings.Contains(text, "`"+name+"`") || strings.Contains(text, "`server."+name+"`")
+		}
+		inRestart, inApplied := named(restart), named(applied)
+		switch {
+		case needs && !inRestart:
+			t.Errorf("a reload that changes %s is refused, but the README does not list it among what a restart applies", name)
+		case !needs && !inApplied:
+			t.Errorf("a reload applies %s, but the README does not list it among what a reload applies", name)
 		}
 	}
 }
