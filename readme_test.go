@@ -1,0 +1,227 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store/badger"
+)
+
+// metricLabels records the name and variable labels of every metric
+// registered through it.
+type metricLabels struct {
+	prometheus.Registerer
+	labels map[string][]string
+}
+
+var descRE = regexp.MustCompile(`fqName: "([^"]+)".*variableLabels: \{([^}]*)\}`)
+
+func (m *metricLabels) Register(c prometheus.Collector) error {
+	ch := make(chan *prometheus.Desc, 16)
+	go func() { c.Describe(ch); close(ch) }()
+	for d := range ch {
+		if n := descRE.FindStringSubmatch(d.String()); n != nil {
+			var ls []string
+			if n[2] != "" {
+				ls = strings.Split(n[2], ",")
+			}
+			m.labels[n[1]] = ls
+		}
+	}
+	return m.Registerer.Register(c)
+}
+
+func (m *metricLabels) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		if err := m.Register(c); err != nil {
+			panic(err)
+		}
+	}
+}
+
+// readmeSection returns the README's text from heading to the next heading
+// of the same level.
+func readmeSection(t *testing.T, heading string) string {
+	t.Helper()
+	b, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(b), "\n"+heading+"\n")
+	if !ok {
+		t.Fatalf("the README has no %q", heading)
+	}
+	level := heading[:strings.IndexByte(heading, ' ')+1]
+	if i := strings.Index(rest, "\n"+level); i >= 0 {
+		rest = rest[:i]
+	}
+	return rest
+}
+
+// TestREADMEMetricsTableListsEveryMetric: every idemproxy metric the binary
+// registers has a row in the README's Metrics table that names each of its
+// labels, and every row names a registered metric.
+func TestREADMEMetricsTableListsEveryMetric(t *testing.T) {
+	rec := &metricLabels{Registerer: prometheus.NewRegistry(), labels: map[string][]string{}}
+	(&app{}).registerMetrics(rec)
+	proxy.NewMetrics(rec)
+	st, err := badger.OpenGuarded(badger.Options{Dir: t.TempDir()}, badger.GuardOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	registerBadgerMetrics(rec, st)
+
+	rows := map[string]string{} // metric → its table row
+	for _, line := range strings.Split(readmeSection(t, "### Metrics"), "\n") {
+		if !strings.HasPrefix(line, "| `idemproxy_") {
+			continue
+		}
+		cells := strings.Split(line, "|")
+		for _, n := range regexp.MustCompile("`(idemproxy_[a-z0-9_]+)`").FindAllStringSubmatch(cells[1], -1) {
+			rows[n[1]] = line
+		}
+	}
+	for name, labels := range rec.labels {
+		if !strings.HasPrefix(name, "idemproxy_") {
+			continue
+		}
+		row, ok := rows[name]
+		if !ok {
+			t.Errorf("the README's Metrics table has no row for %s", name)
+			continue
+		}
+		for _, l := range labels {
+			if !strings.Contains(row, "`"+l+"`") {
+				t.Errorf("the README's row for %s does not name its label %s", name, l)
+			}
+		}
+	}
+	for name := range rows {
+		if _, ok := rec.labels[name]; !ok {
+			t.Errorf("the README's Metrics table lists %s, which the binary does not register", name)
+		}
+	}
+}
+
+// TestREADMEMetricsTableListsEveryLabelValue: every value the outcome,
+// would and result labels can take is in its metric's row.
+func TestREADMEMetricsTableListsEveryLabelValue(t *testing.T) {
+	sec := readmeSection(t, "### Metrics")
+	row := func(metric string) string {
+		for _, line := range strings.Split(sec, "\n") {
+			if strings.HasPrefix(line, "| `"+metric+"`") {
+				return line
+			}
+		}
+		t.Fatalf("the README's Metrics table has no row for %s", metric)
+		return ""
+	}
+	check := func(metric string, values []string) {
+		r := row(metric)
+		for _, v := range values {
+			if !strings.Contains(r, "`"+v+"`") {
+				t.Errorf("the README's row for %s does not list the value %q", metric, v)
+			}
+		}
+	}
+	var outcomes []string
+	for _, o := range proxy.Outcomes {
+		outcomes = append(outcomes, string(o))
+	}
+	check("idemproxy_requests_total", outcomes)
+	check("idemproxy_observed_total", proxy.Woulds)
+	check("idemproxy_reconciliations_total", proxy.ReconcileResults)
+}
+
+// TestDeployConfigsCheck: every configuration under deploy/, the ones in
+// the Kubernetes ConfigMaps included, passes -check.
+func TestDeployConfigsCheck(t *testing.T) {
+	dir := t.TempDir()
+	files := []string{"config.example.yaml", "deploy/compose-config.yaml", "deploy/container-config.yaml"}
+	for _, f := range []string{"deploy/kubernetes/configmap.yaml", "deploy/kubernetes/redis/redis-store.patch.yaml"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, doc := range strings.Split(string(b), "\n---\n") {
+			var cm struct {
+				Kind string            `yaml:"kind"`
+				Data map[string]string `yaml:"data"`
+			}
+			if err := yaml.Unmarshal([]byte(doc), &cm); err != nil {
+				t.Fatalf("%s: %v", f, err)
+			}
+			if c, ok := cm.Data["config.yaml"]; ok && cm.Kind == "ConfigMap" {
+				out := filepath.Join(dir, strings.ReplaceAll(f, "/", "_"))
+				os.WriteFile(out, []byte(c), 0o600)
+				files = append(files, out)
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("%s holds no ConfigMap with a config.yaml", f)
+		}
+	}
+	for _, f := range files {
+		cmd := exec.Command(bin, "-check", "-config", f)
+		cmd.Env = append(os.Environ(), "IDEMPROXY_REDIS_PASSWORD=set-from-a-secret")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Errorf("%s: %v\n%s", f, err, out)
+		}
+	}
+}
+
+// TestREADMEReloadNamesWhatARestartNeeds: each server setting and
+// memory_limit is named in the README's Reload paragraph, among those a
+// restart applies exactly when a reload that changes it is refused.
+func TestREADMEReloadNamesWhatARestartNeeds(t *testing.T) {
+	sec := strings.Join(strings.Fields(readmeSection(t, "### Reload and shutdown")), " ")
+	restart, applied, ok := strings.Cut(sec, "(a restart applies those)")
+	if !ok {
+		t.Fatal(`the README's Reload paragraph no longer says "(a restart applies those)"`)
+	}
+	restart = restart[strings.LastIndex(restart, "changes"):]
+	applied, _, _ = strings.Cut(applied, "are applied by a")
+	base, err := config.Parse([]byte("listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:9000\n" +
+		"routes: [{name: charges, match: POST /charges, key: {json: orderId}}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := reflect.TypeFor[config.Server]()
+	fields := []string{"memory_limit"}
+	for i := range st.NumField() {
+		fields = append(fields, st.Field(i).Tag.Get("yaml"))
+	}
+	for i, name := range fields {
+		changed := *base
+		if i == 0 {
+			changed.MemoryLimit = 1 << 30
+		} else {
+			f := reflect.ValueOf(&changed.Server).Elem().Field(i - 1)
+			f.SetInt(f.Int() + 1)
+		}
+		needs := needsRestart(base, &changed) != nil
+		named := func(text string) bool {
+			return strings.Contains(text, "`"+name+"`") || strings.Contains(text, "`server."+name+"`")
+		}
+		inRestart, inApplied := named(restart), named(applied)
+		switch {
+		case needs && !inRestart:
+			t.Errorf("a reload that changes %s is refused, but the README does not list it among what a restart applies", name)
+		case !needs && !inApplied:
+			t.Errorf("a reload applies %s, but the README does not list it among what a reload applies", name)
+		}
+	}
+}
