@@ -36,7 +36,8 @@
 // call. An ACL user for the proxy therefore needs INFO besides the script
 // and key commands; Options.SkipEvictionCheck turns the check off where INFO
 // memory is not available. With noeviction a full Redis refuses writes, and
-// reservations fail with an error (a 503), never silently.
+// reservations fail with an error (a 503), never silently; commits of
+// requests already forwarded still succeed (see commitScript).
 //
 // # Data layout
 //

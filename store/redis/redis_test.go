@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -470,6 +471,68 @@ func TestLargestTTLKeepsTheReservation(t *testing.T) {
 	for _, d := range []time.Duration{1, time.Millisecond, time.Millisecond + 1, math.MaxInt64} {
 		if got := millis(d); got <= 0 || time.Duration(got) < d/time.Millisecond {
 			t.Errorf("millis(%d) = %d", d, got)
+		}
+	}
+}
+
+// TestCommitWhenRedisIsFull fills a Redis run with maxmemory and
+// maxmemory-policy noeviction after a request was reserved and forwarded:
+// new reservations are refused (a 503, nothing forwarded), but the commit
+// of the answered request must still be stored. Refused, it left the key
+// in flight and then in doubt for its whole TTL: every retry got 409
+// instead of the answer the upstream had given.
+func TestCommitWhenRedisIsFull(t *testing.T) {
+	srv := redistest.Start(t, "--maxmemory-policy", "noeviction")
+	s := newStore(t, Options{Addrs: []string{srv.Addr()}})
+	c := ctx(t)
+	if rec, err := s.Reserve(c, "r/-/answered", res); err != nil || rec != nil {
+		t.Fatalf("Reserve = %+v, %v; want nil, nil", rec, err)
+	}
+	// A record marked in doubt has no lease field left to delete.
+	if rec, err := s.Reserve(c, "r/-/doubt", res); err != nil || rec != nil {
+		t.Fatalf("Reserve = %+v, %v; want nil, nil", rec, err)
+	}
+	if err := s.MarkInDoubt(c, "r/-/doubt", res.Token, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	// Set the limit just above what Redis uses now, then fill with small
+	// keys until even a small write is refused (a large one that fails
+	// frees its buffers, which may bring Redis back under the limit).
+	admin := goredis.NewClient(&goredis.Options{Addr: srv.Addr()})
+	defer admin.Close()
+	info, err := admin.Info(c, "memory").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	used, err := strconv.ParseInt(infoField(info, "used_memory"), 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.ConfigSet(c, "maxmemory", fmt.Sprint(used+64<<10)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; ; i++ {
+		err := admin.Set(c, fmt.Sprint("fill", i), "x", 0).Err()
+		if err != nil && strings.HasPrefix(err.Error(), "OOM") {
+			break
+		}
+		if err != nil || i > 1e6 {
+			t.Fatalf("filling Redis: %d keys, %v", i, err)
+		}
+	}
+	other := res
+	other.Token = "tok-other"
+	if rec, err := s.Reserve(c, "r/-/new", other); err == nil || !strings.Contains(err.Error(), "OOM") {
+		t.Fatalf("Reserve on a full Redis = %+v, %v; want an OOM error", rec, err)
+	}
+	answer := proxy.Response{Status: 201, Body: []byte(strings.Repeat("a", 2000)), BodyStored: true}
+	for _, key := range []string{"r/-/answered", "r/-/doubt"} {
+		if err := s.Commit(c, key, res.Token, answer, time.Hour); err != nil {
+			t.Fatalf("Commit %s on a full Redis: %v; want the answer stored", key, err)
+		}
+		got, err := s.Get(c, key)
+		if err != nil || got == nil || got.State != proxy.StateCompleted || got.Response == nil || got.Response.Status != 201 {
+			t.Fatalf("Get %s after the commit = %+v, %v; want the committed answer", key, got, err)
 		}
 	}
 }

@@ -66,6 +66,12 @@ end
 // the doubt. A completed record carrying the token is left as it is and 1 is
 // returned: that is a retried commit whose first reply was lost, and a
 // replayed answer must never change.
+//
+// Its first write is the HDEL, which Redis runs even above maxmemory: a
+// script that has written is let finish, so the HSET after it is too. A full
+// Redis (maxmemory-policy noeviction) thus still refuses new reservations,
+// whose first write is an HSET, but stores the answers of requests already
+// forwarded, instead of leaving their keys in doubt for the whole TTL.
 var commitScript = goredis.NewScript(`
 local f = redis.call('HMGET', KEYS[1], 'st', 'tok')
 if f[2] ~= ARGV[1] then
@@ -74,8 +80,8 @@ end
 if f[1] == 'completed' then
   return 1
 end
-redis.call('HSET', KEYS[1], 'st', 'completed', 'resp', ARGV[2])
 redis.call('HDEL', KEYS[1], 'le')
+redis.call('HSET', KEYS[1], 'st', 'completed', 'resp', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 1
 `)
