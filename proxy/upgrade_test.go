@@ -61,28 +61,7 @@ func TestInvalidUpgradeIsABadRequest(t *testing.T) {
 // connection: the key is in doubt (502 upstream-reset), and the upstream's
 // switched connection must be closed, not left open forever.
 func TestSwitchingProtocolsOnAProtectedRoute(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	closed := make(chan struct{})
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		br := bufio.NewReader(c)
-		req, err := http.ReadRequest(br)
-		if err != nil {
-			return
-		}
-		io.Copy(io.Discard, req.Body)
-		io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
-		io.Copy(io.Discard, br) // until the proxy closes the connection
-		close(closed)
-	}()
+	ln, closed := switchingUpstream(t)
 	e := &env{t: t}
 	e.start("http://"+ln.Addr().String(), chargesByOrder)
 	body := `{"orderId": "ORD-S1", "amount": 1}`
@@ -166,28 +145,7 @@ func TestUpgradeIsNotAskedOfTheUpstream(t *testing.T) {
 // 101 by the upstream, which the route never asked for (it does not pass
 // Upgrade on). The upstream's switched connection must be closed too.
 func TestSwitchingProtocolsUnprotected(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	closed := make(chan struct{})
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		br := bufio.NewReader(c)
-		req, err := http.ReadRequest(br)
-		if err != nil {
-			return
-		}
-		io.Copy(io.Discard, req.Body)
-		io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
-		io.Copy(io.Discard, br)
-		close(closed)
-	}()
+	ln, closed := switchingUpstream(t)
 	e := &env{t: t}
 	e.start("http://"+ln.Addr().String(), `
   - name: charges
@@ -204,4 +162,34 @@ func TestSwitchingProtocolsUnprotected(t *testing.T) {
 			return false
 		}
 	})
+}
+
+// switchingUpstream is an upstream that answers its first request with
+// 101 Switching Protocols; closed is closed once the proxy has closed
+// that connection.
+func switchingUpstream(t *testing.T) (ln net.Listener, closed <-chan struct{}) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	done := make(chan struct{})
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		br := bufio.NewReader(c)
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
+		}
+		io.Copy(io.Discard, req.Body)
+		io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+		io.Copy(io.Discard, br) // until the proxy closes the connection
+		close(done)
+	}()
+	return ln, done
 }
