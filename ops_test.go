@@ -10,10 +10,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/idemproxy/idemproxy/proxy"
-	"github.com/idemproxy/idemproxy/store/badger"
 )
 
 // metricValue finds one sample line of a scrape ("name{labels} value").
@@ -190,47 +187,12 @@ func TestAdminKeyAPIDisabledWithoutToken(t *testing.T) {
 	}
 }
 
-// metricNames records the names of every metric registered through it.
-type metricNames struct {
-	prometheus.Registerer
-	names map[string]bool
-}
-
-var fqName = regexp.MustCompile(`fqName: "([^"]+)"`)
-
-func (m *metricNames) Register(c prometheus.Collector) error {
-	ch := make(chan *prometheus.Desc, 16)
-	go func() { c.Describe(ch); close(ch) }()
-	for d := range ch {
-		if n := fqName.FindStringSubmatch(d.String()); n != nil {
-			m.names[n[1]] = true
-		}
-	}
-	return m.Registerer.Register(c)
-}
-
-func (m *metricNames) MustRegister(cs ...prometheus.Collector) {
-	for _, c := range cs {
-		if err := m.Register(c); err != nil {
-			panic(err)
-		}
-	}
-}
-
 // TestDashboardAndAlertsNameExportedMetrics keeps the Grafana dashboard and
 // the alert rules from drifting away from the metrics the binary exports.
 func TestDashboardAndAlertsNameExportedMetrics(t *testing.T) {
-	rec := &metricNames{Registerer: prometheus.NewRegistry(), names: map[string]bool{}}
-	(&app{}).registerMetrics(rec)
-	proxy.NewMetrics(rec)
-	st, err := badger.OpenGuarded(badger.Options{Dir: t.TempDir()}, badger.GuardOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	registerBadgerMetrics(rec, st)
+	registered := registeredMetrics(t)
 	exported := map[string]bool{}
-	for n := range rec.names {
+	for n := range registered {
 		exported[n] = true
 		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
 			exported[n+suffix] = true
@@ -260,7 +222,7 @@ func TestDashboardAndAlertsNameExportedMetrics(t *testing.T) {
 	}
 	// And the other way: every exported idemproxy metric is on the dashboard.
 	dash, _ := os.ReadFile(files[0])
-	for n := range rec.names {
+	for n := range registered {
 		if strings.HasPrefix(n, "idemproxy_") && !strings.Contains(string(dash), n) {
 			t.Errorf("the dashboard does not show %s", n)
 		}

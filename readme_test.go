@@ -49,6 +49,22 @@ func (m *metricLabels) MustRegister(cs ...prometheus.Collector) {
 	}
 }
 
+// registeredMetrics returns the name and variable labels of every metric
+// the binary registers: the app's, the proxy's and the Badger store's.
+func registeredMetrics(t *testing.T) map[string][]string {
+	t.Helper()
+	rec := &metricLabels{Registerer: prometheus.NewRegistry(), labels: map[string][]string{}}
+	(&app{}).registerMetrics(rec)
+	proxy.NewMetrics(rec)
+	st, err := badger.OpenGuarded(badger.Options{Dir: t.TempDir()}, badger.GuardOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	registerBadgerMetrics(rec, st)
+	return rec.labels
+}
+
 // readmeSection returns the README's text from heading to the next heading
 // of the same level.
 func readmeSection(t *testing.T, heading string) string {
@@ -72,15 +88,7 @@ func readmeSection(t *testing.T, heading string) string {
 // registers has a row in the README's Metrics table that names each of its
 // labels, and every row names a registered metric.
 func TestREADMEMetricsTableListsEveryMetric(t *testing.T) {
-	rec := &metricLabels{Registerer: prometheus.NewRegistry(), labels: map[string][]string{}}
-	(&app{}).registerMetrics(rec)
-	proxy.NewMetrics(rec)
-	st, err := badger.OpenGuarded(badger.Options{Dir: t.TempDir()}, badger.GuardOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	registerBadgerMetrics(rec, st)
+	registered := registeredMetrics(t)
 
 	rows := map[string]string{} // metric → its table row
 	for _, line := range strings.Split(readmeSection(t, "### Metrics"), "\n") {
@@ -92,7 +100,7 @@ func TestREADMEMetricsTableListsEveryMetric(t *testing.T) {
 			rows[n[1]] = line
 		}
 	}
-	for name, labels := range rec.labels {
+	for name, labels := range registered {
 		if !strings.HasPrefix(name, "idemproxy_") {
 			continue
 		}
@@ -108,7 +116,7 @@ func TestREADMEMetricsTableListsEveryMetric(t *testing.T) {
 		}
 	}
 	for name := range rows {
-		if _, ok := rec.labels[name]; !ok {
+		if _, ok := registered[name]; !ok {
 			t.Errorf("the README's Metrics table lists %s, which the binary does not register", name)
 		}
 	}

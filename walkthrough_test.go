@@ -12,19 +12,11 @@ import (
 	"time"
 )
 
-// readmeBlock returns the lines of the first ```sh block after heading in
-// the README.
+// readmeBlock returns the lines of the first ```sh block of the README's
+// section under heading.
 func readmeBlock(t *testing.T, heading string) []string {
 	t.Helper()
-	b, err := os.ReadFile("README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, rest, ok := strings.Cut(string(b), "\n"+heading+"\n")
-	if !ok {
-		t.Fatalf("the README has no heading %q", heading)
-	}
-	_, rest, ok = strings.Cut(rest, "```sh\n")
+	_, rest, ok := strings.Cut(readmeSection(t, heading), "```sh\n")
 	block, _, ok2 := strings.Cut(rest, "```\n")
 	if !ok || !ok2 {
 		t.Fatalf("no sh block under %q", heading)

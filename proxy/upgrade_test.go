@@ -31,14 +31,22 @@ func rawRequest(t *testing.T, addr, req string) *http.Response {
 	return resp
 }
 
+// upgradeCharge sends a charge for order that asks to switch to the
+// protocol upgrade (Connection: Upgrade), as raw bytes: net/http's client
+// would refuse a protocol that is not printable ASCII.
+func upgradeCharge(t *testing.T, e *env, order, upgrade string) *http.Response {
+	t.Helper()
+	body := fmt.Sprintf(`{"orderId": %q, "amount": 1}`, order)
+	return rawRequest(t, e.srv.Listener.Addr().String(), fmt.Sprintf("POST /charges HTTP/1.1\r\nHost: x\r\n"+
+		"Content-Type: application/json\r\nContent-Length: %d\r\nConnection: Upgrade\r\nUpgrade: %s\r\n\r\n%s", len(body), upgrade, body))
+}
+
 // TestInvalidUpgradeIsABadRequest: a request whose Upgrade header is not
 // printable ASCII cannot be forwarded. That is the client's error, a 400:
 // not a 502 upstream-unreachable counted against the upstream.
 func TestInvalidUpgradeIsABadRequest(t *testing.T) {
 	e := newEnv(t, chargesByOrder)
-	body := `{"orderId": "ORD-U1", "amount": 1}`
-	resp := rawRequest(t, e.srv.Listener.Addr().String(), fmt.Sprintf("POST /charges HTTP/1.1\r\nHost: x\r\n"+
-		"Content-Type: application/json\r\nContent-Length: %d\r\nConnection: Upgrade\r\nUpgrade: w\xe9bsocket\r\n\r\n%s", len(body), body))
+	resp := upgradeCharge(t, e, "ORD-U1", "w\xe9bsocket")
 	b, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != 400 || !strings.Contains(string(b), proxy.ProblemTypePrefix+"invalid-upgrade") {
 		t.Errorf("got %d %s, want 400 invalid-upgrade", resp.StatusCode, b)
@@ -64,9 +72,7 @@ func TestSwitchingProtocolsOnAProtectedRoute(t *testing.T) {
 	ln, closed := switchingUpstream(t)
 	e := &env{t: t}
 	e.start("http://"+ln.Addr().String(), chargesByOrder)
-	body := `{"orderId": "ORD-S1", "amount": 1}`
-	resp := rawRequest(t, e.srv.Listener.Addr().String(), fmt.Sprintf("POST /charges HTTP/1.1\r\nHost: x\r\n"+
-		"Content-Type: application/json\r\nContent-Length: %d\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n%s", len(body), body))
+	resp := upgradeCharge(t, e, "ORD-S1", "websocket")
 	b, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != 502 || !strings.Contains(string(b), proxy.ProblemTypePrefix+"upstream-reset") {
 		t.Errorf("got %d %s, want 502 upstream-reset", resp.StatusCode, b)
