@@ -183,13 +183,22 @@ func (src Source) value(r *http.Request, body []byte) (string, error) {
 		}
 		switch res.Type {
 		case gjson.String:
+			if r, lone := loneSurrogate(res.Raw); lone {
+				return "", &Error{Source: src, Err: ErrInvalid, Reason: fmt.Sprintf(
+					"the string holds a lone UTF-16 surrogate (\\u%04x), which Go reads as U+FFFD and JavaScript and Python keep", r)}
+			}
 			if res.Str == "" {
 				return "", &Error{Source: src, Err: ErrMissing}
 			}
 			return res.Str, nil
 		case gjson.Number:
-			// The literal digits, so that 1001 and "1001" are one key.
-			return res.Raw, nil
+			// The canonical form (4.2e3 as 4200), so that 1001 and "1001"
+			// are one key, and 4200 and 4.2e3.
+			canon, refused := number(res.Raw)
+			if refused != "" {
+				return "", &Error{Source: src, Err: ErrInvalid, Reason: "the number " + abbrev(res.Raw) + " " + refused}
+			}
+			return canon, nil
 		case gjson.True, gjson.False:
 			return res.Raw, nil
 		case gjson.JSON:
