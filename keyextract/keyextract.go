@@ -146,7 +146,14 @@ func (src Source) value(r *http.Request, body []byte) (string, error) {
 		if len(vs) == 0 || vs[0] == "" {
 			return "", &Error{Source: src, Err: ErrMissing}
 		}
-		return vs[0], nil
+		key, reason := sfHeaderValue(vs[0])
+		if reason != "" {
+			return "", &Error{Source: src, Err: ErrInvalid, Reason: "not a valid RFC 8941 structured field string: " + reason}
+		}
+		if key == "" {
+			return "", &Error{Source: src, Err: ErrMissing}
+		}
+		return key, nil
 	case Query:
 		vs := r.URL.Query()[src.Name]
 		if unparsedParam(r.URL.RawQuery, src.Name) {
