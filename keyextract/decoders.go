@@ -48,7 +48,7 @@ func number(lit string) (canon string, refused string) {
 		return "", "is out of the range of a 64-bit float: JavaScript and Python read infinity, Go refuses it"
 	}
 	neg, digits, point, long := decimal(lit)
-	if digits == "" { // zero, however written
+	if digits.n == 0 { // zero, however written
 		if neg {
 			return "", "is negative zero, which Python reads as 0 and JavaScript as -0"
 		}
@@ -57,7 +57,8 @@ func number(lit string) (canon string, refused string) {
 	if f == math.Trunc(f) && math.Abs(f) > maxSafeInteger {
 		return "", "is an integer beyond ±2^53 (9007199254740992): JavaScript and 64-bit floats round it, Python and Go's int64 do not"
 	}
-	_, sdigits, spoint, _ := decimal(strconv.FormatFloat(f, 'e', -1, 64))
+	var buf [32]byte
+	_, sdigits, spoint, _ := decimal(strconv.AppendFloat(buf[:0], f, 'e', -1, 64))
 	if long || digits != sdigits || point != spoint {
 		return "", "has more digits than a 64-bit float holds: JavaScript and floats read " + es6(f) + ", exact decoders (Python's int and Decimal, Go's json.Number) do not"
 	}
@@ -89,12 +90,18 @@ func plainInteger(lit string) bool {
 	return true
 }
 
+// digits are a number's significant digits, at most 24 of them.
+type digits struct {
+	buf [24]byte
+	n   int
+}
+
 // decimal reads a number literal (JSON syntax, or strconv's 'e' format) as
-// 0.digits × 10^point, digits without leading or trailing zeros ("" for
+// 0.digits × 10^point, digits without leading or trailing zeros (none for
 // zero). long reports more than 24 significant digits, which no float64's
-// shortest form has; digits then holds only the first 24.
-func decimal(lit string) (neg bool, digits string, point int, long bool) {
-	var buf [24]byte
+// shortest form has; d then holds only the first 24.
+func decimal[T string | []byte](lit T) (neg bool, d digits, point int, long bool) {
+	buf := &d.buf
 	n, zeros := 0, 0 // zeros: seen after a non-zero digit, not yet written
 	first := -1      // index among the mantissa's digits of the first non-zero one
 	idx, intDigits := 0, 0
@@ -141,8 +148,9 @@ func decimal(lit string) (neg bool, digits string, point int, long bool) {
 			long = true
 		}
 	}
+	d.n = n
 	if first < 0 {
-		return neg, "", 0, false
+		return neg, digits{}, 0, false
 	}
 	point = intDigits - first
 	if i < len(lit) && (lit[i] == 'e' || lit[i] == 'E') {
@@ -163,7 +171,7 @@ func decimal(lit string) (neg bool, digits string, point int, long bool) {
 		}
 		point += e
 	}
-	return neg, string(buf[:n]), point, long
+	return neg, d, point, long
 }
 
 // es6 formats f as JavaScript's Number.prototype.toString does (and
