@@ -121,3 +121,26 @@ func TestKeyHeaderStructuredString(t *testing.T) {
 		t.Errorf("H-3 charged %d times, want never", got)
 	}
 }
+
+// scope.header is not read as a structured string: it names a client (an
+// API key, a token), and the upstream's authentication tells "k1" and k1
+// apart, so they are two key spaces. At worst a client that changes how
+// it writes its own credential is charged again; never does one client
+// receive another's stored answer.
+func TestKeyScopeHeaderStaysRaw(t *testing.T) {
+	e := newEnv(t, `
+  - name: scoped
+    match: POST /orders/{orderId}/charges
+    key: {header: Idempotency-Key}
+    scope: {header: X-Api-Key}
+`)
+	a := e.do("POST", "/orders/S-1/charges", `{"amount": 5}`, "Idempotency-Key", "k-1", "X-Api-Key", `"client-1"`)
+	wantStatus(t, `scope "client-1"`, a, 201, "")
+	b := e.do("POST", "/orders/S-1/charges", `{"amount": 5}`, "Idempotency-Key", `"k-1"`, "X-Api-Key", `client-1`)
+	wantStatus(t, "scope client-1", b, 201, "")
+	if b.replayed() {
+		t.Errorf("scope client-1 got the answer stored under scope \"client-1\"")
+	}
+	// A malformed structured value is no error in a scope.
+	wantStatus(t, `scope "x`, e.do("POST", "/orders/S-2/charges", `{"amount": 5}`, "Idempotency-Key", "k-2", "X-Api-Key", `"x`), 201, "")
+}
