@@ -36,7 +36,7 @@ const maxSafeInteger = 1 << 53
 //     1e-400): float decoders round it to another number's value, exact
 //     ones (Python's int and Decimal, Go's json.Number) keep it.
 func number(lit string) (canon string, refused string) {
-	if d := len(lit) - strings.Count(lit[:min(1, len(lit))], "-"); d > 0 && d <= 15 && plainInteger(lit) {
+	if n := len(strings.TrimPrefix(lit, "-")); n > 0 && n <= 15 && plainInteger(lit) {
 		// The common case: at most 15 digits, below 2^53, exact.
 		if lit == "-0" {
 			return "", "is negative zero, which Python reads as 0 and JavaScript as -0"
