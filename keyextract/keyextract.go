@@ -75,7 +75,8 @@ var (
 	// ErrMissing: the source has no value (absent, empty or JSON null).
 	ErrMissing = errors.New("missing")
 	// ErrInvalid: the value is not a usable key (too long, not printable,
-	// not a scalar, ambiguous).
+	// not a scalar, ambiguous, read differently by mainstream decoders, a
+	// malformed structured string in a header).
 	ErrInvalid = errors.New("invalid")
 	// ErrBadJSON: the body is not one valid JSON value.
 	ErrBadJSON = errors.New("body is not valid JSON")
