@@ -25,8 +25,10 @@ import (
 const MaxDepth = 128
 
 // Canonicalize returns a canonical form of the JSON value in body: object
-// members sorted by name, no insignificant white space, strings re-encoded,
-// numbers as written. Members at the dotted paths in ignore (sentAt,
+// members sorted by name, no insignificant white space, strings re-encoded
+// (a lone surrogate kept as its escape, \udc00), numbers that every
+// mainstream decoder reads as one value in one form (4200 for 4.2e3 and
+// 4200.0; see number) and the others as written. Members at the dotted paths in ignore (sentAt,
 // meta.sentAt, items.0.ts) are left out. A body that is not exactly one
 // JSON value, nests deeper than MaxDepth, or repeats a name within one
 // object is an error wrapping ErrBadJSON. Names that differ only in case
@@ -150,8 +152,20 @@ func (c *canonicalizer) value(v gjson.Result, path string, tracked bool) error {
 	case v.IsArray():
 		return c.array(v, path, tracked)
 	case v.Type == gjson.String:
+		if _, lone := loneSurrogate(v.Raw); lone {
+			writeKeeping(c.w, decodeKeeping(v.Raw))
+			return nil
+		}
 		writeString(c.w, v.Str)
-	default: // numbers as written, true, false, null
+	case v.Type == gjson.Number:
+		// One value, one form (4.2e3 as 4200); a number decoders read
+		// differently stays as written.
+		if canon, refused := number(v.Raw); refused == "" {
+			c.w.WriteString(canon)
+			return nil
+		}
+		c.w.WriteString(v.Raw)
+	default: // true, false, null
 		c.w.WriteString(v.Raw)
 	}
 	return nil
@@ -162,26 +176,34 @@ func (c *canonicalizer) object(v gjson.Result, path string, tracked bool) error 
 	type member struct {
 		name string
 		val  gjson.Result
+		lone bool // name holds a lone surrogate (decodeKeeping)
 	}
 	var members []member
 	seen := map[string]string{}
 	var err error
 	v.ForEach(func(k, val gjson.Result) bool {
-		if !utf8.ValidString(k.Str) {
+		name, goName, lone := k.Str, k.Str, false
+		if _, lone = loneSurrogate(k.Raw); lone {
+			// Kept, so that "\udc00" and "\udc01" stay two names; but
+			// they are one to encoding/json, so repeated.
+			name = decodeKeeping(k.Raw)
+			goName = goView(name)
+		} else if !utf8.ValidString(k.Str) {
 			// As encoding/json reads it, before sorting: each invalid
 			// byte is U+FFFD.
-			k.Str = string([]rune(k.Str))
+			name = string([]rune(k.Str))
+			goName = name
 		}
-		folded := foldName(k.Str)
+		folded := foldName(goName)
 		if first, dup := seen[folded]; dup {
-			err = fmt.Errorf("the names %q and %q in one object are the same name to case-insensitive readers", first, k.Str)
-			if first == k.Str {
-				err = fmt.Errorf("the name %q appears twice in one object", k.Str)
+			err = fmt.Errorf("the names %q and %q in one object are the same name to case-insensitive readers", first, goName)
+			if first == goName {
+				err = fmt.Errorf("the name %q appears twice in one object", goName)
 			}
 			return false
 		}
-		seen[folded] = k.Str
-		members = append(members, member{k.Str, val})
+		seen[folded] = goName
+		members = append(members, member{name, val, lone})
 		return true
 	})
 	if err != nil {
@@ -205,7 +227,11 @@ func (c *canonicalizer) object(v gjson.Result, path string, tracked bool) error 
 			c.w.WriteByte(',')
 		}
 		n++
-		writeString(c.w, m.name)
+		if m.lone {
+			writeKeeping(c.w, m.name)
+		} else {
+			writeString(c.w, m.name)
+		}
 		c.w.WriteByte(':')
 		if err := c.value(m.val, p, track); err != nil {
 			return err

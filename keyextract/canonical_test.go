@@ -29,7 +29,9 @@ func TestCanonicalize(t *testing.T) {
 		{name: "nested objects sorted", body: `{"z":{"y":1,"x":{"b":2,"a":1}},"a":0}`, want: `{"a":0,"z":{"x":{"a":1,"b":2},"y":1}}`},
 		{name: "objects in arrays sorted", body: `[{"b":1,"a":2},{"d":0,"c":1}]`, want: `[{"a":2,"b":1},{"c":1,"d":0}]`},
 		{name: "array order kept", body: `[3,1,2]`, want: `[3,1,2]`},
-		{name: "numbers as written", body: `[1.0,1e3,1E+03,-0,0.50,12345678901234567890123]`, want: `[1.0,1e3,1E+03,-0,0.50,12345678901234567890123]`},
+		// One value, one form; -0 and integers past 2^53 are read
+		// differently by decoders, so kept as written.
+		{name: "numbers in canonical form", body: `[1.0,1e3,1E+03,-0,0.50,12345678901234567890123,1e-7,0.000001]`, want: `[1,1000,1000,-0,0.5,12345678901234567890123,1e-7,0.000001]`},
 		{name: "literals", body: `[true,false,null]`, want: `[true,false,null]`},
 		{name: "top-level scalar", body: ` "x" `, want: `"x"`},
 		{name: "top-level number", body: "42\n", want: `42`},
@@ -83,7 +85,18 @@ func TestCanonicalizeDifferent(t *testing.T) {
 	pairs := [][2]string{
 		{`{"a":1}`, `{"a":2}`},
 		{`{"a":1}`, `{"a":"1"}`},
-		{`{"a":1}`, `{"a":1.0}`}, // numbers as written: the upstream may see them differently
+		// Read differently by some decoders: kept apart.
+		{`{"a":1}`, `{"a":1.0000000000000001}`},
+		{`{"a":0}`, `{"a":-0}`},
+		{`{"a":0}`, `{"a":-0.0}`},
+		{`{"a":0}`, `{"a":1e-400}`},
+		{`{"a":9007199254740992}`, `{"a":9007199254740993}`},
+		{`{"a":0.1}`, `{"a":0.10000000000000001}`},
+		{`"\udc00"`, `"\udc01"`},
+		{`"\udc00"`, `"\ufffd"`},
+		{`"\ud800"`, `"\udc00"`},
+		{`{"\udc00":1}`, `{"\udc01":1}`},
+		{`"\ud800\u0041"`, `"\ufffdA"`},
 		{`{"a":1}`, `{"b":1}`},
 		{`{"a":1}`, `{"a":1,"b":null}`},
 		{`{"a":null}`, `{}`},
@@ -172,15 +185,21 @@ func TestCanonicalizeDepthLimit(t *testing.T) {
 	}
 }
 
-// Inputs with invalid UTF-8 or lone surrogates are accepted as encoding/json
-// reads them (each bad sequence as U+FFFD), so the canonical form is what a
-// Go upstream would see.
+// Inputs with invalid UTF-8 are accepted as encoding/json reads them (each
+// bad byte as U+FFFD, as Node does too). A lone surrogate is kept as its
+// escape: Go reads U+FFFD, but JavaScript and Python keep it, so "\udc00"
+// and "\udc01" are two values to them.
 func TestCanonicalizeReplacementCharacter(t *testing.T) {
 	for b, want := range map[string]string{
-		"\"\xff\"":         "\"\ufffd\"",
-		`"\ud800"`:         "\"\ufffd\"",
-		`"\ufffd"`:         "\"\ufffd\"",
-		"\"\xed\xa0\x80\"": "\"\ufffd\ufffd\ufffd\"", // a UTF-8 encoded surrogate: three bad bytes
+		"\"\xff\"":              "\"\ufffd\"",
+		`"\ud800"`:              `"\ud800"`,
+		`"\uDC00x"`:             `"\udc00x"`,
+		`"a\ud800\ud800\udc00"`: "\"a\\ud800\U00010000\"", // a lone one, then a pair
+		`"\udc00\ud800"`:        `"\udc00\ud800"`,         // a pair the wrong way round
+		`"\\udc00"`:             `"\\udc00"`,              // an escaped backslash, not a surrogate
+		`"<\udc00\n\u00e9"`:     "\"\\u003c\\udc00\\n\u00e9\"",
+		`"\ufffd"`:              "\"\ufffd\"",
+		"\"\xed\xa0\x80\"":      "\"\ufffd\ufffd\ufffd\"", // a UTF-8 encoded surrogate: three bad bytes
 	} {
 		got, err := Canonicalize([]byte(b), nil)
 		if err != nil {

@@ -63,7 +63,7 @@ func ExampleCanonicalize() {
 	_, err = keyextract.Canonicalize([]byte(`{"orderId":1,"orderId":2}`), nil)
 	fmt.Println(err)
 	// Output:
-	// {"amount":12.50,"items":[{"sku":"A-1"}],"orderId":1001} <nil>
+	// {"amount":12.5,"items":[{"sku":"A-1"}],"orderId":1001} <nil>
 	// body is not valid JSON: the name "orderId" appears twice in one object
 }
 

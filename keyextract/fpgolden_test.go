@@ -71,3 +71,34 @@ func TestCompiledIgnore(t *testing.T) {
 		t.Errorf("ignore [a\\x00b] and [a b] gave one canonical form")
 	}
 }
+
+// TestFingerprintGoldenKeyRules pins the fingerprints of bodies the key
+// rules canonicalise (numbers of one value in one form, lone surrogates
+// kept as escapes, numbers decoders read differently as written), with
+// their canonical forms, so that a later change to them is seen.
+func TestFingerprintGoldenKeyRules(t *testing.T) {
+	tests := []struct {
+		body, canonical, want string
+	}{
+		{`{"orderId": 4.2e3, "amount": 12.50}`, `{"amount":12.5,"orderId":4200}`,
+			"890a6531f3f4aa06b256f6a0aa7c8f091cc2b1f57f6e9ec9a8da60a5caf496bf"},
+		{`{"orderId":"\udc00","note":"\ud800\ud83d\ude00"}`, `{"note":"\ud800😀","orderId":"\udc00"}`,
+			"d144773fe856b0b7efca62a7639debeb4e467b563227a8795bed4be192099da1"},
+		{`{"\udc01":[-0,1e400,9007199254740993,1.0000000000000001]}`, `{"\udc01":[-0,1e400,9007199254740993,1.0000000000000001]}`,
+			"9a283cadcf6f44bb375b77a65fada2bbbd53e941e368eb658b5f4a08085efaad"},
+	}
+	for _, tt := range tests {
+		got, err := Canonicalize([]byte(tt.body), nil)
+		if err != nil || string(got) != tt.canonical {
+			t.Errorf("Canonicalize(%s) = %s, %v; want %s", tt.body, got, err, tt.canonical)
+		}
+		fp, _ := Fingerprint("POST", "/charges", []byte(tt.body), nil)
+		if fp != tt.want {
+			t.Errorf("Fingerprint(%s) = %q, want %q", tt.body, fp, tt.want)
+		}
+		// The same as the fingerprint of the canonical form itself.
+		if again, _ := Fingerprint("POST", "/charges", []byte(tt.canonical), nil); again != fp {
+			t.Errorf("Fingerprint(%s) = %q, but of its canonical form %q", tt.body, fp, again)
+		}
+	}
+}

@@ -75,7 +75,8 @@ var (
 	// ErrMissing: the source has no value (absent, empty or JSON null).
 	ErrMissing = errors.New("missing")
 	// ErrInvalid: the value is not a usable key (too long, not printable,
-	// not a scalar, ambiguous).
+	// not a scalar, ambiguous, read differently by mainstream decoders, a
+	// malformed structured string in a header).
 	ErrInvalid = errors.New("invalid")
 	// ErrBadJSON: the body is not one valid JSON value.
 	ErrBadJSON = errors.New("body is not valid JSON")
@@ -146,7 +147,14 @@ func (src Source) value(r *http.Request, body []byte) (string, error) {
 		if len(vs) == 0 || vs[0] == "" {
 			return "", &Error{Source: src, Err: ErrMissing}
 		}
-		return vs[0], nil
+		key, reason := sfHeaderValue(vs[0])
+		if reason != "" {
+			return "", &Error{Source: src, Err: ErrInvalid, Reason: "not a valid RFC 8941 structured field string: " + reason}
+		}
+		if key == "" {
+			return "", &Error{Source: src, Err: ErrMissing}
+		}
+		return key, nil
 	case Query:
 		vs := r.URL.Query()[src.Name]
 		if unparsedParam(r.URL.RawQuery, src.Name) {
@@ -183,13 +191,22 @@ func (src Source) value(r *http.Request, body []byte) (string, error) {
 		}
 		switch res.Type {
 		case gjson.String:
+			if r, lone := loneSurrogate(res.Raw); lone {
+				return "", &Error{Source: src, Err: ErrInvalid, Reason: fmt.Sprintf(
+					"the string holds a lone UTF-16 surrogate (\\u%04x), which Go reads as U+FFFD and JavaScript and Python keep", r)}
+			}
 			if res.Str == "" {
 				return "", &Error{Source: src, Err: ErrMissing}
 			}
 			return res.Str, nil
 		case gjson.Number:
-			// The literal digits, so that 1001 and "1001" are one key.
-			return res.Raw, nil
+			// The canonical form (4.2e3 as 4200), so that 1001 and "1001"
+			// are one key, and 4200 and 4.2e3.
+			canon, refused := number(res.Raw)
+			if refused != "" {
+				return "", &Error{Source: src, Err: ErrInvalid, Reason: "the number " + abbrev(res.Raw) + " " + refused}
+			}
+			return canon, nil
 		case gjson.True, gjson.False:
 			return res.Raw, nil
 		case gjson.JSON:
