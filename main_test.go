@@ -50,6 +50,8 @@ routes:
     match: POST /charges/{id}
     key: {path: orderId}
 `), 0o600)
+	creds := writeConfig(t, filepath.Join(dir, "creds.yaml"), "http://127.0.0.1:9000", dir, "", chargesRoute+
+		"    scope: {header: X-Tenant}\n    replay_headers: [Content-Type, authorization, COOKIE, X-Api-Key, x-tenant, Connection]\n")
 	tests := []struct {
 		name     string
 		args     []string
@@ -57,6 +59,11 @@ routes:
 		want     []string
 	}{
 		{"example config", []string{"-config", "config.example.yaml", "-check"}, 0, []string{"ok (2 routes)"}},
+		{"credentials in replay_headers", []string{"-config", creds, "-check"}, 1, []string{
+			"routes[0].replay_headers[1]: Authorization is never replayed", "routes[0].replay_headers[2]: Cookie is never replayed",
+			"routes[0].replay_headers[3]: X-Api-Key is never replayed", "routes[0].replay_headers[4]: X-Tenant is never replayed",
+			"routes[0].replay_headers[5]: Connection is never replayed",
+		}},
 		{"good", []string{"-config", good, "-check"}, 0, []string{"ok (1 routes)"}},
 		{"every problem, each with its field", []string{"-config", bad, "-check"}, 1, []string{
 			"upstream:", "routes[0].key:", "routes[0].policy:", "routes[0].lease:", "routes[1].name:", "routes[1].key.path:",

@@ -184,6 +184,7 @@ func (p *Proxy) Reload(cfg *config.Config) error {
 	}
 	t.passthrough = p.reverseProxy(up, nil)
 	for _, rc := range cfg.Routes {
+		rc.ReplayHeaders = replayable(rc.ReplayHeaders, rc.Scope.Header)
 		rt := &route{cfg: rc, spec: rc.Key.Spec(), ignore: keyextract.CompileIgnore(rc.Fingerprint.Ignore),
 			p: p, series: p.m.routeSeries(rc.Name)}
 		rt.rp = p.reverseProxy(up, rt)
@@ -198,6 +199,19 @@ func (p *Proxy) Reload(cfg *config.Config) error {
 	p.budget.limit.Store(cfg.Server.MaxBufferedBytes)
 	p.table.Store(t)
 	return nil
+}
+
+// replayable returns the headers of allow that may be stored and replayed:
+// config.Validate refuses the others, and a configuration that bypassed it
+// still never stores a credential.
+func replayable(allow []string, scopeHeader string) []string {
+	out := make([]string, 0, len(allow))
+	for _, h := range allow {
+		if config.ReplayRefusal(h, scopeHeader) == "" {
+			out = append(out, h)
+		}
+	}
+	return out
 }
 
 func register(mux *http.ServeMux, pattern string, h http.Handler) (err error) {
