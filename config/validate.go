@@ -49,6 +49,12 @@ func (c *Config) Validate() error {
 	} else if port := u.Port(); port != "" && !validPort(port) {
 		p.add("upstream", "%q: port %s is not 0 to 65535 or a service name", c.Upstream, port)
 	}
+	if !c.UpstreamTLS.IsZero() {
+		c.UpstreamTLS.load(&p)
+		if u, err := url.Parse(c.Upstream); err == nil && u.Scheme == "http" {
+			p.add("upstream_tls", "set, but upstream %q is plain http: use an https URL", c.Upstream)
+		}
+	}
 	if c.Admin.Listen != "" {
 		checkAddr(&p, "admin.listen", c.Admin.Listen, false)
 		if samePort(c.Admin.Listen, c.Listen) {

@@ -44,7 +44,8 @@ type Options struct {
 	// Metrics receives the proxy's metrics; nil registers them on a
 	// private registry.
 	Metrics *Metrics
-	// Transport carries requests to the upstream; nil means NewTransport().
+	// Transport carries requests to the upstream; nil means NewTransport()
+	// with the configuration's upstream_tls.
 	Transport http.RoundTripper
 }
 
@@ -141,7 +142,13 @@ func New(cfg *config.Config, opts Options) (*Proxy, error) {
 		opts.Metrics = NewMetrics(prometheus.NewRegistry())
 	}
 	if opts.Transport == nil {
-		opts.Transport = NewTransport()
+		tlsConf, err := cfg.UpstreamTLS.ClientConfig()
+		if err != nil {
+			return nil, fmt.Errorf("proxy: %w", err)
+		}
+		t := NewTransport()
+		t.TLSClientConfig = tlsConf
+		opts.Transport = t
 	}
 	if opts.StoreName == "" {
 		opts.StoreName = "store"
