@@ -73,9 +73,10 @@ type Config struct {
 	MemoryLimit int64 `yaml:"memory_limit"`
 }
 
-// UpstreamTLS configures TLS to an https upstream. Its files are read when
-// the configuration is loaded: at start, by -check and by a reload (which
-// refuses a change to this section: a restart applies it).
+// UpstreamTLS configures TLS to an https upstream. Its files are checked
+// whenever the configuration is loaded (at start, by -check, by a reload)
+// but used as read at start: a reload refuses a change to this section,
+// and a file rewritten in place takes effect at the next restart.
 type UpstreamTLS struct {
 	// CAFile is a PEM bundle of the CAs that sign the upstream's
 	// certificate; set, they replace the system's roots (a private CA is

@@ -25,7 +25,7 @@ func TestReplayHeadersRefuseCredentials(t *testing.T) {
 		"X-Session-Id", "X-Session-Token", "Session-Id", "X-Amz-Security-Token", "X-Vault-Token",
 		"X-Client-Secret", "X-Password", "X-Goog-Iap-Jwt-Assertion", "X-Amzn-Oidc-Accesstoken",
 		"X-Amzn-Oidc-Data", "X-Ms-Client-Principal", "X-Ms-Token-Aad-Access-Token", "X-Access-Key",
-		"X-Credentials", "X-Bearer",
+		"X-Credentials", "X-Bearer", "X_Api_Key", "x_auth_token", "Oauth-Token", "X-Oauth-Scopes",
 		// Client certificates forwarded by a TLS terminator.
 		"X-Forwarded-Client-Cert", "x-forwarded-client-cert", "Client-Cert", "Client-Cert-Chain",
 		"X-Ssl-Client-Cert", "X-Client-Verify", "X-Ssl-Client-Dn",
