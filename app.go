@@ -400,6 +400,9 @@ func needsRestart(old, new *config.Config) error {
 	if old.Listen != new.Listen {
 		changed = append(changed, "listen")
 	}
+	if old.UpstreamTLS != new.UpstreamTLS {
+		changed = append(changed, "upstream_tls")
+	}
 	if old.Admin != new.Admin {
 		changed = append(changed, "admin")
 	}

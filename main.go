@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/lograte"
 	"github.com/idemproxy/idemproxy/proxy"
 )
 
@@ -74,6 +75,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		fmt.Fprintf(stderr, "idemproxy: %v\n", err)
 		return 2
 	}
+	defer log.Handler().(*lograte.Handler).Flush() // the counts of the last interval, before the sink's last lines
 	var access *proxy.AccessLog
 	if log.Enabled(ctx, slog.LevelInfo) {
 		access, _ = proxy.NewAccessLog(sink.lines(), *logFormat) // the format was checked by newLogger
@@ -101,13 +103,20 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 		return nil, fmt.Errorf("-log-level: %w", err)
 	}
 	opts := &slog.HandlerOptions{Level: lv, ReplaceAttr: durationsAsText}
+	var h slog.Handler
 	switch format {
 	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
+		h = slog.NewJSONHandler(w, opts)
 	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
+		h = slog.NewTextHandler(w, opts)
+	default:
+		return nil, fmt.Errorf("-log-format: %q is not json or text", format)
 	}
-	return nil, fmt.Errorf("-log-format: %q is not json or text", format)
+	// A failure that hits every request (a full disk, a store that is
+	// down) must not write a line per request: repeated warnings and
+	// errors are logged at a bounded rate, with the count of those left
+	// out. The access log is written apart and never limited.
+	return slog.New(lograte.New(h, lograte.Options{})), nil
 }
 
 // durationsAsText logs a duration as Go writes it ("30s", "1.5ms") instead

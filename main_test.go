@@ -50,6 +50,10 @@ routes:
     match: POST /charges/{id}
     key: {path: orderId}
 `), 0o600)
+	creds := writeConfig(t, filepath.Join(dir, "creds.yaml"), "http://127.0.0.1:9000", dir, "", chargesRoute+
+		"    scope: {header: X-Tenant}\n    replay_headers: [Content-Type, authorization, COOKIE, X-Api-Key, x-tenant, Connection]\n")
+	badTLS := writeConfig(t, filepath.Join(dir, "tls.yaml"), "https://127.0.0.1:9443", dir,
+		"upstream_tls: {ca_file: "+filepath.Join(dir, "nope.pem")+", cert_file: "+good+"}", chargesRoute)
 	tests := []struct {
 		name     string
 		args     []string
@@ -57,9 +61,17 @@ routes:
 		want     []string
 	}{
 		{"example config", []string{"-config", "config.example.yaml", "-check"}, 0, []string{"ok (2 routes)"}},
+		{"credentials in replay_headers", []string{"-config", creds, "-check"}, 1, []string{
+			"routes[0].replay_headers[1]: Authorization is never replayed", "routes[0].replay_headers[2]: Cookie is never replayed",
+			"routes[0].replay_headers[3]: X-Api-Key is never replayed", "routes[0].replay_headers[4]: X-Tenant is never replayed",
+			"routes[0].replay_headers[5]: Connection is never replayed",
+		}},
 		{"good", []string{"-config", good, "-check"}, 0, []string{"ok (1 routes)"}},
 		{"every problem, each with its field", []string{"-config", bad, "-check"}, 1, []string{
 			"upstream:", "routes[0].key:", "routes[0].policy:", "routes[0].lease:", "routes[1].name:", "routes[1].key.path:",
+		}},
+		{"upstream_tls files", []string{"-config", badTLS, "-check"}, 1, []string{
+			"upstream_tls.ca_file: open " + filepath.Join(dir, "nope.pem"), "upstream_tls.key_file: required with cert_file",
 		}},
 		{"missing file", []string{"-config", filepath.Join(dir, "nope.yaml"), "-check"}, 1, []string{"no such file"}},
 		{"unknown flag", []string{"-nope"}, 2, []string{"flag provided but not defined"}},

@@ -191,8 +191,8 @@ func TestDeployConfigsCheck(t *testing.T) {
 	}
 }
 
-// TestREADMEReloadNamesWhatARestartNeeds: each server setting and
-// memory_limit is named in the README's Reload paragraph, among those a
+// TestREADMEReloadNamesWhatARestartNeeds: each server setting,
+// memory_limit and upstream_tls is named in the README's Reload paragraph, among those a
 // restart applies exactly when a reload that changes it is refused.
 func TestREADMEReloadNamesWhatARestartNeeds(t *testing.T) {
 	sec := strings.Join(strings.Fields(readmeSection(t, "### Reload and shutdown")), " ")
@@ -208,16 +208,20 @@ func TestREADMEReloadNamesWhatARestartNeeds(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := reflect.TypeFor[config.Server]()
-	fields := []string{"memory_limit"}
+	fields := []string{"memory_limit", "upstream_tls"}
+	const notServer = 2
 	for i := range st.NumField() {
 		fields = append(fields, st.Field(i).Tag.Get("yaml"))
 	}
 	for i, name := range fields {
 		changed := *base
-		if i == 0 {
+		switch i {
+		case 0:
 			changed.MemoryLimit = 1 << 30
-		} else {
-			f := reflect.ValueOf(&changed.Server).Elem().Field(i - 1)
+		case 1:
+			changed.UpstreamTLS.ServerName = "pay.internal"
+		default:
+			f := reflect.ValueOf(&changed.Server).Elem().Field(i - notServer)
 			f.SetInt(f.Int() + 1)
 		}
 		needs := needsRestart(base, &changed) != nil

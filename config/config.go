@@ -54,6 +54,9 @@ type Config struct {
 	Listen string `yaml:"listen"`
 	// Upstream is the base URL of the protected service. Required.
 	Upstream string `yaml:"upstream"`
+	// UpstreamTLS configures TLS to an https upstream; its zero value
+	// verifies the upstream against the system's roots.
+	UpstreamTLS UpstreamTLS `yaml:"upstream_tls"`
 	// Admin configures the admin listener; an empty Admin.Listen means none.
 	Admin Admin `yaml:"admin"`
 	// Store selects the key store; empty means Badger in ./data.
@@ -68,6 +71,28 @@ type Config struct {
 	// set, else 80% of the container's cgroup limit, else
 	// DefaultMemoryLimit. -1 means no soft limit.
 	MemoryLimit int64 `yaml:"memory_limit"`
+}
+
+// UpstreamTLS configures TLS to an https upstream. Its files are checked
+// whenever the configuration is loaded (at start, by -check, by a reload)
+// but used as read at start: a reload refuses a change to this section,
+// and a file rewritten in place takes effect at the next restart.
+type UpstreamTLS struct {
+	// CAFile is a PEM bundle of the CAs that sign the upstream's
+	// certificate; set, they replace the system's roots (a private CA is
+	// then the only one trusted). Empty means the system's roots.
+	CAFile string `yaml:"ca_file"`
+	// ServerName is the name sent in SNI and checked against the
+	// upstream's certificate. Empty means the upstream URL's host.
+	ServerName string `yaml:"server_name"`
+	// CertFile and KeyFile are the PEM client certificate (with its
+	// chain) and private key presented to an upstream that asks for one
+	// (mutual TLS); both or neither. Empty means none.
+	CertFile string `yaml:"cert_file"`
+	KeyFile  string `yaml:"key_file"`
+	// MinVersion is the oldest TLS version accepted: "1.2" or "1.3".
+	// Empty means 1.2.
+	MinVersion string `yaml:"min_version"`
 }
 
 // Admin configures the admin listener (metrics, health, key inspection).

@@ -35,13 +35,6 @@ var routeName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
 // headerToken matches an HTTP field name (RFC 9110 token).
 var headerToken = regexp.MustCompile("^[!#$%&'*+\\-.^_`|~0-9A-Za-z]+$")
 
-// neverReplayed are headers a replay must never carry.
-var neverReplayed = map[string]bool{
-	"Set-Cookie": true, "Connection": true, "Keep-Alive": true, "Proxy-Authenticate": true,
-	"Proxy-Authorization": true, "Proxy-Connection": true, "Te": true, "Trailer": true,
-	"Transfer-Encoding": true, "Upgrade": true, "Content-Length": true, "Idempotent-Replayed": true,
-}
-
 // Validate checks a defaulted configuration and returns a *ValidationError
 // naming every problem, or nil.
 func (c *Config) Validate() error {
@@ -55,6 +48,12 @@ func (c *Config) Validate() error {
 		p.add("upstream", "%q must not carry a query or fragment", c.Upstream)
 	} else if port := u.Port(); port != "" && !validPort(port) {
 		p.add("upstream", "%q: port %s is not 0 to 65535 or a service name", c.Upstream, port)
+	}
+	if !c.UpstreamTLS.IsZero() {
+		c.UpstreamTLS.load(&p)
+		if u, err := url.Parse(c.Upstream); err == nil && u.Scheme == "http" {
+			p.add("upstream_tls", "set, but upstream %q is plain http: use an https URL", c.Upstream)
+		}
 	}
 	if c.Admin.Listen != "" {
 		checkAddr(&p, "admin.listen", c.Admin.Listen, false)
@@ -257,8 +256,10 @@ func (r *Route) validate(p *problems, f string, patterns *patternSet) {
 		switch {
 		case !headerToken.MatchString(h):
 			p.add(hf, "%q is not a header name", h)
-		case neverReplayed[h]:
-			p.add(hf, "%s is never replayed", h)
+		default:
+			if why := ReplayRefusal(h, r.Scope.Header); why != "" {
+				p.add(hf, "%s is never replayed: %s", h, why)
+			}
 		}
 	}
 	for i, path := range r.Fingerprint.Ignore {

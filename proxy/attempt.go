@@ -362,7 +362,11 @@ func (a *attempt) answerExisting(w http.ResponseWriter, rec *Record) {
 			a.outcome, a.status = OutcomeReplayed, resp.Status
 			h := w.Header()
 			for k, vs := range resp.Header {
-				h[k] = vs
+				// A record stored before credentials were refused (or by
+				// a configuration that bypassed validation) keeps them.
+				if config.ReplayRefusal(k, a.rt.cfg.Scope.Header) == "" {
+					h[k] = vs
+				}
 			}
 			h.Set("Idempotent-Replayed", "true")
 			if resp.Reconciled {

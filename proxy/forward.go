@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -279,7 +280,7 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, out *http.Request, err erro
 	a.upstreamDone("error")
 	prob, verdict := probUpstreamReset, a.markInDoubt
 	switch {
-	case !a.wrote.Load():
+	case !a.wrote.Load() || refusedByTLS(err):
 		prob, verdict = probUpstreamDown, a.release
 	case errors.Is(context.Cause(out.Context()), context.DeadlineExceeded) ||
 		errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
@@ -299,6 +300,28 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, out *http.Request, err erro
 		}
 	}
 	a.problem(w, outcome, prob, detail, 0, nil)
+}
+
+// refusedByTLS reports whether err is an alert from the upstream's TLS
+// layer refusing the proxy's certificate (bad, unknown CA, expired, none
+// given): the connection was refused before any request on it was read.
+// With TLS 1.3 the upstream checks the client certificate after the proxy
+// has finished its handshake and written the request, so without this a
+// refused client certificate would leave every key in doubt.
+func refusedByTLS(err error) bool {
+	var op *net.OpError
+	if !errors.As(err, &op) || op.Op != "remote error" || op.Err == nil {
+		return false
+	}
+	v := reflect.ValueOf(op.Err)
+	if v.Type().PkgPath() != "crypto/tls" || v.Kind() != reflect.Uint8 {
+		return false
+	}
+	switch v.Uint() {
+	case 42, 43, 44, 45, 46, 48, 49, 116: // bad_certificate ... unknown_ca, access_denied, certificate_required
+		return true
+	}
+	return false
 }
 
 // sentURL returns the URL the request was sent with when it was matched in

@@ -44,7 +44,8 @@ type Options struct {
 	// Metrics receives the proxy's metrics; nil registers them on a
 	// private registry.
 	Metrics *Metrics
-	// Transport carries requests to the upstream; nil means NewTransport().
+	// Transport carries requests to the upstream; nil means NewTransport()
+	// with the configuration's upstream_tls.
 	Transport http.RoundTripper
 }
 
@@ -141,7 +142,13 @@ func New(cfg *config.Config, opts Options) (*Proxy, error) {
 		opts.Metrics = NewMetrics(prometheus.NewRegistry())
 	}
 	if opts.Transport == nil {
-		opts.Transport = NewTransport()
+		tlsConf, err := cfg.UpstreamTLS.ClientConfig()
+		if err != nil {
+			return nil, fmt.Errorf("proxy: %w", err)
+		}
+		t := NewTransport()
+		t.TLSClientConfig = tlsConf
+		opts.Transport = t
 	}
 	if opts.StoreName == "" {
 		opts.StoreName = "store"
@@ -184,6 +191,7 @@ func (p *Proxy) Reload(cfg *config.Config) error {
 	}
 	t.passthrough = p.reverseProxy(up, nil)
 	for _, rc := range cfg.Routes {
+		rc.ReplayHeaders = replayable(rc.ReplayHeaders, rc.Scope.Header)
 		rt := &route{cfg: rc, spec: rc.Key.Spec(), ignore: keyextract.CompileIgnore(rc.Fingerprint.Ignore),
 			p: p, series: p.m.routeSeries(rc.Name)}
 		rt.rp = p.reverseProxy(up, rt)
@@ -198,6 +206,19 @@ func (p *Proxy) Reload(cfg *config.Config) error {
 	p.budget.limit.Store(cfg.Server.MaxBufferedBytes)
 	p.table.Store(t)
 	return nil
+}
+
+// replayable returns the headers of allow that may be stored and replayed:
+// config.Validate refuses the others, and a configuration that bypassed it
+// still never stores a credential.
+func replayable(allow []string, scopeHeader string) []string {
+	out := make([]string, 0, len(allow))
+	for _, h := range allow {
+		if config.ReplayRefusal(h, scopeHeader) == "" {
+			out = append(out, h)
+		}
+	}
+	return out
 }
 
 func register(mux *http.ServeMux, pattern string, h http.Handler) (err error) {

@@ -582,3 +582,82 @@ func TestQueryIsPartOfTheRequest(t *testing.T) {
 	wantStatus(t, "other unparsable", e.do("POST", "/orders/O-Q/charges?amount=900;", `{"amount": 1}`, "Idempotency-Key", "k2"), 422, "fingerprint-mismatch")
 	wantStatus(t, "bad escape", e.do("POST", "/orders/O-Q/charges?amount=%zz9", `{"amount": 1}`, "Idempotency-Key", "k2"), 422, "fingerprint-mismatch")
 }
+
+// TestReplayNeverCarriesCredentials: even when validation is bypassed (a
+// configuration built in code), a credential, a session or the client's
+// scope header in replay_headers is neither stored nor replayed; and a
+// record stored with one (before credentials were refused) replays
+// without it.
+func TestReplayNeverCarriesCredentials(t *testing.T) {
+	secrets := map[string]string{
+		"Authorization": "Bearer client-a", "X-Api-Key": "key-of-a", "Set-Cookie": "sid=a",
+		"X-Tenant": "tenant-a", "X-Csrf-Token": "csrf-a", "Www-Authenticate": `Bearer realm="a"`,
+	}
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		for k, v := range secrets {
+			w.Header().Set(k, v)
+		}
+		w.WriteHeader(201)
+		w.Write([]byte(`{"ok": true}`))
+	}))
+	defer up.Close()
+	cfg := parseConfig(t, up.URL, `
+  - name: charges
+    match: POST /charges
+    key: {json: orderId}
+    scope: {header: X-Tenant}
+    fingerprint: {disabled: true}
+`)
+	// Bypass validation, in any letter case.
+	cfg.Routes[0].ReplayHeaders = []string{"Content-Type", "Authorization", "x-api-key", "Set-Cookie", "X-Tenant",
+		"X-Csrf-Token", "Www-Authenticate"}
+	e := &env{t: t}
+	e.startConfig(cfg)
+
+	first := e.charge(`"ORD-CRED"`, 1, "X-Tenant", "tenant-a")
+	replay := e.charge(`"ORD-CRED"`, 1, "X-Tenant", "tenant-a")
+	if first.status != 201 || first.header.Get("Authorization") == "" {
+		t.Fatalf("first = %s: the first client must get the upstream's real answer", first)
+	}
+	if !replay.replayed() || replay.header.Get("Content-Type") != "application/json" {
+		t.Fatalf("replay = %s, want a replay with its Content-Type", replay)
+	}
+	for k := range secrets {
+		if v := replay.header.Get(k); v != "" {
+			t.Errorf("replay carries %s: %q", k, v)
+		}
+	}
+	rec, err := e.store.Get(context.Background(), proxy.StoreKey("charges", "tenant-a", "ORD-CRED"))
+	if err != nil || rec == nil || rec.Response == nil {
+		t.Fatalf("stored record = %+v, %v", rec, err)
+	}
+	for k := range secrets {
+		if v := rec.Response.Header.Get(k); v != "" {
+			t.Errorf("the store holds %s: %q", k, v)
+		}
+	}
+
+	// A record stored with credentials, as an earlier release allowed.
+	key := proxy.StoreKey("charges", "tenant-a", "ORD-OLD")
+	ctx := context.Background()
+	if _, err := e.store.Reserve(ctx, key, proxy.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	old := proxy.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{}`), BodyStored: true}
+	for k, v := range secrets {
+		old.Header.Set(k, v)
+	}
+	if err := e.store.Commit(ctx, key, "t", old, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	replay = e.charge(`"ORD-OLD"`, 1, "X-Tenant", "tenant-a")
+	if !replay.replayed() || replay.header.Get("Content-Type") != "application/json" {
+		t.Fatalf("replay of the old record = %s", replay)
+	}
+	for k := range secrets {
+		if v := replay.header.Get(k); v != "" {
+			t.Errorf("replay of the old record carries %s: %q", k, v)
+		}
+	}
+}
