@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bufio"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -26,52 +24,6 @@ func limitedServer(t *testing.T, max int, headerTimeout time.Duration, h http.Ha
 	go srv.Serve(l)
 	t.Cleanup(func() { srv.Close() })
 	return l, inner.Addr().String()
-}
-
-// rawConn is a client connection that sends requests by hand.
-type rawConn struct {
-	net.Conn
-	br *bufio.Reader
-}
-
-func dialRaw(t *testing.T, addr string) *rawConn {
-	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return &rawConn{Conn: c, br: bufio.NewReader(c)}
-}
-
-// get sends GET path and reads its answer; the connection stays open.
-func (c *rawConn) get(path string) (int, string, error) {
-	c.SetDeadline(time.Now().Add(20 * time.Second))
-	defer c.SetDeadline(time.Time{})
-	if _, err := fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: test\r\n\r\n", path); err != nil {
-		return 0, "", err
-	}
-	return c.readAnswer()
-}
-
-func (c *rawConn) readAnswer() (int, string, error) {
-	resp, err := http.ReadResponse(c.br, nil)
-	if err != nil {
-		return 0, "", err
-	}
-	b, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	return resp.StatusCode, string(b), err
-}
-
-// closedByPeer reports whether the other end closed c (EOF or reset),
-// waiting at most a moment for a connection that stays open.
-func (c *rawConn) closedByPeer() bool {
-	c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
-	defer c.SetReadDeadline(time.Time{})
-	_, err := c.br.Peek(1)
-	var ne net.Error
-	return err != nil && !(errors.As(err, &ne) && ne.Timeout())
 }
 
 func okHandler(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok "+r.URL.Path) }
