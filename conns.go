@@ -107,5 +107,9 @@ func registerConnMetrics(reg prometheus.Registerer, l *connLimiter) {
 			Name: "idemproxy_connections_waited_total",
 			Help: "New client connections that found every connection busy at server.max_connections and waited for one to finish.",
 		}, func() float64 { return float64(l.waited.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "idemproxy_http2_streams_refused_total",
+			Help: "HTTP/2 streams answered 503 overloaded because server.max_connections requests were in flight.",
+		}, func() float64 { return float64(l.h2Refused.Load()) }),
 	)
 }

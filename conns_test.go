@@ -463,3 +463,47 @@ func TestH2CUpgradeIsNotPassedOn(t *testing.T) {
 		t.Errorf("protected request with Upgrade: h2c = %d %q %v", st, body, err)
 	}
 }
+
+// TestHTTP2StreamsAreBoundedLikeConnections: HTTP/2 multiplexes requests
+// on one connection, so streams could take the process far past what
+// max_connections allows over HTTP/1.1 (an upstream connection and a
+// goroutine each). Requests in flight over all connections are bounded by
+// max_connections too: a stream beyond it is answered 503 overloaded at
+// once, and /readyz says so.
+func TestHTTP2StreamsAreBoundedLikeConnections(t *testing.T) {
+	up := startHoldingUpstream(t)
+	dir := t.TempDir()
+	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"),
+		serverLimits(4), chargesRoute))
+	c := h2cClient()
+	answers := make(chan result, 6)
+	for range 6 {
+		go func() {
+			r, _ := doWith(c, "GET", p.url("/hold"), "")
+			answers <- r
+		}()
+	}
+	var refused []result
+	for len(refused) < 2 {
+		r := <-answers
+		if r.status != 503 || problemType(r) != "overloaded" || r.header.Get("Retry-After") != "1" {
+			t.Fatalf("a stream beyond the bound = %d %q %v, want 503 overloaded with Retry-After: 1", r.status, r.body, r.err)
+		}
+		refused = append(refused, r)
+	}
+	eventually(t, "four streams held at the upstream", func() bool { return up.held.Load() == 4 })
+	r := do("GET", p.adminURL("/readyz"), "")
+	if r.status != 503 || !strings.Contains(r.body, "request limit reached") {
+		t.Errorf("/readyz with max requests in flight = %d %q, want 503 naming the request limit", r.status, r.body)
+	}
+	if got := scrapeValue(t, p, "idemproxy_http2_streams_refused_total"); got != 2 {
+		t.Errorf("idemproxy_http2_streams_refused_total = %v, want 2", got)
+	}
+	close(up.release)
+	for range 4 {
+		if r := <-answers; r.status != 200 {
+			t.Errorf("held stream = %d %q %v, want 200", r.status, r.body, r.err)
+		}
+	}
+	eventually(t, "/readyz ready again", func() bool { return do("GET", p.adminURL("/readyz"), "").status == 200 })
+}

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/idemproxy/idemproxy/proxy"
 )
 
 // newConnGrace is how long a new connection may stay silent before it can
@@ -64,6 +66,15 @@ type connLimiter struct {
 
 	shed   atomic.Uint64 // connections closed to admit another
 	waited atomic.Uint64 // admissions that had to wait with every connection busy
+
+	// inFlight counts the requests being handled, over every connection
+	// and protocol. An HTTP/1 connection carries one at a time, so the
+	// connection bound bounds them; an HTTP/2 connection carries up to
+	// h2MaxStreams, so a stream is refused (503) once inFlight would pass
+	// max: streams never take the process beyond what max connections
+	// could.
+	inFlight  atomic.Int64
+	h2Refused atomic.Uint64 // HTTP/2 streams refused by that bound
 }
 
 // newConnLimiter limits ln to max connections at once (max <= 0: no
@@ -146,15 +157,21 @@ func (l *connLimiter) sheddable(now time.Time) *trackedConn {
 }
 
 // Saturated reports, for /readyz, whether the bound is reached with no
-// connection waiting for a request: a new client would wait until a
-// request finishes.
+// connection waiting for a request (a new client would wait until a
+// request finishes), or max requests are in flight (a new HTTP/2 stream
+// would be refused).
 func (l *connLimiter) Saturated() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.max <= 0 || l.open < l.max || l.idleCount > 0 {
+	switch {
+	case l.max <= 0:
 		return nil
+	case l.open >= l.max && l.idleCount == 0:
+		return fmt.Errorf("connection limit reached: all %d connections (server.max_connections) are serving requests", l.max)
+	case l.inFlight.Load() >= int64(l.max):
+		return fmt.Errorf("request limit reached: %d requests in flight (server.max_connections), new HTTP/2 streams are refused", l.max)
 	}
-	return fmt.Errorf("connection limit reached: all %d connections (server.max_connections) are serving requests", l.max)
+	return nil
 }
 
 // Counts returns the connections waiting for a request (idle) and the
@@ -336,6 +353,14 @@ func (l *connLimiter) guard(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if c, ok := r.Context().Value(connKey{}).(*trackedConn); ok && c.shed.Load() {
 			panic(http.ErrAbortHandler)
+		}
+		n := l.inFlight.Add(1)
+		defer l.inFlight.Add(-1)
+		if r.ProtoMajor == 2 && l.max > 0 && n > int64(l.max) {
+			l.h2Refused.Add(1)
+			proxy.WriteOverloaded(w, r, fmt.Sprintf("%d requests are in flight (server.max_connections): "+
+				"this HTTP/2 stream was refused before it was read; retry it", l.max))
+			return
 		}
 		next.ServeHTTP(w, r)
 	})
