@@ -105,7 +105,7 @@ func registerConnMetrics(reg prometheus.Registerer, l *connLimiter) {
 		}, func() float64 { return float64(l.shed.Load()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "idemproxy_connections_waited_total",
-			Help: "New client connections that found every connection busy at server.max_connections and waited for one to finish.",
+			Help: "New client connections that found no connection to shed at server.max_connections (every one serving or reading a request) and waited.",
 		}, func() float64 { return float64(l.waited.Load()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "idemproxy_http2_streams_refused_total",

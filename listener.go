@@ -65,7 +65,7 @@ type connLimiter struct {
 	once   sync.Once
 
 	shed   atomic.Uint64 // connections closed to admit another
-	waited atomic.Uint64 // admissions that had to wait with every connection busy
+	waited atomic.Uint64 // admissions that had to wait: no connection could be shed
 
 	// inFlight counts the requests being handled, over every connection
 	// and protocol. An HTTP/1 connection carries one at a time, so the
