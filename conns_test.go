@@ -222,10 +222,23 @@ func startHoldingUpstream(t *testing.T) *holdingUpstream {
 	return u
 }
 
-// TestEveryConnectionBusy: when every connection serves a request, /readyz
-// is 503 naming the limit, a newcomer waits (counted) instead of taking a
-// busy connection's place, and every request is answered once they end.
+// TestEveryConnectionBusy: when every connection serves a request (an
+// HTTP/1.1 request, or an HTTP/2 stream), /readyz is 503 naming the limit,
+// a newcomer waits (counted) instead of taking a busy connection's place,
+// and every request is answered once they end.
 func TestEveryConnectionBusy(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		client func() *http.Client
+	}{
+		{"HTTP/1.1", func() *http.Client { return &http.Client{Transport: &http.Transport{}, Timeout: 30 * time.Second} }},
+		{"HTTP/2 with prior knowledge", h2cClient},
+	} {
+		t.Run(tt.name, func(t *testing.T) { everyConnectionBusy(t, tt.client) })
+	}
+}
+
+func everyConnectionBusy(t *testing.T, client func() *http.Client) {
 	up := startHoldingUpstream(t)
 	dir := t.TempDir()
 	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"),
@@ -233,7 +246,6 @@ func TestEveryConnectionBusy(t *testing.T) {
 	if r := do("GET", p.adminURL("/readyz"), ""); r.status != 200 {
 		t.Fatalf("/readyz at rest = %d %s", r.status, r.body)
 	}
-	client := func() *http.Client { return &http.Client{Transport: &http.Transport{}, Timeout: 30 * time.Second} }
 	answers := make(chan string, 5)
 	get := func(path string) {
 		resp, err := client().Get(p.url(path))
