@@ -413,6 +413,16 @@ func TestH2CPriorKnowledge(t *testing.T) {
 			t.Errorf("%s charged %d times, want %d", order, got, want)
 		}
 	}
+	// A header list over the limit never reaches the upstream (Go's client
+	// refuses to send what the proxy's SETTINGS forbid; a client that sent
+	// it would get 431).
+	big := strings.Repeat("x", maxHeaderBytes+1024)
+	if r, _ := doWith(c, "POST", p.url("/charges"), body("ORD-H2-BIG", 10), "X-Big", big); r.err == nil && r.status != 431 {
+		t.Errorf("a %d-byte header over HTTP/2 = %d %s, want refused", len(big), r.status, r.body)
+	}
+	if got := chargeCount(t, up.URL, "ORD-H2-BIG"); got != 0 {
+		t.Errorf("a charge with an oversized header list was forwarded (%d charges)", got)
+	}
 	// The connection, between requests, counts as idle.
 	if got := scrapeValue(t, p, "idemproxy_connections_idle"); got < 1 {
 		t.Errorf("idemproxy_connections_idle = %v with an HTTP/2 connection open between requests", got)
