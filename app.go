@@ -211,15 +211,21 @@ func (a *app) serve(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	ln = limitListen(ln, cfg.Server.MaxConnections)
+	conns := newConnLimiter(ln, cfg.Server.MaxConnections, cfg.Server.ReadHeaderTimeout.D())
+	registerConnMetrics(reg, conns)
 	srv := &http.Server{
-		Handler:           a.p,
+		Handler:           conns.guard(withoutH2CUpgrade(a.p)),
 		ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout.D(),
 		ReadTimeout:       cfg.Server.ReadTimeout.D(),
 		IdleTimeout:       cfg.Server.IdleTimeout.D(),
-		MaxHeaderBytes:    64 << 10,
+		MaxHeaderBytes:    maxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		ConnState:         conns.ConnState,
+		ConnContext:       conns.ConnContext,
+		Protocols:         serverProtocols(),
+		HTTP2:             serverHTTP2(),
 	}
+	ln = conns
 	errc := make(chan error, 2)
 	go func() { errc <- srv.Serve(ln) }()
 
@@ -233,7 +239,7 @@ func (a *app) serve(ctx context.Context) error {
 		adm = admin.NewHandler(admin.Options{
 			Store: a.p.Store(), Routes: a, Gatherer: reg, Token: token, TokenEnv: cfg.Admin.TokenEnv,
 			Reload: a.reload, StoreOptional: a.storeOptional, Logger: log, Reconciler: reconciler,
-			Pprof: cfg.Admin.Pprof,
+			Pprof: cfg.Admin.Pprof, ReadyChecks: []func() error{conns.Saturated},
 		})
 		aln, err := net.Listen("tcp", cfg.Admin.Listen)
 		if err != nil {

@@ -1,46 +1,367 @@
 package main
 
 import (
+	"bytes"
+	"context"
+	"fmt"
 	"net"
+	"net/http"
 	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemproxy/idemproxy/proxy"
 )
 
-// limitListener accepts at most n connections open at once; further
-// connections wait in the kernel's listen backlog until one closes, so a
-// flood of connections cannot take the sidecar's memory and file
-// descriptors.
-type limitListener struct {
+// newConnGrace is how long a new connection may stay silent before it can
+// be shed: a client that has just connected is about to send its request,
+// and shedding it for the next newcomer would only trade one client for
+// another.
+const newConnGrace = time.Second
+
+// recheckEvery is how often an Accept that waits at the limit looks again
+// for a connection that has become sheddable without an event (a silent
+// new one past its grace, a header that takes longer than
+// read_header_timeout).
+const recheckEvery = 100 * time.Millisecond
+
+// h2Preface starts every HTTP/2 connection made with prior knowledge.
+var h2Preface = []byte("PRI * HTTP/2.0")
+
+// connLimiter bounds the client connections open at once and, when the
+// bound is reached, makes room for a new client by closing the connection
+// that has waited longest for a request (as nginx and Envoy do):
+//
+//   - A keep-alive connection between two requests (http.StateIdle), or an
+//     HTTP/2 connection with no open stream, can be shed at once.
+//   - A new connection that has sent nothing can be shed after
+//     newConnGrace.
+//   - A connection that has started to send a request but not yet its
+//     whole header can be shed once the header has taken longer than
+//     read_header_timeout.
+//   - A connection whose request is being served (http.StateActive, an
+//     HTTP/2 connection with at least one stream) or that was hijacked (a
+//     passthrough WebSocket) is never shed.
+//
+// Accept takes the next connection from the kernel and holds it (the one
+// connection above the bound) until it has a slot: at once if one is free,
+// after shedding if a connection can be shed, otherwise when a connection
+// closes or turns idle. Meanwhile further clients wait in the listen
+// backlog, as before. A connection's state comes from http.Server's
+// ConnState hook (ConnState) and from its reads.
+type connLimiter struct {
 	net.Listener
-	sem chan struct{}
+	max           int           // <= 0: no bound
+	headerTimeout time.Duration // read_header_timeout; 0: a started header never makes a connection sheddable
+
+	mu        sync.Mutex
+	open      int          // admitted and not yet closed
+	idleHead  *trackedConn // connections waiting for a request, oldest first
+	idleTail  *trackedConn
+	idleCount int
+
+	freed  chan struct{} // a slot freed or a connection turned idle; capacity 1
+	closed chan struct{} // the listener is closed
+	once   sync.Once
+
+	shed   atomic.Uint64 // connections closed to admit another
+	waited atomic.Uint64 // admissions that had to wait: no connection could be shed
+
+	// inFlight counts the requests being handled, over every connection
+	// and protocol. An HTTP/1 connection carries one at a time, so the
+	// connection bound bounds them; an HTTP/2 connection carries up to
+	// h2MaxStreams, so a stream is refused (503) once inFlight would pass
+	// max: streams never take the process beyond what max connections
+	// could.
+	inFlight  atomic.Int64
+	h2Refused atomic.Uint64 // HTTP/2 streams refused by that bound
 }
 
-// limitListen returns ln limited to n connections at once (n <= 0: ln).
-func limitListen(ln net.Listener, n int) net.Listener {
-	if n <= 0 {
-		return ln
+// newConnLimiter limits ln to max connections at once (max <= 0: no
+// bound, connections are still tracked).
+func newConnLimiter(ln net.Listener, max int, headerTimeout time.Duration) *connLimiter {
+	return &connLimiter{
+		Listener: ln, max: max, headerTimeout: headerTimeout,
+		freed: make(chan struct{}, 1), closed: make(chan struct{}),
 	}
-	return &limitListener{Listener: ln, sem: make(chan struct{}, n)}
 }
 
-func (l *limitListener) Accept() (net.Conn, error) {
-	l.sem <- struct{}{}
+func (l *connLimiter) Close() error {
+	l.once.Do(func() { close(l.closed) })
+	return l.Listener.Close()
+}
+
+func (l *connLimiter) signal() {
+	select {
+	case l.freed <- struct{}{}:
+	default:
+	}
+}
+
+// Accept returns the next client connection once it has a slot.
+func (l *connLimiter) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
-		<-l.sem
 		return nil, err
 	}
-	return &limitConn{Conn: c, release: func() { <-l.sem }}, nil
+	counted := false
+	var tick *time.Ticker
+	defer func() {
+		if tick != nil {
+			tick.Stop()
+		}
+	}()
+	for {
+		now := time.Now()
+		l.mu.Lock()
+		if l.max <= 0 || l.open < l.max {
+			l.open++
+			tc := &trackedConn{Conn: c, l: l, state: http.StateNew, since: now}
+			l.pushIdle(tc)
+			l.mu.Unlock()
+			return tc, nil
+		}
+		victim := l.sheddable(now)
+		l.mu.Unlock()
+		if victim != nil {
+			victim.shedNow()
+			l.shed.Add(1)
+			continue
+		}
+		if !counted {
+			counted = true
+			l.waited.Add(1)
+			tick = time.NewTicker(recheckEvery)
+		}
+		select {
+		case <-l.freed:
+		case <-tick.C:
+		case <-l.closed:
+			c.Close()
+			return nil, net.ErrClosed
+		}
+	}
 }
 
-// limitConn gives its slot back once, on the first Close.
-type limitConn struct {
+// sheddable returns the oldest connection that may be closed now, and
+// takes it off the idle list; nil if none. l.mu is held.
+func (l *connLimiter) sheddable(now time.Time) *trackedConn {
+	for c := l.idleHead; c != nil; c = c.next {
+		if c.sheddable(now, l.headerTimeout) {
+			l.removeIdle(c)
+			c.shed.Store(true)
+			return c
+		}
+	}
+	return nil
+}
+
+// Saturated reports, for /readyz, whether the bound is reached with no
+// connection waiting for a request (a new client would wait until a
+// request finishes), or max requests are in flight (a new HTTP/2 stream
+// would be refused).
+func (l *connLimiter) Saturated() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case l.max <= 0:
+		return nil
+	case l.open >= l.max && l.idleCount == 0:
+		return fmt.Errorf("connection limit reached: all %d connections (server.max_connections) are serving requests", l.max)
+	case l.inFlight.Load() >= int64(l.max):
+		return fmt.Errorf("request limit reached: %d requests in flight (server.max_connections), new HTTP/2 streams are refused", l.max)
+	}
+	return nil
+}
+
+// Counts returns the connections waiting for a request (idle) and the
+// others (active: reading or serving a request, or hijacked).
+func (l *connLimiter) Counts() (active, idle int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.open - l.idleCount, l.idleCount
+}
+
+func (l *connLimiter) pushIdle(c *trackedConn) {
+	c.prev, c.next = l.idleTail, nil
+	if l.idleTail != nil {
+		l.idleTail.next = c
+	} else {
+		l.idleHead = c
+	}
+	l.idleTail = c
+	c.inIdle = true
+	l.idleCount++
+}
+
+func (l *connLimiter) removeIdle(c *trackedConn) {
+	if !c.inIdle {
+		return
+	}
+	if c.prev != nil {
+		c.prev.next = c.next
+	} else {
+		l.idleHead = c.next
+	}
+	if c.next != nil {
+		c.next.prev = c.prev
+	} else {
+		l.idleTail = c.prev
+	}
+	c.prev, c.next, c.inIdle = nil, nil, false
+	l.idleCount--
+}
+
+// ConnState is http.Server's ConnState hook: it keeps each connection on
+// the idle list while it waits for a request, and off it while a request
+// is served (HTTP/2: while a stream is open) or once hijacked.
+func (l *connLimiter) ConnState(nc net.Conn, st http.ConnState) {
+	c, ok := nc.(*trackedConn)
+	if !ok {
+		return
+	}
+	now := time.Now()
+	l.mu.Lock()
+	switch st {
+	case http.StateIdle:
+		c.state, c.since = st, now
+		c.readAt.Store(0)
+		if !c.inIdle && !c.released {
+			l.pushIdle(c)
+		}
+	case http.StateActive, http.StateHijacked:
+		c.state = st
+		l.removeIdle(c)
+	}
+	l.mu.Unlock()
+	if st == http.StateIdle {
+		l.signal()
+	}
+}
+
+// release gives c's slot back.
+func (l *connLimiter) release(c *trackedConn) {
+	l.mu.Lock()
+	l.removeIdle(c)
+	c.released = true
+	l.open--
+	l.mu.Unlock()
+	l.signal()
+}
+
+// trackedConn is one admitted connection. Its list links, state and since
+// are guarded by the limiter's mu.
+type trackedConn struct {
 	net.Conn
-	once    sync.Once
-	release func()
+	l          *connLimiter
+	prev, next *trackedConn
+	inIdle     bool
+	released   bool
+	state      http.ConnState
+	since      time.Time // when it entered state
+
+	readAt atomic.Int64 // unix nanoseconds of the first byte read since it went idle; 0: none
+	h2     atomic.Bool  // it opened with the HTTP/2 preface
+	shed   atomic.Bool  // the limiter closed it to admit another
+
+	head  [len("PRI * HTTP/2.0")]byte // the first bytes read, until the preface is told apart
+	headN int                         // -1: told apart
+	once  sync.Once
 }
 
-func (c *limitConn) Close() error {
+// sheddable reports whether c, on the idle list, may be closed at now.
+func (c *trackedConn) sheddable(now time.Time, headerTimeout time.Duration) bool {
+	if c.state == http.StateIdle && c.h2.Load() {
+		// No stream open: frames still come (SETTINGS, PING), but no
+		// request is under way; one that starts finds the connection shed
+		// and is never handled (see guard).
+		return true
+	}
+	if at := c.readAt.Load(); at != 0 {
+		// A request is arriving: only one whose header is overdue.
+		return headerTimeout > 0 && now.Sub(time.Unix(0, at)) >= headerTimeout
+	}
+	if c.state == http.StateNew {
+		return now.Sub(c.since) >= newConnGrace
+	}
+	return true
+}
+
+// shedNow closes c, which the limiter took off the idle list, and gives
+// its slot back at once.
+func (c *trackedConn) shedNow() { c.Close() }
+
+func (c *trackedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		if c.shed.Load() {
+			// Bytes that arrived as the connection was shed: its request
+			// is not read (the client sees the connection closed before
+			// any answer, as when an idle keep-alive connection times
+			// out).
+			return 0, net.ErrClosed
+		}
+		if c.readAt.Load() == 0 {
+			c.readAt.Store(time.Now().UnixNano())
+		}
+		if c.headN >= 0 {
+			c.sniff(p[:n])
+		}
+	}
+	return n, err
+}
+
+// sniff tells an HTTP/2 connection (prior knowledge) from an HTTP/1 one
+// by its first bytes.
+func (c *trackedConn) sniff(b []byte) {
+	k := copy(c.head[c.headN:], b)
+	c.headN += k
+	if !bytes.HasPrefix(h2Preface, c.head[:c.headN]) {
+		c.headN = -1
+		return
+	}
+	if c.headN == len(c.head) {
+		c.h2.Store(true)
+		c.headN = -1
+	}
+}
+
+// Close closes the connection and gives its slot back, once.
+func (c *trackedConn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(c.release)
+	c.once.Do(func() { c.l.release(c) })
 	return err
+}
+
+type connKey struct{}
+
+// ConnContext is http.Server's ConnContext hook: it lets guard find a
+// request's connection.
+func (l *connLimiter) ConnContext(ctx context.Context, c net.Conn) context.Context {
+	if tc, ok := c.(*trackedConn); ok {
+		return context.WithValue(ctx, connKey{}, tc)
+	}
+	return ctx
+}
+
+// guard drops a request that started on a connection the limiter has just
+// shed (the request's header was read as the connection was closed): it is
+// never handled, so nothing is reserved or forwarded for a client that
+// cannot get the answer. A connection being served is never shed, so this
+// only closes the race between a shed and a request's start.
+func (l *connLimiter) guard(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if c, ok := r.Context().Value(connKey{}).(*trackedConn); ok && c.shed.Load() {
+			panic(http.ErrAbortHandler)
+		}
+		n := l.inFlight.Add(1)
+		defer l.inFlight.Add(-1)
+		if r.ProtoMajor == 2 && l.max > 0 && n > int64(l.max) {
+			l.h2Refused.Add(1)
+			proxy.WriteOverloaded(w, r, fmt.Sprintf("%d requests are in flight (server.max_connections): "+
+				"this HTTP/2 stream was refused before it was read; retry it", l.max))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }

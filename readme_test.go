@@ -62,6 +62,7 @@ func registeredMetrics(t *testing.T) map[string][]string {
 	}
 	defer st.Close()
 	registerBadgerMetrics(rec, st)
+	registerConnMetrics(rec, newConnLimiter(nil, 1, 0))
 	return rec.labels
 }
 

@@ -72,6 +72,11 @@ type Options struct {
 	// Pprof serves Go's runtime profiles under /debug/pprof/, behind the
 	// token like the key API; false leaves them out (404).
 	Pprof bool
+	// ReadyChecks are further conditions of /readyz, asked before the
+	// store is: the first that returns an error makes it 503 with the
+	// error as the reason, whether or not the store is optional. Nil or
+	// empty adds none.
+	ReadyChecks []func() error
 }
 
 // DefaultTokenEnv is the variable the key API token comes from unless the
@@ -126,6 +131,12 @@ func (h *Handler) readyz(w http.ResponseWriter, r *http.Request) {
 	if h.stopping.Load() {
 		writeText(w, http.StatusServiceUnavailable, "shutting down")
 		return
+	}
+	for _, check := range h.opts.ReadyChecks {
+		if err := check(); err != nil {
+			writeText(w, http.StatusServiceUnavailable, err.Error())
+			return
+		}
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()

@@ -835,3 +835,41 @@ func TestReleaseLeavesANewReservationAlone(t *testing.T) {
 		t.Fatalf("record after the DELETE = %+v, %v; want the retry's reservation, in flight", got, err)
 	}
 }
+
+// TestReadyChecks: a failing ready check makes /readyz 503 with its reason,
+// also when every route fails open; passing checks leave it ready, and
+// shutting down still wins.
+func TestReadyChecks(t *testing.T) {
+	st := openStore(t)
+	saturated := func() error { return errors.New("connection limit reached") }
+	fine := func() error { return nil }
+	tests := []struct {
+		name      string
+		store     admin.Store
+		checks    []func() error
+		optional  bool
+		stopping  bool
+		wantReady int
+		wantBody  string
+	}{
+		{"checks pass", st, []func() error{fine, fine}, false, false, http.StatusOK, "ready"},
+		{"one check fails", st, []func() error{fine, saturated}, false, false, http.StatusServiceUnavailable, "connection limit reached"},
+		{"fails, every route fails open", failingPing{st}, []func() error{saturated}, true, false, http.StatusServiceUnavailable, "connection limit reached"},
+		{"fails and stopping", st, []func() error{saturated}, false, true, http.StatusServiceUnavailable, "shutting down"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHandler(t, tt.store, func(o *admin.Options) {
+				o.ReadyChecks = tt.checks
+				o.StoreOptional = func() bool { return tt.optional }
+			})
+			if tt.stopping {
+				h.SetStopping()
+			}
+			rec := serve(t, h, http.MethodGet, "/readyz", "", nil)
+			if rec.Code != tt.wantReady || !strings.Contains(rec.Body.String(), tt.wantBody) {
+				t.Errorf("/readyz = %d %q, want %d containing %q", rec.Code, rec.Body, tt.wantReady, tt.wantBody)
+			}
+		})
+	}
+}

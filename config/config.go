@@ -180,7 +180,9 @@ type Server struct {
 	// protected routes; a request that does not fit is answered 503
 	// overloaded before anything is stored or forwarded. Default 64 MiB.
 	MaxBufferedBytes int64 `yaml:"max_buffered_bytes"`
-	// MaxConnections bounds the client connections open at once; further
+	// MaxConnections bounds the client connections open at once and the
+	// requests in flight over them; at the bound the oldest idle
+	// connection is closed to admit a new one, and with none idle further
 	// connections wait in the listen backlog. Default 1024.
 	MaxConnections int `yaml:"max_connections"`
 }

@@ -88,3 +88,10 @@ func writeProblem(w http.ResponseWriter, r *http.Request, p problem, detail stri
 	w.WriteHeader(p.status)
 	w.Write(b)
 }
+
+// WriteOverloaded answers 503 overloaded, with Retry-After: 1, for a
+// request refused before it reaches the proxy (an HTTP/2 stream beyond the
+// server's bound on requests in flight); detail names the bound.
+func WriteOverloaded(w http.ResponseWriter, r *http.Request, detail string) {
+	writeProblem(w, r, probOverloaded, detail, 1, nil)
+}

@@ -1,0 +1,115 @@
+package main
+
+import (
+	"net/http"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// maxHeaderBytes bounds a request's header: the request line and header
+// fields in HTTP/1.1, the decoded header list (SETTINGS_MAX_HEADER_LIST_SIZE)
+// in HTTP/2.
+const maxHeaderBytes = 64 << 10
+
+// HTTP/2 limits, per connection. A stream is a request: at most
+// h2MaxStreams of them run at once on one connection, and request bytes the
+// proxy has not read yet wait in flow-control windows of h2StreamWindow per
+// stream and h2ConnWindow per connection (so at most h2ConnWindow ×
+// server.max_connections in all).
+const (
+	h2MaxStreams   = 100
+	h2StreamWindow = 64 << 10
+	h2ConnWindow   = 256 << 10
+)
+
+// serverProtocols is what the client-facing listener speaks: HTTP/1.1 and
+// cleartext HTTP/2 with prior knowledge (a connection that opens with the
+// HTTP/2 preface, as service-mesh sidecars and curl --http2-prior-knowledge
+// send). Go's server does not implement the HTTP/1.1 Upgrade to h2c; see
+// withoutH2CUpgrade.
+func serverProtocols() *http.Protocols {
+	p := new(http.Protocols)
+	p.SetHTTP1(true)
+	p.SetUnencryptedHTTP2(true)
+	return p
+}
+
+// serverHTTP2 bounds what one HTTP/2 connection may hold. The idle timeout,
+// the header size (maxHeaderBytes) and the request read timeout are the
+// http.Server's, as for HTTP/1.1.
+func serverHTTP2() *http.HTTP2Config {
+	return &http.HTTP2Config{
+		MaxConcurrentStreams:          h2MaxStreams,
+		MaxReceiveBufferPerStream:     h2StreamWindow,
+		MaxReceiveBufferPerConnection: h2ConnWindow,
+	}
+}
+
+// withoutH2CUpgrade takes "h2c" out of a request's Upgrade header (and
+// drops HTTP2-Settings): the request is served as the HTTP/1.1 request it
+// also is, and never passed on as a protocol switch. Passed on, an
+// upstream that accepts h2c would turn the client's connection into a
+// tunnel to itself, and every later request on it, those of protected
+// routes included, would reach the upstream without the proxy. Other
+// protocols (WebSocket) are left as they are.
+func withoutH2CUpgrade(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if vs, ok := r.Header["Upgrade"]; ok {
+			var keep []string
+			dropped := false
+			for _, v := range vs {
+				for tok := range strings.SplitSeq(v, ",") {
+					name, _, _ := strings.Cut(strings.Trim(tok, " \t"), "/")
+					if strings.EqualFold(name, "h2c") {
+						dropped = true
+						continue
+					}
+					if t := strings.Trim(tok, " \t"); t != "" {
+						keep = append(keep, t)
+					}
+				}
+			}
+			if dropped {
+				r.Header.Del("HTTP2-Settings")
+				if len(keep) == 0 {
+					r.Header.Del("Upgrade")
+				} else {
+					r.Header["Upgrade"] = []string{strings.Join(keep, ", ")}
+				}
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// registerConnMetrics exports the client connections' state and what the
+// limit did to them.
+func registerConnMetrics(reg prometheus.Registerer, l *connLimiter) {
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "idemproxy_connections_active",
+			Help: "Client connections reading or serving a request (HTTP/2: with an open stream), or hijacked.",
+		}, func() float64 { a, _ := l.Counts(); return float64(a) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "idemproxy_connections_idle",
+			Help: "Client connections waiting for a request: keep-alive between requests, new, or HTTP/2 without an open stream.",
+		}, func() float64 { _, i := l.Counts(); return float64(i) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "idemproxy_connections_max",
+			Help: "The bound on client connections open at once (server.max_connections).",
+		}, func() float64 { return float64(l.max) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "idemproxy_connections_shed_total",
+			Help: "Idle client connections closed to admit a new one at server.max_connections.",
+		}, func() float64 { return float64(l.shed.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "idemproxy_connections_waited_total",
+			Help: "New client connections that found no connection to shed at server.max_connections (every one serving or reading a request) and waited.",
+		}, func() float64 { return float64(l.waited.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "idemproxy_http2_streams_refused_total",
+			Help: "HTTP/2 streams answered 503 overloaded because server.max_connections requests were in flight.",
+		}, func() float64 { return float64(l.h2Refused.Load()) }),
+	)
+}
