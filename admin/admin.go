@@ -69,6 +69,11 @@ type Options struct {
 	Reconciler Reconciler
 	// Logger receives the audit log of releases; nil discards it.
 	Logger *slog.Logger
+	// BufferSaturation reports why the proxy's request buffers
+	// (server.max_buffered_bytes) cannot take another body now; a
+	// non-empty answer turns /readyz to 503 with it. Nil, or "", means
+	// not saturated.
+	BufferSaturation func() string
 	// Pprof serves Go's runtime profiles under /debug/pprof/, behind the
 	// token like the key API; false leaves them out (404).
 	Pprof bool
@@ -126,6 +131,12 @@ func (h *Handler) readyz(w http.ResponseWriter, r *http.Request) {
 	if h.stopping.Load() {
 		writeText(w, http.StatusServiceUnavailable, "shutting down")
 		return
+	}
+	if f := h.opts.BufferSaturation; f != nil {
+		if why := f(); why != "" {
+			writeText(w, http.StatusServiceUnavailable, why)
+			return
+		}
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
