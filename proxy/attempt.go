@@ -239,7 +239,7 @@ func canonicalQuery(raw string) string {
 // what Content-Length announces alone; the body must arrive within the
 // server's body_timeout. Nothing has been reserved yet: a body refused or
 // cut here leaves no key behind.
-func (a *attempt) readBody(w http.ResponseWriter, limit int64) ([]byte, bool) {
+func (a *attempt) readBody(w http.ResponseWriter, limit int64) (_ []byte, ok bool) {
 	r := a.in
 	tooLarge := func() ([]byte, bool) {
 		a.problem(w, OutcomeBadRequest, probBodyTooLarge,
@@ -255,9 +255,16 @@ func (a *attempt) readBody(w http.ResponseWriter, limit int64) ([]byte, bool) {
 	if t := a.p.table.Load(); t.bodyTimeout > 0 {
 		rc := http.NewResponseController(w)
 		if rc.SetReadDeadline(time.Now().Add(t.bodyTimeout)) == nil {
-			// Back to the server's whole-request deadline (read_timeout),
-			// as if the body deadline had never been set.
-			defer rc.SetReadDeadline(a.start.Add(t.readTimeout))
+			// Once the body is in, back to the server's whole-request
+			// deadline (read_timeout), as if the body deadline had never
+			// been set. A body that failed keeps it: what the server
+			// discards of its rest after the answer (up to 256 KiB) must
+			// not hold the connection longer.
+			defer func() {
+				if ok {
+					rc.SetReadDeadline(a.start.Add(t.readTimeout))
+				}
+			}()
 		}
 	}
 	src := http.MaxBytesReader(w, r.Body, limit)
