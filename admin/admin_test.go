@@ -835,3 +835,34 @@ func TestReleaseLeavesANewReservationAlone(t *testing.T) {
 		t.Fatalf("record after the DELETE = %+v, %v; want the retry's reservation, in flight", got, err)
 	}
 }
+
+// TestReadyzBufferSaturation: /readyz is 503 with the proxy's reason while
+// its request buffers are saturated, ready again once they are not; a
+// failing store or fail-open routes do not hide it.
+func TestReadyzBufferSaturation(t *testing.T) {
+	st := openStore(t)
+	tests := []struct {
+		name      string
+		store     admin.Store
+		optional  bool
+		saturated string
+		wantReady int
+		wantBody  string
+	}{
+		{"not saturated", st, false, "", http.StatusOK, "ready"},
+		{"saturated", st, false, "buffers saturated: 9 of 10", http.StatusServiceUnavailable, "buffers saturated: 9 of 10"},
+		{"saturated, every route fails open", failingPing{st}, true, "buffers saturated", http.StatusServiceUnavailable, "buffers saturated"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHandler(t, tt.store, func(o *admin.Options) {
+				o.StoreOptional = func() bool { return tt.optional }
+				o.BufferSaturation = func() string { return tt.saturated }
+			})
+			rec := serve(t, h, http.MethodGet, "/readyz", "", nil)
+			if rec.Code != tt.wantReady || !strings.Contains(rec.Body.String(), tt.wantBody) {
+				t.Errorf("/readyz = %d %q, want %d containing %q", rec.Code, rec.Body, tt.wantReady, tt.wantBody)
+			}
+		})
+	}
+}
