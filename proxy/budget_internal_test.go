@@ -147,3 +147,38 @@ func TestBudgetSaturated(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkBudgetBody is what admission adds to a request with a small
+// body: one charge to the budget and the client's share, and its return.
+// Old, one atomic take and give, for comparison.
+func BenchmarkBudgetBody(b *testing.B) {
+	bud := &budget{}
+	bud.limit.Store(64 << 20)
+	bud.perClient.Store(8 << 20)
+	b.Run("take-for-client", func(b *testing.B) {
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if bud.takeFor("127.0.0.1", 0, 100) != "" {
+					b.Fatal("refused")
+				}
+				bud.give(100)
+				bud.release("127.0.0.1", 100)
+			}
+		})
+	})
+	b.Run("take-only", func(b *testing.B) {
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if !bud.reserve(100) {
+					b.Fatal("refused")
+				}
+				bud.give(100)
+			}
+		})
+	})
+	b.Run("client-of", func(b *testing.B) {
+		for b.Loop() {
+			clientOf("127.0.0.1:54321")
+		}
+	})
+}
