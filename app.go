@@ -239,7 +239,7 @@ func (a *app) serve(ctx context.Context) error {
 		adm = admin.NewHandler(admin.Options{
 			Store: a.p.Store(), Routes: a, Gatherer: reg, Token: token, TokenEnv: cfg.Admin.TokenEnv,
 			Reload: a.reload, StoreOptional: a.storeOptional, Logger: log, Reconciler: reconciler,
-			Pprof: cfg.Admin.Pprof, ReadyChecks: []func() error{conns.Saturated},
+			Pprof: cfg.Admin.Pprof, ReadyChecks: []func() error{conns.Saturated, a.p.BuffersSaturated},
 		})
 		aln, err := net.Listen("tcp", cfg.Admin.Listen)
 		if err != nil {
@@ -420,6 +420,8 @@ func needsRestart(old, new *config.Config) error {
 	oldS.ShutdownTimeout, newS.ShutdownTimeout = 0, 0
 	oldS.PassthroughTimeout, newS.PassthroughTimeout = 0, 0
 	oldS.MaxBufferedBytes, newS.MaxBufferedBytes = 0, 0
+	oldS.MaxBufferedBytesPerClient, newS.MaxBufferedBytesPerClient = 0, 0
+	oldS.BodyTimeout, newS.BodyTimeout = 0, 0
 	if oldS != newS {
 		changed = append(changed, "server timeouts or max_connections")
 	}

@@ -180,6 +180,16 @@ type Server struct {
 	// protected routes; a request that does not fit is answered 503
 	// overloaded before anything is stored or forwarded. Default 64 MiB.
 	MaxBufferedBytes int64 `yaml:"max_buffered_bytes"`
+	// MaxBufferedBytesPerClient bounds the part of max_buffered_bytes that
+	// the request bodies of one client (one IPv4 address, one IPv6 /64)
+	// hold at once; a client holding nothing else may always start one
+	// body. Default (0) max_buffered_bytes / 8.
+	MaxBufferedBytesPerClient int64 `yaml:"max_buffered_bytes_per_client"`
+	// BodyTimeout bounds the time a protected route's request body takes
+	// to arrive, from the end of its headers; a body cut by it is answered
+	// 408 body-timeout. Default (0) 10s; read_timeout still applies when
+	// shorter.
+	BodyTimeout Duration `yaml:"body_timeout"`
 	// MaxConnections bounds the client connections open at once and the
 	// requests in flight over them; at the bound the oldest idle
 	// connection is closed to admit a new one, and with none idle further

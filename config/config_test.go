@@ -99,6 +99,7 @@ func TestDefaults(t *testing.T) {
 		{"server.passthrough_timeout", c.Server.PassthroughTimeout.D(), 60 * time.Second},
 		{"server.shutdown_timeout", c.Server.ShutdownTimeout.D(), 30 * time.Second},
 		{"server.drain_delay", c.Server.DrainDelay.D(), 0},
+		{"server.body_timeout", c.Server.BodyTimeout.D(), 10 * time.Second},
 	} {
 		if d.got != d.want {
 			t.Errorf("%s = %v, want %v", d.name, d.got, d.want)
@@ -106,6 +107,9 @@ func TestDefaults(t *testing.T) {
 	}
 	if r.MaxBodyBytes != 1<<20 {
 		t.Errorf("max_body_bytes = %d, want %d", r.MaxBodyBytes, 1<<20)
+	}
+	if got := c.Server.MaxBufferedBytesPerClient; got != 8<<20 {
+		t.Errorf("server.max_buffered_bytes_per_client = %d, want %d (max_buffered_bytes / 8)", got, 8<<20)
 	}
 	if r.MaxStoredBodyBytes != 1<<20 {
 		t.Errorf("max_stored_body_bytes = %d, want %d", r.MaxStoredBodyBytes, 1<<20)
@@ -368,6 +372,10 @@ func TestValidationProblems(t *testing.T) {
 		{"admin token env", "admin: {token_env: \"MY TOKEN\"}\n" + withRoute(""), `admin.token_env: "MY TOKEN" is not an environment variable name`},
 		{"no routes", "listen: :8080\nupstream: http://x\n", "routes: at least one route is required"},
 		{"server timeout negative", "server: {read_timeout: -1s}\n" + withRoute(""), "server.read_timeout: must be positive"},
+		{"body timeout negative", "server: {body_timeout: -1s}\n" + withRoute(""), "server.body_timeout: must be positive"},
+		{"client share negative", "server: {max_buffered_bytes_per_client: -1}\n" + withRoute(""), "server.max_buffered_bytes_per_client: must be positive"},
+		{"client share over the budget", "server: {max_buffered_bytes: 2097152, max_buffered_bytes_per_client: 4194304}\n" + withRoute(""),
+			"server.max_buffered_bytes_per_client: 4194304 exceeds server.max_buffered_bytes (2097152)"},
 		{"drain delay negative", "server: {drain_delay: -1s}\n" + withRoute(""), "server.drain_delay: must not be negative"},
 		{"badger gc negative", "store: {badger: {gc_interval: -1m}}\n" + withRoute(""), "store.badger.gc_interval: must be positive"},
 		{"memory limit too small", "memory_limit: 1048576\n" + withRoute(""), "memory_limit: 1048576 bytes is below the minimum of 16777216 (16 MiB); 0 chooses it, -1 disables it"},

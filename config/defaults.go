@@ -28,6 +28,7 @@ const (
 	DefaultShutdownTimeout    = 30 * time.Second
 	DefaultMaxBufferedBytes   = 64 << 20
 	DefaultMaxConnections     = 1024
+	DefaultBodyTimeout        = 10 * time.Second
 	DefaultReconcileGrace     = 5 * time.Minute
 	DefaultReconcileInterval  = time.Minute
 	// DefaultMemoryLimit is the soft memory limit when neither the
@@ -37,6 +38,10 @@ const (
 	// store's own buffers do not fit and the garbage collector would run
 	// without pause.
 	MinMemoryLimit = 16 << 20
+	// DefaultClientShare: one client holds at most max_buffered_bytes /
+	// DefaultClientShare, unless max_buffered_bytes_per_client says
+	// otherwise.
+	DefaultClientShare = 8
 )
 
 // applyDefaults fills every unset field. It is the only place defaults are
@@ -73,6 +78,10 @@ func (c *Config) applyDefaults() {
 	if s.MaxBufferedBytes == 0 {
 		s.MaxBufferedBytes = DefaultMaxBufferedBytes
 	}
+	if s.MaxBufferedBytesPerClient == 0 && s.MaxBufferedBytes > 0 {
+		s.MaxBufferedBytesPerClient = s.MaxBufferedBytes / DefaultClientShare
+	}
+	setDuration(&s.BodyTimeout, DefaultBodyTimeout)
 	if s.MaxConnections == 0 {
 		s.MaxConnections = DefaultMaxConnections
 	}

@@ -75,7 +75,7 @@ func (c *Config) Validate() error {
 	}{
 		{"read_header_timeout", s.ReadHeaderTimeout}, {"read_timeout", s.ReadTimeout},
 		{"idle_timeout", s.IdleTimeout}, {"passthrough_timeout", s.PassthroughTimeout},
-		{"shutdown_timeout", s.ShutdownTimeout},
+		{"shutdown_timeout", s.ShutdownTimeout}, {"body_timeout", s.BodyTimeout},
 	} {
 		if d.v <= 0 {
 			p.add("server."+d.name, "must be positive")
@@ -89,6 +89,11 @@ func (c *Config) Validate() error {
 	}
 	if s.MaxBufferedBytes < 0 {
 		p.add("server.max_buffered_bytes", "must be positive")
+	}
+	if s.MaxBufferedBytesPerClient < 0 {
+		p.add("server.max_buffered_bytes_per_client", "must be positive")
+	} else if s.MaxBufferedBytes > 0 && s.MaxBufferedBytesPerClient > s.MaxBufferedBytes {
+		p.add("server.max_buffered_bytes_per_client", "%d exceeds server.max_buffered_bytes (%d)", s.MaxBufferedBytesPerClient, s.MaxBufferedBytes)
 	}
 	if s.MaxConnections < 0 {
 		p.add("server.max_connections", "must be positive")

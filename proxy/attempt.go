@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -27,7 +28,9 @@ type attempt struct {
 	start  time.Time
 	series *routeSeries
 
-	held     int64  // bytes of the buffered-bytes budget held by the body
+	held     int64  // bytes of the buffered-bytes budget held by the body (and a captured answer)
+	bodyHeld int64  // bytes of the client's share held by the body
+	clientID string // the client the body is charged to (clientOf)
 	body     []byte // the buffered request body, once forwarded
 	storeKey string
 	token    string // empty: the request is not protected by a reservation
@@ -86,7 +89,10 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 		return
 	}
 	defer p.active.leave()
-	defer func() { p.budget.give(a.held) }()
+	defer func() {
+		p.budget.give(a.held)
+		p.budget.release(a.clientID, a.bodyHeld)
+	}()
 
 	body, ok := a.readBody(w, cfg.MaxBodyBytes)
 	if !ok {
@@ -228,8 +234,12 @@ func canonicalQuery(raw string) string {
 	return "raw:" + strings.Join(pairs, "&")
 }
 
-// readBody buffers the request body up to limit bytes.
-func (a *attempt) readBody(w http.ResponseWriter, limit int64) ([]byte, bool) {
+// readBody buffers the request body up to limit bytes. The budget is
+// charged as the bytes arrive, in doubling steps (bodyFirstStep), never for
+// what Content-Length announces alone; the body must arrive within the
+// server's body_timeout. Nothing has been reserved yet: a body refused or
+// cut here leaves no key behind.
+func (a *attempt) readBody(w http.ResponseWriter, limit int64) (_ []byte, ok bool) {
 	r := a.in
 	tooLarge := func() ([]byte, bool) {
 		a.problem(w, OutcomeBadRequest, probBodyTooLarge,
@@ -239,45 +249,127 @@ func (a *attempt) readBody(w http.ResponseWriter, limit int64) ([]byte, bool) {
 	if r.ContentLength > limit {
 		return tooLarge()
 	}
-	var src io.Reader = http.MaxBytesReader(w, r.Body, limit)
-	b := &a.p.budget
+	if r.Body == nil || r.Body == http.NoBody {
+		return []byte{}, true
+	}
+	if t := a.p.table.Load(); t.bodyTimeout > 0 {
+		rc := http.NewResponseController(w)
+		if rc.SetReadDeadline(time.Now().Add(t.bodyTimeout)) == nil {
+			// Once the body is in, back to the server's whole-request
+			// deadline (read_timeout), as if the body deadline had never
+			// been set. A body that failed keeps it: what the server
+			// discards of its rest after the answer (up to 256 KiB) must
+			// not hold the connection longer.
+			defer func() {
+				if ok {
+					rc.SetReadDeadline(a.start.Add(t.readTimeout))
+				}
+			}()
+		}
+	}
+	src := http.MaxBytesReader(w, r.Body, limit)
+	end := limit // the most the buffer grows to
 	if r.ContentLength >= 0 {
-		if !b.take(r.ContentLength) {
-			return a.overloaded(w)
-		}
-		a.held = r.ContentLength
-	} else {
-		src = &budgetReader{r: src, b: b, held: &a.held, max: limit}
+		end = r.ContentLength
 	}
-	var body []byte
-	var err error
-	if r.ContentLength > 0 {
-		// Exactly the announced size, in one allocation: io.ReadAll's
-		// doubling would hold up to twice the budgeted bytes.
-		body = make([]byte, r.ContentLength)
-		_, err = io.ReadFull(src, body)
-	} else {
-		body, err = io.ReadAll(src)
+	client := clientOf(r.RemoteAddr)
+	// The body arrives into chunks, each taken from the budget when the
+	// one before is full: what a body holds is what arrived, plus at most
+	// one chunk (never past its Content-Length).
+	var chunks [][]byte
+	var cur []byte
+	var got int64
+	for {
+		if len(cur) == cap(cur) {
+			if cur != nil {
+				chunks = append(chunks, cur)
+			}
+			if got == end {
+				if r.ContentLength >= 0 {
+					break // all of it: the reader says no more
+				}
+				// As far as limit allows: one more byte is a 413, the
+				// end of the body is the body.
+				var one [1]byte
+				n, err := src.Read(one[:])
+				if n > 0 || (err != nil && err != io.EOF) {
+					return a.bodyFailed(w, err, tooLarge)
+				}
+				if err == io.EOF {
+					break
+				}
+				continue
+			}
+			size := min(end-got, max(bodyFirstStep, min(a.bodyHeld, bodyMaxStep)))
+			if why := a.p.budget.takeFor(client, a.bodyHeld, size); why != "" {
+				return a.overloaded(w, why)
+			}
+			a.held += size
+			a.bodyHeld += size
+			a.clientID = client
+			cur = make([]byte, 0, size)
+		}
+		n, err := src.Read(cur[len(cur):cap(cur)])
+		cur = cur[:len(cur)+n]
+		got += int64(n)
+		if err == io.EOF {
+			if r.ContentLength > 0 && got < r.ContentLength {
+				err = io.ErrUnexpectedEOF
+			} else {
+				chunks = append(chunks, cur)
+				break
+			}
+		}
+		if err != nil {
+			return a.bodyFailed(w, err, tooLarge)
+		}
 	}
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return tooLarge()
-		}
-		if errors.Is(err, errOverBudget) {
-			return a.overloaded(w)
-		}
-		a.problem(w, OutcomeBadRequest, probUnreadableBody, err.Error(), 0, nil)
-		return nil, false
+	if len(chunks) == 1 {
+		return chunks[0], true // most bodies: one chunk, no copy
+	}
+	// One copy into one slice: for the moment of the copy the chunks and
+	// the slice are both alive, the chunks' charge covering the slice.
+	body := make([]byte, 0, got)
+	for _, c := range chunks {
+		body = append(body, c...)
 	}
 	return body, true
 }
 
+// bodyFailed answers a request whose body could not be read.
+func (a *attempt) bodyFailed(w http.ResponseWriter, err error, tooLarge func() ([]byte, bool)) ([]byte, bool) {
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &mbe), err == nil: // err == nil: a byte past the limit
+		return tooLarge()
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		// A stalled or trickling body: cut, and the connection with it
+		// (HTTP/1; an HTTP/2 stream ends alone), so that it holds neither
+		// the budget nor a connection any longer.
+		a.p.m.adm.bodyTimeouts.Inc()
+		a.p.log.Warn("request body not received within body_timeout: cut", "route", a.routeName())
+		if a.in.ProtoMajor == 1 {
+			w.Header().Set("Connection", "close")
+		}
+		a.problem(w, OutcomeBadRequest, probBodyTimeout,
+			fmt.Sprintf("the request body did not arrive within %s; nothing was stored or forwarded, the request may be retried",
+				a.p.table.Load().bodyTimeout), 0, nil)
+		return nil, false
+	}
+	a.problem(w, OutcomeBadRequest, probUnreadableBody, err.Error(), 0, nil)
+	return nil, false
+}
+
 // overloaded answers a request whose body does not fit the budget of
-// buffered bytes: nothing was stored or forwarded, the retry may fit.
-func (a *attempt) overloaded(w http.ResponseWriter) ([]byte, bool) {
-	a.p.log.Warn("request refused: too many request bytes buffered at once", "route", a.routeName())
-	a.problem(w, OutcomeOverloaded, probOverloaded, "the proxy is buffering too many requests at once; retry later", 1, nil)
+// buffered bytes (why is refusalBudget or refusalClient): nothing was
+// stored or forwarded, the retry may fit.
+func (a *attempt) overloaded(w http.ResponseWriter, why string) ([]byte, bool) {
+	detail := "the proxy is buffering too many requests at once; retry later"
+	if why == refusalClient {
+		detail = "this client's requests buffered now hold its share of the proxy's buffers; retry later"
+	}
+	a.p.log.Warn("request refused: too many request bytes buffered at once", "route", a.routeName(), "reason", why)
+	a.problem(w, OutcomeOverloaded, probOverloaded, detail, 1, nil)
 	return nil, false
 }
 

@@ -28,6 +28,7 @@ var (
 	probUnreadableBody   = problem{"unreadable-body", http.StatusBadRequest, "Request body could not be read"}
 	probInvalidUpgrade   = problem{"invalid-upgrade", http.StatusBadRequest, "Upgrade protocol invalid"}
 	probBodyTooLarge     = problem{"body-too-large", http.StatusRequestEntityTooLarge, "Request body too large"}
+	probBodyTimeout      = problem{"body-timeout", http.StatusRequestTimeout, "Request body not received in time"}
 	probInFlight         = problem{"request-in-flight", http.StatusConflict, "A request with this key is being processed"}
 	probInDoubt          = problem{"outcome-in-doubt", http.StatusConflict, "The outcome of an earlier request with this key is unknown"}
 	probDuplicate        = problem{"duplicate-request", http.StatusConflict, "Duplicate request"}
@@ -49,7 +50,7 @@ func Problems() []struct {
 	Title  string
 } {
 	all := []problem{probMissingKey, probInvalidKey, probInvalidJSON, probMissingScope, probInvalidScope, probUnreadableBody,
-		probInvalidUpgrade, probBodyTooLarge, probInFlight, probInDoubt, probDuplicate, probNotReplayable, probMismatch,
+		probInvalidUpgrade, probBodyTooLarge, probBodyTimeout, probInFlight, probInDoubt, probDuplicate, probNotReplayable, probMismatch,
 		probUpstreamDown, probUpstreamReset, probUpstreamTimeout, probStoreUnavailable, probOverloaded, probShuttingDown}
 	out := make([]struct {
 		Name   string

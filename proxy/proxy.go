@@ -116,6 +116,14 @@ type table struct {
 	ptTimeout   time.Duration
 	upstream    string // the upstream's base URL, without a trailing '/'
 	reconciles  bool   // a route has a reconcile section
+	// bodyTimeout bounds the arrival of a protected request's body
+	// (server.body_timeout, at most read_timeout); readTimeout is the
+	// server's read_timeout.
+	bodyTimeout, readTimeout time.Duration
+	// bodyReserve is the free budget below which /readyz reports
+	// saturation: the largest route's max_body_bytes, at most an eighth of
+	// the budget.
+	bodyReserve int64
 }
 
 // route is one configured route, ready to serve.
@@ -167,6 +175,8 @@ func New(cfg *config.Config, opts Options) (*Proxy, error) {
 		p.rstore = instrumentedReconcile{ReconcileStore: rs, s: p.store.(instrumented)}
 	}
 	p.active.idle.L = &p.active.mu
+	p.budget.refused = func(reason string) { p.m.adm.refusals.WithLabelValues(reason).Inc() }
+	p.m.adm.budget.Store(&p.budget)
 	p.life, p.abort = context.WithCancel(context.Background())
 	if err := p.Reload(cfg); err != nil {
 		return nil, err
@@ -203,6 +213,18 @@ func (p *Proxy) Reload(cfg *config.Config) error {
 		p.m.rec.initRoute(rc)
 		t.reconciles = t.reconciles || rc.Reconcile != nil
 	}
+	t.readTimeout = cfg.Server.ReadTimeout.D()
+	t.bodyTimeout = cfg.Server.BodyTimeout.D()
+	if t.readTimeout > 0 && (t.bodyTimeout <= 0 || t.bodyTimeout > t.readTimeout) {
+		t.bodyTimeout = t.readTimeout
+	}
+	for _, rc := range cfg.Routes {
+		t.bodyReserve = max(t.bodyReserve, rc.MaxBodyBytes)
+	}
+	if l := cfg.Server.MaxBufferedBytes; l > 0 {
+		t.bodyReserve = min(t.bodyReserve, l/8)
+	}
+	p.budget.perClient.Store(cfg.Server.MaxBufferedBytesPerClient)
 	p.budget.limit.Store(cfg.Server.MaxBufferedBytes)
 	p.table.Store(t)
 	return nil
@@ -326,6 +348,17 @@ func cleanPath(p string) string {
 // store (the admin API, readiness) go through it so that their operations
 // are measured and their failures counted too.
 func (p *Proxy) Store() Store { return p.store }
+
+// BuffersSaturated reports why the buffer budget (server.max_buffered_bytes)
+// cannot take a request body of the largest route's max_body_bytes now (at
+// most an eighth of the budget), for /readyz; nil when it can.
+func (p *Proxy) BuffersSaturated() error {
+	t := p.table.Load()
+	if t == nil || !p.budget.saturated(t.bodyReserve) {
+		return nil
+	}
+	return fmt.Errorf("buffers saturated: %d of server.max_buffered_bytes (%d) in use", p.budget.used.Load(), p.budget.limit.Load())
+}
 
 // HasRoute reports whether the current configuration has a route named name.
 func (p *Proxy) HasRoute(name string) bool {

@@ -1,0 +1,152 @@
+package proxy_test
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/upstream-stub/stub"
+)
+
+// h2env is env's proxy also served over cleartext HTTP/2 (prior
+// knowledge), with a client that speaks only that: every request is a
+// stream of one connection.
+func h2env(t *testing.T, cfg func(*config.Config)) (*env, *httptest.Server, *http.Client) {
+	t.Helper()
+	e := &env{t: t}
+	e.stub = httptest.NewServer(stub.New(slog.New(slog.DiscardHandler)))
+	t.Cleanup(e.stub.Close)
+	c := parseConfig(t, e.stub.URL, chargesByOrder)
+	cfg(c)
+	e.startConfig(c)
+	srv := httptest.NewUnstartedServer(e.p)
+	srv.Config.Protocols = new(http.Protocols)
+	srv.Config.Protocols.SetHTTP1(true)
+	srv.Config.Protocols.SetUnencryptedHTTP2(true)
+	srv.Start()
+	t.Cleanup(srv.Close)
+	tr := &http.Transport{Protocols: new(http.Protocols)}
+	tr.Protocols.SetUnencryptedHTTP2(true)
+	t.Cleanup(tr.CloseIdleConnections)
+	return e, srv, &http.Client{Transport: tr, Timeout: 20 * time.Second}
+}
+
+// stalledStream starts a request whose body sends prefix and then stalls
+// until the test ends; its answer arrives on the channel.
+func stalledStream(t *testing.T, c *http.Client, url, prefix string) <-chan answer {
+	pr, pw := io.Pipe()
+	t.Cleanup(func() { pw.CloseWithError(io.ErrClosedPipe) })
+	go pw.Write([]byte(prefix))
+	out := make(chan answer, 1)
+	go func() {
+		req, _ := http.NewRequest("POST", url+"/charges", pr)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := c.Do(req)
+		if err != nil {
+			out <- answer{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		out <- answer{status: resp.StatusCode, header: resp.Header, body: b, err: err}
+	}()
+	return out
+}
+
+func (e *env) bufferedBytes() float64 {
+	return counterValue(e.t, e.reg, "idemproxy_buffered_bytes", nil)
+}
+
+// TestHTTP2StreamsShareTheClientsBuffers: HTTP/2 streams of one connection
+// are one client: a second stalled stream is held to the client's share
+// like a second connection, and a stalled stream is cut by body_timeout
+// (408, the stream alone: the connection keeps serving).
+func TestHTTP2StreamsShareTheClientsBuffers(t *testing.T) {
+	e, srv, c := h2env(t, func(c *config.Config) {
+		c.Server.MaxBufferedBytes = 1 << 20
+		c.Server.MaxBufferedBytesPerClient = 128 << 10
+		c.Server.BodyTimeout = config.Duration(2 * time.Second)
+	})
+	// 100 KiB arrive into chunks of 4, 4, 8, 16, 32 and 64 KiB.
+	first := stalledStream(t, c, srv.URL, `{"orderId": "ORD-H2", "note": "`+strings.Repeat("x", 100<<10))
+	eventually(t, "the first stream's body held", func() bool { return e.bufferedBytes() == 128<<10 })
+	second := stalledStream(t, c, srv.URL, `{"note": "`+strings.Repeat("x", 10<<10))
+	a := <-second
+	wantStatus(t, "a second stream over the client's share", a, 503, "overloaded")
+	a = send(c, "POST", srv.URL+"/charges", `{"orderId": "ORD-H2-OTHER", "amount": 1}`)
+	wantStatus(t, "a charge from the client holding its share", a, 503, "overloaded")
+	if got := counterValue(t, e.reg, "idemproxy_buffer_refusals_total", map[string]string{"reason": "client"}); got != 2 {
+		t.Errorf(`idemproxy_buffer_refusals_total{reason="client"} = %v, want 2`, got)
+	}
+	a = <-first
+	wantStatus(t, "the stalled stream", a, 408, "body-timeout")
+	if got := counterValue(t, e.reg, "idemproxy_request_body_timeouts_total", nil); got != 1 {
+		t.Errorf("idemproxy_request_body_timeouts_total = %v, want 1", got)
+	}
+	eventually(t, "the budget given back", func() bool { return e.bufferedBytes() == 0 })
+	// The same connection (the transport keeps one) serves on; the cut
+	// request's key was never reserved.
+	req, _ := http.NewRequest("POST", srv.URL+"/charges", strings.NewReader(`{"orderId": "ORD-H2", "amount": 1}`))
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 201 || resp.ProtoMajor != 2 {
+		t.Errorf("the cut request's retry: %d over HTTP/%d, want 201 over HTTP/2", resp.StatusCode, resp.ProtoMajor)
+	}
+}
+
+// TestBodyCharges: what a request body holds of the budget while it
+// arrives is what arrived, in chunks of 4, 4, 8, 16, 32, then 64 KiB (the
+// next chunk is taken when the one before is full), never more than its
+// Content-Length; not what it announces.
+func TestBodyCharges(t *testing.T) {
+	tests := []struct {
+		name     string
+		length   int64 // announced; -1: none (chunked)
+		sent     int
+		wantHeld float64
+	}{
+		{"1 MiB announced, 1 byte sent", 1 << 20, 1, 4 << 10},
+		{"1 MiB announced, 4 KiB sent: the next chunk is taken", 1 << 20, 4 << 10, 8 << 10},
+		{"1 MiB announced, 4 KiB and a byte sent", 1 << 20, 4<<10 + 1, 8 << 10},
+		{"1 MiB announced, 8 KiB and a byte sent", 1 << 20, 8<<10 + 1, 16 << 10},
+		{"1 MiB announced, 100 KiB sent", 1 << 20, 100 << 10, 128 << 10},
+		{"1 MiB announced, 200 KiB sent", 1 << 20, 200 << 10, 256 << 10},
+		{"100 bytes announced, 1 sent", 100, 1, 100},
+		{"6 KiB announced, 5 KiB sent", 6 << 10, 5 << 10, 6 << 10},
+		{"no length, 1 byte sent", -1, 1, 4 << 10},
+		{"no length, 100 KiB sent", -1, 100 << 10, 128 << 10},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := &env{t: t}
+			e.stub = httptest.NewServer(stub.New(slog.New(slog.DiscardHandler)))
+			t.Cleanup(e.stub.Close)
+			e.startConfig(parseConfig(t, e.stub.URL, chargesByOrder))
+			pr, pw := io.Pipe()
+			t.Cleanup(func() { pw.CloseWithError(io.ErrClosedPipe) })
+			go pw.Write([]byte(strings.Repeat(" ", tt.sent)))
+			req, _ := http.NewRequest("POST", e.srv.URL+"/charges", pr)
+			req.ContentLength = tt.length
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				if resp, err := e.srv.Client().Do(req); err == nil {
+					resp.Body.Close()
+				}
+			}()
+			eventually(t, fmt.Sprintf("%v bytes held", tt.wantHeld), func() bool { return e.bufferedBytes() == tt.wantHeld })
+			pw.CloseWithError(io.ErrClosedPipe) // the client goes away
+			<-done
+			eventually(t, "the budget given back", func() bool { return e.bufferedBytes() == 0 })
+		})
+	}
+}
