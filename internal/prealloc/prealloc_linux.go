@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -58,6 +59,10 @@ var (
 	// events carries what the supervisor wants logged to a goroutine that
 	// logs it: the supervisor itself never waits on a log sink.
 	events = make(chan string, 4)
+	// waitFor is Start's waitForSpace.
+	waitFor func(path string) bool
+	// waiting counts the ftruncate calls waiting for space.
+	waiting atomic.Int64
 )
 
 // Active reports whether ftruncate calls of this process are preallocated.
@@ -67,6 +72,10 @@ func Active() bool { return active.Load() }
 // because their file system has no fallocate.
 func Unprotected() uint64 { return unprotected.Load() }
 
+// Waiting is the number of ftruncate calls waiting for disk space (see
+// Start's waitForSpace).
+func Waiting() int64 { return waiting.Load() }
+
 // Start installs the filter and starts the supervisor, once per process:
 // later calls return the first call's result. A nil error means every
 // ftruncate of the process, on every thread now and later, is preallocated
@@ -74,8 +83,15 @@ func Unprotected() uint64 { return unprotected.Load() }
 // and the error says why (seccomp unavailable or refused). The first call
 // logs the outcome to log (nil: no logging), and later the first ftruncate
 // on a file system without fallocate.
-func Start(log *slog.Logger) error {
+//
+// waitForSpace reports whether an ftruncate of the file at path that does
+// not fit on the disk waits until it fits (the allocation is tried again
+// every 250 ms) instead of failing with ENOSPC: for a caller that would
+// drop the error (Badger's compactions do); nil means that none waits.
+// Only the first call's waitForSpace is used.
+func Start(log *slog.Logger, waitForSpace func(path string) bool) error {
 	once.Do(func() {
+		waitFor = waitForSpace
 		if log == nil {
 			log = slog.New(slog.DiscardHandler)
 		}
@@ -144,50 +160,82 @@ func supervise(installed chan<- error) {
 			continue
 		}
 		failures = 0
-		resp := answer(fd, self, &req)
-		// ENOENT: the caller was interrupted meanwhile and will call
-		// again.
+		if resp, now := answer(fd, self, &req); now {
+			// ENOENT: the caller was interrupted meanwhile and will
+			// call again.
+			_ = ioctl(fd, unix.SECCOMP_IOCTL_NOTIF_SEND, unsafe.Pointer(&resp))
+		}
+	}
+}
+
+// waitForSpace answers, once it fits, an ftruncate that did not: it
+// tries the allocation again every 250 ms, for as long as the caller
+// waits. It runs on its own goroutine: the supervisor goes on answering
+// the others meanwhile.
+func waitForSpace(fd int, id uint64, file int, length int64) {
+	waiting.Add(1)
+	defer waiting.Add(-1)
+	for {
+		time.Sleep(250 * time.Millisecond)
+		valid := id
+		if ioctl(fd, notifIDValid, unsafe.Pointer(&valid)) != nil {
+			return // the caller is gone, or its call was restarted
+		}
+		err := fallocate(file, length)
+		if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
+			continue
+		}
+		resp := seccompNotifResp{id: id, flags: unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE}
 		_ = ioctl(fd, unix.SECCOMP_IOCTL_NOTIF_SEND, unsafe.Pointer(&resp))
+		return
 	}
 }
 
 // answer preallocates the file of one notified ftruncate and returns the
-// response: continue with the real call, or fail it with an errno.
-func answer(fd, self int, req *seccompNotif) (resp seccompNotifResp) {
-	resp = seccompNotifResp{id: req.id, flags: unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE}
+// response: continue with the real call, or fail it with an errno; or
+// now false when a goroutine answers it later (waitForSpace).
+func answer(fd, self int, req *seccompNotif) (resp seccompNotifResp, now bool) {
+	resp, now = seccompNotifResp{id: req.id, flags: unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE}, true
 	defer func() {
 		if p := recover(); p != nil {
-			resp = seccompNotifResp{id: req.id, flags: unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE}
+			resp, now = seccompNotifResp{id: req.id, flags: unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE}, true
 		}
 	}()
 	if req.data.nr != sysFtruncate || req.data.arch != auditArch || !ownThread(self, req.pid) {
 		// A child that inherited the filter: its file descriptors are
 		// not ours.
-		return resp
+		return resp, true
 	}
 	id := req.id
 	if ioctl(fd, notifIDValid, unsafe.Pointer(&id)) != nil {
-		return resp // the caller is gone
+		return resp, true // the caller is gone
 	}
 	file, length := int(int32(req.data.args[0])), int64(req.data.args[1])
 	if length <= 0 {
-		return resp
+		return resp, true
 	}
 	var st unix.Stat_t
 	if unix.Fstat(file, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return resp // the real call reports it
+		return resp, true // the real call reports it
 	}
 	if err := fallocate(file, length); err != nil {
+		var errno unix.Errno
 		switch {
-		case errors.Is(err, unix.ENOSPC), errors.Is(err, unix.EDQUOT):
-			return seccompNotifResp{id: req.id, error: -int32(err.(unix.Errno))}
+		case errors.As(err, &errno) && (errno == unix.ENOSPC || errno == unix.EDQUOT):
+			if waitFor != nil {
+				if path, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(file)); err == nil && waitFor(path) {
+					go waitForSpace(fd, req.id, file, length)
+					return resp, false
+				}
+			}
+			return seccompNotifResp{id: req.id, error: -int32(errno)}, true
 		case errors.Is(err, unix.EOPNOTSUPP):
 			if unprotected.Add(1) == 1 {
 				sendEvent("prealloc: the file system has no fallocate: its files are not preallocated, and a full disk can crash the store")
 			}
 		}
 	}
-	return resp
+	return resp, true
 }
 
 // fallocate allocates file's blocks up to length without changing its

@@ -9,9 +9,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // mountTmpfs mounts a tmpfs of size bytes for the test (tests run as root).
@@ -27,7 +29,7 @@ func mountTmpfs(t *testing.T, size int) string {
 
 func mustStart(t *testing.T) {
 	t.Helper()
-	if err := Start(slog.New(slog.DiscardHandler)); err != nil {
+	if err := Start(slog.New(slog.DiscardHandler), func(path string) bool { return strings.HasSuffix(path, ".wait") }); err != nil {
 		t.Fatalf("Start: %v (this kernel supports seccomp user notification)", err)
 	}
 	if !Active() {
@@ -162,5 +164,62 @@ func TestChildLetThrough(t *testing.T) {
 	}
 	if _, blocks := allocated(t, mine.Name()); blocks != 0 {
 		t.Errorf("one of our files was allocated %d bytes by a child's ftruncate", blocks)
+	}
+}
+
+// TestTruncateWaitsForSpace: an ftruncate of a file that waitForSpace
+// names waits, while the disk is full, instead of failing; once there is
+// room it completes with the file allocated. Others meanwhile are
+// answered (ENOSPC) without waiting behind it.
+func TestTruncateWaitsForSpace(t *testing.T) {
+	mustStart(t)
+	dir := mountTmpfs(t, 4<<20)
+	filler := filepath.Join(dir, "filler")
+	if err := os.WriteFile(filler, make([]byte, 3<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "t.wait")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	done := make(chan error, 1)
+	go func() { done <- f.Truncate(2 << 20) }()
+	for deadline := time.Now().Add(10 * time.Second); Waiting() != 1; time.Sleep(10 * time.Millisecond) {
+		select {
+		case err := <-done:
+			t.Fatalf("Truncate on a full disk returned %v, want it to wait", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Waiting() = %d, want 1", Waiting())
+		}
+	}
+	// Another file meanwhile: answered at once.
+	g, err := os.Create(filepath.Join(dir, "other"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if err := g.Truncate(2 << 20); !errors.Is(err, syscall.ENOSPC) {
+		t.Errorf("Truncate of another file while one waits = %v, want ENOSPC", err)
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Truncate once there is room = %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Truncate still waits 10 s after the space came back")
+	}
+	if size, blocks := allocated(t, path); size != 2<<20 || blocks != 2<<20 {
+		t.Errorf("size, allocated = %d, %d; want %d, %d", size, blocks, 2<<20, 2<<20)
+	}
+	if n := Waiting(); n != 0 {
+		t.Errorf("Waiting() = %d after the call completed, want 0", n)
 	}
 }

@@ -22,12 +22,14 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
 	bdg "github.com/dgraph-io/badger/v4"
 	"github.com/dgraph-io/badger/v4/options"
 
+	"github.com/idemproxy/idemproxy/internal/prealloc"
 	"github.com/idemproxy/idemproxy/proxy"
 )
 
@@ -170,6 +172,12 @@ func Open(opts Options) (*Store, error) {
 	if opts.noCompactions {
 		bo = bo.WithNumCompactors(0)
 	}
+	// Badger writes through mappings of files it sized with ftruncate:
+	// preallocated, a full disk is an error from that ftruncate instead
+	// of a SIGBUS on a later write (internal/prealloc). Once per process;
+	// where it is unavailable the store runs as before, protected by the
+	// Guard's free-space floor alone (logged once).
+	prealloc.Start(opts.Logger, waitForSpace)
 	if !opts.orphanTables {
 		if err := checkManifest(opts.Dir); err != nil {
 			return nil, err
@@ -572,6 +580,17 @@ func put(txn *bdg.Txn, k []byte, rec *record, now time.Time, ttl time.Duration) 
 func expiry(now time.Time, ttl time.Duration) uint64 {
 	return uint64(now.Add(ttl + time.Second - 1).Unix())
 }
+
+// waitForSpace reports whether creating the file at path waits for disk
+// space instead of failing: tables do. A compaction drops the error of a
+// table it could not create (badger v4.9.6, levels.go subcompact: the
+// builder's deferred Done(err) takes err before it is set) and commits
+// without that table's keys, deleting the tables they were in: committed
+// keys would be forgotten, and their requests charged again. Waiting, the
+// compaction (or memtable flush) finishes once there is room; meanwhile
+// writes stall and fail (503) like any write on a full disk. Memtable logs
+// and value-log files fail at once: Badger returns those errors.
+func waitForSpace(path string) bool { return strings.HasSuffix(path, ".sst") }
 
 // valueLogFileSize is the size of Badger's value-log files, and so the
 // largest value it stores: it refuses a larger one.
