@@ -128,7 +128,7 @@ func fillAndFree(t *testing.T, mnt string, repeats int) {
 	filler := filepath.Join(mnt, "filler")
 	committed := map[string]string{} // order: the body answered 201
 	var refused []string             // orders answered 503
-	var steady []string // orders charged with room on disk, replayed every round
+	var steady []string              // orders charged with room on disk, replayed every round
 	seq := 0
 	newOrder := func() string { seq++; return fmt.Sprintf("ORD-%d", seq) }
 
