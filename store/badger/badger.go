@@ -183,6 +183,9 @@ func Open(opts Options) (*Store, error) {
 			return nil, err
 		}
 	}
+	if err := removeEmptyMemtables(opts.Dir); err != nil {
+		return nil, err
+	}
 	db, err := bdg.Open(bo)
 	if err != nil {
 		return nil, fmt.Errorf("badger: open %s: %w", opts.Dir, err)
@@ -225,6 +228,27 @@ func checkManifest(dir string) error {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "MANIFEST")); errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("badger: open %s: %d table files but no MANIFEST: refusing to start empty and delete them (restore the MANIFEST, or move the directory away to start empty)", dir, len(tables))
+	}
+	return nil
+}
+
+// removeEmptyMemtables removes the memtable logs of length zero in dir. A
+// memtable log that could not be sized (a full disk: its ftruncate failed)
+// is left empty by Badger, which then fails to open the directory once
+// ("while opening memtables ... Create a new file"), leaking the files and
+// goroutines of that attempt, and succeeds the next time. An empty log
+// holds nothing: not even the header every log starts with.
+func removeEmptyMemtables(dir string) error {
+	logs, err := filepath.Glob(filepath.Join(dir, "*.mem"))
+	if err != nil {
+		return nil
+	}
+	for _, l := range logs {
+		if fi, err := os.Stat(l); err == nil && fi.Mode().IsRegular() && fi.Size() == 0 {
+			if err := os.Remove(l); err != nil {
+				return fmt.Errorf("badger: remove the empty memtable log %s: %w", l, err)
+			}
+		}
 	}
 	return nil
 }
