@@ -88,6 +88,7 @@ type Options struct {
 
 // Store is the Badger key store. Its methods are safe for concurrent use.
 type Store struct {
+	dir  string
 	db   *bdg.DB
 	w    *writer
 	log  *slog.Logger
@@ -190,7 +191,7 @@ func Open(opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("badger: open %s: %w", opts.Dir, err)
 	}
-	s := &Store{db: db, w: newWriter(db, opts.SyncWrites), log: opts.Logger, now: time.Now, stop: make(chan struct{}),
+	s := &Store{dir: opts.Dir, db: db, w: newWriter(db, opts.SyncWrites), log: opts.Logger, now: time.Now, stop: make(chan struct{}),
 		mem: newMemo(), trim: newTrimmer(opts.Dir), lost: opts.lost}
 	n, err := 0, error(nil)
 	if !opts.keepInFlight {
@@ -212,6 +213,7 @@ func Open(opts Options) (*Store, error) {
 	if opts.trimEvery == 0 {
 		opts.trimEvery = trimPoll
 	}
+	s.keepManifestRoom()
 	s.done.Add(1)
 	go s.gcLoop(opts.GCInterval, opts.trimEvery)
 	return s, nil
@@ -230,6 +232,21 @@ func checkManifest(dir string) error {
 		return fmt.Errorf("badger: open %s: %d table files but no MANIFEST: refusing to start empty and delete them (restore the MANIFEST, or move the directory away to start empty)", dir, len(tables))
 	}
 	return nil
+}
+
+// manifestRoom is the room kept allocated past the end of the MANIFEST.
+const manifestRoom = 1 << 20
+
+// keepManifestRoom keeps blocks allocated past the end of Badger's
+// MANIFEST. Badger appends to it with write(2), and applies each change in
+// memory before writing it: an append that fails halfway on a full disk
+// leaves a torn record that the next open refuses (checksum mismatch), so
+// the store would never reopen. With room allocated, appends take no new
+// blocks. Badger rewrites the MANIFEST now and then (after 10,000 table
+// deletions) into a new file, which gets its room within a second: that
+// second is not covered.
+func (s *Store) keepManifestRoom() {
+	_ = prealloc.KeepRoom(filepath.Join(s.dir, "MANIFEST"), manifestRoom)
 }
 
 // removeEmptyMemtables removes the memtable logs of length zero in dir. A
@@ -305,6 +322,8 @@ func (s *Store) gcLoop(every, trimEvery time.Duration) {
 	defer s.done.Done()
 	t := time.NewTicker(every)
 	defer t.Stop()
+	room := time.NewTicker(time.Second)
+	defer room.Stop()
 	var trim <-chan time.Time
 	if trimEvery > 0 {
 		tt := time.NewTicker(trimEvery)
@@ -317,6 +336,8 @@ func (s *Store) gcLoop(every, trimEvery time.Duration) {
 			return
 		case <-t.C:
 			s.RunGC()
+		case <-room.C:
+			s.keepManifestRoom()
 		case now := <-trim:
 			if err := s.trim.poll(now); err != nil {
 				s.log.Warn("mapped tables stay resident", "err", err)

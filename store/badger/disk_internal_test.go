@@ -1,9 +1,12 @@
+//go:build linux
+
 package badger
 
 import (
 	"context"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -42,5 +45,24 @@ func TestOpenWithEmptyMemtableLog(t *testing.T) {
 	rec, err := s.Get(ctx, "pay/-/k1")
 	if err != nil || rec == nil || rec.State != proxy.StateCompleted {
 		t.Errorf("Get after the reopen = %+v, %v; want the completed record", rec, err)
+	}
+}
+
+// TestManifestRoom: the MANIFEST has room allocated past its end once the
+// store is open, so that Badger's appends to it take no new blocks and
+// cannot be torn by a full disk.
+func TestManifestRoom(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(Options{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var st syscall.Stat_t
+	if err := syscall.Stat(filepath.Join(dir, "MANIFEST"), &st); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := st.Blocks*512-st.Size, int64(manifestRoom/2); got < want {
+		t.Errorf("MANIFEST: %d bytes allocated past its end (size %d), want at least %d", got, st.Size, want)
 	}
 }
