@@ -5,6 +5,7 @@ package badger
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -64,5 +65,39 @@ func TestManifestRoom(t *testing.T) {
 	}
 	if got, want := st.Blocks*512-st.Size, int64(manifestRoom/2); got < want {
 		t.Errorf("MANIFEST: %d bytes allocated past its end (size %d), want at least %d", got, st.Size, want)
+	}
+}
+
+// TestOpenGuardedWithoutRoom: a disk above the floor but without room for
+// the files the store allocates when it opens (a memtable log, a value-log
+// file) is like a disk below it: OpenGuarded returns a store that is not
+// ready, instead of an error that would end the process at start, and
+// the store opens once there is room.
+func TestOpenGuardedWithoutRoom(t *testing.T) {
+	mnt := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", mnt).CombinedOutput(); err != nil {
+		t.Fatalf("this test mounts a tmpfs (run as root): %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", "-l", mnt).Run() })
+	filler := filepath.Join(mnt, "filler")
+	if err := os.WriteFile(filler, make([]byte, 56<<20), 0o600); err != nil { // the store needs ~35 MiB
+		t.Fatal(err)
+	}
+	g, err := OpenGuarded(Options{Dir: filepath.Join(mnt, "data")}, GuardOptions{MinFreeBytes: 1})
+	if err != nil {
+		t.Fatalf("OpenGuarded without room for the store's files: %v; want a store that opens later", err)
+	}
+	defer g.Close()
+	ctx := context.Background()
+	if err := g.Ping(ctx); err == nil {
+		t.Fatal("Ping without room = nil, want an error (not ready)")
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); g.Ping(ctx) != nil; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("not open 10 s after space came back: %v", g.Ping(ctx))
+		}
 	}
 }
