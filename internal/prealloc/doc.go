@@ -29,6 +29,22 @@
 // set by an ftruncate, so it is backed by construction, whatever the
 // timing of the disk filling up.
 //
+// A caller that would drop the error can wait instead (Start's
+// waitForSpace): its ftruncate returns once the allocation fits, answered
+// by a goroutine that tries again every 250 ms, while the supervisor goes
+// on answering the others. The store makes Badger's tables wait: a
+// compaction drops the error of a table it could not create.
+//
+// Why it cannot hang the process: the supervisor installs the filter
+// itself, from its locked thread, once it runs, so there is never a
+// filter without a reader; it and the goroutines that answer later never
+// call ftruncate (nor log: a log sink could block; a separate goroutine
+// logs for them); a caller waiting in ftruncate is in a system call, which
+// the Go runtime (its scheduler, its garbage collector's stops) never
+// waits for. Should the listener fail for good, the supervisor closes it:
+// the kernel then fails every ftruncate with ENOSYS (errors, 503s) instead
+// of leaving it waiting.
+//
 // What does not hold:
 //   - On a file system without fallocate (EOPNOTSUPP: some network and
 //     FUSE file systems) the ftruncate runs as before and is not
