@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	bdg "github.com/dgraph-io/badger/v4"
@@ -434,10 +435,14 @@ func (s *Store) Reserve(ctx context.Context, key string, res proxy.Reservation) 
 		return s.public(pc.rec, pc.expiresAt), nil
 	}
 	var (
-		existing *proxy.Record
-		made     record // the in-flight record, once it is the caller's
+		existing  *proxy.Record
+		made      record // the in-flight record, once it is the caller's
+		abandoned atomic.Bool
 	)
 	err := s.update(func(txn *bdg.Txn) error {
+		if abandoned.Load() {
+			return errAbandoned
+		}
 		existing = nil
 		k := []byte(key)
 		rec, exp, err := get(txn, k)
@@ -463,6 +468,10 @@ func (s *Store) Reserve(ctx context.Context, key string, res proxy.Reservation) 
 		made = *rec
 		return put(txn, k, rec, now, res.TTL)
 	})
+	if errors.Is(err, errStalled) {
+		abandoned.Store(true)
+		s.releaseAbandoned(key, res.Token)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("badger: reserve: %w", err)
 	}
@@ -470,6 +479,42 @@ func (s *Store) Reserve(ctx context.Context, key string, res proxy.Reservation) 
 		s.mem.own(key, made, s.now().UnixMilli())
 	}
 	return existing, nil
+}
+
+// errAbandoned is the error of a reservation's closure run after its
+// caller was answered that it failed.
+var errAbandoned = errors.New("badger: reservation abandoned by its caller")
+
+// releaseAbandoned undoes a reservation whose caller was answered that it
+// failed (the writer stalled: a full disk), and so forwards nothing. Its
+// closure, if it had not run yet, now writes nothing; if it ran, its batch
+// is still being applied, and a release queued behind it deletes the
+// record once it is. Left, the key would read in flight for the lease and
+// then in doubt for its TTL, though its request was never sent. The release
+// is queued from a goroutine, as the queue may be full; a Close that comes
+// first applies what is queued, a release not queued yet is lost (the key
+// then lapses in doubt, as before).
+func (s *Store) releaseAbandoned(key, token string) {
+	wait := s.w.wait
+	go func() {
+		k := []byte(key)
+		err := s.w.updateAsyncWithin(func(txn *bdg.Txn) error {
+			rec, _, err := get(txn, k)
+			if err != nil || rec == nil || rec.Token != token || rec.State != proxy.StateInFlight {
+				return err
+			}
+			return txn.Delete(k)
+		}, func(err error) {
+			if err != nil {
+				s.log.Warn("releasing an abandoned reservation failed; the key will be in doubt when its lease ends",
+					"key_hash", proxy.KeyHash(key), "err", err)
+			}
+		}, wait)
+		if err != nil {
+			s.log.Warn("releasing an abandoned reservation failed; the key will be in doubt when its lease ends",
+				"key_hash", proxy.KeyHash(key), "err", err)
+		}
+	}()
 }
 
 // MarkInDoubt implements proxy.Store.
