@@ -95,6 +95,7 @@ func (a *app) openStore(reg prometheus.Registerer) (storeCloser, string, error) 
 		return s, "redis", nil
 	}
 	b := a.cfg.Store.Badger
+	badger.Preallocate(a.log) // an error is logged: the floor alone protects the store
 	s, err := badger.OpenGuarded(badger.Options{
 		Dir:        b.Dir,
 		SyncWrites: *b.SyncWrites,

@@ -51,9 +51,11 @@
 //     protected; Unprotected counts such calls and the first is logged.
 //   - Where seccomp user notification is unavailable (kernels before 5.7,
 //     container runtimes whose seccomp profile refuses seccomp(2) or the
-//     listener, architectures other than amd64 and arm64, other operating
-//     systems), Start returns an error and nothing is installed: the
-//     process runs as before, protected by the free-space floor alone.
+//     listener, a process whose parent installed such a filter already:
+//     the kernel allows one listener in a process's line, EBUSY;
+//     architectures other than amd64 and arm64, other operating systems),
+//     Start returns an error and nothing is installed: the process runs as
+//     before, protected by the free-space floor alone.
 //   - The filter is inherited by child processes and across execve; their
 //     ftruncate calls are let through untouched while this process runs,
 //     and fail with ENOSYS once it has exited. idemproxy starts no child

@@ -174,12 +174,6 @@ func Open(opts Options) (*Store, error) {
 	if opts.noCompactions {
 		bo = bo.WithNumCompactors(0)
 	}
-	// Badger writes through mappings of files it sized with ftruncate:
-	// preallocated, a full disk is an error from that ftruncate instead
-	// of a SIGBUS on a later write (internal/prealloc). Once per process;
-	// where it is unavailable the store runs as before, protected by the
-	// Guard's free-space floor alone (logged once).
-	prealloc.Start(opts.Logger, waitForSpace)
 	if !opts.orphanTables {
 		if err := checkManifest(opts.Dir); err != nil {
 			return nil, err
@@ -670,6 +664,21 @@ func put(txn *bdg.Txn, k []byte, rec *record, now time.Time, ttl time.Duration) 
 func expiry(now time.Time, ttl time.Duration) uint64 {
 	return uint64(now.Add(ttl + time.Second - 1).Unix())
 }
+
+// Preallocate makes the files Badger grows with ftruncate preallocated,
+// from now on, in the whole process (internal/prealloc): Badger writes
+// through mappings of those files, and preallocated, a disk that fills is
+// an error from that ftruncate (the store answers 503) instead of a SIGBUS
+// on a later write, which kills the process. The program calls it once,
+// before opening the store; where it returns an error (seccomp user
+// notification unavailable, logged as a warning to log) the store runs as
+// before, protected by the Guard's free-space floor alone.
+//
+// It is not done by Open: a process can install only one such filter in
+// its line (the kernel refuses a second listener, EBUSY), and children
+// inherit it, so a test process that opened a store would leave the
+// binaries it starts unprotected.
+func Preallocate(log *slog.Logger) error { return prealloc.Start(log, waitForSpace) }
 
 // waitForSpace reports whether creating the file at path waits for disk
 // space instead of failing: tables do. A compaction drops the error of a

@@ -79,6 +79,9 @@ func TestOpenGuardedWithoutRoom(t *testing.T) {
 		t.Fatalf("this test mounts a tmpfs (run as root): %v: %s", err, out)
 	}
 	t.Cleanup(func() { exec.Command("umount", "-l", mnt).Run() })
+	if err := Preallocate(nil); err != nil {
+		t.Fatalf("Preallocate: %v (this kernel has seccomp user notification)", err)
+	}
 	filler := filepath.Join(mnt, "filler")
 	if err := os.WriteFile(filler, make([]byte, 56<<20), 0o600); err != nil { // the store needs ~35 MiB
 		t.Fatal(err)
