@@ -29,6 +29,11 @@
 // set by an ftruncate, so it is backed by construction, whatever the
 // timing of the disk filling up.
 //
+// Installing the filter sets no_new_privs on every thread (the kernel
+// requires it of a process without CAP_SYS_ADMIN): an execve can no longer
+// gain privileges (setuid binaries, file capabilities). idemproxy execs
+// nothing.
+//
 // A caller that would drop the error can wait instead (Start's
 // waitForSpace): its ftruncate returns once the allocation fits, answered
 // by a goroutine that tries again every 250 ms, while the supervisor goes
