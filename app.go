@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/admin"
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/prealloc"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store/badger"
 	"github.com/idemproxy/idemproxy/store/redis"
@@ -94,6 +95,7 @@ func (a *app) openStore(reg prometheus.Registerer) (storeCloser, string, error) 
 		return s, "redis", nil
 	}
 	b := a.cfg.Store.Badger
+	badger.Preallocate(a.log) // an error is logged: the floor alone protects the store
 	s, err := badger.OpenGuarded(badger.Options{
 		Dir:        b.Dir,
 		SyncWrites: *b.SyncWrites,
@@ -124,6 +126,19 @@ func registerBadgerMetrics(reg prometheus.Registerer, s *badger.Guard) {
 			Name: "idemproxy_badger_reopens_total",
 			Help: "Times the Badger store was reopened after it failed.",
 		}, func() float64 { return float64(s.Reopens()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "idemproxy_badger_preallocation_active",
+			Help: "1 when the files Badger grows are preallocated, so that a full disk is a 503 and not a crash; 0 where seccomp is unavailable.",
+		}, func() float64 {
+			if prealloc.Active() {
+				return 1
+			}
+			return 0
+		}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "idemproxy_badger_files_waiting_for_space",
+			Help: "Badger table files whose creation waits for disk space.",
+		}, func() float64 { return float64(prealloc.Waiting()) }),
 	)
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{

@@ -95,8 +95,14 @@ type proc struct {
 // added to its environment, and waits until it listens.
 func startProxy(t *testing.T, cfgPath string, env ...string) *proc {
 	t.Helper()
-	p := &proc{t: t, log: &syncBuffer{}, exited: make(chan struct{})}
-	p.cmd = exec.Command(bin, "-config", cfgPath)
+	return startCmd(t, exec.Command(bin, "-config", cfgPath), env...)
+}
+
+// startCmd runs cmd, which runs the binary, with env added to its
+// environment, and waits until it listens.
+func startCmd(t *testing.T, cmd *exec.Cmd, env ...string) *proc {
+	t.Helper()
+	p := &proc{t: t, log: &syncBuffer{}, exited: make(chan struct{}), cmd: cmd}
 	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stderr = p.log
 	if err := p.cmd.Start(); err != nil {

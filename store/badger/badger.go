@@ -22,12 +22,15 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	bdg "github.com/dgraph-io/badger/v4"
 	"github.com/dgraph-io/badger/v4/options"
 
+	"github.com/idemproxy/idemproxy/internal/prealloc"
 	"github.com/idemproxy/idemproxy/proxy"
 )
 
@@ -86,6 +89,7 @@ type Options struct {
 
 // Store is the Badger key store. Its methods are safe for concurrent use.
 type Store struct {
+	dir  string
 	db   *bdg.DB
 	w    *writer
 	log  *slog.Logger
@@ -175,11 +179,14 @@ func Open(opts Options) (*Store, error) {
 			return nil, err
 		}
 	}
+	if err := removeEmptyMemtables(opts.Dir); err != nil {
+		return nil, err
+	}
 	db, err := bdg.Open(bo)
 	if err != nil {
 		return nil, fmt.Errorf("badger: open %s: %w", opts.Dir, err)
 	}
-	s := &Store{db: db, w: newWriter(db, opts.SyncWrites), log: opts.Logger, now: time.Now, stop: make(chan struct{}),
+	s := &Store{dir: opts.Dir, db: db, w: newWriter(db, opts.SyncWrites), log: opts.Logger, now: time.Now, stop: make(chan struct{}),
 		mem: newMemo(), trim: newTrimmer(opts.Dir), lost: opts.lost}
 	n, err := 0, error(nil)
 	if !opts.keepInFlight {
@@ -201,6 +208,7 @@ func Open(opts Options) (*Store, error) {
 	if opts.trimEvery == 0 {
 		opts.trimEvery = trimPoll
 	}
+	s.keepManifestRoom()
 	s.done.Add(1)
 	go s.gcLoop(opts.GCInterval, opts.trimEvery)
 	return s, nil
@@ -217,6 +225,42 @@ func checkManifest(dir string) error {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "MANIFEST")); errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("badger: open %s: %d table files but no MANIFEST: refusing to start empty and delete them (restore the MANIFEST, or move the directory away to start empty)", dir, len(tables))
+	}
+	return nil
+}
+
+// manifestRoom is the room kept allocated past the end of the MANIFEST.
+const manifestRoom = 1 << 20
+
+// keepManifestRoom keeps blocks allocated past the end of Badger's
+// MANIFEST. Badger appends to it with write(2), and applies each change in
+// memory before writing it: an append that fails halfway on a full disk
+// leaves a torn record that the next open refuses (checksum mismatch), so
+// the store would never reopen. With room allocated, appends take no new
+// blocks. Badger rewrites the MANIFEST now and then (after 10,000 table
+// deletions) into a new file, which gets its room within a second: that
+// second is not covered.
+func (s *Store) keepManifestRoom() {
+	_ = prealloc.KeepRoom(filepath.Join(s.dir, "MANIFEST"), manifestRoom)
+}
+
+// removeEmptyMemtables removes the memtable logs of length zero in dir. A
+// memtable log that could not be sized (a full disk: its ftruncate failed)
+// is left empty by Badger, which then fails to open the directory once
+// ("while opening memtables ... Create a new file"), leaking the files and
+// goroutines of that attempt, and succeeds the next time. An empty log
+// holds nothing: not even the header every log starts with.
+func removeEmptyMemtables(dir string) error {
+	logs, err := filepath.Glob(filepath.Join(dir, "*.mem"))
+	if err != nil {
+		return nil
+	}
+	for _, l := range logs {
+		if fi, err := os.Stat(l); err == nil && fi.Mode().IsRegular() && fi.Size() == 0 {
+			if err := os.Remove(l); err != nil {
+				return fmt.Errorf("badger: remove the empty memtable log %s: %w", l, err)
+			}
+		}
 	}
 	return nil
 }
@@ -273,6 +317,8 @@ func (s *Store) gcLoop(every, trimEvery time.Duration) {
 	defer s.done.Done()
 	t := time.NewTicker(every)
 	defer t.Stop()
+	room := time.NewTicker(time.Second)
+	defer room.Stop()
 	var trim <-chan time.Time
 	if trimEvery > 0 {
 		tt := time.NewTicker(trimEvery)
@@ -285,6 +331,8 @@ func (s *Store) gcLoop(every, trimEvery time.Duration) {
 			return
 		case <-t.C:
 			s.RunGC()
+		case <-room.C:
+			s.keepManifestRoom()
 		case now := <-trim:
 			if err := s.trim.poll(now); err != nil {
 				s.log.Warn("mapped tables stay resident", "err", err)
@@ -381,10 +429,14 @@ func (s *Store) Reserve(ctx context.Context, key string, res proxy.Reservation) 
 		return s.public(pc.rec, pc.expiresAt), nil
 	}
 	var (
-		existing *proxy.Record
-		made     record // the in-flight record, once it is the caller's
+		existing  *proxy.Record
+		made      record // the in-flight record, once it is the caller's
+		abandoned atomic.Bool
 	)
 	err := s.update(func(txn *bdg.Txn) error {
+		if abandoned.Load() {
+			return errAbandoned
+		}
 		existing = nil
 		k := []byte(key)
 		rec, exp, err := get(txn, k)
@@ -410,6 +462,10 @@ func (s *Store) Reserve(ctx context.Context, key string, res proxy.Reservation) 
 		made = *rec
 		return put(txn, k, rec, now, res.TTL)
 	})
+	if errors.Is(err, errStalled) {
+		abandoned.Store(true)
+		s.releaseAbandoned(key, res.Token)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("badger: reserve: %w", err)
 	}
@@ -417,6 +473,42 @@ func (s *Store) Reserve(ctx context.Context, key string, res proxy.Reservation) 
 		s.mem.own(key, made, s.now().UnixMilli())
 	}
 	return existing, nil
+}
+
+// errAbandoned is the error of a reservation's closure run after its
+// caller was answered that it failed.
+var errAbandoned = errors.New("badger: reservation abandoned by its caller")
+
+// releaseAbandoned undoes a reservation whose caller was answered that it
+// failed (the writer stalled: a full disk), and so forwards nothing. Its
+// closure, if it had not run yet, now writes nothing; if it ran, its batch
+// is still being applied, and a release queued behind it deletes the
+// record once it is. Left, the key would read in flight for the lease and
+// then in doubt for its TTL, though its request was never sent. The release
+// is queued from a goroutine, as the queue may be full; a Close that comes
+// first applies what is queued, a release not queued yet is lost (the key
+// then lapses in doubt, as before).
+func (s *Store) releaseAbandoned(key, token string) {
+	wait := s.w.wait
+	go func() {
+		k := []byte(key)
+		err := s.w.updateAsyncWithin(func(txn *bdg.Txn) error {
+			rec, _, err := get(txn, k)
+			if err != nil || rec == nil || rec.Token != token || rec.State != proxy.StateInFlight {
+				return err
+			}
+			return txn.Delete(k)
+		}, func(err error) {
+			if err != nil {
+				s.log.Warn("releasing an abandoned reservation failed; the key will be in doubt when its lease ends",
+					"key_hash", proxy.KeyHash(key), "err", err)
+			}
+		}, wait)
+		if err != nil {
+			s.log.Warn("releasing an abandoned reservation failed; the key will be in doubt when its lease ends",
+				"key_hash", proxy.KeyHash(key), "err", err)
+		}
+	}()
 }
 
 // MarkInDoubt implements proxy.Store.
@@ -572,6 +664,32 @@ func put(txn *bdg.Txn, k []byte, rec *record, now time.Time, ttl time.Duration) 
 func expiry(now time.Time, ttl time.Duration) uint64 {
 	return uint64(now.Add(ttl + time.Second - 1).Unix())
 }
+
+// Preallocate makes the files Badger grows with ftruncate preallocated,
+// from now on, in the whole process (internal/prealloc): Badger writes
+// through mappings of those files, and preallocated, a disk that fills is
+// an error from that ftruncate (the store answers 503) instead of a SIGBUS
+// on a later write, which kills the process. The program calls it once,
+// before opening the store; where it returns an error (seccomp user
+// notification unavailable, logged as a warning to log) the store runs as
+// before, protected by the Guard's free-space floor alone.
+//
+// It is not done by Open: a process can install only one such filter in
+// its line (the kernel refuses a second listener, EBUSY), and children
+// inherit it, so a test process that opened a store would leave the
+// binaries it starts unprotected.
+func Preallocate(log *slog.Logger) error { return prealloc.Start(log, waitForSpace) }
+
+// waitForSpace reports whether creating the file at path waits for disk
+// space instead of failing: tables do. A compaction drops the error of a
+// table it could not create (badger v4.9.6, levels.go subcompact: the
+// builder's deferred Done(err) takes err before it is set) and commits
+// without that table's keys, deleting the tables they were in: committed
+// keys would be forgotten, and their requests charged again. Waiting, the
+// compaction (or memtable flush) finishes once there is room; meanwhile
+// writes stall and fail (503) like any write on a full disk. Memtable logs
+// and value-log files fail at once: Badger returns those errors.
+func waitForSpace(path string) bool { return strings.HasSuffix(path, ".sst") }
 
 // valueLogFileSize is the size of Badger's value-log files, and so the
 // largest value it stores: it refuses a larger one.

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -98,9 +99,10 @@ var ErrBroken = errors.New("badger: the store failed and is being reopened")
 // and how long a free-space figure is used.
 const guardRetry = time.Second
 
-// OpenGuarded opens a guarded store. When the disk is below the floor it
-// returns a Guard that is not open yet and opens it once space is back;
-// any other failure to open is returned.
+// OpenGuarded opens a guarded store. When the disk is below the floor, or
+// has no room for the files the store allocates when it opens, it returns
+// a Guard that is not open yet and opens it once space is back; any other
+// failure to open is returned.
 func OpenGuarded(opts Options, g GuardOptions) (*Guard, error) {
 	if g.FreeBytes == nil {
 		g.FreeBytes = statfsFree
@@ -115,16 +117,30 @@ func OpenGuarded(opts Options, g GuardOptions) (*Guard, error) {
 		opts.Logger.Error("free disk space is below the floor: the store opens once there is room",
 			"dir", opts.Dir, "free_bytes", gd.freeBytes.Load(), "min_free_bytes", gd.floor)
 		gd.fail(ErrLowDisk)
-	} else {
-		s, err := Open(opts)
-		if err != nil {
-			return nil, err
-		}
+	} else if s, err := Open(opts); err == nil {
 		gd.Store = s
+	} else if isNoRoom(err) {
+		// Above the floor, but without room for the files Badger
+		// allocates when it opens (internal/prealloc): as below it.
+		opts.Logger.Error("no room on disk to open the store: it opens once there is room", "dir", opts.Dir, "err", err)
+		gd.fail(err)
+	} else {
+		return nil, err
 	}
 	gd.done.Add(1)
 	go gd.watch()
 	return gd, nil
+}
+
+// isNoRoom reports whether err says the disk is full. Badger wraps some
+// errors as text (y.Wrapf), so the errno is looked for in the message too.
+func isNoRoom(err error) bool {
+	for _, errno := range []syscall.Errno{syscall.ENOSPC, syscall.EDQUOT} {
+		if errors.Is(err, errno) || strings.Contains(err.Error(), errno.Error()) {
+			return true
+		}
+	}
+	return false
 }
 
 // statfsFree is the space available to unprivileged users on dir's file

@@ -136,9 +136,14 @@ func (w *writer) update(fn func(txn *bdg.Txn) error, sync bool) error {
 // returns an error, and then is never called, when fn could not be queued
 // within w.wait or the writer is closed.
 func (w *writer) updateAsync(fn func(txn *bdg.Txn) error, then func(error)) error {
+	return w.updateAsyncWithin(fn, then, w.wait)
+}
+
+// updateAsyncWithin is updateAsync waiting at most wait to queue fn.
+func (w *writer) updateAsyncWithin(fn func(txn *bdg.Txn) error, then func(error), wait time.Duration) error {
 	o := opPool.Get().(*op)
 	o.fn, o.sync, o.then = fn, false, then
-	timer := time.NewTimer(w.wait)
+	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	queued, closed := w.q.PutUntil(o, timer.C)
 	if !queued {

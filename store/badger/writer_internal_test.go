@@ -409,3 +409,51 @@ func TestStuckWriterFailsInsteadOfHanging(t *testing.T) {
 		t.Errorf("reserve once the writer moves: %v, %v; want nil, nil", rec, err)
 	}
 }
+
+// TestStalledReservationReleased: a reservation answered errStalled (its
+// request is refused, never forwarded) does not stay behind once the
+// writer moves: neither when its closure had not run yet, nor when it ran
+// and its batch was being committed. Left, the key would read in flight
+// for its lease and then in doubt for its TTL.
+func TestStalledReservationReleased(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		hold func(t *testing.T, s *Store) (release func())
+	}{
+		{"queued behind a stuck batch", holdWriter},
+		{"in a batch whose commit is stuck", func(t *testing.T, s *Store) func() {
+			unblock := make(chan struct{})
+			commit := s.w.commit
+			s.w.commit = func(txn *bdg.Txn) error { <-unblock; return commit(txn) }
+			return func() { close(unblock) }
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := openInternal(t)
+			release := tc.hold(t, s)
+			s.w.wait = 100 * time.Millisecond
+			ctx := context.Background()
+			res := proxy.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour}
+			if _, err := s.Reserve(ctx, "stuck", res); !errors.Is(err, errStalled) {
+				t.Fatalf("reserve behind a stuck writer: err = %v, want %v", err, errStalled)
+			}
+			release()
+			s.w.wait = defaultWriteWait
+			// Once the release queued behind it is applied, the key is
+			// free: another request reserves it (until then it may find
+			// the abandoned reservation, which must go).
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+				rec, err := s.Reserve(ctx, "stuck", proxy.Reservation{Token: "t2", Lease: time.Minute, TTL: time.Hour})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if rec == nil {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the abandoned reservation is still there: %+v", rec)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,9 @@
+package prealloc
+
+import "golang.org/x/sys/unix"
+
+// auditArch and sysFtruncate identify ftruncate in the filter.
+const (
+	auditArch    = unix.AUDIT_ARCH_X86_64
+	sysFtruncate = unix.SYS_FTRUNCATE
+)
