@@ -10,7 +10,6 @@ import (
 	"net/http/httptrace"
 	"net/url"
 	"slices"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -27,7 +26,8 @@ type attempt struct {
 	start  time.Time
 	series *routeSeries
 
-	held     int64  // bytes of the buffered-bytes budget held by the body
+	held     int64  // bytes of the buffered-bytes budget held by the body and the answer
+	capHeld  int64  // of held, the bytes held by the answer read ahead of the client
 	body     []byte // the buffered request body, once forwarded
 	storeKey string
 	token    string // empty: the request is not protected by a reservation
@@ -359,18 +359,7 @@ func (a *attempt) answerExisting(w http.ResponseWriter, rec *Record) {
 				"this key was already processed, but its answer was larger than the route's max_stored_body_bytes", 0,
 				map[string]any{"stored_status": resp.Status})
 		default:
-			a.outcome, a.status = OutcomeReplayed, resp.Status
-			h := w.Header()
-			for k, vs := range resp.Header {
-				h[k] = vs
-			}
-			h.Set("Idempotent-Replayed", "true")
-			if resp.Reconciled {
-				h.Set("Idempotent-Reconciled", "true")
-			}
-			h.Set("Content-Length", strconv.Itoa(len(resp.Body)))
-			w.WriteHeader(resp.Status)
-			w.Write(resp.Body)
+			a.replay(w, resp)
 		}
 	default:
 		ext := map[string]any{}

@@ -41,6 +41,7 @@ type Metrics struct {
 	storeErrors      *prometheus.CounterVec
 	inFlight         *prometheus.GaugeVec
 	rec              *reconcileMetrics // reconciliation and observe mode
+	answersNotStored *prometheus.CounterVec
 }
 
 // NewMetrics creates the proxy's collectors and registers them on reg.
@@ -76,6 +77,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.requests, m.duration, m.upstreamDuration, m.storeDuration, m.storeErrors, m.inFlight)
 	m.rec = newReconcileMetrics(reg)
+	m.answersNotStored = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "idemproxy_answers_not_stored_total",
+		Help: "Answers committed without their body (duplicates get 409 response-not-replayable), by route and reason: too_large (max_stored_body_bytes), over_budget (server.max_buffered_bytes).",
+	}, []string{"route", "reason"})
+	reg.MustRegister(m.answersNotStored)
 	return m
 }
 
@@ -90,6 +96,9 @@ func (m *Metrics) initRoute(route string) {
 		m.duration.WithLabelValues(route, string(o))
 	}
 	m.inFlight.WithLabelValues(route)
+	for _, reason := range []string{notStoredTooLarge, notStoredOverBudget} {
+		m.answersNotStored.WithLabelValues(route, reason)
+	}
 }
 
 // storeOperations lists the operation label values of the store metrics.
