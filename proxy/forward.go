@@ -228,6 +228,13 @@ func (p *Proxy) reverseProxy(up *url.URL, rt *route) *httputil.ReverseProxy {
 			// switch; Connection stays, so that the headers it names are
 			// still dropped as hop-by-hop.
 			pr.Out.Header.Del("Upgrade")
+			// The answer is stored for every retry, whatever content
+			// codings each accepts: it is asked for unencoded. (Without
+			// any Accept-Encoding, Go's transport would ask for gzip and
+			// decode it itself; with one, it passes the body as sent.)
+			// An upstream that encodes anyway is decoded on replay for a
+			// client that does not accept the coding.
+			pr.Out.Header.Set("Accept-Encoding", "identity")
 		}
 		rp.Transport = p.protected
 		rp.ModifyResponse = p.upstreamResponse
