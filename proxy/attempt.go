@@ -97,13 +97,31 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 		a.problem(w, OutcomeBadRequest, probInvalidUpgrade, upgradeDetail, 0, nil)
 		return
 	}
+	// A compressed body is read decoded for the key and the fingerprint
+	// (a retry may compress it otherwise), and forwarded as sent.
+	keyBody := body
+	if len(body) > 0 && (rt.spec.NeedsJSON() || !cfg.Fingerprint.Disabled) {
+		var prob *problem
+		var detail string
+		if keyBody, prob, detail = a.decodeBody(body); prob != nil {
+			if a.observe(w, body, WouldBadRequest) {
+				return
+			}
+			a.problem(w, OutcomeBadRequest, *prob, detail, 0, nil)
+			return
+		}
+		if keyBody == nil {
+			a.overloaded(w)
+			return
+		}
+	}
 	// The target is the (cleaned) path and the query, parameters sorted:
 	// the same key with another query is another request.
 	target := r.URL.Path
 	if raw := r.URL.RawQuery; raw != "" {
 		target += "?" + canonicalQuery(raw)
 	}
-	fp, jsonErr := keyextract.FingerprintIgnoring(r.Method, target, body, rt.ignore)
+	fp, jsonErr := keyextract.FingerprintIgnoring(r.Method, target, keyBody, rt.ignore)
 	if rt.spec.NeedsJSON() && jsonErr != nil {
 		if a.observe(w, body, WouldBadRequest) {
 			return
@@ -114,7 +132,7 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 	if cfg.Fingerprint.Disabled {
 		fp = ""
 	}
-	key, err := rt.spec.Extract(r, body)
+	key, err := rt.spec.Extract(r, keyBody)
 	if err != nil {
 		if errors.Is(err, keyextract.ErrMissing) && cfg.OnMissingKey == config.MissingKeyForward {
 			a.outcome = OutcomeUnprotected

@@ -21,7 +21,7 @@ const (
 	OutcomeConflict    Outcome = "conflict"    // 409: key in flight or in doubt
 	OutcomeDuplicate   Outcome = "duplicate"   // 409 under duplicate: reject (or answer not replayable)
 	OutcomeMismatch    Outcome = "mismatch"    // 422: same key, other request
-	OutcomeBadRequest  Outcome = "bad_request" // 400 or 413
+	OutcomeBadRequest  Outcome = "bad_request" // 400, 413 or 415
 	OutcomeUnprotected Outcome = "unprotected" // forwarded without a key (on_missing_key: forward)
 	OutcomeStoreError  Outcome = "store_error" // the store failed: 503, or forwarded under on_store_error: forward
 	OutcomeOverloaded  Outcome = "overloaded"  // 503: the body did not fit the buffered-bytes budget
