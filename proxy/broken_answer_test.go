@@ -56,3 +56,28 @@ func TestAnswerBrokenOffIsNotPassedAsComplete(t *testing.T) {
 		})
 	}
 }
+
+// TestAnswerBodyThatStalls: the upstream sends its headers, then nothing
+// until upstream_timeout. The answer is read ahead of the client, which
+// has had nothing yet: it gets 504 upstream-timeout (not a 200 that breaks
+// off), and the key is in doubt.
+func TestAnswerBodyThatStalls(t *testing.T) {
+	release := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(200)
+		w.Write([]byte(`{"status":`))
+		http.NewResponseController(w).Flush()
+		<-release
+	}))
+	defer up.Close()
+	defer close(release)
+	e := &env{t: t}
+	e.start(up.URL, `
+  - name: charges
+    match: POST /charges
+    key: {header: Idempotency-Key}
+    upstream_timeout: 300ms
+`)
+	wantStatus(t, "stalled answer", e.do("POST", "/charges", `{}`, "Idempotency-Key", "k1"), 504, "upstream-timeout")
+	wantStatus(t, "retry", e.do("POST", "/charges", `{}`, "Idempotency-Key", "k1"), 409, "outcome-in-doubt")
+}

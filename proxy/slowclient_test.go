@@ -157,3 +157,57 @@ func TestAnswerOverTheBudget(t *testing.T) {
 	// The budget was given back: a small answer is stored again.
 	wantStatus(t, "a small body", e.do("POST", "/charges", "{}", "Idempotency-Key", "k-2"), 200, "")
 }
+
+// TestClientThatClosesMidReplay: a retry that goes away in the middle of
+// a large replay changes nothing: the key stays completed and the next
+// retry gets the whole answer.
+func TestClientThatClosesMidReplay(t *testing.T) {
+	calls := 0
+	e := &env{t: t}
+	e.start(bigUpstream(t, &calls).URL, slowRoutes)
+	if a := e.do("POST", "/charges", "{}", "Idempotency-Key", "k-mid"); a.status != 200 || len(a.body) != len(bigAnswer) {
+		t.Fatalf("first: %d, %d bytes (%v)", a.status, len(a.body), a.err)
+	}
+	for range 3 {
+		conn := rawCharge(t, e, "k-mid", 4<<10)
+		io.ReadFull(conn, make([]byte, 64<<10))
+		conn.Close()
+	}
+	a := e.do("POST", "/charges", "{}", "Idempotency-Key", "k-mid")
+	if a.status != 200 || !a.replayed() || !bytes.Equal(a.body, bigAnswer) {
+		t.Errorf("retry: %d replayed=%v, %d bytes; want the whole answer replayed", a.status, a.replayed(), len(a.body))
+	}
+	if calls != 1 {
+		t.Errorf("the upstream was called %d times, want 1", calls)
+	}
+}
+
+// TestShutdownCutsOffADelivery: a client that does not read its committed
+// answer does not hold the proxy past its shutdown deadline: Abort ends
+// the delivery at once (the answer is committed), so Wait returns well
+// before the route's upstream_timeout (1h here).
+func TestShutdownCutsOffADelivery(t *testing.T) {
+	calls := 0
+	e := &env{t: t}
+	e.start(bigUpstream(t, &calls).URL, `
+  - name: charges
+    match: POST /charges
+    key: {header: Idempotency-Key}
+    upstream_timeout: 1h
+    lease: 2h
+    max_stored_body_bytes: 16777216
+`)
+	rawCharge(t, e, "k-shut", 4<<10)
+	eventually(t, "the answer is committed", func() bool { return e.state("charges", "", "k-shut") == proxy.StateCompleted })
+	e.p.Abort()
+	done := make(chan struct{})
+	go func() { e.p.Wait(); close(done) }()
+	eventually(t, "Wait returns after Abort", func() bool {
+		select {
+		case <-done:
+			return true
+		default:
+			return false
+		}
+	})
+}
