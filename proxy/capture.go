@@ -40,7 +40,7 @@ func (a *attempt) captureAnswer(resp *http.Response) error {
 		if resp.ContentLength > 0 {
 			// Announced, but taken only as it arrives: an upstream that
 			// lies about the length must not take the budget for nothing.
-			buf.Grow(int(min(resp.ContentLength, captureStep*16)))
+			buf.Grow(int(min(resp.ContentLength, 1<<20)))
 		}
 		var err error
 		over, reason, err = a.fill(&buf, resp.Body, limit)
@@ -89,9 +89,10 @@ const (
 // the budget cannot hold it; err is the read error of an answer that
 // broke off.
 func (a *attempt) fill(buf *bytes.Buffer, r io.Reader, limit int64) (over bool, reason string, err error) {
-	var chunk [captureStep]byte
+	chunk := copyBuffers.Get()
+	defer copyBuffers.Put(chunk)
 	for {
-		n, rerr := r.Read(chunk[:])
+		n, rerr := r.Read(chunk)
 		if n > 0 {
 			size := int64(buf.Len() + n)
 			if size > limit {

@@ -35,7 +35,7 @@ const slowRoutes = `
   - name: charges
     match: POST /charges
     key: {header: Idempotency-Key}
-    upstream_timeout: 1s
+    upstream_timeout: 3s
     lease: 1h
     max_stored_body_bytes: 16777216
 `
@@ -55,17 +55,19 @@ func rawCharge(t *testing.T, e *env, key string, rcvbuf int) net.Conn {
 }
 
 // TestSlowClientOfAStoredAnswer: the upstream answers 12 MiB at once; the
-// client reads it at about 4 MiB/s, so that it takes longer than the
-// route's upstream_timeout (1s). The answer belongs to the upstream: it is
-// read at the upstream's pace and committed, and the slow client still
-// gets all of it at its own pace; the key is completed, not in doubt, and
-// a retry gets the whole answer replayed without charging again.
+// client reads it slowly, pausing twice for two thirds of the route's
+// upstream_timeout (3s), so that it takes longer than that in all. The
+// answer belongs to the upstream: it is read at the upstream's pace and
+// committed, and the slow client still gets all of it at its own pace;
+// the key is completed, not in doubt, and a retry gets the whole answer
+// replayed without charging again.
 func TestSlowClientOfAStoredAnswer(t *testing.T) {
 	calls := 0
 	e := &env{t: t}
 	e.start(bigUpstream(t, &calls).URL, slowRoutes)
 	conn := rawCharge(t, e, "k-slow", 64<<10)
-	resp, err := http.ReadResponse(bufio.NewReaderSize(&slowReader{r: conn}, 64<<10), nil)
+	conn.SetReadDeadline(time.Now().Add(time.Minute))
+	resp, err := http.ReadResponse(bufio.NewReader(&slowReader{r: conn, pauses: 2, pause: 2 * time.Second}), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,12 +87,19 @@ func TestSlowClientOfAStoredAnswer(t *testing.T) {
 	}
 }
 
-// slowReader reads at most 64 KiB every 15 ms: about 4 MiB/s.
-type slowReader struct{ r io.Reader }
+// slowReader pauses before its first reads, then reads at full speed.
+type slowReader struct {
+	r      io.Reader
+	pauses int
+	pause  time.Duration
+}
 
 func (s *slowReader) Read(p []byte) (int, error) {
-	time.Sleep(15 * time.Millisecond)
-	return s.r.Read(p[:min(len(p), 64<<10)])
+	if s.pauses > 0 {
+		s.pauses--
+		time.Sleep(s.pause)
+	}
+	return s.r.Read(p)
 }
 
 // TestClientThatNeverReadsAStoredAnswer: the client sends a charge and
@@ -107,6 +116,7 @@ func TestClientThatNeverReadsAStoredAnswer(t *testing.T) {
 			e := &env{t: t}
 			e.start(bigUpstream(t, &calls).URL, slowRoutes)
 			conn := rawCharge(t, e, "k-stall", 4<<10)
+			conn.SetReadDeadline(time.Now().Add(time.Minute))
 			if tc.vanish {
 				io.ReadFull(conn, make([]byte, 64<<10))
 				conn.Close()
@@ -170,6 +180,7 @@ func TestClientThatClosesMidReplay(t *testing.T) {
 	}
 	for range 3 {
 		conn := rawCharge(t, e, "k-mid", 4<<10)
+		conn.SetReadDeadline(time.Now().Add(time.Minute))
 		io.ReadFull(conn, make([]byte, 64<<10))
 		conn.Close()
 	}
