@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -157,6 +158,17 @@ func TestCompressedRequestBodyRefused(t *testing.T) {
 	e2 := &env{t: t}
 	e2.start(srv.URL, chargesByHeader+"    fingerprint: {disabled: true}\n")
 	wantStatus(t, "br, nothing read from the body", sendBody(t, e2, order, "br", "Idempotency-Key", "k1"), 201, "")
+
+	// The decoded copy counts in server.max_buffered_bytes too: with room
+	// for one body of max_body_bytes, a compressed body that decodes to
+	// nearly that much does not fit beside its compressed bytes.
+	e4 := &env{t: t}
+	cfg := parseConfig(t, srv.URL, chargesByOrder+"    max_body_bytes: 65536\n")
+	cfg.Server.MaxBufferedBytes = 65536
+	e4.startConfig(cfg)
+	big := []byte(`{"orderId": "ORD-Z3", "pad": "` + strings.Repeat("x", 60<<10) + `"}`)
+	wantStatus(t, "decoded past the budget", sendBody(t, e4, gzipWith(big, time.Time{}, 9), "gzip"), 503, "overloaded")
+	wantStatus(t, "the same, not compressed", sendBody(t, e4, big, ""), 201, "")
 	e3 := &env{t: t}
 	e3.start(srv.URL, chargesByOrder+"    mode: observe\n")
 	wantStatus(t, "br, in observe mode", sendBody(t, e3, order, "br"), 201, "")
