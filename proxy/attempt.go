@@ -11,7 +11,6 @@ import (
 	"net/url"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -28,7 +27,8 @@ type attempt struct {
 	start  time.Time
 	series *routeSeries
 
-	held     int64  // bytes of the buffered-bytes budget held by the body (and a captured answer)
+	held     int64  // bytes of the buffered-bytes budget held by the body and the answer
+	capHeld  int64  // of held, the bytes held by the answer read ahead of the client
 	bodyHeld int64  // bytes of the client's share held by the body
 	clientID string // the client the body is charged to (clientOf)
 	body     []byte // the buffered request body, once forwarded
@@ -103,13 +103,31 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 		a.problem(w, OutcomeBadRequest, probInvalidUpgrade, upgradeDetail, 0, nil)
 		return
 	}
+	// A compressed body is read decoded for the key and the fingerprint
+	// (a retry may compress it otherwise), and forwarded as sent.
+	keyBody := body
+	if len(body) > 0 && (rt.spec.NeedsJSON() || !cfg.Fingerprint.Disabled) {
+		var prob *problem
+		var detail string
+		if keyBody, prob, detail = a.decodeBody(body); prob != nil {
+			if a.observe(w, body, WouldBadRequest) {
+				return
+			}
+			a.problem(w, OutcomeBadRequest, *prob, detail, 0, nil)
+			return
+		}
+		if keyBody == nil {
+			a.overloaded(w, refusalBudget)
+			return
+		}
+	}
 	// The target is the (cleaned) path and the query, parameters sorted:
 	// the same key with another query is another request.
 	target := r.URL.Path
 	if raw := r.URL.RawQuery; raw != "" {
 		target += "?" + canonicalQuery(raw)
 	}
-	fp, jsonErr := keyextract.FingerprintIgnoring(r.Method, target, body, rt.ignore)
+	fp, jsonErr := keyextract.FingerprintIgnoring(r.Method, target, keyBody, rt.ignore)
 	if rt.spec.NeedsJSON() && jsonErr != nil {
 		if a.observe(w, body, WouldBadRequest) {
 			return
@@ -120,7 +138,7 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 	if cfg.Fingerprint.Disabled {
 		fp = ""
 	}
-	key, err := rt.spec.Extract(r, body)
+	key, err := rt.spec.Extract(r, keyBody)
 	if err != nil {
 		if errors.Is(err, keyextract.ErrMissing) && cfg.OnMissingKey == config.MissingKeyForward {
 			a.outcome = OutcomeUnprotected
@@ -451,22 +469,7 @@ func (a *attempt) answerExisting(w http.ResponseWriter, rec *Record) {
 				"this key was already processed, but its answer was larger than the route's max_stored_body_bytes", 0,
 				map[string]any{"stored_status": resp.Status})
 		default:
-			a.outcome, a.status = OutcomeReplayed, resp.Status
-			h := w.Header()
-			for k, vs := range resp.Header {
-				// A record stored before credentials were refused (or by
-				// a configuration that bypassed validation) keeps them.
-				if config.ReplayRefusal(k, a.rt.cfg.Scope.Header) == "" {
-					h[k] = vs
-				}
-			}
-			h.Set("Idempotent-Replayed", "true")
-			if resp.Reconciled {
-				h.Set("Idempotent-Reconciled", "true")
-			}
-			h.Set("Content-Length", strconv.Itoa(len(resp.Body)))
-			w.WriteHeader(resp.Status)
-			w.Write(resp.Body)
+			a.replay(w, resp)
 		}
 	default:
 		ext := map[string]any{}

@@ -36,13 +36,14 @@ const (
 // bufferRefusalReasons lists every refusal reason, in documentation order.
 var bufferRefusalReasons = []string{refusalBudget, refusalClient, refusalAnswer}
 
-// take reserves n bytes not tied to a client (a copy of an answer), or
-// reports that they do not fit now.
-func (b *budget) take(n int64) bool {
+// take reserves n bytes not tied to a client (a copy of an answer, a
+// decoded copy of a body), or reports that they do not fit now, counting
+// the refusal under reason.
+func (b *budget) take(n int64, reason string) bool {
 	if b.reserve(n) {
 		return true
 	}
-	b.refuse(refusalAnswer)
+	b.refuse(reason)
 	return false
 }
 

@@ -74,7 +74,7 @@ func TestBudgetTakeFor(t *testing.T) {
 				case "body":
 					got = b.takeFor(s.client, s.own, s.n)
 				case "answer":
-					if !b.take(s.n) {
+					if !b.take(s.n, refusalAnswer) {
 						got = refusalAnswer
 					}
 				case "release":

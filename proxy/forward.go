@@ -65,7 +65,7 @@ func (a *attempt) settleUnknown() {
 	}
 }
 
-func (a *attempt) commit(status int, header http.Header, body []byte, stored bool) {
+func (a *attempt) commit(status int, header, trailer http.Header, body []byte, stored bool) {
 	a.settled = true
 	a.outcome = OutcomeCommitted
 	resp := Response{Status: status, Header: http.Header{}, BodyStored: stored}
@@ -74,11 +74,26 @@ func (a *attempt) commit(status int, header http.Header, body []byte, stored boo
 			resp.Header[name] = vs
 		}
 	}
+	if a.in.Method == http.MethodHead {
+		// A HEAD answer has no body, but its Content-Length is the size
+		// of the body a GET would get: a HEAD replay carries it.
+		if cl := header.Get("Content-Length"); validLength(cl) {
+			resp.Header["Content-Length"] = []string{cl}
+		}
+	}
 	if stored {
 		resp.Body = body
+		resp.Trailer = trailer
 	}
 	key, token, ttl := a.storeKey, a.token, a.rt.cfg.TTL.D()
 	a.settle("commit", func(ctx context.Context) error { return a.p.store.Commit(ctx, key, token, resp, ttl) })
+}
+
+// validLength reports whether s is a Content-Length value: decimal digits
+// that fit an int64.
+func validLength(s string) bool {
+	n, err := strconv.ParseInt(s, 10, 64)
+	return err == nil && n >= 0 && s[0] != '+'
 }
 
 // settle runs op, the store operation that settles a's reservation. When
@@ -214,6 +229,13 @@ func (p *Proxy) reverseProxy(up *url.URL, rt *route) *httputil.ReverseProxy {
 			// switch; Connection stays, so that the headers it names are
 			// still dropped as hop-by-hop.
 			pr.Out.Header.Del("Upgrade")
+			// The answer is stored for every retry, whatever content
+			// codings each accepts: it is asked for unencoded. (Without
+			// any Accept-Encoding, Go's transport would ask for gzip and
+			// decode it itself; with one, it passes the body as sent.)
+			// An upstream that encodes anyway is decoded on replay for a
+			// client that does not accept the coding.
+			pr.Out.Header.Set("Accept-Encoding", "identity")
 		}
 		rp.Transport = p.protected
 		rp.ModifyResponse = p.upstreamResponse
@@ -246,6 +268,9 @@ func (p *Proxy) upstreamResponse(resp *http.Response) error {
 	}
 	a.upstreamDone(strconv.Itoa(resp.StatusCode))
 	a.status = resp.StatusCode
+	if a.token != "" && !a.rt.cfg.Releases(resp.StatusCode) && (a.sentURL() == nil || !notServed(resp)) {
+		return a.captureAnswer(resp)
+	}
 	// The answer's body is read from the upstream as fast as the client
 	// takes it. A client that stops reading would hold the request, its
 	// connection and its reservation for as long as it stays connected,
@@ -256,14 +281,9 @@ func (p *Proxy) upstreamResponse(resp *http.Response) error {
 	if d, ok := resp.Request.Context().Deadline(); ok && a.client != nil {
 		a.client.SetWriteDeadline(d)
 	}
-	if a.token == "" {
-		return nil
-	}
-	if a.rt.cfg.Releases(resp.StatusCode) || (a.sentURL() != nil && notServed(resp)) {
+	if a.token != "" {
 		a.release()
-		return nil
 	}
-	resp.Body = &capture{rc: resp.Body, a: a, resp: resp, limit: a.rt.cfg.MaxStoredBodyBytes}
 	return nil
 }
 
@@ -277,7 +297,9 @@ var errSwitchedProtocols = errors.New("upstream switched protocols on a route")
 // its key in doubt (504 on timeout, 502 otherwise).
 func (p *Proxy) upstreamError(w http.ResponseWriter, out *http.Request, err error) {
 	a := out.Context().Value(attemptKey{}).(*attempt)
-	a.upstreamDone("error")
+	if a.upstream == 0 { // not yet observed at the answer's headers
+		a.upstreamDone("error")
+	}
 	prob, verdict := probUpstreamReset, a.markInDoubt
 	switch {
 	case !a.wrote.Load() || refusedByTLS(err):
@@ -288,7 +310,7 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, out *http.Request, err erro
 	}
 	p.log.Warn("upstream request failed", "route", a.routeName(), "err", err, "problem", prob.name)
 	outcome := a.outcome
-	if a.token != "" {
+	if a.token != "" && !a.settled {
 		verdict()
 		outcome = a.outcome
 	}

@@ -22,7 +22,7 @@ const (
 	OutcomeConflict    Outcome = "conflict"    // 409: key in flight or in doubt
 	OutcomeDuplicate   Outcome = "duplicate"   // 409 under duplicate: reject (or answer not replayable)
 	OutcomeMismatch    Outcome = "mismatch"    // 422: same key, other request
-	OutcomeBadRequest  Outcome = "bad_request" // 400 or 413
+	OutcomeBadRequest  Outcome = "bad_request" // 400, 413 or 415
 	OutcomeUnprotected Outcome = "unprotected" // forwarded without a key (on_missing_key: forward)
 	OutcomeStoreError  Outcome = "store_error" // the store failed: 503, or forwarded under on_store_error: forward
 	OutcomeOverloaded  Outcome = "overloaded"  // 503: the body did not fit the buffered-bytes budget
@@ -43,6 +43,7 @@ type Metrics struct {
 	inFlight         *prometheus.GaugeVec
 	rec              *reconcileMetrics // reconciliation and observe mode
 	adm              *admissionMetrics // the buffer budget and request bodies
+	answersNotStored *prometheus.CounterVec
 }
 
 // NewMetrics creates the proxy's collectors and registers them on reg.
@@ -79,6 +80,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(m.requests, m.duration, m.upstreamDuration, m.storeDuration, m.storeErrors, m.inFlight)
 	m.rec = newReconcileMetrics(reg)
 	m.adm = newAdmissionMetrics(reg)
+	m.answersNotStored = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "idemproxy_answers_not_stored_total",
+		Help: "Answers committed without their body (duplicates get 409 response-not-replayable), by route and reason: too_large (max_stored_body_bytes), over_budget (server.max_buffered_bytes).",
+	}, []string{"route", "reason"})
+	reg.MustRegister(m.answersNotStored)
 	return m
 }
 
@@ -93,6 +99,9 @@ func (m *Metrics) initRoute(route string) {
 		m.duration.WithLabelValues(route, string(o))
 	}
 	m.inFlight.WithLabelValues(route)
+	for _, reason := range []string{notStoredTooLarge, notStoredOverBudget} {
+		m.answersNotStored.WithLabelValues(route, reason)
+	}
 }
 
 // storeOperations lists the operation label values of the store metrics.

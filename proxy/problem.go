@@ -20,14 +20,16 @@ type problem struct {
 // The proxy's own error answers. This table is the one place where a
 // domain error becomes an HTTP status.
 var (
-	probMissingKey       = problem{"missing-key", http.StatusBadRequest, "Idempotency key missing"}
-	probInvalidKey       = problem{"invalid-key", http.StatusBadRequest, "Idempotency key invalid"}
-	probInvalidJSON      = problem{"invalid-json", http.StatusBadRequest, "Request body is not valid JSON"}
-	probMissingScope     = problem{"missing-scope", http.StatusBadRequest, "Scope header missing"}
-	probInvalidScope     = problem{"invalid-scope", http.StatusBadRequest, "Scope header invalid"}
-	probUnreadableBody   = problem{"unreadable-body", http.StatusBadRequest, "Request body could not be read"}
-	probInvalidUpgrade   = problem{"invalid-upgrade", http.StatusBadRequest, "Upgrade protocol invalid"}
-	probBodyTooLarge     = problem{"body-too-large", http.StatusRequestEntityTooLarge, "Request body too large"}
+	probMissingKey        = problem{"missing-key", http.StatusBadRequest, "Idempotency key missing"}
+	probInvalidKey        = problem{"invalid-key", http.StatusBadRequest, "Idempotency key invalid"}
+	probInvalidJSON       = problem{"invalid-json", http.StatusBadRequest, "Request body is not valid JSON"}
+	probMissingScope      = problem{"missing-scope", http.StatusBadRequest, "Scope header missing"}
+	probInvalidScope      = problem{"invalid-scope", http.StatusBadRequest, "Scope header invalid"}
+	probUnreadableBody    = problem{"unreadable-body", http.StatusBadRequest, "Request body could not be read"}
+	probInvalidUpgrade    = problem{"invalid-upgrade", http.StatusBadRequest, "Upgrade protocol invalid"}
+	probBodyTooLarge      = problem{"body-too-large", http.StatusRequestEntityTooLarge, "Request body too large"}
+	probUnsupportedCoding = problem{"unsupported-content-encoding", http.StatusUnsupportedMediaType,
+		"Request content encoding not supported"}
 	probBodyTimeout      = problem{"body-timeout", http.StatusRequestTimeout, "Request body not received in time"}
 	probInFlight         = problem{"request-in-flight", http.StatusConflict, "A request with this key is being processed"}
 	probInDoubt          = problem{"outcome-in-doubt", http.StatusConflict, "The outcome of an earlier request with this key is unknown"}
@@ -51,7 +53,8 @@ func Problems() []struct {
 } {
 	all := []problem{probMissingKey, probInvalidKey, probInvalidJSON, probMissingScope, probInvalidScope, probUnreadableBody,
 		probInvalidUpgrade, probBodyTooLarge, probBodyTimeout, probInFlight, probInDoubt, probDuplicate, probNotReplayable, probMismatch,
-		probUpstreamDown, probUpstreamReset, probUpstreamTimeout, probStoreUnavailable, probOverloaded, probShuttingDown}
+		probUpstreamDown, probUpstreamReset, probUpstreamTimeout, probStoreUnavailable, probOverloaded, probShuttingDown,
+		probUnsupportedCoding}
 	out := make([]struct {
 		Name   string
 		Status int

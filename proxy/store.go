@@ -51,6 +51,10 @@ type Response struct {
 	Header http.Header `json:"header,omitempty"`
 	// Body is the full response body. It is nil when BodyStored is false.
 	Body []byte `json:"body,omitempty"`
+	// Trailer holds the allow-listed trailers of the answer (nil: none),
+	// replayed as trailers. Records stored before trailers were kept
+	// have none.
+	Trailer http.Header `json:"trailer,omitempty"`
 	// BodyStored is false when the body was larger than the storage cap and
 	// was left out: the answer is known to exist but cannot be replayed.
 	BodyStored bool `json:"body_stored"`

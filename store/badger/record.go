@@ -53,6 +53,7 @@ const (
 	tagLookupToken = 11 // the reconcile lookup lease's owner token
 	tagLookupLease = 12 // varint, unix ms: the lookup lease's end
 	tagReconciled  = 13 // one byte, 1: the response came from a lookup
+	tagTrailer     = 14 // one per trailer value, encoded as tagHeader
 )
 
 // State codes of tagState.
@@ -102,7 +103,12 @@ func (rec *record) marshal() ([]byte, error) {
 			e.varintField(tagStatus, int64(r.Status))
 			for name, vs := range r.Header {
 				for _, v := range vs {
-					e.headerField(name, v)
+					e.headerField(tagHeader, name, v)
+				}
+			}
+			for name, vs := range r.Trailer {
+				for _, v := range vs {
+					e.headerField(tagTrailer, name, v)
 				}
 			}
 			if len(r.Body) > 0 {
@@ -175,10 +181,10 @@ func (e *enc) varintField(tag byte, v int64) {
 	e.bytesField(tag, tmp[:binary.PutVarint(tmp[:], v)])
 }
 
-func (e *enc) headerField(name, value string) {
+func (e *enc) headerField(tag byte, name, value string) {
 	var tmp [binary.MaxVarintLen64]byte
 	nl := binary.PutUvarint(tmp[:], uint64(len(name)))
-	e.byte(tagHeader)
+	e.byte(tag)
 	e.uvarint(uint64(nl + len(name) + len(value)))
 	e.raw(tmp[:nl])
 	e.rawString(name)
@@ -256,16 +262,20 @@ func (rec *record) unmarshal(v []byte) error {
 				}
 				resp.Status, hasResp = int(x), true
 			}
-		case tagHeader:
+		case tagHeader, tagTrailer:
 			nl, w := binary.Uvarint(p)
 			if w <= 0 || nl > uint64(len(p)-w) {
 				return fmt.Errorf("%w: header", errCorrupt)
 			}
 			name := string(p[w : w+int(nl)])
-			if resp.Header == nil {
-				resp.Header = http.Header{}
+			h := &resp.Header
+			if tag == tagTrailer {
+				h = &resp.Trailer
 			}
-			resp.Header[name] = append(resp.Header[name], string(p[w+int(nl):]))
+			if *h == nil {
+				*h = http.Header{}
+			}
+			(*h)[name] = append((*h)[name], string(p[w+int(nl):]))
 		case tagBody:
 			resp.Body = append([]byte(nil), p...)
 		case tagBodyStored:
@@ -279,7 +289,7 @@ func (rec *record) unmarshal(v []byte) error {
 	if !hasState {
 		return fmt.Errorf("%w: no state", errCorrupt)
 	}
-	if hasResp || resp.Header != nil || resp.Body != nil || resp.BodyStored || resp.Reconciled {
+	if hasResp || resp.Header != nil || resp.Trailer != nil || resp.Body != nil || resp.BodyStored || resp.Reconciled {
 		rec.Response = &resp
 	}
 	return nil

@@ -1,10 +1,14 @@
 package badger
 
 import (
+	"bytes"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"net/http"
+	"os"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/idemproxy/idemproxy/proxy"
@@ -24,6 +28,9 @@ var recordCases = []struct {
 		Status: 500, Body: []byte{0, 1, 2, 255, '{'}, BodyStored: true}}},
 	{"in doubt, lookup scheduled and leased", record{State: proxy.StateInDoubt, Token: "t", CreatedAt: 5,
 		NextLookup: 1764583500000, LookupToken: "lookup-tok", LookupLease: 1764583535000}},
+	{"completed, with trailers", record{State: proxy.StateCompleted, Token: "t", CreatedAt: 7, Response: &proxy.Response{
+		Status: 200, Header: http.Header{"Trailer": {"X-Checksum"}}, Body: []byte("abc"), BodyStored: true,
+		Trailer: http.Header{"X-Checksum": {"sha256=1"}, "Server-Timing": {"db;dur=5", "app;dur=9"}}}}},
 	{"completed by a reconcile lookup", record{State: proxy.StateCompleted, Token: "t", CreatedAt: 6, Response: &proxy.Response{
 		Status: 200, Body: []byte(`{"charge":1}`), BodyStored: true, Reconciled: true}}},
 }
@@ -77,6 +84,34 @@ func TestRecordReadsLegacyJSON(t *testing.T) {
 				t.Errorf("got %+v\nwant %+v", got, want)
 			}
 		})
+	}
+}
+
+// TestRecordWithoutTrailers: a record written before answers kept their
+// trailers (testdata, encoded by that release) decodes as before, with no
+// trailers. (An older release skips the trailers' tag, as any unknown one:
+// TestRecordSkipsUnknownFields.)
+func TestRecordWithoutTrailers(t *testing.T) {
+	b, err := os.ReadFile("testdata/record-v1-before-trailers.hex")
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := hex.DecodeString(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got record
+	if err := got.unmarshal(v); err != nil {
+		t.Fatal(err)
+	}
+	want := record{State: proxy.StateCompleted, Token: "tok", Fingerprint: "fp", CreatedAt: 1764583200000, Response: &proxy.Response{
+		Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"chargeId":"ch_1"}`), BodyStored: true}}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got %+v\nwant %+v", got, want)
+	}
+	// Encoded again, without trailers, it is byte for byte what that release wrote.
+	if again, _ := want.marshal(); !bytes.Equal(again, v) {
+		t.Errorf("a record without trailers encodes to %x, want %x as before", again, v)
 	}
 }
 

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/http"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -390,6 +392,26 @@ func TestCorruptRecordIsAnError(t *testing.T) {
 		if rec, err := s.Reserve(c, key, res); err == nil {
 			t.Errorf("Reserve(%s) = %+v, nil; want an error", key, rec)
 		}
+	}
+}
+
+// TestRecordWithoutTrailers: an answer committed before answers kept their
+// trailers (JSON without "trailer") is read as before, with no trailers.
+func TestRecordWithoutTrailers(t *testing.T) {
+	srv := redistest.Start(t)
+	s := newStore(t, Options{Addrs: []string{srv.Addr()}})
+	raw := rawClient(t, srv.Addr())
+	c := ctx(t)
+	old := `{"status":201,"header":{"Content-Type":["application/json"]},"body":"eyJpZCI6NDJ9","body_stored":true}`
+	raw.HSet(c, s.prefix+"old/answer", "st", "completed", "tok", "t", "fp", "f", "cr", "1", "resp", old)
+	raw.PExpire(c, s.prefix+"old/answer", time.Hour)
+	rec, err := s.Get(c, "old/answer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &proxy.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":42}`), BodyStored: true}
+	if rec == nil || !reflect.DeepEqual(rec.Response, want) {
+		t.Errorf("Get = %+v, want the response %+v", rec, want)
 	}
 }
 

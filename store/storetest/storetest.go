@@ -495,6 +495,9 @@ func (e *env) wantResponse(rec *proxy.Record, want proxy.Response) {
 	if got.BodyStored != want.BodyStored {
 		e.t.Errorf("Response.BodyStored = %v, want %v", got.BodyStored, want.BodyStored)
 	}
+	if (len(got.Trailer) != 0 || len(want.Trailer) != 0) && !reflect.DeepEqual(got.Trailer, want.Trailer) {
+		e.t.Errorf("Response.Trailer = %v, want %v", got.Trailer, want.Trailer)
+	}
 }
 
 // wantExpiresWithin checks a reported ExpiresAt (zero: not reported) against
@@ -520,6 +523,7 @@ func sampleResponse() proxy.Response {
 		},
 		Body:       []byte(`{"id":42,"amount":"12.50"}`),
 		BodyStored: true,
+		Trailer:    http.Header{"X-Checksum": {"sha256=abc"}, "Server-Timing": {"db;dur=5", "app;dur=9"}},
 	}
 }
 

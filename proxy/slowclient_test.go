@@ -1,0 +1,224 @@
+package proxy_test
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/proxy"
+)
+
+// bigAnswer is an answer larger than any socket buffers hold, but within
+// the max_stored_body_bytes of slowRoutes.
+var bigAnswer = bytes.Repeat([]byte("0123456789abcdef"), 12<<20/16)
+
+// bigUpstream answers every request with bigAnswer, counting the requests.
+func bigUpstream(t *testing.T, calls *int) *httptest.Server {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		*calls++
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Set("Content-Length", strconv.Itoa(len(bigAnswer)))
+		w.Write(bigAnswer)
+	}))
+	t.Cleanup(up.Close)
+	return up
+}
+
+const slowRoutes = `
+  - name: charges
+    match: POST /charges
+    key: {header: Idempotency-Key}
+    upstream_timeout: 3s
+    lease: 1h
+    max_stored_body_bytes: 16777216
+`
+
+// rawCharge sends a charge on a new connection with a receive buffer of
+// rcvbuf bytes and returns the connection, unread.
+func rawCharge(t *testing.T, e *env, key string, rcvbuf int) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", e.srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	conn.(*net.TCPConn).SetReadBuffer(rcvbuf)
+	fmt.Fprintf(conn, "POST /charges HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nContent-Length: 2\r\n\r\n{}", key)
+	return conn
+}
+
+// TestSlowClientOfAStoredAnswer: the upstream answers 12 MiB at once; the
+// client reads it slowly, pausing twice for two thirds of the route's
+// upstream_timeout (3s), so that it takes longer than that in all. The
+// answer belongs to the upstream: it is read at the upstream's pace and
+// committed, and the slow client still gets all of it at its own pace;
+// the key is completed, not in doubt, and a retry gets the whole answer
+// replayed without charging again.
+func TestSlowClientOfAStoredAnswer(t *testing.T) {
+	calls := 0
+	e := &env{t: t}
+	e.start(bigUpstream(t, &calls).URL, slowRoutes)
+	conn := rawCharge(t, e, "k-slow", 64<<10)
+	conn.SetReadDeadline(time.Now().Add(time.Minute))
+	resp, err := http.ReadResponse(bufio.NewReader(&slowReader{r: conn, pauses: 2, pause: 2 * time.Second}), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := io.ReadAll(resp.Body)
+	if err != nil || !bytes.Equal(got, bigAnswer) {
+		t.Fatalf("the slow client got %d bytes (%v), want the whole answer of %d", len(got), err, len(bigAnswer))
+	}
+	if got := e.state("charges", "", "k-slow"); got != proxy.StateCompleted {
+		t.Errorf("the key is %q, want completed", got)
+	}
+	a := e.do("POST", "/charges", "{}", "Idempotency-Key", "k-slow")
+	if a.status != 200 || !a.replayed() || !bytes.Equal(a.body, bigAnswer) {
+		t.Errorf("retry: %d replayed=%v, %d bytes; want the whole answer replayed", a.status, a.replayed(), len(a.body))
+	}
+	if calls != 1 {
+		t.Errorf("the upstream was called %d times, want 1", calls)
+	}
+}
+
+// slowReader pauses before its first reads, then reads at full speed.
+type slowReader struct {
+	r      io.Reader
+	pauses int
+	pause  time.Duration
+}
+
+func (s *slowReader) Read(p []byte) (int, error) {
+	if s.pauses > 0 {
+		s.pauses--
+		time.Sleep(s.pause)
+	}
+	return s.r.Read(p)
+}
+
+// TestClientThatNeverReadsAStoredAnswer: the client sends a charge and
+// then neither reads nor closes; or reads a little and goes away. The
+// upstream's whole answer was sent: the key is completed at once (not in
+// doubt at upstream_timeout), and the retry gets the answer replayed.
+func TestClientThatNeverReadsAStoredAnswer(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		vanish bool
+	}{{"stalls", false}, {"vanishes mid-answer", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			calls := 0
+			e := &env{t: t}
+			e.start(bigUpstream(t, &calls).URL, slowRoutes)
+			conn := rawCharge(t, e, "k-stall", 4<<10)
+			conn.SetReadDeadline(time.Now().Add(time.Minute))
+			if tc.vanish {
+				io.ReadFull(conn, make([]byte, 64<<10))
+				conn.Close()
+			}
+			eventually(t, "the key is settled", func() bool {
+				s := e.state("charges", "", "k-stall")
+				return s != "" && s != proxy.StateInFlight
+			})
+			if got := e.state("charges", "", "k-stall"); got != proxy.StateCompleted {
+				t.Fatalf("the key is %q, want completed", got)
+			}
+			a := e.do("POST", "/charges", "{}", "Idempotency-Key", "k-stall")
+			if a.status != 200 || !a.replayed() || !bytes.Equal(a.body, bigAnswer) {
+				t.Errorf("retry: %d replayed=%v, %d bytes; want the whole answer replayed", a.status, a.replayed(), len(a.body))
+			}
+			if calls != 1 {
+				t.Errorf("the upstream was called %d times, want 1", calls)
+			}
+		})
+	}
+}
+
+// TestAnswerOverTheBudget: an answer that server.max_buffered_bytes cannot
+// hold reaches its client whole, streamed, and is committed as too large
+// to store (as an answer over max_stored_body_bytes): the retry gets 409
+// response-not-replayable, never a second charge, and the answer is
+// counted by reason.
+func TestAnswerOverTheBudget(t *testing.T) {
+	calls := 0
+	up := bigUpstream(t, &calls)
+	e := &env{t: t}
+	cfg := parseConfig(t, up.URL, slowRoutes+"    max_body_bytes: 1024\n")
+	cfg.Server.MaxBufferedBytes = 4 << 20
+	e.startConfig(cfg)
+	a := e.do("POST", "/charges", "{}", "Idempotency-Key", "k-budget")
+	if a.status != 200 || !bytes.Equal(a.body, bigAnswer) {
+		t.Fatalf("first: %d, %d bytes (%v); want the whole answer", a.status, len(a.body), a.err)
+	}
+	wantStatus(t, "retry", e.do("POST", "/charges", "{}", "Idempotency-Key", "k-budget"), 409, "response-not-replayable")
+	if calls != 1 {
+		t.Errorf("the upstream was called %d times, want 1", calls)
+	}
+	for reason, want := range map[string]float64{"over_budget": 1, "too_large": 0} {
+		if got := counterValue(t, e.reg, "idemproxy_answers_not_stored_total", map[string]string{"route": "charges", "reason": reason}); got != want {
+			t.Errorf("idemproxy_answers_not_stored_total{reason=%q} = %v, want %v", reason, got, want)
+		}
+	}
+	// The budget was given back: a small answer is stored again.
+	wantStatus(t, "a small body", e.do("POST", "/charges", "{}", "Idempotency-Key", "k-2"), 200, "")
+}
+
+// TestClientThatClosesMidReplay: a retry that goes away in the middle of
+// a large replay changes nothing: the key stays completed and the next
+// retry gets the whole answer.
+func TestClientThatClosesMidReplay(t *testing.T) {
+	calls := 0
+	e := &env{t: t}
+	e.start(bigUpstream(t, &calls).URL, slowRoutes)
+	if a := e.do("POST", "/charges", "{}", "Idempotency-Key", "k-mid"); a.status != 200 || len(a.body) != len(bigAnswer) {
+		t.Fatalf("first: %d, %d bytes (%v)", a.status, len(a.body), a.err)
+	}
+	for range 3 {
+		conn := rawCharge(t, e, "k-mid", 4<<10)
+		conn.SetReadDeadline(time.Now().Add(time.Minute))
+		io.ReadFull(conn, make([]byte, 64<<10))
+		conn.Close()
+	}
+	a := e.do("POST", "/charges", "{}", "Idempotency-Key", "k-mid")
+	if a.status != 200 || !a.replayed() || !bytes.Equal(a.body, bigAnswer) {
+		t.Errorf("retry: %d replayed=%v, %d bytes; want the whole answer replayed", a.status, a.replayed(), len(a.body))
+	}
+	if calls != 1 {
+		t.Errorf("the upstream was called %d times, want 1", calls)
+	}
+}
+
+// TestShutdownCutsOffADelivery: a client that does not read its committed
+// answer does not hold the proxy past its shutdown deadline: Abort ends
+// the delivery at once (the answer is committed), so Wait returns well
+// before the route's upstream_timeout (1h here).
+func TestShutdownCutsOffADelivery(t *testing.T) {
+	calls := 0
+	e := &env{t: t}
+	e.start(bigUpstream(t, &calls).URL, `
+  - name: charges
+    match: POST /charges
+    key: {header: Idempotency-Key}
+    upstream_timeout: 1h
+    lease: 2h
+    max_stored_body_bytes: 16777216
+`)
+	rawCharge(t, e, "k-shut", 4<<10)
+	eventually(t, "the answer is committed", func() bool { return e.state("charges", "", "k-shut") == proxy.StateCompleted })
+	e.p.Abort()
+	done := make(chan struct{})
+	go func() { e.p.Wait(); close(done) }()
+	eventually(t, "Wait returns after Abort", func() bool {
+		select {
+		case <-done:
+			return true
+		default:
+			return false
+		}
+	})
+}
