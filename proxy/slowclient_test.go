@@ -55,8 +55,9 @@ func rawCharge(t *testing.T, e *env, key string, rcvbuf int) net.Conn {
 }
 
 // TestSlowClientOfAStoredAnswer: the upstream answers 12 MiB at once; the
-// client reads it slowly, pausing twice for two thirds of the route's
-// upstream_timeout (3s), so that it takes longer than that in all. The
+// client reads it at its own steady pace (32 KiB every 10 ms, about
+// 3 MiB/s), so that it takes longer than the route's upstream_timeout (3s)
+// in all. The
 // answer belongs to the upstream: it is read at the upstream's pace and
 // committed, and the slow client still gets all of it at its own pace;
 // the key is completed, not in doubt, and a retry gets the whole answer
@@ -67,7 +68,7 @@ func TestSlowClientOfAStoredAnswer(t *testing.T) {
 	e.start(bigUpstream(t, &calls).URL, slowRoutes)
 	conn := rawCharge(t, e, "k-slow", 64<<10)
 	conn.SetReadDeadline(time.Now().Add(time.Minute))
-	resp, err := http.ReadResponse(bufio.NewReader(&slowReader{r: conn, pauses: 2, pause: 2 * time.Second}), nil)
+	resp, err := http.ReadResponse(bufio.NewReaderSize(&pacedReader{r: conn, chunk: 32 << 10, every: 10 * time.Millisecond}, 32<<10), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,19 +88,21 @@ func TestSlowClientOfAStoredAnswer(t *testing.T) {
 	}
 }
 
-// slowReader pauses before its first reads, then reads at full speed.
-type slowReader struct {
-	r      io.Reader
-	pauses int
-	pause  time.Duration
+// pacedReader reads at most chunk bytes at a time, waiting every between
+// two reads: a client on a slow link.
+type pacedReader struct {
+	r     io.Reader
+	chunk int
+	every time.Duration
+	read  bool
 }
 
-func (s *slowReader) Read(p []byte) (int, error) {
-	if s.pauses > 0 {
-		s.pauses--
-		time.Sleep(s.pause)
+func (s *pacedReader) Read(p []byte) (int, error) {
+	if s.read {
+		time.Sleep(s.every)
 	}
-	return s.r.Read(p)
+	s.read = true
+	return s.r.Read(p[:min(len(p), s.chunk)])
 }
 
 // TestClientThatNeverReadsAStoredAnswer: the client sends a charge and
