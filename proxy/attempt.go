@@ -186,7 +186,7 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 			p.forward(w, a, body)
 			return
 		}
-		if fp != "" && rec.Fingerprint != "" && rec.Fingerprint != fp {
+		if fp != "" && rec.Fingerprint != "" && rec.Fingerprint != fp && !legacyMatch(rec.Fingerprint, r.Method, target, body, rt.ignore) {
 			if a.observe(w, body, WouldMismatch) {
 				return
 			}
@@ -220,6 +220,14 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 		a.answerExisting(w, rec)
 		return
 	}
+}
+
+// legacyMatch reports whether stored is the fingerprint a version that
+// hashed numbers as written (before issue 16) gave this request: a record
+// it stored is still this request's, for its TTL after an upgrade.
+func legacyMatch(stored, method, target string, body []byte, ignore *keyextract.Ignore) bool {
+	legacy, _ := keyextract.LegacyFingerprintIgnoring(method, target, body, ignore)
+	return stored == legacy
 }
 
 // canonicalQuery sorts the parameters of a query string. A query Go cannot
