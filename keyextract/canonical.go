@@ -37,21 +37,22 @@ const MaxDepth = 128
 func Canonicalize(body []byte, ignore []string) ([]byte, error) {
 	var out bytes.Buffer
 	out.Grow(len(body))
-	if err := canonicalize(&out, body, CompileIgnore(ignore)); err != nil {
+	if err := canonicalize(&out, body, CompileIgnore(ignore), false); err != nil {
 		return nil, err
 	}
 	return out.Bytes(), nil
 }
 
-// canonicalize writes the canonical form of body to w.
-func canonicalize(w io.Writer, body []byte, ignore *Ignore) error {
+// canonicalize writes the canonical form of body to w (with numbers as
+// written when numbersAsWritten).
+func canonicalize(w io.Writer, body []byte, ignore *Ignore, numbersAsWritten bool) error {
 	if err := checkJSON(body); err != nil {
 		return err
 	}
 	bw := writers.Get().(*bufio.Writer)
 	defer writers.Put(bw)
 	bw.Reset(w)
-	c := canonicalizer{w: bw}
+	c := canonicalizer{w: bw, numbersAsWritten: numbersAsWritten}
 	if ignore != nil {
 		c.ignore, c.children = ignore.ignore, ignore.children
 	}
@@ -141,6 +142,9 @@ type canonicalizer struct {
 	// children holds, for each path above an ignored one, the names below
 	// it that lead to one: only those paths are worth building.
 	children map[string]map[string]bool
+	// numbersAsWritten writes every number as written, as fingerprints
+	// were made before numbers were canonicalised (LegacyFingerprintIgnoring).
+	numbersAsWritten bool
 }
 
 // value writes one valid JSON value. When tracked, path is its dotted path;
@@ -160,7 +164,7 @@ func (c *canonicalizer) value(v gjson.Result, path string, tracked bool) error {
 	case v.Type == gjson.Number:
 		// One value, one form (4.2e3 as 4200); a number decoders read
 		// differently stays as written.
-		if canon, refused := number(v.Raw); refused == "" {
+		if canon, refused := number(v.Raw); refused == "" && !c.numbersAsWritten {
 			c.w.WriteString(canon)
 			return nil
 		}
@@ -352,11 +356,27 @@ func Fingerprint(method, target string, body []byte, ignore []string) (fp string
 // FingerprintIgnoring is Fingerprint with the ignored paths compiled
 // beforehand (CompileIgnore).
 func FingerprintIgnoring(method, target string, body []byte, ignore *Ignore) (fp string, jsonErr error) {
+	return fingerprint(method, target, body, ignore, false)
+}
+
+// LegacyFingerprintIgnoring is FingerprintIgnoring with every number
+// hashed as written (4.2e3, 12.50), as fingerprints were made before
+// numbers were canonicalised: records stored by such a version keep their
+// fingerprints for their TTL, and an identical retry after an upgrade must
+// still match them. It differs from FingerprintIgnoring only for a JSON
+// body holding a number not written in its canonical form, and it never
+// matches a fingerprint of this version's that FingerprintIgnoring of the
+// same body would not.
+func LegacyFingerprintIgnoring(method, target string, body []byte, ignore *Ignore) (fp string, jsonErr error) {
+	return fingerprint(method, target, body, ignore, true)
+}
+
+func fingerprint(method, target string, body []byte, ignore *Ignore, numbersAsWritten bool) (fp string, jsonErr error) {
 	h := sha256.New()
 	// Length-prefixed, so that no method, target and body can be shifted
 	// into one another (a path may hold a decoded newline).
 	writePrefix(h, method, target, 'j')
-	if jsonErr = canonicalize(h, body, ignore); jsonErr != nil {
+	if jsonErr = canonicalize(h, body, ignore, numbersAsWritten); jsonErr != nil {
 		h.Reset()
 		writePrefix(h, method, target, 'r')
 		h.Write(body)

@@ -51,7 +51,7 @@ func TestCompiledIgnore(t *testing.T) {
 	got := func(ignore []string) string {
 		t.Helper()
 		var h bytes.Buffer
-		if err := canonicalize(&h, body, CompileIgnore(ignore)); err != nil {
+		if err := canonicalize(&h, body, CompileIgnore(ignore), false); err != nil {
 			t.Fatal(err)
 		}
 		return h.String()
@@ -99,6 +99,27 @@ func TestFingerprintGoldenKeyRules(t *testing.T) {
 		// The same as the fingerprint of the canonical form itself.
 		if again, _ := Fingerprint("POST", "/charges", []byte(tt.canonical), nil); again != fp {
 			t.Errorf("Fingerprint(%s) = %q, but of its canonical form %q", tt.body, fp, again)
+		}
+	}
+}
+
+// TestLegacyFingerprint pins LegacyFingerprintIgnoring to the fingerprints
+// 33f5b72 (before numbers were canonicalised) gave, and checks it equals
+// the current fingerprint when every number is written canonically.
+func TestLegacyFingerprint(t *testing.T) {
+	tests := []struct{ body, want string }{
+		{`{"orderId": "ORD-LEGACY", "amount": 12.50}`, "8aee7de71eefaeab7bcd9c50356ca28fedeb115ec151594a33f9270e2d670720"},
+		{`{"orderId": "B-2", "amount": 12.50, "qty": 1e3, "fee": 0.0}`, "9d0f6a54c398132f6769fcb1475ec291c345b5350e47f49a0ee526aeca119ce6"},
+		{`{"orderId": "B-1", "amount": 10, "sentAt": "x"}`, ""}, // canonical numbers: as Fingerprint
+	}
+	for _, tt := range tests {
+		got, _ := LegacyFingerprintIgnoring("POST", "/charges", []byte(tt.body), nil)
+		want := tt.want
+		if want == "" {
+			want, _ = Fingerprint("POST", "/charges", []byte(tt.body), nil)
+		}
+		if got != want {
+			t.Errorf("LegacyFingerprintIgnoring(%s) = %q, want %q", tt.body, got, want)
 		}
 	}
 }

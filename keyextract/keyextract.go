@@ -107,11 +107,25 @@ func (e *Error) Unwrap() error { return e.Err }
 // ('%' as %25, '|' as %7C).
 // On error the key is "".
 func (s Spec) Extract(r *http.Request, body []byte) (string, error) {
+	return s.extract(r, body, false)
+}
+
+// LegacyExtract returns the key of r as versions before the key rules of
+// issue 16 derived it: a header's value as sent (a quoted structured
+// string with its quotes) and a JSON number as written (4200.0), where
+// Extract reads "k-1" as k-1 and 4200.0 as 4200. Records such a version
+// stored stay under that key for their TTL, so a retry must still find
+// them. It is Extract's key whenever the two rules agree.
+func (s Spec) LegacyExtract(r *http.Request, body []byte) (string, error) {
+	return s.extract(r, body, true)
+}
+
+func (s Spec) extract(r *http.Request, body []byte, legacy bool) (string, error) {
 	switch len(s.Parts) {
 	case 0:
 		return "", &Error{Err: ErrInvalid, Reason: "no key source configured"}
 	case 1:
-		v, err := s.Parts[0].value(r, body)
+		v, err := s.Parts[0].value(r, body, legacy)
 		if err != nil {
 			return "", err
 		}
@@ -122,7 +136,7 @@ func (s Spec) Extract(r *http.Request, body []byte) (string, error) {
 	}
 	vals := make([]string, len(s.Parts))
 	for i, p := range s.Parts {
-		v, err := p.value(r, body)
+		v, err := p.value(r, body, legacy)
 		if err != nil {
 			return "", err
 		}
@@ -137,7 +151,7 @@ func (s Spec) Extract(r *http.Request, body []byte) (string, error) {
 
 var partEscaper = strings.NewReplacer("%", "%25", "|", "%7C")
 
-func (src Source) value(r *http.Request, body []byte) (string, error) {
+func (src Source) value(r *http.Request, body []byte, legacy bool) (string, error) {
 	switch src.Kind {
 	case Header:
 		vs := r.Header.Values(src.Name)
@@ -146,6 +160,9 @@ func (src Source) value(r *http.Request, body []byte) (string, error) {
 		}
 		if len(vs) == 0 || vs[0] == "" {
 			return "", &Error{Source: src, Err: ErrMissing}
+		}
+		if legacy {
+			return vs[0], nil
 		}
 		key, reason := sfHeaderValue(vs[0])
 		if reason != "" {
@@ -202,6 +219,9 @@ func (src Source) value(r *http.Request, body []byte) (string, error) {
 		case gjson.Number:
 			// The canonical form (4.2e3 as 4200), so that 1001 and "1001"
 			// are one key, and 4200 and 4.2e3.
+			if legacy {
+				return res.Raw, nil
+			}
 			canon, refused := number(res.Raw)
 			if refused != "" {
 				return "", &Error{Source: src, Err: ErrInvalid, Reason: "the number " + abbrev(res.Raw) + " " + refused}

@@ -181,6 +181,23 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 		}
 	}
 	a.storeKey = StoreKey(cfg.Name, scope, key)
+	if rec := a.legacyRecord(body, scope, key); rec != nil {
+		// Stored by a version that derived this key differently: its
+		// answer, not a second forward under the key's new form.
+		if fp != "" && rec.Fingerprint != "" && rec.Fingerprint != fp && !legacyMatch(rec.Fingerprint, r.Method, target, body, rt.ignore) {
+			if a.observe(w, body, WouldMismatch) {
+				return
+			}
+			a.problem(w, OutcomeMismatch, probMismatch,
+				"this key was first used with another request (method, path or body); a new request needs a new key", 0, nil)
+			return
+		}
+		if a.observeExisting(w, body, rec) {
+			return
+		}
+		a.answerExisting(w, rec)
+		return
+	}
 	res := Reservation{Token: rand.Text(), Fingerprint: fp, Lease: cfg.Lease.D(), TTL: cfg.TTL.D()}
 	waitUntil := time.Now().Add(cfg.WaitTimeout.D())
 	for {
@@ -204,7 +221,7 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 			p.forward(w, a, body)
 			return
 		}
-		if fp != "" && rec.Fingerprint != "" && rec.Fingerprint != fp {
+		if fp != "" && rec.Fingerprint != "" && rec.Fingerprint != fp && !legacyMatch(rec.Fingerprint, r.Method, target, body, rt.ignore) {
 			if a.observe(w, body, WouldMismatch) {
 				return
 			}
@@ -238,6 +255,36 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 		a.answerExisting(w, rec)
 		return
 	}
+}
+
+// legacyRecord returns the record stored under the key a version before
+// the key rules of issue 16 derived for this request (keyextract's
+// LegacyExtract: a quoted header key with its quotes, a number as
+// written), when that key is not key and a record is there; it makes
+// a.storeKey that record's. nil otherwise, a store failure included (the
+// reservation that follows meets it).
+func (a *attempt) legacyRecord(body []byte, scope, key string) *Record {
+	legacy, err := a.rt.spec.LegacyExtract(a.in, body)
+	if err != nil || legacy == key {
+		return nil
+	}
+	storeKey := StoreKey(a.rt.cfg.Name, scope, legacy)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.in.Context()), storeTimeout)
+	defer cancel()
+	rec, err := a.p.store.Get(ctx, storeKey)
+	if err != nil || rec == nil {
+		return nil
+	}
+	a.storeKey = storeKey
+	return rec
+}
+
+// legacyMatch reports whether stored is the fingerprint a version that
+// hashed numbers as written (before issue 16) gave this request: a record
+// it stored is still this request's, for its TTL after an upgrade.
+func legacyMatch(stored, method, target string, body []byte, ignore *keyextract.Ignore) bool {
+	legacy, _ := keyextract.LegacyFingerprintIgnoring(method, target, body, ignore)
+	return stored == legacy
 }
 
 // canonicalQuery sorts the parameters of a query string. A query Go cannot
