@@ -184,15 +184,7 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 	if rec := a.legacyRecord(body, scope, key); rec != nil {
 		// Stored by a version that derived this key differently: its
 		// answer, not a second forward under the key's new form.
-		if fp != "" && rec.Fingerprint != "" && rec.Fingerprint != fp && !legacyMatch(rec.Fingerprint, r.Method, target, body, rt.ignore) {
-			if a.observe(w, body, WouldMismatch) {
-				return
-			}
-			a.problem(w, OutcomeMismatch, probMismatch,
-				"this key was first used with another request (method, path or body); a new request needs a new key", 0, nil)
-			return
-		}
-		if a.observeExisting(w, body, rec) {
+		if a.mismatched(w, body, rec, fp, target) || a.observeExisting(w, body, rec) {
 			return
 		}
 		a.answerExisting(w, rec)
@@ -221,15 +213,7 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 			p.forward(w, a, body)
 			return
 		}
-		if fp != "" && rec.Fingerprint != "" && rec.Fingerprint != fp && !legacyMatch(rec.Fingerprint, r.Method, target, body, rt.ignore) {
-			if a.observe(w, body, WouldMismatch) {
-				return
-			}
-			a.problem(w, OutcomeMismatch, probMismatch,
-				"this key was first used with another request (method, path or body); a new request needs a new key", 0, nil)
-			return
-		}
-		if a.observeExisting(w, body, rec) {
+		if a.mismatched(w, body, rec, fp, target) || a.observeExisting(w, body, rec) {
 			return
 		}
 		if rec.State == StateInFlight && cfg.Concurrent == config.ConcurrentWait && time.Now().Before(waitUntil) {
@@ -436,6 +420,21 @@ func (a *attempt) overloaded(w http.ResponseWriter, why string) ([]byte, bool) {
 	a.p.log.Warn("request refused: too many request bytes buffered at once", "route", a.routeName(), "reason", why)
 	a.problem(w, OutcomeOverloaded, probOverloaded, detail, 1, nil)
 	return nil, false
+}
+
+// mismatched answers 422 (or, in observe mode, forwards) when rec was
+// stored for another request than this one (fingerprint fp of target and
+// body), and reports whether it did. A fingerprint of a version before
+// the number rule (legacyMatch) is the same request.
+func (a *attempt) mismatched(w http.ResponseWriter, body []byte, rec *Record, fp, target string) bool {
+	if fp == "" || rec.Fingerprint == "" || rec.Fingerprint == fp || legacyMatch(rec.Fingerprint, a.in.Method, target, body, a.rt.ignore) {
+		return false
+	}
+	if !a.observe(w, body, WouldMismatch) {
+		a.problem(w, OutcomeMismatch, probMismatch,
+			"this key was first used with another request (method, path or body); a new request needs a new key", 0, nil)
+	}
+	return true
 }
 
 // releaseLater releases a reservation that may or may not exist, in the

@@ -20,30 +20,16 @@ import (
 // keys are there.
 func TestOpenWithEmptyMemtableLog(t *testing.T) {
 	dir := t.TempDir()
-	s, err := Open(Options{Dir: dir, SyncWrites: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	res := proxy.Reservation{Token: "tok", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
-	if _, err := s.Reserve(ctx, "pay/-/k1", res); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Commit(ctx, "pay/-/k1", "tok", proxy.Response{Status: 201, BodyStored: true}, time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
+	closedWithCommittedKey(t, dir)
 	if err := os.WriteFile(filepath.Join(dir, "00099.mem"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	s, err = Open(Options{Dir: dir})
+	s, err := Open(Options{Dir: dir})
 	if err != nil {
 		t.Fatalf("Open with an empty memtable log: %v", err)
 	}
 	defer s.Close()
-	rec, err := s.Get(ctx, "pay/-/k1")
+	rec, err := s.Get(context.Background(), "pay/-/k1")
 	if err != nil || rec == nil || rec.State != proxy.StateCompleted {
 		t.Errorf("Get after the reopen = %+v, %v; want the completed record", rec, err)
 	}
