@@ -12,6 +12,14 @@ import (
 // in HTTP/2.
 const maxHeaderBytes = 64 << 10
 
+// maxHeaderLines bounds the lines of an HTTP/1 request's header (its
+// request line and header fields): more is answered 431
+// too-many-header-fields. Go's server allocates per field, so the count,
+// not only the bytes, sets what a header costs while it is read; proxies
+// allow about as many (Envoy 100 fields by default, nginx a few KiB).
+// HTTP/2 bounds the decoded list instead, counting 32 bytes a field.
+const maxHeaderLines = 256
+
 // HTTP/2 limits, per connection. A stream is a request: at most
 // h2MaxStreams of them run at once on one connection, and request bytes the
 // proxy has not read yet wait in flow-control windows of h2StreamWindow per
@@ -111,5 +119,9 @@ func registerConnMetrics(reg prometheus.Registerer, l *connLimiter) {
 			Name: "idemproxy_http2_streams_refused_total",
 			Help: "HTTP/2 streams answered 503 overloaded because server.max_connections requests were in flight.",
 		}, func() float64 { return float64(l.h2Refused.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "idemproxy_request_headers_refused_total",
+			Help: "HTTP/1 requests answered 431 too-many-header-fields: a header of more than 256 lines, cut as it was read.",
+		}, func() float64 { return float64(l.headerRefused.Load()) }),
 	)
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -75,6 +76,8 @@ type connLimiter struct {
 	// could.
 	inFlight  atomic.Int64
 	h2Refused atomic.Uint64 // HTTP/2 streams refused by that bound
+
+	headerRefused atomic.Uint64 // HTTP/1 headers cut at maxHeaderLines
 }
 
 // newConnLimiter limits ln to max connections at once (max <= 0: no
@@ -226,6 +229,9 @@ func (l *connLimiter) ConnState(nc net.Conn, st http.ConnState) {
 	case http.StateIdle:
 		c.state, c.since = st, now
 		c.readAt.Store(0)
+		if !c.h2.Load() {
+			c.hdr = headerLines{} // the next request's header
+		}
 		if !c.inIdle && !c.released {
 			l.pushIdle(c)
 		}
@@ -261,8 +267,12 @@ type trackedConn struct {
 	since      time.Time // when it entered state
 
 	readAt atomic.Int64 // unix nanoseconds of the first byte read since it went idle; 0: none
-	h2     atomic.Bool  // it opened with the HTTP/2 preface
-	shed   atomic.Bool  // the limiter closed it to admit another
+	// hdr counts the lines of an HTTP/1 request's header as it is read,
+	// for maxHeaderLines. Only the connection's serving goroutine touches
+	// it (its reads, and ConnState's reset when it turns idle).
+	hdr  headerLines
+	h2   atomic.Bool // it opened with the HTTP/2 preface
+	shed atomic.Bool // the limiter closed it to admit another
 
 	head  [len("PRI * HTTP/2.0")]byte // the first bytes read, until the preface is told apart
 	headN int                         // -1: told apart
@@ -307,9 +317,62 @@ func (c *trackedConn) Read(p []byte) (int, error) {
 		if c.headN >= 0 {
 			c.sniff(p[:n])
 		}
+		if !c.hdr.done && !c.h2.Load() && c.hdr.count(p[:n]) > maxHeaderLines {
+			return 0, c.refuseHeader()
+		}
 	}
 	return n, err
 }
+
+// refuseHeader answers an HTTP/1 request whose header has more than
+// maxHeaderLines lines with 431 and closes the connection. Go's server
+// parses every header line into its own strings and map entries before a
+// handler can look at the request: 64 KiB of one-byte fields cost half a
+// mebibyte, so max_connections of them would take hundreds of MiB. The
+// error is a read error, which the server ends the connection on without
+// writing an answer of its own.
+func (c *trackedConn) refuseHeader() error {
+	c.l.headerRefused.Add(1)
+	c.Conn.SetWriteDeadline(time.Now().Add(time.Second))
+	c.Conn.Write(proxy.HeaderFieldsAnswer(maxHeaderLines))
+	c.Close()
+	return &net.OpError{Op: "read", Net: "tcp", Err: errTooManyHeaderLines}
+}
+
+// headerLines counts the lines of a request header as its bytes arrive,
+// until the empty line that ends it. Bytes read after that (the body, and
+// a pipelined request already buffered with it, at most one read buffer)
+// are not counted: the count starts again when the connection turns idle.
+type headerLines struct {
+	lines   int  // lines read, the empty one that ends the header not included
+	nonzero bool // a line with content was read: an empty line now ends the header
+	inLine  bool // the current line has content
+	done    bool // the empty line was read
+}
+
+// count adds the line ends in b and returns the lines so far.
+func (h *headerLines) count(b []byte) int {
+	for _, ch := range b {
+		switch ch {
+		case '\n':
+			if !h.inLine && h.nonzero {
+				h.done = true // the empty line: not one of the header's
+				return h.lines
+			}
+			h.lines++
+			h.nonzero = h.nonzero || h.inLine
+			h.inLine = false
+		case '\r':
+		default:
+			h.inLine = true
+		}
+	}
+	return h.lines
+}
+
+// errTooManyHeaderLines ends a connection whose request header has more
+// than maxHeaderLines lines.
+var errTooManyHeaderLines = errors.New("request header has too many lines")
 
 // sniff tells an HTTP/2 connection (prior knowledge) from an HTTP/1 one
 // by its first bytes.

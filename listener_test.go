@@ -231,3 +231,38 @@ func TestConnLimiterSniffsHTTP2(t *testing.T) {
 		})
 	}
 }
+
+// TestHeaderLinesCount: the lines of a request header are counted as its
+// bytes arrive, in any split, up to the empty line that ends it; what
+// follows (a body, a pipelined request) is not counted, and an empty line
+// before the request line does not end the count.
+func TestHeaderLinesCount(t *testing.T) {
+	tests := []struct {
+		name     string
+		reads    []string
+		want     int
+		wantDone bool
+	}{
+		{"whole header", []string{"POST / HTTP/1.1\r\nHost: x\r\n\r\n"}, 2, true},
+		{"bare line feeds", []string{"POST / HTTP/1.1\nHost: x\n\n"}, 2, true},
+		{"split everywhere", []string{"POST / HTTP/1.1\r", "\nHost: x\r\n", "\r", "\n"}, 2, true},
+		{"unfinished", []string{"POST / HTTP/1.1\r\nA: b\r\nC: d"}, 2, false},
+		{"body and pipelined request not counted", []string{"POST / HTTP/1.1\r\nA: b\r\n\r\n{\n\n\n}GET / HTTP/1.1\r\n\r\n"}, 2, true},
+		{"empty line first does not end it", []string{"\r\n\r\nPOST / HTTP/1.1\r\nA: b\r\nC: d\r\n"}, 5, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var h headerLines
+			got := 0
+			for _, r := range tt.reads {
+				if h.done {
+					break
+				}
+				got = h.count([]byte(r))
+			}
+			if got != tt.want || h.done != tt.wantDone {
+				t.Errorf("count = %d, done %v; want %d, done %v", got, h.done, tt.want, tt.wantDone)
+			}
+		})
+	}
+}

@@ -30,6 +30,7 @@ var (
 	probBodyTooLarge      = problem{"body-too-large", http.StatusRequestEntityTooLarge, "Request body too large"}
 	probUnsupportedCoding = problem{"unsupported-content-encoding", http.StatusUnsupportedMediaType,
 		"Request content encoding not supported"}
+	probHeaderFields     = problem{"too-many-header-fields", http.StatusRequestHeaderFieldsTooLarge, "Too many request header fields"}
 	probBodyTimeout      = problem{"body-timeout", http.StatusRequestTimeout, "Request body not received in time"}
 	probInFlight         = problem{"request-in-flight", http.StatusConflict, "A request with this key is being processed"}
 	probInDoubt          = problem{"outcome-in-doubt", http.StatusConflict, "The outcome of an earlier request with this key is unknown"}
@@ -52,7 +53,7 @@ func Problems() []struct {
 	Title  string
 } {
 	all := []problem{probMissingKey, probInvalidKey, probInvalidJSON, probMissingScope, probInvalidScope, probUnreadableBody,
-		probInvalidUpgrade, probBodyTooLarge, probBodyTimeout, probInFlight, probInDoubt, probDuplicate, probNotReplayable, probMismatch,
+		probInvalidUpgrade, probBodyTooLarge, probHeaderFields, probBodyTimeout, probInFlight, probInDoubt, probDuplicate, probNotReplayable, probMismatch,
 		probUpstreamDown, probUpstreamReset, probUpstreamTimeout, probStoreUnavailable, probOverloaded, probShuttingDown,
 		probUnsupportedCoding}
 	out := make([]struct {
@@ -98,4 +99,21 @@ func writeProblem(w http.ResponseWriter, r *http.Request, p problem, detail stri
 // server's bound on requests in flight); detail names the bound.
 func WriteOverloaded(w http.ResponseWriter, r *http.Request, detail string) {
 	writeProblem(w, r, probOverloaded, detail, 1, nil)
+}
+
+// HeaderFieldsAnswer is the whole HTTP/1.1 answer, 431
+// too-many-header-fields with Connection: close, to a request whose header
+// was cut after max lines, before any handler saw it.
+func HeaderFieldsAnswer(max int) []byte {
+	b, _ := json.Marshal(map[string]any{
+		"type":   ProblemTypePrefix + probHeaderFields.name,
+		"title":  probHeaderFields.title,
+		"status": probHeaderFields.status,
+		"detail": "the request header has more than " + strconv.Itoa(max) + " lines (request line and fields); send fewer header fields",
+	})
+	return []byte("HTTP/1.1 431 Request Header Fields Too Large\r\n" +
+		"Content-Type: application/problem+json\r\n" +
+		"Content-Length: " + strconv.Itoa(len(b)) + "\r\n" +
+		"Cache-Control: no-store\r\n" +
+		"Connection: close\r\n\r\n" + string(b))
 }
