@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/idemproxy/idemproxy/internal/prealloc"
 	"github.com/idemproxy/idemproxy/proxy"
 )
 
@@ -507,8 +508,42 @@ func (g *Guard) Close() error {
 		_, err := closeWithin(s, 5*time.Second)
 		return err
 	}
-	return s.Close()
+	return closeUnlessFull(s)
 }
+
+// closeUnlessFull closes s, but gives up once a file it creates waits for
+// disk space (prealloc.Waiting): Badger flushes its memtable into a new
+// table when it closes, and retries that for ever, so on a disk that stays
+// full the Close would never end, nor the process that waits for it. What
+// the memtable holds is in its log, replayed when the store opens; the
+// Close is left to finish in the background, should room come back.
+func closeUnlessFull(s *Store) error {
+	result := make(chan error, 1)
+	go func() {
+		defer func() {
+			if p := recover(); p != nil {
+				result <- fmt.Errorf("badger: panic closing: %v", p)
+			}
+		}()
+		result <- s.Close()
+	}()
+	t := time.NewTicker(closePoll)
+	defer t.Stop()
+	for {
+		select {
+		case err := <-result:
+			return err
+		case <-t.C:
+			if prealloc.Waiting() > 0 {
+				return errors.New("badger: close abandoned: no room on disk for the memtable's table; its log keeps the writes, replayed when the store opens")
+			}
+		}
+	}
+}
+
+// closePoll is how often closeUnlessFull looks for a file waiting for
+// space.
+const closePoll = time.Second
 
 // closeWithin closes a store that failed: such a Badger can hang closing
 // (its directory is gone) or panic, so it gets d, and is then left to
