@@ -6,7 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -455,5 +458,43 @@ func TestStalledReservationReleased(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestWriteAfterFailedRotation: a Badger that failed to rotate its
+// memtable (its directory removed) has none, and its write goroutine
+// log.Fatalf's (y.AssertTrue) on the next write it is sent: only a read in
+// the writer's own goroutine panics recoverably first. A batch whose
+// closures only write (the reconciler's delete of stale index entries)
+// must fail, not end the process.
+func TestWriteAfterFailedRotation(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	s, err := Open(Options{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeWithin(s, 5*time.Second)
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	body := make([]byte, 8<<10)
+	rotated := false
+	for i := 0; i < 20000 && !rotated; i++ {
+		k := fmt.Sprintf("k%d", i)
+		r := proxy.Reservation{Token: "tok", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
+		if _, err := s.Reserve(ctx, k, r); err != nil {
+			rotated = strings.Contains(err.Error(), "panic")
+			continue
+		}
+		s.Commit(ctx, k, r.Token, proxy.Response{Status: 201, Body: body, BodyStored: true}, time.Hour)
+	}
+	if !rotated {
+		t.Fatal("Badger never lost its memtable with its directory removed; the test proves nothing")
+	}
+	t.Log("the memtable is lost; a write-only batch")
+	err = s.update(func(txn *bdg.Txn) error { return txn.Delete([]byte("stale-index-entry")) })
+	if err == nil {
+		t.Errorf("a write-only batch on a Badger without a memtable = nil, want an error")
 	}
 }
