@@ -352,7 +352,9 @@ func (s *Store) RunGC() int {
 		default:
 		}
 		s.w.exclusive.Lock() // no rewrite between a batch's commit and its sync
-		err := s.db.RunValueLogGC(0.5)
+		// Recovered: a Badger that lost its memtable (a failed rotation)
+		// panics on the rewrite's first read, here in the gc goroutine.
+		err := recovered(func() error { return s.db.RunValueLogGC(0.5) })
 		s.w.exclusive.Unlock()
 		if err != nil {
 			if !errors.Is(err, bdg.ErrNoRewrite) && !errors.Is(err, bdg.ErrRejected) {
