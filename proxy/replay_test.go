@@ -127,3 +127,26 @@ func TestReplayCarriesTrailers(t *testing.T) {
 	wantStatus(t, "giant trailer", e.do("GET", "/things/3?trailers&giant", ""), 502, "upstream-reset")
 	wantStatus(t, "giant trailer, retry", e.do("GET", "/things/3?trailers&giant", ""), 409, "outcome-in-doubt")
 }
+
+// TestHeadReplayWithoutLength: a HEAD whose original answer carried no
+// Content-Length (the upstream did not know it: chunked) is replayed
+// without one, not with the 0 of the stored empty body, which tells the
+// client the resource is empty.
+func TestHeadReplayWithoutLength(t *testing.T) {
+	e := &env{t: t}
+	e.start(thingsUpstream(t).URL, `
+  - name: things
+    match: GET /things/{id}
+    key: {path: id}
+`)
+	first := e.do("HEAD", "/things/1?trailers", "")
+	wantStatus(t, "first", first, 200, "")
+	if cl := first.header.Get("Content-Length"); cl != "" {
+		t.Fatalf("the original HEAD answer has Content-Length %q; the test needs one without", cl)
+	}
+	a := e.do("HEAD", "/things/1?trailers", "")
+	if a.status != 200 || !a.replayed() || a.header.Get("Content-Length") != "" {
+		t.Errorf("retry: %d replayed=%v, Content-Length %q; want the replay without Content-Length",
+			a.status, a.replayed(), a.header.Get("Content-Length"))
+	}
+}
