@@ -150,3 +150,34 @@ func TestHeadReplayWithoutLength(t *testing.T) {
 			a.status, a.replayed(), a.header.Get("Content-Length"))
 	}
 }
+
+// TestHeadReplayOfALargeResource: the answer to a HEAD has no body,
+// whatever its Content-Length says; Go's transport reports that length as
+// the response's ContentLength. A HEAD of a resource larger than
+// max_stored_body_bytes is stored and replayed with its length like any
+// other, not refused 409 response-not-replayable.
+func TestHeadReplayOfALargeResource(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "104857600")
+		if r.Method != http.MethodHead {
+			io.Copy(w, io.LimitReader(zeros{}, 104857600))
+		}
+	}))
+	defer up.Close()
+	e := &env{t: t}
+	e.start(up.URL, `
+  - name: things
+    match: GET /things/{id}
+    key: {path: id}
+`)
+	wantStatus(t, "first", e.do("HEAD", "/things/big", ""), 200, "")
+	a := e.do("HEAD", "/things/big", "")
+	if a.status != 200 || !a.replayed() || a.header.Get("Content-Length") != "104857600" {
+		t.Errorf("retry: %d replayed=%v, Content-Length %q; want the replay with Content-Length 104857600",
+			a.status, a.replayed(), a.header.Get("Content-Length"))
+	}
+}
+
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) { clear(p); return len(p), nil }
