@@ -71,6 +71,13 @@ type Guard struct {
 	// directory for such a Close: the table its flush leaves there is
 	// not the store's.
 	recreated bool
+	// noRoomAt is the free space when an open failed for want of room
+	// (isNoRoom), and noRoom whether the last one did: the store is not
+	// opened again until more is free. Badger leaks file descriptors
+	// (its key registry's) and memory of every Open that fails. Only the
+	// watch goroutine uses them, after OpenGuarded.
+	noRoom   bool
+	noRoomAt uint64
 }
 
 var (
@@ -125,6 +132,7 @@ func OpenGuarded(opts Options, g GuardOptions) (*Guard, error) {
 		// allocates when it opens (internal/prealloc): as below it.
 		opts.Logger.Error("no room on disk to open the store: it opens once there is room", "dir", opts.Dir, "err", err)
 		gd.fail(err)
+		gd.noRoomAfter()
 	} else {
 		return nil, err
 	}
@@ -226,10 +234,29 @@ func (g *Guard) watch() {
 			return
 		case <-t.C:
 		}
-		if g.broken.Load() && !g.belowFloor() {
+		if g.broken.Load() && !g.belowFloor() && g.roomSinceNoRoom() {
 			g.reopen()
 		}
 	}
+}
+
+// noRoomAfter records that an open failed for want of room, and the free
+// space then.
+func (g *Guard) noRoomAfter() {
+	g.noRoom, g.noRoomAt = true, 0
+	if free, err := g.free(g.opts.Dir); err == nil {
+		g.noRoomAt = free
+	}
+}
+
+// roomSinceNoRoom reports whether the store may be opened again: the last
+// open did not fail for want of room, or more space is free now.
+func (g *Guard) roomSinceNoRoom() bool {
+	if !g.noRoom {
+		return true
+	}
+	free, err := g.free(g.opts.Dir)
+	return err != nil || free > g.noRoomAt
 }
 
 // reopen closes the failed store (abandoning a Close that hangs on a lost
@@ -288,9 +315,13 @@ func (g *Guard) reopen() {
 		o.orphanTables = g.recreated
 		return Open(o)
 	}()
+	g.noRoom = false
 	if err != nil {
 		g.lastErr.Store(&err)
 		g.opts.Logger.Warn("reopening the badger store failed; retrying", "err", err)
+		if isNoRoom(err) {
+			g.noRoomAfter()
+		}
 		return
 	}
 	g.mu.Lock()
