@@ -73,3 +73,42 @@ func countFDs(t *testing.T, p *proc, name string) int {
 	}
 	return n
 }
+
+// TestNewStoreOnANearlyFullDisk: a new store on a disk with room for its
+// first memtable but not for Badger's discard-stats file (1 MiB) waits for
+// room like any other open that does not fit. Badger creates that file
+// with y.Check: preallocated, its ENOSPC was a log.Fatalf, and the proxy
+// exited at start (or at the reopen of a removed directory).
+func TestNewStoreOnANearlyFullDisk(t *testing.T) {
+	mnt := mountTmpfs(t, 64<<20)
+	up := startStub(t)
+	cfg := writeConfig(t, filepath.Join(t.TempDir(), "c.yaml"), up.URL, filepath.Join(mnt, "data"),
+		"    min_free_bytes: 1", chargesRoute)
+	filler := filepath.Join(mnt, "filler")
+	fill(t, filler)
+	fi, err := os.Stat(filler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(filler, fi.Size()-(2<<20)-(512<<10)); err != nil {
+		t.Fatal(err)
+	}
+	p := startProxy(t, cfg)
+	if r := do("GET", p.adminURL("/readyz"), ""); r.status != 503 {
+		t.Errorf("/readyz without room to open = %d, want 503", r.status)
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("%s", tail(p.log.String(), 12))
+		}
+	})
+	eventually(t, "ready once space is back", func() bool {
+		return do("GET", p.adminURL("/readyz"), "").status == 200
+	})
+	if r := charge(p, "ORD-NEW"); r.status != 201 {
+		t.Errorf("charge = %d %s, want 201", r.status, r.body)
+	}
+}
