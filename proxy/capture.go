@@ -34,10 +34,12 @@ func (a *attempt) captureAnswer(resp *http.Response) error {
 	limit := a.rt.cfg.MaxStoredBodyBytes
 	var buf bytes.Buffer
 	over, reason := false, ""
-	if resp.ContentLength > limit {
+	// A HEAD's answer has no body: its ContentLength is the GET's.
+	head := a.in.Method == http.MethodHead
+	if resp.ContentLength > limit && !head {
 		over, reason = true, notStoredTooLarge
 	} else {
-		if resp.ContentLength > 0 {
+		if resp.ContentLength > 0 && !head {
 			// Announced, but taken only as it arrives: an upstream that
 			// lies about the length must not take the budget for nothing.
 			buf.Grow(int(min(resp.ContentLength, 1<<20)))

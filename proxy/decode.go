@@ -72,6 +72,9 @@ func (a *attempt) decodeBody(body []byte) ([]byte, *problem, string) {
 		}
 		switch {
 		case rerr == io.EOF:
+			if out.Len() == 0 {
+				return []byte{}, nil, "" // nil would say "over budget"
+			}
 			return out.Bytes(), nil, ""
 		case rerr != nil:
 			return undecodable(rerr)

@@ -173,3 +173,23 @@ func TestCompressedRequestBodyRefused(t *testing.T) {
 	e3.start(srv.URL, chargesByOrder+"    mode: observe\n")
 	wantStatus(t, "br, in observe mode", sendBody(t, e3, order, "br"), 201, "")
 }
+
+// TestCompressedEmptyBody: a gzip body that decodes to nothing (clients
+// that compress every request send one for an empty POST) is an empty
+// body, not 503 overloaded: that retry would fail the same way for ever.
+func TestCompressedEmptyBody(t *testing.T) {
+	up := &recorder{}
+	srv := httptest.NewServer(up)
+	defer srv.Close()
+	e := &env{t: t}
+	e.start(srv.URL, chargesByHeader)
+	empty := gzipWith(nil, time.Time{}, gzip.DefaultCompression)
+	wantStatus(t, "gzip of nothing", sendBody(t, e, empty, "gzip", "Idempotency-Key", "k-empty"), 201, "")
+	a := sendBody(t, e, nil, "", "Idempotency-Key", "k-empty")
+	if a.status != 201 || !a.replayed() {
+		t.Errorf("the retry without a body: %s, want the 201 replayed", a)
+	}
+	if up.calls() != 1 {
+		t.Errorf("the upstream got %d requests, want 1", up.calls())
+	}
+}

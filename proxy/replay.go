@@ -23,7 +23,8 @@ import (
 //     A stored answer in a content coding is replayed with
 //     Vary: Accept-Encoding;
 //   - a HEAD replay carries the Content-Length of the original (a HEAD's,
-//     or the stored body's length) and no body;
+//     or the stored body's length; none when a HEAD original had none)
+//     and no body;
 //   - stored trailers are replayed as trailers (the body then goes
 //     chunked, as the original did).
 func (a *attempt) replay(w http.ResponseWriter, resp *Response) {
@@ -59,6 +60,9 @@ func (a *attempt) replay(w http.ResponseWriter, resp *Response) {
 	switch cl := resp.Header.Get("Content-Length"); {
 	case head && cl != "" && decode == "":
 		h.Set("Content-Length", cl) // the HEAD original's
+	case head && len(resp.Body) == 0:
+		// A HEAD original without a length (chunked): none either. The
+		// stored body is empty, its 0 is not the resource's length.
 	case trailers:
 		// Chunked, so that the trailers can follow the body.
 		names := make([]string, 0, len(resp.Trailer))

@@ -127,3 +127,57 @@ func TestReplayCarriesTrailers(t *testing.T) {
 	wantStatus(t, "giant trailer", e.do("GET", "/things/3?trailers&giant", ""), 502, "upstream-reset")
 	wantStatus(t, "giant trailer, retry", e.do("GET", "/things/3?trailers&giant", ""), 409, "outcome-in-doubt")
 }
+
+// TestHeadReplayWithoutLength: a HEAD whose original answer carried no
+// Content-Length (the upstream did not know it: chunked) is replayed
+// without one, not with the 0 of the stored empty body, which tells the
+// client the resource is empty.
+func TestHeadReplayWithoutLength(t *testing.T) {
+	e := &env{t: t}
+	e.start(thingsUpstream(t).URL, `
+  - name: things
+    match: GET /things/{id}
+    key: {path: id}
+`)
+	first := e.do("HEAD", "/things/1?trailers", "")
+	wantStatus(t, "first", first, 200, "")
+	if cl := first.header.Get("Content-Length"); cl != "" {
+		t.Fatalf("the original HEAD answer has Content-Length %q; the test needs one without", cl)
+	}
+	a := e.do("HEAD", "/things/1?trailers", "")
+	if a.status != 200 || !a.replayed() || a.header.Get("Content-Length") != "" {
+		t.Errorf("retry: %d replayed=%v, Content-Length %q; want the replay without Content-Length",
+			a.status, a.replayed(), a.header.Get("Content-Length"))
+	}
+}
+
+// TestHeadReplayOfALargeResource: the answer to a HEAD has no body,
+// whatever its Content-Length says; Go's transport reports that length as
+// the response's ContentLength. A HEAD of a resource larger than
+// max_stored_body_bytes is stored and replayed with its length like any
+// other, not refused 409 response-not-replayable.
+func TestHeadReplayOfALargeResource(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "104857600")
+		if r.Method != http.MethodHead {
+			io.Copy(w, io.LimitReader(zeros{}, 104857600))
+		}
+	}))
+	defer up.Close()
+	e := &env{t: t}
+	e.start(up.URL, `
+  - name: things
+    match: GET /things/{id}
+    key: {path: id}
+`)
+	wantStatus(t, "first", e.do("HEAD", "/things/big", ""), 200, "")
+	a := e.do("HEAD", "/things/big", "")
+	if a.status != 200 || !a.replayed() || a.header.Get("Content-Length") != "104857600" {
+		t.Errorf("retry: %d replayed=%v, Content-Length %q; want the replay with Content-Length 104857600",
+			a.status, a.replayed(), a.header.Get("Content-Length"))
+	}
+}
+
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) { clear(p); return len(p), nil }

@@ -174,17 +174,20 @@ func supervise(installed chan<- error) {
 // the others meanwhile.
 func waitForSpace(fd int, id uint64, file int, length int64) {
 	waiting.Add(1)
-	defer waiting.Add(-1)
 	for {
 		time.Sleep(250 * time.Millisecond)
 		valid := id
 		if ioctl(fd, notifIDValid, unsafe.Pointer(&valid)) != nil {
+			waiting.Add(-1)
 			return // the caller is gone, or its call was restarted
 		}
 		err := fallocate(file, length)
 		if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
 			continue
 		}
+		// No longer waiting before the caller is answered: once its
+		// ftruncate returns, Waiting does not count it.
+		waiting.Add(-1)
 		resp := seccompNotifResp{id: id, flags: unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE}
 		_ = ioctl(fd, unix.SECCOMP_IOCTL_NOTIF_SEND, unsafe.Pointer(&resp))
 		return

@@ -182,6 +182,9 @@ func Open(opts Options) (*Store, error) {
 	if err := removeEmptyMemtables(opts.Dir); err != nil {
 		return nil, err
 	}
+	if err := createDiscardStats(opts.Dir); err != nil {
+		return nil, err
+	}
 	db, err := bdg.Open(bo)
 	if err != nil {
 		return nil, fmt.Errorf("badger: open %s: %w", opts.Dir, err)
@@ -261,6 +264,38 @@ func removeEmptyMemtables(dir string) error {
 				return fmt.Errorf("badger: remove the empty memtable log %s: %w", l, err)
 			}
 		}
+	}
+	return nil
+}
+
+// discardStatsSize is the size Badger gives its discard-stats file
+// (DISCARD) when it creates it.
+const discardStatsSize = 1 << 20
+
+// createDiscardStats creates Badger's discard-stats file in dir, zeroed
+// at its initial size, when it does not exist yet (a new store): Badger
+// creates it with y.Check, so that a full disk (its ftruncate fails,
+// preallocated) would log.Fatalf. Made here, that is an ENOSPC error the
+// Guard waits out. Badger opens a zeroed file as it would a new one.
+func createDiscardStats(dir string) error {
+	path := filepath.Join(dir, "DISCARD")
+	if fi, err := os.Stat(path); err == nil && fi.Size() > 0 {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil // Badger reports it
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		return nil // Badger reports it
+	}
+	err = f.Truncate(discardStatsSize)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(path)
+		return fmt.Errorf("badger: create %s: %w", path, err)
 	}
 	return nil
 }
@@ -352,7 +387,9 @@ func (s *Store) RunGC() int {
 		default:
 		}
 		s.w.exclusive.Lock() // no rewrite between a batch's commit and its sync
-		err := s.db.RunValueLogGC(0.5)
+		// Recovered: a Badger that lost its memtable (a failed rotation)
+		// panics on the rewrite's first read, here in the gc goroutine.
+		err := recovered(func() error { return s.db.RunValueLogGC(0.5) })
 		s.w.exclusive.Unlock()
 		if err != nil {
 			if !errors.Is(err, bdg.ErrNoRewrite) && !errors.Is(err, bdg.ErrRejected) {

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/idemproxy/idemproxy/internal/prealloc"
 	"github.com/idemproxy/idemproxy/proxy"
 )
 
@@ -70,6 +71,13 @@ type Guard struct {
 	// directory for such a Close: the table its flush leaves there is
 	// not the store's.
 	recreated bool
+	// noRoomAt is the free space when an open failed for want of room
+	// (isNoRoom), and noRoom whether the last one did: the store is not
+	// opened again until more is free. Badger leaks file descriptors
+	// (its key registry's) and memory of every Open that fails. Only the
+	// watch goroutine uses them, after OpenGuarded.
+	noRoom   bool
+	noRoomAt uint64
 }
 
 var (
@@ -124,6 +132,7 @@ func OpenGuarded(opts Options, g GuardOptions) (*Guard, error) {
 		// allocates when it opens (internal/prealloc): as below it.
 		opts.Logger.Error("no room on disk to open the store: it opens once there is room", "dir", opts.Dir, "err", err)
 		gd.fail(err)
+		gd.noRoomAfter()
 	} else {
 		return nil, err
 	}
@@ -225,10 +234,29 @@ func (g *Guard) watch() {
 			return
 		case <-t.C:
 		}
-		if g.broken.Load() && !g.belowFloor() {
+		if g.broken.Load() && !g.belowFloor() && g.roomSinceNoRoom() {
 			g.reopen()
 		}
 	}
+}
+
+// noRoomAfter records that an open failed for want of room, and the free
+// space then.
+func (g *Guard) noRoomAfter() {
+	g.noRoom, g.noRoomAt = true, 0
+	if free, err := g.free(g.opts.Dir); err == nil {
+		g.noRoomAt = free
+	}
+}
+
+// roomSinceNoRoom reports whether the store may be opened again: the last
+// open did not fail for want of room, or more space is free now.
+func (g *Guard) roomSinceNoRoom() bool {
+	if !g.noRoom {
+		return true
+	}
+	free, err := g.free(g.opts.Dir)
+	return err != nil || free > g.noRoomAt
 }
 
 // reopen closes the failed store (abandoning a Close that hangs on a lost
@@ -287,9 +315,13 @@ func (g *Guard) reopen() {
 		o.orphanTables = g.recreated
 		return Open(o)
 	}()
+	g.noRoom = false
 	if err != nil {
 		g.lastErr.Store(&err)
 		g.opts.Logger.Warn("reopening the badger store failed; retrying", "err", err)
+		if isNoRoom(err) {
+			g.noRoomAfter()
+		}
 		return
 	}
 	g.mu.Lock()
@@ -507,8 +539,42 @@ func (g *Guard) Close() error {
 		_, err := closeWithin(s, 5*time.Second)
 		return err
 	}
-	return s.Close()
+	return closeUnlessFull(s)
 }
+
+// closeUnlessFull closes s, but gives up once a file it creates waits for
+// disk space (prealloc.Waiting): Badger flushes its memtable into a new
+// table when it closes, and retries that for ever, so on a disk that stays
+// full the Close would never end, nor the process that waits for it. What
+// the memtable holds is in its log, replayed when the store opens; the
+// Close is left to finish in the background, should room come back.
+func closeUnlessFull(s *Store) error {
+	result := make(chan error, 1)
+	go func() {
+		defer func() {
+			if p := recover(); p != nil {
+				result <- fmt.Errorf("badger: panic closing: %v", p)
+			}
+		}()
+		result <- s.Close()
+	}()
+	t := time.NewTicker(closePoll)
+	defer t.Stop()
+	for {
+		select {
+		case err := <-result:
+			return err
+		case <-t.C:
+			if prealloc.Waiting() > 0 {
+				return errors.New("badger: close abandoned: no room on disk for the memtable's table; its log keeps the writes, replayed when the store opens")
+			}
+		}
+	}
+}
+
+// closePoll is how often closeUnlessFull looks for a file waiting for
+// space.
+const closePoll = time.Second
 
 // closeWithin closes a store that failed: such a Badger can hang closing
 // (its directory is gone) or panic, so it gets d, and is then left to

@@ -208,7 +208,16 @@ func (w *writer) applyOnce(batch []*op) []*op {
 			return rest
 		}
 		w.exclusive.Lock()
-		err := recovered(func() error { return w.commit(txn) })
+		err := recovered(func() error {
+			// A read first: without a memtable (a rotation that failed)
+			// it panics here, recoverably, where the commit would make
+			// Badger's write goroutine log.Fatalf (y.AssertTrue). Not
+			// every closure reads before it writes.
+			if _, err := txn.Get(memtableProbe); err != nil && !errors.Is(err, bdg.ErrKeyNotFound) {
+				return err
+			}
+			return w.commit(txn)
+		})
 		txn.Discard()
 		if err == nil && w.syncWrites && slices.ContainsFunc(batch, func(o *op) bool { return o.sync }) {
 			if err = w.sync(); err != nil {
@@ -229,6 +238,10 @@ func (w *writer) applyOnce(batch []*op) []*op {
 		return nil
 	}
 }
+
+// memtableProbe is the key the writer reads before each commit; it is never
+// written, so the read goes to the database (the memtable first).
+var memtableProbe = []byte("\x00idemproxy:memtable-probe")
 
 // recovered runs fn and turns a panic into its error. A Badger that failed
 // to rotate its memtable (its directory removed, no file descriptors left)

@@ -6,7 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -455,5 +458,102 @@ func TestStalledReservationReleased(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestWriteAfterFailedRotation: a Badger that failed to rotate its
+// memtable (its directory removed) has none, and its write goroutine
+// log.Fatalf's (y.AssertTrue) on the next write it is sent: only a read in
+// the writer's own goroutine panics recoverably first. A batch whose
+// closures only write (the reconciler's delete of stale index entries)
+// must fail, not end the process.
+func TestWriteAfterFailedRotation(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	s, err := Open(Options{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeWithin(s, 5*time.Second)
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	body := make([]byte, 8<<10)
+	rotated := false
+	for i := 0; i < 20000 && !rotated; i++ {
+		k := fmt.Sprintf("k%d", i)
+		r := proxy.Reservation{Token: "tok", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
+		if _, err := s.Reserve(ctx, k, r); err != nil {
+			rotated = strings.Contains(err.Error(), "panic")
+			continue
+		}
+		s.Commit(ctx, k, r.Token, proxy.Response{Status: 201, Body: body, BodyStored: true}, time.Hour)
+	}
+	if !rotated {
+		t.Fatal("Badger never lost its memtable with its directory removed; the test proves nothing")
+	}
+	t.Log("the memtable is lost; a write-only batch")
+	err = s.update(func(txn *bdg.Txn) error { return txn.Delete([]byte("stale-index-entry")) })
+	if err == nil {
+		t.Errorf("a write-only batch on a Badger without a memtable = nil, want an error")
+	}
+}
+
+// TestGCAfterFailedRotation: value-log garbage collection reads every
+// entry of the log it rewrites, and a Badger that failed to rotate its
+// memtable panics on that read (nil memtable) in the store's own gc
+// goroutine, where nothing recovered it: the process died at the next GC
+// tick. The GC now fails like any operation on a failed store.
+func TestGCAfterFailedRotation(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	value := make([]byte, 1<<20)
+	fill := func(round byte) {
+		// Badger itself, with the store's value sizes, compacting its
+		// level 0 when it closes: the second round's compaction counts
+		// the first round's values as discarded.
+		db, err := bdg.Open(bdg.DefaultOptions(dir).WithLogger(nil).WithValueThreshold(16 << 10).
+			WithValueLogFileSize(valueLogFileSize).WithCompactL0OnClose(true))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 24 {
+			value[0] = round
+			if err := db.Update(func(txn *bdg.Txn) error {
+				return txn.Set(fmt.Appendf(nil, "big-%d", i), value)
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := db.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fill(1)
+	fill(2) // the first values are garbage now
+	s, err := Open(Options{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeWithin(s, 5*time.Second)
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	body := make([]byte, 8<<10)
+	rotated := false
+	for i := 0; i < 20000 && !rotated; i++ {
+		r := proxy.Reservation{Token: "tok", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
+		if _, err := s.Reserve(ctx, fmt.Sprintf("k%d", i), r); err != nil {
+			rotated = strings.Contains(err.Error(), "panic")
+			continue
+		}
+		s.Commit(ctx, fmt.Sprintf("k%d", i), r.Token, proxy.Response{Status: 201, Body: body, BodyStored: true}, time.Hour)
+	}
+	if !rotated {
+		t.Fatal("Badger never lost its memtable with its directory removed; the test proves nothing")
+	}
+	t.Log("the memtable is lost; value-log GC")
+	if n := s.RunGC(); n != 0 {
+		t.Errorf("RunGC on a store without a memtable rewrote %d logs, want 0", n)
 	}
 }
