@@ -127,6 +127,9 @@ func serve(ctx context.Context, logger *slog.Logger, cfg config) error {
 		return fmt.Errorf("listen: %w", err)
 	}
 	addr := ln.Addr().String()
+	// The log line comes before the address file: whoever waits for the
+	// file (a test, a script) finds the line already written.
+	logger.Info("listening", "addr", addr)
 	if cfg.addrFile != "" {
 		if err := writeAddrFile(cfg.addrFile, addr); err != nil {
 			ln.Close()
@@ -137,7 +140,6 @@ func serve(ctx context.Context, logger *slog.Logger, cfg config) error {
 	srv := newHTTPServer(stub.New(logger), logger)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
-	logger.Info("listening", "addr", addr)
 
 	select {
 	case err := <-errc:
