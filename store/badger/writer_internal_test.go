@@ -477,21 +477,7 @@ func TestWriteAfterFailedRotation(t *testing.T) {
 	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	body := make([]byte, 8<<10)
-	rotated := false
-	for i := 0; i < 20000 && !rotated; i++ {
-		k := fmt.Sprintf("k%d", i)
-		r := proxy.Reservation{Token: "tok", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
-		if _, err := s.Reserve(ctx, k, r); err != nil {
-			rotated = strings.Contains(err.Error(), "panic")
-			continue
-		}
-		s.Commit(ctx, k, r.Token, proxy.Response{Status: 201, Body: body, BodyStored: true}, time.Hour)
-	}
-	if !rotated {
-		t.Fatal("Badger never lost its memtable with its directory removed; the test proves nothing")
-	}
+	loseMemtable(t, s)
 	t.Log("the memtable is lost; a write-only batch")
 	err = s.update(func(txn *bdg.Txn) error { return txn.Delete([]byte("stale-index-entry")) })
 	if err == nil {
@@ -538,22 +524,30 @@ func TestGCAfterFailedRotation(t *testing.T) {
 	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	body := make([]byte, 8<<10)
-	rotated := false
-	for i := 0; i < 20000 && !rotated; i++ {
-		r := proxy.Reservation{Token: "tok", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
-		if _, err := s.Reserve(ctx, fmt.Sprintf("k%d", i), r); err != nil {
-			rotated = strings.Contains(err.Error(), "panic")
-			continue
-		}
-		s.Commit(ctx, fmt.Sprintf("k%d", i), r.Token, proxy.Response{Status: 201, Body: body, BodyStored: true}, time.Hour)
-	}
-	if !rotated {
-		t.Fatal("Badger never lost its memtable with its directory removed; the test proves nothing")
-	}
+	loseMemtable(t, s)
 	t.Log("the memtable is lost; value-log GC")
 	if n := s.RunGC(); n != 0 {
 		t.Errorf("RunGC on a store without a memtable rewrote %d logs, want 0", n)
 	}
+}
+
+// loseMemtable writes to s, whose directory was removed, until Badger
+// fails to rotate its memtable and is left without one (a write answers
+// the panic of its read).
+func loseMemtable(t *testing.T, s *Store) {
+	t.Helper()
+	ctx := context.Background()
+	body := make([]byte, 8<<10)
+	for i := range 20000 {
+		k := fmt.Sprintf("k%d", i)
+		r := proxy.Reservation{Token: "tok", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
+		if _, err := s.Reserve(ctx, k, r); err != nil {
+			if strings.Contains(err.Error(), "panic") {
+				return
+			}
+			continue
+		}
+		s.Commit(ctx, k, r.Token, proxy.Response{Status: 201, Body: body, BodyStored: true}, time.Hour)
+	}
+	t.Fatal("Badger never lost its memtable with its directory removed; the test proves nothing")
 }
