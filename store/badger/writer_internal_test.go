@@ -474,10 +474,7 @@ func TestWriteAfterFailedRotation(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer closeWithin(s, 5*time.Second)
-	if err := os.RemoveAll(dir); err != nil {
-		t.Fatal(err)
-	}
-	loseMemtable(t, s)
+	loseMemtable(t, s, dir)
 	t.Log("the memtable is lost; a write-only batch")
 	err = s.update(func(txn *bdg.Txn) error { return txn.Delete([]byte("stale-index-entry")) })
 	if err == nil {
@@ -521,21 +518,21 @@ func TestGCAfterFailedRotation(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer closeWithin(s, 5*time.Second)
-	if err := os.RemoveAll(dir); err != nil {
-		t.Fatal(err)
-	}
-	loseMemtable(t, s)
+	loseMemtable(t, s, dir)
 	t.Log("the memtable is lost; value-log GC")
 	if n := s.RunGC(); n != 0 {
 		t.Errorf("RunGC on a store without a memtable rewrote %d logs, want 0", n)
 	}
 }
 
-// loseMemtable writes to s, whose directory was removed, until Badger
+// loseMemtable removes s's directory dir and writes to s until Badger
 // fails to rotate its memtable and is left without one (a write answers
 // the panic of its read).
-func loseMemtable(t *testing.T, s *Store) {
+func loseMemtable(t *testing.T, s *Store, dir string) {
 	t.Helper()
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
 	ctx := context.Background()
 	body := make([]byte, 8<<10)
 	for i := range 20000 {
