@@ -79,13 +79,7 @@ func TestSlowClientOfAStoredAnswer(t *testing.T) {
 	if got := e.state("charges", "", "k-slow"); got != proxy.StateCompleted {
 		t.Errorf("the key is %q, want completed", got)
 	}
-	a := e.do("POST", "/charges", "{}", "Idempotency-Key", "k-slow")
-	if a.status != 200 || !a.replayed() || !bytes.Equal(a.body, bigAnswer) {
-		t.Errorf("retry: %d replayed=%v, %d bytes; want the whole answer replayed", a.status, a.replayed(), len(a.body))
-	}
-	if calls != 1 {
-		t.Errorf("the upstream was called %d times, want 1", calls)
-	}
+	wantReplayedOnce(t, e, "k-slow", &calls)
 }
 
 // pacedReader reads at most chunk bytes at a time, waiting every between
@@ -131,13 +125,7 @@ func TestClientThatNeverReadsAStoredAnswer(t *testing.T) {
 			if got := e.state("charges", "", "k-stall"); got != proxy.StateCompleted {
 				t.Fatalf("the key is %q, want completed", got)
 			}
-			a := e.do("POST", "/charges", "{}", "Idempotency-Key", "k-stall")
-			if a.status != 200 || !a.replayed() || !bytes.Equal(a.body, bigAnswer) {
-				t.Errorf("retry: %d replayed=%v, %d bytes; want the whole answer replayed", a.status, a.replayed(), len(a.body))
-			}
-			if calls != 1 {
-				t.Errorf("the upstream was called %d times, want 1", calls)
-			}
+			wantReplayedOnce(t, e, "k-stall", &calls)
 		})
 	}
 }
@@ -160,7 +148,7 @@ func TestAnswerOverTheBudget(t *testing.T) {
 	}
 	wantStatus(t, "retry", e.do("POST", "/charges", "{}", "Idempotency-Key", "k-budget"), 409, "response-not-replayable")
 	if calls != 1 {
-		t.Errorf("the upstream was called %d times, want 1", calls)
+		t.Errorf("the upstream was called %d times, want 1", &calls)
 	}
 	for reason, want := range map[string]float64{"over_budget": 1, "too_large": 0} {
 		if got := counterValue(t, e.reg, "idemproxy_answers_not_stored_total", map[string]string{"route": "charges", "reason": reason}); got != want {
@@ -187,13 +175,7 @@ func TestClientThatClosesMidReplay(t *testing.T) {
 		io.ReadFull(conn, make([]byte, 64<<10))
 		conn.Close()
 	}
-	a := e.do("POST", "/charges", "{}", "Idempotency-Key", "k-mid")
-	if a.status != 200 || !a.replayed() || !bytes.Equal(a.body, bigAnswer) {
-		t.Errorf("retry: %d replayed=%v, %d bytes; want the whole answer replayed", a.status, a.replayed(), len(a.body))
-	}
-	if calls != 1 {
-		t.Errorf("the upstream was called %d times, want 1", calls)
-	}
+	wantReplayedOnce(t, e, "k-mid", &calls)
 }
 
 // TestShutdownCutsOffADelivery: a client that does not read its committed
@@ -224,4 +206,18 @@ func TestShutdownCutsOffADelivery(t *testing.T) {
 			return false
 		}
 	})
+}
+
+// wantReplayedOnce checks that a retry of key gets bigAnswer whole,
+// replayed, and that the upstream was called once (*calls, read after the
+// retry) in all.
+func wantReplayedOnce(t *testing.T, e *env, key string, calls *int) {
+	t.Helper()
+	a := e.do("POST", "/charges", "{}", "Idempotency-Key", key)
+	if a.status != 200 || !a.replayed() || !bytes.Equal(a.body, bigAnswer) {
+		t.Errorf("retry: %d replayed=%v, %d bytes; want the whole answer replayed", a.status, a.replayed(), len(a.body))
+	}
+	if *calls != 1 {
+		t.Errorf("the upstream was called %d times, want 1", *calls)
+	}
 }
