@@ -18,14 +18,16 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
 	"github.com/idemproxy/idemproxy/admin"
 	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/internal/prealloc"
 	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/badger"
 	"github.com/idemproxy/idemproxy/store/redis"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
 // app is a running idemproxy.
@@ -44,7 +46,7 @@ type app struct {
 
 // storeCloser is a store the program opens and closes.
 type storeCloser interface {
-	proxy.Store
+	store.Store
 	Close() error
 }
 
@@ -316,8 +318,8 @@ func (a *app) serve(ctx context.Context) error {
 // startReconciler starts the background reconciliation of in-doubt keys
 // when the store supports it, and returns it (nil otherwise) with the
 // function that stops it and waits for its lookups.
-func (a *app) startReconciler(store storeCloser) (admin.Reconciler, func(), error) {
-	rs, ok := store.(proxy.ReconcileStore)
+func (a *app) startReconciler(st storeCloser) (admin.Reconciler, func(), error) {
+	rs, ok := st.(store.ReconcileStore)
 	if !ok {
 		return nil, func() {}, nil
 	}

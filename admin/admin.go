@@ -21,13 +21,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // Store is what the admin API needs of the key store.
 type Store interface {
-	Get(ctx context.Context, key string) (*proxy.Record, error)
+	Get(ctx context.Context, key string) (*store.Record, error)
 	// Release deletes the record under key if it still carries token;
-	// otherwise it returns proxy.ErrNotOwner.
+	// otherwise it returns store.ErrNotOwner.
 	Release(ctx context.Context, key, token string) error
 	Ping(ctx context.Context) error
 }
@@ -205,14 +206,14 @@ func (h *Handler) storeKey(w http.ResponseWriter, r *http.Request) (string, bool
 		writeJSON(w, http.StatusBadRequest, map[string]any{"error": "route " + route + " is not scoped: drop ?scope="})
 		return "", false
 	}
-	return proxy.StoreKey(route, scope, key), true
+	return store.Key(route, scope, key), true
 }
 
 // keyView is a record as the key API shows it: never the stored body.
 type keyView struct {
 	Route          string      `json:"route"`
 	Key            string      `json:"key"`
-	State          proxy.State `json:"state"`
+	State          store.State `json:"state"`
 	CreatedAt      time.Time   `json:"created_at"`
 	ExpiresAt      *time.Time  `json:"expires_at,omitempty"`
 	LeaseExpiresAt *time.Time  `json:"lease_expires_at,omitempty"`
@@ -225,7 +226,7 @@ type keyView struct {
 
 // record reads the record of a key API request; it answers the request
 // itself (404, 503, a bad route or scope) when there is none to work on.
-func (h *Handler) record(w http.ResponseWriter, r *http.Request) (string, *proxy.Record, bool) {
+func (h *Handler) record(w http.ResponseWriter, r *http.Request) (string, *store.Record, bool) {
 	sk, ok := h.storeKey(w, r)
 	if !ok {
 		return "", nil, false
@@ -286,7 +287,7 @@ func (h *Handler) deleteKey(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, map[string]any{"error": "no record for this key (never seen, released or expired)"})
 		return
 	}
-	if prev.State == proxy.StateInFlight && r.URL.Query().Get("force") != "true" {
+	if prev.State == store.StateInFlight && r.URL.Query().Get("force") != "true" {
 		// Its request is at the upstream right now: a retry let through
 		// by a release would be forwarded a second time.
 		writeJSON(w, http.StatusConflict, map[string]any{
@@ -300,7 +301,7 @@ func (h *Handler) deleteKey(w http.ResponseWriter, r *http.Request) {
 	// upstream now) is left alone, or a retry would be forwarded while
 	// that request is still being processed.
 	err = h.opts.Store.Release(r.Context(), sk, prev.Token)
-	if errors.Is(err, proxy.ErrNotOwner) {
+	if errors.Is(err, store.ErrNotOwner) {
 		writeJSON(w, http.StatusConflict, map[string]any{
 			"error": "the key changed while it was being released (settled, expired or reserved again); look at it again",
 		})
@@ -310,7 +311,7 @@ func (h *Handler) deleteKey(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"error": "store unavailable: " + err.Error()})
 		return
 	}
-	var state proxy.State
+	var state store.State
 	if prev != nil {
 		state = prev.State
 	}
@@ -344,7 +345,7 @@ func (h *Handler) reconcileKey(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case errors.Is(err, proxy.ErrNoReconcile):
 		writeJSON(w, http.StatusBadRequest, map[string]any{"error": "route " + r.PathValue("route") + " has no reconcile lookup"})
-	case errors.Is(err, proxy.ErrNotInDoubt), errors.Is(err, proxy.ErrLookupBusy):
+	case errors.Is(err, store.ErrNotInDoubt), errors.Is(err, store.ErrLookupBusy):
 		writeJSON(w, http.StatusConflict, map[string]any{"error": err.Error(), "state": rec.State})
 	case err != nil:
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"error": "store unavailable: " + err.Error()})

@@ -21,7 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemproxy/idemproxy/admin"
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/badger"
 )
 
@@ -103,7 +103,7 @@ const (
 func seed(t testing.TB, st *badger.Store, sk, state string) {
 	t.Helper()
 	ctx := context.Background()
-	res := proxy.Reservation{Token: ownerToken, Fingerprint: "fp-" + state, Lease: lease, TTL: ttl}
+	res := store.Reservation{Token: ownerToken, Fingerprint: "fp-" + state, Lease: lease, TTL: ttl}
 	if state == seedLapsed {
 		res.Lease = time.Nanosecond // lapsed as soon as it is written
 	}
@@ -114,12 +114,12 @@ func seed(t testing.TB, st *badger.Store, sk, state string) {
 	switch state {
 	case seedInFlight, seedLapsed:
 	case seedCompleted:
-		err = st.Commit(ctx, sk, ownerToken, proxy.Response{
+		err = st.Commit(ctx, sk, ownerToken, store.Response{
 			Status: http.StatusCreated, Header: http.Header{"Location": {"/charges/ch_1"}},
 			Body: []byte(secretBody), BodyStored: true,
 		}, ttl)
 	case seedNoBody:
-		err = st.Commit(ctx, sk, ownerToken, proxy.Response{Status: http.StatusOK, BodyStored: false}, ttl)
+		err = st.Commit(ctx, sk, ownerToken, store.Response{Status: http.StatusOK, BodyStored: false}, ttl)
 	case seedInDoubt:
 		err = st.MarkInDoubt(ctx, sk, ownerToken, ttl)
 	default:
@@ -170,7 +170,7 @@ func TestKeyAPIAuth(t *testing.T) {
 		for _, tt := range tests {
 			t.Run(method+"/"+tt.name, func(t *testing.T) {
 				st := openStore(t)
-				sk := proxy.StoreKey("charges", "", "k1")
+				sk := store.Key("charges", "", "k1")
 				seed(t, st, sk, seedCompleted)
 				h := newHandler(t, st, func(o *admin.Options) { o.Token, o.TokenEnv = tt.token, tt.tokenEnv })
 
@@ -259,7 +259,7 @@ func TestGetKeyStates(t *testing.T) {
 		t.Run(tt.seed, func(t *testing.T) {
 			key := "key-" + tt.seed
 			before := time.Now()
-			seed(t, st, proxy.StoreKey("charges", "", key), tt.seed)
+			seed(t, st, store.Key("charges", "", key), tt.seed)
 			after := time.Now()
 
 			rec := serve(t, h, http.MethodGet, "/v1/keys/charges/"+key, bearer, nil)
@@ -340,7 +340,7 @@ func TestKeyPaths(t *testing.T) {
 	defer srv.Close()
 	keys := []string{"a/b c", "a//b", "100%", "q?x#y", "ключ-1", "dir/", "+plus&amp;"}
 	for _, k := range keys {
-		seed(t, st, proxy.StoreKey("charges", "", k), seedCompleted)
+		seed(t, st, store.Key("charges", "", k), seedCompleted)
 	}
 	tests := []struct {
 		path    string // after /v1/keys/charges/
@@ -406,8 +406,8 @@ func TestScopedRoute(t *testing.T) {
 	st := openStore(t)
 	h := newHandler(t, st, nil)
 	const scope = "tenant a/1"
-	seed(t, st, proxy.StoreKey("refunds", scope, "r1"), seedCompleted)
-	seed(t, st, proxy.StoreKey("charges", "", "c1"), seedCompleted)
+	seed(t, st, store.Key("refunds", scope, "r1"), seedCompleted)
+	seed(t, st, store.Key("charges", "", "c1"), seedCompleted)
 	q := "?scope=" + url.QueryEscape(scope)
 	tests := []struct {
 		name, target string
@@ -444,7 +444,7 @@ func TestScopedRoute(t *testing.T) {
 		}
 	}
 	// The failed DELETEs above released nothing.
-	for _, sk := range []string{proxy.StoreKey("refunds", scope, "r1"), proxy.StoreKey("charges", "", "c1")} {
+	for _, sk := range []string{store.Key("refunds", scope, "r1"), store.Key("charges", "", "c1")} {
 		if rec, err := st.Get(context.Background(), sk); err != nil || rec == nil {
 			t.Errorf("Get(%q) = %v, %v; want the record kept", sk, rec, err)
 		}
@@ -473,7 +473,7 @@ func TestRelease(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.seed, func(t *testing.T) {
 			key := "rel-" + tt.seed
-			sk := proxy.StoreKey("charges", "", key)
+			sk := store.Key("charges", "", key)
 			seed(t, st, sk, tt.seed)
 			target := "/v1/keys/charges/" + key
 
@@ -507,7 +507,7 @@ func TestRelease(t *testing.T) {
 				t.Errorf("second DELETE = %d, want 404; body %s", rec.Code, rec.Body)
 			}
 			// The key can be used again: that is the point of a release.
-			res := proxy.Reservation{Token: "new-owner", Fingerprint: "fp2", Lease: lease, TTL: ttl}
+			res := store.Reservation{Token: "new-owner", Fingerprint: "fp2", Lease: lease, TTL: ttl}
 			if prev, err := st.Reserve(context.Background(), sk, res); err != nil || prev != nil {
 				t.Errorf("Reserve after release = %v, %v; want nil, nil", prev, err)
 			}
@@ -529,7 +529,7 @@ func TestReleaseAuditLog(t *testing.T) {
 		rawKey   = "order-RAW-KEY-9f3a/x"
 		rawScope = "tenant-RAW-SCOPE-77"
 	)
-	sk := proxy.StoreKey("refunds", rawScope, rawKey)
+	sk := store.Key("refunds", rawScope, rawKey)
 	seed(t, st, sk, seedInDoubt)
 
 	// Refused and failed requests write no audit line.
@@ -594,7 +594,7 @@ func TestReleaseAuditLog(t *testing.T) {
 // Badger store once it is closed.
 func TestStoreErrors(t *testing.T) {
 	st := openStore(t)
-	seed(t, st, proxy.StoreKey("charges", "", "k"), seedCompleted)
+	seed(t, st, store.Key("charges", "", "k"), seedCompleted)
 	h := newHandler(t, st, nil)
 	if err := st.Close(); err != nil {
 		t.Fatal(err)
@@ -801,7 +801,7 @@ type replacedAfterGet struct {
 	after func()
 }
 
-func (s replacedAfterGet) Get(ctx context.Context, key string) (*proxy.Record, error) {
+func (s replacedAfterGet) Get(ctx context.Context, key string) (*store.Record, error) {
 	rec, err := s.Store.Get(ctx, key)
 	s.once.Do(s.after)
 	return rec, err
@@ -813,9 +813,9 @@ func (s replacedAfterGet) Get(ctx context.Context, key string) (*proxy.Record, e
 // still being charged.
 func TestReleaseLeavesANewReservationAlone(t *testing.T) {
 	st := openStore(t)
-	sk := proxy.StoreKey("charges", "", "raced")
+	sk := store.Key("charges", "", "raced")
 	seed(t, st, sk, seedInDoubt)
-	retry := proxy.Reservation{Token: "retry-owner", Fingerprint: "fp-retry", Lease: lease, TTL: ttl}
+	retry := store.Reservation{Token: "retry-owner", Fingerprint: "fp-retry", Lease: lease, TTL: ttl}
 	racing := replacedAfterGet{Store: st, once: new(sync.Once), after: func() {
 		ctx := context.Background()
 		if err := st.Release(ctx, sk, ownerToken); err != nil {
@@ -831,7 +831,7 @@ func TestReleaseLeavesANewReservationAlone(t *testing.T) {
 		t.Errorf("DELETE of a key reserved again after it was read = %d, want 409; body %s", rec.Code, rec.Body)
 	}
 	got, err := st.Get(context.Background(), sk)
-	if err != nil || got == nil || got.State != proxy.StateInFlight || got.Token != retry.Token {
+	if err != nil || got == nil || got.State != store.StateInFlight || got.Token != retry.Token {
 		t.Fatalf("record after the DELETE = %+v, %v; want the retry's reservation, in flight", got, err)
 	}
 }

@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemproxy/idemproxy/admin"
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/badger"
 )
 
@@ -32,8 +32,8 @@ func ExampleNewHandler() {
 
 	// The proxy reserved the key, then lost the upstream's answer.
 	ctx := context.Background()
-	sk := proxy.StoreKey("charges", "", "order-42")
-	st.Reserve(ctx, sk, proxy.Reservation{Token: "t", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour})
+	sk := store.Key("charges", "", "order-42")
+	st.Reserve(ctx, sk, store.Reservation{Token: "t", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour})
 	st.MarkInDoubt(ctx, sk, "t", time.Hour)
 
 	h := admin.NewHandler(admin.Options{

@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/badger"
 )
 
@@ -30,17 +30,17 @@ func prefillStore(dir string, n int, ttl time.Duration) error {
 		go func() {
 			defer wg.Done()
 			for i := w; i < n; i += workers {
-				key := proxy.StoreKey("charges", "", fmt.Sprintf("prefill-%d-%d", w, i))
+				key := store.Key("charges", "", fmt.Sprintf("prefill-%d-%d", w, i))
 				sum := sha256.Sum256([]byte(key))
 				token := rand.Text()
-				res := proxy.Reservation{Token: token, Fingerprint: hex.EncodeToString(sum[:]), Lease: min(ttl/2, time.Minute), TTL: ttl}
+				res := store.Reservation{Token: token, Fingerprint: hex.EncodeToString(sum[:]), Lease: min(ttl/2, time.Minute), TTL: ttl}
 				if _, err := s.Reserve(ctx, key, res); err != nil {
 					errs <- err
 					return
 				}
 				body := fmt.Sprintf(`{"chargeId":"ch_%s","orderId":"prefill-%d-%d","amount":10,"createdAt":"%s"}`,
 					rand.Text(), w, i, time.Now().UTC().Format(time.RFC3339Nano))
-				resp := proxy.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(body), BodyStored: true}
+				resp := store.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(body), BodyStored: true}
 				if err := s.Commit(ctx, key, token, resp, ttl); err != nil {
 					errs <- err
 					return

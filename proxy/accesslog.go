@@ -10,6 +10,8 @@ import (
 	"time"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // AccessLog writes the access log: one line per handled request, with
@@ -197,7 +199,7 @@ func (p *Proxy) finish(a *attempt) {
 	e := entry{route: a.routeName(), method: a.in.Method, path: a.loggedPath(), outcome: string(a.outcome),
 		status: a.status, duration: d, upstream: a.upstream}
 	if a.storeKey != "" {
-		e.keyHash = KeyHash(a.storeKey)
+		e.keyHash = store.KeyHash(a.storeKey)
 	}
 	if p.access != nil {
 		p.access.write(e)

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // upstreamCodes returns the code labels of
@@ -100,13 +100,13 @@ func TestClientThatStopsReading(t *testing.T) {
 	fmt.Fprintf(conn, "POST /charges HTTP/1.1\r\nHost: x\r\nIdempotency-Key: k1\r\nContent-Length: 2\r\n\r\n{}")
 	eventually(t, "the charge is reserved", func() bool { return e.state("charges", "", "k1") != "" })
 	eventually(t, "the key settles although the client stopped reading", func() bool {
-		return e.state("charges", "", "k1") != proxy.StateInFlight
+		return e.state("charges", "", "k1") != store.StateInFlight
 	})
 	// The answer, too large to store, was streamed: the client, too slow
 	// for it, was cut off a quarter of upstream_timeout before its end,
 	// and the rest of the upstream's answer read in that time. The upstream
 	// finished, so the key is completed (not replayable), not in doubt.
-	if got := e.state("charges", "", "k1"); got != proxy.StateCompleted {
+	if got := e.state("charges", "", "k1"); got != store.StateCompleted {
 		t.Errorf("the key is %q, want completed: the upstream's answer ended", got)
 	}
 	wantStatus(t, "retry", send(e.srv.Client(), "POST", e.srv.URL+"/charges", "{}", "Idempotency-Key", "k1"), 409, "response-not-replayable")

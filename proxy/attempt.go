@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/keyextract"
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // attempt is one request's journey through the proxy.
@@ -180,7 +181,7 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 			return
 		}
 	}
-	a.storeKey = StoreKey(cfg.Name, scope, key)
+	a.storeKey = store.Key(cfg.Name, scope, key)
 	if rec := a.legacyRecord(body, scope, key); rec != nil {
 		// Stored by a version that derived this key differently: its
 		// answer, not a second forward under the key's new form.
@@ -190,7 +191,7 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 		a.answerExisting(w, rec)
 		return
 	}
-	res := Reservation{Token: rand.Text(), Fingerprint: fp, Lease: cfg.Lease.D(), TTL: cfg.TTL.D()}
+	res := store.Reservation{Token: rand.Text(), Fingerprint: fp, Lease: cfg.Lease.D(), TTL: cfg.TTL.D()}
 	waitUntil := time.Now().Add(cfg.WaitTimeout.D())
 	for {
 		// A client that hangs up now does not undo its request: the
@@ -216,7 +217,7 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 		if a.mismatched(w, body, rec, fp, target) || a.observeExisting(w, body, rec) {
 			return
 		}
-		if rec.State == StateInFlight && cfg.Concurrent == config.ConcurrentWait && time.Now().Before(waitUntil) {
+		if rec.State == store.StateInFlight && cfg.Concurrent == config.ConcurrentWait && time.Now().Before(waitUntil) {
 			_, err = p.waitSettled(r.Context(), a.storeKey, waitUntil)
 			if err != nil && r.Context().Err() != nil {
 				// The client stopped waiting: answered as without waiting.
@@ -247,12 +248,12 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 // written), when that key is not key and a record is there; it makes
 // a.storeKey that record's. nil otherwise, a store failure included (the
 // reservation that follows meets it).
-func (a *attempt) legacyRecord(body []byte, scope, key string) *Record {
+func (a *attempt) legacyRecord(body []byte, scope, key string) *store.Record {
 	legacy, err := a.rt.spec.LegacyExtract(a.in, body)
 	if err != nil || legacy == key {
 		return nil
 	}
-	storeKey := StoreKey(a.rt.cfg.Name, scope, legacy)
+	storeKey := store.Key(a.rt.cfg.Name, scope, legacy)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.in.Context()), storeTimeout)
 	defer cancel()
 	rec, err := a.p.store.Get(ctx, storeKey)
@@ -426,7 +427,7 @@ func (a *attempt) overloaded(w http.ResponseWriter, why string) ([]byte, bool) {
 // stored for another request than this one (fingerprint fp of target and
 // body), and reports whether it did. A fingerprint of a version before
 // the number rule (legacyMatch) is the same request.
-func (a *attempt) mismatched(w http.ResponseWriter, body []byte, rec *Record, fp, target string) bool {
+func (a *attempt) mismatched(w http.ResponseWriter, body []byte, rec *store.Record, fp, target string) bool {
 	if fp == "" || rec.Fingerprint == "" || rec.Fingerprint == fp || legacyMatch(rec.Fingerprint, a.in.Method, target, body, a.rt.ignore) {
 		return false
 	}
@@ -445,7 +446,7 @@ func (p *Proxy) releaseLater(key, token string) {
 		// whole process would go.
 		defer func() {
 			if e := recover(); e != nil {
-				p.log.Error("store panicked releasing a key", "key_hash", KeyHash(key), "panic", fmt.Sprint(e))
+				p.log.Error("store panicked releasing a key", "key_hash", store.KeyHash(key), "panic", fmt.Sprint(e))
 			}
 		}()
 		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
@@ -465,7 +466,7 @@ func (p *Proxy) releaseLater(key, token string) {
 // storeFailed answers a store failure: 503, or the request forwarded
 // unprotected under on_store_error: forward.
 func (a *attempt) storeFailed(w http.ResponseWriter, body []byte, op string, err error) {
-	a.p.log.Error("store failed", "route", a.routeName(), "operation", op, "key_hash", KeyHash(a.storeKey), "err", err)
+	a.p.log.Error("store failed", "route", a.routeName(), "operation", op, "key_hash", store.KeyHash(a.storeKey), "err", err)
 	a.outcome = OutcomeStoreError
 	if a.rt.cfg.OnStoreError == config.StoreErrorForward || a.observing() {
 		a.p.forward(w, a, body)
@@ -477,7 +478,7 @@ func (a *attempt) storeFailed(w http.ResponseWriter, body []byte, op string, err
 // waitSettled polls the record under key until it is no longer in flight,
 // the deadline passes or the client goes away, and returns it (nil when it
 // was released).
-func (p *Proxy) waitSettled(ctx context.Context, key string, until time.Time) (*Record, error) {
+func (p *Proxy) waitSettled(ctx context.Context, key string, until time.Time) (*store.Record, error) {
 	delay := 5 * time.Millisecond
 	for {
 		t := time.NewTimer(min(delay, time.Until(until)))
@@ -488,7 +489,7 @@ func (p *Proxy) waitSettled(ctx context.Context, key string, until time.Time) (*
 		case <-t.C:
 		}
 		rec, err := p.store.Get(ctx, key)
-		if err != nil || rec == nil || rec.State != StateInFlight || !time.Now().Before(until) {
+		if err != nil || rec == nil || rec.State != store.StateInFlight || !time.Now().Before(until) {
 			return rec, err
 		}
 		delay = min(delay*2, 100*time.Millisecond)
@@ -496,15 +497,15 @@ func (p *Proxy) waitSettled(ctx context.Context, key string, until time.Time) (*
 }
 
 // answerExisting answers a request whose key is already known.
-func (a *attempt) answerExisting(w http.ResponseWriter, rec *Record) {
+func (a *attempt) answerExisting(w http.ResponseWriter, rec *store.Record) {
 	switch rec.State {
-	case StateInFlight:
+	case store.StateInFlight:
 		a.problem(w, OutcomeConflict, probInFlight,
 			"a request with this key is being forwarded now; retry after it has been answered", 1, nil)
-	case StateCompleted:
+	case store.StateCompleted:
 		resp := rec.Response
 		if resp == nil {
-			resp = &Response{}
+			resp = &store.Response{}
 		}
 		switch {
 		case a.rt.cfg.Duplicate == config.DuplicateReject:

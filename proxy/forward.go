@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // forward sends the request to the upstream. With a.token set, the
@@ -68,7 +70,7 @@ func (a *attempt) settleUnknown() {
 func (a *attempt) commit(status int, header, trailer http.Header, body []byte, stored bool) {
 	a.settled = true
 	a.outcome = OutcomeCommitted
-	resp := Response{Status: status, Header: http.Header{}, BodyStored: stored}
+	resp := store.Response{Status: status, Header: http.Header{}, BodyStored: stored}
 	for _, name := range a.rt.cfg.ReplayHeaders {
 		if vs := header.Values(name); len(vs) > 0 {
 			resp.Header[name] = vs
@@ -105,7 +107,7 @@ func (a *attempt) settle(opName string, op func(ctx context.Context) error) bool
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	err := op(ctx)
 	cancel()
-	if err != nil && !errors.Is(err, ErrNotOwner) && a.p.retrySettle(a, opName, op) {
+	if err != nil && !errors.Is(err, store.ErrNotOwner) && a.p.retrySettle(a, opName, op) {
 		a.outcome = OutcomeStoreError // counted now: the key is not settled yet
 		return false
 	}
@@ -123,13 +125,13 @@ func (p *Proxy) retrySettle(a *attempt, opName string, op func(ctx context.Conte
 	}
 	key, route := a.storeKey, a.routeName()
 	p.log.Warn("settling a key failed; retrying while the lease holds", "route", route, "operation", opName,
-		"key_hash", KeyHash(key), "until", until)
+		"key_hash", store.KeyHash(key), "until", until)
 	go func() {
 		defer p.active.leave()
 		defer func() {
 			if e := recover(); e != nil {
 				p.log.Error("settling a key panicked; it will be in doubt when its lease ends",
-					"route", route, "operation", opName, "key_hash", KeyHash(key), "panic", e)
+					"route", route, "operation", opName, "key_hash", store.KeyHash(key), "panic", e)
 			}
 		}()
 		delay := 50 * time.Millisecond
@@ -139,7 +141,7 @@ func (p *Proxy) retrySettle(a *attempt, opName string, op func(ctx context.Conte
 			case <-p.life.Done(): // past the shutdown deadline
 				wait.Stop()
 				p.log.Error("not retried: shutting down; the key will be in doubt when its lease ends",
-					"route", route, "operation", opName, "key_hash", KeyHash(key))
+					"route", route, "operation", opName, "key_hash", store.KeyHash(key))
 				return
 			case <-wait.C:
 			}
@@ -148,15 +150,15 @@ func (p *Proxy) retrySettle(a *attempt, opName string, op func(ctx context.Conte
 			cancel()
 			switch {
 			case err == nil:
-				p.log.Info("settled on retry", "route", route, "operation", opName, "key_hash", KeyHash(key))
+				p.log.Info("settled on retry", "route", route, "operation", opName, "key_hash", store.KeyHash(key))
 				return
-			case errors.Is(err, ErrNotOwner):
+			case errors.Is(err, store.ErrNotOwner):
 				p.log.Warn("reservation was taken over before it settled; left to its new owner",
-					"route", route, "operation", opName, "key_hash", KeyHash(key))
+					"route", route, "operation", opName, "key_hash", store.KeyHash(key))
 				return
 			case !time.Now().Before(until):
 				p.log.Error("store failed to settle a key; it will be in doubt when its lease ends",
-					"route", route, "operation", opName, "key_hash", KeyHash(key), "err", err)
+					"route", route, "operation", opName, "key_hash", store.KeyHash(key), "err", err)
 				return
 			}
 			delay = min(delay*2, time.Second)
@@ -187,14 +189,14 @@ func (a *attempt) markInDoubt() {
 func (a *attempt) settleErr(op string, err error) {
 	switch {
 	case err == nil:
-	case errors.Is(err, ErrNotOwner):
+	case errors.Is(err, store.ErrNotOwner):
 		a.p.log.Warn("reservation was taken over before it settled; left to its new owner",
-			"route", a.routeName(), "operation", op, "key_hash", KeyHash(a.storeKey))
+			"route", a.routeName(), "operation", op, "key_hash", store.KeyHash(a.storeKey))
 	default:
 		// The reservation stays in flight and turns in doubt when its
 		// lease runs out: never released, never charged twice.
 		a.p.log.Error("store failed to settle a key; it will be in doubt when its lease ends",
-			"route", a.routeName(), "operation", op, "key_hash", KeyHash(a.storeKey), "err", err)
+			"route", a.routeName(), "operation", op, "key_hash", store.KeyHash(a.storeKey), "err", err)
 		a.outcome = OutcomeStoreError
 	}
 }

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/keyextract"
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // TestRecordsFromBeforeTheNumberRuleStillReplay: a record stored before
@@ -22,12 +22,12 @@ func TestRecordsFromBeforeTheNumberRuleStillReplay(t *testing.T) {
 	// before the key rules of issue 16.
 	const oldFP = "8aee7de71eefaeab7bcd9c50356ca28fedeb115ec151594a33f9270e2d670720"
 	ctx := context.Background()
-	key := proxy.StoreKey("charges", "", "ORD-LEGACY")
-	res := proxy.Reservation{Token: "t-old", Fingerprint: oldFP, Lease: time.Minute, TTL: time.Hour}
+	key := store.Key("charges", "", "ORD-LEGACY")
+	res := store.Reservation{Token: "t-old", Fingerprint: oldFP, Lease: time.Minute, TTL: time.Hour}
 	if rec, err := e.store.Reserve(ctx, key, res); err != nil || rec != nil {
 		t.Fatalf("Reserve = %v, %v", rec, err)
 	}
-	resp := proxy.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}},
+	resp := store.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}},
 		Body: []byte(`{"id":"ch_old"}`), BodyStored: true}
 	if err := e.store.Commit(ctx, key, "t-old", resp, time.Hour); err != nil {
 		t.Fatal(err)
@@ -63,13 +63,13 @@ func TestRecordsUnderKeysFromBeforeTheKeyRulesStillAnswer(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			e := newEnv(t, tt.routes)
 			ctx := context.Background()
-			key := proxy.StoreKey("charges", "", tt.oldKey)
+			key := store.Key("charges", "", tt.oldKey)
 			fp, _ := keyextract.LegacyFingerprintIgnoring("POST", "/charges", []byte(tt.body), nil)
-			res := proxy.Reservation{Token: "t-old", Fingerprint: fp, Lease: time.Minute, TTL: time.Hour}
+			res := store.Reservation{Token: "t-old", Fingerprint: fp, Lease: time.Minute, TTL: time.Hour}
 			if rec, err := e.store.Reserve(ctx, key, res); err != nil || rec != nil {
 				t.Fatalf("Reserve = %v, %v", rec, err)
 			}
-			resp := proxy.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}},
+			resp := store.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}},
 				Body: []byte(`{"id":"ch_old"}`), BodyStored: true}
 			if err := e.store.Commit(ctx, key, "t-old", resp, time.Hour); err != nil {
 				t.Fatal(err)

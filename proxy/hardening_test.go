@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/badger"
 	"github.com/idemproxy/idemproxy/upstream-stub/stub"
 )
@@ -247,7 +248,7 @@ func TestRedirectAfterProcessingIsKept(t *testing.T) {
 		if got != 1 {
 			t.Errorf("%s: charged %d times, want 1", order, got)
 		}
-		if st := e.state("charges", "", order); st != proxy.StateCompleted {
+		if st := e.state("charges", "", order); st != store.StateCompleted {
 			t.Errorf("%s: the key is %q, want completed", order, st)
 		}
 	}
@@ -606,7 +607,7 @@ func TestAnswerLargerThanBadgerHolds(t *testing.T) {
 		case !tt.replayable && (dup.status != 409 || dup.problemType() != "response-not-replayable"):
 			t.Errorf("%s retried: got %d %q, want 409 %q", tt.order, dup.status, dup.problemType(), "response-not-replayable")
 		}
-		if rec, err := e.store.Get(context.Background(), proxy.StoreKey("charges", "", tt.order)); err != nil || rec == nil || rec.State != proxy.StateCompleted {
+		if rec, err := e.store.Get(context.Background(), store.Key("charges", "", tt.order)); err != nil || rec == nil || rec.State != store.StateCompleted {
 			t.Errorf("%s: stored %+v, %v; want completed", tt.order, rec, err)
 		}
 	}

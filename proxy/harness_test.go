@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/badger"
 	"github.com/idemproxy/idemproxy/upstream-stub/stub"
 )
@@ -204,9 +205,9 @@ func (e *env) fault(name string, count int, delay string) {
 }
 
 // state returns the state of a key on a route ("" when there is no record).
-func (e *env) state(route, scope, key string) proxy.State {
+func (e *env) state(route, scope, key string) store.State {
 	e.t.Helper()
-	rec, err := e.store.Get(context.Background(), proxy.StoreKey(route, scope, key))
+	rec, err := e.store.Get(context.Background(), store.Key(route, scope, key))
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // Outcome is what the proxy did with a request, the outcome label of
@@ -105,7 +107,7 @@ func (m *Metrics) initRoute(route string) {
 }
 
 // storeOperations lists the operation label values of the store metrics.
-var storeOperations = []string{"reserve", "commit", "release", "mark_in_doubt", "get", "delete", "ping",
+var storeOperations = []string{"reserve", "commit", "release", "mark_in_doubt", "get", "ping",
 	"schedule_lookup", "unschedule_lookup", "unscheduled", "due_lookups", "claim_lookup", "resolve_lookup"}
 
 // initStore creates a store's operation and error series at zero, so that
@@ -119,7 +121,7 @@ func (m *Metrics) initStore(store string) {
 
 // instrumented wraps a Store with operation timings and error counts.
 type instrumented struct {
-	Store
+	store.Store
 	name   string
 	m      *Metrics
 	series *storeSeries
@@ -127,18 +129,18 @@ type instrumented struct {
 
 func (s instrumented) observe(op string, start time.Time, err error) {
 	s.series.duration.of(op).Observe(time.Since(start).Seconds())
-	if err != nil && !errors.Is(err, ErrNotOwner) {
+	if err != nil && !errors.Is(err, store.ErrNotOwner) {
 		s.series.errors.of(op).Inc()
 	}
 }
 
-func (s instrumented) Reserve(ctx context.Context, key string, res Reservation) (rec *Record, err error) {
+func (s instrumented) Reserve(ctx context.Context, key string, res store.Reservation) (rec *store.Record, err error) {
 	start := time.Now()
 	defer func() { s.observe("reserve", start, err) }()
 	return s.Store.Reserve(ctx, key, res)
 }
 
-func (s instrumented) Commit(ctx context.Context, key, token string, resp Response, ttl time.Duration) (err error) {
+func (s instrumented) Commit(ctx context.Context, key, token string, resp store.Response, ttl time.Duration) (err error) {
 	start := time.Now()
 	defer func() { s.observe("commit", start, err) }()
 	return s.Store.Commit(ctx, key, token, resp, ttl)
@@ -156,16 +158,10 @@ func (s instrumented) MarkInDoubt(ctx context.Context, key, token string, ttl ti
 	return s.Store.MarkInDoubt(ctx, key, token, ttl)
 }
 
-func (s instrumented) Get(ctx context.Context, key string) (rec *Record, err error) {
+func (s instrumented) Get(ctx context.Context, key string) (rec *store.Record, err error) {
 	start := time.Now()
 	defer func() { s.observe("get", start, err) }()
 	return s.Store.Get(ctx, key)
-}
-
-func (s instrumented) Delete(ctx context.Context, key string) (existed bool, err error) {
-	start := time.Now()
-	defer func() { s.observe("delete", start, err) }()
-	return s.Store.Delete(ctx, key)
 }
 
 func (s instrumented) Ping(ctx context.Context) (err error) {

@@ -4,6 +4,7 @@ import (
 	"net/http"
 
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // What enforce mode would have done with a request that a route in observe
@@ -38,12 +39,12 @@ func (a *attempt) observe(w http.ResponseWriter, body []byte, would string) bool
 
 // observeExisting is observe for a request whose key has a record: what
 // answerExisting would have answered.
-func (a *attempt) observeExisting(w http.ResponseWriter, body []byte, rec *Record) bool {
+func (a *attempt) observeExisting(w http.ResponseWriter, body []byte, rec *store.Record) bool {
 	if !a.observing() {
 		return false
 	}
 	would := WouldConflict
-	if rec.State == StateCompleted {
+	if rec.State == store.StateCompleted {
 		would = WouldReplayed
 		if a.rt.cfg.Duplicate == config.DuplicateReject || rec.Response == nil || !rec.Response.BodyStored {
 			would = WouldDuplicate

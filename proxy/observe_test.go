@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 )
 
 const observeRoute = `  - name: charges
@@ -26,8 +27,8 @@ func (e *env) observed(would string) int {
 // would have answered; a reload to enforce then protects the same keys.
 func TestObserveModeForwardsAndCounts(t *testing.T) {
 	e := newEnv(t, observeRoute)
-	sk := proxy.StoreKey("charges", "", "O-3")
-	if r, err := e.store.Reserve(context.Background(), sk, proxy.Reservation{Token: "busy", Lease: time.Minute, TTL: time.Hour}); err != nil || r != nil {
+	sk := store.Key("charges", "", "O-3")
+	if r, err := e.store.Reserve(context.Background(), sk, store.Reservation{Token: "busy", Lease: time.Minute, TTL: time.Hour}); err != nil || r != nil {
 		t.Fatalf("Reserve = %v, %v", r, err)
 	}
 	steps := []struct {
@@ -65,7 +66,7 @@ func TestObserveModeForwardsAndCounts(t *testing.T) {
 	if got := e.charges("O-1"); got != 3 {
 		t.Errorf("charges of O-1 = %d, want 3: observe mode forwards everything", got)
 	}
-	if st := e.state("charges", "", "O-1"); st != proxy.StateCompleted {
+	if st := e.state("charges", "", "O-1"); st != store.StateCompleted {
 		t.Errorf("state of O-1 = %q, want completed: observe mode keeps the bookkeeping", st)
 	}
 

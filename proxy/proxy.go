@@ -6,8 +6,6 @@ package proxy
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -23,6 +21,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/keyextract"
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // storeTimeout bounds the store operations that settle a forwarded request
@@ -32,7 +31,7 @@ const storeTimeout = 5 * time.Second
 // Options configures New.
 type Options struct {
 	// Store keeps the key records. Required.
-	Store Store
+	Store store.Store
 	// StoreName labels the store metrics ("badger", "redis").
 	StoreName string
 	// Logger receives errors and warnings, and the access log at level
@@ -52,8 +51,8 @@ type Options struct {
 // Proxy is the idempotency proxy, an http.Handler. Reload swaps its routes
 // while it serves.
 type Proxy struct {
-	store     Store
-	rstore    ReconcileStore // nil: the store cannot reconcile
+	store     store.Store
+	rstore    store.ReconcileStore // nil: the store cannot reconcile
 	log       *slog.Logger
 	access    *AccessLog // nil: the access log goes to log
 	m         *Metrics
@@ -171,7 +170,7 @@ func New(cfg *config.Config, opts Options) (*Proxy, error) {
 		transport: opts.Transport,
 		protected: newNoResend(opts.Transport),
 	}
-	if rs, ok := opts.Store.(ReconcileStore); ok {
+	if rs, ok := opts.Store.(store.ReconcileStore); ok {
 		p.rstore = instrumentedReconcile{ReconcileStore: rs, s: p.store.(instrumented)}
 	}
 	p.active.idle.L = &p.active.mu
@@ -347,7 +346,7 @@ func cleanPath(p string) string {
 // Store returns the proxy's store with its metrics: other users of the
 // store (the admin API, readiness) go through it so that their operations
 // are measured and their failures counted too.
-func (p *Proxy) Store() Store { return p.store }
+func (p *Proxy) Store() store.Store { return p.store }
 
 // BuffersSaturated reports why the buffer budget (server.max_buffered_bytes)
 // cannot take a request body of the largest route's max_body_bytes now (at
@@ -374,23 +373,3 @@ func (p *Proxy) Abort() { p.abort() }
 // store, so the store can be closed. Protected requests that arrive after
 // Wait has begun are answered 503 without touching the store.
 func (p *Proxy) Wait() { p.active.wait() }
-
-// StoreKey returns the store key of an idempotency key on a route. A
-// non-empty scope (the raw value of the route's scope header) is hashed,
-// so that the store never holds it and one client's keys cannot be reached
-// with another's scope.
-func StoreKey(route, scope, key string) string {
-	s := "-"
-	if scope != "" {
-		sum := sha256.Sum256([]byte(scope))
-		s = hex.EncodeToString(sum[:16])
-	}
-	return route + "/" + s + "/" + key
-}
-
-// KeyHash is a short, one-way digest of a store key, for logs: the key
-// itself may carry a customer reference.
-func KeyHash(storeKey string) string {
-	sum := sha256.Sum256([]byte(storeKey))
-	return hex.EncodeToString(sum[:6])
-}

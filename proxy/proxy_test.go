@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 )
 
 const chargesByOrder = `
@@ -276,7 +277,7 @@ func TestPathAndCompositeKeys(t *testing.T) {
 	if got := e.charges("ORD-P"); got != 2 {
 		t.Errorf("charges = %d, want 2 (one per kind)", got)
 	}
-	if got := e.state("by-path", "", "ORD-P|deposit"); got != proxy.StateCompleted {
+	if got := e.state("by-path", "", "ORD-P|deposit"); got != store.StateCompleted {
 		t.Errorf("state of ORD-P|deposit = %q, want completed", got)
 	}
 }
@@ -299,7 +300,7 @@ func TestScopeIsolation(t *testing.T) {
 	if !again.replayed() || string(again.body) != string(alice.body) {
 		t.Errorf("alice's retry = %s, want her own answer replayed", again)
 	}
-	if e.state("payments", "alice", "same") != proxy.StateCompleted || e.state("payments", "", "same") != "" {
+	if e.state("payments", "alice", "same") != store.StateCompleted || e.state("payments", "", "same") != "" {
 		t.Errorf("the scope is not part of the store key")
 	}
 }
@@ -460,7 +461,7 @@ func TestClientGivesUp(t *testing.T) {
 		t.Fatalf("the impatient client got an answer: %s", a)
 	}
 	wantStatus(t, "retry while in flight", e.charge(`"ORD-G"`, 1), 409, "request-in-flight")
-	eventually(t, "the answer is committed", func() bool { return e.state("charges", "", "ORD-G") == proxy.StateCompleted })
+	eventually(t, "the answer is committed", func() bool { return e.state("charges", "", "ORD-G") == store.StateCompleted })
 	retry := e.charge(`"ORD-G"`, 1)
 	if retry.status != 201 || !retry.replayed() {
 		t.Errorf("retry = %s, want the committed 201 replayed", retry)
@@ -474,8 +475,8 @@ func TestClientGivesUp(t *testing.T) {
 func TestLeaseRunsOut(t *testing.T) {
 	e := newEnv(t, chargesByOrder)
 	ctx := context.Background()
-	key := proxy.StoreKey("charges", "", "ORD-O")
-	if rec, err := e.store.Reserve(ctx, key, proxy.Reservation{Token: "orphan", Lease: 100 * time.Millisecond, TTL: time.Hour}); err != nil || rec != nil {
+	key := store.Key("charges", "", "ORD-O")
+	if rec, err := e.store.Reserve(ctx, key, store.Reservation{Token: "orphan", Lease: 100 * time.Millisecond, TTL: time.Hour}); err != nil || rec != nil {
 		t.Fatalf("reserve: %v %v", rec, err)
 	}
 	wantStatus(t, "while leased", e.charge(`"ORD-O"`, 1), 409, "request-in-flight")
@@ -628,7 +629,7 @@ func TestReplayNeverCarriesCredentials(t *testing.T) {
 			t.Errorf("replay carries %s: %q", k, v)
 		}
 	}
-	rec, err := e.store.Get(context.Background(), proxy.StoreKey("charges", "tenant-a", "ORD-CRED"))
+	rec, err := e.store.Get(context.Background(), store.Key("charges", "tenant-a", "ORD-CRED"))
 	if err != nil || rec == nil || rec.Response == nil {
 		t.Fatalf("stored record = %+v, %v", rec, err)
 	}
@@ -639,12 +640,12 @@ func TestReplayNeverCarriesCredentials(t *testing.T) {
 	}
 
 	// A record stored with credentials, as an earlier release allowed.
-	key := proxy.StoreKey("charges", "tenant-a", "ORD-OLD")
+	key := store.Key("charges", "tenant-a", "ORD-OLD")
 	ctx := context.Background()
-	if _, err := e.store.Reserve(ctx, key, proxy.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour}); err != nil {
+	if _, err := e.store.Reserve(ctx, key, store.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
-	old := proxy.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{}`), BodyStored: true}
+	old := store.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{}`), BodyStored: true}
 	for k, v := range secrets {
 		old.Header.Set(k, v)
 	}

@@ -15,59 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemproxy/idemproxy/config"
-)
-
-// ReconcileStore is what reconciliation needs of the store besides Store:
-// a schedule of lookups kept on the records themselves (so that it survives
-// restarts and is shared by replicas on one Redis), a way to find the
-// records that are due, and a lookup lease fenced by a token like a
-// reservation, so that one lookup per key runs at a time.
-//
-// A record is "in doubt" for these methods when its state is in_doubt or
-// when it is in flight with a lapsed lease; methods that change such a
-// record store it as in_doubt. Times are the store's own clock (Redis'
-// TIME for Redis), durations are counted from it.
-type ReconcileStore interface {
-	// ScheduleLookup sets the next lookup of the in-doubt record under key
-	// to after from now, unless it has one already. It does nothing to a
-	// record that is not in doubt, or to no record.
-	ScheduleLookup(ctx context.Context, key string, after time.Duration) error
-	// Unscheduled returns the keys beginning with prefix (a route's
-	// "name/", or "name/-/" for its unscoped keys) of in-doubt records that have no lookup scheduled (a
-	// crash's orphans, lapsed leases), at most limit of them.
-	Unscheduled(ctx context.Context, prefix string, limit int) ([]string, error)
-	// DueLookups returns the keys of in-doubt records whose next lookup
-	// is due, at most limit of them.
-	DueLookups(ctx context.Context, limit int) ([]string, error)
-	// ClaimLookup takes the lookup lease of the in-doubt record under key
-	// for lease, tagged with token. Unless force, the record's lookup must
-	// be due. It returns ErrNotInDoubt, ErrLookupBusy (another lookup holds
-	// a live lease) or ErrNotDue.
-	ClaimLookup(ctx context.Context, key, token string, lease time.Duration, force bool) error
-	// ResolveLookup settles a claimed lookup; it returns ErrNotOwner when the
-	// record no longer is in doubt under the caller's lookup token (the
-	// original request settled it, an operator released it, another lookup
-	// took over).
-	ResolveLookup(ctx context.Context, key, token string, res LookupResult) error
-	// UnscheduleLookup removes the record's next lookup (its route no
-	// longer reconciles).
-	UnscheduleLookup(ctx context.Context, key string) error
-}
-
-// LookupResult is how a lookup settles an in-doubt record: exactly one of
-// Applied (the record becomes completed with it, keeping its expiry),
-// Release (the record is deleted) or RetryAfter (the next lookup).
-type LookupResult struct {
-	Applied    *Response
-	Release    bool
-	RetryAfter time.Duration
-}
-
-// Errors of ReconcileStore.ClaimLookup.
-var (
-	ErrNotInDoubt = errors.New("the key is not in doubt")
-	ErrLookupBusy = errors.New("another lookup of this key is running")
-	ErrNotDue     = errors.New("the key's lookup is not due yet")
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // Reconcile results, the result label of idemproxy_reconciliations_total.
@@ -129,7 +77,7 @@ func (m *reconcileMetrics) initRoute(rc config.Route) {
 type ReconcilerOptions struct {
 	// Store is the proxy's store seen as a ReconcileStore (its operations
 	// are measured like the proxy's). Required.
-	Store ReconcileStore
+	Store store.ReconcileStore
 	// Concurrency bounds the lookups running at once; zero means 4.
 	Concurrency int
 	// Tick is how often the reconciler looks for due keys; zero means 1s.
@@ -145,7 +93,7 @@ type ReconcilerOptions struct {
 // background: Run it, cancel its context to stop it.
 type Reconciler struct {
 	p    *Proxy
-	st   ReconcileStore
+	st   store.ReconcileStore
 	opts ReconcilerOptions
 	sem  chan struct{}
 	wg   sync.WaitGroup
@@ -211,7 +159,7 @@ func (r *Reconciler) Discover(ctx context.Context) {
 		if rt.cfg.Reconcile == nil {
 			continue
 		}
-		keys, err := r.st.Unscheduled(ctx, StoreKey(rt.cfg.Name, "", ""), r.opts.Batch)
+		keys, err := r.st.Unscheduled(ctx, store.Key(rt.cfg.Name, "", ""), r.opts.Batch)
 		if err != nil {
 			if ctx.Err() == nil {
 				r.p.log.Error("reconciler: find unscheduled in-doubt keys", "route", rt.cfg.Name, "err", err)
@@ -223,7 +171,7 @@ func (r *Reconciler) Discover(ctx context.Context) {
 				continue // see reconcile
 			}
 			if err := r.st.ScheduleLookup(ctx, k, rt.cfg.Reconcile.Grace.D()); err != nil {
-				r.p.log.Error("reconciler: schedule a lookup", "route", rt.cfg.Name, "key_hash", KeyHash(k), "err", err)
+				r.p.log.Error("reconciler: schedule a lookup", "route", rt.cfg.Name, "key_hash", store.KeyHash(k), "err", err)
 				continue
 			}
 			r.p.m.rec.discovered.WithLabelValues(rt.cfg.Name).Inc()
@@ -260,7 +208,7 @@ func (r *Reconciler) pass(ctx context.Context) {
 			defer func() { <-r.sem; r.wg.Done() }()
 			defer func() {
 				if e := recover(); e != nil { // a store used without its guard
-					r.p.log.Error("reconciler: lookup panicked; the key stays in doubt", "key_hash", KeyHash(k), "panic", e)
+					r.p.log.Error("reconciler: lookup panicked; the key stays in doubt", "key_hash", store.KeyHash(k), "panic", e)
 				}
 			}()
 			r.reconcile(ctx, k, false)
@@ -314,28 +262,28 @@ func (r *Reconciler) reconcile(ctx context.Context, key string, force bool) (Rec
 	}
 	out, res := r.lookup(ctx, rt, key)
 	if err := r.st.ResolveLookup(context.WithoutCancel(ctx), key, token, res); err != nil {
-		if errors.Is(err, ErrNotOwner) {
-			return ReconcileOutcome{}, ErrNotInDoubt // settled meanwhile
+		if errors.Is(err, store.ErrNotOwner) {
+			return ReconcileOutcome{}, store.ErrNotInDoubt // settled meanwhile
 		}
-		r.p.log.Error("reconciler: settle a lookup", "route", cfg.Name, "key_hash", KeyHash(key), "err", err)
+		r.p.log.Error("reconciler: settle a lookup", "route", cfg.Name, "key_hash", store.KeyHash(key), "err", err)
 		return ReconcileOutcome{}, err
 	}
 	r.p.m.rec.reconciliations.WithLabelValues(cfg.Name, out.Result).Inc()
-	r.p.log.Warn("in-doubt key reconciled", "route", cfg.Name, "key_hash", KeyHash(key),
+	r.p.log.Warn("in-doubt key reconciled", "route", cfg.Name, "key_hash", store.KeyHash(key),
 		"result", out.Result, "lookup_status", out.LookupStatus, "err", out.Error)
 	return out, nil
 }
 
 // lookup asks the upstream whether the key's request was applied.
-func (r *Reconciler) lookup(ctx context.Context, rt *route, key string) (ReconcileOutcome, LookupResult) {
+func (r *Reconciler) lookup(ctx context.Context, rt *route, key string) (ReconcileOutcome, store.LookupResult) {
 	cfg := &rt.cfg
-	retry := LookupResult{RetryAfter: cfg.Reconcile.Interval.D()}
-	fail := func(err error) (ReconcileOutcome, LookupResult) {
+	retry := store.LookupResult{RetryAfter: cfg.Reconcile.Interval.D()}
+	fail := func(err error) (ReconcileOutcome, store.LookupResult) {
 		return ReconcileOutcome{Result: ReconcileError, Error: err.Error()}, retry
 	}
 	_, _, idemKey, ok := splitStoreKey(key)
 	if !ok {
-		return fail(fmt.Errorf("store key %q has no route, scope and key", KeyHash(key)))
+		return fail(fmt.Errorf("store key %q has no route, scope and key", store.KeyHash(key)))
 	}
 	target, err := lookupURL(r.p.table.Load().upstream, cfg.Reconcile.LookupPath(), idemKey)
 	if err != nil {
@@ -357,7 +305,7 @@ func (r *Reconciler) lookup(ctx context.Context, rt *route, key string) (Reconci
 	switch {
 	case resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusGone:
 		out.Result = ReconcileNotApplied
-		return out, LookupResult{Release: true}
+		return out, store.LookupResult{Release: true}
 	case resp.StatusCode >= 200 && resp.StatusCode <= 299:
 		limit := cfg.MaxStoredBodyBytes
 		body, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
@@ -366,7 +314,7 @@ func (r *Reconciler) lookup(ctx context.Context, rt *route, key string) (Reconci
 			return out, retry
 		}
 		stored := int64(len(body)) <= limit
-		ans := Response{Status: resp.StatusCode, Header: http.Header{}, BodyStored: stored, Reconciled: true}
+		ans := store.Response{Status: resp.StatusCode, Header: http.Header{}, BodyStored: stored, Reconciled: true}
 		for _, name := range cfg.ReplayHeaders {
 			if vs := resp.Header.Values(name); len(vs) > 0 {
 				ans.Header[name] = vs
@@ -376,7 +324,7 @@ func (r *Reconciler) lookup(ctx context.Context, rt *route, key string) (Reconci
 			ans.Body = body
 		}
 		out.Result = ReconcileApplied
-		return out, LookupResult{Applied: &ans}
+		return out, store.LookupResult{Applied: &ans}
 	default:
 		out.Result, out.Error = ReconcileError, "the lookup answered "+resp.Status
 		return out, retry
@@ -416,7 +364,7 @@ func (a *attempt) scheduleLookup() {
 	defer cancel()
 	if err := st.ScheduleLookup(ctx, a.storeKey, rc.Grace.D()); err != nil {
 		// Discovery finds it later.
-		a.p.log.Error("schedule the lookup of an in-doubt key", "route", a.routeName(), "key_hash", KeyHash(a.storeKey), "err", err)
+		a.p.log.Error("schedule the lookup of an in-doubt key", "route", a.routeName(), "key_hash", store.KeyHash(a.storeKey), "err", err)
 	}
 }
 
@@ -429,7 +377,7 @@ func (p *Proxy) routeOf(storeKey string) *route {
 	return p.table.Load().routes[name]
 }
 
-// splitStoreKey undoes StoreKey: route names and the scope part hold no
+// splitStoreKey undoes store.Key: route names and the scope part hold no
 // '/', the key may.
 func splitStoreKey(k string) (route, scope, key string, ok bool) {
 	route, rest, ok1 := strings.Cut(k, "/")
@@ -441,12 +389,12 @@ func splitStoreKey(k string) (route, scope, key string, ok bool) {
 // instrumented does for Store; the refusals of ClaimLookup and
 // ResolveLookup are answers, not errors.
 type instrumentedReconcile struct {
-	ReconcileStore
+	store.ReconcileStore
 	s instrumented
 }
 
 func (r instrumentedReconcile) observe(op string, start time.Time, err error) {
-	for _, answer := range []error{ErrNotInDoubt, ErrLookupBusy, ErrNotDue} {
+	for _, answer := range []error{store.ErrNotInDoubt, store.ErrLookupBusy, store.ErrNotDue} {
 		if errors.Is(err, answer) {
 			err = nil
 		}
@@ -474,7 +422,7 @@ func (r instrumentedReconcile) ClaimLookup(ctx context.Context, key, token strin
 	return r.ReconcileStore.ClaimLookup(ctx, key, token, lease, force)
 }
 
-func (r instrumentedReconcile) ResolveLookup(ctx context.Context, key, token string, res LookupResult) (err error) {
+func (r instrumentedReconcile) ResolveLookup(ctx context.Context, key, token string, res store.LookupResult) (err error) {
 	defer func(start time.Time) { r.observe("resolve_lookup", start, err) }(time.Now())
 	return r.ReconcileStore.ResolveLookup(ctx, key, token, res)
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/idemproxy/idemproxy/admin"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/badger"
 	"github.com/idemproxy/idemproxy/store/redis"
 	"github.com/idemproxy/idemproxy/upstream-stub/stub"
@@ -84,7 +85,7 @@ func newReconcileEnv(t *testing.T, g *lookupGate, routes string) (*env, *proxy.R
 }
 
 // serveReconcileRoute serves reconcileRoute on st, in front of upstream.
-func serveReconcileRoute(t *testing.T, upstream string, st proxy.Store) (*proxy.Proxy, *httptest.Server) {
+func serveReconcileRoute(t *testing.T, upstream string, st store.Store) (*proxy.Proxy, *httptest.Server) {
 	t.Helper()
 	p, err := proxy.New(parseConfig(t, upstream, reconcileRoute), proxy.Options{Store: st, Metrics: proxy.NewMetrics(prometheus.NewRegistry())})
 	if err != nil {
@@ -99,7 +100,7 @@ func (e *env) inDoubtCharged(order string) {
 	e.t.Helper()
 	e.fault("delay", 1, "1s")
 	wantStatus(e.t, "charge answered too late", e.charge(order, 5), http.StatusGatewayTimeout, "upstream-timeout")
-	if st := e.state("charges", "", strings.Trim(order, `"`)); st != proxy.StateInDoubt {
+	if st := e.state("charges", "", strings.Trim(order, `"`)); st != store.StateInDoubt {
 		e.t.Fatalf("state after the timeout = %q, want in_doubt", st)
 	}
 }
@@ -124,7 +125,7 @@ func TestReconcileAppliedBecomesReplayOfTheLookup(t *testing.T) {
 	e.inDoubtCharged(`"R-1"`)
 	wantStatus(t, "retry while in doubt", e.charge(`"R-1"`, 5), http.StatusConflict, "outcome-in-doubt")
 
-	reconcileUntil(t, rec, "the key is completed", func() bool { return e.state("charges", "", "R-1") == proxy.StateCompleted })
+	reconcileUntil(t, rec, "the key is completed", func() bool { return e.state("charges", "", "R-1") == store.StateCompleted })
 	a := e.charge(`"R-1"`, 5)
 	wantStatus(t, "retry after reconciliation", a, http.StatusOK, "")
 	if !a.replayed() || a.header.Get("Idempotent-Reconciled") != "true" {
@@ -149,11 +150,11 @@ func TestReconcileNotAppliedReleasesAndTheRetryIsChargedOnce(t *testing.T) {
 	e, rec := newReconcileEnv(t, g, reconcileRoute)
 	// A crash: a reservation whose request never reached the upstream, its
 	// lease lapsed with nobody left to settle it.
-	sk := proxy.StoreKey("charges", "", "R-2")
-	if r, err := e.store.Reserve(context.Background(), sk, proxy.Reservation{Token: "crashed", Lease: 50 * time.Millisecond, TTL: time.Hour}); err != nil || r != nil {
+	sk := store.Key("charges", "", "R-2")
+	if r, err := e.store.Reserve(context.Background(), sk, store.Reservation{Token: "crashed", Lease: 50 * time.Millisecond, TTL: time.Hour}); err != nil || r != nil {
 		t.Fatalf("Reserve = %v, %v", r, err)
 	}
-	eventually(t, "the lease lapses", func() bool { return e.state("charges", "", "R-2") == proxy.StateInDoubt })
+	eventually(t, "the lease lapses", func() bool { return e.state("charges", "", "R-2") == store.StateInDoubt })
 	wantStatus(t, "retry while in doubt", e.charge(`"R-2"`, 5), http.StatusConflict, "outcome-in-doubt")
 
 	reconcileUntil(t, rec, "the key is released", func() bool { return e.state("charges", "", "R-2") == "" })
@@ -187,8 +188,8 @@ func TestReconcileDiscoveryIsPerRoute(t *testing.T) {
 	}
 	lapse := func(route, key string) {
 		t.Helper()
-		res := proxy.Reservation{Token: "crashed", Lease: time.Millisecond, TTL: time.Hour}
-		if r, err := e.store.Reserve(context.Background(), proxy.StoreKey(route, "", key), res); err != nil || r != nil {
+		res := store.Reservation{Token: "crashed", Lease: time.Millisecond, TTL: time.Hour}
+		if r, err := e.store.Reserve(context.Background(), store.Key(route, "", key), res); err != nil || r != nil {
 			t.Fatalf("Reserve = %v, %v", r, err)
 		}
 	}
@@ -196,20 +197,20 @@ func TestReconcileDiscoveryIsPerRoute(t *testing.T) {
 		lapse("aaa", k)
 	}
 	lapse("charges", "R-6")
-	eventually(t, "the leases lapse", func() bool { return e.state("charges", "", "R-6") == proxy.StateInDoubt })
+	eventually(t, "the leases lapse", func() bool { return e.state("charges", "", "R-6") == store.StateInDoubt })
 	reconcileUntil(t, rec, "R-6 is released", func() bool { return e.state("charges", "", "R-6") == "" })
-	if st := e.state("aaa", "", "A-1"); st != proxy.StateInDoubt {
+	if st := e.state("aaa", "", "A-1"); st != store.StateInDoubt {
 		t.Errorf("a key of the route without reconcile is %q, want still in_doubt", st)
 	}
 	// A scoped key under the route (from an earlier, scoped definition of
 	// it) is never scheduled or looked up: the answer could be another
 	// client's.
-	scoped := proxy.StoreKey("charges", "alice", "R-6")
-	res := proxy.Reservation{Token: "crashed", Lease: time.Millisecond, TTL: time.Hour}
+	scoped := store.Key("charges", "alice", "R-6")
+	res := store.Reservation{Token: "crashed", Lease: time.Millisecond, TTL: time.Hour}
 	if r, err := e.store.Reserve(context.Background(), scoped, res); err != nil || r != nil {
 		t.Fatalf("Reserve = %v, %v", r, err)
 	}
-	eventually(t, "the scoped key's lease lapses", func() bool { return e.state("charges", "alice", "R-6") == proxy.StateInDoubt })
+	eventually(t, "the scoped key's lease lapses", func() bool { return e.state("charges", "alice", "R-6") == store.StateInDoubt })
 	discovered := counterValue(t, e.reg, "idemproxy_reconcile_discovered_total", map[string]string{"route": "charges"})
 	rec.RunOnce(context.Background())
 	if got := counterValue(t, e.reg, "idemproxy_reconcile_discovered_total", map[string]string{"route": "charges"}); got != discovered {
@@ -231,12 +232,12 @@ func TestReconcileFailingLookupStaysInDoubtAndIsRetried(t *testing.T) {
 	e.inDoubtCharged(`"R-3"`)
 
 	reconcileUntil(t, rec, "a first lookup fails", func() bool { return e.reconciliations("charges", proxy.ReconcileError) >= 1 })
-	if st := e.state("charges", "", "R-3"); st != proxy.StateInDoubt {
+	if st := e.state("charges", "", "R-3"); st != store.StateInDoubt {
 		t.Errorf("state after a failed lookup = %q, want in_doubt", st)
 	}
 	wantStatus(t, "retry after a failed lookup", e.charge(`"R-3"`, 5), http.StatusConflict, "outcome-in-doubt")
 
-	reconcileUntil(t, rec, "the key is completed", func() bool { return e.state("charges", "", "R-3") == proxy.StateCompleted })
+	reconcileUntil(t, rec, "the key is completed", func() bool { return e.state("charges", "", "R-3") == store.StateCompleted })
 	if got := e.reconciliations("charges", proxy.ReconcileError); got != 2 {
 		t.Errorf("reconciliations error = %d, want 2", got)
 	}
@@ -283,7 +284,7 @@ func TestReconcileScheduleSurvivesRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	ev = &env{t: t, stub: up, srv: srv, store: st}
-	reconcileUntil(t, rec, "the key is completed after the restart", func() bool { return ev.state("charges", "", "R-4") == proxy.StateCompleted })
+	reconcileUntil(t, rec, "the key is completed after the restart", func() bool { return ev.state("charges", "", "R-4") == store.StateCompleted })
 	if a := ev.charge(`"R-4"`, 5); !a.replayed() || ev.charges("R-4") != 1 {
 		t.Errorf("retry = %v, charges %d; want a replay and one charge", a, ev.charges("R-4"))
 	}
@@ -328,7 +329,7 @@ func TestReconcileTwoReplicasOneRedisSendOneLookup(t *testing.T) {
 	wantStatus(t, "charge answered too late", a.e.charge(`"R-5"`, 5), http.StatusGatewayTimeout, "upstream-timeout")
 
 	g.entered, g.block = make(chan struct{}, 4), make(chan struct{})
-	sk := proxy.StoreKey("charges", "", "R-5")
+	sk := store.Key("charges", "", "R-5")
 	done := make(chan proxy.ReconcileOutcome, 1)
 	go func() {
 		out, err := a.rec.Reconcile(context.Background(), sk)
@@ -338,7 +339,7 @@ func TestReconcileTwoReplicasOneRedisSendOneLookup(t *testing.T) {
 		done <- out
 	}()
 	<-g.entered // A's lookup is at the upstream now
-	if _, err := b.rec.Reconcile(context.Background(), sk); !errors.Is(err, proxy.ErrLookupBusy) {
+	if _, err := b.rec.Reconcile(context.Background(), sk); !errors.Is(err, store.ErrLookupBusy) {
 		t.Errorf("replica B: Reconcile during A's lookup = %v, want ErrLookupBusy", err)
 	}
 	close(g.block)
@@ -431,10 +432,10 @@ func TestReconcileScheduleSurvivesRestartRedis(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sk := proxy.StoreKey("charges", "", "R-7")
+	sk := store.Key("charges", "", "R-7")
 	reconcileUntil(t, rec, "the key is completed after the restart", func() bool {
 		r, err := st.Get(context.Background(), sk)
-		return err == nil && r != nil && r.State == proxy.StateCompleted
+		return err == nil && r != nil && r.State == store.StateCompleted
 	})
 	if a := send(hs.Client(), "POST", hs.URL+"/charges", `{"orderId": "R-7", "amount": 5}`); !a.replayed() || a.header.Get("Idempotent-Reconciled") != "true" {
 		t.Errorf("retry after the restart = %v %v, want the reconciled replay", a, a.header)
@@ -457,7 +458,7 @@ func TestReconcilerRunStopsOnCancel(t *testing.T) {
 	stopped := make(chan struct{})
 	go func() { rec.Run(ctx); close(stopped) }()
 	e.inDoubtCharged(`"R-8"`)
-	eventually(t, "the background reconciler completes the key", func() bool { return e.state("charges", "", "R-8") == proxy.StateCompleted })
+	eventually(t, "the background reconciler completes the key", func() bool { return e.state("charges", "", "R-8") == store.StateCompleted })
 	// A lookup held at the upstream when the reconciler stops: Run waits
 	// for it, and the key stays in doubt.
 	g.entered, g.block = make(chan struct{}, 4), make(chan struct{})
@@ -469,7 +470,7 @@ func TestReconcilerRunStopsOnCancel(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return after its context was cancelled")
 	}
-	if st := e.state("charges", "", "R-9"); st != proxy.StateInDoubt {
+	if st := e.state("charges", "", "R-9"); st != store.StateInDoubt {
 		t.Errorf("state of R-9 after the stop = %q, want in_doubt", st)
 	}
 }
@@ -496,13 +497,13 @@ func TestReconcileFollowsReload(t *testing.T) {
 	if got := g.lookups.Load(); got != 0 {
 		t.Errorf("lookups on a route without reconcile = %d, want 0", got)
 	}
-	if st := e.state("charges", "", "R-10"); st != proxy.StateInDoubt {
+	if st := e.state("charges", "", "R-10"); st != store.StateInDoubt {
 		t.Errorf("state = %q, want in_doubt", st)
 	}
 	if err := e.p.Reload(parseConfig(t, e.stub.URL, reconcileRoute+other)); err != nil {
 		t.Fatal(err)
 	}
-	reconcileUntil(t, rec, "the key is completed once reconcile is back", func() bool { return e.state("charges", "", "R-10") == proxy.StateCompleted })
+	reconcileUntil(t, rec, "the key is completed once reconcile is back", func() bool { return e.state("charges", "", "R-10") == store.StateCompleted })
 }
 
 // TestReconcileDueGaugeFollowsReload: idemproxy_reconcile_due_keys counts
@@ -543,7 +544,7 @@ func TestReconcileDiscoveryIsNotStarvedByScopedKeys(t *testing.T) {
 	t.Cleanup(hs.Close)
 	ctx := context.Background()
 	orphan := func(sk string) {
-		res := proxy.Reservation{Token: "tok-" + sk, Fingerprint: "fp", Lease: time.Hour, TTL: time.Hour}
+		res := store.Reservation{Token: "tok-" + sk, Fingerprint: "fp", Lease: time.Hour, TTL: time.Hour}
 		if rec, err := st.Reserve(ctx, sk, res); err != nil || rec != nil {
 			t.Fatalf("Reserve(%q) = %v, %v", sk, rec, err)
 		}
@@ -552,9 +553,9 @@ func TestReconcileDiscoveryIsNotStarvedByScopedKeys(t *testing.T) {
 		}
 	}
 	for i := range 200 {
-		orphan(proxy.StoreKey("charges", "tenant-a", fmt.Sprintf("S-%d", i)))
+		orphan(store.Key("charges", "tenant-a", fmt.Sprintf("S-%d", i)))
 	}
-	orphan(proxy.StoreKey("charges", "", "U-1"))
+	orphan(store.Key("charges", "", "U-1"))
 	rec, err := p.NewReconciler(proxy.ReconcilerOptions{Store: st, Batch: 1})
 	if err != nil {
 		t.Fatal(err)

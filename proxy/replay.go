@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // replay answers a duplicate with the stored answer. The answer fits the
@@ -27,7 +28,7 @@ import (
 //     and no body;
 //   - stored trailers are replayed as trailers (the body then goes
 //     chunked, as the original did).
-func (a *attempt) replay(w http.ResponseWriter, resp *Response) {
+func (a *attempt) replay(w http.ResponseWriter, resp *store.Response) {
 	a.outcome, a.status = OutcomeReplayed, resp.Status
 	h := w.Header()
 	for k, vs := range resp.Header {

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // bigAnswer is an answer larger than any socket buffers hold, but within
@@ -76,7 +76,7 @@ func TestSlowClientOfAStoredAnswer(t *testing.T) {
 	if err != nil || !bytes.Equal(got, bigAnswer) {
 		t.Fatalf("the slow client got %d bytes (%v), want the whole answer of %d", len(got), err, len(bigAnswer))
 	}
-	if got := e.state("charges", "", "k-slow"); got != proxy.StateCompleted {
+	if got := e.state("charges", "", "k-slow"); got != store.StateCompleted {
 		t.Errorf("the key is %q, want completed", got)
 	}
 	wantReplayedOnce(t, e, "k-slow", &calls)
@@ -120,9 +120,9 @@ func TestClientThatNeverReadsAStoredAnswer(t *testing.T) {
 			}
 			eventually(t, "the key is settled", func() bool {
 				s := e.state("charges", "", "k-stall")
-				return s != "" && s != proxy.StateInFlight
+				return s != "" && s != store.StateInFlight
 			})
-			if got := e.state("charges", "", "k-stall"); got != proxy.StateCompleted {
+			if got := e.state("charges", "", "k-stall"); got != store.StateCompleted {
 				t.Fatalf("the key is %q, want completed", got)
 			}
 			wantReplayedOnce(t, e, "k-stall", &calls)
@@ -194,7 +194,7 @@ func TestShutdownCutsOffADelivery(t *testing.T) {
     max_stored_body_bytes: 16777216
 `)
 	rawCharge(t, e, "k-shut", 4<<10)
-	eventually(t, "the answer is committed", func() bool { return e.state("charges", "", "k-shut") == proxy.StateCompleted })
+	eventually(t, "the answer is committed", func() bool { return e.state("charges", "", "k-shut") == store.StateCompleted })
 	e.p.Abort()
 	done := make(chan struct{})
 	go func() { e.p.Wait(); close(done) }()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/redis"
 )
 
@@ -20,7 +21,7 @@ import (
 // lease so that the key ends completed, not in doubt for its TTL.
 func TestRedisStall(t *testing.T) {
 	e, srv, st, g, reg := stallEnv(t)
-	state := func(key string) proxy.State { return stallState(t, st, key) }
+	state := func(key string) store.State { return stallState(t, st, key) }
 
 	wantStatus(t, "warm-up", e.charge(`"ORD-W"`, 1), 201, "")
 	first := make(chan answer, 1)
@@ -33,7 +34,7 @@ func TestRedisStall(t *testing.T) {
 	eventually(t, "the commit fails while Redis is frozen", func() bool { return settleErrors(t, reg, "commit") })
 	srv.Resume()
 
-	eventually(t, "the commit is retried and ORD-R1 completed", func() bool { return state("ORD-R1") == proxy.StateCompleted })
+	eventually(t, "the commit is retried and ORD-R1 completed", func() bool { return state("ORD-R1") == store.StateCompleted })
 	if got := state("ORD-R2"); got != "" {
 		t.Errorf("the request answered 503 left its key %q", got)
 	}
@@ -77,9 +78,9 @@ func settleErrors(t *testing.T, reg *prometheus.Registry, op string) bool {
 	return counterValue(t, reg, "idemproxy_store_errors_total", map[string]string{"store": "redis", "operation": op}) > 0
 }
 
-func stallState(t *testing.T, st *redis.Store, key string) proxy.State {
+func stallState(t *testing.T, st *redis.Store, key string) store.State {
 	t.Helper()
-	rec, err := st.Get(context.Background(), proxy.StoreKey("charges", "", key))
+	rec, err := st.Get(context.Background(), store.Key("charges", "", key))
 	if err != nil {
 		t.Fatalf("get %s: %v", key, err)
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // rawRequest sends req on a new connection to addr and returns the answer.
@@ -77,7 +78,7 @@ func TestSwitchingProtocolsOnAProtectedRoute(t *testing.T) {
 	if resp.StatusCode != 502 || !strings.Contains(string(b), proxy.ProblemTypePrefix+"upstream-reset") {
 		t.Errorf("got %d %s, want 502 upstream-reset", resp.StatusCode, b)
 	}
-	if got := e.state("charges", "", "ORD-S1"); got != proxy.StateInDoubt {
+	if got := e.state("charges", "", "ORD-S1"); got != store.StateInDoubt {
 		t.Errorf("the key is %q, want in doubt: the upstream took the request", got)
 	}
 	eventually(t, "the proxy closes the upstream's switched connection", func() bool {
@@ -137,7 +138,7 @@ func TestUpgradeIsNotAskedOfTheUpstream(t *testing.T) {
 	if resp.StatusCode != 201 || string(b) != `{"charged":1}` {
 		t.Errorf("got %d %s, want the upstream's 201", resp.StatusCode, b)
 	}
-	if got := e.state("charges", "", "ORD-H1"); got != proxy.StateCompleted {
+	if got := e.state("charges", "", "ORD-H1"); got != store.StateCompleted {
 		t.Errorf("the key is %q, want completed", got)
 	}
 	a := e.do("POST", "/charges", body)

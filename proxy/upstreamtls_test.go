@@ -13,7 +13,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/internal/testpki"
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // tlsUpstream starts an https upstream whose certificate, for pay.internal
@@ -110,8 +110,8 @@ func TestUpstreamTLS(t *testing.T) {
 				if replay := e.charge(`"`+order+`"`, 1); !replay.replayed() || replay.status != http.StatusCreated {
 					t.Errorf("retry = %s, want the answer replayed", replay)
 				}
-				if got := e.state("charges", "", order); got != proxy.StateCompleted {
-					t.Errorf("key state = %q, want %q", got, proxy.StateCompleted)
+				if got := e.state("charges", "", order); got != store.StateCompleted {
+					t.Errorf("key state = %q, want %q", got, store.StateCompleted)
 				}
 				if got := hits.Load(); got != 1 {
 					t.Errorf("upstream served %d requests, want 1", got)

@@ -31,10 +31,10 @@ import (
 	"github.com/dgraph-io/badger/v4/options"
 
 	"github.com/idemproxy/idemproxy/internal/prealloc"
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 )
 
-var _ proxy.Store = (*Store)(nil)
+var _ store.Store = (*Store)(nil)
 
 // UserMeta values, one per state.
 const (
@@ -106,20 +106,20 @@ type Store struct {
 	lost  func(c lostCommit, err error) // Options.lost
 }
 
-// record is the stored form of a proxy.Record, encoded by marshal (record.go);
-// the JSON names are those of the records earlier releases wrote, still read.
+// record is the stored form of a store.Record, encoded by marshal
+// (record.go).
 type record struct {
-	State       proxy.State     `json:"st"`
-	Token       string          `json:"tok"`
-	Fingerprint string          `json:"fp"`
-	CreatedAt   int64           `json:"cr"`           // unix ms
-	Lease       int64           `json:"le,omitempty"` // unix ms, in flight only
-	Response    *proxy.Response `json:"resp,omitempty"`
+	State       store.State
+	Token       string
+	Fingerprint string
+	CreatedAt   int64 // unix ms
+	Lease       int64 // unix ms, in flight only
+	Response    *store.Response
 	// Reconciliation (reconcile.go): the next lookup, and the lookup
 	// lease's token and end, unix ms; in doubt only.
-	NextLookup  int64  `json:"nl,omitempty"`
-	LookupToken string `json:"lt,omitempty"`
-	LookupLease int64  `json:"ll,omitempty"`
+	NextLookup  int64
+	LookupToken string
+	LookupLease int64
 }
 
 // Open opens (or creates) the store in opts.Dir, turns every reservation
@@ -426,10 +426,10 @@ func (s *Store) orphansInDoubt() (int, error) {
 	for _, o := range orphans {
 		err := s.update(func(txn *bdg.Txn) error {
 			rec, _, err := get(txn, o.key)
-			if err != nil || rec == nil || rec.State != proxy.StateInFlight {
+			if err != nil || rec == nil || rec.State != store.StateInFlight {
 				return err
 			}
-			rec.State = proxy.StateInDoubt
+			rec.State = store.StateInDoubt
 			rec.Lease = 0
 			return putAt(txn, o.key, rec, o.expiresAt)
 		})
@@ -455,8 +455,8 @@ func (s *Store) update(fn func(txn *bdg.Txn) error) error { return s.w.update(fn
 // it needs that.
 func (s *Store) updateLazy(fn func(txn *bdg.Txn) error) error { return s.w.update(fn, false) }
 
-// Reserve implements proxy.Store.
-func (s *Store) Reserve(ctx context.Context, key string, res proxy.Reservation) (*proxy.Record, error) {
+// Reserve implements store.Store.
+func (s *Store) Reserve(ctx context.Context, key string, res store.Reservation) (*store.Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -466,7 +466,7 @@ func (s *Store) Reserve(ctx context.Context, key string, res proxy.Reservation) 
 		return s.public(pc.rec, pc.expiresAt), nil
 	}
 	var (
-		existing  *proxy.Record
+		existing  *store.Record
 		made      record // the in-flight record, once it is the caller's
 		abandoned atomic.Bool
 	)
@@ -482,7 +482,7 @@ func (s *Store) Reserve(ctx context.Context, key string, res proxy.Reservation) 
 		}
 		if rec != nil {
 			existing = s.public(rec, exp)
-			if existing.State == proxy.StateInFlight && rec.Token == res.Token {
+			if existing.State == store.StateInFlight && rec.Token == res.Token {
 				existing = nil // the caller's own reservation, applied before
 				made = *rec
 			}
@@ -490,7 +490,7 @@ func (s *Store) Reserve(ctx context.Context, key string, res proxy.Reservation) 
 		}
 		now := s.now()
 		rec = &record{
-			State:       proxy.StateInFlight,
+			State:       store.StateInFlight,
 			Token:       res.Token,
 			Fingerprint: res.Fingerprint,
 			CreatedAt:   now.UnixMilli(),
@@ -531,34 +531,34 @@ func (s *Store) releaseAbandoned(key, token string) {
 		k := []byte(key)
 		err := s.w.updateAsyncWithin(func(txn *bdg.Txn) error {
 			rec, _, err := get(txn, k)
-			if err != nil || rec == nil || rec.Token != token || rec.State != proxy.StateInFlight {
+			if err != nil || rec == nil || rec.Token != token || rec.State != store.StateInFlight {
 				return err
 			}
 			return txn.Delete(k)
 		}, func(err error) {
 			if err != nil {
 				s.log.Warn("releasing an abandoned reservation failed; the key will be in doubt when its lease ends",
-					"key_hash", proxy.KeyHash(key), "err", err)
+					"key_hash", store.KeyHash(key), "err", err)
 			}
 		}, wait)
 		if err != nil {
 			s.log.Warn("releasing an abandoned reservation failed; the key will be in doubt when its lease ends",
-				"key_hash", proxy.KeyHash(key), "err", err)
+				"key_hash", store.KeyHash(key), "err", err)
 		}
 	}()
 }
 
-// MarkInDoubt implements proxy.Store.
+// MarkInDoubt implements store.Store.
 func (s *Store) MarkInDoubt(ctx context.Context, key, token string, ttl time.Duration) error {
 	s.mem.disown(key, token)
 	return s.transition(ctx, "mark in doubt", key, token, func(rec *record) time.Duration {
-		rec.State = proxy.StateInDoubt
+		rec.State = store.StateInDoubt
 		rec.Lease = 0
 		return ttl
 	})
 }
 
-// Release implements proxy.Store.
+// Release implements store.Store.
 func (s *Store) Release(ctx context.Context, key, token string) error {
 	s.mem.disown(key, token)
 	return s.transition(ctx, "release", key, token, nil)
@@ -577,32 +577,32 @@ func (s *Store) transition(ctx context.Context, op, key, token string, change fu
 			return err
 		}
 		if rec == nil || rec.Token != token {
-			return proxy.ErrNotOwner
+			return store.ErrNotOwner
 		}
 		if change == nil {
 			return txn.Delete(k)
 		}
-		if rec.State == proxy.StateCompleted {
+		if rec.State == store.StateCompleted {
 			return nil // the first answer stays
 		}
 		ttl := change(rec)
 		return put(txn, k, rec, s.now(), ttl)
 	})
-	if err != nil && !errors.Is(err, proxy.ErrNotOwner) {
+	if err != nil && !errors.Is(err, store.ErrNotOwner) {
 		return fmt.Errorf("badger: %s: %w", op, err)
 	}
 	return err
 }
 
-// Get implements proxy.Store.
-func (s *Store) Get(ctx context.Context, key string) (*proxy.Record, error) {
+// Get implements store.Store.
+func (s *Store) Get(ctx context.Context, key string) (*store.Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	if pc := s.mem.committed(key); pc != nil {
 		return s.public(pc.rec, pc.expiresAt), nil
 	}
-	var out *proxy.Record
+	var out *store.Record
 	err := s.db.View(func(txn *bdg.Txn) error {
 		rec, exp, err := get(txn, []byte(key))
 		if rec != nil {
@@ -616,32 +616,7 @@ func (s *Store) Get(ctx context.Context, key string) (*proxy.Record, error) {
 	return out, nil
 }
 
-// Delete implements proxy.Store.
-func (s *Store) Delete(ctx context.Context, key string) (bool, error) {
-	if err := ctx.Err(); err != nil {
-		return false, err
-	}
-	var existed bool
-	err := s.update(func(txn *bdg.Txn) error {
-		k := []byte(key)
-		rec, _, err := get(txn, k)
-		if err != nil {
-			return err
-		}
-		existed = rec != nil
-		if !existed {
-			return nil
-		}
-		return txn.Delete(k)
-	})
-	if err != nil {
-		return false, fmt.Errorf("badger: delete: %w", err)
-	}
-	s.mem.forget(key) // applied after any commit queued before it
-	return existed, nil
-}
-
-// Ping implements proxy.Store: it fails once the database is closed.
+// Ping implements store.Store: it fails once the database is closed.
 func (s *Store) Ping(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -653,8 +628,8 @@ func (s *Store) Ping(ctx context.Context) error {
 }
 
 // public converts a stored record, deriving in doubt from a lapsed lease.
-func (s *Store) public(rec *record, expiresAt uint64) *proxy.Record {
-	out := &proxy.Record{
+func (s *Store) public(rec *record, expiresAt uint64) *store.Record {
+	out := &store.Record{
 		State:       rec.State,
 		Token:       rec.Token,
 		Fingerprint: rec.Fingerprint,
@@ -664,10 +639,10 @@ func (s *Store) public(rec *record, expiresAt uint64) *proxy.Record {
 	if expiresAt > 0 {
 		out.ExpiresAt = time.Unix(int64(expiresAt), 0)
 	}
-	if rec.State == proxy.StateInFlight {
+	if rec.State == store.StateInFlight {
 		out.LeaseExpiresAt = time.UnixMilli(rec.Lease)
 		if !s.now().Before(out.LeaseExpiresAt) {
-			out.State = proxy.StateInDoubt
+			out.State = store.StateInDoubt
 			out.LeaseExpiresAt = time.Time{}
 		}
 	}
@@ -755,11 +730,11 @@ func putAt(txn *bdg.Txn, k []byte, rec *record, expiresAt uint64) error {
 	return txn.SetEntry(e)
 }
 
-func meta(st proxy.State) byte {
+func meta(st store.State) byte {
 	switch st {
-	case proxy.StateInFlight:
+	case store.StateInFlight:
 		return metaInFlight
-	case proxy.StateCompleted:
+	case store.StateCompleted:
 		return metaCompleted
 	default:
 		return metaInDoubt

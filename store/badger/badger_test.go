@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/badger"
 	"github.com/idemproxy/idemproxy/store/storetest"
 )
@@ -23,7 +23,7 @@ func open(t testing.TB, dir string) *badger.Store {
 
 // TestConformance runs the store conformance suite, shared with Redis.
 func TestConformance(t *testing.T) {
-	storetest.Run(t, func(t *testing.T) proxy.Store { return open(t, t.TempDir()) })
+	storetest.Run(t, func(t *testing.T) store.Store { return open(t, t.TempDir()) })
 }
 
 func TestReconcileConformance(t *testing.T) {
@@ -40,13 +40,13 @@ func TestReopenTurnsInFlightInDoubt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res := proxy.Reservation{Token: "t1", Fingerprint: "fp", Lease: time.Hour, TTL: 2 * time.Hour}
+	res := store.Reservation{Token: "t1", Fingerprint: "fp", Lease: time.Hour, TTL: 2 * time.Hour}
 	for _, k := range []string{"in-flight", "done"} {
 		if rec, err := s.Reserve(ctx, k, res); err != nil || rec != nil {
 			t.Fatalf("reserve %s: %v %v", k, rec, err)
 		}
 	}
-	resp := proxy.Response{Status: 201, Body: []byte("ok"), BodyStored: true}
+	resp := store.Response{Status: 201, Body: []byte("ok"), BodyStored: true}
 	if err := s.Commit(ctx, "done", "t1", resp, time.Hour); err != nil {
 		t.Fatal(err)
 	}
@@ -55,10 +55,10 @@ func TestReopenTurnsInFlightInDoubt(t *testing.T) {
 	s2 := open(t, dir)
 	tests := []struct {
 		key  string
-		want proxy.State
+		want store.State
 	}{
-		{"in-flight", proxy.StateInDoubt},
-		{"done", proxy.StateCompleted},
+		{"in-flight", store.StateInDoubt},
+		{"done", store.StateCompleted},
 	}
 	for _, tt := range tests {
 		rec, err := s2.Get(ctx, tt.key)
@@ -86,11 +86,15 @@ func TestValueLogGC(t *testing.T) {
 	for i := range 400 {
 		k := fmt.Sprintf("k%d", i%20)
 		tok := fmt.Sprintf("t%d", i)
-		s.Delete(ctx, k)
-		if rec, err := s.Reserve(ctx, k, proxy.Reservation{Token: tok, Lease: time.Minute, TTL: time.Hour}); err != nil || rec != nil {
+		if i >= 20 {
+			if err := s.Release(ctx, k, fmt.Sprintf("t%d", i-20)); err != nil {
+				t.Fatalf("release: %v", err)
+			}
+		}
+		if rec, err := s.Reserve(ctx, k, store.Reservation{Token: tok, Lease: time.Minute, TTL: time.Hour}); err != nil || rec != nil {
 			t.Fatalf("reserve: %v %v", rec, err)
 		}
-		if err := s.Commit(ctx, k, tok, proxy.Response{Status: 200, Body: body, BodyStored: true}, time.Hour); err != nil {
+		if err := s.Commit(ctx, k, tok, store.Response{Status: 200, Body: body, BodyStored: true}, time.Hour); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -113,7 +117,7 @@ func BenchmarkReserveCommit(b *testing.B) {
 			}
 			defer s.Close()
 			ctx := context.Background()
-			resp := proxy.Response{Status: 201, Body: []byte(`{"chargeId":"ch_1","orderId":"ORD-1","amount":10}`), BodyStored: true}
+			resp := store.Response{Status: 201, Body: []byte(`{"chargeId":"ch_1","orderId":"ORD-1","amount":10}`), BodyStored: true}
 			b.ReportAllocs()
 			b.ResetTimer()
 			b.RunParallel(func(pb *testing.PB) {
@@ -121,7 +125,7 @@ func BenchmarkReserveCommit(b *testing.B) {
 				for pb.Next() {
 					i++
 					k := fmt.Sprintf("bench/%p/%d", pb, i)
-					if _, err := s.Reserve(ctx, k, proxy.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour}); err != nil {
+					if _, err := s.Reserve(ctx, k, store.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour}); err != nil {
 						b.Fatal(err)
 					}
 					if err := s.Commit(ctx, k, "t", resp, time.Hour); err != nil {

@@ -9,7 +9,7 @@ import (
 
 	bdg "github.com/dgraph-io/badger/v4"
 
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // Commits that do not wait.
@@ -116,10 +116,10 @@ func (m *memo) forget(key string) {
 	m.mu.Unlock()
 }
 
-// Commit implements proxy.Store. A commit of a reservation this store made
+// Commit implements store.Store. A commit of a reservation this store made
 // returns once it is visible to Reserve and Get, before Badger has it
 // (see above); any other is applied before Commit returns.
-func (s *Store) Commit(ctx context.Context, key, token string, resp proxy.Response, ttl time.Duration) error {
+func (s *Store) Commit(ctx context.Context, key, token string, resp store.Response, ttl time.Duration) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -132,7 +132,7 @@ func (s *Store) Commit(ctx context.Context, key, token string, resp proxy.Respon
 	}
 	delete(s.mem.owned, key)
 	lease := time.UnixMilli(r.Lease)
-	r.State, r.Lease, r.Response = proxy.StateCompleted, 0, &resp
+	r.State, r.Lease, r.Response = store.StateCompleted, 0, &resp
 	pc := &pendingCommit{rec: &r, expiresAt: expiry(now, ttl)}
 	s.mem.pending[key] = pc
 	s.mem.mu.Unlock()
@@ -146,9 +146,9 @@ func (s *Store) Commit(ctx context.Context, key, token string, resp proxy.Respon
 }
 
 // commitNow is the synchronous commit: read, check the owner, write.
-func (s *Store) commitNow(ctx context.Context, key, token string, resp proxy.Response, ttl time.Duration) error {
+func (s *Store) commitNow(ctx context.Context, key, token string, resp store.Response, ttl time.Duration) error {
 	return s.transition(ctx, "commit", key, token, func(rec *record) time.Duration {
-		rec.State = proxy.StateCompleted
+		rec.State = store.StateCompleted
 		rec.Lease = 0
 		rec.Response = &resp
 		return ttl
@@ -159,7 +159,7 @@ func (s *Store) commitNow(ctx context.Context, key, token string, resp proxy.Res
 // whoever takes it over writes it again until lease.
 type lostCommit struct {
 	key, token string
-	resp       proxy.Response
+	resp       store.Response
 	ttl        time.Duration
 	lease      time.Time // the reservation's lease: retried until then
 }
@@ -181,12 +181,12 @@ func (c *asyncCommit) apply(txn *bdg.Txn) error {
 		return err
 	}
 	if cur == nil || cur.Token != c.token {
-		return proxy.ErrNotOwner
+		return store.ErrNotOwner
 	}
-	if cur.State == proxy.StateCompleted {
+	if cur.State == store.StateCompleted {
 		return nil // the first answer stays
 	}
-	cur.State, cur.Lease, cur.Response = proxy.StateCompleted, 0, c.pc.rec.Response
+	cur.State, cur.Lease, cur.Response = store.StateCompleted, 0, c.pc.rec.Response
 	return putAt(txn, k, cur, c.pc.expiresAt)
 }
 
@@ -197,9 +197,9 @@ func (c *asyncCommit) done(err error) {
 	case err == nil:
 		s.mem.settled(c.key, c.pc)
 		return
-	case errors.Is(err, proxy.ErrNotOwner):
+	case errors.Is(err, store.ErrNotOwner):
 		s.mem.settled(c.key, c.pc)
-		s.log.Warn("reservation was taken over before its commit was written; left to its new owner", "key_hash", proxy.KeyHash(c.key))
+		s.log.Warn("reservation was taken over before its commit was written; left to its new owner", "key_hash", store.KeyHash(c.key))
 		return
 	case s.lost != nil:
 		// The Guard writes it again, on a reopened store if this one
@@ -214,7 +214,7 @@ func (c *asyncCommit) done(err error) {
 	default:
 		if wait := min(c.delay, time.Until(c.lease)); wait > 0 {
 			if c.delay == initialRetry { // once per commit: a failing disk must not flood the log
-				s.log.Warn("writing a commit failed; retrying while the lease holds", "key_hash", proxy.KeyHash(c.key), "err", err)
+				s.log.Warn("writing a commit failed; retrying while the lease holds", "key_hash", store.KeyHash(c.key), "err", err)
 			}
 			c.delay = min(2*c.delay, time.Second)
 			time.AfterFunc(wait, func() {
@@ -234,5 +234,5 @@ const initialRetry = 50 * time.Millisecond
 func (c *asyncCommit) giveUp(err error) {
 	c.s.mem.settled(c.key, c.pc)
 	c.s.log.Error("store failed to write a commit; the key will be in doubt when its lease ends",
-		"key_hash", proxy.KeyHash(c.key), "err", err)
+		"key_hash", store.KeyHash(c.key), "err", err)
 }

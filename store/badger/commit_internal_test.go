@@ -10,13 +10,13 @@ import (
 
 	bdg "github.com/dgraph-io/badger/v4"
 
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 )
 
 var (
-	answer = proxy.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}},
+	answer = store.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}},
 		Body: []byte(`{"chargeId":"ch_1"}`), BodyStored: true}
-	reservation1 = proxy.Reservation{Token: "t1", Fingerprint: "fp1", Lease: time.Minute, TTL: time.Hour}
+	reservation1 = store.Reservation{Token: "t1", Fingerprint: "fp1", Lease: time.Minute, TTL: time.Hour}
 )
 
 // stored reads key from Badger itself, past the store's memory.
@@ -34,7 +34,7 @@ func stored(t *testing.T, s *Store, key string) *record {
 	return rec
 }
 
-func mustReserve(t *testing.T, s *Store, key string, res proxy.Reservation) {
+func mustReserve(t *testing.T, s *Store, key string, res store.Reservation) {
 	t.Helper()
 	if rec, err := s.Reserve(context.Background(), key, res); err != nil || rec != nil {
 		t.Fatalf("reserve %s: %+v %v", key, rec, err)
@@ -51,17 +51,17 @@ func TestCommitVisibleBeforeApplied(t *testing.T) {
 	if err := s.Commit(ctx, "k", "t1", answer, time.Hour); err != nil {
 		t.Fatalf("commit: %v", err)
 	}
-	if rec := stored(t, s, "k"); rec == nil || rec.State != proxy.StateInFlight {
+	if rec := stored(t, s, "k"); rec == nil || rec.State != store.StateInFlight {
 		t.Fatalf("in Badger while the writer is held: %+v, want still in flight (the commit is queued)", rec)
 	}
-	for name, read := range map[string]func() (*proxy.Record, error){
-		"Get": func() (*proxy.Record, error) { return s.Get(ctx, "k") },
-		"Reserve": func() (*proxy.Record, error) {
-			return s.Reserve(ctx, "k", proxy.Reservation{Token: "t2", Lease: time.Minute, TTL: time.Hour})
+	for name, read := range map[string]func() (*store.Record, error){
+		"Get": func() (*store.Record, error) { return s.Get(ctx, "k") },
+		"Reserve": func() (*store.Record, error) {
+			return s.Reserve(ctx, "k", store.Reservation{Token: "t2", Lease: time.Minute, TTL: time.Hour})
 		},
 	} {
 		rec, err := read()
-		if err != nil || rec == nil || rec.State != proxy.StateCompleted || rec.Fingerprint != "fp1" ||
+		if err != nil || rec == nil || rec.State != store.StateCompleted || rec.Fingerprint != "fp1" ||
 			rec.Response == nil || string(rec.Response.Body) != string(answer.Body) {
 			t.Errorf("%s before the commit is applied: %+v %v, want the completed answer", name, rec, err)
 		}
@@ -78,7 +78,7 @@ func TestCommitVisibleBeforeApplied(t *testing.T) {
 	}
 	defer s2.Close()
 	rec, err := s2.Get(ctx, "k")
-	if err != nil || rec == nil || rec.State != proxy.StateCompleted || rec.Fingerprint != "fp1" ||
+	if err != nil || rec == nil || rec.State != store.StateCompleted || rec.Fingerprint != "fp1" ||
 		string(rec.Response.Body) != string(answer.Body) || rec.ExpiresAt.IsZero() {
 		t.Errorf("after reopening: %+v %v, want the completed answer", rec, err)
 	}
@@ -106,8 +106,8 @@ func TestAsyncCommitRetriedAfterAFailedBatch(t *testing.T) {
 		t.Fatalf("commit: %v", err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for rec := stored(t, s, "k"); rec == nil || rec.State != proxy.StateCompleted; rec = stored(t, s, "k") {
-		if rec, err := s.Get(ctx, "k"); err != nil || rec == nil || rec.State != proxy.StateCompleted {
+	for rec := stored(t, s, "k"); rec == nil || rec.State != store.StateCompleted; rec = stored(t, s, "k") {
+		if rec, err := s.Get(ctx, "k"); err != nil || rec == nil || rec.State != store.StateCompleted {
 			t.Fatalf("Get while the commit is retried: %+v %v, want completed", rec, err)
 		}
 		if time.Now().After(deadline) {
@@ -142,7 +142,7 @@ func TestAsyncCommitGivesUpAtTheLease(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	rec, err := s.Get(ctx, "k")
-	if err != nil || rec == nil || rec.State != proxy.StateInDoubt {
+	if err != nil || rec == nil || rec.State != store.StateInDoubt {
 		t.Errorf("after the lease: %+v %v, want in doubt", rec, err)
 	}
 }
@@ -154,22 +154,22 @@ func TestAsyncCommitOwnership(t *testing.T) {
 	ctx := context.Background()
 	s := openInternal(t)
 	mustReserve(t, s, "k", reservation1)
-	if err := s.Commit(ctx, "k", "other", answer, time.Hour); !errors.Is(err, proxy.ErrNotOwner) {
+	if err := s.Commit(ctx, "k", "other", answer, time.Hour); !errors.Is(err, store.ErrNotOwner) {
 		t.Errorf("commit with another token: %v, want ErrNotOwner", err)
 	}
-	if err := s.Commit(ctx, "nobody", "t1", answer, time.Hour); !errors.Is(err, proxy.ErrNotOwner) {
+	if err := s.Commit(ctx, "nobody", "t1", answer, time.Hour); !errors.Is(err, store.ErrNotOwner) {
 		t.Errorf("commit of a key never reserved: %v, want ErrNotOwner", err)
 	}
 	// Released by an operator while in flight, then taken by another
 	// request: the first request's commit must not show its answer.
-	if ok, err := s.Delete(ctx, "k"); err != nil || !ok {
-		t.Fatalf("delete: %v %v", ok, err)
+	if err := s.Release(ctx, "k", "t1"); err != nil {
+		t.Fatalf("operator release: %v", err)
 	}
-	mustReserve(t, s, "k", proxy.Reservation{Token: "t2", Lease: time.Minute, TTL: time.Hour})
-	if err := s.Commit(ctx, "k", "t1", answer, time.Hour); !errors.Is(err, proxy.ErrNotOwner) {
+	mustReserve(t, s, "k", store.Reservation{Token: "t2", Lease: time.Minute, TTL: time.Hour})
+	if err := s.Commit(ctx, "k", "t1", answer, time.Hour); !errors.Is(err, store.ErrNotOwner) {
 		t.Errorf("commit after the key was taken over: %v, want ErrNotOwner", err)
 	}
-	if rec, err := s.Get(ctx, "k"); err != nil || rec == nil || rec.State != proxy.StateInFlight || rec.Token != "t2" {
+	if rec, err := s.Get(ctx, "k"); err != nil || rec == nil || rec.State != store.StateInFlight || rec.Token != "t2" {
 		t.Errorf("after the stale commit: %+v %v, want t2's reservation in flight", rec, err)
 	}
 	// A commit, then a release queued behind it before it is applied.
@@ -179,7 +179,7 @@ func TestAsyncCommitOwnership(t *testing.T) {
 		t.Fatal(err)
 	}
 	deleted := make(chan error, 1)
-	go func() { _, err := s.Delete(ctx, "k2"); deleted <- err }()
+	go func() { deleted <- s.Release(ctx, "k2", "t1") }()
 	waitQueued(t, s, 2)
 	release()
 	if err := <-deleted; err != nil {
@@ -231,7 +231,7 @@ func TestLargeAnswerCommitWaits(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if rec := stored(t, s, "k"); rec == nil || rec.State != proxy.StateCompleted || len(rec.Response.Body) != len(big.Body) {
+	if rec := stored(t, s, "k"); rec == nil || rec.State != store.StateCompleted || len(rec.Response.Body) != len(big.Body) {
 		t.Errorf("in Badger: %+v, want the completed large answer", rec)
 	}
 }
@@ -255,7 +255,7 @@ func TestGuardWritesALostCommitOnTheReopenedStore(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		rec, err := g.Get(ctx, key)
-		if err == nil && rec != nil && rec.State == proxy.StateCompleted && string(rec.Response.Body) == string(answer.Body) {
+		if err == nil && rec != nil && rec.State == store.StateCompleted && string(rec.Response.Body) == string(answer.Body) {
 			break
 		}
 		if time.Now().After(deadline) {

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // TestOpenWithEmptyMemtableLog: a memtable log that could not be sized
@@ -30,7 +30,7 @@ func TestOpenWithEmptyMemtableLog(t *testing.T) {
 	}
 	defer s.Close()
 	rec, err := s.Get(context.Background(), "pay/-/k1")
-	if err != nil || rec == nil || rec.State != proxy.StateCompleted {
+	if err != nil || rec == nil || rec.State != store.StateCompleted {
 		t.Errorf("Get after the reopen = %+v, %v; want the completed record", rec, err)
 	}
 }

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/internal/prealloc"
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // Guard is a Store that survives Badger failing: a full disk, the data
@@ -40,7 +40,7 @@ import (
 // Guard embeds the *Store that is open, so the Store's other methods are
 // promoted; those are not guarded, and must not race a reopen (nor be
 // called while the store is broken: the embedded Store is then nil). The
-// methods of proxy.Store and proxy.ReconcileStore, Close and Sizes are
+// methods of store.Store and store.ReconcileStore, Close and Sizes are
 // guarded.
 type Guard struct {
 	*Store // the open store; nil while broken. Swapped under mu.
@@ -81,8 +81,8 @@ type Guard struct {
 }
 
 var (
-	_ proxy.Store          = (*Guard)(nil)
-	_ proxy.ReconcileStore = (*Guard)(nil)
+	_ store.Store          = (*Guard)(nil)
+	_ store.ReconcileStore = (*Guard)(nil)
 )
 
 // GuardOptions configures OpenGuarded.
@@ -366,7 +366,7 @@ func (g *Guard) do(op func(s *Store) error) (err error) {
 // itself failed, rather than the caller's context, fencing or a record in
 // another state.
 func isFault(err error) bool {
-	for _, domain := range []error{proxy.ErrNotOwner, proxy.ErrNotInDoubt, proxy.ErrLookupBusy, proxy.ErrNotDue,
+	for _, domain := range []error{store.ErrNotOwner, store.ErrNotInDoubt, store.ErrLookupBusy, store.ErrNotDue,
 		errCorrupt, context.Canceled, context.DeadlineExceeded} {
 		if errors.Is(err, domain) {
 			return false
@@ -375,8 +375,8 @@ func isFault(err error) bool {
 	return true
 }
 
-// Reserve implements proxy.Store; below the free-space floor it refuses.
-func (g *Guard) Reserve(ctx context.Context, key string, res proxy.Reservation) (rec *proxy.Record, err error) {
+// Reserve implements store.Store; below the free-space floor it refuses.
+func (g *Guard) Reserve(ctx context.Context, key string, res store.Reservation) (rec *store.Record, err error) {
 	if g.belowFloor() {
 		g.lowDisk.Add(1)
 		return nil, fmt.Errorf("%w (%d bytes free, floor %d)", ErrLowDisk, g.FreeBytes(), g.floor)
@@ -389,9 +389,9 @@ func (g *Guard) Reserve(ctx context.Context, key string, res proxy.Reservation) 
 	return rec, err
 }
 
-// Commit implements proxy.Store. It is not held back by the floor: the
+// Commit implements store.Store. It is not held back by the floor: the
 // request was forwarded, and its answer fits in the space above it.
-func (g *Guard) Commit(ctx context.Context, key, token string, resp proxy.Response, ttl time.Duration) error {
+func (g *Guard) Commit(ctx context.Context, key, token string, resp store.Response, ttl time.Duration) error {
 	g.wrote(len(key) + len(resp.Body))
 	return g.do(func(s *Store) error { return s.Commit(ctx, key, token, resp, ttl) })
 }
@@ -404,7 +404,7 @@ func (g *Guard) lostCommit(c lostCommit, cause error) {
 	if isFault(cause) {
 		g.fail(cause)
 	}
-	log := g.opts.Logger.With("key_hash", proxy.KeyHash(c.key))
+	log := g.opts.Logger.With("key_hash", store.KeyHash(c.key))
 	log.Warn("writing a commit failed; retrying while the lease holds", "err", cause)
 	for delay := initialRetry; ; delay = min(2*delay, time.Second) {
 		wait := min(delay, time.Until(c.lease))
@@ -427,7 +427,7 @@ func (g *Guard) lostCommit(c lostCommit, cause error) {
 		case err == nil:
 			log.Info("commit written on retry")
 			return
-		case errors.Is(err, proxy.ErrNotOwner):
+		case errors.Is(err, store.ErrNotOwner):
 			log.Warn("reservation was taken over before its commit was written; left to its new owner")
 			return
 		}
@@ -435,18 +435,18 @@ func (g *Guard) lostCommit(c lostCommit, cause error) {
 	}
 }
 
-// Release implements proxy.Store.
+// Release implements store.Store.
 func (g *Guard) Release(ctx context.Context, key, token string) error {
 	return g.do(func(s *Store) error { return s.Release(ctx, key, token) })
 }
 
-// MarkInDoubt implements proxy.Store.
+// MarkInDoubt implements store.Store.
 func (g *Guard) MarkInDoubt(ctx context.Context, key, token string, ttl time.Duration) error {
 	return g.do(func(s *Store) error { return s.MarkInDoubt(ctx, key, token, ttl) })
 }
 
-// Get implements proxy.Store.
-func (g *Guard) Get(ctx context.Context, key string) (rec *proxy.Record, err error) {
+// Get implements store.Store.
+func (g *Guard) Get(ctx context.Context, key string) (rec *store.Record, err error) {
 	err = g.do(func(s *Store) error {
 		rec, err = s.Get(ctx, key)
 		return err
@@ -454,16 +454,7 @@ func (g *Guard) Get(ctx context.Context, key string) (rec *proxy.Record, err err
 	return rec, err
 }
 
-// Delete implements proxy.Store.
-func (g *Guard) Delete(ctx context.Context, key string) (existed bool, err error) {
-	err = g.do(func(s *Store) error {
-		existed, err = s.Delete(ctx, key)
-		return err
-	})
-	return existed, err
-}
-
-// Ping implements proxy.Store: it fails while the store is broken or the
+// Ping implements store.Store: it fails while the store is broken or the
 // disk is below the floor.
 func (g *Guard) Ping(ctx context.Context) error {
 	if g.belowFloor() {
@@ -472,12 +463,12 @@ func (g *Guard) Ping(ctx context.Context) error {
 	return g.do(func(s *Store) error { return s.Ping(ctx) })
 }
 
-// ScheduleLookup implements proxy.ReconcileStore.
+// ScheduleLookup implements store.ReconcileStore.
 func (g *Guard) ScheduleLookup(ctx context.Context, key string, after time.Duration) error {
 	return g.do(func(s *Store) error { return s.ScheduleLookup(ctx, key, after) })
 }
 
-// Unscheduled implements proxy.ReconcileStore.
+// Unscheduled implements store.ReconcileStore.
 func (g *Guard) Unscheduled(ctx context.Context, prefix string, limit int) (keys []string, err error) {
 	err = g.do(func(s *Store) error {
 		keys, err = s.Unscheduled(ctx, prefix, limit)
@@ -486,7 +477,7 @@ func (g *Guard) Unscheduled(ctx context.Context, prefix string, limit int) (keys
 	return keys, err
 }
 
-// DueLookups implements proxy.ReconcileStore.
+// DueLookups implements store.ReconcileStore.
 func (g *Guard) DueLookups(ctx context.Context, limit int) (keys []string, err error) {
 	err = g.do(func(s *Store) error {
 		keys, err = s.DueLookups(ctx, limit)
@@ -495,20 +486,20 @@ func (g *Guard) DueLookups(ctx context.Context, limit int) (keys []string, err e
 	return keys, err
 }
 
-// ClaimLookup implements proxy.ReconcileStore.
+// ClaimLookup implements store.ReconcileStore.
 func (g *Guard) ClaimLookup(ctx context.Context, key, token string, lease time.Duration, force bool) error {
 	return g.do(func(s *Store) error { return s.ClaimLookup(ctx, key, token, lease, force) })
 }
 
-// ResolveLookup implements proxy.ReconcileStore.
-func (g *Guard) ResolveLookup(ctx context.Context, key, token string, res proxy.LookupResult) error {
+// ResolveLookup implements store.ReconcileStore.
+func (g *Guard) ResolveLookup(ctx context.Context, key, token string, res store.LookupResult) error {
 	if res.Applied != nil {
 		g.wrote(len(key) + len(res.Applied.Body))
 	}
 	return g.do(func(s *Store) error { return s.ResolveLookup(ctx, key, token, res) })
 }
 
-// UnscheduleLookup implements proxy.ReconcileStore.
+// UnscheduleLookup implements store.ReconcileStore.
 func (g *Guard) UnscheduleLookup(ctx context.Context, key string) error {
 	return g.do(func(s *Store) error { return s.UnscheduleLookup(ctx, key) })
 }

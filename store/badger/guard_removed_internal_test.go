@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // copyDir copies the regular files of src into dst: what a crash would
@@ -61,14 +61,14 @@ func TestReopenAfterDirectoryRemovedKeepsReservationsDurable(t *testing.T) {
 	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)
 	}
-	res := proxy.Reservation{Token: "tok", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
+	res := store.Reservation{Token: "tok", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
 	body := make([]byte, 8<<10)
 	failed := 0
 	for i := 0; i < 20000 && failed < 20; i++ {
 		k := fmt.Sprintf("k%d", i)
 		_, err := g.Reserve(ctx, k, res)
 		if err == nil {
-			err = g.Commit(ctx, k, res.Token, proxy.Response{Status: 201, Body: body, BodyStored: true}, time.Hour)
+			err = g.Commit(ctx, k, res.Token, store.Response{Status: 201, Body: body, BodyStored: true}, time.Hour)
 		}
 		if err != nil {
 			failed++

@@ -8,7 +8,7 @@ import (
 
 	bdg "github.com/dgraph-io/badger/v4"
 
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // waitReopen waits until g has been reopened n times.
@@ -41,7 +41,7 @@ func TestReopenKeepsLiveReservations(t *testing.T) {
 	g := openGuardInternal(t)
 	ctx := context.Background()
 	const key = "pay/-/k1"
-	if rec, err := g.Reserve(ctx, key, proxy.Reservation{Token: "t1", Lease: time.Minute, TTL: time.Hour}); err != nil || rec != nil {
+	if rec, err := g.Reserve(ctx, key, store.Reservation{Token: "t1", Lease: time.Minute, TTL: time.Hour}); err != nil || rec != nil {
 		t.Fatalf("Reserve = %v, %v; want nil, nil", rec, err)
 	}
 	g.fail(errors.New("simulated fault"))
@@ -51,13 +51,13 @@ func TestReopenKeepsLiveReservations(t *testing.T) {
 	if err != nil || rec == nil {
 		t.Fatalf("Get after reopen = %v, %v", rec, err)
 	}
-	if rec.State != proxy.StateInFlight {
-		t.Errorf("state after reopen = %s, want %s (its request is still running)", rec.State, proxy.StateInFlight)
+	if rec.State != store.StateInFlight {
+		t.Errorf("state after reopen = %s, want %s (its request is still running)", rec.State, store.StateInFlight)
 	}
-	if err := g.ClaimLookup(ctx, key, "lk", time.Minute, true); !errors.Is(err, proxy.ErrNotInDoubt) {
+	if err := g.ClaimLookup(ctx, key, "lk", time.Minute, true); !errors.Is(err, store.ErrNotInDoubt) {
 		t.Errorf("forced ClaimLookup of a live reservation = %v, want ErrNotInDoubt", err)
 	}
-	if err := g.Commit(ctx, key, "t1", proxy.Response{Status: 201, BodyStored: true}, time.Hour); err != nil {
+	if err := g.Commit(ctx, key, "t1", store.Response{Status: 201, BodyStored: true}, time.Hour); err != nil {
 		t.Errorf("Commit by the owner after reopen = %v, want nil", err)
 	}
 }

@@ -13,15 +13,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/badger"
 	"github.com/idemproxy/idemproxy/store/storetest"
 )
 
-// A compile-time guard: the guarded store is a proxy.Store, and it embeds
+// A compile-time guard: the guarded store is a store.Store, and it embeds
 // the concrete store so that the Store's other methods are promoted.
 var (
-	_ proxy.Store = (*badger.Guard)(nil)
+	_ store.Store = (*badger.Guard)(nil)
 	_             = (&badger.Guard{}).Store
 )
 
@@ -37,7 +37,7 @@ func openGuarded(t testing.TB, dir string, g badger.GuardOptions) *badger.Guard 
 
 // TestGuardConformance: the guard is a store like any other.
 func TestGuardConformance(t *testing.T) {
-	storetest.Run(t, func(t *testing.T) proxy.Store { return openGuarded(t, t.TempDir(), badger.GuardOptions{}) })
+	storetest.Run(t, func(t *testing.T) store.Store { return openGuarded(t, t.TempDir(), badger.GuardOptions{}) })
 	storetest.RunReconcile(t, func(t *testing.T) storetest.ReconcileStore {
 		return openGuarded(t, t.TempDir(), badger.GuardOptions{})
 	})
@@ -52,7 +52,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-var res = proxy.Reservation{Token: "tok", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
+var res = store.Reservation{Token: "tok", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
 
 // TestGuardDirectoryRemoved: the data directory removed while running makes
 // Badger fail to rotate its memtable, and then panic (nil memtable) in the
@@ -93,7 +93,7 @@ func writeUntilFailing(ctx context.Context, s *badger.Guard) int {
 		k := fmt.Sprintf("k%d", i)
 		_, err := s.Reserve(ctx, k, res)
 		if err == nil {
-			err = s.Commit(ctx, k, res.Token, proxy.Response{Status: 201, Body: body, BodyStored: true}, time.Hour)
+			err = s.Commit(ctx, k, res.Token, store.Response{Status: 201, Body: body, BodyStored: true}, time.Hour)
 		}
 		if err != nil {
 			failed++
@@ -131,7 +131,7 @@ func TestGuardFloor(t *testing.T) {
 	if err := s.Ping(ctx); !errors.Is(err, badger.ErrLowDisk) {
 		t.Errorf("Ping below the floor = %v, want ErrLowDisk", err)
 	}
-	if err := s.Commit(ctx, "forwarded", res.Token, proxy.Response{Status: 201}, time.Hour); err != nil {
+	if err := s.Commit(ctx, "forwarded", res.Token, store.Response{Status: 201}, time.Hour); err != nil {
 		t.Errorf("Commit below the floor = %v, want it to go through", err)
 	}
 	if s.LowDiskRefusals() == 0 {
@@ -179,7 +179,7 @@ func TestGuardFullDisk(t *testing.T) {
 		}
 		// Commit every other one at once; the rest are "at the upstream".
 		if err == nil && i%2 == 0 {
-			if err := s.Commit(ctx, k, res.Token, proxy.Response{Status: 201, Body: body, BodyStored: true}, time.Hour); err != nil {
+			if err := s.Commit(ctx, k, res.Token, store.Response{Status: 201, Body: body, BodyStored: true}, time.Hour); err != nil {
 				t.Fatalf("Commit %d: %v", i, err)
 			}
 		}
@@ -191,7 +191,7 @@ func TestGuardFullDisk(t *testing.T) {
 	// The requests already forwarded settle.
 	for i, k := range reserved {
 		if i%2 == 1 {
-			if err := s.Commit(ctx, k, res.Token, proxy.Response{Status: 201, Body: body[:1024], BodyStored: true}, time.Hour); err != nil {
+			if err := s.Commit(ctx, k, res.Token, store.Response{Status: 201, Body: body[:1024], BodyStored: true}, time.Hour); err != nil {
 				t.Errorf("Commit of forwarded %s below the floor: %v", k, err)
 			}
 		}
@@ -227,7 +227,7 @@ func TestGuardFullDisk(t *testing.T) {
 		return err == nil
 	})
 	rec, err := s2.Get(ctx, reserved[0])
-	if err != nil || rec == nil || rec.State != proxy.StateCompleted {
+	if err != nil || rec == nil || rec.State != store.StateCompleted {
 		t.Errorf("a record committed before the disk filled: %+v, %v", rec, err)
 	}
 	if strings.Contains(fmt.Sprint(err), "panic") {

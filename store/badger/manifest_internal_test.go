@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // TestOpenRefusesTablesWithoutManifest: a data directory whose MANIFEST is
@@ -49,11 +49,11 @@ func closedWithCommittedKey(t *testing.T, dir string) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	res := proxy.Reservation{Token: "tok", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
+	res := store.Reservation{Token: "tok", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
 	if _, err := s.Reserve(ctx, "pay/-/k1", res); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Commit(ctx, "pay/-/k1", "tok", proxy.Response{Status: 201, BodyStored: true}, time.Hour); err != nil {
+	if err := s.Commit(ctx, "pay/-/k1", "tok", store.Response{Status: 201, BodyStored: true}, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Close(); err != nil {

@@ -10,10 +10,10 @@ import (
 
 	bdg "github.com/dgraph-io/badger/v4"
 
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 )
 
-var _ proxy.ReconcileStore = (*Store)(nil)
+var _ store.ReconcileStore = (*Store)(nil)
 
 // The lookup schedule lives on the records (record.NextLookup), so it
 // survives restarts, and in an index of entries scheduleIndex + due time
@@ -59,13 +59,13 @@ func reindex(txn *bdg.Txn, key []byte, old, new int64, expiresAt uint64) error {
 // inDoubt reports whether rec is in doubt at now (ms): marked so, or in
 // flight with a lapsed lease.
 func inDoubt(rec *record, now int64) bool {
-	return rec.State == proxy.StateInDoubt || (rec.State == proxy.StateInFlight && rec.Lease <= now)
+	return rec.State == store.StateInDoubt || (rec.State == store.StateInFlight && rec.Lease <= now)
 }
 
 // settleDoubt stores a lapsed in-flight record as in doubt, as Get already
 // reports it. Its token stays: the original request may still commit.
 func settleDoubt(rec *record) {
-	rec.State = proxy.StateInDoubt
+	rec.State = store.StateInDoubt
 	rec.Lease = 0
 }
 
@@ -106,7 +106,7 @@ func (s *Store) changeDoubt(ctx context.Context, op, key string, notInDoubt erro
 			}
 			return txn.Delete(k)
 		}
-		if rec.State == proxy.StateInFlight {
+		if rec.State == store.StateInFlight {
 			settleDoubt(rec)
 		}
 		if err := reindex(txn, k, old, rec.NextLookup, exp); err != nil {
@@ -121,7 +121,7 @@ func (s *Store) changeDoubt(ctx context.Context, op, key string, notInDoubt erro
 }
 
 func isDomain(err error) bool {
-	for _, d := range []error{proxy.ErrNotInDoubt, proxy.ErrLookupBusy, proxy.ErrNotDue, proxy.ErrNotOwner} {
+	for _, d := range []error{store.ErrNotInDoubt, store.ErrLookupBusy, store.ErrNotDue, store.ErrNotOwner} {
 		if errors.Is(err, d) {
 			return true
 		}
@@ -129,41 +129,41 @@ func isDomain(err error) bool {
 	return false
 }
 
-// ScheduleLookup implements proxy.ReconcileStore.
+// ScheduleLookup implements store.ReconcileStore.
 func (s *Store) ScheduleLookup(ctx context.Context, key string, after time.Duration) error {
-	err := s.changeDoubt(ctx, "schedule lookup", key, proxy.ErrNotInDoubt, func(rec *record, now int64) (change, error) {
+	err := s.changeDoubt(ctx, "schedule lookup", key, store.ErrNotInDoubt, func(rec *record, now int64) (change, error) {
 		if rec.NextLookup != 0 {
 			return keep, nil
 		}
 		rec.NextLookup = now + after.Milliseconds()
 		return write, nil
 	})
-	if errors.Is(err, proxy.ErrNotInDoubt) {
+	if errors.Is(err, store.ErrNotInDoubt) {
 		return nil
 	}
 	return err
 }
 
-// UnscheduleLookup implements proxy.ReconcileStore.
+// UnscheduleLookup implements store.ReconcileStore.
 func (s *Store) UnscheduleLookup(ctx context.Context, key string) error {
-	err := s.changeDoubt(ctx, "unschedule lookup", key, proxy.ErrNotInDoubt, func(rec *record, now int64) (change, error) {
+	err := s.changeDoubt(ctx, "unschedule lookup", key, store.ErrNotInDoubt, func(rec *record, now int64) (change, error) {
 		rec.NextLookup = 0
 		return write, nil
 	})
-	if errors.Is(err, proxy.ErrNotInDoubt) {
+	if errors.Is(err, store.ErrNotInDoubt) {
 		return nil
 	}
 	return err
 }
 
-// ClaimLookup implements proxy.ReconcileStore.
+// ClaimLookup implements store.ReconcileStore.
 func (s *Store) ClaimLookup(ctx context.Context, key, token string, lease time.Duration, force bool) error {
-	return s.changeDoubt(ctx, "claim lookup", key, proxy.ErrNotInDoubt, func(rec *record, now int64) (change, error) {
+	return s.changeDoubt(ctx, "claim lookup", key, store.ErrNotInDoubt, func(rec *record, now int64) (change, error) {
 		switch {
 		case rec.LookupToken != "" && rec.LookupLease > now:
-			return keep, proxy.ErrLookupBusy
+			return keep, store.ErrLookupBusy
 		case !force && (rec.NextLookup == 0 || rec.NextLookup > now):
-			return keep, proxy.ErrNotDue
+			return keep, store.ErrNotDue
 		}
 		rec.LookupToken = token
 		rec.LookupLease = now + lease.Milliseconds()
@@ -171,11 +171,11 @@ func (s *Store) ClaimLookup(ctx context.Context, key, token string, lease time.D
 	})
 }
 
-// ResolveLookup implements proxy.ReconcileStore.
-func (s *Store) ResolveLookup(ctx context.Context, key, token string, res proxy.LookupResult) error {
-	return s.changeDoubt(ctx, "resolve lookup", key, proxy.ErrNotOwner, func(rec *record, now int64) (change, error) {
+// ResolveLookup implements store.ReconcileStore.
+func (s *Store) ResolveLookup(ctx context.Context, key, token string, res store.LookupResult) error {
+	return s.changeDoubt(ctx, "resolve lookup", key, store.ErrNotOwner, func(rec *record, now int64) (change, error) {
 		if rec.LookupToken != token {
-			return keep, proxy.ErrNotOwner
+			return keep, store.ErrNotOwner
 		}
 		settleDoubt(rec)
 		rec.LookupToken, rec.LookupLease = "", 0
@@ -183,7 +183,7 @@ func (s *Store) ResolveLookup(ctx context.Context, key, token string, res proxy.
 		case res.Release:
 			return remove, nil
 		case res.Applied != nil:
-			rec.State = proxy.StateCompleted
+			rec.State = store.StateCompleted
 			rec.Response = res.Applied
 			rec.NextLookup = 0
 		default:
@@ -193,7 +193,7 @@ func (s *Store) ResolveLookup(ctx context.Context, key, token string, res proxy.
 	})
 }
 
-// DueLookups implements proxy.ReconcileStore: it reads the index in due
+// DueLookups implements store.ReconcileStore: it reads the index in due
 // order, and deletes the stale entries it meets.
 func (s *Store) DueLookups(ctx context.Context, limit int) ([]string, error) {
 	var keys []string
@@ -260,7 +260,7 @@ func (s *Store) DueLookups(ctx context.Context, limit int) ([]string, error) {
 // released as many in-doubt keys, take several writes.
 const staleChunk = 128
 
-// Unscheduled implements proxy.ReconcileStore.
+// Unscheduled implements store.ReconcileStore.
 func (s *Store) Unscheduled(ctx context.Context, prefix string, limit int) ([]string, error) {
 	var keys []string
 	now := s.now().UnixMilli()

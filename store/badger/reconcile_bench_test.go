@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/badger"
 )
 
@@ -22,10 +22,10 @@ func BenchmarkReconcileScan(b *testing.B) {
 			}
 			defer s.Close()
 			ctx := context.Background()
-			resp := proxy.Response{Status: 201, Body: []byte(`{"chargeId":"ch_x"}`), BodyStored: true}
+			resp := store.Response{Status: 201, Body: []byte(`{"chargeId":"ch_x"}`), BodyStored: true}
 			for i := range n {
 				k := fmt.Sprintf("charges/-/ORD-%d", i)
-				res := proxy.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour}
+				res := store.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour}
 				if _, err := s.Reserve(ctx, k, res); err != nil {
 					b.Fatal(err)
 				}

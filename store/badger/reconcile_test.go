@@ -40,7 +40,7 @@ func TestManyStaleLookupsDoNotBreakTheStore(t *testing.T) {
 			if err := g.ScheduleLookup(ctx, k, 0); err != nil {
 				t.Error(err)
 			}
-			if _, err := g.Delete(ctx, k); err != nil { // the operator's release
+			if err := g.Release(ctx, k, res.Token); err != nil { // the operator's release
 				t.Error(err)
 			}
 		}()

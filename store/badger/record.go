@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"net/http"
 
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // The record encoding.
@@ -57,16 +57,16 @@ const (
 )
 
 // State codes of tagState.
-var stateCodes = map[proxy.State]byte{proxy.StateInFlight: 1, proxy.StateCompleted: 2, proxy.StateInDoubt: 3}
+var stateCodes = map[store.State]byte{store.StateInFlight: 1, store.StateCompleted: 2, store.StateInDoubt: 3}
 
-func stateOf(c byte) (proxy.State, bool) {
+func stateOf(c byte) (store.State, bool) {
 	switch c {
 	case 1:
-		return proxy.StateInFlight, true
+		return store.StateInFlight, true
 	case 2:
-		return proxy.StateCompleted, true
+		return store.StateCompleted, true
 	case 3:
-		return proxy.StateInDoubt, true
+		return store.StateInDoubt, true
 	}
 	return "", false
 }
@@ -207,7 +207,12 @@ func corrupt(err error) error {
 func (rec *record) unmarshal(v []byte) error {
 	*rec = record{}
 	if len(v) > 0 && v[0] == '{' {
-		return json.Unmarshal(v, rec)
+		var l legacyRecord
+		if err := json.Unmarshal(v, &l); err != nil {
+			return err
+		}
+		*rec = l.record()
+		return nil
 	}
 	if len(v) == 0 {
 		return fmt.Errorf("%w: empty", errCorrupt)
@@ -216,7 +221,7 @@ func (rec *record) unmarshal(v []byte) error {
 		return fmt.Errorf("%w: unknown version %d", errCorrupt, v[0])
 	}
 	v = v[1:]
-	var resp proxy.Response
+	var resp store.Response
 	hasResp, hasState := false, false
 	for len(v) > 0 {
 		tag := v[0]
@@ -293,4 +298,41 @@ func (rec *record) unmarshal(v []byte) error {
 		rec.Response = &resp
 	}
 	return nil
+}
+
+// legacyRecord is the JSON form of a record, written by releases before the
+// binary encoding and still read, so that an upgrade loses no key. Its
+// names must never change.
+type legacyRecord struct {
+	State       store.State     `json:"st"`
+	Token       string          `json:"tok"`
+	Fingerprint string          `json:"fp"`
+	CreatedAt   int64           `json:"cr"`
+	Lease       int64           `json:"le,omitempty"`
+	Response    *legacyResponse `json:"resp,omitempty"`
+	NextLookup  int64           `json:"nl,omitempty"`
+	LookupToken string          `json:"lt,omitempty"`
+	LookupLease int64           `json:"ll,omitempty"`
+}
+
+// legacyResponse is the JSON form of a stored answer in a legacyRecord.
+type legacyResponse struct {
+	Status     int         `json:"status"`
+	Header     http.Header `json:"header,omitempty"`
+	Body       []byte      `json:"body,omitempty"`
+	Trailer    http.Header `json:"trailer,omitempty"`
+	BodyStored bool        `json:"body_stored"`
+	Reconciled bool        `json:"reconciled,omitempty"`
+}
+
+func (l legacyRecord) record() record {
+	rec := record{
+		State: l.State, Token: l.Token, Fingerprint: l.Fingerprint, CreatedAt: l.CreatedAt, Lease: l.Lease,
+		NextLookup: l.NextLookup, LookupToken: l.LookupToken, LookupLease: l.LookupLease,
+	}
+	if l.Response != nil {
+		r := store.Response(*l.Response)
+		rec.Response = &r
+	}
+	return rec
 }

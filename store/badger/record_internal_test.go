@@ -11,27 +11,27 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 )
 
 var recordCases = []struct {
 	name string
 	rec  record
 }{
-	{"in flight", record{State: proxy.StateInFlight, Token: "tok", Fingerprint: "fp", CreatedAt: 1764583200000, Lease: 1764583235000}},
-	{"in doubt, empty strings", record{State: proxy.StateInDoubt, CreatedAt: -1}},
-	{"completed", record{State: proxy.StateCompleted, Token: "t", Fingerprint: "f", CreatedAt: 1, Response: &proxy.Response{
+	{"in flight", record{State: store.StateInFlight, Token: "tok", Fingerprint: "fp", CreatedAt: 1764583200000, Lease: 1764583235000}},
+	{"in doubt, empty strings", record{State: store.StateInDoubt, CreatedAt: -1}},
+	{"completed", record{State: store.StateCompleted, Token: "t", Fingerprint: "f", CreatedAt: 1, Response: &store.Response{
 		Status: 201, Header: http.Header{"Content-Type": {"application/json"}, "Link": {"<a>", "<b>"}},
 		Body: []byte(`{"chargeId":"ch_1"}`), BodyStored: true}}},
-	{"completed, not replayable", record{State: proxy.StateCompleted, Response: &proxy.Response{Status: 200}}},
-	{"completed, binary body", record{State: proxy.StateCompleted, Response: &proxy.Response{
+	{"completed, not replayable", record{State: store.StateCompleted, Response: &store.Response{Status: 200}}},
+	{"completed, binary body", record{State: store.StateCompleted, Response: &store.Response{
 		Status: 500, Body: []byte{0, 1, 2, 255, '{'}, BodyStored: true}}},
-	{"in doubt, lookup scheduled and leased", record{State: proxy.StateInDoubt, Token: "t", CreatedAt: 5,
+	{"in doubt, lookup scheduled and leased", record{State: store.StateInDoubt, Token: "t", CreatedAt: 5,
 		NextLookup: 1764583500000, LookupToken: "lookup-tok", LookupLease: 1764583535000}},
-	{"completed, with trailers", record{State: proxy.StateCompleted, Token: "t", CreatedAt: 7, Response: &proxy.Response{
+	{"completed, with trailers", record{State: store.StateCompleted, Token: "t", CreatedAt: 7, Response: &store.Response{
 		Status: 200, Header: http.Header{"Trailer": {"X-Checksum"}}, Body: []byte("abc"), BodyStored: true,
 		Trailer: http.Header{"X-Checksum": {"sha256=1"}, "Server-Timing": {"db;dur=5", "app;dur=9"}}}}},
-	{"completed by a reconcile lookup", record{State: proxy.StateCompleted, Token: "t", CreatedAt: 6, Response: &proxy.Response{
+	{"completed by a reconcile lookup", record{State: store.StateCompleted, Token: "t", CreatedAt: 6, Response: &store.Response{
 		Status: 200, Body: []byte(`{"charge":1}`), BodyStored: true, Reconciled: true}}},
 }
 
@@ -53,7 +53,7 @@ func TestRecordRoundTrip(t *testing.T) {
 			if !reflect.DeepEqual(got, tt.rec) {
 				t.Errorf("got %+v\nwant %+v", got, tt.rec)
 			}
-			js, _ := json.Marshal(tt.rec)
+			js, _ := json.Marshal(legacyOf(tt.rec))
 			if len(v) >= len(js) {
 				t.Errorf("binary %d bytes, JSON %d: want it smaller", len(v), len(js))
 			}
@@ -66,7 +66,7 @@ func TestRecordRoundTrip(t *testing.T) {
 func TestRecordReadsLegacyJSON(t *testing.T) {
 	for _, tt := range recordCases {
 		t.Run(tt.name, func(t *testing.T) {
-			js, err := json.Marshal(tt.rec)
+			js, err := json.Marshal(legacyOf(tt.rec))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -87,6 +87,34 @@ func TestRecordReadsLegacyJSON(t *testing.T) {
 	}
 }
 
+// TestRecordReadsLegacyJSONFixture: a record exactly as an earlier release
+// wrote it in JSON decodes to the record it meant.
+func TestRecordReadsLegacyJSONFixture(t *testing.T) {
+	const js = `{"st":"completed","tok":"t1","fp":"fp1","cr":1764583200000,` +
+		`"resp":{"status":201,"header":{"Content-Type":["application/json"]},"body":"eyJpZCI6MX0=","body_stored":true}}`
+	want := record{State: store.StateCompleted, Token: "t1", Fingerprint: "fp1", CreatedAt: 1764583200000,
+		Response: &store.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}},
+			Body: []byte(`{"id":1}`), BodyStored: true}}
+	var got record
+	if err := got.unmarshal([]byte(js)); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got %+v\nwant %+v", got, want)
+	}
+}
+
+// legacyOf is rec in the JSON form earlier releases wrote.
+func legacyOf(rec record) legacyRecord {
+	l := legacyRecord{State: rec.State, Token: rec.Token, Fingerprint: rec.Fingerprint, CreatedAt: rec.CreatedAt, Lease: rec.Lease,
+		NextLookup: rec.NextLookup, LookupToken: rec.LookupToken, LookupLease: rec.LookupLease}
+	if rec.Response != nil {
+		r := legacyResponse(*rec.Response)
+		l.Response = &r
+	}
+	return l
+}
+
 // TestRecordWithoutTrailers: a record written before answers kept their
 // trailers (testdata, encoded by that release) decodes as before, with no
 // trailers. (An older release skips the trailers' tag, as any unknown one:
@@ -104,7 +132,7 @@ func TestRecordWithoutTrailers(t *testing.T) {
 	if err := got.unmarshal(v); err != nil {
 		t.Fatal(err)
 	}
-	want := record{State: proxy.StateCompleted, Token: "tok", Fingerprint: "fp", CreatedAt: 1764583200000, Response: &proxy.Response{
+	want := record{State: store.StateCompleted, Token: "tok", Fingerprint: "fp", CreatedAt: 1764583200000, Response: &store.Response{
 		Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"chargeId":"ch_1"}`), BodyStored: true}}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got %+v\nwant %+v", got, want)
@@ -211,7 +239,7 @@ func FuzzRecordUnmarshal(f *testing.F) {
 	for _, tt := range recordCases {
 		v, _ := tt.rec.marshal()
 		f.Add(v)
-		js, _ := json.Marshal(tt.rec)
+		js, _ := json.Marshal(legacyOf(tt.rec))
 		f.Add(js)
 	}
 	f.Fuzz(func(t *testing.T, v []byte) {
@@ -265,9 +293,9 @@ func TestRecordEncodesEveryField(t *testing.T) {
 	for i := range v.NumField() {
 		f, sf := v.Field(i), v.Type().Field(i)
 		switch {
-		case sf.Type == reflect.TypeOf(proxy.State("")):
-			f.SetString(string(proxy.StateInDoubt))
-		case sf.Type == reflect.TypeOf(&proxy.Response{}):
+		case sf.Type == reflect.TypeOf(store.State("")):
+			f.SetString(string(store.StateInDoubt))
+		case sf.Type == reflect.TypeOf(&store.Response{}):
 			f.Set(reflect.ValueOf(recordCases[2].rec.Response))
 		case f.Kind() == reflect.String:
 			f.SetString("value of " + sf.Name)

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/badger"
 )
 
@@ -47,13 +47,13 @@ func TestSizesMeasureTheDataDirectory(t *testing.T) {
 	}
 	// Answers above the value threshold (16 KiB) go to the value log.
 	body := bytes.Repeat([]byte("x"), 20<<10)
-	res := proxy.Reservation{Token: "t", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
+	res := store.Reservation{Token: "t", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
 	for i := range 200 {
 		k := fmt.Sprintf("k%d", i)
 		if _, err := s.Reserve(ctx, k, res); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Commit(ctx, k, "t", proxy.Response{Status: 201, Body: body, BodyStored: true}, time.Hour); err != nil {
+		if err := s.Commit(ctx, k, "t", store.Response{Status: 201, Body: body, BodyStored: true}, time.Hour); err != nil {
 			t.Fatal(err)
 		}
 	}

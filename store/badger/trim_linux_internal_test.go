@@ -16,9 +16,9 @@ import (
 
 	bdg "github.com/dgraph-io/badger/v4"
 
-	"golang.org/x/sys/unix"
+	"github.com/idemproxy/idemproxy/store"
 
-	"github.com/idemproxy/idemproxy/proxy"
+	"golang.org/x/sys/unix"
 )
 
 // fill writes n completed records of about bodySize bytes each under
@@ -35,12 +35,12 @@ func fill(t *testing.T, s *Store, prefix string, n, bodySize int, ttl time.Durat
 			defer wg.Done()
 			for i := w; i < n; i += 8 {
 				k := fmt.Sprintf("%s-%08d", prefix, i)
-				res := proxy.Reservation{Token: "t", Fingerprint: "fp", Lease: ttl / 2, TTL: ttl}
+				res := store.Reservation{Token: "t", Fingerprint: "fp", Lease: ttl / 2, TTL: ttl}
 				if _, err := s.Reserve(ctx, k, res); err != nil {
 					errs <- err
 					return
 				}
-				resp := proxy.Response{Status: 201, Body: body, BodyStored: true}
+				resp := store.Response{Status: 201, Body: body, BodyStored: true}
 				if err := s.Commit(ctx, k, "t", resp, ttl); err != nil {
 					errs <- err
 					return

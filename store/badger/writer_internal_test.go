@@ -17,7 +17,7 @@ import (
 
 	bdg "github.com/dgraph-io/badger/v4"
 
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 )
 
 func openInternal(t *testing.T) *Store {
@@ -85,14 +85,14 @@ func TestOneKeyReservedOnceInOneBatch(t *testing.T) {
 			commits := countCommits(s)
 			type res struct {
 				tok string
-				rec *proxy.Record
+				rec *store.Record
 				err error
 			}
 			out := make(chan res, n)
 			for i := range n {
 				tok := fmt.Sprintf("t%d", i)
 				go func() {
-					rec, err := s.Reserve(context.Background(), "k", proxy.Reservation{Token: tok, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour})
+					rec, err := s.Reserve(context.Background(), "k", store.Reservation{Token: tok, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour})
 					out <- res{tok, rec, err}
 				}()
 			}
@@ -106,7 +106,7 @@ func TestOneKeyReservedOnceInOneBatch(t *testing.T) {
 					t.Fatalf("reserve %s: %v", r.tok, r.err)
 				case r.rec == nil:
 					winners = append(winners, r.tok)
-				case r.rec.State != proxy.StateInFlight:
+				case r.rec.State != store.StateInFlight:
 					t.Errorf("loser %s saw state %s, want in_flight", r.tok, r.rec.State)
 				}
 			}
@@ -135,7 +135,7 @@ func TestFailedBatchFailsEveryCaller(t *testing.T) {
 	errs := make(chan error, n)
 	for i := range n {
 		go func() {
-			_, err := s.Reserve(context.Background(), fmt.Sprintf("k%d", i), proxy.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour})
+			_, err := s.Reserve(context.Background(), fmt.Sprintf("k%d", i), store.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour})
 			errs <- err
 		}()
 	}
@@ -162,7 +162,7 @@ func TestFailedBatchFailsEveryCaller(t *testing.T) {
 			t.Errorf("k%d stored after a failed batch: %+v %v", i, rec, err)
 		}
 	}
-	if rec, err := s.Reserve(context.Background(), "k0", proxy.Reservation{Token: "t2", Lease: time.Minute, TTL: time.Hour}); err != nil || rec != nil {
+	if rec, err := s.Reserve(context.Background(), "k0", store.Reservation{Token: "t2", Lease: time.Minute, TTL: time.Hour}); err != nil || rec != nil {
 		t.Errorf("reserve after the failed batch: %+v %v", rec, err)
 	}
 }
@@ -263,7 +263,7 @@ func TestUpdateAfterClose(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Close()
-	if _, err := s.Reserve(context.Background(), "k", proxy.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour}); err == nil {
+	if _, err := s.Reserve(context.Background(), "k", store.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour}); err == nil {
 		t.Fatal("reserve after close succeeded")
 	}
 }
@@ -286,7 +286,7 @@ func BenchmarkGroupCommit(b *testing.B) {
 			syncFn := s.w.sync
 			s.w.sync = func() error { syncs.Add(1); return syncFn() }
 			ctx := context.Background()
-			resp := proxy.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}},
+			resp := store.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}},
 				Body: []byte(`{"chargeId":"ch_1","orderId":"ORD-1","amount":10}`), BodyStored: true}
 			var n atomic.Int64
 			b.ReportAllocs()
@@ -295,7 +295,7 @@ func BenchmarkGroupCommit(b *testing.B) {
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
 					k := fmt.Sprintf("charges/-/ORD-%d", n.Add(1))
-					if _, err := s.Reserve(ctx, k, proxy.Reservation{Token: "t", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}); err != nil {
+					if _, err := s.Reserve(ctx, k, store.Reservation{Token: "t", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}); err != nil {
 						b.Fatal(err)
 					}
 					if err := s.Commit(ctx, k, "t", resp, time.Hour); err != nil {
@@ -316,7 +316,7 @@ func BenchmarkGroupCommit(b *testing.B) {
 func TestOnlyReservationsWaitForASync(t *testing.T) {
 	s := openInternal(t)
 	ctx := context.Background()
-	res := proxy.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour}
+	res := store.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour}
 	for i := range 4 {
 		if _, err := s.Reserve(ctx, fmt.Sprintf("k%d", i), res); err != nil {
 			t.Fatal(err)
@@ -333,7 +333,7 @@ func TestOnlyReservationsWaitForASync(t *testing.T) {
 		}
 		return sync()
 	}
-	resp := proxy.Response{Status: 201, BodyStored: true}
+	resp := store.Response{Status: 201, BodyStored: true}
 
 	// Commits only: no sync.
 	release := holdWriter(t, s)
@@ -392,7 +392,7 @@ func TestStuckWriterFailsInsteadOfHanging(t *testing.T) {
 	release := holdWriter(t, s)
 	s.w.wait = 100 * time.Millisecond
 	ctx := context.Background()
-	res := proxy.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour}
+	res := store.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour}
 	if _, err := s.Reserve(ctx, "stuck", res); !errors.Is(err, errStalled) {
 		t.Errorf("reserve behind a stuck writer: err = %v, want %v", err, errStalled)
 	}
@@ -436,7 +436,7 @@ func TestStalledReservationReleased(t *testing.T) {
 			release := tc.hold(t, s)
 			s.w.wait = 100 * time.Millisecond
 			ctx := context.Background()
-			res := proxy.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour}
+			res := store.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour}
 			if _, err := s.Reserve(ctx, "stuck", res); !errors.Is(err, errStalled) {
 				t.Fatalf("reserve behind a stuck writer: err = %v, want %v", err, errStalled)
 			}
@@ -446,7 +446,7 @@ func TestStalledReservationReleased(t *testing.T) {
 			// free: another request reserves it (until then it may find
 			// the abandoned reservation, which must go).
 			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-				rec, err := s.Reserve(ctx, "stuck", proxy.Reservation{Token: "t2", Lease: time.Minute, TTL: time.Hour})
+				rec, err := s.Reserve(ctx, "stuck", store.Reservation{Token: "t2", Lease: time.Minute, TTL: time.Hour})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -537,14 +537,14 @@ func loseMemtable(t *testing.T, s *Store, dir string) {
 	body := make([]byte, 8<<10)
 	for i := range 20000 {
 		k := fmt.Sprintf("k%d", i)
-		r := proxy.Reservation{Token: "tok", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
+		r := store.Reservation{Token: "tok", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
 		if _, err := s.Reserve(ctx, k, r); err != nil {
 			if strings.Contains(err.Error(), "panic") {
 				return
 			}
 			continue
 		}
-		s.Commit(ctx, k, r.Token, proxy.Response{Status: 201, Body: body, BodyStored: true}, time.Hour)
+		s.Commit(ctx, k, r.Token, store.Response{Status: 201, Body: body, BodyStored: true}, time.Hour)
 	}
 	t.Fatal("Badger never lost its memtable with its directory removed; the test proves nothing")
 }

@@ -23,7 +23,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idemproxy/idemproxy/internal/redistest"
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // TestPingEvictionPolicy checks that Ping (and so /readyz) refuses a Redis
@@ -156,17 +156,17 @@ func TestClusterMode(t *testing.T) {
 	for i := range n {
 		key := fmt.Sprintf("route/scope/key-%d", i)
 		tok := fmt.Sprintf("tok-%d", i)
-		if rec, err := s.Reserve(cx, key, proxy.Reservation{Token: tok, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}); rec != nil || err != nil {
+		if rec, err := s.Reserve(cx, key, store.Reservation{Token: tok, Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}); rec != nil || err != nil {
 			t.Fatalf("Reserve(%s) = %+v, %v; want nil, nil", key, rec, err)
 		}
-		if err := s.Commit(cx, key, tok, proxy.Response{Status: 200 + i, BodyStored: true}, time.Hour); err != nil {
+		if err := s.Commit(cx, key, tok, store.Response{Status: 200 + i, BodyStored: true}, time.Hour); err != nil {
 			t.Fatalf("Commit(%s): %v", key, err)
 		}
 	}
 	for i := range n {
 		key := fmt.Sprintf("route/scope/key-%d", i)
 		rec, err := s.Get(cx, key)
-		if err != nil || rec == nil || rec.State != proxy.StateCompleted || rec.Response.Status != 200+i {
+		if err != nil || rec == nil || rec.State != store.StateCompleted || rec.Response.Status != 200+i {
 			t.Fatalf("Get(%s) = %+v, %v; want completed with status %d", key, rec, err, 200+i)
 		}
 	}
@@ -243,7 +243,7 @@ func TestSentinelAuth(t *testing.T) {
 	if rec, err := s.Reserve(c, "k/sentinel", res); rec != nil || err != nil {
 		t.Fatalf("Reserve = %+v, %v; want nil, nil", rec, err)
 	}
-	if rec, err := s.Get(c, "k/sentinel"); err != nil || rec == nil || rec.State != proxy.StateInFlight {
+	if rec, err := s.Get(c, "k/sentinel"); err != nil || rec == nil || rec.State != store.StateInFlight {
 		t.Fatalf("Get = %+v, %v; want the in-flight record", rec, err)
 	}
 	if _, err := master.Do("PING"); err == nil || !strings.Contains(err.Error(), "NOAUTH") {

@@ -49,7 +49,7 @@
 //	fp    request fingerprint
 //	cr    creation time, Unix milliseconds (Redis server clock)
 //	le    lease expiry, Unix milliseconds (Redis server clock); in_flight only
-//	resp  the committed answer, JSON of proxy.Response; completed only
+//	resp  the committed answer, JSON of store.Response; completed only
 //
 // The hash carries a PEXPIRE (the record's TTL), so Redis itself forgets old
 // records and no sweeper is needed; no record ever lives without a TTL.

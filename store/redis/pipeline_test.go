@@ -11,7 +11,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idemproxy/idemproxy/internal/redistest"
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // pipelineSizes records the size of every pipeline the client sends.
@@ -63,7 +63,7 @@ func TestPipelinedCallsShareARoundTrip(t *testing.T) {
 	errs := make(chan error, n+3)
 	for i, key := range []string{"first", "second"} {
 		go func() {
-			_, err := s.Reserve(ctx, key, proxy.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour})
+			_, err := s.Reserve(ctx, key, store.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour})
 			errs <- err
 		}()
 		for deadline := time.Now().Add(5 * time.Second); s.pipe.calls.Load() < int64(i+1) || s.pipe.q.Len() > 0; time.Sleep(time.Millisecond) {
@@ -76,7 +76,7 @@ func TestPipelinedCallsShareARoundTrip(t *testing.T) {
 	boom := goredis.NewScript(`return redis.error_reply('boom')`)
 	for i := range n {
 		go func() {
-			_, err := s.Reserve(ctx, fmt.Sprintf("k%d", i), proxy.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour})
+			_, err := s.Reserve(ctx, fmt.Sprintf("k%d", i), store.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour})
 			errs <- err
 		}()
 	}
@@ -107,7 +107,7 @@ func TestPipelinedCallsShareARoundTrip(t *testing.T) {
 	}
 	for i := range n {
 		rec, err := s.Get(ctx, fmt.Sprintf("k%d", i))
-		if err != nil || rec == nil || rec.State != proxy.StateInFlight {
+		if err != nil || rec == nil || rec.State != store.StateInFlight {
 			t.Errorf("k%d = %+v %v, want reserved", i, rec, err)
 		}
 	}

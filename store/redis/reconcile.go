@@ -2,7 +2,6 @@ package redis
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -12,10 +11,10 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 )
 
-var _ proxy.ReconcileStore = (*Store)(nil)
+var _ store.ReconcileStore = (*Store)(nil)
 
 // The lookup schedule lives on each record's hash ('nl': the next lookup,
 // 'lt' and 'll': the lookup lease's token and end, Redis time in ms), and in
@@ -159,7 +158,7 @@ func (s *Store) runInt(ctx context.Context, op string, script *goredis.Script, k
 	return n, nil
 }
 
-// ScheduleLookup implements proxy.ReconcileStore.
+// ScheduleLookup implements store.ReconcileStore.
 func (s *Store) ScheduleLookup(ctx context.Context, key string, after time.Duration) error {
 	nl, err := s.runInt(ctx, "schedule lookup", scheduleScript, key, millis(after))
 	if err != nil || nl == 0 {
@@ -168,7 +167,7 @@ func (s *Store) ScheduleLookup(ctx context.Context, key string, after time.Durat
 	return s.index(ctx, key, nl)
 }
 
-// UnscheduleLookup implements proxy.ReconcileStore.
+// UnscheduleLookup implements store.ReconcileStore.
 func (s *Store) UnscheduleLookup(ctx context.Context, key string) error {
 	nl, err := s.runInt(ctx, "unschedule lookup", unscheduleScript, key)
 	if err != nil {
@@ -177,7 +176,7 @@ func (s *Store) UnscheduleLookup(ctx context.Context, key string) error {
 	return s.unindex(ctx, key, nl)
 }
 
-// ClaimLookup implements proxy.ReconcileStore.
+// ClaimLookup implements store.ReconcileStore.
 func (s *Store) ClaimLookup(ctx context.Context, key, token string, lease time.Duration, force bool) error {
 	if err := checkKey(key); err != nil {
 		return err
@@ -206,28 +205,28 @@ func (s *Store) ClaimLookup(ctx context.Context, key, token string, lease time.D
 		}
 		return nil
 	case 0:
-		return proxy.ErrNotInDoubt // DueLookups drops its entry
+		return store.ErrNotInDoubt // DueLookups drops its entry
 	case 2:
 		if len(v) > 1 {
 			s.index(ctx, key, v[1]) // due again when that lease ends
 		}
-		return proxy.ErrLookupBusy
+		return store.ErrLookupBusy
 	default:
 		if len(v) > 1 {
 			s.index(ctx, key, v[1]) // the record's schedule is the truth
 		}
-		return proxy.ErrNotDue
+		return store.ErrNotDue
 	}
 }
 
-// ResolveLookup implements proxy.ReconcileStore.
-func (s *Store) ResolveLookup(ctx context.Context, key, token string, res proxy.LookupResult) error {
+// ResolveLookup implements store.ReconcileStore.
+func (s *Store) ResolveLookup(ctx context.Context, key, token string, res store.LookupResult) error {
 	args := []any{token}
 	switch {
 	case res.Release:
 		args = append(args, "release", "")
 	case res.Applied != nil:
-		b, err := json.Marshal(res.Applied)
+		b, err := encodeResponse(*res.Applied)
 		if err != nil {
 			return fmt.Errorf("redis store: resolve lookup: encode response: %w", err)
 		}
@@ -246,7 +245,7 @@ func (s *Store) ResolveLookup(ctx context.Context, key, token string, res proxy.
 	}
 	switch {
 	case len(v) == 0 || v[0] < 0:
-		return proxy.ErrNotOwner
+		return store.ErrNotOwner
 	case v[0] == 0 && len(v) > 1:
 		return s.unindex(ctx, key, v[1])
 	default:
@@ -254,7 +253,7 @@ func (s *Store) ResolveLookup(ctx context.Context, key, token string, res proxy.
 	}
 }
 
-// DueLookups implements proxy.ReconcileStore: the due entries of the
+// DueLookups implements store.ReconcileStore: the due entries of the
 // schedule, each checked against its record (pipelined HMGET); stale
 // entries are removed, early ones moved to their record's next lookup.
 func (s *Store) DueLookups(ctx context.Context, limit int) ([]string, error) {
@@ -290,7 +289,7 @@ func (s *Store) DueLookups(ctx context.Context, limit int) ([]string, error) {
 		}
 		num := func(i int) int64 { n, _ := strconv.ParseInt(str(f[i]), 10, 64); return n }
 		st, le, nl, ll := str(f[0]), num(1), num(2), num(4)
-		doubt := st == string(proxy.StateInDoubt) || (st == string(proxy.StateInFlight) && le <= now)
+		doubt := st == string(store.StateInDoubt) || (st == string(store.StateInFlight) && le <= now)
 		switch {
 		case !doubt || nl == 0:
 			err = s.unindex(ctx, e.key, e.score)
@@ -311,7 +310,7 @@ func (s *Store) DueLookups(ctx context.Context, limit int) ([]string, error) {
 // scanCount is the COUNT hint of the SCAN that Unscheduled runs.
 const scanCount = 1000
 
-// Unscheduled implements proxy.ReconcileStore. It scans every key under
+// Unscheduled implements store.ReconcileStore. It scans every key under
 // the key prefix and prefix (SCAN, on every master of a Cluster) and reads the state of
 // each (pipelined HMGET): a cost proportional to the number of records,
 // which is why the reconciler runs it far less often than DueLookups.
@@ -383,7 +382,7 @@ func (s *Store) unscheduledIn(ctx context.Context, c *goredis.Client, batch []st
 		}
 		st := str(v[0])
 		le, _ := strconv.ParseInt(str(v[1]), 10, 64)
-		if st != string(proxy.StateInDoubt) && (st != string(proxy.StateInFlight) || le > now) {
+		if st != string(store.StateInDoubt) && (st != string(store.StateInFlight) || le > now) {
 			continue
 		}
 		key := strings.TrimPrefix(cmd.Args()[1].(string), s.prefix)

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/internal/redistest"
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // TestUnscheduledRepairsALostScheduleEntry: a record scheduled for a lookup
@@ -17,7 +17,7 @@ func TestUnscheduledRepairsALostScheduleEntry(t *testing.T) {
 	s := newStore(t, Options{Addrs: []string{srv.Addr()}})
 	ctx := context.Background()
 	key := "charges/-/LOST-1"
-	if rec, err := s.Reserve(ctx, key, proxy.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour}); err != nil || rec != nil {
+	if rec, err := s.Reserve(ctx, key, store.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour}); err != nil || rec != nil {
 		t.Fatalf("Reserve = %v, %v", rec, err)
 	}
 	if err := s.MarkInDoubt(ctx, key, "t", time.Hour); err != nil {

@@ -3,7 +3,6 @@ package redis
 import (
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -12,7 +11,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // Defaults for zero Options fields.
@@ -79,7 +78,7 @@ type Options struct {
 // records: maxmemory is set and maxmemory-policy is not noeviction.
 var ErrEvictionPolicy = errors.New("redis may evict idempotency records")
 
-// Store is a proxy.Store kept in Redis. It is safe for concurrent use, also
+// Store is a store.Store kept in Redis. It is safe for concurrent use, also
 // by several processes sharing one Redis.
 type Store struct {
 	client    goredis.UniversalClient
@@ -93,7 +92,7 @@ type Store struct {
 	clock         redisClock // for reservation deadlines (deadline.go)
 }
 
-var _ proxy.Store = (*Store)(nil)
+var _ store.Store = (*Store)(nil)
 
 // New returns a Store for opts. It does not connect: the first operation (or
 // Ping) does, and every operation reconnects as needed, so a Store outlives
@@ -183,8 +182,8 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// Reserve implements proxy.Store.
-func (s *Store) Reserve(ctx context.Context, key string, res proxy.Reservation) (*proxy.Record, error) {
+// Reserve implements store.Store.
+func (s *Store) Reserve(ctx context.Context, key string, res store.Reservation) (*store.Record, error) {
 	if err := checkKey(key); err != nil {
 		return nil, err
 	}
@@ -215,25 +214,25 @@ func (s *Store) Reserve(ctx context.Context, key string, res proxy.Reservation) 
 	return rec, nil
 }
 
-// Commit implements proxy.Store. The record may also be in doubt (its lease
+// Commit implements store.Store. The record may also be in doubt (its lease
 // ran out, or it was marked so) as long as it carries token: the answer is
 // known now, and storing it beats keeping the doubt. Committing twice keeps
 // the first answer.
-func (s *Store) Commit(ctx context.Context, key, token string, resp proxy.Response, ttl time.Duration) error {
+func (s *Store) Commit(ctx context.Context, key, token string, resp store.Response, ttl time.Duration) error {
 	if err := checkKey(key); err != nil {
 		return err
 	}
 	if ttl <= 0 {
 		return fmt.Errorf("redis store: commit: ttl %v must be positive", ttl)
 	}
-	b, err := json.Marshal(resp)
+	b, err := encodeResponse(resp)
 	if err != nil {
 		return fmt.Errorf("redis store: commit: encode response: %w", err)
 	}
 	return s.fenced(ctx, "commit", commitScript, key, token, string(b), millis(ttl))
 }
 
-// Release implements proxy.Store: the record is deleted, whatever its
+// Release implements store.Store: the record is deleted, whatever its
 // state, when it carries token.
 func (s *Store) Release(ctx context.Context, key, token string) error {
 	if err := checkKey(key); err != nil {
@@ -242,7 +241,7 @@ func (s *Store) Release(ctx context.Context, key, token string) error {
 	return s.fenced(ctx, "release", releaseScript, key, token)
 }
 
-// MarkInDoubt implements proxy.Store. A record that is already completed
+// MarkInDoubt implements store.Store. A record that is already completed
 // stays completed: a known answer is never turned into a doubt.
 func (s *Store) MarkInDoubt(ctx context.Context, key, token string, ttl time.Duration) error {
 	if err := checkKey(key); err != nil {
@@ -267,13 +266,13 @@ func (s *Store) fenced(ctx context.Context, op string, script *goredis.Script, k
 		return fmt.Errorf("redis store: %s: %w", op, err)
 	}
 	if n != 1 {
-		return proxy.ErrNotOwner
+		return store.ErrNotOwner
 	}
 	return nil
 }
 
-// Get implements proxy.Store.
-func (s *Store) Get(ctx context.Context, key string) (*proxy.Record, error) {
+// Get implements store.Store.
+func (s *Store) Get(ctx context.Context, key string) (*store.Record, error) {
 	if err := checkKey(key); err != nil {
 		return nil, err
 	}
@@ -290,21 +289,7 @@ func (s *Store) Get(ctx context.Context, key string) (*proxy.Record, error) {
 	return rec, nil
 }
 
-// Delete implements proxy.Store.
-func (s *Store) Delete(ctx context.Context, key string) (bool, error) {
-	if err := checkKey(key); err != nil {
-		return false, err
-	}
-	ctx, cancel := context.WithTimeout(ctx, s.opTimeout)
-	defer cancel()
-	n, err := s.client.Del(ctx, s.prefix+key).Result()
-	if err != nil {
-		return false, fmt.Errorf("redis store: delete: %w", err)
-	}
-	return n > 0, nil
-}
-
-// Ping implements proxy.Store: Redis answers, and is fit to keep records.
+// Ping implements store.Store: Redis answers, and is fit to keep records.
 // On a Redis Cluster every master must pass; with Sentinel, the master.
 //
 // Fit means: unless Options.SkipEvictionCheck, INFO memory shows maxmemory 0
@@ -429,7 +414,7 @@ func millis(d time.Duration) int64 {
 // decodeRecord turns a reply of reserveScript or getScript into a record:
 // {1} means none (reserved, or no record), otherwise
 // {0, st, tok, fp, cr, le, resp, pttl, now}.
-func decodeRecord(v []any) (*proxy.Record, error) {
+func decodeRecord(v []any) (*store.Record, error) {
 	if len(v) == 0 {
 		return nil, errors.New("empty script reply")
 	}
@@ -439,9 +424,9 @@ func decodeRecord(v []any) (*proxy.Record, error) {
 	if len(v) != 9 {
 		return nil, fmt.Errorf("script reply has %d elements, want 9", len(v))
 	}
-	st := proxy.State(str(v[1]))
+	st := store.State(str(v[1]))
 	switch st {
-	case proxy.StateInFlight, proxy.StateCompleted, proxy.StateInDoubt:
+	case store.StateInFlight, store.StateCompleted, store.StateInDoubt:
 	default:
 		return nil, fmt.Errorf("record has unknown state %q", st)
 	}
@@ -451,7 +436,7 @@ func decodeRecord(v []any) (*proxy.Record, error) {
 	}
 	pttl, _ := v[7].(int64)
 	now, _ := v[8].(int64)
-	rec := &proxy.Record{
+	rec := &store.Record{
 		State:       st,
 		Token:       str(v[2]),
 		Fingerprint: str(v[3]),
@@ -460,7 +445,7 @@ func decodeRecord(v []any) (*proxy.Record, error) {
 	if pttl >= 0 {
 		rec.ExpiresAt = time.UnixMilli(now + pttl)
 	}
-	if st == proxy.StateInFlight {
+	if st == store.StateInFlight {
 		le, err := msField("le", v[5])
 		if err != nil {
 			return nil, err
@@ -469,18 +454,18 @@ func decodeRecord(v []any) (*proxy.Record, error) {
 			// The lease ran out: whoever held it may have reached the
 			// upstream. The transition is derived, not stored; the TTL
 			// stays what it was.
-			rec.State = proxy.StateInDoubt
+			rec.State = store.StateInDoubt
 		} else {
 			rec.LeaseExpiresAt = time.UnixMilli(le)
 		}
 	}
-	if st == proxy.StateCompleted {
+	if st == store.StateCompleted {
 		raw := str(v[6])
 		if raw == "" {
 			return nil, errors.New("completed record has no response")
 		}
-		var resp proxy.Response
-		if err := json.Unmarshal([]byte(raw), &resp); err != nil {
+		resp, err := decodeResponse([]byte(raw))
+		if err != nil {
 			return nil, fmt.Errorf("decode stored response: %w", err)
 		}
 		rec.Response = &resp

@@ -16,7 +16,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idemproxy/idemproxy/internal/redistest"
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/storetest"
 )
 
@@ -61,11 +61,11 @@ func ctx(t *testing.T) context.Context {
 	return c
 }
 
-var res = proxy.Reservation{Token: "tok-a", Fingerprint: "fp-a", Lease: time.Minute, TTL: time.Hour}
+var res = store.Reservation{Token: "tok-a", Fingerprint: "fp-a", Lease: time.Minute, TTL: time.Hour}
 
 func TestConformance(t *testing.T) {
 	srv := redistest.Start(t)
-	storetest.Run(t, func(t *testing.T) proxy.Store {
+	storetest.Run(t, func(t *testing.T) store.Store {
 		return newStore(t, Options{Addrs: []string{srv.Addr()}})
 	})
 }
@@ -92,14 +92,14 @@ func TestConformanceCluster(t *testing.T) {
 	// In a group of its own, so that the parallel cases are done before the
 	// nodes are counted.
 	t.Run("suite", func(t *testing.T) {
-		storetest.Run(t, func(t *testing.T) proxy.Store {
+		storetest.Run(t, func(t *testing.T) store.Store {
 			return newStore(t, Options{Addrs: c.Addrs()})
 		})
 	})
 	// One seed address with ClusterMode, as behind an AWS ElastiCache
 	// configuration endpoint.
 	t.Run("one endpoint", func(t *testing.T) {
-		storetest.Run(t, func(t *testing.T) proxy.Store {
+		storetest.Run(t, func(t *testing.T) store.Store {
 			return newStore(t, Options{Addrs: c.Addrs()[:1], ClusterMode: true})
 		})
 	})
@@ -141,14 +141,14 @@ func TestReserveLostReply(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec, err := decodeRecord(v)
-	if err != nil || rec == nil || rec.State != proxy.StateInFlight || rec.Token != res.Token {
+	if err != nil || rec == nil || rec.State != store.StateInFlight || rec.Token != res.Token {
 		t.Fatalf("reserve with another token = %+v, %v; want the in-flight record of %s", rec, err, res.Token)
 	}
 
 	// A retried commit whose first reply was lost succeeds and keeps the
 	// first answer.
-	first := proxy.Response{Status: 201, Body: []byte("first"), BodyStored: true}
-	for i, resp := range []proxy.Response{first, {Status: 500, BodyStored: true}} {
+	first := store.Response{Status: 201, Body: []byte("first"), BodyStored: true}
+	for i, resp := range []store.Response{first, {Status: 500, BodyStored: true}} {
 		if err := s.Commit(c, "route/scope/lost", res.Token, resp, time.Hour); err != nil {
 			t.Fatalf("commit %d: %v", i+1, err)
 		}
@@ -181,11 +181,10 @@ func TestRedisDown(t *testing.T) {
 	}{
 		{"Ping", func() error { return s.Ping(c) }},
 		{"Reserve", func() error { _, err := s.Reserve(c, "k/down", res); return err }},
-		{"Commit", func() error { return s.Commit(c, "k/before", res.Token, proxy.Response{Status: 200}, time.Hour) }},
+		{"Commit", func() error { return s.Commit(c, "k/before", res.Token, store.Response{Status: 200}, time.Hour) }},
 		{"Release", func() error { return s.Release(c, "k/before", res.Token) }},
 		{"MarkInDoubt", func() error { return s.MarkInDoubt(c, "k/before", res.Token, time.Hour) }},
 		{"Get", func() error { _, err := s.Get(c, "k/before"); return err }},
-		{"Delete", func() error { _, err := s.Delete(c, "k/before"); return err }},
 	}
 	// Twice: the first round meets dead pooled connections, the second
 	// has to dial.
@@ -197,7 +196,7 @@ func TestRedisDown(t *testing.T) {
 			t.Logf("round %d: %s with Redis down: %v after %v", round, op.name, err, elapsed.Round(time.Millisecond))
 			if err == nil {
 				t.Errorf("round %d: %s with Redis down succeeded; want an error", round, op.name)
-			} else if errors.Is(err, proxy.ErrNotOwner) {
+			} else if errors.Is(err, store.ErrNotOwner) {
 				t.Errorf("round %d: %s with Redis down = ErrNotOwner; want a store error", round, op.name)
 			}
 			// Generous: the point is "bounded", not "fast".
@@ -226,10 +225,10 @@ func TestRedisDown(t *testing.T) {
 	if rec, err := s.Reserve(c, "k/before", res); rec != nil || err != nil {
 		t.Fatalf("Reserve after restart = %+v, %v; want nil, nil", rec, err)
 	}
-	if err := s.Commit(c, "k/before", res.Token, proxy.Response{Status: 200, BodyStored: true}, time.Hour); err != nil {
+	if err := s.Commit(c, "k/before", res.Token, store.Response{Status: 200, BodyStored: true}, time.Hour); err != nil {
 		t.Fatalf("Commit after restart: %v", err)
 	}
-	if rec, err := s.Get(c, "k/before"); err != nil || rec == nil || rec.State != proxy.StateCompleted {
+	if rec, err := s.Get(c, "k/before"); err != nil || rec == nil || rec.State != store.StateCompleted {
 		t.Fatalf("Get after restart = %+v, %v; want a completed record", rec, err)
 	}
 }
@@ -254,13 +253,13 @@ func TestRedisUnresponsive(t *testing.T) {
 		{"Ping", func() error { return s.Ping(c) }},
 		{"Reserve", func() error { _, err := s.Reserve(c, "k/frozen", res); return err }},
 		{"Get", func() error { _, err := s.Get(c, "k/frozen"); return err }},
-		{"Commit", func() error { return s.Commit(c, "k/frozen", res.Token, proxy.Response{Status: 200}, time.Hour) }},
+		{"Commit", func() error { return s.Commit(c, "k/frozen", res.Token, store.Response{Status: 200}, time.Hour) }},
 	} {
 		start := time.Now()
 		err := op.call()
 		elapsed := time.Since(start)
 		t.Logf("%s with Redis frozen: %v after %v", op.name, err, elapsed.Round(time.Millisecond))
-		if err == nil || errors.Is(err, proxy.ErrNotOwner) {
+		if err == nil || errors.Is(err, store.ErrNotOwner) {
 			t.Errorf("%s with Redis frozen = %v; want a store error", op.name, err)
 		}
 		if limit := opTimeout + 3*time.Second; elapsed > limit {
@@ -304,7 +303,7 @@ func TestRecordsHaveTTL(t *testing.T) {
 			t.Fatalf("Reserve(%s) = %+v, %v", key, rec, err)
 		}
 	}
-	if err := s.Commit(c, "a/completed", res.Token, proxy.Response{Status: 200, BodyStored: true}, 2*time.Hour); err != nil {
+	if err := s.Commit(c, "a/completed", res.Token, store.Response{Status: 200, BodyStored: true}, 2*time.Hour); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.MarkInDoubt(c, "a/in_doubt", res.Token, 3*time.Hour); err != nil {
@@ -409,7 +408,7 @@ func TestRecordWithoutTrailers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := &proxy.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":42}`), BodyStored: true}
+	want := &store.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"id":42}`), BodyStored: true}
 	if rec == nil || !reflect.DeepEqual(rec.Response, want) {
 		t.Errorf("Get = %+v, want the response %+v", rec, want)
 	}
@@ -459,13 +458,13 @@ func TestInvalidArguments(t *testing.T) {
 	c := context.Background()
 	checks := map[string]error{
 		"empty key":         func() error { _, err := s.Reserve(c, "", res); return err }(),
-		"empty token":       func() error { _, err := s.Reserve(c, "k", proxy.Reservation{Lease: 1, TTL: 1}); return err }(),
-		"zero lease":        func() error { _, err := s.Reserve(c, "k", proxy.Reservation{Token: "t", TTL: 1}); return err }(),
-		"zero commit ttl":   s.Commit(c, "k", "t", proxy.Response{}, 0),
+		"empty token":       func() error { _, err := s.Reserve(c, "k", store.Reservation{Lease: 1, TTL: 1}); return err }(),
+		"zero lease":        func() error { _, err := s.Reserve(c, "k", store.Reservation{Token: "t", TTL: 1}); return err }(),
+		"zero commit ttl":   s.Commit(c, "k", "t", store.Response{}, 0),
 		"empty release tok": s.Release(c, "k", ""),
 	}
 	for name, err := range checks {
-		if err == nil || errors.Is(err, proxy.ErrNotOwner) {
+		if err == nil || errors.Is(err, store.ErrNotOwner) {
 			t.Errorf("%s: err = %v, want an argument error", name, err)
 		}
 	}
@@ -482,12 +481,12 @@ func TestInvalidArguments(t *testing.T) {
 func TestLargestTTLKeepsTheReservation(t *testing.T) {
 	srv := redistest.Start(t)
 	s := newStore(t, Options{Addrs: []string{srv.Addr()}})
-	huge := proxy.Reservation{Token: "tok-a", Fingerprint: "fp-a", Lease: time.Minute, TTL: math.MaxInt64}
+	huge := store.Reservation{Token: "tok-a", Fingerprint: "fp-a", Lease: time.Minute, TTL: math.MaxInt64}
 	if rec, err := s.Reserve(ctx(t), "r/-/k", huge); err != nil || rec != nil {
 		t.Fatalf("Reserve = %v, %v; want nil, nil", rec, err)
 	}
-	rec, err := s.Reserve(ctx(t), "r/-/k", proxy.Reservation{Token: "tok-b", Fingerprint: "fp-a", Lease: time.Minute, TTL: time.Hour})
-	if err != nil || rec == nil || rec.State != proxy.StateInFlight {
+	rec, err := s.Reserve(ctx(t), "r/-/k", store.Reservation{Token: "tok-b", Fingerprint: "fp-a", Lease: time.Minute, TTL: time.Hour})
+	if err != nil || rec == nil || rec.State != store.StateInFlight {
 		t.Fatalf("second Reserve = %+v, %v; want the first reservation, in flight", rec, err)
 	}
 	for _, d := range []time.Duration{1, time.Millisecond, time.Millisecond + 1, math.MaxInt64} {
@@ -547,13 +546,13 @@ func TestCommitWhenRedisIsFull(t *testing.T) {
 	if rec, err := s.Reserve(c, "r/-/new", other); err == nil || !strings.Contains(err.Error(), "OOM") {
 		t.Fatalf("Reserve on a full Redis = %+v, %v; want an OOM error", rec, err)
 	}
-	answer := proxy.Response{Status: 201, Body: []byte(strings.Repeat("a", 2000)), BodyStored: true}
+	answer := store.Response{Status: 201, Body: []byte(strings.Repeat("a", 2000)), BodyStored: true}
 	for _, key := range []string{"r/-/answered", "r/-/doubt"} {
 		if err := s.Commit(c, key, res.Token, answer, time.Hour); err != nil {
 			t.Fatalf("Commit %s on a full Redis: %v; want the answer stored", key, err)
 		}
 		got, err := s.Get(c, key)
-		if err != nil || got == nil || got.State != proxy.StateCompleted || got.Response == nil || got.Response.Status != 201 {
+		if err != nil || got == nil || got.State != store.StateCompleted || got.Response == nil || got.Response.Status != 201 {
 			t.Fatalf("Get %s after the commit = %+v, %v; want the committed answer", key, got, err)
 		}
 	}

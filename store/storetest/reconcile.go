@@ -7,19 +7,19 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 )
 
 // ReconcileStore is a store that can also reconcile in-doubt keys.
 type ReconcileStore interface {
-	proxy.Store
-	proxy.ReconcileStore
+	store.Store
+	store.ReconcileStore
 }
 
 // renv is what a reconcile case gets.
 type renv struct {
 	*env
-	rs proxy.ReconcileStore
+	rs store.ReconcileStore
 }
 
 type reconcileCase struct {
@@ -62,7 +62,7 @@ func (e *renv) claim(token string, lease time.Duration, force bool, want error) 
 	}
 }
 
-func (e *renv) resolve(token string, res proxy.LookupResult, want error) {
+func (e *renv) resolve(token string, res store.LookupResult, want error) {
 	e.t.Helper()
 	if err := e.rs.ResolveLookup(e.ctx, e.key, token, res); !errors.Is(err, want) || (want == nil && err != nil) {
 		e.t.Fatalf("ResolveLookup(%q, %q, %+v) = %v, want %v", e.key, token, res, err, want)
@@ -108,7 +108,7 @@ var reconcileCases = []reconcileCase{
 		if e.listed(e.unscheduled) {
 			e.t.Errorf("Unscheduled still lists a scheduled key")
 		}
-		e.claim("look-1", longLease, false, proxy.ErrNotDue)
+		e.claim("look-1", longLease, false, store.ErrNotDue)
 		e.waitDue()
 		// Scheduling again does not move the lookup.
 		e.schedule(longTTL)
@@ -125,9 +125,9 @@ var reconcileCases = []reconcileCase{
 		e.claim("look-1", longLease, true, nil)
 		resp := sampleResponse()
 		resp.Reconciled = true
-		e.resolve("look-1", proxy.LookupResult{Applied: &resp}, nil)
+		e.resolve("look-1", store.LookupResult{Applied: &resp}, nil)
 		rec := e.get(e.key)
-		e.wantRecord(rec, proxy.StateCompleted, "tok-a", "fp-a")
+		e.wantRecord(rec, store.StateCompleted, "tok-a", "fp-a")
 		e.wantResponse(rec, resp)
 		if !rec.Response.Reconciled {
 			e.t.Errorf("Response.Reconciled = false after an applied lookup")
@@ -135,26 +135,26 @@ var reconcileCases = []reconcileCase{
 		if rec.ExpiresAt.IsZero() == false && rec.ExpiresAt.Before(time.Now().Add(longTTL-slack)) {
 			e.t.Errorf("ExpiresAt = %v, want the in-doubt record's expiry kept", rec.ExpiresAt)
 		}
-		e.claim("look-2", longLease, true, proxy.ErrNotInDoubt)
-		e.resolve("look-1", proxy.LookupResult{Release: true}, proxy.ErrNotOwner)
-		e.wantRecord(e.get(e.key), proxy.StateCompleted, "tok-a", "fp-a")
+		e.claim("look-2", longLease, true, store.ErrNotInDoubt)
+		e.resolve("look-1", store.LookupResult{Release: true}, store.ErrNotOwner)
+		e.wantRecord(e.get(e.key), store.StateCompleted, "tok-a", "fp-a")
 	}},
 	{"release deletes the record, and a new reservation goes through", func(e *renv) {
 		e.inDoubt()
 		e.claim("look-1", longLease, true, nil)
-		e.resolve("look-1", proxy.LookupResult{Release: true}, nil)
+		e.resolve("look-1", store.LookupResult{Release: true}, nil)
 		e.wantNoRecord(e.key)
 		e.reserveOK(e.key, "tok-b", "fp-a", longLease, longTTL)
 		// A late resolve of the old lookup cannot touch the new owner.
-		e.resolve("look-1", proxy.LookupResult{Release: true}, proxy.ErrNotOwner)
-		e.wantRecord(e.get(e.key), proxy.StateInFlight, "tok-b", "fp-a")
+		e.resolve("look-1", store.LookupResult{Release: true}, store.ErrNotOwner)
+		e.wantRecord(e.get(e.key), store.StateInFlight, "tok-b", "fp-a")
 	}},
 	{"one lookup at a time: a live lookup lease refuses another claim", func(e *renv) {
 		e.inDoubt()
 		e.claim("look-1", longLease, true, nil)
-		e.claim("look-2", longLease, true, proxy.ErrLookupBusy)
-		e.resolve("look-2", proxy.LookupResult{Release: true}, proxy.ErrNotOwner)
-		e.wantRecord(e.get(e.key), proxy.StateInDoubt, "tok-a", "fp-a")
+		e.claim("look-2", longLease, true, store.ErrLookupBusy)
+		e.resolve("look-2", store.LookupResult{Release: true}, store.ErrNotOwner)
+		e.wantRecord(e.get(e.key), store.StateInDoubt, "tok-a", "fp-a")
 	}},
 	{"a lapsed lookup lease can be taken over, fencing the old one", func(e *renv) {
 		e.inDoubt()
@@ -166,38 +166,38 @@ var reconcileCases = []reconcileCase{
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
-		e.resolve("look-1", proxy.LookupResult{Release: true}, proxy.ErrNotOwner)
-		e.resolve("look-2", proxy.LookupResult{RetryAfter: longLease}, nil)
-		e.wantRecord(e.get(e.key), proxy.StateInDoubt, "tok-a", "fp-a")
+		e.resolve("look-1", store.LookupResult{Release: true}, store.ErrNotOwner)
+		e.resolve("look-2", store.LookupResult{RetryAfter: longLease}, nil)
+		e.wantRecord(e.get(e.key), store.StateInDoubt, "tok-a", "fp-a")
 	}},
 	{"retry keeps the key in doubt and reschedules it", func(e *renv) {
 		e.inDoubt()
 		e.claim("look-1", longLease, true, nil)
-		e.resolve("look-1", proxy.LookupResult{RetryAfter: shortLease}, nil)
-		e.wantRecord(e.get(e.key), proxy.StateInDoubt, "tok-a", "fp-a")
-		e.claim("look-2", longLease, false, proxy.ErrNotDue)
+		e.resolve("look-1", store.LookupResult{RetryAfter: shortLease}, nil)
+		e.wantRecord(e.get(e.key), store.StateInDoubt, "tok-a", "fp-a")
+		e.claim("look-2", longLease, false, store.ErrNotDue)
 		e.waitDue()
 		e.claim("look-2", longLease, false, nil)
 	}},
 	{"a lapsed reservation is in doubt for reconciliation; its owner can still commit", func(e *renv) {
 		e.reserveOK(e.key, "tok-a", "fp-a", shortLease, longTTL)
-		e.claim("look-1", longLease, true, proxy.ErrNotInDoubt)
+		e.claim("look-1", longLease, true, store.ErrNotInDoubt)
 		if e.listed(e.unscheduled) {
 			e.t.Errorf("Unscheduled lists a live reservation")
 		}
-		e.waitFor(func(r *proxy.Record) bool { return r != nil && r.State == proxy.StateInDoubt })
+		e.waitFor(func(r *store.Record) bool { return r != nil && r.State == store.StateInDoubt })
 		if !e.listed(e.unscheduled) {
 			e.t.Errorf("Unscheduled does not list a lapsed reservation")
 		}
 		e.schedule(longTTL)
-		e.wantRecord(e.get(e.key), proxy.StateInDoubt, "tok-a", "fp-a")
+		e.wantRecord(e.get(e.key), store.StateInDoubt, "tok-a", "fp-a")
 		e.commit(e.key, "tok-a", sampleResponse(), time.Hour, nil)
-		e.wantRecord(e.get(e.key), proxy.StateCompleted, "tok-a", "fp-a")
-		e.claim("look-1", longLease, true, proxy.ErrNotInDoubt)
+		e.wantRecord(e.get(e.key), store.StateCompleted, "tok-a", "fp-a")
+		e.claim("look-1", longLease, true, store.ErrNotInDoubt)
 	}},
 	{"completed and missing records are never scheduled or claimed", func(e *renv) {
 		e.schedule(0)
-		e.claim("look-1", longLease, true, proxy.ErrNotInDoubt)
+		e.claim("look-1", longLease, true, store.ErrNotInDoubt)
 		e.wantNoRecord(e.key)
 		e.reserveOK(e.key, "tok-a", "fp-a", longLease, longTTL)
 		e.commit(e.key, "tok-a", sampleResponse(), time.Hour, nil)
@@ -205,7 +205,7 @@ var reconcileCases = []reconcileCase{
 		if e.listed(e.rs.DueLookups) || e.listed(e.unscheduled) {
 			e.t.Errorf("a completed record is listed for reconciliation")
 		}
-		e.claim("look-1", longLease, true, proxy.ErrNotInDoubt)
+		e.claim("look-1", longLease, true, store.ErrNotInDoubt)
 	}},
 	{"a due key settled by its owner, or released and reserved again, is no longer due", func(e *renv) {
 		e.inDoubt()
@@ -215,9 +215,9 @@ var reconcileCases = []reconcileCase{
 		if e.listed(e.rs.DueLookups) {
 			e.t.Errorf("DueLookups lists a key its owner committed")
 		}
-		e.delete(e.key)
+		e.release(e.key, "tok-a", nil)
 		e.reserveOK(e.key, "tok-b", "fp-b", shortLease, longTTL)
-		e.waitFor(func(r *proxy.Record) bool { return r != nil && r.State == proxy.StateInDoubt })
+		e.waitFor(func(r *store.Record) bool { return r != nil && r.State == store.StateInDoubt })
 		if e.listed(e.rs.DueLookups) {
 			e.t.Errorf("DueLookups lists a new, unscheduled reservation under a key once due")
 		}

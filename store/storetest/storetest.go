@@ -1,10 +1,10 @@
-// Package storetest is the conformance suite every proxy.Store passes: one
+// Package storetest is the conformance suite every store.Store passes: one
 // table of state-machine cases (reserve, commit, release, mark in doubt,
 // lease and TTL expiry, delete, concurrency), each run as a subtest. A
 // backend's own test calls Run with a constructor:
 //
 //	func TestConformance(t *testing.T) {
-//		storetest.Run(t, func(t *testing.T) proxy.Store { return newTestStore(t) })
+//		storetest.Run(t, func(t *testing.T) store.Store { return newTestStore(t) })
 //	}
 //
 // Every case works on keys of its own with a random suffix, so a constructor
@@ -26,7 +26,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 )
 
 const (
@@ -49,7 +49,7 @@ const (
 // the test on unexpected errors.
 type env struct {
 	t   *testing.T
-	s   proxy.Store
+	s   store.Store
 	ctx context.Context
 	key string
 }
@@ -61,7 +61,7 @@ type testCase struct {
 
 // Run runs the conformance suite against the stores newStore returns. It is
 // called once per case, with the case's *testing.T.
-func Run(t *testing.T, newStore func(t *testing.T) proxy.Store) {
+func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -82,7 +82,7 @@ var cases = []testCase{
 		e.reserveOK(e.key, "tok-a", "fp-a", longLease, longTTL)
 		after := time.Now()
 		rec := e.get(e.key)
-		e.wantRecord(rec, proxy.StateInFlight, "tok-a", "fp-a")
+		e.wantRecord(rec, store.StateInFlight, "tok-a", "fp-a")
 		if rec.CreatedAt.Before(before.Add(-slack)) || rec.CreatedAt.After(after.Add(slack)) {
 			e.t.Errorf("CreatedAt = %v, want between %v and %v", rec.CreatedAt, before, after)
 		}
@@ -97,27 +97,27 @@ var cases = []testCase{
 	{"reserve conflict returns the in-flight record", func(e *env) {
 		e.reserveOK(e.key, "tok-a", "fp-a", longLease, longTTL)
 		rec := e.reserve(e.key, "tok-b", "fp-b", longLease, longTTL)
-		e.wantRecord(rec, proxy.StateInFlight, "tok-a", "fp-a")
-		e.wantRecord(e.get(e.key), proxy.StateInFlight, "tok-a", "fp-a")
+		e.wantRecord(rec, store.StateInFlight, "tok-a", "fp-a")
+		e.wantRecord(e.get(e.key), store.StateInFlight, "tok-a", "fp-a")
 	}},
 	{"reserve again with the same token is the caller's own (lost reply)", func(e *env) {
 		e.reserveOK(e.key, "tok-a", "fp-a", longLease, longTTL)
 		first := e.get(e.key)
 		e.reserveOK(e.key, "tok-a", "fp-a", longLease, longTTL)
 		again := e.get(e.key)
-		e.wantRecord(again, proxy.StateInFlight, "tok-a", "fp-a")
+		e.wantRecord(again, store.StateInFlight, "tok-a", "fp-a")
 		if !again.CreatedAt.Equal(first.CreatedAt) {
 			e.t.Errorf("CreatedAt changed from %v to %v by the retried reservation", first.CreatedAt, again.CreatedAt)
 		}
 		// Another token still conflicts.
-		e.wantRecord(e.reserve(e.key, "tok-b", "fp-b", longLease, longTTL), proxy.StateInFlight, "tok-a", "fp-a")
+		e.wantRecord(e.reserve(e.key, "tok-b", "fp-b", longLease, longTTL), store.StateInFlight, "tok-a", "fp-a")
 	}},
 	{"commit by the owner", func(e *env) {
 		e.reserveOK(e.key, "tok-a", "fp-a", longLease, longTTL)
 		resp := sampleResponse()
 		e.commit(e.key, "tok-a", resp, time.Hour, nil)
 		rec := e.get(e.key)
-		e.wantRecord(rec, proxy.StateCompleted, "tok-a", "fp-a")
+		e.wantRecord(rec, store.StateCompleted, "tok-a", "fp-a")
 		e.wantResponse(rec, resp)
 		if !rec.LeaseExpiresAt.IsZero() {
 			e.t.Errorf("LeaseExpiresAt = %v, want zero for a completed record", rec.LeaseExpiresAt)
@@ -128,23 +128,23 @@ var cases = []testCase{
 		}
 		for _, tok := range []string{"tok-b", "tok-a"} {
 			rec := e.reserve(e.key, tok, "fp-a", longLease, longTTL)
-			e.wantRecord(rec, proxy.StateCompleted, "tok-a", "fp-a")
+			e.wantRecord(rec, store.StateCompleted, "tok-a", "fp-a")
 			e.wantResponse(rec, resp)
 		}
 	}},
 	{"commit with a wrong token", func(e *env) {
 		e.reserveOK(e.key, "tok-a", "fp-a", longLease, longTTL)
-		e.commit(e.key, "tok-b", sampleResponse(), time.Hour, proxy.ErrNotOwner)
+		e.commit(e.key, "tok-b", sampleResponse(), time.Hour, store.ErrNotOwner)
 		rec := e.get(e.key)
-		e.wantRecord(rec, proxy.StateInFlight, "tok-a", "fp-a")
+		e.wantRecord(rec, store.StateInFlight, "tok-a", "fp-a")
 		if rec.Response != nil {
 			e.t.Errorf("Response = %+v after a refused commit, want nil", rec.Response)
 		}
 	}},
 	{"fenced operations on a missing key", func(e *env) {
-		e.commit(e.key, "tok-a", sampleResponse(), time.Hour, proxy.ErrNotOwner)
-		e.release(e.key, "tok-a", proxy.ErrNotOwner)
-		e.markInDoubt(e.key, "tok-a", time.Hour, proxy.ErrNotOwner)
+		e.commit(e.key, "tok-a", sampleResponse(), time.Hour, store.ErrNotOwner)
+		e.release(e.key, "tok-a", store.ErrNotOwner)
+		e.markInDoubt(e.key, "tok-a", time.Hour, store.ErrNotOwner)
 		e.wantNoRecord(e.key)
 	}},
 	{"release by the owner frees the key", func(e *env) {
@@ -152,30 +152,30 @@ var cases = []testCase{
 		e.release(e.key, "tok-a", nil)
 		e.wantNoRecord(e.key)
 		e.reserveOK(e.key, "tok-b", "fp-b", longLease, longTTL)
-		e.wantRecord(e.get(e.key), proxy.StateInFlight, "tok-b", "fp-b")
+		e.wantRecord(e.get(e.key), store.StateInFlight, "tok-b", "fp-b")
 	}},
 	{"release with a wrong token", func(e *env) {
 		e.reserveOK(e.key, "tok-a", "fp-a", longLease, longTTL)
-		e.release(e.key, "tok-b", proxy.ErrNotOwner)
-		e.wantRecord(e.get(e.key), proxy.StateInFlight, "tok-a", "fp-a")
+		e.release(e.key, "tok-b", store.ErrNotOwner)
+		e.wantRecord(e.get(e.key), store.StateInFlight, "tok-a", "fp-a")
 	}},
 	{"a former owner cannot touch a newer owner's record", func(e *env) {
 		e.reserveOK(e.key, "tok-a", "fp-a", longLease, longTTL)
 		e.release(e.key, "tok-a", nil)
 		e.reserveOK(e.key, "tok-b", "fp-b", longLease, longTTL)
-		e.commit(e.key, "tok-a", sampleResponse(), time.Hour, proxy.ErrNotOwner)
-		e.markInDoubt(e.key, "tok-a", time.Hour, proxy.ErrNotOwner)
-		e.release(e.key, "tok-a", proxy.ErrNotOwner)
-		e.wantRecord(e.get(e.key), proxy.StateInFlight, "tok-b", "fp-b")
+		e.commit(e.key, "tok-a", sampleResponse(), time.Hour, store.ErrNotOwner)
+		e.markInDoubt(e.key, "tok-a", time.Hour, store.ErrNotOwner)
+		e.release(e.key, "tok-a", store.ErrNotOwner)
+		e.wantRecord(e.get(e.key), store.StateInFlight, "tok-b", "fp-b")
 		// B still owns it.
 		e.commit(e.key, "tok-b", sampleResponse(), time.Hour, nil)
-		e.wantRecord(e.get(e.key), proxy.StateCompleted, "tok-b", "fp-b")
+		e.wantRecord(e.get(e.key), store.StateCompleted, "tok-b", "fp-b")
 	}},
 	{"mark in doubt", func(e *env) {
 		e.reserveOK(e.key, "tok-a", "fp-a", longLease, longTTL)
 		e.markInDoubt(e.key, "tok-a", time.Hour, nil)
 		rec := e.get(e.key)
-		e.wantRecord(rec, proxy.StateInDoubt, "tok-a", "fp-a")
+		e.wantRecord(rec, store.StateInDoubt, "tok-a", "fp-a")
 		if !rec.LeaseExpiresAt.IsZero() {
 			e.t.Errorf("LeaseExpiresAt = %v, want zero for an in-doubt record", rec.LeaseExpiresAt)
 		}
@@ -183,24 +183,24 @@ var cases = []testCase{
 			e.t.Errorf("ExpiresAt = %v, want about now + %v (mark in doubt's TTL)", rec.ExpiresAt, time.Hour)
 		}
 		for _, tok := range []string{"tok-b", "tok-a"} {
-			e.wantRecord(e.reserve(e.key, tok, "fp-a", longLease, longTTL), proxy.StateInDoubt, "tok-a", "fp-a")
+			e.wantRecord(e.reserve(e.key, tok, "fp-a", longLease, longTTL), store.StateInDoubt, "tok-a", "fp-a")
 		}
 	}},
 	{"mark in doubt with a wrong token", func(e *env) {
 		e.reserveOK(e.key, "tok-a", "fp-a", longLease, longTTL)
-		e.markInDoubt(e.key, "tok-b", time.Hour, proxy.ErrNotOwner)
-		e.wantRecord(e.get(e.key), proxy.StateInFlight, "tok-a", "fp-a")
+		e.markInDoubt(e.key, "tok-b", time.Hour, store.ErrNotOwner)
+		e.wantRecord(e.get(e.key), store.StateInFlight, "tok-a", "fp-a")
 	}},
 	{"lease expiry turns the reservation in doubt", func(e *env) {
 		e.reserveOK(e.key, "tok-a", "fp-a", shortLease, longTTL)
-		rec := e.waitFor(func(r *proxy.Record) bool { return r != nil && r.State == proxy.StateInDoubt })
-		e.wantRecord(rec, proxy.StateInDoubt, "tok-a", "fp-a")
+		rec := e.waitFor(func(r *store.Record) bool { return r != nil && r.State == store.StateInDoubt })
+		e.wantRecord(rec, store.StateInDoubt, "tok-a", "fp-a")
 		if !rec.LeaseExpiresAt.IsZero() {
 			e.t.Errorf("LeaseExpiresAt = %v, want zero for an in-doubt record", rec.LeaseExpiresAt)
 		}
 		// Neither another request nor the former owner's retry may forward.
 		for _, tok := range []string{"tok-b", "tok-a"} {
-			e.wantRecord(e.reserve(e.key, tok, "fp-a", longLease, longTTL), proxy.StateInDoubt, "tok-a", "fp-a")
+			e.wantRecord(e.reserve(e.key, tok, "fp-a", longLease, longTTL), store.StateInDoubt, "tok-a", "fp-a")
 		}
 		// The record is kept for its TTL, not dropped with the lease.
 		if !rec.ExpiresAt.IsZero() && rec.ExpiresAt.Before(time.Now().Add(longTTL/2)) {
@@ -209,11 +209,11 @@ var cases = []testCase{
 	}},
 	{"late commit after the lease ran out stores the known answer", func(e *env) {
 		e.reserveOK(e.key, "tok-a", "fp-a", shortLease, longTTL)
-		e.waitFor(func(r *proxy.Record) bool { return r != nil && r.State == proxy.StateInDoubt })
+		e.waitFor(func(r *store.Record) bool { return r != nil && r.State == store.StateInDoubt })
 		resp := sampleResponse()
 		e.commit(e.key, "tok-a", resp, time.Hour, nil)
 		rec := e.get(e.key)
-		e.wantRecord(rec, proxy.StateCompleted, "tok-a", "fp-a")
+		e.wantRecord(rec, store.StateCompleted, "tok-a", "fp-a")
 		e.wantResponse(rec, resp)
 	}},
 	{"TTL expiry forgets the record", func(e *env) {
@@ -243,37 +243,33 @@ var cases = []testCase{
 			e.reserveOK(key, "tok-b", "fp-b", longLease, longTTL)
 		}
 	}},
-	{"delete in every state", func(e *env) {
+	{"release by the owner token in every state (operator release)", func(e *env) {
 		type step struct {
 			name   string
 			settle func(key string)
-			want   proxy.State
+			want   store.State
 		}
 		steps := []step{
-			{"in_flight", func(string) {}, proxy.StateInFlight},
-			{"completed", func(key string) { e.commit(key, "tok-a", sampleResponse(), time.Hour, nil) }, proxy.StateCompleted},
-			{"in_doubt", func(key string) { e.markInDoubt(key, "tok-a", time.Hour, nil) }, proxy.StateInDoubt},
+			{"in_flight", func(string) {}, store.StateInFlight},
+			{"completed", func(key string) { e.commit(key, "tok-a", sampleResponse(), time.Hour, nil) }, store.StateCompleted},
+			{"in_doubt", func(key string) { e.markInDoubt(key, "tok-a", time.Hour, nil) }, store.StateInDoubt},
 		}
 		for _, st := range steps {
 			key := e.key + "/" + st.name
 			e.reserveOK(key, "tok-a", "fp-a", longLease, longTTL)
 			st.settle(key)
 			e.wantRecord(e.get(key), st.want, "tok-a", "fp-a")
-			if ok := e.delete(key); !ok {
-				e.t.Errorf("%s: Delete = false, want true", st.name)
-			}
+			e.release(key, "tok-b", store.ErrNotOwner)
+			e.release(key, "tok-a", nil)
 			e.wantNoRecord(key)
 			// The former owner is fenced off, and the key is free.
-			e.commit(key, "tok-a", sampleResponse(), time.Hour, proxy.ErrNotOwner)
+			e.commit(key, "tok-a", sampleResponse(), time.Hour, store.ErrNotOwner)
 			e.reserveOK(key, "tok-b", "fp-b", longLease, longTTL)
-		}
-		if ok := e.delete(e.key + "/missing"); ok {
-			e.t.Errorf("Delete of a missing key = true, want false")
 		}
 	}},
 	{"response without a stored body round-trips", func(e *env) {
 		e.reserveOK(e.key, "tok-a", "fp-a", longLease, longTTL)
-		resp := proxy.Response{
+		resp := store.Response{
 			Status:     http.StatusOK,
 			Header:     http.Header{"Content-Type": {"application/json"}},
 			BodyStored: false,
@@ -289,7 +285,7 @@ var cases = []testCase{
 		e.reserveOK(e.key, "tok-a", "fp-a", longLease, longTTL)
 		body := make([]byte, 1<<20)
 		_, _ = rand.Read(body)
-		resp := proxy.Response{Status: http.StatusCreated, Body: body, BodyStored: true}
+		resp := store.Response{Status: http.StatusCreated, Body: body, BodyStored: true}
 		e.commit(e.key, "tok-a", resp, time.Hour, nil)
 		e.wantResponse(e.get(e.key), resp)
 		e.wantResponse(e.reserve(e.key, "tok-b", "fp-a", longLease, longTTL), resp)
@@ -299,14 +295,14 @@ var cases = []testCase{
 		var (
 			wg      sync.WaitGroup
 			start   = make(chan struct{})
-			recs    = make([]*proxy.Record, n)
+			recs    = make([]*store.Record, n)
 			errs    = make([]error, n)
 			winners []int
 		)
 		for i := range n {
 			wg.Go(func() {
 				<-start
-				recs[i], errs[i] = e.s.Reserve(e.ctx, e.key, proxy.Reservation{
+				recs[i], errs[i] = e.s.Reserve(e.ctx, e.key, store.Reservation{
 					Token: fmt.Sprintf("tok-%d", i), Fingerprint: "fp", Lease: longLease, TTL: longTTL,
 				})
 			})
@@ -327,22 +323,22 @@ var cases = []testCase{
 		winner := fmt.Sprintf("tok-%d", winners[0])
 		for i, rec := range recs {
 			if rec != nil {
-				e.wantRecord(rec, proxy.StateInFlight, winner, "fp")
+				e.wantRecord(rec, store.StateInFlight, winner, "fp")
 				if e.t.Failed() {
 					e.t.Fatalf("loser #%d saw %+v", i, rec)
 				}
 			}
 		}
-		e.wantRecord(e.get(e.key), proxy.StateInFlight, winner, "fp")
+		e.wantRecord(e.get(e.key), store.StateInFlight, winner, "fp")
 	}},
 	{"concurrent reservations of different keys all win", func(e *env) {
 		const n = 64
 		var wg sync.WaitGroup
-		recs := make([]*proxy.Record, n)
+		recs := make([]*store.Record, n)
 		errs := make([]error, n)
 		for i := range n {
 			wg.Go(func() {
-				recs[i], errs[i] = e.s.Reserve(e.ctx, fmt.Sprintf("%s/%d", e.key, i), proxy.Reservation{
+				recs[i], errs[i] = e.s.Reserve(e.ctx, fmt.Sprintf("%s/%d", e.key, i), store.Reservation{
 					Token: fmt.Sprintf("tok-%d", i), Fingerprint: "fp", Lease: longLease, TTL: longTTL,
 				})
 			})
@@ -354,14 +350,14 @@ var cases = []testCase{
 			}
 		}
 		for i := range n {
-			e.wantRecord(e.get(fmt.Sprintf("%s/%d", e.key, i)), proxy.StateInFlight, fmt.Sprintf("tok-%d", i), "fp")
+			e.wantRecord(e.get(fmt.Sprintf("%s/%d", e.key, i)), store.StateInFlight, fmt.Sprintf("tok-%d", i), "fp")
 		}
 	}},
 }
 
-func (e *env) reserve(key, token, fp string, lease, ttl time.Duration) *proxy.Record {
+func (e *env) reserve(key, token, fp string, lease, ttl time.Duration) *store.Record {
 	e.t.Helper()
-	rec, err := e.s.Reserve(e.ctx, key, proxy.Reservation{Token: token, Fingerprint: fp, Lease: lease, TTL: ttl})
+	rec, err := e.s.Reserve(e.ctx, key, store.Reservation{Token: token, Fingerprint: fp, Lease: lease, TTL: ttl})
 	if err != nil {
 		e.t.Fatalf("Reserve(%q, token %q): %v", key, token, err)
 	}
@@ -373,13 +369,13 @@ func (e *env) reserve(key, token, fp string, lease, ttl time.Duration) *proxy.Re
 
 func (e *env) reserveOK(key, token, fp string, lease, ttl time.Duration) {
 	e.t.Helper()
-	rec, err := e.s.Reserve(e.ctx, key, proxy.Reservation{Token: token, Fingerprint: fp, Lease: lease, TTL: ttl})
+	rec, err := e.s.Reserve(e.ctx, key, store.Reservation{Token: token, Fingerprint: fp, Lease: lease, TTL: ttl})
 	if err != nil || rec != nil {
 		e.t.Fatalf("Reserve(%q, token %q) = %+v, %v; want nil, nil (reserved)", key, token, rec, err)
 	}
 }
 
-func (e *env) commit(key, token string, resp proxy.Response, ttl time.Duration, want error) {
+func (e *env) commit(key, token string, resp store.Response, ttl time.Duration, want error) {
 	e.t.Helper()
 	if err := e.s.Commit(e.ctx, key, token, resp, ttl); !errors.Is(err, want) || (want == nil && err != nil) {
 		e.t.Fatalf("Commit(%q, token %q) = %v, want %v", key, token, err, want)
@@ -400,16 +396,7 @@ func (e *env) markInDoubt(key, token string, ttl time.Duration, want error) {
 	}
 }
 
-func (e *env) delete(key string) bool {
-	e.t.Helper()
-	ok, err := e.s.Delete(e.ctx, key)
-	if err != nil {
-		e.t.Fatalf("Delete(%q): %v", key, err)
-	}
-	return ok
-}
-
-func (e *env) getOrNil(key string) *proxy.Record {
+func (e *env) getOrNil(key string) *store.Record {
 	e.t.Helper()
 	rec, err := e.s.Get(e.ctx, key)
 	if err != nil {
@@ -418,7 +405,7 @@ func (e *env) getOrNil(key string) *proxy.Record {
 	return rec
 }
 
-func (e *env) get(key string) *proxy.Record {
+func (e *env) get(key string) *store.Record {
 	e.t.Helper()
 	rec := e.getOrNil(key)
 	if rec == nil {
@@ -435,7 +422,7 @@ func (e *env) wantNoRecord(key string) {
 }
 
 // waitFor polls Get on e.key until ok accepts the record, within eventually.
-func (e *env) waitFor(ok func(*proxy.Record) bool) *proxy.Record {
+func (e *env) waitFor(ok func(*store.Record) bool) *store.Record {
 	e.t.Helper()
 	deadline := time.Now().Add(eventually)
 	for {
@@ -450,7 +437,7 @@ func (e *env) waitFor(ok func(*proxy.Record) bool) *proxy.Record {
 	}
 }
 
-func (e *env) wantRecord(rec *proxy.Record, state proxy.State, token, fp string) {
+func (e *env) wantRecord(rec *store.Record, state store.State, token, fp string) {
 	e.t.Helper()
 	if rec == nil {
 		e.t.Fatalf("record = nil, want %s", state)
@@ -467,15 +454,15 @@ func (e *env) wantRecord(rec *proxy.Record, state proxy.State, token, fp string)
 	if rec.CreatedAt.IsZero() {
 		e.t.Errorf("CreatedAt is zero")
 	}
-	if state == proxy.StateInFlight && !rec.LeaseExpiresAt.After(rec.CreatedAt) {
+	if state == store.StateInFlight && !rec.LeaseExpiresAt.After(rec.CreatedAt) {
 		e.t.Errorf("LeaseExpiresAt = %v, want after CreatedAt %v", rec.LeaseExpiresAt, rec.CreatedAt)
 	}
-	if state != proxy.StateCompleted && rec.Response != nil {
+	if state != store.StateCompleted && rec.Response != nil {
 		e.t.Errorf("Response = %+v, want nil for a %s record", rec.Response, state)
 	}
 }
 
-func (e *env) wantResponse(rec *proxy.Record, want proxy.Response) {
+func (e *env) wantResponse(rec *store.Record, want store.Response) {
 	e.t.Helper()
 	if rec == nil || rec.Response == nil {
 		e.t.Fatalf("record %+v has no response, want one", rec)
@@ -502,7 +489,7 @@ func (e *env) wantResponse(rec *proxy.Record, want proxy.Response) {
 
 // wantExpiresWithin checks a reported ExpiresAt (zero: not reported) against
 // a record written between before and after with ttl.
-func (e *env) wantExpiresWithin(rec *proxy.Record, before, after time.Time, ttl time.Duration) {
+func (e *env) wantExpiresWithin(rec *store.Record, before, after time.Time, ttl time.Duration) {
 	e.t.Helper()
 	if rec.ExpiresAt.IsZero() {
 		return
@@ -513,8 +500,8 @@ func (e *env) wantExpiresWithin(rec *proxy.Record, before, after time.Time, ttl 
 	}
 }
 
-func sampleResponse() proxy.Response {
-	return proxy.Response{
+func sampleResponse() store.Response {
+	return store.Response{
 		Status: http.StatusCreated,
 		Header: http.Header{
 			"Content-Type": {"application/json"},

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/storetest"
 )
 
@@ -14,11 +14,11 @@ import (
 // as plainly as possible, so the suite itself is checked without any backend.
 // It is not a store to use.
 func TestReference(t *testing.T) {
-	storetest.Run(t, func(t *testing.T) proxy.Store { return &refStore{recs: map[string]*refRecord{}} })
+	storetest.Run(t, func(t *testing.T) store.Store { return &refStore{recs: map[string]*refRecord{}} })
 }
 
 type refRecord struct {
-	rec     proxy.Record
+	rec     store.Record
 	expires time.Time
 }
 
@@ -39,31 +39,31 @@ func (s *refStore) lookup(key string) *refRecord {
 		delete(s.recs, key)
 		return nil
 	}
-	if r.rec.State == proxy.StateInFlight && !now.Before(r.rec.LeaseExpiresAt) {
-		r.rec.State, r.rec.LeaseExpiresAt = proxy.StateInDoubt, time.Time{}
+	if r.rec.State == store.StateInFlight && !now.Before(r.rec.LeaseExpiresAt) {
+		r.rec.State, r.rec.LeaseExpiresAt = store.StateInDoubt, time.Time{}
 	}
 	return r
 }
 
-func (s *refStore) snapshot(r *refRecord) *proxy.Record {
+func (s *refStore) snapshot(r *refRecord) *store.Record {
 	rec := r.rec
 	rec.ExpiresAt = r.expires
 	return &rec
 }
 
-func (s *refStore) Reserve(_ context.Context, key string, res proxy.Reservation) (*proxy.Record, error) {
+func (s *refStore) Reserve(_ context.Context, key string, res store.Reservation) (*store.Record, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if r := s.lookup(key); r != nil {
-		if r.rec.State == proxy.StateInFlight && r.rec.Token == res.Token {
+		if r.rec.State == store.StateInFlight && r.rec.Token == res.Token {
 			return nil, nil
 		}
 		return s.snapshot(r), nil
 	}
 	now := time.Now()
 	s.recs[key] = &refRecord{
-		rec: proxy.Record{
-			State: proxy.StateInFlight, Token: res.Token, Fingerprint: res.Fingerprint,
+		rec: store.Record{
+			State: store.StateInFlight, Token: res.Token, Fingerprint: res.Fingerprint,
 			CreatedAt: now, LeaseExpiresAt: now.Add(res.Lease),
 		},
 		expires: now.Add(res.TTL),
@@ -74,19 +74,19 @@ func (s *refStore) Reserve(_ context.Context, key string, res proxy.Reservation)
 func (s *refStore) owned(key, token string) (*refRecord, error) {
 	r := s.lookup(key)
 	if r == nil || r.rec.Token != token {
-		return nil, proxy.ErrNotOwner
+		return nil, store.ErrNotOwner
 	}
 	return r, nil
 }
 
-func (s *refStore) Commit(_ context.Context, key, token string, resp proxy.Response, ttl time.Duration) error {
+func (s *refStore) Commit(_ context.Context, key, token string, resp store.Response, ttl time.Duration) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	r, err := s.owned(key, token)
 	if err != nil {
 		return err
 	}
-	r.rec.State, r.rec.LeaseExpiresAt, r.rec.Response = proxy.StateCompleted, time.Time{}, &resp
+	r.rec.State, r.rec.LeaseExpiresAt, r.rec.Response = store.StateCompleted, time.Time{}, &resp
 	r.expires = time.Now().Add(ttl)
 	return nil
 }
@@ -108,26 +108,18 @@ func (s *refStore) MarkInDoubt(_ context.Context, key, token string, ttl time.Du
 	if err != nil {
 		return err
 	}
-	r.rec.State, r.rec.LeaseExpiresAt = proxy.StateInDoubt, time.Time{}
+	r.rec.State, r.rec.LeaseExpiresAt = store.StateInDoubt, time.Time{}
 	r.expires = time.Now().Add(ttl)
 	return nil
 }
 
-func (s *refStore) Get(_ context.Context, key string) (*proxy.Record, error) {
+func (s *refStore) Get(_ context.Context, key string) (*store.Record, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if r := s.lookup(key); r != nil {
 		return s.snapshot(r), nil
 	}
 	return nil, nil
-}
-
-func (s *refStore) Delete(_ context.Context, key string) (bool, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	r := s.lookup(key)
-	delete(s.recs, key)
-	return r != nil, nil
 }
 
 func (s *refStore) Ping(context.Context) error { return nil }

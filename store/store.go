@@ -1,0 +1,198 @@
+// Package store is the storage contract of idemproxy: the key record, its
+// states, the errors, and the interfaces every backend implements. It
+// imports nothing of the HTTP proxy, so that a backend (store/badger,
+// store/redis, store/postgres) depends on this package alone, and one
+// conformance suite (store/storetest) runs against each of them.
+//
+// Each backend owns its wire encoding: the types here carry no
+// serialization tags.
+package store
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"net/http"
+	"time"
+)
+
+// State is the life-cycle state of a key record.
+type State string
+
+// The states of a key record. A key with no record has never been seen, or
+// was released, or has expired.
+const (
+	// StateInFlight: a request holding the reservation is being forwarded now.
+	StateInFlight State = "in_flight"
+	// StateCompleted: the upstream answered and the answer was committed.
+	StateCompleted State = "completed"
+	// StateInDoubt: the request may have reached the upstream, but no answer
+	// came back. An operator, the TTL or, on a route with reconcile, the
+	// upstream's answer to a lookup clears it.
+	StateInDoubt State = "in_doubt"
+)
+
+// ErrNotOwner is returned by Store.Commit, Store.Release and Store.MarkInDoubt
+// when the record no longer carries the caller's owner token: the record was
+// released, expired or taken over by a newer reservation. The caller must
+// leave the record alone.
+var ErrNotOwner = errors.New("reservation is not held by this owner")
+
+// Reservation is what a request asks the store to record when it reserves a
+// key.
+type Reservation struct {
+	// Token is a random owner token; commit and release compare it.
+	Token string
+	// Fingerprint identifies the request's content (method, path, body).
+	Fingerprint string
+	// Lease is how long the reservation stays in flight. A reservation whose
+	// lease has run out is reported as in doubt.
+	Lease time.Duration
+	// TTL is how long the record is kept at all, counted from now.
+	TTL time.Duration
+}
+
+// Response is an upstream answer as stored for replay.
+type Response struct {
+	// Status is the HTTP status code.
+	Status int
+	// Header holds the allow-listed headers only (nil: none).
+	Header http.Header
+	// Body is the full response body. It is nil when BodyStored is false.
+	Body []byte
+	// Trailer holds the allow-listed trailers of the answer (nil: none),
+	// replayed as trailers. Records stored before trailers were kept
+	// have none.
+	Trailer http.Header
+	// BodyStored is false when the body was larger than the storage cap and
+	// was left out: the answer is known to exist but cannot be replayed.
+	BodyStored bool
+	// Reconciled is set when the answer came from a reconcile lookup, not
+	// from the original request.
+	Reconciled bool
+}
+
+// Record is the stored state of one key.
+type Record struct {
+	State State
+	// Token is the owner token of the reservation that made the record.
+	Token       string
+	Fingerprint string
+	CreatedAt   time.Time
+	// LeaseExpiresAt is when an in-flight reservation turns in doubt. It is
+	// the zero time for other states.
+	LeaseExpiresAt time.Time
+	// ExpiresAt is when the store forgets the record; the zero time means the
+	// store did not report it.
+	ExpiresAt time.Time
+	// Response is set for completed records (nil otherwise).
+	Response *Response
+}
+
+// Store keeps key records. Every method is safe for concurrent use, also
+// from several processes where the implementation is shared (Redis,
+// PostgreSQL).
+//
+// Keys are opaque strings built by Key. An in-flight record whose lease has
+// run out must be reported as StateInDoubt by Reserve and Get.
+type Store interface {
+	// Reserve atomically records res under key when no record exists and
+	// returns (nil, nil): the caller owns the key and may forward the
+	// request. When a record exists it is returned unchanged; if that record
+	// is an in-flight reservation carrying res.Token (the caller's own,
+	// applied before a lost reply), Reserve returns (nil, nil) too.
+	Reserve(ctx context.Context, key string, res Reservation) (*Record, error)
+	// Commit replaces the caller's reservation (in flight, or in doubt
+	// because its lease ran out: the answer is now known) with a completed
+	// record holding resp, kept for ttl. A record the caller already
+	// completed keeps its first answer. It returns ErrNotOwner when the
+	// record does not carry token.
+	Commit(ctx context.Context, key, token string, resp Response, ttl time.Duration) error
+	// Release deletes the caller's reservation. It returns ErrNotOwner when
+	// the record does not carry token.
+	Release(ctx context.Context, key, token string) error
+	// MarkInDoubt turns the caller's reservation in doubt, kept for ttl; a
+	// completed record is left as it is. It returns ErrNotOwner when the
+	// record does not carry token.
+	MarkInDoubt(ctx context.Context, key, token string, ttl time.Duration) error
+	// Get returns the record under key, or (nil, nil) when there is none.
+	// Get and Reserve fill in Record.Token.
+	Get(ctx context.Context, key string) (*Record, error)
+	// Ping reports whether the store can serve requests.
+	Ping(ctx context.Context) error
+}
+
+// ReconcileStore is what reconciliation needs of the store besides Store:
+// a schedule of lookups kept on the records themselves (so that it survives
+// restarts and is shared by replicas on one shared store), a way to find
+// the records that are due, and a lookup lease fenced by a token like a
+// reservation, so that one lookup per key runs at a time.
+//
+// A record is "in doubt" for these methods when its state is in_doubt or
+// when it is in flight with a lapsed lease; methods that change such a
+// record store it as in_doubt. Times are the store's own clock (Redis'
+// TIME for Redis, now() for PostgreSQL), durations are counted from it.
+type ReconcileStore interface {
+	// ScheduleLookup sets the next lookup of the in-doubt record under key
+	// to after from now, unless it has one already. It does nothing to a
+	// record that is not in doubt, or to no record.
+	ScheduleLookup(ctx context.Context, key string, after time.Duration) error
+	// Unscheduled returns the keys beginning with prefix (a route's
+	// "name/", or "name/-/" for its unscoped keys) of in-doubt records that
+	// have no lookup scheduled (a crash's orphans, lapsed leases), at most
+	// limit of them.
+	Unscheduled(ctx context.Context, prefix string, limit int) ([]string, error)
+	// DueLookups returns the keys of in-doubt records whose next lookup
+	// is due, at most limit of them.
+	DueLookups(ctx context.Context, limit int) ([]string, error)
+	// ClaimLookup takes the lookup lease of the in-doubt record under key
+	// for lease, tagged with token. Unless force, the record's lookup must
+	// be due. It returns ErrNotInDoubt, ErrLookupBusy (another lookup holds
+	// a live lease) or ErrNotDue.
+	ClaimLookup(ctx context.Context, key, token string, lease time.Duration, force bool) error
+	// ResolveLookup settles a claimed lookup; it returns ErrNotOwner when the
+	// record no longer is in doubt under the caller's lookup token (the
+	// original request settled it, an operator released it, another lookup
+	// took over).
+	ResolveLookup(ctx context.Context, key, token string, res LookupResult) error
+	// UnscheduleLookup removes the record's next lookup (its route no
+	// longer reconciles).
+	UnscheduleLookup(ctx context.Context, key string) error
+}
+
+// LookupResult is how a lookup settles an in-doubt record: exactly one of
+// Applied (the record becomes completed with it, keeping its expiry),
+// Release (the record is deleted) or RetryAfter (the next lookup).
+type LookupResult struct {
+	Applied    *Response
+	Release    bool
+	RetryAfter time.Duration
+}
+
+// Errors of ReconcileStore.ClaimLookup.
+var (
+	ErrNotInDoubt = errors.New("the key is not in doubt")
+	ErrLookupBusy = errors.New("another lookup of this key is running")
+	ErrNotDue     = errors.New("the key's lookup is not due yet")
+)
+
+// Key returns the store key of an idempotency key on a route:
+// "route/scope/key". A non-empty scope (the raw value of the route's scope
+// header) is hashed, so that the store never holds it and one client's keys
+// cannot be reached with another's scope; an empty scope is "-".
+func Key(route, scope, key string) string {
+	s := "-"
+	if scope != "" {
+		sum := sha256.Sum256([]byte(scope))
+		s = hex.EncodeToString(sum[:16])
+	}
+	return route + "/" + s + "/" + key
+}
+
+// KeyHash is a short, one-way digest of a store key, for logs: the key
+// itself may carry a customer reference.
+func KeyHash(storeKey string) string {
+	sum := sha256.Sum256([]byte(storeKey))
+	return hex.EncodeToString(sum[:6])
+}
