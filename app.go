@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"log/slog"
 	"net"
@@ -16,8 +14,6 @@ import (
 	"syscall"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
-
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
@@ -27,7 +23,6 @@ import (
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/badger"
-	"github.com/idemproxy/idemproxy/store/redis"
 )
 
 // app is a running idemproxy.
@@ -48,67 +43,6 @@ type app struct {
 type storeCloser interface {
 	store.Store
 	Close() error
-}
-
-// openStore opens the configured store and names it for the metrics.
-func (a *app) openStore(reg prometheus.Registerer) (storeCloser, string, error) {
-	if r := a.cfg.Store.Redis; r != nil {
-		opts := redis.Options{
-			Addrs:             r.Addrs,
-			MasterName:        r.MasterName,
-			ClusterMode:       r.Cluster,
-			SkipEvictionCheck: r.SkipEvictionCheck,
-			DB:                r.DB,
-			KeyPrefix:         r.KeyPrefix,
-			DialTimeout:       r.DialTimeout.D(),
-			OpTimeout:         r.OpTimeout.D(),
-		}
-		for _, c := range []struct {
-			env string
-			dst *string
-		}{
-			{r.UsernameEnv, &opts.Username}, {r.PasswordEnv, &opts.Password},
-			{r.SentinelUsernameEnv, &opts.SentinelUsername}, {r.SentinelPasswordEnv, &opts.SentinelPassword},
-		} {
-			if c.env != "" {
-				*c.dst = a.getenv(c.env)
-			}
-		}
-		if r.TLS {
-			opts.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
-			if r.TLSCAFile != "" {
-				pem, err := os.ReadFile(r.TLSCAFile)
-				if err != nil {
-					return nil, "", fmt.Errorf("store.redis.tls_ca_file: %w", err)
-				}
-				opts.TLS.RootCAs = x509.NewCertPool()
-				if !opts.TLS.RootCAs.AppendCertsFromPEM(pem) {
-					return nil, "", fmt.Errorf("store.redis.tls_ca_file: no PEM certificate in %s", r.TLSCAFile)
-				}
-			}
-		}
-		s, err := redis.New(opts)
-		if err != nil {
-			return nil, "", err
-		}
-		// go-redis logs every failed dial; the store's errors already reach
-		// the log and the metrics, so its own lines go to debug.
-		goredis.SetLogger(redisLogger{a.log})
-		return s, "redis", nil
-	}
-	b := a.cfg.Store.Badger
-	badger.Preallocate(a.log) // an error is logged: the floor alone protects the store
-	s, err := badger.OpenGuarded(badger.Options{
-		Dir:        b.Dir,
-		SyncWrites: *b.SyncWrites,
-		GCInterval: b.GCInterval.D(),
-		Logger:     a.log,
-	}, badger.GuardOptions{MinFreeBytes: uint64(b.MinFreeBytes)})
-	if err != nil {
-		return nil, "", err
-	}
-	registerBadgerMetrics(reg, s)
-	return s, "badger", nil
 }
 
 // registerBadgerMetrics exports Badger's size on disk, the figure an

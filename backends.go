@@ -1,0 +1,108 @@
+package main
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"os"
+
+	"github.com/prometheus/client_golang/prometheus"
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/store/badger"
+	"github.com/idemproxy/idemproxy/store/redis"
+)
+
+// A backend is one store the program can open: its name in metrics and
+// logs, whether the configuration selects it, and how to open it. Adding a
+// store means adding it here, its configuration in package config, and its
+// package under store/, which passes store/storetest.
+type backend struct {
+	name     string
+	selected func(config.Store) bool
+	open     func(a *app, reg prometheus.Registerer) (storeCloser, error)
+}
+
+// backends lists every store backend. config.Validate allows one to be
+// selected at a time, and config's defaults select Badger when none is.
+var backends = []backend{
+	{name: "redis", selected: func(s config.Store) bool { return s.Redis != nil }, open: openRedis},
+	{name: "badger", selected: func(s config.Store) bool { return s.Badger != nil }, open: openBadger},
+}
+
+// openStore opens the configured store and names it for the metrics.
+func (a *app) openStore(reg prometheus.Registerer) (storeCloser, string, error) {
+	for _, b := range backends {
+		if b.selected(a.cfg.Store) {
+			s, err := b.open(a, reg)
+			return s, b.name, err
+		}
+	}
+	return nil, "", fmt.Errorf("no store configured")
+}
+
+// openRedis opens the shared Redis store of store.redis.
+func openRedis(a *app, _ prometheus.Registerer) (storeCloser, error) {
+	r := a.cfg.Store.Redis
+	opts := redis.Options{
+		Addrs:             r.Addrs,
+		MasterName:        r.MasterName,
+		ClusterMode:       r.Cluster,
+		SkipEvictionCheck: r.SkipEvictionCheck,
+		DB:                r.DB,
+		KeyPrefix:         r.KeyPrefix,
+		DialTimeout:       r.DialTimeout.D(),
+		OpTimeout:         r.OpTimeout.D(),
+	}
+	for _, c := range []struct {
+		env string
+		dst *string
+	}{
+		{r.UsernameEnv, &opts.Username}, {r.PasswordEnv, &opts.Password},
+		{r.SentinelUsernameEnv, &opts.SentinelUsername}, {r.SentinelPasswordEnv, &opts.SentinelPassword},
+	} {
+		if c.env != "" {
+			*c.dst = a.getenv(c.env)
+		}
+	}
+	if r.TLS {
+		opts.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
+		if r.TLSCAFile != "" {
+			pem, err := os.ReadFile(r.TLSCAFile)
+			if err != nil {
+				return nil, fmt.Errorf("store.redis.tls_ca_file: %w", err)
+			}
+			opts.TLS.RootCAs = x509.NewCertPool()
+			if !opts.TLS.RootCAs.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("store.redis.tls_ca_file: no PEM certificate in %s", r.TLSCAFile)
+			}
+		}
+	}
+	s, err := redis.New(opts)
+	if err != nil {
+		return nil, err
+	}
+	// go-redis logs every failed dial; the store's errors already reach
+	// the log and the metrics, so its own lines go to debug.
+	goredis.SetLogger(redisLogger{a.log})
+	return s, nil
+}
+
+// openBadger opens the embedded store of store.badger, guarded against
+// failures and a full disk.
+func openBadger(a *app, reg prometheus.Registerer) (storeCloser, error) {
+	b := a.cfg.Store.Badger
+	badger.Preallocate(a.log) // an error is logged: the floor alone protects the store
+	s, err := badger.OpenGuarded(badger.Options{
+		Dir:        b.Dir,
+		SyncWrites: *b.SyncWrites,
+		GCInterval: b.GCInterval.D(),
+		Logger:     a.log,
+	}, badger.GuardOptions{MinFreeBytes: uint64(b.MinFreeBytes)})
+	if err != nil {
+		return nil, err
+	}
+	registerBadgerMetrics(reg, s)
+	return s, nil
+}
