@@ -21,7 +21,8 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// Policies: what a 5xx answer does to the key (DESIGN.md's outcome table).
+// Policies: what a 5xx answer does to the key (the README's table "What
+// the upstream's outcome does to the key").
 const (
 	PolicyReserveThenCommit = "reserve-then-commit"
 	PolicyReleaseOn5xx      = "release-on-5xx"

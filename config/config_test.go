@@ -603,33 +603,6 @@ func TestDurationMarshalYAML(t *testing.T) {
 	}
 }
 
-func TestReleases(t *testing.T) {
-	statuses := []int{200, 201, 204, 301, 307, 400, 401, 402, 403, 404, 405, 406, 409, 410, 412, 413, 415, 418, 422, 429, 500, 502, 503, 504, 599}
-	tests := []struct {
-		name     string
-		route    string
-		releases []int
-	}{
-		{"reserve-then-commit", "", []int{400, 401, 403, 404, 405, 409, 413, 415, 422, 429}},
-		{"reserve-then-commit, explicit", "    policy: reserve-then-commit\n", []int{400, 401, 403, 404, 405, 409, 413, 415, 422, 429}},
-		{"release-on-5xx", "    policy: release-on-5xx\n", []int{400, 401, 403, 404, 405, 409, 413, 415, 422, 429, 500, 502, 503, 504, 599}},
-		{"override", "    release_statuses: [503, 429]\n", []int{429, 503}},
-		{"override replaces the policy", "    policy: release-on-5xx\n    release_statuses: [503]\n", []int{503}},
-		{"override without 429", "    release_statuses: [500]\n", []int{500}},
-		{"override to nothing", "    release_statuses: []\n", nil},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			r := mustParse(t, withRoute(tc.route)).Routes[0]
-			for _, s := range statuses {
-				if got, want := r.Releases(s), slices.Contains(tc.releases, s); got != want {
-					t.Errorf("Releases(%d) = %v, want %v", s, got, want)
-				}
-			}
-		})
-	}
-}
-
 func TestKeySpec(t *testing.T) {
 	tests := []struct {
 		key  string

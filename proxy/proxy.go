@@ -1,7 +1,8 @@
 // Package proxy is idemproxy's reverse proxy: it matches routes, extracts
 // and fingerprints idempotency keys, reserves them in a Store, forwards the
 // first request, classifies the upstream's outcome, and commits the answer
-// for replay or releases the key (DESIGN.md's outcome table).
+// for replay, releases the key or leaves it in doubt (classify, which is
+// the README's table "What the upstream's outcome does to the key").
 package proxy
 
 import (
