@@ -306,7 +306,7 @@ func TestReconcileTwoReplicasOneRedisSendOneLookup(t *testing.T) {
 	}
 	var rs []replica
 	for range 2 {
-		st, err := redis.New(redis.Options{Addrs: []string{srv.Addr()}, KeyPrefix: "two:", OpTimeout: 5 * time.Second})
+		st, err := redis.New(redis.Options{Addrs: []string{srv.Addr()}, KeyPrefix: "two:", DialTimeout: time.Second, OpTimeout: 5 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -410,7 +410,7 @@ func TestReconcileScheduleSurvivesRestartRedis(t *testing.T) {
 	up := httptest.NewServer(g)
 	t.Cleanup(up.Close)
 	open := func() (*redis.Store, *proxy.Proxy, *httptest.Server) {
-		st, err := redis.New(redis.Options{Addrs: []string{srv.Addr()}, KeyPrefix: "restart:", OpTimeout: 5 * time.Second})
+		st, err := redis.New(redis.Options{Addrs: []string{srv.Addr()}, KeyPrefix: "restart:", DialTimeout: time.Second, OpTimeout: 5 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -533,7 +533,7 @@ func TestReconcileDueGaugeFollowsReload(t *testing.T) {
 // the unscoped orphan that discovery is there to schedule.
 func TestReconcileDiscoveryIsNotStarvedByScopedKeys(t *testing.T) {
 	srv := redistest.Start(t)
-	st, err := redis.New(redis.Options{Addrs: []string{srv.Addr()}, KeyPrefix: "starve:", OpTimeout: 5 * time.Second})
+	st, err := redis.New(redis.Options{Addrs: []string{srv.Addr()}, KeyPrefix: "starve:", DialTimeout: time.Second, OpTimeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
