@@ -84,9 +84,6 @@ func (c *Config) Validate() error {
 	if s.DrainDelay < 0 {
 		p.add("server.drain_delay", "must not be negative")
 	}
-	if b := c.Store.Badger; b != nil && b.MinFreeBytes < 0 {
-		p.add("store.badger.min_free_bytes", "must be positive")
-	}
 	if s.MaxBufferedBytes < 0 {
 		p.add("server.max_buffered_bytes", "must be positive")
 	}
@@ -163,6 +160,9 @@ func (c *Config) validateStore(p *problems) {
 	if b := st.Badger; b != nil {
 		if b.GCInterval <= 0 {
 			p.add("store.badger.gc_interval", "must be positive")
+		}
+		if b.MinFreeBytes < 0 {
+			p.add("store.badger.min_free_bytes", "must be positive")
 		}
 	}
 	if r := st.Redis; r != nil {
