@@ -381,16 +381,20 @@ func TestAdminReconcileNow(t *testing.T) {
 		key    string
 		status int
 		result string
+		typ    string // the problem's type, for an error
 	}{
-		{"no record", func() {}, "A-0", http.StatusNotFound, ""},
-		{"in doubt, charged: applied at once, before the grace", func() { e.inDoubtCharged(`"A-1"`) }, "A-1", http.StatusOK, proxy.ReconcileApplied},
-		{"completed: not in doubt", func() {}, "A-1", http.StatusConflict, ""},
+		{"no record", func() {}, "A-0", http.StatusNotFound, "", "no-record"},
+		{"in doubt, charged: applied at once, before the grace", func() { e.inDoubtCharged(`"A-1"`) }, "A-1", http.StatusOK, proxy.ReconcileApplied, ""},
+		{"completed: not in doubt", func() {}, "A-1", http.StatusConflict, "", "key-not-in-doubt"},
 	}
 	for _, tt := range tests {
 		tt.setup()
 		code, body := post(tt.key)
 		if code != tt.status || (tt.result != "" && body["result"] != tt.result) {
 			t.Errorf("%s: POST = %d %v, want %d result %q", tt.name, code, body, tt.status, tt.result)
+		}
+		if tt.typ != "" && body["type"] != proxy.ProblemTypePrefix+tt.typ {
+			t.Errorf("%s: POST answered type %v, want %s", tt.name, body["type"], proxy.ProblemTypePrefix+tt.typ)
 		}
 	}
 	req := httptest.NewRequest("GET", "/v1/keys/charges/A-1", nil)
