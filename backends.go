@@ -1,10 +1,7 @@
 package main
 
 import (
-	"crypto/tls"
-	"crypto/x509"
 	"fmt"
-	"os"
 
 	"github.com/prometheus/client_golang/prometheus"
 	goredis "github.com/redis/go-redis/v9"
@@ -66,19 +63,11 @@ func openRedis(a *app, _ prometheus.Registerer) (storeCloser, error) {
 			*c.dst = a.getenv(c.env)
 		}
 	}
-	if r.TLS {
-		opts.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
-		if r.TLSCAFile != "" {
-			pem, err := os.ReadFile(r.TLSCAFile)
-			if err != nil {
-				return nil, fmt.Errorf("store.redis.tls_ca_file: %w", err)
-			}
-			opts.TLS.RootCAs = x509.NewCertPool()
-			if !opts.TLS.RootCAs.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("store.redis.tls_ca_file: no PEM certificate in %s", r.TLSCAFile)
-			}
-		}
+	tlsConf, err := r.ClientTLS()
+	if err != nil {
+		return nil, err
 	}
+	opts.TLS = tlsConf
 	s, err := redis.New(opts)
 	if err != nil {
 		return nil, err

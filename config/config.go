@@ -21,8 +21,11 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// Policies: what a 5xx answer does to the key (the README's table "What
-// the upstream's outcome does to the key").
+// Policies: what an upstream's 5xx answer does to the key.
+// PolicyReserveThenCommit commits it, since the error may come after the
+// side effect; PolicyReleaseOn5xx releases it, for an upstream whose every
+// 5xx means that nothing was done (the README's table "What the
+// upstream's outcome does to the key").
 const (
 	PolicyReserveThenCommit = "reserve-then-commit"
 	PolicyReleaseOn5xx      = "release-on-5xx"

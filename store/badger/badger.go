@@ -61,8 +61,10 @@ type Options struct {
 	// value-log garbage collection, whose rewrites are Badger's own writes,
 	// holds the writer's exclusive lock while it runs.
 	SyncWrites bool
-	// GCInterval is how often value-log garbage collection runs; zero means
-	// five minutes.
+	// GCInterval is how often value-log garbage collection runs (the
+	// program passes store.badger.gc_interval, which package config
+	// defaults). Zero: never on its own, only through RunGC; Open refuses
+	// a negative interval.
 	GCInterval time.Duration
 	// Logger receives Badger's warnings and errors and the store's own
 	// messages; nil discards them.
@@ -130,8 +132,8 @@ func Open(opts Options) (*Store, error) {
 	if opts.Dir == "" {
 		return nil, errors.New("badger: a data directory is required")
 	}
-	if opts.GCInterval <= 0 {
-		opts.GCInterval = 5 * time.Minute
+	if opts.GCInterval < 0 {
+		return nil, fmt.Errorf("badger: gc interval %v is negative", opts.GCInterval)
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
@@ -350,8 +352,12 @@ func (s *Store) trimWhile(every time.Duration) (stop func()) {
 
 func (s *Store) gcLoop(every, trimEvery time.Duration) {
 	defer s.done.Done()
-	t := time.NewTicker(every)
-	defer t.Stop()
+	var gc <-chan time.Time
+	if every > 0 {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		gc = t.C
+	}
 	room := time.NewTicker(time.Second)
 	defer room.Stop()
 	var trim <-chan time.Time
@@ -364,7 +370,7 @@ func (s *Store) gcLoop(every, trimEvery time.Duration) {
 		select {
 		case <-s.stop:
 			return
-		case <-t.C:
+		case <-gc:
 			s.RunGC()
 		case <-room.C:
 			s.keepManifestRoom()
