@@ -121,7 +121,8 @@ FROM {t} AS r WHERE r.key = $1 AND {live}`),
 		resolveApplied: q(`UPDATE {t} AS r SET state = 'completed', response = $3::jsonb, body = $4::bytea,
 	lease_expires_at = NULL, {cleared}
 WHERE r.key = $1 AND r.lookup_token = $2 AND {live} AND {doubt}`),
-		resolveRetry: q(`UPDATE {t} AS r SET state = 'in_doubt', lease_expires_at = NULL, {cleared},
+		resolveRetry: q(`UPDATE {t} AS r SET state = 'in_doubt', lease_expires_at = NULL,
+	lookup_token = NULL, lookup_lease_until = NULL, listed_by = NULL, listed_until = NULL,
 	next_lookup = {ts} + $3::bigint{us}
 WHERE r.key = $1 AND r.lookup_token = $2 AND {live} AND {doubt}`),
 
