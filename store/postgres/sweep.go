@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -55,7 +56,7 @@ func (s *Store) Sweep(ctx context.Context) (int64, error) {
 		total += n
 		s.swept.Add(n)
 		if err != nil {
-			return total, err
+			return total, fmt.Errorf("postgres store: sweep: %w", err)
 		}
 		if n < int64(s.sweepBatch) {
 			break
