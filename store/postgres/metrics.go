@@ -6,10 +6,24 @@ import (
 )
 
 // RegisterMetrics registers the connection pool's and the sweeper's metrics
-// of s on reg (idemproxy_postgres_*). They are read from s when scraped.
+// of s on reg (idemproxy_postgres_*). They are read from s when scraped; a
+// nil s reads as zero (for listing the metrics without a database).
 func RegisterMetrics(reg prometheus.Registerer, s *Store) {
 	stat := func(f func(*pgxpool.Stat) float64) func() float64 {
-		return func() float64 { return f(s.pool.Stat()) }
+		return func() float64 {
+			if s == nil {
+				return 0
+			}
+			return f(s.pool.Stat())
+		}
+	}
+	counter := func(v func(*Store) int64) func() float64 {
+		return func() float64 {
+			if s == nil {
+				return 0
+			}
+			return float64(v(s))
+		}
 	}
 	conns := func(state string, f func(*pgxpool.Stat) float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -49,10 +63,10 @@ func RegisterMetrics(reg prometheus.Registerer, s *Store) {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "idemproxy_postgres_expired_deleted_total",
 			Help: "Expired key records deleted by this process' sweeper.",
-		}, func() float64 { return float64(s.swept.Load()) }),
+		}, counter(func(s *Store) int64 { return s.swept.Load() })),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "idemproxy_postgres_sweep_errors_total",
 			Help: "Sweeps of expired key records that failed (they are tried again at the next interval).",
-		}, func() float64 { return float64(s.sweepFails.Load()) }),
+		}, counter(func(s *Store) int64 { return s.sweepFails.Load() })),
 	)
 }
