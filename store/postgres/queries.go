@@ -78,13 +78,17 @@ func newQueries(schema, table string) queries {
 		},
 		versionTable: vt,
 
+		// $6 is the reservation's deadline (see clock.go), compared with
+		// clock_timestamp(): the time the row is written, after any wait
+		// for a lock, not when the statement started.
 		reserve: q(`INSERT INTO {t} AS r (key, state, token, fingerprint, created_at, lease_expires_at, expires_at)
-VALUES ($1, 'in_flight', $2, $3, {ts}, {ts} + $4::bigint{us}, {ts} + $5::bigint{us})
+SELECT $1, 'in_flight', $2, $3, {ts}, {ts} + $4::bigint{us}, {ts} + $5::bigint{us}
+WHERE clock_timestamp() <= $6::timestamptz
 ON CONFLICT (key) DO UPDATE SET
 	state = excluded.state, token = excluded.token, fingerprint = excluded.fingerprint,
 	created_at = excluded.created_at, lease_expires_at = excluded.lease_expires_at,
 	expires_at = excluded.expires_at, response = NULL, body = NULL, {cleared}
-WHERE r.expires_at <= {ts}`),
+WHERE r.expires_at <= {ts} AND clock_timestamp() <= $6::timestamptz`),
 		get: q(`SELECT CASE WHEN {doubt} THEN 'in_doubt' ELSE r.state END, r.token, r.fingerprint, r.created_at,
 	CASE WHEN r.state = 'in_flight' AND r.lease_expires_at > {ts} THEN r.lease_expires_at END,
 	r.expires_at, r.response, r.body
