@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -146,7 +147,7 @@ WHERE r.key IN (
 RETURNING r.key`),
 		unscheduled: q(`SELECT r.key FROM {t} AS r
 WHERE r.next_lookup IS NULL AND r.state IN ('in_flight', 'in_doubt')
-	AND substr(r.key, 1, length($1)) = $1 AND {live} AND {doubt}
+	AND substr(r.key, 1, length($1::text)) = $1::text AND {live} AND {doubt}
 LIMIT $2`),
 		// The outer condition on expires_at is checked again on the row
 		// version the DELETE finds, so a key reserved anew meanwhile stays.
@@ -160,4 +161,23 @@ AND r.expires_at <= {ts}`),
 		probe: q(`INSERT INTO {t} (key, state, token, fingerprint, created_at, expires_at)
 VALUES ($1, 'in_doubt', 'probe', '', {ts}, {ts})`),
 	}
+}
+
+// SchemaSQL returns the statements New runs to create the table of key
+// records in schema (CREATE SCHEMA excepted), its indexes and its version
+// table, as one script: for an administrator who creates them with an owner
+// role, so that the proxy's role needs only SELECT, INSERT, UPDATE and
+// DELETE on the two tables and USAGE on the schema. Empty schema and table
+// mean the defaults.
+func SchemaSQL(schema, table string) string {
+	if schema == "" {
+		schema = DefaultSchema
+	}
+	if table == "" {
+		table = DefaultTable
+	}
+	q := newQueries(schema, table)
+	stmts := append(append(append([]string(nil), q.createTable...), q.createIndexes...), q.createVersion[0],
+		strings.Replace(q.createVersion[1], "$1", strconv.Itoa(schemaVersion), 1))
+	return strings.Join(stmts, ";\n") + ";\n"
 }
