@@ -1,0 +1,17 @@
+//go:build !linux
+
+package pgtest
+
+import "os/exec"
+
+func setProcAttr(cmd *exec.Cmd) {}
+
+// killLocked kills the postmaster with SIGKILL and waits for it to exit.
+func (s *Server) killLocked() {
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	<-s.done
+	s.cmd, s.done = nil, nil
+}
