@@ -26,7 +26,9 @@ const pgDSNEnv = "IDEMPROXY_POSTGRES_DSN"
 
 // writePostgresConfig writes a configuration for upstream and a PostgreSQL
 // store (its DSN in pgDSNEnv) with the given routes, and returns its path.
-func writePostgresConfig(t *testing.T, path, upstream, routes string) string {
+// Extra lines of the store.postgres block (indented by four spaces) come
+// in extra.
+func writePostgresConfig(t *testing.T, path, upstream, routes string, extra ...string) string {
 	t.Helper()
 	y := fmt.Sprintf(`listen: 127.0.0.1:0
 upstream: %s
@@ -38,8 +40,8 @@ store:
     max_conns: 8
     connect_timeout: 1s
     statement_timeout: 500ms
-routes:
-%s`, upstream, pgDSNEnv, routes)
+%sroutes:
+%s`, upstream, pgDSNEnv, strings.Join(extra, ""), routes)
 	if err := os.WriteFile(path, []byte(y), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -316,5 +318,65 @@ func TestPostgresReplicaKilledMidFlight(t *testing.T) {
 	}
 	if n := metricSum(t, b, "idemproxy_requests_total", `route="charges"`, `outcome="conflict"`); n < 4 {
 		t.Errorf(`idemproxy_requests_total{route="charges",outcome="conflict"} on B = %v, want >= 4`, n)
+	}
+}
+
+// TestPostgresSynchronousStandbyMissingFailsClosed pins the durability
+// promise of synchronous_commit: "on" with a synchronous standby: a
+// reservation is acknowledged only once the standby has it, so while the
+// standby named in synchronous_standby_names does not answer (here it does
+// not exist: every commit waits for it), a protected request is answered
+// 503 store-unavailable and not forwarded, even though the primary holds
+// the reservation locally. Forwarding it would be charging on a reservation
+// that a failover to the standby loses. When the standby requirement is
+// lifted, requests are served again, and the order that got 503s is
+// charged at most once.
+func TestPostgresSynchronousStandbyMissingFailsClosed(t *testing.T) {
+	pg := pgtest.Start(t)
+	up := startStub(t)
+	dir := t.TempDir()
+	cfg := writePostgresConfig(t, filepath.Join(dir, "c.yaml"), up.URL, chargesRoute, "    synchronous_commit: \"on\"\n")
+	p := startPostgresProxy(t, cfg, pg) // creates the table before commits wait
+
+	if r := charge(p, "ORD-Y0"); r.status != 201 {
+		t.Fatalf("ORD-Y0 with no standby required = %d %s %v, want 201", r.status, r.body, r.err)
+	}
+	setStandbys := func(names string) {
+		t.Helper()
+		pg.MustExec("ALTER SYSTEM SET synchronous_standby_names = '" + names + "'")
+		pg.MustExec("SELECT pg_reload_conf()")
+		eventually(t, "synchronous_standby_names = '"+names+"' is in force", func() bool {
+			out, err := pg.Exec("SHOW synchronous_standby_names")
+			return err == nil && strings.Contains(out, names)
+		})
+	}
+	setStandbys("standby_that_never_answers")
+
+	for i := range 3 {
+		r := charge(p, "ORD-Y1")
+		if r.status != 503 || problemType(r) != "store-unavailable" {
+			t.Errorf("attempt %d of ORD-Y1 while the synchronous standby is missing = %d %s %v, want 503 store-unavailable",
+				i, r.status, r.body, r.err)
+		}
+	}
+	if got := chargeCount(t, up.URL, "ORD-Y1"); got != 0 {
+		t.Errorf("ORD-Y1 charges while the synchronous standby is missing = %d, want 0: "+
+			"a reservation the standby does not have must not be forwarded", got)
+	}
+
+	setStandbys("")
+	var r result
+	eventually(t, "ORD-Y2 is served once no standby is required", func() bool {
+		r = charge(p, "ORD-Y2")
+		return r.status != 503
+	})
+	if r.status != 201 {
+		t.Errorf("ORD-Y2 = %d %s, want 201", r.status, r.body)
+	}
+	for range 3 {
+		charge(p, "ORD-Y1")
+	}
+	if got := chargeCount(t, up.URL, "ORD-Y1"); got > 1 {
+		t.Errorf("ORD-Y1 charges = %d, want at most 1", got)
 	}
 }
