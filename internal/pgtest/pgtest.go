@@ -156,6 +156,7 @@ func (s *Server) Stop() {
 		return
 	}
 	_ = s.cmd.Process.Signal(syscall.SIGINT)
+	s.continueLocked() // a paused server must run to shut down
 	select {
 	case <-s.done:
 		s.cmd, s.done = nil, nil

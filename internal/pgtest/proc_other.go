@@ -15,3 +15,11 @@ func (s *Server) killLocked() {
 	<-s.done
 	s.cmd, s.done = nil, nil
 }
+
+// Pause is only supported on Linux.
+func (s *Server) Pause() { s.tb.Helper(); s.tb.Fatal("pgtest: Pause needs Linux") }
+
+// Resume is only supported on Linux.
+func (s *Server) Resume() { s.tb.Helper(); s.tb.Fatal("pgtest: Resume needs Linux") }
+
+func (s *Server) continueLocked() {}
