@@ -75,8 +75,8 @@
 // SELECT, INSERT, UPDATE and DELETE, and USAGE on the schema. To let New
 // create them it also needs CREATE on the schema (and CREATE on the
 // database when the schema itself is missing); an administrator can instead
-// start idemproxy once with an owner role, or run the statements of
-// queries.go, and grant the four privileges to the proxy's role. New checks
+// create them with an owner role (SchemaSQL returns the statements) and
+// grant the four privileges to the proxy's role. New checks
 // them with an INSERT, UPDATE and DELETE in a transaction it rolls back, so
 // a database the proxy cannot write to (missing privileges,
 // default_transaction_read_only, a standby) fails at start with a clear
@@ -105,7 +105,11 @@
 //     consistent).
 //
 // Without synchronous standbys, on, remote_apply and remote_write all
-// behave as local.
+// behave as local. While a synchronous standby is unreachable, commits
+// wait for it: statement_timeout ends the wait and the call fails (a 503),
+// but PostgreSQL keeps such a commit on the primary (with a warning), so a
+// reservation may exist whose caller saw an error; it is in doubt once its
+// lease ends.
 //
 // # Other databases
 //
@@ -113,7 +117,13 @@
 // where that costs nothing: ON CONFLICT, RETURNING, partial indexes, FOR
 // UPDATE SKIP LOCKED, statement_timestamp(), deleting by key (they have no
 // ctid). This cannot be tested here; set-up relies on to_regclass,
-// pg_namespace and pg_is_in_recovery(), which they emulate. Behind
-// PgBouncer in transaction mode add default_query_exec_mode=exec to the DSN
-// (pgx prepares statements per connection otherwise).
+// pg_namespace and pg_is_in_recovery(), which they emulate.
+//
+// statement_timeout and synchronous_commit are sent as startup parameters
+// of each connection. PgBouncer refuses those unless they are listed in its
+// ignore_startup_parameters, and then drops them: behind PgBouncer set them
+// on the role instead (ALTER ROLE ... SET statement_timeout = ...); the
+// client's own deadline still bounds every call. In transaction pooling
+// mode also add default_query_exec_mode=exec to the DSN (pgx prepares
+// statements per connection otherwise).
 package postgres

@@ -175,3 +175,46 @@ func TestBusyPoolAndSlowStatementsAreErrors(t *testing.T) {
 		t.Errorf("Commit after the lock was released: %v", err)
 	}
 }
+
+// TestReservationAfterItsCallerGaveUpTakesNothing freezes the database
+// while a reservation is sent: the caller gets an error (and the proxy
+// would answer 503 and release the key). When the database wakes up the
+// statement runs, past its deadline, and must not reserve the key, or it
+// would stay in flight and then in doubt for a request never forwarded.
+func TestReservationAfterItsCallerGaveUpTakesNothing(t *testing.T) {
+	srv := pgtest.Start(t)
+	s := newStore(t, srv, postgres.Options{
+		Table: "late", ConnectTimeout: 300 * time.Millisecond, StatementTimeout: 300 * time.Millisecond,
+	})
+	c := ctx(t)
+	res := store.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour}
+	// A pooled connection for the reservation to go out on.
+	if rec, err := s.Reserve(c, "r/-/warm", res); err != nil || rec != nil {
+		t.Fatalf("Reserve = %+v, %v", rec, err)
+	}
+	srv.Pause()
+	err := call(t, "Reserve with the database frozen", func(ctx context.Context) error {
+		_, err := s.Reserve(ctx, "r/-/late", res)
+		return err
+	})
+	srv.Resume()
+	if err == nil {
+		t.Fatal("Reserve with the database frozen succeeded; want an error")
+	}
+	// Let the backends work off what they received while frozen.
+	for deadline := time.Now().Add(hangGuard); ; time.Sleep(20 * time.Millisecond) {
+		busy := srv.MustExec(`SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND pid <> pg_backend_pid() AND backend_type = 'client backend'`)
+		if busy == "0" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("backends still busy after the database woke up")
+		}
+	}
+	if got := srv.MustExec(`SELECT count(*) FROM late WHERE key = 'r/-/late'`); got != "0" {
+		t.Errorf("rows for the reservation whose caller gave up = %s; want 0", got)
+	}
+	if rec, err := s.Reserve(c, "r/-/late", res); err != nil || rec != nil {
+		t.Errorf("Reserve after the database woke up = %+v, %v; want the key free", rec, err)
+	}
+}

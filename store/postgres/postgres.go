@@ -83,6 +83,7 @@ type Store struct {
 	table            string // schema-qualified and quoted, for messages
 	log              *slog.Logger
 	instance         string // tags this Store's DueLookups listings
+	clock            dbClock
 
 	sweepBatch int
 	swept      atomic.Int64
@@ -264,7 +265,11 @@ func (s *Store) Reserve(ctx context.Context, key string, res store.Reservation) 
 		var rec *store.Record
 		reserved := false
 		err := s.run(ctx, func(ctx context.Context, c *pgxpool.Conn) error {
-			tag, err := c.Exec(ctx, s.sql.reserve, key, res.Token, res.Fingerprint, micros(res.Lease), micros(res.TTL))
+			deadline, err := s.deadline(ctx, c)
+			if err != nil {
+				return err
+			}
+			tag, err := c.Exec(ctx, s.sql.reserve, key, res.Token, res.Fingerprint, micros(res.Lease), micros(res.TTL), deadline)
 			if err != nil {
 				return err
 			}

@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -78,13 +79,17 @@ func newQueries(schema, table string) queries {
 		},
 		versionTable: vt,
 
+		// $6 is the reservation's deadline (see clock.go), compared with
+		// clock_timestamp(): the time the row is written, after any wait
+		// for a lock, not when the statement started.
 		reserve: q(`INSERT INTO {t} AS r (key, state, token, fingerprint, created_at, lease_expires_at, expires_at)
-VALUES ($1, 'in_flight', $2, $3, {ts}, {ts} + $4::bigint{us}, {ts} + $5::bigint{us})
+SELECT $1, 'in_flight', $2, $3, {ts}, {ts} + $4::bigint{us}, {ts} + $5::bigint{us}
+WHERE clock_timestamp() <= $6::timestamptz
 ON CONFLICT (key) DO UPDATE SET
 	state = excluded.state, token = excluded.token, fingerprint = excluded.fingerprint,
 	created_at = excluded.created_at, lease_expires_at = excluded.lease_expires_at,
 	expires_at = excluded.expires_at, response = NULL, body = NULL, {cleared}
-WHERE r.expires_at <= {ts}`),
+WHERE r.expires_at <= {ts} AND clock_timestamp() <= $6::timestamptz`),
 		get: q(`SELECT CASE WHEN {doubt} THEN 'in_doubt' ELSE r.state END, r.token, r.fingerprint, r.created_at,
 	CASE WHEN r.state = 'in_flight' AND r.lease_expires_at > {ts} THEN r.lease_expires_at END,
 	r.expires_at, r.response, r.body
@@ -142,7 +147,7 @@ WHERE r.key IN (
 RETURNING r.key`),
 		unscheduled: q(`SELECT r.key FROM {t} AS r
 WHERE r.next_lookup IS NULL AND r.state IN ('in_flight', 'in_doubt')
-	AND substr(r.key, 1, length($1)) = $1 AND {live} AND {doubt}
+	AND substr(r.key, 1, length($1::text)) = $1::text AND {live} AND {doubt}
 LIMIT $2`),
 		// The outer condition on expires_at is checked again on the row
 		// version the DELETE finds, so a key reserved anew meanwhile stays.
@@ -156,4 +161,23 @@ AND r.expires_at <= {ts}`),
 		probe: q(`INSERT INTO {t} (key, state, token, fingerprint, created_at, expires_at)
 VALUES ($1, 'in_doubt', 'probe', '', {ts}, {ts})`),
 	}
+}
+
+// SchemaSQL returns the statements New runs to create the table of key
+// records in schema (CREATE SCHEMA excepted), its indexes and its version
+// table, as one script: for an administrator who creates them with an owner
+// role, so that the proxy's role needs only SELECT, INSERT, UPDATE and
+// DELETE on the two tables and USAGE on the schema. Empty schema and table
+// mean the defaults.
+func SchemaSQL(schema, table string) string {
+	if schema == "" {
+		schema = DefaultSchema
+	}
+	if table == "" {
+		table = DefaultTable
+	}
+	q := newQueries(schema, table)
+	stmts := append(append(append([]string(nil), q.createTable...), q.createIndexes...), q.createVersion[0],
+		strings.Replace(q.createVersion[1], "$1", strconv.Itoa(schemaVersion), 1))
+	return strings.Join(stmts, ";\n") + ";\n"
 }

@@ -54,6 +54,9 @@ func (s *Store) setUp(ctx context.Context, schema, table string) error {
 			return fmt.Errorf("postgres store: create %s (see the package documentation for the privileges this needs): %w", s.table, err)
 		}
 	}
+	if _, _, err := s.clock.get(ctx, c, s.statementTimeout); err != nil {
+		return fmt.Errorf("postgres store: %w", err)
+	}
 	if err := s.probeWrite(ctx, c); err != nil {
 		return fmt.Errorf("postgres store: the database refuses writes to %s (the role needs SELECT, INSERT, UPDATE and DELETE on it, on a primary that is not read-only): %w",
 			s.table, err)

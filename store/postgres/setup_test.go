@@ -66,6 +66,29 @@ func TestNewRefusesADatabaseItCannotWrite(t *testing.T) {
 	}
 }
 
+// TestSchemaByAnAdministrator: with the table created from SchemaSQL by an
+// owner, a role that has only the documented privileges (USAGE on the
+// schema; SELECT, INSERT, UPDATE and DELETE on the tables) runs the store.
+func TestSchemaByAnAdministrator(t *testing.T) {
+	srv := pgtest.Start(t)
+	srv.MustExec(`CREATE SCHEMA idem`)
+	srv.MustExec(postgres.SchemaSQL("idem", "keys"))
+	srv.MustExec(`CREATE ROLE proxy LOGIN;
+		GRANT USAGE ON SCHEMA idem TO proxy;
+		GRANT SELECT, INSERT, UPDATE, DELETE ON idem.keys, idem.keys_schema TO proxy`)
+	s := newStore(t, srv, postgres.Options{DSN: srv.DSNAs("proxy", "", "postgres"), Schema: "idem", Table: "keys"})
+	c := ctx(t)
+	if rec, err := s.Reserve(c, "r/-/k", store.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour}); err != nil || rec != nil {
+		t.Fatalf("Reserve as the proxy's role = %+v, %v; want nil, nil", rec, err)
+	}
+	if err := s.Commit(c, "r/-/k", "t", store.Response{Status: 200, BodyStored: true}, time.Hour); err != nil {
+		t.Errorf("Commit as the proxy's role: %v", err)
+	}
+	if _, err := s.Sweep(c); err != nil {
+		t.Errorf("Sweep as the proxy's role: %v", err)
+	}
+}
+
 // TestSchemaIsCreatedOnceAndVersioned: New creates the schema, table and
 // version; a second New on it changes nothing and keeps the records; a
 // version newer than the binary's is refused.
