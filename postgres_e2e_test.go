@@ -18,6 +18,7 @@ import (
 	"testing"
 
 	"github.com/idemproxy/idemproxy/internal/pgtest"
+	"github.com/idemproxy/idemproxy/store/postgres"
 )
 
 // pgDSNEnv is the variable the configurations written here name in
@@ -378,5 +379,18 @@ func TestPostgresSynchronousStandbyMissingFailsClosed(t *testing.T) {
 	}
 	if got := chargeCount(t, up.URL, "ORD-Y1"); got > 1 {
 		t.Errorf("ORD-Y1 charges = %d, want at most 1", got)
+	}
+}
+
+// TestPostgresDocsShowTheSchema: docs/postgres.md shows the statements
+// that create the table, as the store runs them, for administrators who
+// create it themselves.
+func TestPostgresDocsShowTheSchema(t *testing.T) {
+	b, err := os.ReadFile("docs/postgres.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := postgres.SchemaSQL("", ""); !strings.Contains(string(b), "```sql\n"+want+"```") {
+		t.Errorf("docs/postgres.md does not show the store's schema in a sql block; want:\n%s", want)
 	}
 }
