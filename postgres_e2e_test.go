@@ -176,7 +176,8 @@ func postgresMetricNames(t *testing.T, p *proc) []string {
 // /readyz is 503, the store errors are counted, and a route with
 // on_store_error: forward forwards unprotected. When PostgreSQL comes back
 // the same process serves again by itself, and the answer committed
-// before the stop is still replayed.
+// before the stop is still replayed; so are the answers committed before
+// PostgreSQL crashed (killed, then recovered on its next start).
 func TestPostgresDownFailsClosedAndRecovers(t *testing.T) {
 	pg := pgtest.Start(t)
 	up := startStub(t)
@@ -248,8 +249,22 @@ func TestPostgresDownFailsClosedAndRecovers(t *testing.T) {
 	if r := replayed(t, p, "ORD-K1"); r.body != first.body {
 		t.Errorf("ORD-K1 after the PostgreSQL restart replays %q, want %q", r.body, first.body)
 	}
-	replayed(t, p, "ORD-K2")
-	for order, want := range map[string]int{"ORD-K1": 1, "ORD-K2": 1, "ORD-K3": 1} {
+	k2 := replayed(t, p, "ORD-K2")
+
+	// A crash of PostgreSQL (every process killed, crash recovery on the
+	// next start) keeps the committed answers too.
+	pg.Kill()
+	if r := charge(p, "ORD-K4"); r.status != 503 || problemType(r) != "store-unavailable" {
+		t.Errorf("ORD-K4 with PostgreSQL killed = %d %s %v, want 503 store-unavailable", r.status, r.body, r.err)
+	}
+	pg.Start()
+	eventually(t, "ORD-K1 is served after the crash recovery", func() bool { return charge(p, "ORD-K1").status != 503 })
+	for order, want := range map[string]string{"ORD-K1": first.body, "ORD-K2": k2.body} {
+		if r := replayed(t, p, order); r.body != want {
+			t.Errorf("%s after PostgreSQL crashed replays %q, want %q", order, r.body, want)
+		}
+	}
+	for order, want := range map[string]int{"ORD-K1": 1, "ORD-K2": 1, "ORD-K3": 1, "ORD-K4": 0} {
 		if got := chargeCount(t, up.URL, order); got != want {
 			t.Errorf("%s charges = %d, want %d", order, got, want)
 		}
