@@ -76,6 +76,52 @@ type Server struct {
 // files removed when the test ends.
 func Start(tb testing.TB, settings ...string) *Server {
 	tb.Helper()
+	s := newServer(tb, settings)
+	s.initdb()
+	s.launch()
+	return s
+}
+
+// StartStandby starts a streaming-replication standby of primary: a base
+// backup of it (pg_basebackup -R) started on a free loopback port, read-only
+// and in recovery, following the primary asynchronously unless the primary
+// lists it in synchronous_standby_names (its application_name is
+// ApplicationName, "standby" by default; settings may change it, as
+// "primary_conninfo=..."). Promote turns it into a primary. Settings are as
+// for Start.
+func StartStandby(tb testing.TB, primary *Server, settings ...string) *Server {
+	tb.Helper()
+	s := newServer(tb, settings)
+	cmd := exec.Command(filepath.Join(s.bin, "pg_basebackup"),
+		"-h", "127.0.0.1", "-p", strconv.Itoa(primary.Port()), "-U", User,
+		"-D", s.Dir(), "-R", "-X", "stream", "--no-sync", "--checkpoint=fast",
+		"-d", fmt.Sprintf("application_name=%s", ApplicationName))
+	cmd.Dir = s.dir
+	s.asServerUser(cmd)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		tb.Fatalf("pgtest: pg_basebackup of the primary on port %d: %v\n%s", primary.Port(), err, out)
+	}
+	s.launch()
+	return s
+}
+
+// ApplicationName is the name a standby started by StartStandby reports to
+// its primary, for synchronous_standby_names.
+const ApplicationName = "standby"
+
+// Promote promotes a standby to a primary (pg_promote) and waits until it
+// takes writes.
+func (s *Server) Promote() {
+	s.tb.Helper()
+	if _, err := s.psql(readyTimeout, "SELECT pg_promote(true, 30)"); err != nil {
+		s.tb.Fatalf("pgtest: promote: %v", err)
+	}
+}
+
+// newServer prepares a Server with its own directory, removed (and the
+// server killed) when the test ends.
+func newServer(tb testing.TB, settings []string) *Server {
+	tb.Helper()
 	s := &Server{tb: tb, bin: binDir(tb), settings: settings}
 	s.cred = credential(tb)
 	dir, err := os.MkdirTemp("", "pgtest-")
@@ -94,22 +140,26 @@ func Start(tb testing.TB, settings ...string) *Server {
 			tb.Fatalf("pgtest: give %s to the postgres user: %v", dir, err)
 		}
 	}
-	s.initdb()
+	return s
+}
 
+// launch starts s on a free port, trying another one when the chosen port
+// was taken in the meantime.
+func (s *Server) launch() {
+	s.tb.Helper()
 	var errs []error
 	for range startAttempts {
 		port, err := freePort()
 		if err != nil {
-			tb.Fatalf("pgtest: %v", err)
+			s.tb.Fatalf("pgtest: %v", err)
 		}
 		s.port = port
 		if err = s.start(); err == nil {
-			return s
+			return
 		}
 		errs = append(errs, err)
 	}
-	tb.Fatalf("pgtest: could not start postgres after %d attempts: %v", startAttempts, errors.Join(errs...))
-	return nil
+	s.tb.Fatalf("pgtest: could not start postgres after %d attempts: %v", startAttempts, errors.Join(errs...))
 }
 
 // DSN returns a connection string for the superuser on the server's

@@ -4,6 +4,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idemproxy/idemproxy/internal/pgtest"
 )
@@ -69,4 +70,33 @@ func TestSettingsOverrideDefaults(t *testing.T) {
 	if got := s.MustExec("SHOW fsync"); got != "on" {
 		t.Errorf("fsync = %q; want on", got)
 	}
+}
+
+// TestStandbyFollowsAndPromotes: a standby receives the primary's rows, is
+// read-only until promoted, and takes writes after.
+func TestStandbyFollowsAndPromotes(t *testing.T) {
+	primary := pgtest.Start(t)
+	primary.MustExec("CREATE TABLE t (k text PRIMARY KEY)")
+	standby := pgtest.StartStandby(t, primary)
+	if got := standby.MustExec("SELECT pg_is_in_recovery()"); got != "t" {
+		t.Errorf("standby in recovery = %q; want t", got)
+	}
+	primary.MustExec("INSERT INTO t VALUES ('replicated')")
+	for deadline := time.Now().Add(30 * time.Second); standby.MustExec("SELECT count(*) FROM t") != "1"; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the row never reached the standby")
+		}
+	}
+	if got := primary.MustExec("SELECT application_name FROM pg_stat_replication"); got != pgtest.ApplicationName {
+		t.Errorf("the primary's replication client = %q; want %q", got, pgtest.ApplicationName)
+	}
+	if _, err := standby.Exec("INSERT INTO t VALUES ('refused')"); err == nil {
+		t.Error("the standby took a write before its promotion")
+	}
+	primary.Kill()
+	standby.Promote()
+	if got := standby.MustExec("SELECT pg_is_in_recovery()"); got != "f" {
+		t.Errorf("promoted standby in recovery = %q; want f", got)
+	}
+	standby.MustExec("INSERT INTO t VALUES ('after')")
 }
