@@ -409,3 +409,68 @@ func TestPostgresDocsShowTheSchema(t *testing.T) {
 		t.Errorf("docs/postgres.md does not show the store's schema in a sql block; want:\n%s", want)
 	}
 }
+
+// TestPostgresFailoverToSynchronousStandby: two replicas on a primary whose
+// standby is synchronous (synchronous_standby_names, synchronous_commit:
+// "on"), with a DSN that lists both servers and asks for a read-write
+// session. An order charged before the primary is killed and the standby
+// promoted is replayed after it, byte-identical, by the other replica; an
+// order whose charge was at the upstream during the failover is committed
+// by its replica on the new primary and replayed too; nothing is charged
+// twice, and neither proxy is restarted.
+func TestPostgresFailoverToSynchronousStandby(t *testing.T) {
+	primary := pgtest.Start(t, "synchronous_standby_names="+pgtest.ApplicationName)
+	standby := pgtest.StartStandby(t, primary)
+	eventually(t, "the standby is synchronous", func() bool {
+		return primary.MustExec("SELECT sync_state FROM pg_stat_replication") == "sync"
+	})
+	dsn := fmt.Sprintf("postgres://%s@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&target_session_attrs=read-write",
+		pgtest.User, primary.Port(), standby.Port())
+	up := startStub(t)
+	dir := t.TempDir()
+	cfg := writePostgresConfig(t, filepath.Join(dir, "c.yaml"), up.URL, chargesRoute, "    synchronous_commit: \"on\"\n")
+	a := startProxy(t, cfg, pgDSNEnv+"="+dsn)
+	b := startProxy(t, cfg, pgDSNEnv+"="+dsn)
+
+	charged := charge(a, "ORD-F1")
+	if charged.status != 201 {
+		t.Fatalf("ORD-F1 via A = %d %s %v, want 201", charged.status, charged.body, charged.err)
+	}
+	held := make(chan result, 1)
+	go func() { held <- charge(b, "ORD-F2", "X-Stub-Fault", "delay", "X-Stub-Delay", "2s") }()
+	eventually(t, "the stub charged ORD-F2", func() bool { return chargeCount(t, up.URL, "ORD-F2") == 1 })
+
+	primary.Kill()
+	standby.Promote()
+
+	if r := <-held; r.status != 201 {
+		t.Errorf("ORD-F2 via B across the failover = %d %s %v, want its charge, 201", r.status, r.body, r.err)
+	}
+	for _, p := range []*proc{a, b} {
+		eventually(t, "readyz is 200 on the promoted standby", func() bool { return do("GET", p.adminURL("/readyz"), "").status == 200 })
+	}
+	var r result
+	eventually(t, "ORD-F1 is answered after the failover", func() bool {
+		r = charge(b, "ORD-F1")
+		return r.status != 503
+	})
+	if r.status != 201 || r.header.Get("Idempotent-Replayed") != "true" || r.body != charged.body {
+		t.Errorf("ORD-F1 via B after the failover = %d %s (replayed %q), want A's answer %s replayed",
+			r.status, r.body, r.header.Get("Idempotent-Replayed"), charged.body)
+	}
+	eventually(t, "ORD-F2's answer is committed on the new primary", func() bool {
+		r = charge(a, "ORD-F2")
+		return r.status == 201
+	})
+	if r.header.Get("Idempotent-Replayed") != "true" {
+		t.Errorf("ORD-F2 via A after the failover = %d %s, want the charge replayed", r.status, r.body)
+	}
+	if got := charge(a, "ORD-F3"); got.status != 201 || got.header.Get("Idempotent-Replayed") != "" {
+		t.Errorf("a new order after the failover = %d %s, want a forwarded 201", got.status, got.body)
+	}
+	for order, want := range map[string]int{"ORD-F1": 1, "ORD-F2": 1, "ORD-F3": 1} {
+		if got := chargeCount(t, up.URL, order); got != want {
+			t.Errorf("%s charges = %d, want %d", order, got, want)
+		}
+	}
+}
