@@ -39,7 +39,10 @@
 // so an owner whose lease ran out can never touch a newer owner's record.
 // Of N concurrent reservations of a key, on one proxy or many, exactly one
 // inserts the row. When Reserve finds a live record it reads it with a
-// second statement (trying again if it vanished in between).
+// second statement (trying again if it vanished in between). A reservation
+// also carries a deadline on the database's clock (see clock.go), so that
+// one that reaches a stalled database after its caller gave up takes
+// nothing.
 //
 // Leases and expiry are judged by the database's clock, statement_timestamp()
 // (one instant per statement), never a proxy's, however skewed the
