@@ -109,10 +109,12 @@
 //
 // Without synchronous standbys, on, remote_apply and remote_write all
 // behave as local. While a synchronous standby is unreachable, commits
-// wait for it: statement_timeout ends the wait and the call fails (a 503),
-// but PostgreSQL keeps such a commit on the primary (with a warning), so a
-// reservation may exist whose caller saw an error; it is in doubt once its
-// lease ends.
+// wait for it (statement_timeout does not end that wait). The call gives up
+// at statement_timeout plus a short grace and asks the server to cancel;
+// PostgreSQL then keeps the commit on the primary only and answers it as a
+// success with a warning. The store counts any reply that comes after it
+// gave up as a failure (a 503, nothing forwarded), so a reservation may
+// exist whose caller saw an error; it is in doubt once its lease ends.
 //
 // # Other databases
 //

@@ -238,6 +238,14 @@ func (s *Store) run(ctx context.Context, f func(ctx context.Context, c *pgxpool.
 		}
 		qctx, cancel := context.WithTimeout(ctx, s.statementTimeout+replyGrace)
 		err = f(qctx, c)
+		if err == nil && qctx.Err() != nil {
+			// The reply came after the call gave up and asked the server to
+			// cancel. A commit whose wait for a synchronous standby is
+			// cancelled stays committed on the primary alone (PostgreSQL's
+			// WARNING "canceling wait for synchronous replication") and is
+			// answered as a success: it was not acknowledged as asked.
+			err = fmt.Errorf("the reply came after the deadline, the write may be on the primary only: %w", qctx.Err())
+		}
 		cancel()
 		c.Release()
 		if err == nil || !pgconn.SafeToRetry(err) || ctx.Err() != nil {
