@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/internal/prealloc"
+	"github.com/idemproxy/idemproxy/internal/settle"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -59,6 +60,10 @@ type Guard struct {
 	freeAt    atomic.Int64  // unix ns of the last statfs
 	written   atomic.Uint64 // bytes written (estimated) since the last statfs
 	statMu    sync.Mutex
+
+	// settling retries the commits whose write failed (lostCommit); it
+	// is a Group of Options.Settler, closed by Close.
+	settling *settle.Settler
 
 	lowDisk atomic.Uint64 // reservations refused below the floor
 	reopens atomic.Uint64 // successful reopens after a fault
@@ -119,6 +124,11 @@ func OpenGuarded(opts Options, g GuardOptions) (*Guard, error) {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	gd := &Guard{opts: opts, floor: g.MinFreeBytes, free: g.FreeBytes, stop: make(chan struct{})}
+	if gd.opts.Settler == nil {
+		gd.opts.Settler = settle.New(opts.Logger)
+	}
+	gd.settling = gd.opts.Settler.Group()
+	gd.opts.Settler = gd.settling // the stores it opens: Groups of its Group
 	gd.opts.lost = gd.lostCommit
 	opts = gd.opts
 	if gd.belowFloor() {
@@ -396,43 +406,18 @@ func (g *Guard) Commit(ctx context.Context, key, token string, resp store.Respon
 	return g.do(func(s *Store) error { return s.Commit(ctx, key, token, resp, ttl) })
 }
 
-// lostCommit writes again, until its lease ends, a commit whose caller was
-// answered but whose write failed: on the store as it is, or as reopened
-// after the failure. Meanwhile the key reads in flight (409); past the
-// lease, in doubt. The failure breaks the store if it is Badger's own.
+// lostCommit hands to the settler a commit whose caller was answered but
+// whose write failed: it is written again, until its lease ends, on the
+// store as it is or as reopened after the failure. Meanwhile the key reads
+// in flight (409); past the lease, in doubt. The failure breaks the store
+// if it is Badger's own. It is called on the writer's goroutine, and does
+// not wait.
 func (g *Guard) lostCommit(c lostCommit, cause error) {
 	if isFault(cause) {
 		g.fail(cause)
 	}
-	log := g.opts.Logger.With("key_hash", store.KeyHash(c.key))
-	log.Warn("writing a commit failed; retrying while the lease holds", "err", cause)
-	for delay := initialRetry; ; delay = min(2*delay, time.Second) {
-		wait := min(delay, time.Until(c.lease))
-		if wait <= 0 {
-			log.Error("store failed to write a commit; the key will be in doubt when its lease ends", "err", cause)
-			return
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-g.stop:
-			t.Stop()
-			log.Error("store closed before a commit was written; the key will be in doubt when its lease ends", "err", cause)
-			return
-		case <-t.C:
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err := g.Commit(ctx, c.key, c.token, c.resp, c.ttl)
-		cancel()
-		switch {
-		case err == nil:
-			log.Info("commit written on retry")
-			return
-		case errors.Is(err, store.ErrNotOwner):
-			log.Warn("reservation was taken over before its commit was written; left to its new owner")
-			return
-		}
-		cause = err
-	}
+	g.settling.Settle(settle.Job{Key: c.key, Operation: "commit", Until: c.lease,
+		Attempt: func(ctx context.Context) error { return g.Commit(ctx, c.key, c.token, c.resp, c.ttl) }}, cause)
 }
 
 // Release implements store.Store.
@@ -510,7 +495,8 @@ func (g *Guard) Sizes() (lsm, vlog int64) {
 	return lsm, vlog
 }
 
-// Close stops reopening and closes the open store.
+// Close stops reopening and the retries of lost commits (their keys turn
+// in doubt when their leases end), and closes the open store.
 func (g *Guard) Close() error {
 	g.mu.Lock()
 	if g.closed {
@@ -522,6 +508,9 @@ func (g *Guard) Close() error {
 	s := g.Store
 	g.Store = nil
 	g.mu.Unlock()
+	now, cancel := context.WithCancel(context.Background())
+	cancel()
+	g.settling.Close(now)
 	g.done.Wait()
 	if s == nil {
 		return nil

@@ -1,6 +1,7 @@
 package badger
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -141,11 +142,27 @@ func (w *writer) updateAsync(fn func(txn *bdg.Txn) error, then func(error)) erro
 
 // updateAsyncWithin is updateAsync waiting at most wait to queue fn.
 func (w *writer) updateAsyncWithin(fn func(txn *bdg.Txn) error, then func(error), wait time.Duration) error {
-	o := opPool.Get().(*op)
-	o.fn, o.sync, o.then = fn, false, then
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
-	queued, closed := w.q.PutUntil(o, timer.C)
+	return w.queueAsync(fn, then, timer.C)
+}
+
+// updateAsyncCtx is updateAsync waiting to queue fn until ctx ends, at most
+// w.wait.
+func (w *writer) updateAsyncCtx(ctx context.Context, fn func(txn *bdg.Txn) error, then func(error)) error {
+	ctx, cancel := context.WithTimeout(ctx, w.wait)
+	defer cancel()
+	stop := make(chan time.Time)
+	defer context.AfterFunc(ctx, func() { close(stop) })()
+	return w.queueAsync(fn, then, stop)
+}
+
+// queueAsync queues fn for the next batch, waiting at most until stop to
+// queue it; see updateAsync.
+func (w *writer) queueAsync(fn func(txn *bdg.Txn) error, then func(error), stop <-chan time.Time) error {
+	o := opPool.Get().(*op)
+	o.fn, o.sync, o.then = fn, false, then
+	queued, closed := w.q.PutUntil(o, stop)
 	if !queued {
 		o.fn, o.then = nil, nil
 		opPool.Put(o)
