@@ -38,15 +38,14 @@ import (
 //   - opens the store at start only when the floor allows, so a restart on
 //     a still-full disk waits instead of crash-looping.
 //
-// Guard embeds the *Store that is open, so the Store's other methods are
-// promoted; those are not guarded, and must not race a reopen (nor be
-// called while the store is broken: the embedded Store is then nil). The
-// methods of store.Store and store.ReconcileStore, Close and Sizes are
-// guarded.
+// Every method of the Guard is guarded: while the store is broken it
+// fails fast (or, for RunGC and Sizes, does nothing). An operation holds a
+// reference to the open store, not a lock, while Badger works: a reopen
+// takes the failed store out at once, and closes it once the operations
+// under way on it have returned.
 type Guard struct {
-	*Store // the open store; nil while broken. Swapped under mu.
-
 	mu      sync.RWMutex
+	cur     *guarded // the open store; nil while broken. Swapped under mu.
 	opts    Options
 	floor   uint64
 	free    func(dir string) (uint64, error)
@@ -89,6 +88,16 @@ var (
 	_ store.Store          = (*Guard)(nil)
 	_ store.ReconcileStore = (*Guard)(nil)
 )
+
+// guarded is a store the Guard opened, with the operations under way on it.
+type guarded struct {
+	*Store
+	// ops counts the operations under way. It is added to under the
+	// Guard's read lock, while the store is the Guard's open one: once the
+	// store is taken out (under the write lock), ops only goes down, and
+	// the store is closed when it reaches zero.
+	ops sync.WaitGroup
+}
 
 // GuardOptions configures OpenGuarded.
 type GuardOptions struct {
@@ -136,7 +145,7 @@ func OpenGuarded(opts Options, g GuardOptions) (*Guard, error) {
 			"dir", opts.Dir, "free_bytes", gd.freeBytes.Load(), "min_free_bytes", gd.floor)
 		gd.fail(ErrLowDisk)
 	} else if s, err := Open(opts); err == nil {
-		gd.Store = s
+		gd.cur = &guarded{Store: s}
 	} else if isNoRoom(err) {
 		// Above the floor, but without room for the files Badger
 		// allocates when it opens (internal/prealloc): as below it.
@@ -272,16 +281,19 @@ func (g *Guard) roomSinceNoRoom() bool {
 // reopen closes the failed store (abandoning a Close that hangs on a lost
 // directory) and opens it again.
 func (g *Guard) reopen() {
-	// The failed store is taken out under the lock, but closed and opened
-	// without it: meanwhile operations fail fast with ErrBroken instead of
-	// queueing behind a Close that hangs or an Open that replays logs.
+	// The failed store is taken out under the lock, which no operation
+	// holds while Badger works (do), so at once; it is closed, once the
+	// operations under way on it have returned, and opened without the
+	// lock: meanwhile operations fail fast with ErrBroken instead of
+	// queueing behind a slow operation, a Close that hangs or an Open that
+	// replays logs.
 	g.mu.Lock()
 	if g.closed {
 		g.mu.Unlock()
 		return
 	}
-	old := g.Store
-	g.Store = nil
+	old := g.cur
+	g.cur = nil
 	g.mu.Unlock()
 	if old != nil {
 		closed, err := closeWithin(old, 5*time.Second)
@@ -340,36 +352,51 @@ func (g *Guard) reopen() {
 		s.Close()
 		return
 	}
-	g.Store = s
+	g.cur = &guarded{Store: s}
 	g.recreated = false
 	g.broken.Store(false)
 	g.reopens.Add(1)
 	g.opts.Logger.Info("badger store reopened; serving again", "dir", g.opts.Dir)
 }
 
-// do runs op on the open store under the read lock, turning a panic into an
-// error and a store fault into a broken store.
+// do runs op on the open store, turning a panic into an error and a store
+// fault into a broken store. op holds a reference to the store, not the
+// Guard's lock, while it runs: Badger can keep it waiting (up to the
+// writer's wait), and a reopen must not wait for it to take the failed
+// store out, nor new operations queue behind that reopen.
 func (g *Guard) do(op func(s *Store) error) (err error) {
-	g.mu.RLock()
-	defer g.mu.RUnlock()
-	if g.Store == nil || g.broken.Load() {
+	cur := g.acquire()
+	if cur == nil {
 		cause := ErrBroken
 		if p := g.lastErr.Load(); p != nil {
 			cause = fmt.Errorf("%w: %w", ErrBroken, *p)
 		}
 		return cause
 	}
+	defer cur.ops.Done()
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("badger: panic: %v", p)
 			g.fail(err)
 		}
 	}()
-	err = op(g.Store)
+	err = op(cur.Store)
 	if err != nil && isFault(err) {
 		g.fail(err)
 	}
 	return err
+}
+
+// acquire returns the open store with one more operation counted on it,
+// nil while the store is broken (or closed).
+func (g *Guard) acquire() *guarded {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	if g.cur == nil || g.broken.Load() {
+		return nil
+	}
+	g.cur.ops.Add(1)
+	return g.cur
 }
 
 // isFault reports whether err from a store operation means that Badger
@@ -495,8 +522,16 @@ func (g *Guard) Sizes() (lsm, vlog int64) {
 	return lsm, vlog
 }
 
+// RunGC runs value-log garbage collection on the open store (Store.RunGC),
+// and returns the number of files rewritten: zero while broken.
+func (g *Guard) RunGC() (n int) {
+	g.do(func(s *Store) error { n = s.RunGC(); return nil })
+	return n
+}
+
 // Close stops reopening and the retries of lost commits (their keys turn
-// in doubt when their leases end), and closes the open store.
+// in doubt when their leases end), and closes the open store once the
+// operations under way on it have returned.
 func (g *Guard) Close() error {
 	g.mu.Lock()
 	if g.closed {
@@ -505,8 +540,8 @@ func (g *Guard) Close() error {
 	}
 	g.closed = true
 	close(g.stop)
-	s := g.Store
-	g.Store = nil
+	s := g.cur
+	g.cur = nil
 	g.mu.Unlock()
 	now, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -528,7 +563,7 @@ func (g *Guard) Close() error {
 // full the Close would never end, nor the process that waits for it. What
 // the memtable holds is in its log, replayed when the store opens; the
 // Close is left to finish in the background, should room come back.
-func closeUnlessFull(s *Store) error {
+func closeUnlessFull(s *guarded) error {
 	result := make(chan error, 1)
 	go func() {
 		defer func() {
@@ -536,6 +571,7 @@ func closeUnlessFull(s *Store) error {
 				result <- fmt.Errorf("badger: panic closing: %v", p)
 			}
 		}()
+		s.ops.Wait()
 		result <- s.Close()
 	}()
 	t := time.NewTicker(closePoll)
@@ -556,11 +592,12 @@ func closeUnlessFull(s *Store) error {
 // space.
 const closePoll = time.Second
 
-// closeWithin closes a store that failed: such a Badger can hang closing
-// (its directory is gone) or panic, so it gets d, and is then left to
-// finish in the background. The returned channel is closed when the Close
-// ends, also after d.
-func closeWithin(s *Store, d time.Duration) (<-chan struct{}, error) {
+// closeWithin closes a store that failed, once the operations under way
+// on it have returned: such a Badger can hang closing (its directory is
+// gone) or panic, and an operation can wait for its writer, so it gets d,
+// and is then left to finish in the background. The returned channel is
+// closed when the Close ends, also after d.
+func closeWithin(s *guarded, d time.Duration) (<-chan struct{}, error) {
 	result := make(chan error, 1)
 	closed := make(chan struct{})
 	go func() {
@@ -570,6 +607,7 @@ func closeWithin(s *Store, d time.Duration) (<-chan struct{}, error) {
 				result <- fmt.Errorf("badger: panic closing: %v", p)
 			}
 		}()
+		s.ops.Wait()
 		result <- s.Close()
 	}()
 	select {
