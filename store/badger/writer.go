@@ -36,10 +36,6 @@ import (
 // maxBatchOps bounds the closures applied in one transaction.
 const maxBatchOps = 256
 
-// maxBatchRetries bounds the reruns of one batch on transaction conflicts,
-// which only writes outside the writer can cause.
-const maxBatchRetries = 100
-
 // errClosed is returned by update after Close.
 var errClosed = errors.New("badger: store is closed")
 
@@ -191,7 +187,7 @@ func (w *writer) apply(batch []*op) {
 // transaction. An op whose closure fails is answered with its error and
 // the others are rerun without it, in a fresh transaction.
 func (w *writer) applyOnce(batch []*op) []*op {
-	for retries := 0; ; {
+	for {
 		txn := w.db.NewTransaction(true)
 		n, failed := 0, false
 		for n < len(batch) {
@@ -242,10 +238,8 @@ func (w *writer) applyOnce(batch []*op) []*op {
 			}
 		}
 		w.exclusive.Unlock()
-		if errors.Is(err, bdg.ErrConflict) && retries < maxBatchRetries {
-			retries++
-			continue
-		}
+		// No ErrConflict to retry: the writer is the only writer, and
+		// Open turns conflict detection off (WithDetectConflicts).
 		if err != nil {
 			err = fmt.Errorf("commit batch: %w", err)
 		}
