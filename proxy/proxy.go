@@ -169,8 +169,7 @@ func New(cfg *config.Config, opts Options) (*Proxy, error) {
 	}
 	opts.Metrics.initStore(opts.StoreName)
 	p := &Proxy{
-		store: instrumented{Store: opts.Store, name: opts.StoreName, m: opts.Metrics,
-			series: opts.Metrics.storeSeries(opts.StoreName)},
+		store:     instrumented{Store: opts.Store, series: opts.Metrics.storeSeries(opts.StoreName)},
 		log:       opts.Logger,
 		access:    opts.AccessLog,
 		m:         opts.Metrics,

@@ -111,14 +111,6 @@ func (m *memo) settled(key string, pc *pendingCommit) {
 	m.mu.Unlock()
 }
 
-// forget removes whatever memory holds of key: its record was deleted.
-func (m *memo) forget(key string) {
-	m.mu.Lock()
-	delete(m.owned, key)
-	delete(m.pending, key)
-	m.mu.Unlock()
-}
-
 // Commit implements store.Store. A commit of a reservation this store made
 // returns once it is visible to Reserve and Get, before Badger has it
 // (see above); any other is applied before Commit returns.
