@@ -536,30 +536,31 @@ var errAbandoned = errors.New("badger: reservation abandoned by its caller")
 // is still being applied, and a release queued behind it deletes the
 // record once it is. Left, the key would read in flight for the lease and
 // then in doubt for its TTL, though its request was never sent. The release
-// is queued from a goroutine, as the queue may be full; a Close that comes
-// first applies what is queued, a release not queued yet is lost (the key
-// then lapses in doubt, as before).
+// is queued by the settler in the background (Settler.Go), as the queue may
+// be full; Close waits for it to be queued, and its writer applies it. One
+// that comes after Close has begun is lost (the key then lapses in doubt,
+// as before).
 func (s *Store) releaseAbandoned(key, token string) {
-	wait := s.w.wait
-	go func() {
-		k := []byte(key)
-		err := s.w.updateAsyncWithin(func(txn *bdg.Txn) error {
-			rec, _, err := get(txn, k)
-			if err != nil || rec == nil || rec.Token != token || rec.State != store.StateInFlight {
-				return err
-			}
-			return txn.Delete(k)
-		}, func(err error) {
-			if err != nil {
-				s.log.Warn("releasing an abandoned reservation failed; the key will be in doubt when its lease ends",
-					"key_hash", store.KeyHash(key), "err", err)
-			}
-		}, wait)
+	k := []byte(key)
+	failed := func(err error) {
 		if err != nil {
 			s.log.Warn("releasing an abandoned reservation failed; the key will be in doubt when its lease ends",
 				"key_hash", store.KeyHash(key), "err", err)
 		}
-	}()
+	}
+	release := func(txn *bdg.Txn) error {
+		rec, _, err := get(txn, k)
+		if err != nil || rec == nil || rec.Token != token || rec.State != store.StateInFlight {
+			return err
+		}
+		return txn.Delete(k)
+	}
+	wait := s.w.wait
+	s.settling.Go(settle.Job{Key: key, Operation: "release", Attempt: func(context.Context) error {
+		err := s.w.updateAsyncWithin(release, failed, wait)
+		failed(err)
+		return err
+	}})
 }
 
 // MarkInDoubt implements store.Store.
