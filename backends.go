@@ -123,6 +123,7 @@ func openBadger(a *app, reg prometheus.Registerer) (storeCloser, error) {
 		SyncWrites: *b.SyncWrites,
 		GCInterval: b.GCInterval.D(),
 		Logger:     a.log,
+		Settler:    a.settler,
 	}, badger.GuardOptions{MinFreeBytes: uint64(b.MinFreeBytes)})
 	if err != nil {
 		return nil, err

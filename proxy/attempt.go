@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/settle"
 	"github.com/idemproxy/idemproxy/keyextract"
 	"github.com/idemproxy/idemproxy/store"
 )
@@ -530,28 +531,16 @@ func (a *attempt) mismatched(w http.ResponseWriter, body []byte, rec *store.Reco
 }
 
 // releaseLater releases a reservation that may or may not exist, in the
-// background; the owner token makes that safe.
+// background; the owner token makes that safe. Once the proxy is shutting
+// down (its settler takes no more jobs), it releases at once: the store
+// closes soon.
 func (p *Proxy) releaseLater(key, token string) {
-	release := func() {
-		// In the background nothing would catch a panicking store: the
-		// whole process would go.
-		defer func() {
-			if e := recover(); e != nil {
-				p.log.Error("store panicked releasing a key", "key_hash", store.KeyHash(key), "panic", fmt.Sprint(e))
-			}
-		}()
-		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
-		defer cancel()
-		p.store.Release(ctx, key, token)
+	j := settle.Job{Key: key, Operation: "release", Attempt: func(ctx context.Context) error {
+		return p.store.Release(ctx, key, token)
+	}}
+	if !p.settling.Go(j) {
+		p.settling.Once(j)
 	}
-	if !p.active.enter() { // shutting down: the store closes soon
-		release()
-		return
-	}
-	go func() {
-		defer p.active.leave()
-		release()
-	}()
 }
 
 // storeFailed answers a store failure: 503, or the request forwarded

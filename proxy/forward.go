@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemproxy/idemproxy/internal/settle"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -101,72 +102,15 @@ func validLength(s string) bool {
 }
 
 // settle runs op, the store operation that settles a's reservation. When
-// it fails (a stalled store, op_timeout), it is retried in the background
-// as long as the reservation's lease holds: giving up at once would leave
-// the key in flight and then in doubt for its whole TTL, although the
-// outcome is known. It reports whether op succeeded at once.
-func (a *attempt) settle(opName string, op func(ctx context.Context) error) bool {
+// it fails (a stalled store, op_timeout), the proxy's settler retries it in
+// the background as long as the reservation's lease holds: giving up at
+// once would leave the key in flight and then in doubt for its whole TTL,
+// although the outcome is known.
+func (a *attempt) settle(opName string, op func(ctx context.Context) error) {
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	err := op(ctx)
 	cancel()
-	if err != nil && !errors.Is(err, store.ErrNotOwner) && a.p.retrySettle(a, opName, op) {
-		a.outcome = OutcomeStoreError // counted now: the key is not settled yet
-		return false
-	}
-	a.settleErr(opName, err)
-	return err == nil
-}
-
-// retrySettle retries op in the background until it succeeds, the
-// reservation is taken over, or its lease ends. It reports whether the
-// retry was started.
-func (p *Proxy) retrySettle(a *attempt, opName string, op func(ctx context.Context) error) bool {
-	until := a.reservedAt.Add(a.rt.cfg.Lease.D())
-	if time.Until(until) <= 0 || !p.active.enter() {
-		return false
-	}
-	key, route := a.storeKey, a.routeName()
-	p.log.Warn("settling a key failed; retrying while the lease holds", "route", route, "operation", opName,
-		"key_hash", store.KeyHash(key), "until", until)
-	go func() {
-		defer p.active.leave()
-		defer func() {
-			if e := recover(); e != nil {
-				p.log.Error("settling a key panicked; it will be in doubt when its lease ends",
-					"route", route, "operation", opName, "key_hash", store.KeyHash(key), "panic", e)
-			}
-		}()
-		delay := 50 * time.Millisecond
-		for {
-			wait := time.NewTimer(min(delay, max(time.Until(until), 0)))
-			select {
-			case <-p.life.Done(): // past the shutdown deadline
-				wait.Stop()
-				p.log.Error("not retried: shutting down; the key will be in doubt when its lease ends",
-					"route", route, "operation", opName, "key_hash", store.KeyHash(key))
-				return
-			case <-wait.C:
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), min(storeTimeout, max(time.Until(until), time.Millisecond)))
-			err := op(ctx)
-			cancel()
-			switch {
-			case err == nil:
-				p.log.Info("settled on retry", "route", route, "operation", opName, "key_hash", store.KeyHash(key))
-				return
-			case errors.Is(err, store.ErrNotOwner):
-				p.log.Warn("reservation was taken over before it settled; left to its new owner",
-					"route", route, "operation", opName, "key_hash", store.KeyHash(key))
-				return
-			case !time.Now().Before(until):
-				p.log.Error("store failed to settle a key; it will be in doubt when its lease ends",
-					"route", route, "operation", opName, "key_hash", store.KeyHash(key), "err", err)
-				return
-			}
-			delay = min(delay*2, time.Second)
-		}
-	}()
-	return true
+	a.settleErr(opName, err, op)
 }
 
 func (a *attempt) release() {
@@ -182,23 +126,26 @@ func (a *attempt) markInDoubt() {
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
 	err := a.p.store.MarkInDoubt(ctx, a.storeKey, a.token, a.rt.cfg.TTL.D())
-	a.settleErr("mark_in_doubt", err)
+	a.settleErr("mark_in_doubt", err, nil)
 	if err == nil {
 		a.scheduleLookup()
 	}
 }
 
-func (a *attempt) settleErr(op string, err error) {
-	switch {
-	case err == nil:
-	case errors.Is(err, store.ErrNotOwner):
-		a.p.log.Warn("reservation was taken over before it settled; left to its new owner",
-			"route", a.routeName(), "operation", op, "key_hash", store.KeyHash(a.storeKey))
-	default:
-		// The reservation stays in flight and turns in doubt when its
-		// lease runs out: never released, never charged twice.
-		a.p.log.Error("store failed to settle a key; it will be in doubt when its lease ends",
-			"route", a.routeName(), "operation", op, "key_hash", store.KeyHash(a.storeKey), "err", err)
+// settleErr hands the result err of a settling write to the settler, which
+// retries retry (nil: not retried) while the lease holds and logs how the
+// key was left. A write that failed counts as a store error now, retried
+// or not: the key is not settled yet.
+func (a *attempt) settleErr(op string, err error, retry func(ctx context.Context) error) {
+	if err == nil {
+		return
+	}
+	j := settle.Job{Key: a.storeKey, Operation: op, Attrs: []any{"route", a.routeName()}}
+	if retry != nil {
+		j.Until, j.Attempt = a.reservedAt.Add(a.rt.cfg.Lease.D()), retry
+	}
+	a.p.settling.Settle(j, err)
+	if !errors.Is(err, store.ErrNotOwner) {
 		a.outcome = OutcomeStoreError
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/settle"
 	"github.com/idemproxy/idemproxy/keyextract"
 	"github.com/idemproxy/idemproxy/store"
 )
@@ -47,6 +48,9 @@ type Options struct {
 	// Transport carries requests to the upstream; nil means NewTransport()
 	// with the configuration's upstream_tls.
 	Transport http.RoundTripper
+	// Settler retries the writes that settle a key when they fail (the
+	// proxy's own in a Group of it); nil: a Settler of the proxy's own.
+	Settler *settle.Settler
 }
 
 // Proxy is the idempotency proxy, an http.Handler. Reload swaps its routes
@@ -68,6 +72,9 @@ type Proxy struct {
 	life   context.Context
 	abort  context.CancelFunc
 	active tracker
+	// settling retries settling writes in the background; Wait waits for
+	// it, Abort stops it.
+	settling *settle.Settler
 }
 
 // tracker counts the requests that may still write to the store, and
@@ -163,8 +170,7 @@ func New(cfg *config.Config, opts Options) (*Proxy, error) {
 	}
 	opts.Metrics.initStore(opts.StoreName)
 	p := &Proxy{
-		store: instrumented{Store: opts.Store, name: opts.StoreName, m: opts.Metrics,
-			series: opts.Metrics.storeSeries(opts.StoreName)},
+		store:     instrumented{Store: opts.Store, series: opts.Metrics.storeSeries(opts.StoreName)},
 		log:       opts.Logger,
 		access:    opts.AccessLog,
 		m:         opts.Metrics,
@@ -175,6 +181,10 @@ func New(cfg *config.Config, opts Options) (*Proxy, error) {
 		p.rstore = instrumentedReconcile{ReconcileStore: rs, s: p.store.(instrumented)}
 	}
 	p.active.idle.L = &p.active.mu
+	if opts.Settler == nil {
+		opts.Settler = settle.New(opts.Logger)
+	}
+	p.settling = opts.Settler.Group()
 	p.budget.refused = func(reason string) { p.m.adm.refusals.WithLabelValues(reason).Inc() }
 	p.m.adm.budget.Store(&p.budget)
 	p.life, p.abort = context.WithCancel(context.Background())
@@ -366,11 +376,19 @@ func (p *Proxy) HasRoute(name string) bool {
 	return ok
 }
 
-// Abort cancels every upstream request still waiting for its answer; their
-// keys become in doubt. Call it when the shutdown deadline has passed.
-func (p *Proxy) Abort() { p.abort() }
+// Abort cancels every upstream request still waiting for its answer, and
+// stops the settling retries; their keys become in doubt. Call it when the
+// shutdown deadline has passed.
+func (p *Proxy) Abort() {
+	p.abort()
+	p.settling.Abort()
+}
 
 // Wait blocks until every protected request has settled its key in the
-// store, so the store can be closed. Protected requests that arrive after
-// Wait has begun are answered 503 without touching the store.
-func (p *Proxy) Wait() { p.active.wait() }
+// store, retries included, so the store can be closed. Protected requests
+// that arrive after Wait has begun are answered 503 without touching the
+// store, and settling writes that fail from then on are not retried.
+func (p *Proxy) Wait() {
+	p.settling.Close(context.Background()) // until Abort
+	p.active.wait()
+}
