@@ -105,6 +105,13 @@ func (t *tracker) leave() {
 	}
 }
 
+// close refuses the requests that come from now on.
+func (t *tracker) close() {
+	t.mu.Lock()
+	t.closed = true
+	t.mu.Unlock()
+}
+
 func (t *tracker) wait() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -389,6 +396,9 @@ func (p *Proxy) Abort() {
 // that arrive after Wait has begun are answered 503 without touching the
 // store, and settling writes that fail from then on are not retried.
 func (p *Proxy) Wait() {
+	// Refused first: the settling retries can keep Wait until Abort, and
+	// a request forwarded meanwhile could not have its own retried.
+	p.active.close()
 	p.settling.Close(context.Background()) // until Abort
 	p.active.wait()
 }

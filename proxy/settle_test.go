@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http/httptest"
 	"sync/atomic"
@@ -88,5 +89,36 @@ func TestAbortStopsSettling(t *testing.T) {
 	}
 	if got := e.charges("ORD-S2"); got != 1 {
 		t.Errorf("ORD-S2 charged %d times, want 1", got)
+	}
+}
+
+// TestWaitRefusesRequestsWhileSettling: once Wait has begun, a protected
+// request is answered 503 shutting-down without being forwarded, also while
+// Wait is still waiting for a settling retry (a stalled store): forwarded
+// then, its charge could no longer be retried into the store, which the
+// program closes once Wait returns.
+func TestWaitRefusesRequestsWhileSettling(t *testing.T) {
+	e := settleEnv(t, 1<<30)
+	wantStatus(t, "the charge whose commit fails", e.charge(`"ORD-W1"`, 1), 201, "")
+	eventually(t, "the commit is being retried", func() bool {
+		return e.outcomes("charges", proxy.OutcomeStoreError) == 1
+	})
+	waited := make(chan struct{})
+	go func() {
+		defer close(waited)
+		e.p.Wait() // until Abort: the retry holds for the lease (10m)
+	}()
+	defer func() {
+		e.p.Abort()
+		<-waited
+	}()
+	n := 0
+	eventually(t, "a charge after Wait began is answered 503 shutting-down", func() bool {
+		n++
+		a := e.charge(fmt.Sprintf(`"ORD-W2-%d"`, n), 1)
+		return a.err == nil && a.status == 503 && a.problemType() == "shutting-down"
+	})
+	if got := e.charges(fmt.Sprintf("ORD-W2-%d", n)); got != 0 {
+		t.Errorf("the refused charge was forwarded %d times, want 0", got)
 	}
 }

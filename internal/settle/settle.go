@@ -255,11 +255,13 @@ func (s *Settler) Close(ctx context.Context) {
 	}()
 	select {
 	case <-done:
-		return
 	case <-ctx.Done():
+		s.cancel()
+		<-done
 	}
+	// Every job has ended, and none can start: the context is let go,
+	// which a Group's parent holds until then.
 	s.cancel()
-	<-done
 }
 
 // Abort stops taking jobs and stops those under way at once, without

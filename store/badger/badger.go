@@ -543,9 +543,11 @@ var errAbandoned = errors.New("badger: reservation abandoned by its caller")
 // record once it is. Left, the key would read in flight for the lease and
 // then in doubt for its TTL, though its request was never sent. The release
 // is queued by the settler in the background (Settler.Go), as the queue may
-// be full; Close waits for it to be queued, and its writer applies it. One
-// that comes after Close has begun is lost (the key then lapses in doubt,
-// as before).
+// be full; Close waits for it to be queued, and its writer applies it. Once
+// the settler takes no more jobs (a Guard or the program closing), it is
+// queued by the caller, whose operation the store's Close waits for; one
+// that comes after the writer closed is lost (the key then lapses in
+// doubt, as before).
 func (s *Store) releaseAbandoned(key, token string) {
 	k := []byte(key)
 	failed := func(err error) {
@@ -562,11 +564,17 @@ func (s *Store) releaseAbandoned(key, token string) {
 		return txn.Delete(k)
 	}
 	wait := s.w.wait
-	s.settling.Go(settle.Job{Key: key, Operation: "release", Attempt: func(context.Context) error {
+	j := settle.Job{Key: key, Operation: "release", Attempt: func(context.Context) error {
 		err := s.w.updateAsyncWithin(release, failed, wait)
 		failed(err)
 		return err
-	}})
+	}}
+	if !s.settling.Go(j) {
+		// The settler is closing (a Guard closing, or the program): the
+		// store may still be open, its Close waiting for this caller's
+		// operation, so the release is queued now, before it closes.
+		s.settling.Once(j)
+	}
 }
 
 // MarkInDoubt implements store.Store.

@@ -3,6 +3,7 @@ package badger
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -188,5 +189,53 @@ func TestBrokenGuardDoesNothing(t *testing.T) {
 				t.Errorf("Close = %v", err)
 			}
 		})
+	}
+}
+
+// TestGuardCloseReleasesAStalledReservation: a reservation whose caller is
+// answered errStalled while the Guard closes (its batch stuck) is
+// released before the store closes, as one answered errStalled at any
+// other time: its request was refused and never forwarded, and left behind
+// the key would read in flight and then in doubt for its whole TTL after
+// the restart.
+func TestGuardCloseReleasesAStalledReservation(t *testing.T) {
+	dir := t.TempDir()
+	g, err := OpenGuarded(Options{Dir: dir}, GuardOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := g.cur.Store
+	entered, unblock := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	commit := s.w.commit
+	s.w.commit = func(txn *bdg.Txn) error {
+		once.Do(func() { close(entered) })
+		<-unblock
+		return commit(txn)
+	}
+	s.w.wait = time.Second
+	const key = "pay/-/stuck"
+	reserved := make(chan error, 1)
+	go func() {
+		_, err := g.Reserve(context.Background(), key, reservation1)
+		reserved <- err
+	}()
+	<-entered // the reservation's batch is being committed, and stuck
+	closed := make(chan error, 1)
+	go func() { closed <- g.Close() }()
+	if err := <-reserved; !errors.Is(err, errStalled) {
+		t.Fatalf("Reserve behind a stuck batch = %v, want %v", err, errStalled)
+	}
+	close(unblock)
+	if err := <-closed; err != nil {
+		t.Fatalf("Close = %v", err)
+	}
+	s2, err := Open(Options{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if rec, err := s2.Get(context.Background(), key); err != nil || rec != nil {
+		t.Errorf("the stalled reservation after Close and a restart = %+v, %v; want no record", rec, err)
 	}
 }
