@@ -109,10 +109,12 @@
 //
 // Without synchronous standbys, on, remote_apply and remote_write all
 // behave as local. While a synchronous standby is unreachable, commits
-// wait for it: statement_timeout ends the wait and the call fails (a 503),
-// but PostgreSQL keeps such a commit on the primary (with a warning), so a
-// reservation may exist whose caller saw an error; it is in doubt once its
-// lease ends.
+// wait for it: statement_timeout ends the wait, and PostgreSQL then keeps
+// the commit on the primary and answers success with a WARNING. The store
+// takes that warning for what it is, a write a failover can lose, and
+// fails the call (a 503): a reservation may exist whose caller saw an
+// error, and it is in doubt once its lease ends, but none is acknowledged
+// that the standby does not have.
 //
 // # Other databases
 //

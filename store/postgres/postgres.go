@@ -196,7 +196,30 @@ func poolConfig(opts Options) (*pgxpool.Config, error) {
 	cfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: replyGrace}
 	}
+	cfg.ConnConfig.OnNotice = noteUnreplicated
 	return cfg, nil
+}
+
+// unreplicatedKey marks, in a connection's custom data, that its statement
+// drew the warning of a commit the synchronous standby did not confirm.
+const unreplicatedKey = "idemproxy.unreplicated"
+
+// noteUnreplicated is the connections' notice handler. When a commit waits
+// for a synchronous standby and the wait is cancelled (by
+// statement_timeout, or the cancel request of a call that gave up),
+// PostgreSQL answers success with a WARNING (SQLSTATE 01000, "canceling
+// wait for synchronous replication"): the write is on the primary only,
+// and a failover loses it. It is the one WARNING the store's statements
+// draw; its text is translated (lc_messages), its severity and code are
+// not.
+func noteUnreplicated(c *pgconn.PgConn, n *pgconn.Notice) {
+	sev := n.SeverityUnlocalized
+	if sev == "" {
+		sev = n.Severity
+	}
+	if sev == "WARNING" && n.Code == "01000" {
+		c.CustomData()[unreplicatedKey] = n.Message
+	}
 }
 
 // Close stops the sweeper and closes the connections.
@@ -224,8 +247,13 @@ func (s *Store) conn(ctx context.Context) (*pgxpool.Conn, error) {
 	return c, nil
 }
 
+// errUnreplicated is the error of a statement whose commit the
+// synchronous standby did not confirm (see noteUnreplicated).
+var errUnreplicated = errors.New("the write was not confirmed by the synchronous standby (it may be on the primary only, which a failover loses)")
+
 // run runs f on a connection: getting it is bounded by ConnectTimeout, f
-// by StatementTimeout plus a grace for the reply. A failure that pgx knows
+// by StatementTimeout plus a grace for the reply. A write whose commit the
+// synchronous standby did not confirm is an error (errUnreplicated). A failure that pgx knows
 // happened before anything was sent (a dead pooled connection) is retried
 // once on another connection.
 func (s *Store) run(ctx context.Context, f func(ctx context.Context, c *pgxpool.Conn) error) error {
@@ -237,8 +265,16 @@ func (s *Store) run(ctx context.Context, f func(ctx context.Context, c *pgxpool.
 			return err
 		}
 		qctx, cancel := context.WithTimeout(ctx, s.statementTimeout+replyGrace)
+		data := c.Conn().PgConn().CustomData()
+		delete(data, unreplicatedKey)
 		err = f(qctx, c)
 		cancel()
+		if msg, ok := data[unreplicatedKey]; ok && err == nil {
+			// Acknowledged, a reservation lost in a failover would let
+			// the retry through: the caller must not count on the write.
+			err = fmt.Errorf("%w: %v", errUnreplicated, msg)
+			delete(data, unreplicatedKey)
+		}
 		c.Release()
 		if err == nil || !pgconn.SafeToRetry(err) || ctx.Err() != nil {
 			break
