@@ -300,12 +300,14 @@ func (s *Store) Reserve(ctx context.Context, key string, res store.Reservation) 
 	}
 	for range 3 {
 		var rec *store.Record
+		var sampled time.Time
 		reserved := false
 		err := s.run(ctx, func(ctx context.Context, c *pgxpool.Conn) error {
-			deadline, err := s.deadline(ctx, c)
+			deadline, at, err := s.deadline(ctx, c)
 			if err != nil {
 				return err
 			}
+			sampled = at
 			tag, err := c.Exec(ctx, s.sql.reserve, key, res.Token, res.Fingerprint, micros(res.Lease), micros(res.TTL), deadline)
 			if err != nil {
 				return err
@@ -324,7 +326,14 @@ func (s *Store) Reserve(ctx context.Context, key string, res store.Reservation) 
 			return nil, nil
 		}
 		if rec == nil {
-			continue // gone since the INSERT saw it: try again
+			// Gone since the INSERT saw it, or the INSERT found the
+			// deadline past: with the caller still waiting, a clock was
+			// stepped since the offset was measured. Try again, measuring
+			// it anew.
+			if ctx.Err() == nil {
+				s.clock.distrust(sampled)
+			}
+			continue
 		}
 		if rec.State == store.StateInFlight && rec.Token == res.Token {
 			return nil, nil // the caller's own (a retry after a lost reply)
