@@ -52,4 +52,13 @@ func TestUnreplicatedWritesAreNotAcknowledged(t *testing.T) {
 			t.Errorf("%s with the synchronous standby unreachable = nil error; want an error (the write is not replicated)", w.name)
 		}
 	}
+	// The proxy takes a failed reservation back (its release fails the
+	// same way, but is applied on the primary): the key is free there, not
+	// in flight and then in doubt for a request never forwarded.
+	if err := call(t, "Release", func(c context.Context) error { return s.Release(c, "r/-/new", "t") }); err == nil {
+		t.Errorf("Release of the failed reservation = nil error; want an error (not replicated)")
+	}
+	if rec, err := local.Reserve(ctx(t), "r/-/new", store.Reservation{Token: "retry", Lease: time.Minute, TTL: time.Hour}); err != nil || rec != nil {
+		t.Errorf("Reserve of the key whose failed reservation was taken back = %+v, %v; want nil, nil", rec, err)
+	}
 }
