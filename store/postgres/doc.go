@@ -80,9 +80,10 @@
 // database when the schema itself is missing); an administrator can instead
 // create them with an owner role (SchemaSQL returns the statements) and
 // grant the four privileges to the proxy's role. New checks
-// them with an INSERT, UPDATE and DELETE in a transaction it rolls back, so
-// a database the proxy cannot write to (missing privileges,
-// default_transaction_read_only, a standby) fails at start with a clear
+// them with a reservation, a commit and a release in a transaction it rolls
+// back, so a database the proxy cannot write to (missing privileges,
+// default_transaction_read_only, a standby) or a table it cannot reserve
+// in (one without the primary key on key) fails at start with a clear
 // error, not at the first request.
 //
 // # Durability

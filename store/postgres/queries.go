@@ -19,7 +19,7 @@ type queries struct {
 	reserve, get, commit, release, markInDoubt   string
 	schedule, unschedule, claim, claimState      string
 	resolveRelease, resolveApplied, resolveRetry string
-	due, unscheduled, sweep, probe               string
+	due, unscheduled, sweep                      string
 }
 
 // Every statement judges time by statement_timestamp(): the database's
@@ -161,8 +161,6 @@ WHERE r.key = ANY (ARRAY (
 	LIMIT $1
 	FOR UPDATE SKIP LOCKED))
 AND r.expires_at <= {ts}`),
-		probe: q(`INSERT INTO {t} (key, state, token, fingerprint, created_at, expires_at)
-VALUES ($1, 'in_doubt', 'probe', '', {ts}, {ts})`),
 	}
 }
 
