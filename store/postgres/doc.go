@@ -8,7 +8,10 @@
 // One table (Options.Schema and Options.Table, default
 // public.idemproxy_keys) holds one row per key:
 //
-//	key                 the proxy's key, "route/scopehash/key" (primary key)
+//	key                 the proxy's key, "route/scopehash/key" (primary key,
+//	                    COLLATE "C": compared as bytes, so that its index
+//	                    does not depend on the OS's or ICU's locale data,
+//	                    whose order changes with their versions)
 //	state               in_flight, completed or in_doubt
 //	token               owner token of the reservation
 //	fingerprint         request fingerprint
@@ -122,7 +125,8 @@
 // The statements keep to SQL that CockroachDB and YugabyteDB also accept
 // where that costs nothing: ON CONFLICT, RETURNING, partial indexes, FOR
 // UPDATE SKIP LOCKED, ARRAY (subquery), statement_timestamp(), deleting by
-// key (they have no ctid). This cannot be tested here; set-up relies on to_regclass,
+// key (they have no ctid), and COLLATE "C" on the key (CockroachDB takes
+// "C" as its default, bytewise collation). This cannot be tested here; set-up relies on to_regclass,
 // pg_namespace and pg_is_in_recovery(), which they emulate.
 //
 // statement_timeout and synchronous_commit are sent as startup parameters

@@ -53,7 +53,7 @@ func newQueries(schema, table string) queries {
 	q := func(s string) string { return r.Replace(s) }
 	return queries{
 		createTable: []string{q(`CREATE TABLE IF NOT EXISTS {t} (
-	key                text PRIMARY KEY,
+	key                text COLLATE "C" PRIMARY KEY,
 	state              text NOT NULL CHECK (state IN ('in_flight', 'completed', 'in_doubt')),
 	token              text NOT NULL,
 	fingerprint        text NOT NULL,
