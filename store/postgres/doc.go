@@ -125,8 +125,10 @@
 // The statements keep to SQL that CockroachDB and YugabyteDB also accept
 // where that costs nothing: ON CONFLICT, RETURNING, partial indexes, FOR
 // UPDATE SKIP LOCKED, ARRAY (subquery), statement_timestamp(), deleting by
-// key (they have no ctid), and COLLATE "C" on the key (CockroachDB takes
-// "C" as its default, bytewise collation). This cannot be tested here; set-up relies on to_regclass,
+// key (they have no ctid). The exception is the key's COLLATE "C", which
+// PostgreSQL needs (above) and CockroachDB refuses on a column (its strings
+// compare as bytes anyway): there, create the table from SchemaSQL with
+// that clause removed. This cannot be tested here; set-up relies on to_regclass,
 // pg_namespace and pg_is_in_recovery(), which they emulate.
 //
 // statement_timeout and synchronous_commit are sent as startup parameters
