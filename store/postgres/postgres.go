@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -377,6 +378,9 @@ func (s *Store) MarkInDoubt(ctx context.Context, key, token string, ttl time.Dur
 // key, token, args; it changed one row or the record does not carry token.
 func (s *Store) fenced(ctx context.Context, op, sql, key, token string, args ...any) error {
 	if err := checkKey(key); err != nil {
+		if errors.Is(err, errUnstorable) {
+			return store.ErrNotOwner
+		}
 		return err
 	}
 	if token == "" {
@@ -400,6 +404,9 @@ func (s *Store) fenced(ctx context.Context, op, sql, key, token string, args ...
 // Get implements store.Store.
 func (s *Store) Get(ctx context.Context, key string) (*store.Record, error) {
 	if err := checkKey(key); err != nil {
+		if errors.Is(err, errUnstorable) {
+			return nil, nil
+		}
 		return nil, err
 	}
 	var rec *store.Record
@@ -473,12 +480,20 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
+// errUnstorable is checkKey's error for a key no text column can hold.
+var errUnstorable = errors.New("postgres store: the key holds a NUL byte or is not valid UTF-8, which text columns cannot hold")
+
+// checkKey returns an error for an empty key, and errUnstorable for one
+// that PostgreSQL's text cannot hold (a NUL byte, invalid UTF-8). Keys are
+// opaque strings, and the admin API builds them from any bytes of its URL;
+// no record can exist under an unstorable key, so the methods that read or
+// change a record answer for it as for a key without one (Reserve fails).
 func checkKey(key string) error {
 	if key == "" {
 		return errors.New("postgres store: empty key")
 	}
-	if strings.IndexByte(key, 0) >= 0 {
-		return errors.New("postgres store: key holds a NUL byte, which text columns cannot")
+	if strings.IndexByte(key, 0) >= 0 || !utf8.ValidString(key) {
+		return errUnstorable
 	}
 	return nil
 }
