@@ -131,8 +131,11 @@
 // that clause removed. This cannot be tested here; set-up relies on to_regclass,
 // pg_namespace and pg_is_in_recovery(), which they emulate.
 //
-// statement_timeout and synchronous_commit are sent as startup parameters
-// of each connection. PgBouncer refuses those unless they are listed in its
+// statement_timeout, synchronous_commit and default_transaction_isolation
+// (read committed, which the statements are written for: under repeatable
+// read or serializable a duplicate meeting a row in change would fail
+// instead of reading it) are sent as startup parameters of each
+// connection. PgBouncer refuses those unless they are listed in its
 // ignore_startup_parameters, and then drops them: behind PgBouncer set them
 // on the role instead (ALTER ROLE ... SET statement_timeout = ...); the
 // client's own deadline still bounds every call. In transaction pooling

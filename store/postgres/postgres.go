@@ -184,6 +184,12 @@ func poolConfig(opts Options) (*pgxpool.Config, error) {
 	cfg.ConnConfig.ConnectTimeout = opts.ConnectTimeout
 	params := cfg.ConnConfig.RuntimeParams
 	params["statement_timeout"] = strconv.FormatInt(max(opts.StatementTimeout.Milliseconds(), 1), 10)
+	// The statements are written for read committed, where a statement
+	// that meets a row changed by a concurrent transaction re-reads it.
+	// Under a stricter default of the database or role it would fail
+	// instead (SQLSTATE 40001): a duplicate of a request in flight would
+	// get an error, not the record.
+	params["default_transaction_isolation"] = "read committed"
 	if opts.SynchronousCommit != "" {
 		params["synchronous_commit"] = opts.SynchronousCommit
 	}
