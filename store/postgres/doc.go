@@ -65,7 +65,9 @@
 // # Failures
 //
 // Getting a connection (from the pool, or a new one) waits at most
-// Options.ConnectTimeout; every statement runs under statement_timeout
+// Options.ConnectTimeout for each host the DSN lists (a new connection
+// tries them in turn, so a frozen old primary listed first costs its
+// timeout before the new one is reached); every statement runs under statement_timeout
 // (Options.StatementTimeout, set on each connection), and the client gives
 // up shortly after the server would have cancelled it, sending a cancel
 // request. A database that is down or unreachable, a pool whose

@@ -47,7 +47,9 @@ type Options struct {
 	// at most ConnectTimeout for one, then fails.
 	MaxConns int
 	// ConnectTimeout bounds getting a connection, from the pool or a new
-	// one; zero means DefaultConnectTimeout (1s).
+	// one, for each host the DSN lists (a new connection tries them in
+	// turn, each for up to ConnectTimeout, as libpq does); zero means
+	// DefaultConnectTimeout (1s).
 	ConnectTimeout time.Duration
 	// StatementTimeout is set as statement_timeout on every connection and
 	// bounds every statement the store runs; zero means
@@ -79,7 +81,7 @@ type Options struct {
 type Store struct {
 	pool             *pgxpool.Pool
 	sql              queries
-	connectTimeout   time.Duration
+	connectTimeout   time.Duration // ConnectTimeout per host of the DSN
 	statementTimeout time.Duration
 	table            string // schema-qualified and quoted, for messages
 	log              *slog.Logger
@@ -149,7 +151,7 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 	s := &Store{
 		pool:             pool,
 		sql:              newQueries(opts.Schema, opts.Table),
-		connectTimeout:   opts.ConnectTimeout,
+		connectTimeout:   opts.ConnectTimeout * time.Duration(hosts(cfg)),
 		statementTimeout: opts.StatementTimeout,
 		table:            pgx.Identifier{opts.Schema, opts.Table}.Sanitize(),
 		log:              opts.Logger,
@@ -229,6 +231,21 @@ func noteUnreplicated(c *pgconn.PgConn, n *pgconn.Notice) {
 	}
 }
 
+// hosts returns how many addresses a new connection of cfg may try in
+// turn (the DSN's host list), each for up to ConnectTimeout: a frozen first
+// host (the old primary after a failover) costs its timeout before the next
+// one is tried. Fallbacks to one address (sslmode=prefer's TLS then plain
+// attempt) share its timeout.
+func hosts(cfg *pgxpool.Config) int {
+	seen := map[string]bool{}
+	add := func(host string, port uint16) { seen[host+":"+strconv.Itoa(int(port))] = true }
+	add(cfg.ConnConfig.Host, cfg.ConnConfig.Port)
+	for _, f := range cfg.ConnConfig.Fallbacks {
+		add(f.Host, f.Port)
+	}
+	return len(seen)
+}
+
 // Close stops the sweeper and closes the connections.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
@@ -239,7 +256,8 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// conn gets a connection within ConnectTimeout (and ctx).
+// conn gets a connection within ConnectTimeout per host of the DSN (and
+// ctx).
 func (s *Store) conn(ctx context.Context) (*pgxpool.Conn, error) {
 	actx, cancel := context.WithTimeout(ctx, s.connectTimeout)
 	defer cancel()
