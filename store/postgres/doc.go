@@ -141,6 +141,7 @@
 // ignore_startup_parameters, and then drops them: behind PgBouncer set them
 // on the role instead (ALTER ROLE ... SET statement_timeout = ...); the
 // client's own deadline still bounds every call. In transaction pooling
-// mode also add default_query_exec_mode=exec to the DSN (pgx prepares
-// statements per connection otherwise).
+// mode also add default_query_exec_mode=exec (or simple_protocol) to the
+// DSN (pgx prepares statements per connection otherwise); the store sends
+// every value in a form those modes keep.
 package postgres

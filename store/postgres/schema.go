@@ -135,7 +135,7 @@ func (s *Store) probeWrite(ctx context.Context, c *pgxpool.Conn) error {
 		if tag.RowsAffected() != 1 {
 			return errors.New("a reservation of a new key took nothing")
 		}
-		if _, err := tx.Exec(ctx, s.sql.commit, key, "probe", []byte("{}"), []byte(nil), int64(1)); err != nil {
+		if _, err := tx.Exec(ctx, s.sql.commit, key, "probe", "{}", []byte(nil), int64(1)); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, s.sql.release, key, "probe"); err != nil {
