@@ -279,8 +279,9 @@ var errUnreplicated = errors.New("the write was not confirmed by the synchronous
 // run runs f on a connection: getting it is bounded by ConnectTimeout, f
 // by StatementTimeout plus a grace for the reply. A write whose commit the
 // synchronous standby did not confirm is an error (errUnreplicated). A failure that pgx knows
-// happened before anything was sent (a dead pooled connection) is retried
-// once on another connection.
+// happened before anything was sent (a dead pooled connection), or the
+// server's ending of the session (see terminated), is retried once on
+// another connection.
 func (s *Store) run(ctx context.Context, f func(ctx context.Context, c *pgxpool.Conn) error) error {
 	var err error
 	for attempt := 0; attempt < 2; attempt++ {
@@ -301,11 +302,32 @@ func (s *Store) run(ctx context.Context, f func(ctx context.Context, c *pgxpool.
 			delete(data, unreplicatedKey)
 		}
 		c.Release()
-		if err == nil || !pgconn.SafeToRetry(err) || ctx.Err() != nil {
+		if err == nil || !(pgconn.SafeToRetry(err) || terminated(err)) || ctx.Err() != nil {
 			break
 		}
 	}
 	return err
+}
+
+// terminated reports whether err is the server ending the session
+// (SQLSTATE class 57P: pg_terminate_backend, a shutdown, an
+// idle_session_timeout). A pooled connection whose session was ended
+// while idle meets it on its next use, its statement never run. A
+// statement that was running is rolled back, or, if it had just committed,
+// is found done by the retry: every store operation is idempotent for its
+// caller (Reserve finds its own token, Commit keeps its answer), except that
+// a repeated Release or ResolveLookup reports ErrNotOwner, which its callers
+// take as the record being settled.
+func terminated(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	sev := pgErr.SeverityUnlocalized // Severity is translated (lc_messages)
+	if sev == "" {
+		sev = pgErr.Severity
+	}
+	return sev == "FATAL" && strings.HasPrefix(pgErr.Code, "57P")
 }
 
 // Reserve implements store.Store. The reservation is one INSERT ... ON
