@@ -174,7 +174,8 @@ type Postgres struct {
 	DSNEnv string `yaml:"dsn_env"`
 	// MaxConns is the connection pool's size. Default 16.
 	MaxConns int `yaml:"max_conns"`
-	// ConnectTimeout bounds getting a connection, pooled or new. Default 1s.
+	// ConnectTimeout bounds getting a connection, pooled or new, per host
+	// the DSN lists (they are tried in turn). Default 1s.
 	ConnectTimeout Duration `yaml:"connect_timeout"`
 	// StatementTimeout is set as statement_timeout on every connection and
 	// bounds every store statement. Default 500ms.

@@ -29,9 +29,9 @@ func churn(tb testing.TB, s *postgres.Store, cycle int, ttl time.Duration) {
 		wg.Go(func() {
 			for i := w; i < churnKeys; i += 8 {
 				key := fmt.Sprintf("churn/-/%d-%d", cycle, i)
-				// The reservation outlives a slow commit on a loaded
-				// machine; the committed record expires after ttl.
-				rec, err := s.Reserve(ctx, key, store.Reservation{Token: "t", Fingerprint: "fp", Lease: time.Minute, TTL: time.Minute})
+				// The reservation outlives its commit however slow the
+				// machine; the commit's ttl is what expires the record.
+				rec, err := s.Reserve(ctx, key, store.Reservation{Token: "t", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour})
 				if err == nil && rec != nil {
 					err = fmt.Errorf("reserve %s found %+v", key, rec)
 				}
