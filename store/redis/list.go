@@ -7,7 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-		"strings"
+	"strings"
 	"sync"
 	"time"
 
