@@ -9,6 +9,7 @@ import (
 	"maps"
 	"net/http"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -261,6 +262,71 @@ var listCases = []listCase{
 		e.wantKeys("key hash and another state", got)
 		got = e.all(store.ListQuery{Prefix: e.route + "/", KeyHash: "000000000000", Limit: 5})
 		e.wantKeys("unknown key hash", got)
+	}},
+	{"a filtered listing examines a bounded number of keys per call", func(e *lenv) {
+		// Twice the budget of keys in flight, three in doubt among them:
+		// no call can examine them all, so the in-doubt keys take several
+		// calls, some of which may return nothing but a cursor.
+		n := 2*store.ListBudget + 10
+		var (
+			wg   sync.WaitGroup
+			mu   sync.Mutex
+			errs []error
+		)
+		work := make(chan int)
+		for range 32 {
+			wg.Go(func() {
+				for i := range work {
+					k := e.keyIn("", fmt.Sprintf("bulk-%05d", i))
+					rec, err := e.s.Reserve(e.ctx, k, store.Reservation{Token: "tok", Fingerprint: "fp", Lease: longLease, TTL: longTTL})
+					if err == nil && rec != nil {
+						err = fmt.Errorf("Reserve(%q) found a record", k)
+					}
+					if err == nil && i%(n/3) == 7 {
+						err = e.s.MarkInDoubt(e.ctx, k, "tok", longTTL)
+					}
+					if err != nil {
+						mu.Lock()
+						errs = append(errs, err)
+						mu.Unlock()
+					}
+				}
+			})
+		}
+		for i := range n {
+			work <- i
+		}
+		close(work)
+		wg.Wait()
+		if len(errs) > 0 {
+			e.t.Fatalf("%d writes failed, the first: %v", len(errs), errs[0])
+		}
+		var want []string
+		for i := range n {
+			if i%(n/3) == 7 {
+				want = append(want, e.keyIn("", fmt.Sprintf("bulk-%05d", i)))
+			}
+		}
+		q := store.ListQuery{Prefix: e.route + "/", State: store.StateInDoubt, Limit: 10}
+		calls, got := 0, map[string]store.Listed{}
+		for {
+			calls++
+			recs, next, err := e.ls.List(e.ctx, q)
+			if err != nil {
+				e.t.Fatalf("List(%+v): %v", q, err)
+			}
+			for _, r := range recs {
+				got[r.Key] = r
+			}
+			if next == "" {
+				break
+			}
+			q.Cursor = next
+		}
+		e.wantKeys("in doubt among many", got, want...)
+		if calls < 2 {
+			e.t.Errorf("one List call examined all %d keys; want at most %d per call", n, store.ListBudget)
+		}
 	}},
 	{"a bad cursor or limit is an error", func(e *lenv) {
 		for i := range 3 {

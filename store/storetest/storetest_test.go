@@ -148,10 +148,15 @@ func (s *refStore) List(_ context.Context, q store.ListQuery) ([]store.Listed, s
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []store.Listed
+	examined, last := 0, ""
 	for _, k := range slices.Sorted(maps.Keys(s.recs)) {
 		if k <= after || !strings.HasPrefix(k, q.Prefix) {
 			continue
 		}
+		if examined == q.Budget() {
+			return out, "ref:" + last, nil
+		}
+		examined, last = examined+1, k
 		r := s.lookup(k)
 		if r == nil || !q.Matches(k, r.rec.State) {
 			continue
