@@ -1,6 +1,6 @@
 // Package admin serves idemproxy's admin listener: Prometheus metrics,
 // liveness and readiness, configuration reload, and the key API that lets
-// an operator inspect and release idempotency keys.
+// an operator list, inspect and release idempotency keys.
 //
 // Every error it answers, a failed reload included, is an RFC 9457
 // application/problem+json body typed like the proxy's (see Problems).
@@ -29,7 +29,8 @@ import (
 	"github.com/idemproxy/idemproxy/store"
 )
 
-// Store is what the admin API needs of the key store.
+// Store is what the admin API needs of the key store. GET /v1/keys/{route}
+// also needs it to be a store.Lister (every store of idemproxy is).
 type Store interface {
 	Get(ctx context.Context, key string) (*store.Record, error)
 	// Release deletes the record under key if it still carries token;
@@ -107,6 +108,7 @@ func NewHandler(opts Options) *Handler {
 	h.mux.HandleFunc("GET /livez", func(w http.ResponseWriter, r *http.Request) { writeText(w, http.StatusOK, "ok") })
 	h.mux.HandleFunc("GET /readyz", h.readyz)
 	h.mux.Handle("POST /-/reload", h.auth(h.reload)) // a reload is an operator's act too
+	h.mux.Handle("GET /v1/keys/{route}", h.auth(h.listKeys))
 	h.mux.Handle("GET /v1/keys/{route}/{key...}", h.auth(h.getKey))
 	h.mux.Handle("DELETE /v1/keys/{route}/{key...}", h.auth(h.deleteKey))
 	h.mux.Handle("POST /v1/keys/{route}/{key}/reconcile", h.auth(h.reconcileKey))
