@@ -29,8 +29,7 @@ import (
 	"github.com/idemproxy/idemproxy/store"
 )
 
-// Store is what the admin API needs of the key store. GET /v1/keys/{route}
-// also needs it to be a store.Lister (every store of idemproxy is).
+// Store is what the admin API needs of the key store.
 type Store interface {
 	Get(ctx context.Context, key string) (*store.Record, error)
 	// Release deletes the record under key if it still carries token;
@@ -54,6 +53,9 @@ type Routes interface {
 type Options struct {
 	// Store is the key store. Required.
 	Store Store
+	// Lister lists keys for GET /v1/keys/{route}; nil: Store, if it is a
+	// store.Lister, else that endpoint answers 404 listing-unavailable.
+	Lister store.Lister
 	// Routes resolves route names. Required.
 	Routes Routes
 	// Gatherer is exposed on /metrics; nil means prometheus.DefaultGatherer.

@@ -55,8 +55,11 @@ type listPage struct {
 // even) while next_cursor is set: each page reads a bounded number of
 // keys, of which a filter may select few.
 func (h *Handler) listKeys(w http.ResponseWriter, r *http.Request) {
-	lister, ok := h.opts.Store.(store.Lister)
-	if !ok {
+	lister := h.opts.Lister
+	if lister == nil {
+		lister, _ = h.opts.Store.(store.Lister)
+	}
+	if lister == nil {
 		writeProblem(w, r, probNoLister, "this store cannot list its keys", nil)
 		return
 	}
