@@ -101,7 +101,10 @@ func (s *Store) nodes(ctx context.Context) ([]listNode, error) {
 // prefix and q.Prefix (glob characters escaped), one node after the other
 // on a Cluster (the cursor says which): a call runs at most
 // q.Budget()/count SCANs of count keys each, plus one pipelined read of
-// the matching keys per SCAN, so a page may be short. The keys of one
+// the matching keys per SCAN, each within the op timeout, so a page may be
+// short. SCAN walks the whole database (every route's keys, and other
+// applications' keys in a shared Redis), MATCH only filtering what it
+// returns: listing a route costs reading every key of the database. The keys of one
 // SCAN batch are taken in key order, so a page can end inside a batch and
 // the next resume after its last key. While keys are added or removed,
 // SCAN may return a key twice across pages (and a Cluster resharding or
@@ -115,9 +118,7 @@ func (s *Store) List(ctx context.Context, q store.ListQuery) ([]store.Listed, st
 	if err != nil {
 		return nil, "", err
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.opTimeout)
-	defer cancel()
-	nodes, err := s.nodes(ctx)
+	nodes, err := s.nodesWithin(ctx)
 	if err != nil {
 		return nil, "", fmt.Errorf("redis store: list: %w", err)
 	}
@@ -137,7 +138,7 @@ func (s *Store) List(ctx context.Context, q store.ListQuery) ([]store.Listed, st
 		}
 		scans--
 		cur.Node = nodes[i].addr
-		batch, next, err := nodes[i].client.Scan(ctx, cur.Scan, match, count).Result()
+		batch, next, err := s.scanWithin(ctx, nodes[i].client, cur.Scan, match, count)
 		if err != nil {
 			return nil, "", fmt.Errorf("redis store: list: scan %s: %w", nodes[i].addr, err)
 		}
@@ -183,10 +184,26 @@ func (s *Store) List(ctx context.Context, q store.ListQuery) ([]store.Listed, st
 	return recs, cur.encode(), nil
 }
 
+// nodesWithin is nodes within the op timeout.
+func (s *Store) nodesWithin(ctx context.Context) ([]listNode, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.opTimeout)
+	defer cancel()
+	return s.nodes(ctx)
+}
+
+// scanWithin runs one SCAN within the op timeout.
+func (s *Store) scanWithin(ctx context.Context, c *goredis.Client, cursor uint64, match string, count int64) ([]string, uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.opTimeout)
+	defer cancel()
+	return c.Scan(ctx, cursor, match, count).Result()
+}
+
 // listBatch reads the records of batch (full Redis keys, on node c) in one
 // pipeline and returns, in batch's order, those q selects (nil for the
 // others, and for records gone meanwhile).
 func (s *Store) listBatch(ctx context.Context, c *goredis.Client, batch []string, q store.ListQuery) ([]*store.Listed, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.opTimeout)
+	defer cancel()
 	out := make([]*store.Listed, len(batch))
 	pipe := c.Pipeline()
 	cmds := make([]*goredis.Cmd, len(batch))
