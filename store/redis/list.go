@@ -128,8 +128,12 @@ func (s *Store) List(ctx context.Context, q store.ListQuery) ([]store.Listed, st
 	if !found {
 		cur.Scan, cur.After = 0, ""
 	}
-	count := int64(min(max(q.Limit, 100), 1000))
-	scans := max(1, q.Budget()/int(count))
+	count := min(max(q.Limit, 100), 1000)
+	return s.list(ctx, q, cur, nodes, i, int64(count), max(1, q.Budget()/count))
+}
+
+// list runs List from node i and cur, with at most scans SCANs of count.
+func (s *Store) list(ctx context.Context, q store.ListQuery, cur listCursor, nodes []listNode, i int, count int64, scans int) ([]store.Listed, string, error) {
 	match := globEscape(s.prefix+q.Prefix) + "*"
 	var recs []store.Listed
 	for i < len(nodes) {
@@ -137,7 +141,7 @@ func (s *Store) List(ctx context.Context, q store.ListQuery) ([]store.Listed, st
 			return recs, cur.encode(), nil
 		}
 		scans--
-		cur.Node = nodes[i].addr
+		cur.Node = nodes[i].addr // the cursor of a page that ends here
 		batch, next, err := s.scanWithin(ctx, nodes[i].client, cur.Scan, match, count)
 		if err != nil {
 			return nil, "", fmt.Errorf("redis store: list: scan %s: %w", nodes[i].addr, err)
@@ -169,7 +173,10 @@ func (s *Store) List(ctx context.Context, q store.ListQuery) ([]store.Listed, st
 		}
 		cur.Scan, cur.After = next, ""
 		if next == 0 {
-			i, cur.Node = i+1, ""
+			// This node is done: the next one's scan starts.
+			if i++; i < len(nodes) {
+				cur.Node = nodes[i].addr
+			}
 		}
 		if len(recs) == q.Limit {
 			break
@@ -177,9 +184,6 @@ func (s *Store) List(ctx context.Context, q store.ListQuery) ([]store.Listed, st
 	}
 	if i == len(nodes) {
 		return recs, "", nil
-	}
-	if cur.Scan == 0 {
-		cur.Node = nodes[i].addr
 	}
 	return recs, cur.encode(), nil
 }
