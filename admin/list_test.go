@@ -215,8 +215,16 @@ func TestListKeysRefusesBadParameters(t *testing.T) {
 type notLister struct{ admin.Store }
 
 func TestListKeysWithoutALister(t *testing.T) {
-	h := newHandler(t, notLister{openStore(t)}, nil)
+	st := openStore(t)
+	seed(t, st, store.Key("charges", "", "ORD-1"), seedInDoubt)
+	h := newHandler(t, notLister{st}, nil)
 	checkProblem(t, serve(t, h, http.MethodGet, "/v1/keys/charges", bearer, nil), "/v1/keys/charges", http.StatusNotFound, "listing-unavailable")
+	// Options.Lister lists for a Store that does not (the program's store
+	// is wrapped in its metrics).
+	h = newHandler(t, notLister{st}, func(o *admin.Options) { o.Lister = st })
+	if a := list(t, h, "/v1/keys/charges"); len(a.Keys) != 1 || a.Keys[0].Key != "ORD-1" {
+		t.Errorf("with Options.Lister: %+v, want ORD-1", a.Keys)
+	}
 }
 
 // pagedStore answers every List call with one record at most and a cursor
