@@ -43,9 +43,11 @@ type app struct {
 	reloadTS prometheus.Gauge
 }
 
-// storeCloser is a store the program opens and closes.
+// storeCloser is a store the program opens and closes; every backend
+// lists its keys for the admin API.
 type storeCloser interface {
 	store.Store
+	store.Lister
 	Close() error
 }
 
@@ -203,7 +205,7 @@ func (a *app) serve(ctx context.Context) error {
 			log.Warn("the key API is disabled: " + cfg.Admin.TokenEnv + " is not set")
 		}
 		adm = admin.NewHandler(admin.Options{
-			Store: a.p.Store(), Routes: a, Gatherer: reg, Token: token, TokenEnv: cfg.Admin.TokenEnv,
+			Store: a.p.Store(), Lister: store, Routes: a, Gatherer: reg, Token: token, TokenEnv: cfg.Admin.TokenEnv,
 			Reload: a.reload, StoreOptional: a.storeOptional, Logger: log, Reconciler: reconciler,
 			Pprof: cfg.Admin.Pprof, ReadyChecks: []func() error{conns.Saturated, a.p.BuffersSaturated},
 		})

@@ -1,6 +1,6 @@
 // Package admin serves idemproxy's admin listener: Prometheus metrics,
 // liveness and readiness, configuration reload, and the key API that lets
-// an operator inspect and release idempotency keys.
+// an operator list, inspect and release idempotency keys.
 //
 // Every error it answers, a failed reload included, is an RFC 9457
 // application/problem+json body typed like the proxy's (see Problems).
@@ -53,6 +53,9 @@ type Routes interface {
 type Options struct {
 	// Store is the key store. Required.
 	Store Store
+	// Lister lists keys for GET /v1/keys/{route}; nil: Store, if it is a
+	// store.Lister, else that endpoint answers 404 listing-unavailable.
+	Lister store.Lister
 	// Routes resolves route names. Required.
 	Routes Routes
 	// Gatherer is exposed on /metrics; nil means prometheus.DefaultGatherer.
@@ -107,6 +110,7 @@ func NewHandler(opts Options) *Handler {
 	h.mux.HandleFunc("GET /livez", func(w http.ResponseWriter, r *http.Request) { writeText(w, http.StatusOK, "ok") })
 	h.mux.HandleFunc("GET /readyz", h.readyz)
 	h.mux.Handle("POST /-/reload", h.auth(h.reload)) // a reload is an operator's act too
+	h.mux.Handle("GET /v1/keys/{route}", h.auth(h.listKeys))
 	h.mux.Handle("GET /v1/keys/{route}/{key...}", h.auth(h.getKey))
 	h.mux.Handle("DELETE /v1/keys/{route}/{key...}", h.auth(h.deleteKey))
 	h.mux.Handle("POST /v1/keys/{route}/{key}/reconcile", h.auth(h.reconcileKey))

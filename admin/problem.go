@@ -36,6 +36,8 @@ var (
 	probLookupBusy      = problem{"lookup-running", http.StatusConflict, "Another lookup of this key is running"}
 	probNoReconcile     = problem{"no-reconcile-lookup", http.StatusBadRequest, "Route has no reconcile lookup"}
 	probNoReconciler    = problem{"reconcile-unavailable", http.StatusNotFound, "Reconciliation not available"}
+	probBadParameter    = problem{"invalid-parameter", http.StatusBadRequest, "Invalid query parameter"}
+	probNoLister        = problem{"listing-unavailable", http.StatusNotFound, "Listing keys not available"}
 	probNoReload        = problem{"reload-unavailable", http.StatusNotFound, "Reload not available"}
 	probReloadFailed    = problem{"reload-failed", http.StatusBadRequest, "Reload failed; the running configuration is kept"}
 	// The proxy's problem of the same name: the store did not answer.
@@ -53,6 +55,8 @@ func problemFor(err error) problem {
 		return probNotInDoubt
 	case errors.Is(err, store.ErrLookupBusy):
 		return probLookupBusy
+	case errors.Is(err, store.ErrBadCursor):
+		return probBadParameter
 	case errors.Is(err, proxy.ErrNoReconcile):
 		return probNoReconcile
 	default:
@@ -69,7 +73,7 @@ func Problems() []struct {
 } {
 	all := []problem{probUnauthorized, probDisabled, probNotFound, probMethod, probUnknownRoute, probScopeRequired,
 		probScopeNotAllowed, probNoRecord, probKeyInFlight, probKeyChanged, probNotInDoubt, probLookupBusy,
-		probNoReconcile, probNoReconciler, probNoReload, probReloadFailed, probStoreUnavailable, probInternal}
+		probNoReconcile, probNoReconciler, probBadParameter, probNoLister, probNoReload, probReloadFailed, probStoreUnavailable, probInternal}
 	out := make([]struct {
 		Name   string
 		Status int

@@ -196,3 +196,82 @@ func KeyHash(storeKey string) string {
 	sum := sha256.Sum256([]byte(storeKey))
 	return hex.EncodeToString(sum[:6])
 }
+
+// ListQuery selects the records Lister.List returns.
+type ListQuery struct {
+	// Prefix keeps the keys beginning with it: a route's "name/" (every
+	// scope), "name/-/" (its unscoped keys) or "name/<scope hash>/".
+	Prefix string
+	// State keeps the records in this state; empty keeps every state. A
+	// reservation whose lease has run out is in_doubt, as Get reports it.
+	State State
+	// KeyHash keeps the key whose KeyHash is this; empty keeps every key.
+	KeyHash string
+	// Limit is the most records one call returns; it must be positive.
+	Limit int
+	// Cursor is empty for the first page, and the next cursor a call
+	// returned for the following one, with the same Prefix.
+	Cursor string
+}
+
+// Matches reports whether the record under key, in state st, is one that
+// q selects (Prefix, State and KeyHash; not Limit or Cursor).
+func (q ListQuery) Matches(key string, st State) bool {
+	if len(key) < len(q.Prefix) || key[:len(q.Prefix)] != q.Prefix {
+		return false
+	}
+	if q.State != "" && st != q.State {
+		return false
+	}
+	return q.KeyHash == "" || KeyHash(key) == q.KeyHash
+}
+
+// Listed is a record as Lister.List shows it: what an operator needs to
+// find a key, never its token, fingerprint or stored answer.
+type Listed struct {
+	// Key is the store key, as Key builds it.
+	Key   string
+	State State
+	// CreatedAt is when the reservation was made.
+	CreatedAt time.Time
+	// ExpiresAt is when the store forgets the record (zero: not reported).
+	ExpiresAt time.Time
+	// LeaseExpiresAt is when an in-flight reservation turns in doubt; zero
+	// for other states.
+	LeaseExpiresAt time.Time
+	// StoredStatus is the status of a completed record's stored answer; 0
+	// for other states.
+	StoredStatus int
+}
+
+// ListBudget is the most keys one Lister.List call examines, unless its
+// limit is larger (then limit keys). A call with a State or KeyHash filter
+// may examine that many keys and select few or none of them: it returns
+// them with a next cursor all the same, so a page may be short, or empty,
+// while there are more pages. The cost of a call is bounded; the cost of
+// listing every page is that of reading every key under the prefix (and,
+// on some stores, beyond it: see each store's List).
+const ListBudget = 4096
+
+// Budget is the most keys a List call for q examines: ListBudget, or
+// q.Limit when that is larger.
+func (q ListQuery) Budget() int { return max(q.Limit, ListBudget) }
+
+// ErrBadCursor is returned by Lister.List for a cursor that is not one the
+// store returned for this prefix.
+var ErrBadCursor = errors.New("the cursor is not one this store returned for this listing")
+
+// Lister is implemented by the stores that can list their keys, for
+// operators: every store of idemproxy.
+type Lister interface {
+	// List returns up to q.Limit live records that q selects, in an order
+	// of the store's own, and the cursor of the next page ("" on the last
+	// one). Expired records are never listed. While no key under the
+	// prefix changes, following the cursors from an empty one lists every
+	// selected record exactly once; a key created, changed or removed
+	// meanwhile may be listed or not, in the state it had when its page was
+	// read. Each call examines a bounded number of keys (ListBudget), so
+	// a page may be short or empty while the next cursor is set. A cursor
+	// the store did not return for q.Prefix is ErrBadCursor.
+	List(ctx context.Context, q ListQuery) (recs []Listed, next string, err error)
+}

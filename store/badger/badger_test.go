@@ -26,6 +26,10 @@ func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) store.Store { return open(t, t.TempDir()) })
 }
 
+func TestListConformance(t *testing.T) {
+	storetest.RunList(t, func(t *testing.T) storetest.ListStore { return open(t, t.TempDir()) })
+}
+
 func TestReconcileConformance(t *testing.T) {
 	storetest.RunReconcile(t, func(t *testing.T) storetest.ReconcileStore { return open(t, t.TempDir()) })
 }

@@ -618,3 +618,16 @@ func closeWithin(s *guarded, d time.Duration) (<-chan struct{}, error) {
 		return closed, errors.New("badger: close of the failed store did not finish")
 	}
 }
+
+// List implements store.Lister. A bad limit or cursor is refused before
+// the store is asked: it is not a fault of the store.
+func (g *Guard) List(ctx context.Context, q store.ListQuery) (recs []store.Listed, next string, err error) {
+	if _, err := checkList(q); err != nil {
+		return nil, "", err // the query's fault, not the store's
+	}
+	err = g.do(func(s *Store) error {
+		recs, next, err = s.List(ctx, q)
+		return err
+	})
+	return recs, next, err
+}

@@ -47,6 +47,7 @@ func TestGuardConformance(t *testing.T) {
 	storetest.RunReconcile(t, func(t *testing.T) storetest.ReconcileStore {
 		return openGuarded(t, t.TempDir(), badger.GuardOptions{})
 	})
+	storetest.RunList(t, func(t *testing.T) storetest.ListStore { return openGuarded(t, t.TempDir(), badger.GuardOptions{}) })
 }
 
 func eventually(t *testing.T, what string, cond func() bool) {

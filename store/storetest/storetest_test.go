@@ -2,6 +2,10 @@ package storetest_test
 
 import (
 	"context"
+	"errors"
+	"maps"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,6 +19,11 @@ import (
 // It is not a store to use.
 func TestReference(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) store.Store { return &refStore{recs: map[string]*refRecord{}} })
+}
+
+// TestReferenceList runs the listing suite against refStore.
+func TestReferenceList(t *testing.T) {
+	storetest.RunList(t, func(t *testing.T) storetest.ListStore { return &refStore{recs: map[string]*refRecord{}} })
 }
 
 type refRecord struct {
@@ -123,3 +132,43 @@ func (s *refStore) Get(_ context.Context, key string) (*store.Record, error) {
 }
 
 func (s *refStore) Ping(context.Context) error { return nil }
+
+// List lists in key order; its cursor is "ref:" and the last key listed.
+func (s *refStore) List(_ context.Context, q store.ListQuery) ([]store.Listed, string, error) {
+	if q.Limit <= 0 {
+		return nil, "", errors.New("limit not positive")
+	}
+	after, ok := "", true
+	if q.Cursor != "" {
+		after, ok = strings.CutPrefix(q.Cursor, "ref:")
+		if !ok || !strings.HasPrefix(after, q.Prefix) {
+			return nil, "", store.ErrBadCursor
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []store.Listed
+	examined, last := 0, ""
+	for _, k := range slices.Sorted(maps.Keys(s.recs)) {
+		if k <= after || !strings.HasPrefix(k, q.Prefix) {
+			continue
+		}
+		if examined == q.Budget() {
+			return out, "ref:" + last, nil
+		}
+		examined, last = examined+1, k
+		r := s.lookup(k)
+		if r == nil || !q.Matches(k, r.rec.State) {
+			continue
+		}
+		if len(out) == q.Limit {
+			return out, "ref:" + out[len(out)-1].Key, nil
+		}
+		l := store.Listed{Key: k, State: r.rec.State, CreatedAt: r.rec.CreatedAt, ExpiresAt: r.expires, LeaseExpiresAt: r.rec.LeaseExpiresAt}
+		if r.rec.Response != nil {
+			l.StoredStatus = r.rec.Response.Status
+		}
+		out = append(out, l)
+	}
+	return out, "", nil
+}

@@ -1,0 +1,267 @@
+package redis
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/idemproxy/idemproxy/store"
+)
+
+var _ store.Lister = (*Store)(nil)
+
+// listScript reads what a listing shows of one record: {st, cr, le,
+// stored status, pttl, now}, or {} when there is none. The stored status
+// is read from the start of the response JSON (encodeResponse writes it
+// first), so the body is never sent.
+const listScript = nowMillis + `
+local f = redis.call('HMGET', KEYS[1], 'st', 'cr', 'le', 'resp')
+if not f[1] then return {} end
+local status = 0
+if f[1] == 'completed' and f[4] then
+  status = tonumber(string.match(f[4], '^{"status":(%d+)')) or 0
+end
+return {f[1], f[2] or '', f[3] or '', status, redis.call('PTTL', KEYS[1]), now}
+`
+
+// listCursor is the state of a listing between pages: the node being
+// scanned (its address; "" on a single node or Sentinel master), its SCAN
+// cursor, and, when a page ended inside the batch that cursor returns,
+// the last key listed of that batch. The prefix ties it to its listing.
+type listCursor struct {
+	Prefix string `json:"p"`
+	Node   string `json:"n,omitempty"`
+	Scan   uint64 `json:"c,omitempty"`
+	After  string `json:"k,omitempty"`
+}
+
+func (c listCursor) encode() string {
+	b, _ := json.Marshal(c) // strings and a number: cannot fail
+	return "r1." + base64.RawURLEncoding.EncodeToString(b)
+}
+
+func decodeListCursor(s, prefix string) (listCursor, error) {
+	if s == "" {
+		return listCursor{Prefix: prefix}, nil
+	}
+	rest, ok := strings.CutPrefix(s, "r1.")
+	if !ok {
+		return listCursor{}, store.ErrBadCursor
+	}
+	b, err := base64.RawURLEncoding.DecodeString(rest)
+	if err != nil {
+		return listCursor{}, store.ErrBadCursor
+	}
+	var c listCursor
+	if err := json.Unmarshal(b, &c); err != nil || c.Prefix != prefix {
+		return listCursor{}, store.ErrBadCursor
+	}
+	return c, nil
+}
+
+// listNode is one node a listing scans.
+type listNode struct {
+	addr   string
+	client *goredis.Client
+}
+
+// nodes returns the nodes that hold the records: the masters of a
+// Cluster in address order, or the one node.
+func (s *Store) nodes(ctx context.Context) ([]listNode, error) {
+	switch c := s.client.(type) {
+	case *goredis.ClusterClient:
+		var (
+			mu    sync.Mutex
+			nodes []listNode
+		)
+		err := c.ForEachMaster(ctx, func(_ context.Context, n *goredis.Client) error {
+			mu.Lock()
+			nodes = append(nodes, listNode{n.Options().Addr, n})
+			mu.Unlock()
+			return nil
+		})
+		slices.SortFunc(nodes, func(a, b listNode) int { return strings.Compare(a.addr, b.addr) })
+		return nodes, err
+	case *goredis.Client:
+		return []listNode{{"", c}}, nil
+	default:
+		return nil, fmt.Errorf("unexpected client %T", s.client)
+	}
+}
+
+// List implements store.Lister with SCAN over the keys matching the key
+// prefix and q.Prefix (glob characters escaped), one node after the other
+// on a Cluster (the cursor says which): a call runs at most
+// q.Budget()/count SCANs of count keys each, plus one pipelined read of
+// the matching keys per SCAN, so a page may be short. The keys of one
+// SCAN batch are taken in key order, so a page can end inside a batch and
+// the next resume after its last key. While keys are added or removed,
+// SCAN may return a key twice across pages (and a Cluster resharding or
+// failing over meanwhile may skip or repeat keys); a lapsed lease is
+// judged by Redis' clock, as Get does.
+func (s *Store) List(ctx context.Context, q store.ListQuery) ([]store.Listed, string, error) {
+	if q.Limit <= 0 {
+		return nil, "", fmt.Errorf("redis store: list: limit %d is not positive", q.Limit)
+	}
+	cur, err := decodeListCursor(q.Cursor, q.Prefix)
+	if err != nil {
+		return nil, "", err
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.opTimeout)
+	defer cancel()
+	nodes, err := s.nodes(ctx)
+	if err != nil {
+		return nil, "", fmt.Errorf("redis store: list: %w", err)
+	}
+	// The node of the cursor, or the first after it in address order
+	// when it is no longer a master (a failover): its scan starts over.
+	i, found := slices.BinarySearchFunc(nodes, cur.Node, func(n listNode, addr string) int { return strings.Compare(n.addr, addr) })
+	if !found {
+		cur.Scan, cur.After = 0, ""
+	}
+	count := int64(min(max(q.Limit, 100), 1000))
+	scans := max(1, q.Budget()/int(count))
+	match := globEscape(s.prefix+q.Prefix) + "*"
+	var recs []store.Listed
+	for i < len(nodes) {
+		if scans == 0 {
+			return recs, cur.encode(), nil
+		}
+		scans--
+		cur.Node = nodes[i].addr
+		batch, next, err := nodes[i].client.Scan(ctx, cur.Scan, match, count).Result()
+		if err != nil {
+			return nil, "", fmt.Errorf("redis store: list: scan %s: %w", nodes[i].addr, err)
+		}
+		slices.Sort(batch)
+		if cur.After != "" {
+			j, found := slices.BinarySearch(batch, s.prefix+cur.After)
+			if found {
+				j++
+			}
+			batch = batch[j:]
+		}
+		got, err := s.listBatch(ctx, nodes[i].client, batch, q)
+		if err != nil {
+			return nil, "", fmt.Errorf("redis store: list: %w", err)
+		}
+		for _, l := range got {
+			if l == nil {
+				continue
+			}
+			if len(recs) == q.Limit {
+				// The batch holds more: the next page reads it again,
+				// from after the last key listed (which is in it: a page
+				// that fills up ends with its batch).
+				cur.After = recs[len(recs)-1].Key
+				return recs, cur.encode(), nil
+			}
+			recs = append(recs, *l)
+		}
+		cur.Scan, cur.After = next, ""
+		if next == 0 {
+			i, cur.Node = i+1, ""
+		}
+		if len(recs) == q.Limit {
+			break
+		}
+	}
+	if i == len(nodes) {
+		return recs, "", nil
+	}
+	if cur.Scan == 0 {
+		cur.Node = nodes[i].addr
+	}
+	return recs, cur.encode(), nil
+}
+
+// listBatch reads the records of batch (full Redis keys, on node c) in one
+// pipeline and returns, in batch's order, those q selects (nil for the
+// others, and for records gone meanwhile).
+func (s *Store) listBatch(ctx context.Context, c *goredis.Client, batch []string, q store.ListQuery) ([]*store.Listed, error) {
+	out := make([]*store.Listed, len(batch))
+	pipe := c.Pipeline()
+	cmds := make([]*goredis.Cmd, len(batch))
+	for j, k := range batch {
+		key := strings.TrimPrefix(k, s.prefix)
+		if k == s.scheduleKey() || (q.KeyHash != "" && store.KeyHash(key) != q.KeyHash) {
+			continue
+		}
+		cmds[j] = pipe.Eval(ctx, listScript, []string{k})
+	}
+	if pipe.Len() == 0 {
+		return out, nil
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, goredis.Nil) {
+		return nil, err
+	}
+	for j, cmd := range cmds {
+		if cmd == nil {
+			continue
+		}
+		v, err := cmd.Slice()
+		if err != nil {
+			return nil, err
+		}
+		key := strings.TrimPrefix(batch[j], s.prefix)
+		l, err := decodeListed(key, v)
+		if err != nil {
+			return nil, fmt.Errorf("record %s: %w", store.KeyHash(key), err)
+		}
+		if l != nil && q.Matches(key, l.State) {
+			out[j] = l
+		}
+	}
+	return out, nil
+}
+
+// decodeListed turns a reply of listScript into a listed record; nil for
+// none.
+func decodeListed(key string, v []any) (*store.Listed, error) {
+	if len(v) == 0 {
+		return nil, nil
+	}
+	if len(v) != 6 {
+		return nil, fmt.Errorf("list script reply has %d elements, want 6", len(v))
+	}
+	st := store.State(str(v[0]))
+	switch st {
+	case store.StateInFlight, store.StateCompleted, store.StateInDoubt:
+	default:
+		return nil, fmt.Errorf("record has unknown state %q", st)
+	}
+	cr, err := msField("cr", v[1])
+	if err != nil {
+		return nil, err
+	}
+	status, _ := v[3].(int64)
+	pttl, _ := v[4].(int64)
+	now, _ := v[5].(int64)
+	if pttl == -2 {
+		return nil, nil // expired between the two reads
+	}
+	l := &store.Listed{Key: key, State: st, CreatedAt: time.UnixMilli(cr), StoredStatus: int(status)}
+	if pttl >= 0 {
+		l.ExpiresAt = time.UnixMilli(now + pttl)
+	}
+	if st == store.StateInFlight {
+		le, err := msField("le", v[2])
+		if err != nil {
+			return nil, err
+		}
+		if le <= now {
+			l.State = store.StateInDoubt // as Get reports it
+		} else {
+			l.LeaseExpiresAt = time.UnixMilli(le)
+		}
+	}
+	return l, nil
+}
