@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -213,4 +214,102 @@ func TestKeysReconcile(t *testing.T) {
 	if code != 1 || !strings.Contains(errOut, "Key not in doubt (409)") {
 		t.Errorf("reconcile of a settled key = exit %d %s%s, want 1 and the problem", code, out, errOut)
 	}
+}
+
+// TestKeysList: from the in-doubt alert to the keys, with the binary: the
+// table names the raw keys in doubt, -limit pages with the cursor it
+// prints, -o json is the API's answer, -key-hash finds a log line's key,
+// and a bad state is the API's problem.
+func TestKeysList(t *testing.T) {
+	up := startStub(t)
+	dir := t.TempDir()
+	route := `  - name: charges
+    match: POST /charges
+    key: {json: orderId}
+    upstream_timeout: 1s
+    lease: 2s
+`
+	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), "", route),
+		"IDEMPROXY_ADMIN_TOKEN=s3cret")
+	for _, order := range []string{"ORD-D1", "ORD-D2"} {
+		if r := charge(p, order, "X-Stub-Fault", "delay", "X-Stub-Delay", "3s"); r.status != http.StatusGatewayTimeout {
+			t.Fatalf("charge %s with a late answer = %d %s, want 504", order, r.status, r.body)
+		}
+	}
+	if r := charge(p, "ORD-OK"); r.status != http.StatusCreated {
+		t.Fatalf("charge ORD-OK = %d %s, want 201", r.status, r.body)
+	}
+	env := []string{"IDEMPROXY_ADMIN_TOKEN=s3cret", "IDEMPROXY_ADMIN_URL=" + p.admin}
+
+	out, errOut, code := runBin(t, env, "keys", "list", "charges", "-state", "in_doubt")
+	if code != 0 {
+		t.Fatalf("keys list = exit %d: %s", code, errOut)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 3 || !strings.HasPrefix(lines[0], "KEY ") || !strings.Contains(lines[0], "STATE") {
+		t.Fatalf("keys list -state in_doubt =\n%s\nwant a header and two keys", out)
+	}
+	var keys []string
+	for _, l := range lines[1:] {
+		f := strings.Fields(l)
+		if f[1] != "in_doubt" {
+			t.Errorf("line %q: state %s, want in_doubt", l, f[1])
+		}
+		keys = append(keys, f[0])
+	}
+	slices.Sort(keys)
+	if !slices.Equal(keys, []string{"ORD-D1", "ORD-D2"}) {
+		t.Errorf("in-doubt keys = %v, want ORD-D1 and ORD-D2", keys)
+	}
+
+	// A page at a time: the first page says how to get the next.
+	out, errOut, code = runBin(t, env, "keys", "list", "charges", "-limit", "2")
+	cursor, ok := strings.CutPrefix(strings.TrimSpace(errOut), "more keys: add -cursor ")
+	if code != 0 || !ok || len(strings.Split(strings.TrimSpace(out), "\n")) != 3 {
+		t.Fatalf("keys list -limit 2 = exit %d\n%s\nstderr %q; want two keys and the cursor", code, out, errOut)
+	}
+	out, errOut, code = runBin(t, env, "keys", "list", "charges", "-limit", "2", "-cursor", cursor, "-o", "json")
+	var page struct {
+		Keys []struct {
+			Key, State, KeyHash string
+			StoredStatus        int `json:"stored_status"`
+		} `json:"keys"`
+		NextCursor *string `json:"next_cursor"`
+	}
+	if err := json.Unmarshal([]byte(out), &page); code != 0 || err != nil || len(page.Keys) != 1 || page.NextCursor != nil {
+		t.Fatalf("the last page = exit %d %v\n%s%s\nwant one key and no cursor", code, err, out, errOut)
+	}
+
+	// The key_hash of a log line leads to its key.
+	out, _, _ = runBin(t, env, "keys", "list", "charges", "-o", "json", "-key-hash", keyHashOf(t, env, "ORD-OK"))
+	if !strings.Contains(out, `"key": "ORD-OK"`) || strings.Contains(out, "ORD-D") {
+		t.Errorf("keys list -key-hash = %s, want ORD-OK alone", out)
+	}
+
+	out, errOut, code = runBin(t, env, "keys", "list", "charges", "-state", "doubtful")
+	if code != 1 || out != "" || !strings.Contains(errOut, "(400)") || !strings.Contains(errOut, "doubtful") {
+		t.Errorf("keys list -state doubtful = exit %d %q %q, want 1 and the 400 problem naming the state", code, out, errOut)
+	}
+}
+
+// keyHashOf returns the key_hash the listing gives the key.
+func keyHashOf(t *testing.T, env []string, key string) string {
+	t.Helper()
+	out, errOut, code := runBin(t, env, "keys", "list", "charges", "-o", "json")
+	var page struct {
+		Keys []struct {
+			Key     string `json:"key"`
+			KeyHash string `json:"key_hash"`
+		} `json:"keys"`
+	}
+	if err := json.Unmarshal([]byte(out), &page); code != 0 || err != nil {
+		t.Fatalf("keys list -o json = exit %d %v: %s", code, err, errOut)
+	}
+	for _, k := range page.Keys {
+		if k.Key == key {
+			return k.KeyHash
+		}
+	}
+	t.Fatalf("%s not listed: %s", key, out)
+	return ""
 }
