@@ -136,6 +136,7 @@ func (a *app) registerMetrics(reg prometheus.Registerer) {
 // serve runs the proxy until ctx is cancelled, then shuts down gracefully.
 func (a *app) serve(ctx context.Context) error {
 	cfg, log := a.cfg, a.log
+	log.Info("idemproxy starting", a.startAttrs()...)
 	raiseOpenFiles(log)
 	// From the start: an unhandled SIGHUP would kill the process.
 	hup := make(chan os.Signal, 1)
@@ -242,7 +243,7 @@ func (a *app) serve(ctx context.Context) error {
 		adm.SetStopping()
 	}
 	sc := a.currentServer()
-	log.Info("shutting down", "drain_delay", sc.DrainDelay.D(), "timeout", sc.ShutdownTimeout.D())
+	log.Info("shutting down", "signal", stopReason(ctx), "drain_delay", sc.DrainDelay.D(), "timeout", sc.ShutdownTimeout.D())
 	time.Sleep(sc.DrainDelay.D())
 	sctx, cancel := context.WithTimeout(context.Background(), sc.ShutdownTimeout.D())
 	defer cancel()
@@ -262,7 +263,7 @@ func (a *app) serve(ctx context.Context) error {
 		defer cancel()
 		admSrv.Shutdown(actx)
 	}
-	log.Info("idemproxy stopped")
+	log.Info("idemproxy stopped", "signal", stopReason(ctx))
 	return nil
 }
 

@@ -6,6 +6,8 @@
 //	idemproxy -config config.yaml          run the proxy
 //	idemproxy -config config.yaml -check   validate the configuration and exit
 //	idemproxy -healthcheck URL             exit 0 if URL answers 200 (container health checks)
+//	idemproxy keys list ROUTE -state in_doubt   list keys through the admin API
+//	idemproxy -version                     print the version, the commit and its date
 package main
 
 import (
@@ -14,11 +16,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	iofs "io/fs"
 	"log/slog"
 	"net/http"
 	"os"
 	"os/signal"
-	"runtime"
 	"syscall"
 	"time"
 
@@ -27,30 +29,31 @@ import (
 	"github.com/idemproxy/idemproxy/proxy"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
-
 func main() {
 	// A write to stderr after its reader went away (a log shipper that
 	// died) would otherwise kill the process with SIGPIPE and cut every
 	// request in flight; ignored, the write fails and the log sink drops
 	// the line.
 	signal.Ignore(syscall.SIGPIPE)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
+	ctx, _ := stopOnSignal(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv))
 }
 
-// run is the whole program; it returns the exit status.
+// run is the whole program; it returns the exit status: 0 after a clean
+// stop, 1 on a failure, 2 on bad usage.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	if len(args) > 0 && args[0] == "keys" {
+		return runKeys(ctx, args[1:], stdout, stderr, getenv)
+	}
 	fs := flag.NewFlagSet("idemproxy", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	configPath := fs.String("config", "config.yaml", "configuration file")
+	fs.Usage = func() { usage(fs) }
+	configFlag := fs.String("config", "", "configuration `file` (default $"+configEnv+", else ./config.yaml)")
 	check := fs.Bool("check", false, "validate the configuration, print every problem, and exit")
 	healthURL := fs.String("healthcheck", "", "probe `URL` (e.g. http://127.0.0.1:9091/livez) and exit 0 if it answers 200, 1 otherwise")
 	logFormat := fs.String("log-format", "json", "log format: json or text")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
-	showVersion := fs.Bool("version", false, "print the version and exit")
+	showVersion := fs.Bool("version", false, "print the version, the commit and its date, and exit")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -58,12 +61,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		return 2
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "idemproxy: unexpected arguments: %v\n", fs.Args())
+		fmt.Fprintf(stderr, "idemproxy: unexpected arguments: %v (see idemproxy -h)\n", fs.Args())
 		return 2
 	}
 	switch {
 	case *showVersion:
-		fmt.Fprintf(stdout, "idemproxy %s (%s)\n", version, runtime.Version())
+		printVersion(stdout)
 		return 0
 	case *healthURL != "":
 		return healthcheck(*healthURL, stderr)
@@ -80,18 +83,25 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	if log.Enabled(ctx, slog.LevelInfo) {
 		access, _ = proxy.NewAccessLog(sink.lines(), *logFormat) // the format was checked by newLogger
 	}
-	cfg, err := config.Load(*configPath)
+	configPath, from := configPathOf(*configFlag, getenv)
+	cfg, err := config.Load(configPath)
 	if err != nil {
-		fmt.Fprintf(stderr, "idemproxy: %s: %v\n", *configPath, err)
+		fmt.Fprintf(stderr, "idemproxy: %s: %v\n", configPath, err)
+		if errors.Is(err, iofs.ErrNotExist) {
+			fmt.Fprintf(stderr, "idemproxy: the configuration path comes from %s. Start from config.example.yaml, "+
+				"the reference of every option (in the repository, %s, and in the container image, "+
+				"/etc/idemproxy/config.example.yaml): copy it to config.yaml and edit it, or name a file with -config\n",
+				from, exampleConfigURL)
+		}
 		return 1
 	}
 	if *check {
-		fmt.Fprintf(stdout, "%s: ok (%d routes)\n", *configPath, len(cfg.Routes))
+		fmt.Fprintf(stdout, "%s: ok (%d routes)\n", configPath, len(cfg.Routes))
 		return 0
 	}
-	a := &app{log: log, access: access, path: *configPath, cfg: cfg, getenv: getenv}
+	a := &app{log: log, access: access, path: configPath, cfg: cfg, getenv: getenv}
 	if err := a.serve(ctx); err != nil {
-		log.Error("idemproxy stopped", "err", err)
+		log.Error("idemproxy failed", "err", err)
 		return 1
 	}
 	return 0

@@ -413,7 +413,7 @@ func Parse(b []byte) (*Config, error) {
 		if errors.Is(err, io.EOF) {
 			return nil, errors.New("parse config: the file is empty")
 		}
-		return nil, fmt.Errorf("parse config: %w", err)
+		return nil, syntaxError(b, err)
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {

@@ -259,18 +259,18 @@ func TestUnknownFields(t *testing.T) {
 		src  string
 		want []string
 	}{
-		{"top level", "lisen: :8080\n" + withRoute(""), []string{"lisen: unknown field (line 1)"}},
-		{"route", withRoute("    polcy: release-on-5xx\n"), []string{"routes[0].polcy: unknown field (line 8)"}},
-		{"key", head + "  - name: a\n    match: POST /a\n    key: {jsn: orderId}\n", []string{"routes[0].key.jsn: unknown field (line 6)"}},
+		{"top level", "lisen: :8080\n" + withRoute(""), []string{"lisen: unknown field; did you mean `listen`? (line 1)"}},
+		{"route", withRoute("    polcy: release-on-5xx\n"), []string{"routes[0].polcy: unknown field; did you mean `policy`? (line 8)"}},
+		{"key", head + "  - name: a\n    match: POST /a\n    key: {jsn: orderId}\n", []string{"routes[0].key.jsn: unknown field; did you mean `json`? (line 6)"}},
 		{"badger", withRoute("") + "store:\n  badger:\n    directory: /data\n", []string{"store.badger.directory: unknown field (line 10)"}},
-		{"redis", withRoute("") + "store:\n  redis:\n    addr: [a:1]\n", []string{"store.redis.addr: unknown field (line 10)"}},
-		{"fingerprint", withRoute("    fingerprint: {ignored: [a]}\n"), []string{"routes[0].fingerprint.ignored: unknown field (line 8)"}},
+		{"redis", withRoute("") + "store:\n  redis:\n    addr: [a:1]\n", []string{"store.redis.addr: unknown field; did you mean `addrs`? (line 10)"}},
+		{"fingerprint", withRoute("    fingerprint: {ignored: [a]}\n"), []string{"routes[0].fingerprint.ignored: unknown field; did you mean `ignore`? (line 8)"}},
 		{"admin", "admin: {port: 9091}\n" + withRoute(""), []string{"admin.port: unknown field (line 1)"}},
 		{"server", "server: {write_timeout: 1s}\n" + withRoute(""), []string{"server.write_timeout: unknown field (line 1)"}},
 		// All of them at once, with the line of each, and bad durations too.
 		{"several", "lisen: :8080\n" + withRoute("    polcy: x\n    ttl: 30\n    lease: abc\n"), []string{
-			"lisen: unknown field (line 1)",
-			"routes[0].polcy: unknown field (line 9)",
+			"lisen: unknown field; did you mean `listen`? (line 1)",
+			"routes[0].polcy: unknown field; did you mean `policy`? (line 9)",
 			`routes[0].ttl: duration "30" needs a unit, e.g. "30s" or "24h" (line 10)`,
 			`routes[0].lease: invalid duration "abc" (line 11)`,
 		}},

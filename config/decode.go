@@ -102,7 +102,11 @@ func (c *decodeChecker) mapping(n *yaml.Node, t reflect.Type, path string) {
 		first[k.Value] = k.Line
 		ft, ok := fields[k.Value]
 		if !ok {
-			c.add(p, k.Line, "unknown field")
+			if near := nearest(k.Value, fields); near != "" {
+				c.add(p, k.Line, "unknown field; did you mean `%s`?", near)
+			} else {
+				c.add(p, k.Line, "unknown field")
+			}
 			continue
 		}
 		if c.walk(v, ft, p) {
@@ -197,4 +201,87 @@ func yamlFields(t reflect.Type) map[string]reflect.Type {
 		fields[name] = f.Type
 	}
 	return fields
+}
+
+// nearest returns the field name of fields closest to an unknown name,
+// for a "did you mean": the one fewest edits away (a transposition is one
+// edit; case, "-" for "_" are none), or "" when none is close enough for
+// the guess to help: at most one edit for names of up to four letters,
+// two beyond.
+func nearest(name string, fields map[string]reflect.Type) string {
+	norm := strings.ReplaceAll(strings.ToLower(name), "-", "_")
+	maxEdits := 1
+	if len([]rune(norm)) > 4 {
+		maxEdits = 2
+	}
+	best, bestD := "", maxEdits+1
+	for f := range fields {
+		d := editDistance(norm, f)
+		if d < bestD || (d == bestD && f < best) {
+			best, bestD = f, d
+		}
+	}
+	if bestD > maxEdits {
+		return ""
+	}
+	return best
+}
+
+// editDistance is the optimal string alignment distance between a and b:
+// the insertions, deletions, substitutions and transpositions of adjacent
+// letters that turn one into the other.
+func editDistance(a, b string) int {
+	x, y := []rune(a), []rune(b)
+	d := make([][]int, len(x)+1)
+	for i := range d {
+		d[i] = make([]int, len(y)+1)
+		d[i][0] = i
+	}
+	for j := range d[0] {
+		d[0][j] = j
+	}
+	for i := 1; i <= len(x); i++ {
+		for j := 1; j <= len(y); j++ {
+			cost := 1
+			if x[i-1] == y[j-1] {
+				cost = 0
+			}
+			d[i][j] = min(d[i-1][j]+1, d[i][j-1]+1, d[i-1][j-1]+cost)
+			if i > 1 && j > 1 && x[i-1] == y[j-2] && x[i-2] == y[j-1] {
+				d[i][j] = min(d[i][j], d[i-2][j-2]+1)
+			}
+		}
+	}
+	return d[len(x)][len(y)]
+}
+
+// syntaxLine finds the line of a YAML syntax error in b. The YAML
+// library's messages name the line where the enclosing block or flow
+// collection starts, counted from zero for a parser error (so the line
+// above it), not the line at fault. The line at fault is the one after the
+// longest run of whole lines that still parses: a construct left open
+// (a quote, a flow mapping) parses once closed, a mistake never does.
+func syntaxLine(b []byte) (line int, text string) {
+	lines := strings.SplitAfter(string(b), "\n")
+	for n := len(lines) - 1; n >= 0; n-- {
+		var root yaml.Node
+		if err := yaml.Unmarshal([]byte(strings.Join(lines[:n], "")), &root); err == nil {
+			return n + 1, strings.TrimRight(lines[n], "\r\n")
+		}
+	}
+	return 0, ""
+}
+
+// yamlLineRE is the "yaml: line N: " prefix of a syntax error.
+var yamlLineRE = regexp.MustCompile(`^yaml: (line \d+: )?`)
+
+// syntaxError rewords a YAML syntax error of b with the line at fault
+// and its text.
+func syntaxError(b []byte, err error) error {
+	line, text := syntaxLine(b)
+	if line == 0 {
+		return fmt.Errorf("parse config: %w", err)
+	}
+	msg := yamlLineRE.ReplaceAllString(err.Error(), "")
+	return fmt.Errorf("parse config: line %d: %s: %q", line, msg, text)
 }

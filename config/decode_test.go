@@ -17,7 +17,7 @@ func TestDecodingProblemsNameTheField(t *testing.T) {
 		want []string // every problem, in order
 	}{
 		{"unknown route field", withRoute("    ttll: 30s\n"),
-			[]string{"routes[0].ttll: unknown field (line 8)"}},
+			[]string{"routes[0].ttll: unknown field; did you mean `ttl`? (line 8)"}},
 		{"bad duration", withRoute("    ttl: 30 s\n"),
 			[]string{`routes[0].ttl: invalid duration "30 s" (line 8)`}},
 		{"number as text", withRoute("    max_body_bytes: 1MiB\n"),
@@ -47,7 +47,7 @@ func TestDecodingProblemsNameTheField(t *testing.T) {
 				"  - name: charges\n    match: POST /charges\n    key: {json: orderId}\n" +
 				"    ttll: 30s\n    policy: sometimes\n    release_statuses: [x]\n",
 			[]string{
-				"routes[0].ttll: unknown field (line 7)",
+				"routes[0].ttll: unknown field; did you mean `ttl`? (line 7)",
 				"routes[0].release_statuses[0]: a whole number expected, not \"x\" (line 9)",
 				`listen: "localhost" is not a host:port address`,
 				`routes[0].policy: "sometimes" is not one of reserve-then-commit, release-on-5xx`,
@@ -72,11 +72,11 @@ func TestDecodingProblemsFile(t *testing.T) {
 	}
 	got := problemsOf(t, string(b))
 	want := []string{
-		"lisen: unknown field (line 2)",
+		"lisen: unknown field; did you mean `listen`? (line 2)",
 		`routes[0].ttl: invalid duration "30 s" (line 9)`,
-		"routes[0].ttll: unknown field (line 10)",
+		"routes[0].ttll: unknown field; did you mean `ttl`? (line 10)",
 		`routes[0].max_body_bytes: a whole number expected, not "1MiB" (line 11)`,
-		"routes[1].key.jsn: unknown field (line 15)",
+		"routes[1].key.jsn: unknown field; did you mean `json`? (line 15)",
 		"listen: required (host:port, e.g. 127.0.0.1:8080)",
 		"routes[1].key: set exactly one of json, header, query, path or parts",
 	}

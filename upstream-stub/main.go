@@ -9,7 +9,13 @@
 //
 // Usage:
 //
-//	upstream-stub [-listen 127.0.0.1:9000] [-addr-file PATH] [-shutdown-timeout 10s] [-log-level INFO]
+//	upstream-stub [-listen 127.0.0.1:9000] [-addr-file PATH] [-pid-file PATH] [-shutdown-timeout 10s]
+//	              [-log-format json|text] [-log-level INFO]
+//
+// It logs as idemproxy does (JSON lines from log/slog by default), so the
+// two can share a terminal. From a script, stop it with
+// kill $(cat PID-FILE): under go run, $! and %1 name the go command, not
+// the stub.
 package main
 
 import (
@@ -24,6 +30,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -47,6 +54,8 @@ func main() {
 type config struct {
 	listen          string
 	addrFile        string
+	pidFile         string
+	logFormat       string
 	shutdownTimeout time.Duration
 	logLevel        slog.Level
 }
@@ -65,7 +74,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
+	logger := newLogger(stderr, cfg.logFormat, cfg.logLevel)
 
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -85,6 +94,8 @@ func parseFlags(args []string, stdout io.Writer) (config, error) {
 	fs.SetOutput(io.Discard)
 	fs.StringVar(&cfg.listen, "listen", "127.0.0.1:9000", "address to listen on (port 0 picks a free port)")
 	fs.StringVar(&cfg.addrFile, "addr-file", "", "if set, write the actual listen address to this file once listening")
+	fs.StringVar(&cfg.pidFile, "pid-file", "", "if set, write the process ID to this file once listening (for kill $(cat FILE)), and remove it on a clean stop")
+	fs.StringVar(&cfg.logFormat, "log-format", "json", "log format: json (as idemproxy's) or text")
 	fs.DurationVar(&cfg.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long a graceful shutdown waits for in-flight requests")
 	fs.TextVar(&cfg.logLevel, "log-level", slog.LevelInfo, "log level: DEBUG, INFO, WARN or ERROR")
 
@@ -100,6 +111,9 @@ func parseFlags(args []string, stdout io.Writer) (config, error) {
 	}
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	if cfg.logFormat != "json" && cfg.logFormat != "text" {
+		return cfg, fmt.Errorf("-log-format: %q is not json or text", cfg.logFormat)
 	}
 	if cfg.shutdownTimeout <= 0 {
 		return cfg, fmt.Errorf("-shutdown-timeout must be positive, got %v", cfg.shutdownTimeout)
@@ -129,11 +143,17 @@ func serve(ctx context.Context, logger *slog.Logger, cfg config) error {
 	addr := ln.Addr().String()
 	// The log line comes before the address file: whoever waits for the
 	// file (a test, a script) finds the line already written.
-	logger.Info("listening", "addr", addr)
-	if cfg.addrFile != "" {
-		if err := writeAddrFile(cfg.addrFile, addr); err != nil {
+	logger.Info("upstream-stub listening", "addr", addr, "pid", os.Getpid())
+	if cfg.pidFile != "" {
+		if err := writeFileAtomic(cfg.pidFile, strconv.Itoa(os.Getpid())); err != nil {
 			ln.Close()
-			return err
+			return fmt.Errorf("write pid file: %w", err)
+		}
+	}
+	if cfg.addrFile != "" {
+		if err := writeFileAtomic(cfg.addrFile, addr); err != nil {
+			ln.Close()
+			return fmt.Errorf("write addr file: %w", err)
 		}
 	}
 
@@ -147,7 +167,7 @@ func serve(ctx context.Context, logger *slog.Logger, cfg config) error {
 	case <-ctx.Done():
 	}
 
-	logger.Info("shutting down", "timeout", cfg.shutdownTimeout)
+	logger.Info("upstream-stub shutting down", "timeout", cfg.shutdownTimeout)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.shutdownTimeout)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
@@ -157,27 +177,42 @@ func serve(ctx context.Context, logger *slog.Logger, cfg config) error {
 	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("serve: %w", err)
 	}
-	logger.Info("stopped")
+	if cfg.pidFile != "" {
+		os.Remove(cfg.pidFile)
+	}
+	logger.Info("upstream-stub stopped")
 	return nil
 }
 
-// writeAddrFile writes addr to path atomically, so a reader polling for the
-// file never sees it half written.
-func writeAddrFile(path, addr string) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".addr-*")
+// newLogger returns the stub's logger: JSON lines by default, as
+// idemproxy's, with durations written as Go writes them ("10s").
+func newLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: level, ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+		if a.Value.Kind() == slog.KindDuration {
+			a.Value = slog.StringValue(a.Value.Duration().String())
+		}
+		return a
+	}}
+	if format == "text" {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}
+
+// writeFileAtomic writes a line to path atomically, so a reader polling
+// for the file never sees it half written.
+func writeFileAtomic(path, line string) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-*")
 	if err != nil {
-		return fmt.Errorf("write addr file: %w", err)
+		return err
 	}
 	defer os.Remove(tmp.Name()) // A no-op once renamed.
-	if _, err := tmp.WriteString(addr + "\n"); err != nil {
+	if _, err := tmp.WriteString(line + "\n"); err != nil {
 		tmp.Close()
-		return fmt.Errorf("write addr file: %w", err)
+		return err
 	}
 	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("write addr file: %w", err)
+		return err
 	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("write addr file: %w", err)
-	}
-	return nil
+	return os.Rename(tmp.Name(), path)
 }

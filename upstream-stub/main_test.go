@@ -3,9 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -45,6 +47,8 @@ func TestRunUsage(t *testing.T) {
 		{"extra argument", []string{"serve"}, 2, "", `unexpected arguments: ["serve"]`},
 		{"bad shutdown timeout", []string{"-shutdown-timeout", "0s"}, 2, "", "-shutdown-timeout must be positive"},
 		{"bad log level", []string{"-log-level", "LOUD"}, 2, "", "-log-level"},
+		{"bad log format", []string{"-log-format", "xml"}, 2, "", `-log-format: "xml" is not json or text`},
+		{"unwritable pid file", []string{"-listen", "127.0.0.1:0", "-pid-file", filepath.Join(t.TempDir(), "missing", "pid")}, 1, "", "write pid file:"},
 		{"bad listen address", []string{"-listen", "127.0.0.1:bad"}, 1, "", "listen:"},
 		{"unwritable addr file", []string{"-listen", "127.0.0.1:0", "-addr-file", filepath.Join(t.TempDir(), "missing", "addr")}, 1, "", "write addr file:"},
 	}
@@ -97,10 +101,23 @@ func TestRunServesUntilCanceled(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("run did not return 10s after its context was canceled")
 	}
-	for _, want := range []string{"msg=listening addr=" + addr, "msg=stopped"} {
-		if !strings.Contains(stderr.String(), want) {
-			t.Errorf("log does not contain %q:\n%s", want, &stderr)
+	// JSON lines, as idemproxy's: the two share a terminal.
+	var msgs []string
+	for _, line := range strings.Split(strings.TrimSpace(stderr.String()), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("log line %q is not JSON: %v", line, err)
 		}
+		msgs = append(msgs, m["msg"].(string))
+		if m["msg"] == "upstream-stub listening" && m["addr"] != addr {
+			t.Errorf("listening line = %s, want addr %s", line, addr)
+		}
+		if m["msg"] == "upstream-stub shutting down" && m["timeout"] != "10s" {
+			t.Errorf("shutting down line = %s, want the timeout as 10s", line)
+		}
+	}
+	if want := []string{"upstream-stub listening", "upstream-stub shutting down", "upstream-stub stopped"}; !slices.Equal(msgs, want) {
+		t.Errorf("log messages = %q, want %q", msgs, want)
 	}
 	if stdout.Len() != 0 {
 		t.Errorf("stdout = %q, want nothing", &stdout)

@@ -68,7 +68,7 @@ func TestBinaryStopsOnSIGTERM(t *testing.T) {
 	addr := waitAddrFile(t, addrFile, exited)
 	base := "http://" + addr
 
-	if m := regexp.MustCompile(`msg=listening addr=(\S+)`).FindStringSubmatch(stderr.String()); m == nil || m[1] != addr {
+	if m := regexp.MustCompile(`"msg":"upstream-stub listening","addr":"([^"]+)"`).FindStringSubmatch(stderr.String()); m == nil || m[1] != addr {
 		t.Errorf("the log does not announce addr=%s:\n%s", addr, stderr)
 	}
 
@@ -119,7 +119,7 @@ func TestBinaryStopsOnSIGTERM(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("the binary did not exit within 15s of SIGTERM")
 	}
-	for _, want := range []string{"msg=\"shutting down\"", "msg=stopped"} {
+	for _, want := range []string{`"msg":"upstream-stub shutting down"`, `"msg":"upstream-stub stopped"`} {
 		if !strings.Contains(stderr.String(), want) {
 			t.Errorf("the log does not contain %s:\n%s", want, stderr)
 		}

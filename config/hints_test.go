@@ -1,0 +1,101 @@
+package config
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestUnknownFieldSuggestion: an unknown field close to a field of its
+// own section is answered with that name, and a name close to nothing
+// with no guess.
+func TestUnknownFieldSuggestion(t *testing.T) {
+	tests := []struct {
+		name  string
+		field string // an unknown field of a route
+		want  string // the suggested name, "" for none
+	}{
+		{"one letter too many", "ttll", "ttl"},
+		{"one letter missing", "polcy", "policy"},
+		{"two letters swapped", "tll", "ttl"},
+		{"upper case", "TTL", "ttl"},
+		{"hyphen for underscore", "upstream-timeout", "upstream_timeout"},
+		{"two edits in a long name", "upstream_timout_", "upstream_timeout"},
+		{"too far", "timeout_ms", ""},
+		{"nothing alike", "color", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := problemsOf(t, withRoute("    "+tt.field+": x\n"))
+			want := "routes[0]." + tt.field + ": unknown field (line 8)"
+			if tt.want != "" {
+				want = "routes[0]." + tt.field + ": unknown field; did you mean `" + tt.want + "`? (line 8)"
+			}
+			if len(got) == 0 || got[0] != want {
+				t.Errorf("problems = %q, want first %q", got, want)
+			}
+		})
+	}
+}
+
+// TestUnknownFieldSuggestsFromItsOwnSection: the guess comes from the
+// fields of the section the unknown field is in, not from the whole file.
+func TestUnknownFieldSuggestsFromItsOwnSection(t *testing.T) {
+	tests := []struct {
+		name, src, want string
+	}{
+		{"top level", "upstrem: http://x\n" + withRoute(""), "upstrem: unknown field; did you mean `upstream`? (line 1)"},
+		{"key section", head + "  - name: a\n    match: POST /a\n    key: {heder: X-Id}\n",
+			"routes[0].key.heder: unknown field; did you mean `header`? (line 6)"},
+		// drain_delay is a field of server, not of a route.
+		{"not another section's", withRoute("    drain_dalay: 1s\n"), "routes[0].drain_dalay: unknown field (line 8)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := problemsOf(t, tt.src)
+			if len(got) == 0 || got[0] != tt.want {
+				t.Errorf("problems = %q, want first %q", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestSyntaxErrorLine: a YAML syntax error names the line at fault, as the
+// file counts it, and shows it; the YAML library alone names the line
+// where the enclosing collection starts, or the one above.
+func TestSyntaxErrorLine(t *testing.T) {
+	const top = "# idemproxy\nlisten: 127.0.0.1:8080\nupstream: http://127.0.0.1:9000\nroutes:\n" // lines 1-4
+	tests := []struct {
+		name     string
+		src      string
+		wantLine string // "line N: ": the file's line at fault
+		wantText string // that line, as the message quotes it
+	}{
+		{"indentation", top + "  - name: charges\n   match: POST /charges\n    key: {json: orderId}\n",
+			"line 6: ", `"   match: POST /charges"`},
+		{"unclosed flow mapping", top + "  - name: charges\n    match: POST /charges\n    key: {json: orderId\n    ttl: 24h\n",
+			"line 7: ", `"    key: {json: orderId"`},
+		{"tab", top + "  - name: charges\n\tmatch: POST /charges\n",
+			"line 6: ", `"\tmatch: POST /charges"`},
+		{"unclosed quote", "listen: 127.0.0.1:8080\nupstream: \"http://127.0.0.1:9000\nroutes:\n  - name: charges\n",
+			"line 2: ", `"upstream: \"http://127.0.0.1:9000"`},
+		{"mapping value in a plain scalar", top + "  - name: charges\n    match: POST /charges: now\n",
+			"line 6: ", `"    match: POST /charges: now"`},
+		// A flow mapping over several lines is no mistake: the one after it is.
+		{"after a multi-line flow mapping", top + "  - name: charges\n    key: {json: orderId,\n      }\n   match: POST /charges\n",
+			"line 8: ", `"   match: POST /charges"`},
+		{"after blank lines and comments", top + "  - name: charges\n\n    # the match\n   match: POST /charges\n",
+			"line 8: ", `"   match: POST /charges"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse([]byte(tt.src))
+			if err == nil {
+				t.Fatalf("Parse(%q) = nil error, want a syntax error", tt.src)
+			}
+			msg := err.Error()
+			if !strings.HasPrefix(msg, "parse config: "+tt.wantLine) || !strings.HasSuffix(msg, ": "+tt.wantText) {
+				t.Errorf("error = %q, want %q%s... ending in the line %s", msg, "parse config: ", tt.wantLine, tt.wantText)
+			}
+		})
+	}
+}

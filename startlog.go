@@ -1,0 +1,65 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemproxy/idemproxy/config"
+)
+
+// startAttrs are the attributes of the first log line: the version, then
+// the store and where it is, then the routes, so that the first line of a
+// log says what runs against what.
+func (a *app) startAttrs() []any {
+	b := readBuildInfo()
+	attrs := []any{"version", b.Version}
+	if b.Commit != "" {
+		attrs = append(attrs, "commit", b.Commit)
+	}
+	attrs = append(attrs, "config", a.path)
+	attrs = append(attrs, storeAttrs(a.cfg.Store, a.getenv)...)
+	routes := make([]string, len(a.cfg.Routes))
+	for i, r := range a.cfg.Routes {
+		routes[i] = r.Name
+	}
+	return append(attrs, "routes", routes, "upstream", a.cfg.Upstream)
+}
+
+// storeAttrs names the configured store and where it is: Badger's data
+// directory, the Redis addresses, or the PostgreSQL host and database of
+// the DSN, never its credentials.
+func storeAttrs(s config.Store, getenv func(string) string) []any {
+	switch {
+	case s.Redis != nil:
+		attrs := []any{"store", "redis", "redis_addrs", strings.Join(s.Redis.Addrs, ",")}
+		switch {
+		case s.Redis.MasterName != "":
+			attrs = append(attrs, "redis_master_name", s.Redis.MasterName)
+		case s.Redis.Cluster || len(s.Redis.Addrs) > 1:
+			attrs = append(attrs, "redis_cluster", true)
+		}
+		return attrs
+	case s.Postgres != nil:
+		return []any{"store", "postgres", "postgres", postgresWhere(getenv(s.Postgres.DSNEnv)),
+			"postgres_table", s.Postgres.Schema + "." + s.Postgres.Table}
+	case s.Badger != nil:
+		return []any{"store", "badger", "badger_dir", s.Badger.Dir}
+	}
+	return []any{"store", "none"}
+}
+
+// postgresWhere returns the host, port and database a DSN names
+// ("db.internal:5432/orders"), without its user or password; an empty or
+// unreadable DSN says so instead (opening the store reports the error).
+func postgresWhere(dsn string) string {
+	if dsn == "" {
+		return "(empty DSN)"
+	}
+	pc, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		return "(unreadable DSN)"
+	}
+	return fmt.Sprintf("%s:%d/%s", pc.Host, pc.Port, pc.Database)
+}
