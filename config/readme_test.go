@@ -220,3 +220,19 @@ func TestConfigurationTableListsEveryField(t *testing.T) {
 		}
 	}
 }
+
+// TestREADMERouteExampleLoads: the routes the README shows under "Configure
+// a route" are a valid configuration.
+func TestREADMERouteExampleLoads(t *testing.T) {
+	routes := docYAML(t, "../README.md", "## Configure a route")
+	c, err := Parse([]byte("listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:9000\n" + routes))
+	if err != nil {
+		t.Fatalf("the README's route example does not load: %v", err)
+	}
+	if got, want := len(c.Routes), 2; got != want {
+		t.Errorf("the README's route example has %d routes, want %d", got, want)
+	}
+	if got, want := c.Routes[1].Key.Header, "Idempotency-Key"; got != want {
+		t.Errorf("the README's second route is keyed by header %q, want %q", got, want)
+	}
+}
