@@ -249,26 +249,26 @@ func TestRedisTLSCAFile(t *testing.T) {
 	}
 }
 
-// TestREADMEListsEveryProblem keeps the README's table of answers in step
-// with the problems the proxy can answer with.
+// TestREADMEListsEveryProblem keeps the table of problem types in
+// docs/http-api.md in step with the problems the proxy can answer with.
 func TestREADMEListsEveryProblem(t *testing.T) {
-	b, err := os.ReadFile("README.md")
+	b, err := os.ReadFile(httpAPIDoc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range proxy.Problems() {
 		row := fmt.Sprintf("| %d | `%s` |", p.Status, p.Name)
 		if !strings.Contains(string(b), row) {
-			t.Errorf("the README's answers table has no row %q", row)
+			t.Errorf("docs/http-api.md's problem table has no row %q", row)
 		}
 	}
 }
 
-// TestREADMEListsEveryAdminProblem keeps the Admin API section's table of
+// TestREADMEListsEveryAdminProblem keeps the table of docs/http-api.md's Admin API section of
 // problems in step with those the admin API can answer with: a row for
 // each, and none for a problem it does not have.
 func TestREADMEListsEveryAdminProblem(t *testing.T) {
-	section := readmeSection(t, "### Admin API")
+	section := docSection(t, httpAPIDoc, "## Admin API")
 	want := map[string]bool{}
 	for _, p := range admin.Problems() {
 		row := fmt.Sprintf("| %d | `%s` |", p.Status, p.Name)

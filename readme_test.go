@@ -69,17 +69,17 @@ func registeredMetrics(t *testing.T) map[string][]string {
 	return rec.labels
 }
 
-// readmeSection returns the README's text from heading to the next heading
-// of the same level.
-func readmeSection(t *testing.T, heading string) string {
+// docSection returns the text of the Markdown file (README.md or one under
+// docs/) from heading to the next heading of the same level.
+func docSection(t *testing.T, file, heading string) string {
 	t.Helper()
-	b, err := os.ReadFile("README.md")
+	b, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, rest, ok := strings.Cut(string(b), "\n"+heading+"\n")
 	if !ok {
-		t.Fatalf("the README has no %q", heading)
+		t.Fatalf("%s has no %q", file, heading)
 	}
 	level := heading[:strings.IndexByte(heading, ' ')+1]
 	if i := strings.Index(rest, "\n"+level); i >= 0 {
@@ -88,14 +88,22 @@ func readmeSection(t *testing.T, heading string) string {
 	return rest
 }
 
+// The pages the tests below keep in step with the binary.
+const (
+	operationsDoc    = "docs/operations.md"
+	configurationDoc = "docs/configuration.md"
+	httpAPIDoc       = "docs/http-api.md"
+	tutorialDoc      = "docs/tutorial.md"
+)
+
 // TestREADMEMetricsTableListsEveryMetric: every idemproxy metric the binary
-// registers has a row in the README's Metrics table that names each of its
+// registers has a row in the Metrics table of docs/operations.md that names each of its
 // labels, and every row names a registered metric.
 func TestREADMEMetricsTableListsEveryMetric(t *testing.T) {
 	registered := registeredMetrics(t)
 
 	rows := map[string]string{} // metric → its table row
-	for _, line := range strings.Split(readmeSection(t, "### Metrics"), "\n") {
+	for _, line := range strings.Split(docSection(t, operationsDoc, "## Metrics"), "\n") {
 		if !strings.HasPrefix(line, "| `idemproxy_") {
 			continue
 		}
@@ -110,18 +118,18 @@ func TestREADMEMetricsTableListsEveryMetric(t *testing.T) {
 		}
 		row, ok := rows[name]
 		if !ok {
-			t.Errorf("the README's Metrics table has no row for %s", name)
+			t.Errorf("the Metrics table of docs/operations.md has no row for %s", name)
 			continue
 		}
 		for _, l := range labels {
 			if !strings.Contains(row, "`"+l+"`") {
-				t.Errorf("the README's row for %s does not name its label %s", name, l)
+				t.Errorf("the Metrics table's row for %s does not name its label %s", name, l)
 			}
 		}
 	}
 	for name := range rows {
 		if _, ok := registered[name]; !ok {
-			t.Errorf("the README's Metrics table lists %s, which the binary does not register", name)
+			t.Errorf("the Metrics table of docs/operations.md lists %s, which the binary does not register", name)
 		}
 	}
 }
@@ -129,21 +137,21 @@ func TestREADMEMetricsTableListsEveryMetric(t *testing.T) {
 // TestREADMEMetricsTableListsEveryLabelValue: every value the outcome,
 // would and result labels can take is in its metric's row.
 func TestREADMEMetricsTableListsEveryLabelValue(t *testing.T) {
-	sec := readmeSection(t, "### Metrics")
+	sec := docSection(t, operationsDoc, "## Metrics")
 	row := func(metric string) string {
 		for _, line := range strings.Split(sec, "\n") {
 			if strings.HasPrefix(line, "| `"+metric+"`") {
 				return line
 			}
 		}
-		t.Fatalf("the README's Metrics table has no row for %s", metric)
+		t.Fatalf("the Metrics table of docs/operations.md has no row for %s", metric)
 		return ""
 	}
 	check := func(metric string, values []string) {
 		r := row(metric)
 		for _, v := range values {
 			if !strings.Contains(r, "`"+v+"`") {
-				t.Errorf("the README's row for %s does not list the value %q", metric, v)
+				t.Errorf("the Metrics table's row for %s does not list the value %q", metric, v)
 			}
 		}
 	}
@@ -198,13 +206,13 @@ func TestDeployConfigsCheck(t *testing.T) {
 }
 
 // TestREADMEReloadNamesWhatARestartNeeds: each server setting,
-// memory_limit and upstream_tls is named in the README's Reload paragraph, among those a
+// memory_limit and upstream_tls is named in the Reload paragraph of docs/configuration.md, among those a
 // restart applies exactly when a reload that changes it is refused.
 func TestREADMEReloadNamesWhatARestartNeeds(t *testing.T) {
-	sec := strings.Join(strings.Fields(readmeSection(t, "### Reload and shutdown")), " ")
+	sec := strings.Join(strings.Fields(docSection(t, configurationDoc, "## Reload")), " ")
 	restart, applied, ok := strings.Cut(sec, "(a restart applies those)")
 	if !ok {
-		t.Fatal(`the README's Reload paragraph no longer says "(a restart applies those)"`)
+		t.Fatal(`the Reload paragraph of docs/configuration.md no longer says "(a restart applies those)"`)
 	}
 	restart = restart[strings.LastIndex(restart, "changes"):]
 	applied, _, _ = strings.Cut(applied, "are applied by a")
@@ -237,9 +245,96 @@ func TestREADMEReloadNamesWhatARestartNeeds(t *testing.T) {
 		inRestart, inApplied := named(restart), named(applied)
 		switch {
 		case needs && !inRestart:
-			t.Errorf("a reload that changes %s is refused, but the README does not list it among what a restart applies", name)
+			t.Errorf("a reload that changes %s is refused, but docs/configuration.md's Reload paragraph does not list it among what a restart applies", name)
 		case !needs && !inApplied:
-			t.Errorf("a reload applies %s, but the README does not list it among what a reload applies", name)
+			t.Errorf("a reload applies %s, but docs/configuration.md's Reload paragraph does not list it among what a reload applies", name)
 		}
+	}
+}
+
+// setField changes the field at path (a row of the table in
+// docs/configuration.md: server.body_timeout, routes[].key.json) in v to
+// another value of its type, allocating what is nil on the way.
+func setField(t *testing.T, v reflect.Value, path string) {
+	t.Helper()
+	name, rest, more := strings.Cut(path, ".")
+	name, slice := strings.CutSuffix(name, "[]")
+	for v.Kind() == reflect.Pointer {
+		if v.IsNil() {
+			v.Set(reflect.New(v.Type().Elem()))
+		}
+		v = v.Elem()
+	}
+	var f reflect.Value
+	for i := range v.NumField() {
+		if tag, _, _ := strings.Cut(v.Type().Field(i).Tag.Get("yaml"), ","); tag == name {
+			f = v.Field(i)
+		}
+	}
+	if !f.IsValid() {
+		t.Fatalf("%s: no field %q", path, name)
+	}
+	if slice {
+		f = f.Index(0)
+	}
+	if more {
+		setField(t, f, rest)
+		return
+	}
+	for f.Kind() == reflect.Pointer {
+		if f.IsNil() {
+			f.Set(reflect.New(f.Type().Elem()))
+		}
+		f = f.Elem()
+	}
+	switch f.Kind() {
+	case reflect.String:
+		f.SetString(f.String() + "x")
+	case reflect.Bool:
+		f.SetBool(!f.Bool())
+	case reflect.Int, reflect.Int64:
+		f.SetInt(f.Int() + 1)
+	case reflect.Slice:
+		f.Set(reflect.Append(f, reflect.Zero(f.Type().Elem())))
+	default:
+		t.Fatalf("%s: cannot change a %s", path, f.Kind())
+	}
+}
+
+// TestConfigurationTableSaysWhatAReloadApplies: the column "applied by" of
+// the table in docs/configuration.md says "restart" for exactly the fields
+// whose change makes a reload refuse the file.
+func TestConfigurationTableSaysWhatAReloadApplies(t *testing.T) {
+	sec := docSection(t, configurationDoc, "## Every field")
+	const src = "listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:9000\n" +
+		"routes: [{name: charges, match: POST /charges, key: {json: orderId}}]\n"
+	rows := 0
+	for _, line := range strings.Split(sec, "\n") {
+		if !strings.HasPrefix(line, "| `") {
+			continue
+		}
+		rows++
+		cells := strings.Split(strings.Trim(line, "|"), " | ")
+		path := strings.Trim(strings.TrimSpace(cells[0]), "`")
+		applied := strings.TrimSpace(cells[len(cells)-1])
+		base, err := config.Parse([]byte(src))
+		if err != nil {
+			t.Fatal(err)
+		}
+		changed, err := config.Parse([]byte(src))
+		if err != nil {
+			t.Fatal(err)
+		}
+		setField(t, reflect.ValueOf(changed).Elem(), path)
+		needs := needsRestart(base, changed) != nil
+		switch says := strings.HasPrefix(applied, "restart"); {
+		case needs && !says:
+			t.Errorf("%s: a reload that changes %s is refused, but the table says %q", configurationDoc, path, applied)
+		case !needs && says:
+			t.Errorf("%s: a reload applies %s, but the table says %q", configurationDoc, path, applied)
+		}
+	}
+	if rows == 0 {
+		t.Fatalf("%s: no rows in the table of every field", configurationDoc)
 	}
 }

@@ -324,7 +324,7 @@ func TestRedisDownFailsClosedAndRecovers(t *testing.T) {
 	}
 }
 
-// TestRedisRestartWithoutPersistenceForgetsAnswers pins what the README
+// TestRedisRestartWithoutPersistenceForgetsAnswers pins what docs/redis.md
 // warns about: a Redis restarted without persistence has lost the
 // committed answers, so a retry of an order charged before the restart is
 // forwarded, and charged, again.

@@ -12,14 +12,14 @@ import (
 	"time"
 )
 
-// readmeBlock returns the lines of the first ```sh block of the README's
-// section under heading.
-func readmeBlock(t *testing.T, heading string) []string {
+// docBlock returns the lines of the first ```sh block of the Markdown
+// file's section under heading.
+func docBlock(t *testing.T, file, heading string) []string {
 	t.Helper()
-	_, rest, ok := strings.Cut(readmeSection(t, heading), "```sh\n")
+	_, rest, ok := strings.Cut(docSection(t, file, heading), "```sh\n")
 	block, _, ok2 := strings.Cut(rest, "```\n")
 	if !ok || !ok2 {
-		t.Fatalf("no sh block under %q", heading)
+		t.Fatalf("%s: no sh block under %q", file, heading)
 	}
 	return strings.Split(strings.TrimSpace(block), "\n")
 }
@@ -177,7 +177,7 @@ var walkThrough = []walkStep{
 // The upstream timeout and the injected delay are shortened (30s and 40s
 // in the README), the addresses are free ports; nothing else differs.
 func TestREADMEWalkThroughTwice(t *testing.T) {
-	setup := readmeBlock(t, "## Set up")[0]
+	setup := docBlock(t, "README.md", "## Set up")[0]
 	// The set-up command: its parts, as sh runs them.
 	var removes []string
 	var env []string
@@ -225,18 +225,41 @@ func TestREADMEWalkThroughTwice(t *testing.T) {
 	}
 
 	var cmds []string
-	for _, line := range readmeBlock(t, "## The article's scenarios with curl") {
+	for _, line := range docBlock(t, tutorialDoc, "## The article's scenarios with curl") {
 		if strings.HasPrefix(line, "curl ") {
 			cmds = append(cmds, strings.Join(shellWords(t, line), "\x00"))
 		}
 	}
 	if len(cmds) != len(walkThrough) {
-		t.Fatalf("the README's walk-through has %d curl commands, the test knows %d: update walkThrough", len(cmds), len(walkThrough))
+		t.Fatalf("the walk-through in %s has %d curl commands, the test knows %d: update walkThrough", tutorialDoc, len(cmds), len(walkThrough))
 	}
 	for i, s := range walkThrough {
 		if cmds[i] != strings.Join(shellWords(t, s.cmd), "\x00") {
-			t.Fatalf("walk-through command %d is %q in the README, the test has %q: update walkThrough",
-				i+1, strings.ReplaceAll(cmds[i], "\x00", " "), s.cmd)
+			t.Fatalf("walk-through command %d is %q in %s, the test has %q: update walkThrough",
+				i+1, strings.ReplaceAll(cmds[i], "\x00", " "), tutorialDoc, s.cmd)
+		}
+	}
+	// The README's scenarios are steps of the walk-through, in its order, so
+	// the run below answers for them too.
+	next := 0
+	for _, heading := range []string{"### 1. The same order twice is charged once", "### 2. The same key with another body is a 422, not a silent duplicate",
+		"### 3. The upstream fails with a 5xx", "### 4. An answer that never comes: the key is in doubt"} {
+		for _, line := range docBlock(t, "README.md", heading) {
+			if !strings.HasPrefix(line, "curl ") {
+				continue
+			}
+			w := strings.Join(shellWords(t, line), "\x00")
+			found := false
+			for j := next; j < len(cmds); j++ {
+				if cmds[j] == w {
+					found = true
+					next = j + 1
+					break
+				}
+			}
+			if !found {
+				t.Errorf("the README's scenario line %q is not a later step of the walk-through in %s", line, tutorialDoc)
+			}
 		}
 	}
 

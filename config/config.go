@@ -24,7 +24,7 @@ import (
 // Policies: what an upstream's 5xx answer does to the key.
 // PolicyReserveThenCommit commits it, since the error may come after the
 // side effect; PolicyReleaseOn5xx releases it, for an upstream whose every
-// 5xx means that nothing was done (the README's table "What the
+// 5xx means that nothing was done (docs/concepts.md, the table "What the
 // upstream's outcome does to the key").
 const (
 	PolicyReserveThenCommit = "reserve-then-commit"

@@ -118,7 +118,7 @@ func TestArticleSameRequestRepeated(t *testing.T) {
 	}
 }
 
-// TestTrap is the article's trap and the README's outcome table ("What
+// TestTrap is the article's trap and the outcome table of docs/concepts.md ("What
 // the upstream's outcome does to the key"): what a failed charge does to
 // its retry under each policy.
 func TestTrap(t *testing.T) {

@@ -82,7 +82,7 @@ func (v verdict) String() string {
 // becomes what it does to the request's key, on route r, and the problem
 // the proxy answers instead of the upstream (nil when the upstream's
 // answer is passed on, or when nothing can be answered any more). It is
-// the README's table "What the upstream's outcome does to the key":
+// the table of docs/concepts.md "What the upstream's outcome does to the key":
 //
 //   - An answer whose status is in the route's release set is released:
 //     the route's release_statuses when set, otherwise the client errors

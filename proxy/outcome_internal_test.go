@@ -25,12 +25,12 @@ func routeOf(t *testing.T, extra string) *config.Route {
 	return &cfg.Routes[0]
 }
 
-// readmeOutcomeTable returns the README's table "What the upstream's
-// outcome does to the key": the policies its columns are for (after
+// readmeOutcomeTable returns the table "What the upstream's outcome does to
+// the key" of docs/concepts.md: the policies its columns are for (after
 // "outcome" and "seen as") and its rows, cell by cell.
 func readmeOutcomeTable(t *testing.T) (policies []string, rows [][]string) {
 	t.Helper()
-	b, err := os.ReadFile("../README.md")
+	b, err := os.ReadFile("../docs/concepts.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +44,7 @@ func readmeOutcomeTable(t *testing.T) (policies []string, rows [][]string) {
 	lines := strings.Split(string(b), "\n")
 	start := slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(l, "| outcome | seen as |") })
 	if start < 0 {
-		t.Fatal(`the README has no outcome table (a line starting "| outcome | seen as |")`)
+		t.Fatal(`docs/concepts.md has no outcome table (a line starting "| outcome | seen as |")`)
 	}
 	for _, h := range cells(lines[start])[2:] {
 		name, _, _ := strings.Cut(strings.TrimPrefix(h, "`"), "`")

@@ -2,7 +2,7 @@
 // and fingerprints idempotency keys, reserves them in a Store, forwards the
 // first request, classifies the upstream's outcome, and commits the answer
 // for replay, releases the key or leaves it in doubt (classify, which is
-// the README's table "What the upstream's outcome does to the key").
+// the table of docs/concepts.md "What the upstream's outcome does to the key").
 package proxy
 
 import (
