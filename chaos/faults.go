@@ -1,0 +1,230 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// The fault kinds.
+const (
+	kFailBefore     = "stub-fail-before-charge"
+	kFailAfter      = "stub-fail-after-charge"
+	kDelay          = "stub-delay-past-timeout"
+	kDrop           = "stub-drop-after-charge"
+	k429            = "stub-reject-429"
+	kUpLatency      = "net-upstream-latency"
+	kUpReset        = "net-upstream-reset"
+	kUpBlackhole    = "net-upstream-blackhole"
+	kUpSlowClose    = "net-upstream-slow-close"
+	kRedisLatency   = "net-redis-latency"
+	kRedisReset     = "net-redis-reset"
+	kRedisBlackhole = "net-redis-blackhole"
+	kKill           = "proxy-kill-9"
+	kTerm           = "proxy-sigterm"
+	kHup            = "proxy-sighup-reload"
+	kRedisKill      = "redis-kill-restart"
+	kRedisStop      = "redis-sigstop"
+	kDiskFull       = "badger-disk-full"
+)
+
+// fault is one entry of the schedule: what to do, when, for how long, to
+// whom. The schedule is drawn from the seed before the run starts.
+type fault struct {
+	At     time.Duration
+	Kind   string
+	For    time.Duration // how long the fault lasts, for those that last
+	Count  int           // stub faults: how many charge requests it hits
+	Target int           // process faults: the index of the proxy
+	Lat    time.Duration // latency faults
+}
+
+func (f fault) String() string {
+	return fmt.Sprintf("%8.3fs %-24s for=%v count=%d target=%d latency=%v", f.At.Seconds(), f.Kind, f.For, f.Count, f.Target, f.Lat)
+}
+
+// schedule draws the faults of a run of length d from rng, one every mean
+// on average, among kinds.
+func schedule(rng *rand.Rand, d, mean time.Duration, kinds []string, nproxies int) []fault {
+	var out []fault
+	t := time.Second
+	for {
+		t += time.Duration(rng.ExpFloat64() * float64(mean))
+		if t > d-time.Second {
+			return out
+		}
+		f := fault{
+			At:     t,
+			Kind:   kinds[rng.IntN(len(kinds))],
+			For:    time.Duration(300+rng.IntN(2200)) * time.Millisecond,
+			Count:  1 + rng.IntN(3),
+			Target: rng.IntN(nproxies),
+			Lat:    time.Duration(20+rng.IntN(230)) * time.Millisecond,
+		}
+		out = append(out, f)
+		t += f.For // faults do not overlap
+	}
+}
+
+// injector applies the schedule to the run's processes.
+type injector struct {
+	r       *run
+	applied map[string]int
+}
+
+func (in *injector) apply(ctx context.Context, f fault) error {
+	r := in.r
+	in.applied[f.Kind]++
+	stub := func(name string, extra string) error {
+		body := fmt.Sprintf(`{"fault": %q, "count": %d%s}`, name, f.Count, extra)
+		resp, err := http.Post(r.stubURL+"/faults", "application/json", strings.NewReader(body))
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 201 {
+			return fmt.Errorf("queue %s: %s", name, resp.Status)
+		}
+		return nil
+	}
+	switch f.Kind {
+	case kFailBefore:
+		return stub("fail-before-charge", "")
+	case kFailAfter:
+		return stub("fail-after-charge", "")
+	case kDelay:
+		return stub("delay", fmt.Sprintf(`, "delay": %q`, (upstreamTimeout + 500*time.Millisecond).String()))
+	case kDrop:
+		return stub("drop-after-charge", "")
+	case k429:
+		return stub("reject-429", "")
+	case kUpLatency, kRedisLatency, kUpBlackhole, kRedisBlackhole, kUpSlowClose:
+		fp := r.upFault
+		if strings.HasPrefix(f.Kind, "net-redis") {
+			fp = r.redisFault
+		}
+		switch f.Kind {
+		case kUpLatency, kRedisLatency:
+			fp.set(f.Lat, false, 0)
+		case kUpBlackhole, kRedisBlackhole:
+			fp.set(0, true, 0)
+		case kUpSlowClose:
+			fp.set(0, false, f.For)
+		}
+		sleep(ctx, f.For)
+		fp.set(0, false, 0)
+	case kUpReset:
+		r.upFault.resetAll()
+	case kRedisReset:
+		r.redisFault.resetAll()
+	case kKill:
+		p := r.proxies[f.Target]
+		p.kill()
+		sleep(ctx, f.For/2)
+		return r.startProxy(ctx, p)
+	case kTerm:
+		p := r.proxies[f.Target]
+		p.signal(syscall.SIGTERM)
+		if !p.waitExit(shutdownTimeout + 5*time.Second) {
+			p.kill()
+			return fmt.Errorf("%s did not stop within %v of SIGTERM", p.name, shutdownTimeout+5*time.Second)
+		}
+		return r.startProxy(ctx, p)
+	case kHup:
+		p := r.proxies[f.Target]
+		r.reloads++
+		if err := r.writeConfig(p); err != nil {
+			return err
+		}
+		p.signal(syscall.SIGHUP)
+	case kRedisKill:
+		r.redis.kill()
+		sleep(ctx, f.For/2)
+		if err := r.redis.start(); err != nil {
+			return err
+		}
+		return waitRedis(ctx, r.redisAddr, 20*time.Second)
+	case kRedisStop:
+		r.redis.signal(syscall.SIGSTOP)
+		sleep(ctx, f.For)
+		r.redis.signal(syscall.SIGCONT)
+	case kDiskFull:
+		path := filepath.Join(r.badgerDir, "ballast")
+		fillDisk(path)
+		sleep(ctx, f.For)
+		os.Remove(path)
+	default:
+		return fmt.Errorf("unknown fault kind %q", f.Kind)
+	}
+	return nil
+}
+
+// fillDisk writes zeros to path until the file system is full.
+func fillDisk(path string) {
+	f, err := os.Create(path)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	for {
+		if _, err := f.Write(buf); err != nil {
+			return
+		}
+	}
+}
+
+// heal undoes every fault that may still hold: the schedule has stopped.
+func (in *injector) heal(ctx context.Context) error {
+	r := in.r
+	r.upFault.set(0, false, 0)
+	r.redisFault.set(0, false, 0)
+	if r.badgerDir != "" {
+		os.Remove(filepath.Join(r.badgerDir, "ballast"))
+	}
+	if r.redis != nil {
+		r.redis.signal(syscall.SIGCONT)
+		if !r.redis.running() {
+			if err := r.redis.start(); err != nil {
+				return err
+			}
+		}
+		if err := waitRedis(ctx, r.redisAddr, 20*time.Second); err != nil {
+			return err
+		}
+	}
+	req, _ := http.NewRequestWithContext(ctx, "DELETE", r.stubURL+"/faults", nil)
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		resp.Body.Close()
+	}
+	for _, p := range r.proxies {
+		if !p.running() {
+			if err := r.startProxy(ctx, p); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// summary is "F faults of K kinds" and the count per kind.
+func (in *injector) summary() (faults, kinds int, byKind string) {
+	var names []string
+	for k, n := range in.applied {
+		faults += n
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	var b strings.Builder
+	for _, k := range names {
+		fmt.Fprintf(&b, "  %-26s %d\n", k, in.applied[k])
+	}
+	return faults, len(names), b.String()
+}

@@ -1,0 +1,200 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// proc is one child process the run starts, and may kill and start again.
+// Its output goes to a log file in the run's folder.
+type proc struct {
+	name string
+	bin  string
+	args []string
+	env  []string
+	log  string
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func (p *proc) start() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil {
+		return fmt.Errorf("%s is already running", p.name)
+	}
+	f, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", p.log, err)
+	}
+	fmt.Fprintf(f, "\n--- chaos: start %s at %s\n", p.name, time.Now().UTC().Format(time.RFC3339Nano))
+	cmd := exec.Command(p.bin, p.args...)
+	cmd.Env = append(os.Environ(), p.env...)
+	cmd.Stdout, cmd.Stderr = f, f
+	// The kernel kills the child if the run dies without stopping it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return fmt.Errorf("start %s: %w", p.name, err)
+	}
+	done := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		f.Close()
+		close(done)
+	}()
+	p.cmd, p.done = cmd, done
+	return nil
+}
+
+func (p *proc) running() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return false
+	}
+	select {
+	case <-p.done:
+		p.cmd, p.done = nil, nil
+		return false
+	default:
+		return true
+	}
+}
+
+// signal sends sig to the process, if it runs.
+func (p *proc) signal(sig syscall.Signal) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil {
+		_ = p.cmd.Process.Signal(sig)
+	}
+}
+
+// kill kills the process with SIGKILL and waits for it.
+func (p *proc) kill() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGCONT) // a stopped process dies too
+	_ = p.cmd.Process.Kill()
+	<-p.done
+	p.cmd, p.done = nil, nil
+}
+
+// stop sends SIGTERM and waits up to grace for the process to exit, then
+// kills it.
+func (p *proc) stop(grace time.Duration) {
+	p.mu.Lock()
+	cmd, done := p.cmd, p.done
+	p.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(syscall.SIGCONT)
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-done:
+		p.mu.Lock()
+		p.cmd, p.done = nil, nil
+		p.mu.Unlock()
+	case <-time.After(grace):
+		p.kill()
+	}
+}
+
+// waitExit waits up to d for the process to exit by itself.
+func (p *proc) waitExit(d time.Duration) bool {
+	p.mu.Lock()
+	done := p.done
+	p.mu.Unlock()
+	if done == nil {
+		return true
+	}
+	select {
+	case <-done:
+		p.mu.Lock()
+		p.cmd, p.done = nil, nil
+		p.mu.Unlock()
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
+// freePort returns a loopback port that was free a moment ago.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// waitHTTP waits until url answers 200, up to d.
+func waitHTTP(ctx context.Context, url string, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	c := &http.Client{Timeout: time.Second}
+	var last string
+	for time.Now().Before(deadline) {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		resp, err := c.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return nil
+			}
+			last = resp.Status
+		} else {
+			last = err.Error()
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("%s not ready within %v: %s", url, d, last)
+}
+
+// redisPing sends PING to the Redis at addr and reports whether it answered
+// PONG.
+func redisPing(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, 500*time.Millisecond)
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte("*1\r\n$4\r\nPING\r\n")); err != nil {
+		return false
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	return err == nil && strings.HasPrefix(line, "+PONG")
+}
+
+func waitRedis(ctx context.Context, addr string, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if redisPing(addr) {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("redis at %s did not answer PING within %v", addr, d)
+}
