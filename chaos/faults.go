@@ -100,7 +100,7 @@ func (in *injector) apply(ctx context.Context, f fault) error {
 	case kFailAfter:
 		return stub("fail-after-charge", "")
 	case kDelay:
-		return stub("delay", fmt.Sprintf(`, "delay": %q`, (upstreamTimeout + 500*time.Millisecond).String()))
+		return stub("delay", fmt.Sprintf(`, "delay": %q`, (upstreamTimeout+500*time.Millisecond).String()))
 	case kDrop:
 		return stub("drop-after-charge", "")
 	case k429:
