@@ -63,7 +63,7 @@ func schedule(rng *rand.Rand, d, mean time.Duration, kinds []string, nproxies in
 		f := fault{
 			At:     t,
 			Kind:   kinds[rng.IntN(len(kinds))],
-			For:    time.Duration(300+rng.IntN(2200)) * time.Millisecond,
+			For:    time.Duration(300+rng.IntN(3700)) * time.Millisecond,
 			Count:  1 + rng.IntN(3),
 			Target: rng.IntN(nproxies),
 			Lat:    time.Duration(20+rng.IntN(230)) * time.Millisecond,
