@@ -205,7 +205,7 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 			// The reservation may have been applied with its reply lost:
 			// take it back, so the key is not left in flight (and then in
 			// doubt) for a request that was never forwarded.
-			p.releaseLater(a.storeKey, res.Token)
+			p.releaseLater(a.storeKey, res.Token, a.reservedAt.Add(cfg.Lease.D()))
 			a.storeFailed(w, body, "reserve", err)
 			return
 		}
@@ -439,19 +439,24 @@ func (a *attempt) mismatched(w http.ResponseWriter, body []byte, rec *store.Reco
 }
 
 // releaseLater releases a reservation that may or may not exist, in the
-// background; the owner token makes that safe.
-func (p *Proxy) releaseLater(key, token string) {
-	release := func() {
+// background; the owner token makes that safe. A failed release is retried
+// until until (the end of the reservation's lease): the store that lost the
+// reservation's reply is often still unreachable at the first attempt, and
+// a reservation left behind is a key in doubt for its whole TTL, for a
+// request that was never forwarded.
+func (p *Proxy) releaseLater(key, token string, until time.Time) {
+	release := func() (err error) {
 		// In the background nothing would catch a panicking store: the
 		// whole process would go.
 		defer func() {
 			if e := recover(); e != nil {
 				p.log.Error("store panicked releasing a key", "key_hash", store.KeyHash(key), "panic", fmt.Sprint(e))
+				err = store.ErrNotOwner // not retried
 			}
 		}()
 		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 		defer cancel()
-		p.store.Release(ctx, key, token)
+		return p.store.Release(ctx, key, token)
 	}
 	if !p.active.enter() { // shutting down: the store closes soon
 		release()
@@ -459,7 +464,19 @@ func (p *Proxy) releaseLater(key, token string) {
 	}
 	go func() {
 		defer p.active.leave()
-		release()
+		for delay := 50 * time.Millisecond; ; delay = min(delay*2, time.Second) {
+			err := release()
+			if err == nil || errors.Is(err, store.ErrNotOwner) || !time.Now().Before(until) {
+				return
+			}
+			wait := time.NewTimer(min(delay, max(time.Until(until), 0)))
+			select {
+			case <-p.life.Done(): // past the shutdown deadline
+				wait.Stop()
+				return
+			case <-wait.C:
+			}
+		}
 	}()
 }
 
