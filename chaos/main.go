@@ -42,8 +42,8 @@ import (
 // The run's timing: short, so that keys settle quickly after the faults.
 const (
 	upstreamTimeout = time.Second
-	lease           = 2 * time.Second
-	grace           = 3 * time.Second
+	lease           = 6 * time.Second
+	grace           = 7 * time.Second
 	shutdownTimeout = 2 * time.Second
 	// discoveryInterval is how often a proxy scans for in-doubt keys that
 	// have no reconcile schedule (those left by a crash).
