@@ -1,16 +1,19 @@
 package main
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
 	"os"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/store/badger"
+	"github.com/idemproxy/idemproxy/store/postgres"
 	"github.com/idemproxy/idemproxy/store/redis"
 )
 
@@ -28,6 +31,7 @@ type backend struct {
 // selected at a time, and config's defaults select Badger when none is.
 var backends = []backend{
 	{name: "redis", selected: func(s config.Store) bool { return s.Redis != nil }, open: openRedis},
+	{name: "postgres", selected: func(s config.Store) bool { return s.Postgres != nil }, open: openPostgres},
 	{name: "badger", selected: func(s config.Store) bool { return s.Badger != nil }, open: openBadger},
 }
 
@@ -86,6 +90,37 @@ func openRedis(a *app, _ prometheus.Registerer) (storeCloser, error) {
 	// go-redis logs every failed dial; the store's errors already reach
 	// the log and the metrics, so its own lines go to debug.
 	goredis.SetLogger(redisLogger{a.log})
+	return s, nil
+}
+
+// postgresSetUpTimeout bounds opening the PostgreSQL store: connecting,
+// creating the schema when it is missing, and the write probe.
+const postgresSetUpTimeout = 30 * time.Second
+
+// openPostgres opens the PostgreSQL store of store.postgres, creating its
+// table when missing, and exports its pool's metrics.
+func openPostgres(a *app, reg prometheus.Registerer) (storeCloser, error) {
+	pg := a.cfg.Store.Postgres
+	dsn := a.getenv(pg.DSNEnv)
+	if dsn == "" {
+		return nil, fmt.Errorf("store.postgres.dsn_env: environment variable %s is empty or not set", pg.DSNEnv)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), postgresSetUpTimeout)
+	defer cancel()
+	s, err := postgres.New(ctx, postgres.Options{
+		DSN:               dsn,
+		MaxConns:          pg.MaxConns,
+		ConnectTimeout:    pg.ConnectTimeout.D(),
+		StatementTimeout:  pg.StatementTimeout.D(),
+		Schema:            pg.Schema,
+		Table:             pg.Table,
+		SynchronousCommit: pg.SynchronousCommit,
+		Logger:            a.log,
+	})
+	if err != nil {
+		return nil, err
+	}
+	postgres.RegisterMetrics(reg, s)
 	return s, nil
 }
 

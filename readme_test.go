@@ -15,6 +15,7 @@ import (
 	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store/badger"
+	"github.com/idemproxy/idemproxy/store/postgres"
 )
 
 // metricLabels records the name and variable labels of every metric
@@ -50,7 +51,8 @@ func (m *metricLabels) MustRegister(cs ...prometheus.Collector) {
 }
 
 // registeredMetrics returns the name and variable labels of every metric
-// the binary registers: the app's, the proxy's and the Badger store's.
+// the binary registers: the app's, the proxy's and the Badger and
+// PostgreSQL stores'.
 func registeredMetrics(t *testing.T) map[string][]string {
 	t.Helper()
 	rec := &metricLabels{Registerer: prometheus.NewRegistry(), labels: map[string][]string{}}
@@ -62,6 +64,7 @@ func registeredMetrics(t *testing.T) map[string][]string {
 	}
 	defer st.Close()
 	registerBadgerMetrics(rec, st)
+	postgres.RegisterMetrics(rec, nil) // the names; the values need a database
 	registerConnMetrics(rec, newConnLimiter(nil, 1, 0))
 	return rec.labels
 }

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/idemproxy/idemproxy/internal/pgtest"
 )
 
 // selector is one series selector of a PromQL expression:
@@ -109,7 +111,8 @@ func scrapedSeries(t *testing.T, scrape string) []struct {
 // panel selects exists (at zero), so that rate() and the alerts work from
 // the start instead of seeing no data until the first error. The one
 // exception is the upstream histogram, whose code label is only known
-// once the upstream has answered.
+// once the upstream has answered. The PostgreSQL store's series are looked
+// for on a second proxy that uses it.
 func TestHealthyProxyExportsEverySeriesTheAlertsAndDashboardUse(t *testing.T) {
 	up := startStub(t)
 	dir := t.TempDir()
@@ -131,6 +134,21 @@ func TestHealthyProxyExportsEverySeriesTheAlertsAndDashboardUse(t *testing.T) {
 		t.Fatalf("/metrics = %d", r.status)
 	}
 	series := scrapedSeries(t, r.body)
+
+	// The PostgreSQL store's own series are on a proxy that uses it.
+	pg := pgtest.Start(t)
+	pgCfg := writeConfig(t, filepath.Join(dir, "pg.yaml"), up.URL, "unused", "", chargesRoute)
+	pgYAML, _ := os.ReadFile(pgCfg)
+	pgYAML = []byte(strings.Replace(string(pgYAML), "  badger:\n    dir: unused\n", "  postgres:\n    dsn_env: IDEMPROXY_TEST_PG_DSN\n", 1))
+	if err := os.WriteFile(pgCfg, pgYAML, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pgProxy := startProxy(t, pgCfg, "IDEMPROXY_TEST_PG_DSN="+pg.DSN())
+	pr := do("GET", pgProxy.adminURL("/metrics"), "")
+	if pr.status != 200 {
+		t.Fatalf("/metrics of the PostgreSQL proxy = %d", pr.status)
+	}
+	pgSeries := scrapedSeries(t, pr.body)
 
 	// The size gauges measure the data directory (Badger's own figures
 	// are 0 with its metrics off); a new store already has its value log.
@@ -179,8 +197,12 @@ func TestHealthyProxyExportsEverySeriesTheAlertsAndDashboardUse(t *testing.T) {
 			if strings.HasPrefix(s.name, "idemproxy_upstream_request_duration_seconds") {
 				continue
 			}
+			scraped := series
+			if strings.HasPrefix(s.name, "idemproxy_postgres_") {
+				scraped = pgSeries
+			}
 			found := false
-			for _, se := range series {
+			for _, se := range scraped {
 				if s.matches(se.name, se.labels) {
 					found = true
 					break

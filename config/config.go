@@ -110,8 +110,9 @@ type Admin struct {
 
 // Store selects exactly one backend.
 type Store struct {
-	Badger *Badger `yaml:"badger"`
-	Redis  *Redis  `yaml:"redis"`
+	Badger   *Badger   `yaml:"badger"`
+	Redis    *Redis    `yaml:"redis"`
+	Postgres *Postgres `yaml:"postgres"`
 }
 
 // Badger configures the embedded store.
@@ -159,6 +160,29 @@ type Redis struct {
 	// DialTimeout default 1s; OpTimeout default 500ms.
 	DialTimeout Duration `yaml:"dial_timeout"`
 	OpTimeout   Duration `yaml:"op_timeout"`
+}
+
+// Postgres configures the PostgreSQL store.
+type Postgres struct {
+	// DSNEnv names the environment variable holding the connection string
+	// (libpq keyword/value or URL form); credentials never come from the
+	// file. Required.
+	DSNEnv string `yaml:"dsn_env"`
+	// MaxConns is the connection pool's size. Default 16.
+	MaxConns int `yaml:"max_conns"`
+	// ConnectTimeout bounds getting a connection, pooled or new. Default 1s.
+	ConnectTimeout Duration `yaml:"connect_timeout"`
+	// StatementTimeout is set as statement_timeout on every connection and
+	// bounds every store statement. Default 500ms.
+	StatementTimeout Duration `yaml:"statement_timeout"`
+	// Schema and Table name the table of key records, created when missing.
+	// Default "public" and "idemproxy_keys".
+	Schema string `yaml:"schema"`
+	Table  string `yaml:"table"`
+	// SynchronousCommit, when set, is set as synchronous_commit on every
+	// connection: on, remote_apply, remote_write, local or off. Empty: the
+	// server's setting.
+	SynchronousCommit string `yaml:"synchronous_commit"`
 }
 
 // Server holds the client-facing server's limits.
@@ -441,10 +465,10 @@ func emptyStores(root *yaml.Node) []string {
 	}
 	store := mappingValue(root.Content[0], "store")
 	if store != nil && store.Tag == "!!null" {
-		return []string{"store: the section is empty; give badger or redis, or remove it"}
+		return []string{"store: the section is empty; give badger, redis or postgres, or remove it"}
 	}
 	var problems []string
-	for _, name := range []string{"badger", "redis"} {
+	for _, name := range []string{"badger", "redis", "postgres"} {
 		if v := mappingValue(store, name); v != nil && v.Tag == "!!null" {
 			problems = append(problems, "store."+name+": the section is empty; give its fields or remove it")
 		}

@@ -299,7 +299,7 @@ func TestManyMistakesReportedAtOnce(t *testing.T) {
 	want := []string{
 		`listen: "localhost" is not a host:port address`,
 		`upstream: "ftp://127.0.0.1:9000" is not an absolute http or https URL`,
-		`store: set exactly one of badger and redis`,
+		`store: set exactly one of badger, redis and postgres`,
 		`routes[0].match: parsing "POST charges"`,
 		`routes[0].policy: "release-on-4xx" is not one of reserve-then-commit, release-on-5xx`,
 		`routes[0].duplicate: "ignore" is not one of replay, reject`,
@@ -704,7 +704,7 @@ func TestRedis(t *testing.T) {
 			[]string{"store.redis.dial_timeout: must be positive", "store.redis.op_timeout: must be positive"}},
 		{"CA file without a certificate", redis("    addrs: [r:6379]\n    tls: true\n    tls_ca_file: " + notPEM + "\n"),
 			[]string{"store.redis.tls_ca_file: no PEM certificate in " + notPEM}},
-		{"badger and redis", "store:\n  badger: {dir: /d}\n  redis: {addrs: [\"r:6379\"]}\n" + withRoute(""), []string{"store: set exactly one of badger and redis"}},
+		{"badger and redis", "store:\n  badger: {dir: /d}\n  redis: {addrs: [\"r:6379\"]}\n" + withRoute(""), []string{"store: set exactly one of badger, redis and postgres"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -725,10 +725,73 @@ func TestRedis(t *testing.T) {
 	}
 }
 
+func TestPostgres(t *testing.T) {
+	t.Setenv("IDEMPROXY_TEST_PG_DSN", "postgres://proxy@db/idem")
+	pg := func(fields string) string { return "store:\n  postgres:\n" + fields + withRoute("") }
+	c := mustParse(t, pg("    dsn_env: IDEMPROXY_TEST_PG_DSN\n"))
+	if c.Store.Badger != nil || c.Store.Redis != nil {
+		t.Errorf("store = %+v; want only postgres", c.Store)
+	}
+	got := *c.Store.Postgres
+	want := Postgres{
+		DSNEnv: "IDEMPROXY_TEST_PG_DSN", MaxConns: 16,
+		ConnectTimeout: Duration(time.Second), StatementTimeout: Duration(500 * time.Millisecond),
+		Schema: "public", Table: "idemproxy_keys",
+	}
+	if got != want {
+		t.Errorf("store.postgres with defaults = %+v; want %+v", got, want)
+	}
+	c = mustParse(t, pg("    dsn_env: IDEMPROXY_TEST_PG_DSN\n    max_conns: 4\n    connect_timeout: 2s\n"+
+		"    statement_timeout: 250ms\n    schema: idem\n    table: keys\n    synchronous_commit: remote_apply\n"))
+	got = *c.Store.Postgres
+	want = Postgres{
+		DSNEnv: "IDEMPROXY_TEST_PG_DSN", MaxConns: 4,
+		ConnectTimeout: Duration(2 * time.Second), StatementTimeout: Duration(250 * time.Millisecond),
+		Schema: "idem", Table: "keys", SynchronousCommit: "remote_apply",
+	}
+	if got != want {
+		t.Errorf("store.postgres = %+v; want %+v", got, want)
+	}
+
+	t.Setenv("IDEMPROXY_TEST_PG_EMPTY", " ")
+	tests := []struct {
+		name string
+		src  string
+		want []string
+	}{
+		{"no dsn_env", pg("    table: keys\n"), []string{"store.postgres.dsn_env: is required"}},
+		{"dsn env unset", pg("    dsn_env: IDEMPROXY_TEST_SURELY_UNSET_6B1F\n"),
+			[]string{"store.postgres.dsn_env: environment variable IDEMPROXY_TEST_SURELY_UNSET_6B1F is not set"}},
+		{"dsn env empty", pg("    dsn_env: IDEMPROXY_TEST_PG_EMPTY\n"),
+			[]string{"store.postgres.dsn_env: environment variable IDEMPROXY_TEST_PG_EMPTY is empty"}},
+		{"dsn in the file", pg("    dsn_env: \"postgres://u:p@db/x\"\n"),
+			[]string{`store.postgres.dsn_env: "postgres://u:p@db/x" is not an environment variable name`}},
+		{"negative pool and timeouts", pg("    dsn_env: IDEMPROXY_TEST_PG_DSN\n    max_conns: -1\n    connect_timeout: -1s\n    statement_timeout: -5ms\n"),
+			[]string{"store.postgres.max_conns: must be positive", "store.postgres.connect_timeout: must be positive",
+				"store.postgres.statement_timeout: must be at least 1ms"}},
+		{"names", pg("    dsn_env: IDEMPROXY_TEST_PG_DSN\n    schema: \"My Schema\"\n    table: 1keys\n"),
+			[]string{`store.postgres.schema: "My Schema" must be`, `store.postgres.table: "1keys" must be`}},
+		{"synchronous_commit", pg("    dsn_env: IDEMPROXY_TEST_PG_DSN\n    synchronous_commit: always\n"),
+			[]string{`store.postgres.synchronous_commit: "always" is not one of on, remote_apply, remote_write, local, off`}},
+		{"redis and postgres", "store:\n  redis: {addrs: [\"r:6379\"]}\n  postgres: {dsn_env: IDEMPROXY_TEST_PG_DSN}\n" + withRoute(""),
+			[]string{"store: set exactly one of badger, redis and postgres"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			probs := problemsOf(t, tc.src)
+			for _, w := range tc.want {
+				if !slices.ContainsFunc(probs, func(p string) bool { return strings.HasPrefix(p, w) }) {
+					t.Errorf("problems %q\nhave none starting with %q", probs, w)
+				}
+			}
+		})
+	}
+}
+
 // TestEmptyStoreSection: a store section whose fields are all commented
 // out must not fall back to the per-replica Badger default in silence.
 func TestEmptyStoreSection(t *testing.T) {
-	for _, store := range []string{"redis", "badger"} {
+	for _, store := range []string{"redis", "badger", "postgres"} {
 		y := "listen: 127.0.0.1:8080\nupstream: http://127.0.0.1:9000\nstore:\n  " + store +
 			":\n    # addrs: [redis:6379]\nroutes:\n  - {name: c, match: POST /c, key: {json: id}}\n"
 		_, err := Parse([]byte(y))

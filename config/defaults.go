@@ -8,29 +8,34 @@ import (
 
 // Defaults, in one place.
 const (
-	DefaultTTL                = 24 * time.Hour
-	DefaultUpstreamTimeout    = 30 * time.Second
-	DefaultLeaseMargin        = 5 * time.Second
-	DefaultWaitTimeout        = 5 * time.Second
-	DefaultMaxBodyBytes       = 1 << 20
-	DefaultMaxStoredBodyBytes = 1 << 20
-	DefaultBadgerDir          = "./data"
-	DefaultGCInterval         = 5 * time.Minute
-	DefaultBadgerMinFreeBytes = 64 << 20
-	DefaultRedisKeyPrefix     = "idemproxy:"
-	DefaultRedisDialTimeout   = time.Second
-	DefaultRedisOpTimeout     = 500 * time.Millisecond
-	DefaultAdminTokenEnv      = "IDEMPROXY_ADMIN_TOKEN"
-	DefaultReadHeaderTimeout  = 10 * time.Second
-	DefaultReadTimeout        = 60 * time.Second
-	DefaultIdleTimeout        = 120 * time.Second
-	DefaultPassthroughTimeout = 60 * time.Second
-	DefaultShutdownTimeout    = 30 * time.Second
-	DefaultMaxBufferedBytes   = 64 << 20
-	DefaultMaxConnections     = 1024
-	DefaultBodyTimeout        = 10 * time.Second
-	DefaultReconcileGrace     = 5 * time.Minute
-	DefaultReconcileInterval  = time.Minute
+	DefaultTTL                      = 24 * time.Hour
+	DefaultUpstreamTimeout          = 30 * time.Second
+	DefaultLeaseMargin              = 5 * time.Second
+	DefaultWaitTimeout              = 5 * time.Second
+	DefaultMaxBodyBytes             = 1 << 20
+	DefaultMaxStoredBodyBytes       = 1 << 20
+	DefaultBadgerDir                = "./data"
+	DefaultGCInterval               = 5 * time.Minute
+	DefaultBadgerMinFreeBytes       = 64 << 20
+	DefaultRedisKeyPrefix           = "idemproxy:"
+	DefaultRedisDialTimeout         = time.Second
+	DefaultRedisOpTimeout           = 500 * time.Millisecond
+	DefaultPostgresMaxConns         = 16
+	DefaultPostgresConnectTimeout   = time.Second
+	DefaultPostgresStatementTimeout = 500 * time.Millisecond
+	DefaultPostgresSchema           = "public"
+	DefaultPostgresTable            = "idemproxy_keys"
+	DefaultAdminTokenEnv            = "IDEMPROXY_ADMIN_TOKEN"
+	DefaultReadHeaderTimeout        = 10 * time.Second
+	DefaultReadTimeout              = 60 * time.Second
+	DefaultIdleTimeout              = 120 * time.Second
+	DefaultPassthroughTimeout       = 60 * time.Second
+	DefaultShutdownTimeout          = 30 * time.Second
+	DefaultMaxBufferedBytes         = 64 << 20
+	DefaultMaxConnections           = 1024
+	DefaultBodyTimeout              = 10 * time.Second
+	DefaultReconcileGrace           = 5 * time.Minute
+	DefaultReconcileInterval        = time.Minute
 	// DefaultMemoryLimit is the soft memory limit when neither the
 	// configuration, GOMEMLIMIT nor a cgroup limit gives one.
 	DefaultMemoryLimit = 48 << 20
@@ -50,7 +55,7 @@ func (c *Config) applyDefaults() {
 	if c.Admin.TokenEnv == "" {
 		c.Admin.TokenEnv = DefaultAdminTokenEnv
 	}
-	if c.Store.Badger == nil && c.Store.Redis == nil {
+	if c.Store.Badger == nil && c.Store.Redis == nil && c.Store.Postgres == nil {
 		c.Store.Badger = &Badger{}
 	}
 	if b := c.Store.Badger; b != nil {
@@ -68,6 +73,15 @@ func (c *Config) applyDefaults() {
 		setString(&r.KeyPrefix, DefaultRedisKeyPrefix)
 		setDuration(&r.DialTimeout, DefaultRedisDialTimeout)
 		setDuration(&r.OpTimeout, DefaultRedisOpTimeout)
+	}
+	if pg := c.Store.Postgres; pg != nil {
+		if pg.MaxConns == 0 {
+			pg.MaxConns = DefaultPostgresMaxConns
+		}
+		setDuration(&pg.ConnectTimeout, DefaultPostgresConnectTimeout)
+		setDuration(&pg.StatementTimeout, DefaultPostgresStatementTimeout)
+		setString(&pg.Schema, DefaultPostgresSchema)
+		setString(&pg.Table, DefaultPostgresTable)
 	}
 	s := &c.Server
 	setDuration(&s.ReadHeaderTimeout, DefaultReadHeaderTimeout)

@@ -10,6 +10,7 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/idemproxy/idemproxy/keyextract"
 )
@@ -157,8 +158,11 @@ func samePort(a, b string) bool {
 
 func (c *Config) validateStore(p *problems) {
 	st := c.Store
-	if st.Badger != nil && st.Redis != nil {
-		p.add("store", "set exactly one of badger and redis")
+	if n := countSet(st.Badger != nil, st.Redis != nil, st.Postgres != nil); n > 1 {
+		p.add("store", "set exactly one of badger, redis and postgres")
+	}
+	if pg := st.Postgres; pg != nil {
+		pg.validate(p)
 	}
 	if b := st.Badger; b != nil {
 		if b.GCInterval <= 0 {
@@ -218,6 +222,55 @@ func (c *Config) validateStore(p *problems) {
 		if r.OpTimeout <= 0 {
 			p.add("store.redis.op_timeout", "must be positive")
 		}
+	}
+}
+
+// countSet returns how many of set are true.
+func countSet(set ...bool) int {
+	n := 0
+	for _, b := range set {
+		if b {
+			n++
+		}
+	}
+	return n
+}
+
+// pgIdentifier is a schema or table name the store accepts: an unquoted
+// PostgreSQL identifier, short enough that the table's index names
+// (<table>_unscheduled, the longest) stay within PostgreSQL's 63 bytes.
+var pgIdentifier = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,50}$`)
+
+func (pg *Postgres) validate(p *problems) {
+	switch {
+	case pg.DSNEnv == "":
+		p.add("store.postgres.dsn_env", "is required: the name of the environment variable holding the connection string")
+	case !headerToken.MatchString(pg.DSNEnv):
+		p.add("store.postgres.dsn_env", "%q is not an environment variable name", pg.DSNEnv)
+	default:
+		if v, ok := os.LookupEnv(pg.DSNEnv); !ok {
+			p.add("store.postgres.dsn_env", "environment variable %s is not set", pg.DSNEnv)
+		} else if strings.TrimSpace(v) == "" {
+			p.add("store.postgres.dsn_env", "environment variable %s is empty", pg.DSNEnv)
+		}
+	}
+	if pg.MaxConns <= 0 {
+		p.add("store.postgres.max_conns", "must be positive")
+	}
+	if pg.ConnectTimeout <= 0 {
+		p.add("store.postgres.connect_timeout", "must be positive")
+	}
+	if pg.StatementTimeout < Duration(time.Millisecond) {
+		p.add("store.postgres.statement_timeout", "must be at least 1ms")
+	}
+	if !pgIdentifier.MatchString(pg.Schema) {
+		p.add("store.postgres.schema", "%q must be 1 to 51 lower-case letters, digits or '_', not starting with a digit", pg.Schema)
+	}
+	if !pgIdentifier.MatchString(pg.Table) {
+		p.add("store.postgres.table", "%q must be 1 to 51 lower-case letters, digits or '_', not starting with a digit", pg.Table)
+	}
+	if pg.SynchronousCommit != "" {
+		oneOf(p, "store.postgres.synchronous_commit", pg.SynchronousCommit, "on", "remote_apply", "remote_write", "local", "off")
 	}
 }
 

@@ -1,0 +1,449 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemproxy/idemproxy/store"
+)
+
+// Defaults for zero Options fields.
+const (
+	DefaultMaxConns         = 16
+	DefaultConnectTimeout   = time.Second
+	DefaultStatementTimeout = 500 * time.Millisecond
+	DefaultSchema           = "public"
+	DefaultTable            = "idemproxy_keys"
+	DefaultSweepInterval    = 5 * time.Second
+	DefaultSweepBatch       = 1000
+)
+
+// replyGrace is how much longer than statement_timeout the store waits for
+// a statement's reply: the server's own timeout fires first and rolls the
+// statement back, so a call that gave up has, but for a network stall
+// longer than this, changed nothing.
+const replyGrace = 250 * time.Millisecond
+
+// Options configures a Store.
+type Options struct {
+	// DSN is the libpq or URL connection string (pgx's syntax: host, port,
+	// user, password, dbname, sslmode, ...).
+	DSN string
+	// MaxConns is the size of the connection pool; zero means
+	// DefaultMaxConns (16). A call that finds every connection busy waits
+	// at most ConnectTimeout for one, then fails.
+	MaxConns int
+	// ConnectTimeout bounds getting a connection, from the pool or a new
+	// one; zero means DefaultConnectTimeout (1s).
+	ConnectTimeout time.Duration
+	// StatementTimeout is set as statement_timeout on every connection and
+	// bounds every statement the store runs; zero means
+	// DefaultStatementTimeout (500ms).
+	StatementTimeout time.Duration
+	// Schema and Table name the table of key records; empty means
+	// DefaultSchema ("public") and DefaultTable ("idemproxy_keys"). The
+	// schema version lives in Table + "_schema" next to it.
+	Schema, Table string
+	// SynchronousCommit, when not empty, is set as synchronous_commit on
+	// every connection: on, remote_apply, remote_write, local or off (see
+	// the package documentation for what each promises).
+	SynchronousCommit string
+	// SweepInterval is how often expired records are deleted; zero means
+	// DefaultSweepInterval (5s), negative turns the sweeper off (another
+	// process sweeps). Expired records count as absent whether or not they
+	// were swept.
+	SweepInterval time.Duration
+	// SweepBatch is how many expired records one DELETE removes at most;
+	// zero means DefaultSweepBatch (1000).
+	SweepBatch int
+	// Logger receives the sweeper's errors; nil discards them.
+	Logger *slog.Logger
+}
+
+// Store is a store.Store and store.ReconcileStore kept in one PostgreSQL
+// table. It is safe for concurrent use, also by several processes sharing
+// one database.
+type Store struct {
+	pool             *pgxpool.Pool
+	sql              queries
+	connectTimeout   time.Duration
+	statementTimeout time.Duration
+	table            string // schema-qualified and quoted, for messages
+	log              *slog.Logger
+	instance         string // tags this Store's DueLookups listings
+	clock            dbClock
+
+	sweepBatch int
+	swept      atomic.Int64
+	sweepFails atomic.Int64
+	stop       chan struct{}
+	stopped    sync.WaitGroup
+	closeOnce  sync.Once
+}
+
+var (
+	_ store.Store          = (*Store)(nil)
+	_ store.ReconcileStore = (*Store)(nil)
+)
+
+// New connects to the database, creates the schema, table and indexes when
+// they are missing (see the package documentation for the privileges this
+// needs), checks that their version is one this binary knows and that the
+// database takes writes, and starts the sweeper of expired records. It
+// fails when the database cannot be reached within ctx, is a read-only
+// standby, or refuses writes to the table.
+func New(ctx context.Context, opts Options) (*Store, error) {
+	if opts.DSN == "" {
+		return nil, errors.New("postgres store: empty dsn")
+	}
+	if opts.MaxConns < 0 || opts.ConnectTimeout < 0 || opts.StatementTimeout < 0 || opts.SweepBatch < 0 {
+		return nil, errors.New("postgres store: negative pool size, timeout or sweep batch")
+	}
+	if opts.MaxConns == 0 {
+		opts.MaxConns = DefaultMaxConns
+	}
+	if opts.ConnectTimeout == 0 {
+		opts.ConnectTimeout = DefaultConnectTimeout
+	}
+	if opts.StatementTimeout == 0 {
+		opts.StatementTimeout = DefaultStatementTimeout
+	}
+	if opts.Schema == "" {
+		opts.Schema = DefaultSchema
+	}
+	if opts.Table == "" {
+		opts.Table = DefaultTable
+	}
+	if opts.SweepInterval == 0 {
+		opts.SweepInterval = DefaultSweepInterval
+	}
+	if opts.SweepBatch == 0 {
+		opts.SweepBatch = DefaultSweepBatch
+	}
+	switch opts.SynchronousCommit {
+	case "", "on", "remote_apply", "remote_write", "local", "off":
+	default:
+		return nil, fmt.Errorf("postgres store: synchronous_commit %q: want on, remote_apply, remote_write, local or off", opts.SynchronousCommit)
+	}
+	cfg, err := poolConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("postgres store: %w", err)
+	}
+	s := &Store{
+		pool:             pool,
+		sql:              newQueries(opts.Schema, opts.Table),
+		connectTimeout:   opts.ConnectTimeout,
+		statementTimeout: opts.StatementTimeout,
+		table:            pgx.Identifier{opts.Schema, opts.Table}.Sanitize(),
+		log:              opts.Logger,
+		instance:         randomToken(),
+		sweepBatch:       opts.SweepBatch,
+		stop:             make(chan struct{}),
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if err := s.setUp(ctx, opts.Schema, opts.Table); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	if opts.SweepInterval > 0 {
+		s.stopped.Add(1)
+		go s.sweepLoop(opts.SweepInterval)
+	}
+	return s, nil
+}
+
+// poolConfig maps opts (with defaults filled in) to the pool's
+// configuration.
+func poolConfig(opts Options) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(opts.DSN)
+	if err != nil {
+		// pgx's message may quote the DSN, password included.
+		return nil, errors.New("postgres store: the dsn cannot be parsed (see pgx's connection string syntax)")
+	}
+	cfg.MaxConns = int32(min(opts.MaxConns, 1<<20))
+	cfg.PingTimeout = opts.ConnectTimeout
+	cfg.ConnConfig.ConnectTimeout = opts.ConnectTimeout
+	params := cfg.ConnConfig.RuntimeParams
+	params["statement_timeout"] = strconv.FormatInt(max(opts.StatementTimeout.Milliseconds(), 1), 10)
+	if opts.SynchronousCommit != "" {
+		params["synchronous_commit"] = opts.SynchronousCommit
+	}
+	if params["application_name"] == "" {
+		params["application_name"] = "idemproxy"
+	}
+	// A call that gives up asks the server to cancel its statement, rather
+	// than only dropping the connection: a statement cancelled is rolled
+	// back, one whose client vanished may still commit.
+	cfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: opts.ConnectTimeout}
+	}
+	return cfg, nil
+}
+
+// Close stops the sweeper and closes the connections.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		close(s.stop)
+		s.stopped.Wait()
+		s.pool.Close()
+	})
+	return nil
+}
+
+// conn gets a connection within ConnectTimeout (and ctx).
+func (s *Store) conn(ctx context.Context) (*pgxpool.Conn, error) {
+	actx, cancel := context.WithTimeout(ctx, s.connectTimeout)
+	defer cancel()
+	c, err := s.pool.Acquire(actx)
+	if err != nil {
+		if ctx.Err() == nil && actx.Err() != nil {
+			return nil, fmt.Errorf("no connection within %v (pool of %d busy, or the database unreachable): %w",
+				s.connectTimeout, s.pool.Config().MaxConns, err)
+		}
+		return nil, err
+	}
+	return c, nil
+}
+
+// run runs f on a connection: getting it is bounded by ConnectTimeout, f
+// by StatementTimeout plus a grace for the reply. A failure that pgx knows
+// happened before anything was sent (a dead pooled connection) is retried
+// once on another connection.
+func (s *Store) run(ctx context.Context, f func(ctx context.Context, c *pgxpool.Conn) error) error {
+	var err error
+	for attempt := 0; attempt < 2; attempt++ {
+		var c *pgxpool.Conn
+		c, err = s.conn(ctx)
+		if err != nil {
+			return err
+		}
+		qctx, cancel := context.WithTimeout(ctx, s.statementTimeout+replyGrace)
+		err = f(qctx, c)
+		cancel()
+		c.Release()
+		if err == nil || !pgconn.SafeToRetry(err) || ctx.Err() != nil {
+			break
+		}
+	}
+	return err
+}
+
+// Reserve implements store.Store. The reservation is one INSERT ... ON
+// CONFLICT DO UPDATE that takes the key when no live record holds it (an
+// expired row is overwritten). When a live record holds it, the record is
+// read by a second statement; should it have expired or been released in
+// between, the reservation is tried again.
+func (s *Store) Reserve(ctx context.Context, key string, res store.Reservation) (*store.Record, error) {
+	if err := checkKey(key); err != nil {
+		return nil, err
+	}
+	if res.Token == "" {
+		return nil, errors.New("postgres store: reserve: empty token")
+	}
+	if res.Lease <= 0 || res.TTL <= 0 {
+		return nil, fmt.Errorf("postgres store: reserve: lease %v and ttl %v must be positive", res.Lease, res.TTL)
+	}
+	for range 3 {
+		var rec *store.Record
+		reserved := false
+		err := s.run(ctx, func(ctx context.Context, c *pgxpool.Conn) error {
+			deadline, err := s.deadline(ctx, c)
+			if err != nil {
+				return err
+			}
+			tag, err := c.Exec(ctx, s.sql.reserve, key, res.Token, res.Fingerprint, micros(res.Lease), micros(res.TTL), deadline)
+			if err != nil {
+				return err
+			}
+			if tag.RowsAffected() == 1 {
+				reserved = true
+				return nil
+			}
+			rec, err = s.get(ctx, c, key)
+			return err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("postgres store: reserve: %w", err)
+		}
+		if reserved {
+			return nil, nil
+		}
+		if rec == nil {
+			continue // gone since the INSERT saw it: try again
+		}
+		if rec.State == store.StateInFlight && rec.Token == res.Token {
+			return nil, nil // the caller's own (a retry after a lost reply)
+		}
+		return rec, nil
+	}
+	return nil, errors.New("postgres store: reserve: the key's record kept changing; try again")
+}
+
+// Commit implements store.Store. The record may also be in doubt (its lease
+// ran out, or it was marked so) as long as it carries token: the answer is
+// known now, and storing it beats keeping the doubt. Committing twice keeps
+// the first answer and its expiry.
+func (s *Store) Commit(ctx context.Context, key, token string, resp store.Response, ttl time.Duration) error {
+	if ttl <= 0 {
+		return fmt.Errorf("postgres store: commit: ttl %v must be positive", ttl)
+	}
+	meta, err := encodeMeta(resp)
+	if err != nil {
+		return fmt.Errorf("postgres store: commit: encode response: %w", err)
+	}
+	return s.fenced(ctx, "commit", s.sql.commit, key, token, meta, body(resp), micros(ttl))
+}
+
+// Release implements store.Store: the record is deleted, whatever its
+// state, when it carries token.
+func (s *Store) Release(ctx context.Context, key, token string) error {
+	return s.fenced(ctx, "release", s.sql.release, key, token)
+}
+
+// MarkInDoubt implements store.Store. A record that is already completed
+// stays completed: a known answer is never turned into a doubt.
+func (s *Store) MarkInDoubt(ctx context.Context, key, token string, ttl time.Duration) error {
+	if ttl <= 0 {
+		return fmt.Errorf("postgres store: mark in doubt: ttl %v must be positive", ttl)
+	}
+	return s.fenced(ctx, "mark in doubt", s.sql.markInDoubt, key, token, micros(ttl))
+}
+
+// fenced runs one of the token-checked statements, whose parameters are
+// key, token, args; it changed one row or the record does not carry token.
+func (s *Store) fenced(ctx context.Context, op, sql, key, token string, args ...any) error {
+	if err := checkKey(key); err != nil {
+		return err
+	}
+	if token == "" {
+		return fmt.Errorf("postgres store: %s: empty token", op)
+	}
+	var n int64
+	err := s.run(ctx, func(ctx context.Context, c *pgxpool.Conn) error {
+		tag, err := c.Exec(ctx, sql, append([]any{key, token}, args...)...)
+		n = tag.RowsAffected()
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("postgres store: %s: %w", op, err)
+	}
+	if n != 1 {
+		return store.ErrNotOwner
+	}
+	return nil
+}
+
+// Get implements store.Store.
+func (s *Store) Get(ctx context.Context, key string) (*store.Record, error) {
+	if err := checkKey(key); err != nil {
+		return nil, err
+	}
+	var rec *store.Record
+	err := s.run(ctx, func(ctx context.Context, c *pgxpool.Conn) (err error) {
+		rec, err = s.get(ctx, c, key)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("postgres store: get: %w", err)
+	}
+	return rec, nil
+}
+
+// get reads the live record under key on c; nil when there is none.
+func (s *Store) get(ctx context.Context, c *pgxpool.Conn, key string) (*store.Record, error) {
+	var (
+		st, tok, fp      string
+		cr, exp          time.Time
+		lease            *time.Time
+		meta, respBody   []byte
+		hasMeta, hasBody bool
+	)
+	err := c.QueryRow(ctx, s.sql.get, key).Scan(&st, &tok, &fp, &cr, &lease, &exp, &meta, &respBody)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	hasMeta, hasBody = meta != nil, respBody != nil
+	rec := &store.Record{State: store.State(st), Token: tok, Fingerprint: fp, CreatedAt: cr, ExpiresAt: exp}
+	switch rec.State {
+	case store.StateInFlight:
+		if lease == nil {
+			return nil, errors.New("in-flight record has no lease")
+		}
+		rec.LeaseExpiresAt = *lease
+	case store.StateCompleted:
+		if !hasMeta {
+			return nil, errors.New("completed record has no response")
+		}
+		resp, err := decodeMeta(meta)
+		if err != nil {
+			return nil, fmt.Errorf("decode stored response: %w", err)
+		}
+		if hasBody {
+			resp.Body = respBody
+		}
+		rec.Response = &resp
+	case store.StateInDoubt:
+	default:
+		return nil, fmt.Errorf("record has unknown state %q", st)
+	}
+	return rec, nil
+}
+
+// Ping implements store.Store: the database answers a query on a pooled
+// connection, and is not a read-only standby (which cannot take
+// reservations; after a failover the DSN must lead to the new primary).
+func (s *Store) Ping(ctx context.Context) error {
+	var recovery bool
+	err := s.run(ctx, func(ctx context.Context, c *pgxpool.Conn) error {
+		return c.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&recovery)
+	})
+	if err != nil {
+		return fmt.Errorf("postgres store: ping: %w", err)
+	}
+	if recovery {
+		return errors.New("postgres store: ping: the server is a read-only standby (in recovery); reservations need the primary")
+	}
+	return nil
+}
+
+func checkKey(key string) error {
+	if key == "" {
+		return errors.New("postgres store: empty key")
+	}
+	if strings.IndexByte(key, 0) >= 0 {
+		return errors.New("postgres store: key holds a NUL byte, which text columns cannot")
+	}
+	return nil
+}
+
+// micros converts d to whole microseconds, the unit the statements
+// multiply interval '1 microsecond' by, rounding up so that a positive
+// duration never becomes 0.
+func micros(d time.Duration) int64 {
+	us := d / time.Microsecond
+	if d%time.Microsecond > 0 {
+		us++
+	}
+	return int64(us)
+}

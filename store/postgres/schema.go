@@ -1,0 +1,143 @@
+package postgres
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// setUpTimeout bounds each step of New's set-up (the schema's creation may
+// wait for locks that a statement_timeout of 500ms would not outlast).
+const setUpTimeout = 30 * time.Second
+
+// setUp checks the server, creates the schema when it is missing or older
+// than this binary's, and checks that the table takes writes.
+func (s *Store) setUp(ctx context.Context, schema, table string) error {
+	c, err := s.conn(ctx)
+	if err != nil {
+		return fmt.Errorf("postgres store: connect: %w", err)
+	}
+	defer c.Release()
+	ctx, cancel := context.WithTimeout(ctx, setUpTimeout)
+	defer cancel()
+
+	var recovery bool
+	if err := c.QueryRow(ctx, "SELECT pg_is_in_recovery()").Scan(&recovery); err != nil {
+		return fmt.Errorf("postgres store: connect: %w", err)
+	}
+	if recovery {
+		return errors.New("postgres store: the server is a read-only standby (in recovery): the dsn must lead to the primary")
+	}
+	v, err := s.version(ctx, c)
+	if err != nil {
+		return err
+	}
+	if v > schemaVersion {
+		return fmt.Errorf("postgres store: %s is at schema version %d, newer than this binary's %d: run a newer idemproxy, or another table",
+			s.table, v, schemaVersion)
+	}
+	if v < schemaVersion {
+		// Two replicas starting on an empty database race on CREATE ... IF
+		// NOT EXISTS (the catalog's unique indexes refuse the second); the
+		// loser's second attempt finds everything in place.
+		err = s.create(ctx, c, schema)
+		if err != nil {
+			time.Sleep(100 * time.Millisecond)
+			err = s.create(ctx, c, schema)
+		}
+		if err != nil {
+			return fmt.Errorf("postgres store: create %s (see the package documentation for the privileges this needs): %w", s.table, err)
+		}
+	}
+	if _, _, err := s.clock.get(ctx, c, s.statementTimeout); err != nil {
+		return fmt.Errorf("postgres store: %w", err)
+	}
+	if err := s.probeWrite(ctx, c); err != nil {
+		return fmt.Errorf("postgres store: the database refuses writes to %s (the role needs SELECT, INSERT, UPDATE and DELETE on it, on a primary that is not read-only): %w",
+			s.table, err)
+	}
+	return nil
+}
+
+// version returns the schema version recorded next to the table, 0 when
+// there is none.
+func (s *Store) version(ctx context.Context, c *pgxpool.Conn) (int, error) {
+	var exists bool
+	if err := c.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", s.sql.versionTable).Scan(&exists); err != nil {
+		return 0, fmt.Errorf("postgres store: look for %s: %w", s.sql.versionTable, err)
+	}
+	if !exists {
+		return 0, nil
+	}
+	var v int
+	err := c.QueryRow(ctx, "SELECT version FROM "+s.sql.versionTable+" WHERE id = 1").Scan(&v)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("postgres store: read the schema version in %s: %w", s.sql.versionTable, err)
+	}
+	return v, nil
+}
+
+// create creates the schema (when missing: CREATE SCHEMA needs CREATE on the
+// database even with IF NOT EXISTS), the table, its indexes and the version
+// table, in one transaction.
+func (s *Store) create(ctx context.Context, c *pgxpool.Conn, schema string) error {
+	var exists bool
+	if err := c.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", schema).Scan(&exists); err != nil {
+		return err
+	}
+	if !exists {
+		if _, err := c.Exec(ctx, "CREATE SCHEMA IF NOT EXISTS "+pgx.Identifier{schema}.Sanitize()); err != nil {
+			return err
+		}
+	}
+	return pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SET LOCAL statement_timeout = '30s'"); err != nil {
+			return err
+		}
+		stmts := append(append(append([]string(nil), s.sql.createTable...), s.sql.createIndexes...), s.sql.createVersion[0])
+		for _, q := range stmts {
+			if _, err := tx.Exec(ctx, q); err != nil {
+				return err
+			}
+		}
+		_, err := tx.Exec(ctx, s.sql.createVersion[1], schemaVersion)
+		return err
+	})
+}
+
+// errRollback ends the write probe's transaction.
+var errRollback = errors.New("rollback")
+
+// probeWrite inserts, updates and deletes a row in a transaction that is
+// rolled back: the privileges and a read-only database show at start, not
+// at the first request.
+func (s *Store) probeWrite(ctx context.Context, c *pgxpool.Conn) error {
+	key := "idemproxy-write-probe/" + rand.Text()
+	err := pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, s.sql.probe, key); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, s.sql.commit, key, "probe", []byte("{}"), []byte(nil), int64(1)); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, s.sql.release, key, "probe"); err != nil {
+			return err
+		}
+		return errRollback
+	})
+	if errors.Is(err, errRollback) {
+		return nil
+	}
+	return err
+}
+
+// randomToken returns a random identifier.
+func randomToken() string { return rand.Text() }
