@@ -15,24 +15,22 @@ import (
 
 // The fault kinds.
 const (
-	kFailBefore     = "stub-fail-before-charge"
-	kFailAfter      = "stub-fail-after-charge"
-	kDelay          = "stub-delay-past-timeout"
-	kDrop           = "stub-drop-after-charge"
-	k429            = "stub-reject-429"
-	kUpLatency      = "net-upstream-latency"
-	kUpReset        = "net-upstream-reset"
-	kUpBlackhole    = "net-upstream-blackhole"
-	kUpSlowClose    = "net-upstream-slow-close"
-	kRedisLatency   = "net-redis-latency"
-	kRedisReset     = "net-redis-reset"
-	kRedisBlackhole = "net-redis-blackhole"
-	kKill           = "proxy-kill-9"
-	kTerm           = "proxy-sigterm"
-	kHup            = "proxy-sighup-reload"
-	kRedisKill      = "redis-kill-restart"
-	kRedisStop      = "redis-sigstop"
-	kDiskFull       = "badger-disk-full"
+	kFailBefore  = "stub-fail-before-charge"
+	kFailAfter   = "stub-fail-after-charge"
+	kDelay       = "stub-delay-past-timeout"
+	kDrop        = "stub-drop-after-charge"
+	k429         = "stub-reject-429"
+	kUpLatency   = "net-upstream-latency"
+	kUpReset     = "net-upstream-reset"
+	kUpBlackhole = "net-upstream-blackhole"
+	kUpSlowClose = "net-upstream-slow-close"
+	kKill        = "proxy-kill-9"
+	kTerm        = "proxy-sigterm"
+	kHup         = "proxy-sighup-reload"
+	kDiskFull    = "badger-disk-full"
+	// The faults of a shared store server S (redis, postgres) are
+	// net-S-latency, net-S-reset, net-S-blackhole, S-kill-restart and
+	// S-sigstop.
 )
 
 // fault is one entry of the schedule: what to do, when, for how long, to
@@ -105,25 +103,19 @@ func (in *injector) apply(ctx context.Context, f fault) error {
 		return stub("drop-after-charge", "")
 	case k429:
 		return stub("reject-429", "")
-	case kUpLatency, kRedisLatency, kUpBlackhole, kRedisBlackhole, kUpSlowClose:
-		fp := r.upFault
-		if strings.HasPrefix(f.Kind, "net-redis") {
-			fp = r.redisFault
-		}
+	case kUpLatency, kUpBlackhole, kUpSlowClose:
 		switch f.Kind {
-		case kUpLatency, kRedisLatency:
-			fp.set(f.Lat, false, 0)
-		case kUpBlackhole, kRedisBlackhole:
-			fp.set(0, true, 0)
+		case kUpLatency:
+			r.upFault.set(f.Lat, false, 0)
+		case kUpBlackhole:
+			r.upFault.set(0, true, 0)
 		case kUpSlowClose:
-			fp.set(0, false, f.For)
+			r.upFault.set(0, false, f.For)
 		}
 		sleep(ctx, f.For)
-		fp.set(0, false, 0)
+		r.upFault.set(0, false, 0)
 	case kUpReset:
 		r.upFault.resetAll()
-	case kRedisReset:
-		r.redisFault.resetAll()
 	case kKill:
 		p := r.proxies[f.Target]
 		p.kill()
@@ -144,26 +136,48 @@ func (in *injector) apply(ctx context.Context, f fault) error {
 			return err
 		}
 		p.signal(syscall.SIGHUP)
-	case kRedisKill:
-		r.redis.kill()
-		sleep(ctx, f.For/2)
-		if err := r.redis.start(); err != nil {
-			return err
-		}
-		return waitRedis(ctx, r.redisAddr, 20*time.Second)
-	case kRedisStop:
-		r.redis.signal(syscall.SIGSTOP)
-		sleep(ctx, f.For)
-		r.redis.signal(syscall.SIGCONT)
 	case kDiskFull:
 		path := filepath.Join(r.badgerDir, "ballast")
 		fillDisk(path)
 		sleep(ctx, f.For)
 		os.Remove(path)
 	default:
-		return fmt.Errorf("unknown fault kind %q", f.Kind)
+		return in.applyStore(ctx, f)
 	}
 	return nil
+}
+
+// applyStore applies a fault of a shared store server.
+func (in *injector) applyStore(ctx context.Context, f fault) error {
+	for _, s := range in.r.stores {
+		switch f.Kind {
+		case "net-" + s.name + "-latency":
+			s.fault.set(f.Lat, false, 0)
+			sleep(ctx, f.For)
+			s.fault.set(0, false, 0)
+		case "net-" + s.name + "-blackhole":
+			s.fault.set(0, true, 0)
+			sleep(ctx, f.For)
+			s.fault.set(0, false, 0)
+		case "net-" + s.name + "-reset":
+			s.fault.resetAll()
+		case s.name + "-kill-restart":
+			s.proc.kill()
+			sleep(ctx, f.For/2)
+			if err := s.proc.start(); err != nil {
+				return err
+			}
+			return s.ready(ctx)
+		case s.name + "-sigstop":
+			s.proc.signal(syscall.SIGSTOP)
+			sleep(ctx, f.For)
+			s.proc.signal(syscall.SIGCONT)
+		default:
+			continue
+		}
+		return nil
+	}
+	return fmt.Errorf("unknown fault kind %q", f.Kind)
 }
 
 // fillDisk writes zeros to path until the file system is full.
@@ -185,18 +199,18 @@ func fillDisk(path string) {
 func (in *injector) heal(ctx context.Context) error {
 	r := in.r
 	r.upFault.set(0, false, 0)
-	r.redisFault.set(0, false, 0)
 	if r.badgerDir != "" {
 		os.Remove(filepath.Join(r.badgerDir, "ballast"))
 	}
-	if r.redis != nil {
-		r.redis.signal(syscall.SIGCONT)
-		if !r.redis.running() {
-			if err := r.redis.start(); err != nil {
+	for _, s := range r.stores {
+		s.fault.set(0, false, 0)
+		s.proc.signal(syscall.SIGCONT)
+		if !s.proc.running() {
+			if err := s.proc.start(); err != nil {
 				return err
 			}
 		}
-		if err := waitRedis(ctx, r.redisAddr, 20*time.Second); err != nil {
+		if err := s.ready(ctx); err != nil {
 			return err
 		}
 	}

@@ -3,9 +3,9 @@
 // statement and the recorded history (issue 18, docs/chaos.md).
 //
 // It builds idemproxy and the upstream stub, starts on loopback the stub, one
-// idemproxy on Badger and three replicas sharing a Redis with the append-only
-// file, with TCP fault proxies between the proxies and the stub and between
-// the proxies and Redis. A population of clients (go-retryablehttp, plus raw
+// idemproxy on Badger, three replicas sharing a Redis with the append-only
+// file and two sharing a PostgreSQL, with TCP fault proxies between the
+// proxies and the stub and between the replicas and their store. A population of clients (go-retryablehttp, plus raw
 // duplicate deliveries and storms of one key) charges new orders while
 // faults drawn from the seed hit the stub, the network, the processes and the
 // stores. Then the faults stop, the keys settle, every key is probed once
@@ -13,7 +13,7 @@
 //
 // Usage:
 //
-//	go run ./chaos [-seed N] [-duration 60s] [-out DIR] [-stores badger,redis] [-clients 4]
+//	go run ./chaos [-seed N] [-duration 60s] [-out DIR] [-stores badger,redis,postgres] [-clients 4]
 package main
 
 import (
@@ -71,7 +71,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.Int64Var(&o.seed, "seed", 0, "the seed of the fault schedule and the clients (0: a random one, printed)")
 	fs.DurationVar(&o.duration, "duration", 60*time.Second, "how long clients run and faults are injected")
 	fs.StringVar(&o.out, "out", "", "the folder for the history, logs and visualisation (default: a folder named after the seed in the temporary directory, removed when the run passes)")
-	fs.StringVar(&stores, "stores", "badger,redis", "the stores to run proxies on: badger (one proxy), redis (three replicas)")
+	fs.StringVar(&stores, "stores", "badger,redis,postgres", "the stores to run proxies on: badger (one proxy), redis (three replicas), postgres (two replicas)")
 	fs.IntVar(&o.clients, "clients", 4, "client goroutines (each a retrying client, duplicate deliveries, storms)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the folder when the run passes")
 	if err := fs.Parse(args); err != nil {
@@ -80,13 +80,13 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	for s := range strings.SplitSeq(stores, ",") {
 		s = strings.TrimSpace(s)
 		switch s {
-		case "badger", "redis":
+		case "badger", "redis", "postgres":
 			if !slices.Contains(o.stores, s) {
 				o.stores = append(o.stores, s)
 			}
 		case "":
 		default:
-			return o, fmt.Errorf("-stores: unknown store %q (badger, redis)", s)
+			return o, fmt.Errorf("-stores: unknown store %q (badger, redis, postgres)", s)
 		}
 	}
 	if len(o.stores) == 0 {
@@ -158,17 +158,15 @@ type run struct {
 	out  string
 	log  io.Writer
 
-	bin        string // the folder of the built binaries
-	stub       *proc
-	stubURL    string
-	upFault    *faultProxy
-	redis      *proc
-	redisAddr  string
-	redisFault *faultProxy
-	proxies    []*proxyProc
-	badgerDir  string
-	tmpfs      bool
-	reloads    int
+	bin       string // the folder of the built binaries
+	stub      *proc
+	stubURL   string
+	upFault   *faultProxy
+	stores    []*storeSrv // the shared store servers: redis, postgres
+	proxies   []*proxyProc
+	badgerDir string
+	tmpfs     bool
+	reloads   int
 
 	inj  *injector
 	nops int
@@ -308,11 +306,22 @@ func (r *run) recordErr(s string) {
 	fmt.Fprintf(r.log, "chaos: %s\n", s)
 }
 
+// store returns the store server named name.
+func (r *run) store(name string) *storeSrv {
+	for _, s := range r.stores {
+		if s.name == name {
+			return s
+		}
+	}
+	return nil
+}
+
 // kinds returns the fault kinds this run can inject.
 func (r *run) kinds() []string {
 	k := []string{kFailBefore, kFailAfter, kDelay, kDrop, k429, kUpLatency, kUpReset, kUpBlackhole, kUpSlowClose, kKill, kTerm, kHup}
-	if r.redis != nil {
-		k = append(k, kRedisLatency, kRedisReset, kRedisBlackhole, kRedisKill, kRedisStop)
+	for _, s := range r.stores {
+		k = append(k, "net-"+s.name+"-latency", "net-"+s.name+"-reset", "net-"+s.name+"-blackhole",
+			s.name+"-kill-restart", s.name+"-sigstop")
 	}
 	if r.tmpfs {
 		k = append(k, kDiskFull)
@@ -357,32 +366,19 @@ func (r *run) setup(ctx context.Context) error {
 		return err
 	}
 
-	if slices.Contains(r.opts.stores, "redis") {
-		bin, err := exec.LookPath("redis-server")
+	for _, name := range []string{"redis", "postgres"} {
+		if !slices.Contains(r.opts.stores, name) {
+			continue
+		}
+		start := r.startRedis
+		if name == "postgres" {
+			start = r.startPostgres
+		}
+		srv, err := start(ctx)
+		if srv != nil {
+			r.stores = append(r.stores, srv)
+		}
 		if err != nil {
-			return errors.New("redis-server not found: install it (apt-get install redis-server)")
-		}
-		port, err := freePort()
-		if err != nil {
-			return err
-		}
-		dir := filepath.Join(r.out, "redis")
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			return err
-		}
-		r.redisAddr = "127.0.0.1:" + strconv.Itoa(port)
-		r.redis = &proc{name: "redis", bin: bin, log: filepath.Join(r.out, "redis.log"), args: []string{
-			"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--dir", dir, "--daemonize", "no",
-			"--protected-mode", "no", "--save", "", "--appendonly", "yes", "--appendfsync", "always",
-			"--maxmemory-policy", "noeviction",
-		}}
-		if err := r.redis.start(); err != nil {
-			return err
-		}
-		if err := waitRedis(ctx, r.redisAddr, 10*time.Second); err != nil {
-			return err
-		}
-		if r.redisFault, err = newFaultProxy(r.redisAddr); err != nil {
 			return err
 		}
 	}
@@ -406,9 +402,13 @@ func (r *run) setup(ctx context.Context) error {
 			return err
 		}
 	}
-	if r.redis != nil {
-		for i := range 3 {
-			if err := r.addProxy(fmt.Sprintf("r%d", i), "redis"); err != nil {
+	for _, srv := range r.stores {
+		n := 3 // Redis replicas
+		if srv.name == "postgres" {
+			n = 2
+		}
+		for i := range n {
+			if err := r.addProxy(fmt.Sprintf("%c%d", srv.name[0], i), srv.name); err != nil {
 				return err
 			}
 		}
@@ -438,6 +438,9 @@ func (r *run) addProxy(name, store string) error {
 		config: filepath.Join(r.out, name+".yaml"),
 	}
 	p.args = []string{"-config", p.config}
+	if store == "postgres" {
+		p.env = []string{"IDEMPROXY_POSTGRES_DSN=postgres://postgres@" + r.store("postgres").fault.addr() + "/postgres?sslmode=disable"}
+	}
 	r.proxies = append(r.proxies, p)
 	return r.writeConfig(p)
 }
@@ -457,10 +460,13 @@ func (r *run) startProxy(ctx context.Context, p *proxyProc) error {
 // routes' wait_timeout, so that a SIGHUP has something to apply.
 func (r *run) writeConfig(p *proxyProc) error {
 	var store string
-	if p.store == "badger" {
+	switch p.store {
+	case "badger":
 		store = fmt.Sprintf("  badger:\n    dir: %s\n    sync_writes: true\n    min_free_bytes: 8388608\n", r.badgerDir)
-	} else {
-		store = fmt.Sprintf("  redis:\n    addrs: [%s]\n    key_prefix: \"chaos:\"\n    op_timeout: 500ms\n", r.redisFault.addr())
+	case "redis":
+		store = fmt.Sprintf("  redis:\n    addrs: [%s]\n    key_prefix: \"chaos:\"\n    op_timeout: 500ms\n", r.store("redis").fault.addr())
+	case "postgres":
+		store = "  postgres:\n    dsn_env: IDEMPROXY_POSTGRES_DSN\n    max_conns: 8\n    statement_timeout: 500ms\n"
 	}
 	wait := 2 + r.reloads%2
 	y := fmt.Sprintf(`listen: %s
@@ -605,8 +611,8 @@ func (r *run) stopAll() {
 		go func() { defer wg.Done(); p.stop(shutdownTimeout + 3*time.Second) }()
 	}
 	wg.Wait()
-	if r.redis != nil {
-		r.redis.kill()
+	for _, srv := range r.stores {
+		srv.proc.kill()
 	}
 	if r.stub != nil {
 		r.stub.stop(5 * time.Second)
@@ -614,8 +620,10 @@ func (r *run) stopAll() {
 	if r.upFault != nil {
 		r.upFault.close()
 	}
-	if r.redisFault != nil {
-		r.redisFault.close()
+	for _, srv := range r.stores {
+		if srv.fault != nil {
+			srv.fault.close()
+		}
 	}
 	if r.tmpfs {
 		if out, err := exec.Command("umount", r.badgerDir).CombinedOutput(); err != nil {

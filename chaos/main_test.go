@@ -11,7 +11,7 @@ import (
 )
 
 func TestSameSeedSameSchedule(t *testing.T) {
-	kinds := []string{kFailBefore, kKill, kRedisStop, kUpBlackhole}
+	kinds := []string{kFailBefore, kKill, "redis-sigstop", kUpBlackhole}
 	draw := func(seed uint64) []fault {
 		return schedule(rand.New(rand.NewPCG(seed, 0x1d3)), time.Minute, 2*time.Second, kinds, 4)
 	}

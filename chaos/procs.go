@@ -22,6 +22,10 @@ type proc struct {
 	args []string
 	env  []string
 	log  string
+	// group: the process leads a process group, and signals go to the
+	// whole group (postgres' postmaster and its backends).
+	group bool
+	cred  *syscall.Credential // run as another user (postgres refuses root)
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -43,7 +47,7 @@ func (p *proc) start() error {
 	cmd.Env = append(os.Environ(), p.env...)
 	cmd.Stdout, cmd.Stderr = f, f
 	// The kernel kills the child if the run dies without stopping it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: p.group, Credential: p.cred}
 	if err := cmd.Start(); err != nil {
 		f.Close()
 		return fmt.Errorf("start %s: %w", p.name, err)
@@ -78,8 +82,17 @@ func (p *proc) signal(sig syscall.Signal) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.cmd != nil {
-		_ = p.cmd.Process.Signal(sig)
+		p.send(p.cmd, sig)
 	}
+}
+
+// send sends sig to cmd's process, or to its whole group.
+func (p *proc) send(cmd *exec.Cmd, sig syscall.Signal) {
+	if p.group {
+		_ = syscall.Kill(-cmd.Process.Pid, sig)
+		return
+	}
+	_ = cmd.Process.Signal(sig)
 }
 
 // kill kills the process with SIGKILL and waits for it.
@@ -89,8 +102,8 @@ func (p *proc) kill() {
 	if p.cmd == nil {
 		return
 	}
-	_ = p.cmd.Process.Signal(syscall.SIGCONT) // a stopped process dies too
-	_ = p.cmd.Process.Kill()
+	p.send(p.cmd, syscall.SIGCONT) // a stopped process dies too
+	p.send(p.cmd, syscall.SIGKILL)
 	<-p.done
 	p.cmd, p.done = nil, nil
 }
@@ -104,8 +117,8 @@ func (p *proc) stop(grace time.Duration) {
 	if cmd == nil {
 		return
 	}
-	_ = cmd.Process.Signal(syscall.SIGCONT)
-	_ = cmd.Process.Signal(syscall.SIGTERM)
+	p.send(cmd, syscall.SIGCONT)
+	p.send(cmd, syscall.SIGTERM)
 	select {
 	case <-done:
 		p.mu.Lock()
