@@ -173,6 +173,20 @@ func TestViolationsAreCaught(t *testing.T) {
 			only: true,
 		},
 		{
+			// Seed 101's finding: two duplicates answered 503 (a Redis
+			// blackhole lost the reservation's reply, and its release
+			// failed), and the key was in doubt ever after, uncharged.
+			name: "503 leaves the key in doubt",
+			h: hist(
+				problem("order-charges", "A", 0, 500, 503, "store-unavailable"),
+				problem("order-charges", "A", 0, 500, 503, "store-unavailable"),
+				probe(problem("order-charges", "A", 16000, 16010, 409, "outcome-in-doubt")),
+			),
+			st:   statement(),
+			want: []int{PropLinearizable},
+			only: true,
+		},
+		{
 			name: "key never settles",
 			h: hist(
 				fresh("charges-wait", "A", 0, 100, 201, c1),
