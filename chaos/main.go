@@ -122,6 +122,7 @@ func mainExit(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "chaos: seed %d, duration %v, stores %s, folder %s\n", o.seed, o.duration, strings.Join(o.stores, ","), o.out)
 	r := &run{opts: o, out: o.out, log: stdout}
+	defer r.stopAll() // also on a panic; stopping twice does nothing
 	violations, err := r.execute(ctx)
 	r.stopAll()
 	if err != nil {
