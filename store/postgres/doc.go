@@ -50,8 +50,8 @@
 // reported as in doubt; an expired record counts as absent for every
 // method. Expired rows are deleted in the background (Options.SweepInterval)
 // in bounded batches through the index on expires_at, DELETE ... WHERE key
-// IN (SELECT ... ORDER BY expires_at LIMIT n FOR UPDATE SKIP LOCKED), never
-// by a scan per request; autovacuum reclaims their space, so the table's
+// = ANY (ARRAY (SELECT ... ORDER BY expires_at LIMIT n FOR UPDATE SKIP
+// LOCKED)), each row then found by its key, never by a scan per request; autovacuum reclaims their space, so the table's
 // size follows the number of live keys.
 //
 // The reconcile schedule lives on the rows. DueLookups takes the due rows
@@ -118,8 +118,8 @@
 //
 // The statements keep to SQL that CockroachDB and YugabyteDB also accept
 // where that costs nothing: ON CONFLICT, RETURNING, partial indexes, FOR
-// UPDATE SKIP LOCKED, statement_timestamp(), deleting by key (they have no
-// ctid). This cannot be tested here; set-up relies on to_regclass,
+// UPDATE SKIP LOCKED, ARRAY (subquery), statement_timestamp(), deleting by
+// key (they have no ctid). This cannot be tested here; set-up relies on to_regclass,
 // pg_namespace and pg_is_in_recovery(), which they emulate.
 //
 // statement_timeout and synchronous_commit are sent as startup parameters

@@ -191,9 +191,10 @@ func poolConfig(opts Options) (*pgxpool.Config, error) {
 	}
 	// A call that gives up asks the server to cancel its statement, rather
 	// than only dropping the connection: a statement cancelled is rolled
-	// back, one whose client vanished may still commit.
+	// back, one whose client vanished may still commit. It waits a little
+	// for the server's answer to the cancel, then drops the connection.
 	cfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
-		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: opts.ConnectTimeout}
+		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: replyGrace}
 	}
 	return cfg, nil
 }

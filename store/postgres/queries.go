@@ -136,27 +136,30 @@ WHERE r.key = $1 AND r.lookup_token = $2 AND {live} AND {doubt}`),
 		// once get different keys; the claim itself is ClaimLookup's fenced
 		// UPDATE.
 		due: q(`UPDATE {t} AS r SET listed_by = $2, listed_until = {ts} + $3::bigint{us}
-WHERE r.key IN (
+WHERE r.key = ANY (ARRAY (
 	SELECT r.key FROM {t} AS r
 	WHERE r.next_lookup IS NOT NULL AND r.next_lookup <= {ts} AND {live} AND {doubt}
 		AND (r.lookup_token IS NULL OR r.lookup_lease_until <= {ts})
 		AND (r.listed_by IS NULL OR r.listed_by = $2 OR r.listed_until <= {ts})
 	ORDER BY r.next_lookup
 	LIMIT $1
-	FOR UPDATE SKIP LOCKED)
+	FOR UPDATE SKIP LOCKED))
 RETURNING r.key`),
 		unscheduled: q(`SELECT r.key FROM {t} AS r
 WHERE r.next_lookup IS NULL AND r.state IN ('in_flight', 'in_doubt')
 	AND substr(r.key, 1, length($1::text)) = $1::text AND {live} AND {doubt}
 LIMIT $2`),
-		// The outer condition on expires_at is checked again on the row
-		// version the DELETE finds, so a key reserved anew meanwhile stays.
+		// The keys are collected into an array first, so that the rows are
+		// then found by the primary key, one lookup each: a join with the
+		// table could read every expired row, however many, per batch. The
+		// outer condition on expires_at is checked again on the row version
+		// the DELETE finds, so a key reserved anew meanwhile stays.
 		sweep: q(`DELETE FROM {t} AS r
-WHERE r.key IN (
+WHERE r.key = ANY (ARRAY (
 	SELECT r.key FROM {t} AS r WHERE r.expires_at <= {ts}
 	ORDER BY r.expires_at
 	LIMIT $1
-	FOR UPDATE SKIP LOCKED)
+	FOR UPDATE SKIP LOCKED))
 AND r.expires_at <= {ts}`),
 		probe: q(`INSERT INTO {t} (key, state, token, fingerprint, created_at, expires_at)
 VALUES ($1, 'in_doubt', 'probe', '', {ts}, {ts})`),
