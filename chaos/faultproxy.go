@@ -11,8 +11,9 @@ import (
 // faultProxy is a small TCP fault layer: it forwards every connection it
 // accepts to target and, on demand, adds latency to every chunk, drops
 // everything (a blackhole: the connections that lost bytes are reset when it
-// ends), delays every close (a slow close), or resets every connection at
-// once.
+// ends), holds everything and delivers it late (a stall, as a partition that
+// heals before TCP gives up), delays every close (a slow close), or resets
+// every connection at once.
 type faultProxy struct {
 	ln     net.Listener
 	target string
@@ -20,6 +21,7 @@ type faultProxy struct {
 	mu        sync.Mutex
 	latency   time.Duration
 	blackhole bool
+	stall     bool
 	slowClose time.Duration
 	conns     map[*pipePair]struct{}
 	wg        sync.WaitGroup
@@ -89,6 +91,7 @@ func (p *faultProxy) pipe(pp *pipePair, src, dst net.Conn) {
 			}
 			p.mu.Unlock()
 			if !hole {
+				p.waitStall()
 				if lat > 0 {
 					time.Sleep(lat)
 				}
@@ -131,6 +134,26 @@ func (p *faultProxy) set(latency time.Duration, blackhole bool, slowClose time.D
 	p.blackhole = blackhole
 }
 
+// setStall holds every byte from now until it is called with false.
+func (p *faultProxy) setStall(on bool) {
+	p.mu.Lock()
+	p.stall = on
+	p.mu.Unlock()
+}
+
+// waitStall waits while the proxy is stalled.
+func (p *faultProxy) waitStall() {
+	for {
+		p.mu.Lock()
+		on := p.stall
+		p.mu.Unlock()
+		if !on {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 // resetAll resets every open connection (RST both ways).
 func (p *faultProxy) resetAll() int {
 	p.mu.Lock()
@@ -143,6 +166,7 @@ func (p *faultProxy) resetAll() int {
 }
 
 func (p *faultProxy) close() {
+	p.setStall(false)
 	p.ln.Close()
 	p.resetAll()
 	p.wg.Wait()

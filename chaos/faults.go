@@ -24,12 +24,13 @@ const (
 	kUpReset     = "net-upstream-reset"
 	kUpBlackhole = "net-upstream-blackhole"
 	kUpSlowClose = "net-upstream-slow-close"
+	kUpStall     = "net-upstream-stall"
 	kKill        = "proxy-kill-9"
 	kTerm        = "proxy-sigterm"
 	kHup         = "proxy-sighup-reload"
 	kDiskFull    = "badger-disk-full"
 	// The faults of a shared store server S (redis, postgres) are
-	// net-S-latency, net-S-reset, net-S-blackhole, S-kill-restart and
+	// net-S-latency, net-S-reset, net-S-blackhole, net-S-stall, S-kill-restart and
 	// S-sigstop.
 )
 
@@ -116,6 +117,10 @@ func (in *injector) apply(ctx context.Context, f fault) error {
 		r.upFault.set(0, false, 0)
 	case kUpReset:
 		r.upFault.resetAll()
+	case kUpStall:
+		r.upFault.setStall(true)
+		sleep(ctx, f.For)
+		r.upFault.setStall(false)
 	case kKill:
 		p := r.proxies[f.Target]
 		p.kill()
@@ -161,6 +166,10 @@ func (in *injector) applyStore(ctx context.Context, f fault) error {
 			s.fault.set(0, false, 0)
 		case "net-" + s.name + "-reset":
 			s.fault.resetAll()
+		case "net-" + s.name + "-stall":
+			s.fault.setStall(true)
+			sleep(ctx, f.For)
+			s.fault.setStall(false)
 		case s.name + "-kill-restart":
 			s.proc.kill()
 			sleep(ctx, f.For/2)
@@ -199,11 +208,13 @@ func fillDisk(path string) {
 func (in *injector) heal(ctx context.Context) error {
 	r := in.r
 	r.upFault.set(0, false, 0)
+	r.upFault.setStall(false)
 	if r.badgerDir != "" {
 		os.Remove(filepath.Join(r.badgerDir, "ballast"))
 	}
 	for _, s := range r.stores {
 		s.fault.set(0, false, 0)
+		s.fault.setStall(false)
 		s.proc.signal(syscall.SIGCONT)
 		if !s.proc.running() {
 			if err := s.proc.start(); err != nil {

@@ -319,10 +319,10 @@ func (r *run) store(name string) *storeSrv {
 
 // kinds returns the fault kinds this run can inject.
 func (r *run) kinds() []string {
-	k := []string{kFailBefore, kFailAfter, kDelay, kDrop, k429, kUpLatency, kUpReset, kUpBlackhole, kUpSlowClose, kKill, kTerm, kHup}
+	k := []string{kFailBefore, kFailAfter, kDelay, kDrop, k429, kUpLatency, kUpReset, kUpBlackhole, kUpSlowClose, kUpStall, kKill, kTerm, kHup}
 	for _, s := range r.stores {
 		k = append(k, "net-"+s.name+"-latency", "net-"+s.name+"-reset", "net-"+s.name+"-blackhole",
-			s.name+"-kill-restart", s.name+"-sigstop")
+			"net-"+s.name+"-stall", s.name+"-kill-restart", s.name+"-sigstop")
 	}
 	if r.tmpfs {
 		k = append(k, kDiskFull)

@@ -80,6 +80,26 @@ func TestFaultProxy(t *testing.T) {
 		t.Fatalf("after the blackhole: %q, want the connection reset", got)
 	}
 
+	// A stall holds the bytes and delivers them when it ends.
+	c3, err := net.Dial("tcp", fp.addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c3.Close()
+	fp.setStall(true)
+	if _, err := c3.Write([]byte("s\n")); err != nil {
+		t.Fatal(err)
+	}
+	_ = c3.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	if n, err := c3.Read(make([]byte, 8)); err == nil {
+		t.Fatalf("read %d bytes through a stall", n)
+	}
+	fp.setStall(false)
+	_ = c3.SetReadDeadline(time.Now().Add(time.Second))
+	if got, err := bufio.NewReader(c3).ReadString('\n'); err != nil || got != "s\n" {
+		t.Fatalf("after the stall: %q, %v; want the held bytes", got, err)
+	}
+
 	c2, err := net.Dial("tcp", fp.addr())
 	if err != nil {
 		t.Fatal(err)
