@@ -446,15 +446,28 @@ func (r *run) addProxy(name, store string) error {
 	return r.writeConfig(p)
 }
 
-// startProxy starts p and waits until it is ready.
+// startProxy starts p and waits until it is ready. A proxy that exits while
+// starting (its store unreachable at that moment) is started again, as a
+// supervisor would, for up to a minute.
 func (r *run) startProxy(ctx context.Context, p *proxyProc) error {
+	deadline := time.Now().Add(time.Minute)
 	if err := p.start(); err != nil {
 		return err
 	}
-	if err := waitHTTP(ctx, "http://"+p.admin+"/readyz", 30*time.Second); err != nil {
-		return fmt.Errorf("%s: %w", p.name, err)
+	for {
+		err := waitHTTP(ctx, "http://"+p.admin+"/readyz", 2*time.Second)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			return fmt.Errorf("%s: %w", p.name, err)
+		}
+		if !p.running() {
+			if err := p.start(); err != nil {
+				return err
+			}
+		}
 	}
-	return nil
 }
 
 // writeConfig writes p's configuration. Each reload alternates the wait

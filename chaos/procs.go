@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -22,10 +23,11 @@ type proc struct {
 	args []string
 	env  []string
 	log  string
-	// group: the process leads a process group, and signals go to the
-	// whole group (postgres' postmaster and its backends).
-	group bool
-	cred  *syscall.Credential // run as another user (postgres refuses root)
+	// tree: signals go to the process and every descendant (postgres'
+	// postmaster and its backends, which each start a session of their own,
+	// so a process group does not hold them).
+	tree bool
+	cred *syscall.Credential // run as another user (postgres refuses root)
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -47,7 +49,7 @@ func (p *proc) start() error {
 	cmd.Env = append(os.Environ(), p.env...)
 	cmd.Stdout, cmd.Stderr = f, f
 	// The kernel kills the child if the run dies without stopping it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: p.group, Credential: p.cred}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Credential: p.cred}
 	if err := cmd.Start(); err != nil {
 		f.Close()
 		return fmt.Errorf("start %s: %w", p.name, err)
@@ -86,13 +88,56 @@ func (p *proc) signal(sig syscall.Signal) {
 	}
 }
 
-// send sends sig to cmd's process, or to its whole group.
+// send sends sig to cmd's process, and with tree set to its descendants,
+// children first for a stop or a kill, so none is left running alone.
 func (p *proc) send(cmd *exec.Cmd, sig syscall.Signal) {
-	if p.group {
-		_ = syscall.Kill(-cmd.Process.Pid, sig)
-		return
+	if p.tree {
+		for _, pid := range descendants(cmd.Process.Pid) {
+			_ = syscall.Kill(pid, sig)
+		}
 	}
 	_ = cmd.Process.Signal(sig)
+}
+
+// descendants returns the processes below pid, read from /proc.
+func descendants(pid int) []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	children := map[int][]int{}
+	for _, e := range entries {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces, so read after ')'.
+		i := strings.LastIndexByte(string(b), ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) < 2 {
+			continue
+		}
+		if ppid, err := strconv.Atoi(f[1]); err == nil {
+			children[ppid] = append(children[ppid], child)
+		}
+	}
+	var out []int
+	var walk func(int)
+	walk = func(p int) {
+		for _, c := range children[p] {
+			walk(c)
+			out = append(out, c)
+		}
+	}
+	walk(pid)
+	return out
 }
 
 // kill kills the process with SIGKILL and waits for it.

@@ -97,18 +97,18 @@ func (r *run) startPostgres(ctx context.Context) (*storeSrv, error) {
 	}
 	s := &storeSrv{name: "postgres", addr: "127.0.0.1:" + strconv.Itoa(port)}
 	s.proc = &proc{name: "postgres", bin: filepath.Join(bin, "postgres"), log: filepath.Join(r.out, "postgres.log"),
-		group: true, cred: cred, env: []string{"HOME=" + dir}, args: []string{
+		tree: true, cred: cred, env: []string{"HOME=" + dir}, args: []string{
 			"-D", data, "-p", strconv.Itoa(port), "-c", "listen_addresses=127.0.0.1",
 			"-c", "unix_socket_directories=" + sock, "-c", "fsync=on", "-c", "synchronous_commit=on",
 			"-c", "shared_buffers=16MB", "-c", "max_connections=60", "-c", "logging_collector=off",
 		}}
 	psql := filepath.Join(bin, "psql")
 	s.ready = func(ctx context.Context) error {
-		deadline := time.Now().Add(30 * time.Second)
+		deadline := time.Now().Add(60 * time.Second)
 		for {
 			cmd := exec.CommandContext(ctx, psql, "-h", "127.0.0.1", "-p", strconv.Itoa(port), "-U", "postgres",
 				"-d", "postgres", "-Atc", "SELECT 1")
-			cmd.Env = append(os.Environ(), "PGCONNECT_TIMEOUT=2")
+			cmd.Env = append(os.Environ(), "PGCONNECT_TIMEOUT=5")
 			out, err := cmd.CombinedOutput()
 			if err == nil {
 				return nil
