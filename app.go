@@ -20,6 +20,7 @@ import (
 	"github.com/idemproxy/idemproxy/admin"
 	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/internal/prealloc"
+	"github.com/idemproxy/idemproxy/internal/settle"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/badger"
@@ -29,8 +30,11 @@ import (
 type app struct {
 	log    *slog.Logger
 	access *proxy.AccessLog // nil: the access log is off
-	path   string
-	getenv func(string) string
+	// settler retries the writes that settle keys (internal/settle);
+	// made by serve.
+	settler *settle.Settler
+	path    string
+	getenv  func(string) string
 
 	mu       sync.Mutex // serialises reloads
 	cfg      *config.Config
@@ -137,6 +141,10 @@ func (a *app) serve(ctx context.Context) error {
 	defer signal.Stop(hup)
 	a.applyMemoryLimit(cfg)
 	reg := a.newRegistry()
+	// One settler retries every write that settles a key, the proxy's and
+	// the store's own (a Badger commit whose batch failed): shutdown waits
+	// for them up to its deadline, before the store closes.
+	a.settler = settle.New(log)
 	store, storeName, err := a.openStore(reg)
 	if err != nil {
 		return fmt.Errorf("open store: %w", err)
@@ -146,8 +154,14 @@ func (a *app) serve(ctx context.Context) error {
 			log.Error("close store", "err", err)
 		}
 	}()
+	defer func() { // on an early return: stopped at once; after a shutdown, closed already
+		now, cancel := context.WithCancel(context.Background())
+		cancel()
+		a.settler.Close(now)
+	}()
 	a.p, err = proxy.New(cfg, proxy.Options{
 		Store: store, StoreName: storeName, Logger: log, AccessLog: a.access, Metrics: proxy.NewMetrics(reg),
+		Settler: a.settler,
 	})
 	if err != nil {
 		return err
@@ -240,6 +254,7 @@ func (a *app) serve(ctx context.Context) error {
 	// stays within shutdown_timeout.
 	defer context.AfterFunc(sctx, a.p.Abort)()
 	a.p.Wait()
+	a.settler.Close(sctx) // the store's retries too
 	if admSrv != nil {
 		actx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()

@@ -2,10 +2,7 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -70,19 +67,11 @@ func openRedis(a *app, _ prometheus.Registerer) (storeCloser, error) {
 			*c.dst = a.getenv(c.env)
 		}
 	}
-	if r.TLS {
-		opts.TLS = &tls.Config{MinVersion: tls.VersionTLS12}
-		if r.TLSCAFile != "" {
-			pem, err := os.ReadFile(r.TLSCAFile)
-			if err != nil {
-				return nil, fmt.Errorf("store.redis.tls_ca_file: %w", err)
-			}
-			opts.TLS.RootCAs = x509.NewCertPool()
-			if !opts.TLS.RootCAs.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("store.redis.tls_ca_file: no PEM certificate in %s", r.TLSCAFile)
-			}
-		}
+	tlsConf, err := r.ClientTLS()
+	if err != nil {
+		return nil, err
 	}
+	opts.TLS = tlsConf
 	s, err := redis.New(opts)
 	if err != nil {
 		return nil, err
@@ -134,6 +123,7 @@ func openBadger(a *app, reg prometheus.Registerer) (storeCloser, error) {
 		SyncWrites: *b.SyncWrites,
 		GCInterval: b.GCInterval.D(),
 		Logger:     a.log,
+		Settler:    a.settler,
 	}, badger.GuardOptions{MinFreeBytes: uint64(b.MinFreeBytes)})
 	if err != nil {
 		return nil, err

@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/idemproxy/idemproxy/admin"
 	"github.com/idemproxy/idemproxy/proxy"
 )
 
@@ -73,8 +74,8 @@ func TestReload(t *testing.T) {
 	const token = "reload-token-for-the-test"
 	p := startProxy(t, path, "IDEMPROXY_ADMIN_TOKEN="+token)
 	auth := []string{"Authorization", "Bearer " + token}
-	if r := do("POST", p.adminURL("/-/reload"), ""); r.status != 401 {
-		t.Errorf("reload without the token = %d %q, want 401", r.status, r.body)
+	if r := do("POST", p.adminURL("/-/reload"), ""); r.status != 401 || problemType(r) != "unauthorized" {
+		t.Errorf("reload without the token = %d %q, want 401 unauthorized", r.status, r.body)
 	}
 	reloadGauge := func() string {
 		v, _ := metricValue(do("GET", p.adminURL("/metrics"), "").body, "idemproxy_config_last_reload_successful")
@@ -95,8 +96,8 @@ func TestReload(t *testing.T) {
 	// A bad file, by POST: 400, the running configuration stays.
 	os.WriteFile(path, []byte("listen: [\n"), 0o600)
 	r := do("POST", p.adminURL("/-/reload"), "", auth...)
-	if r.status != 400 || !strings.Contains(r.body, "running configuration is kept") {
-		t.Errorf("bad reload = %d %q, want 400 and the running configuration kept", r.status, r.body)
+	if r.status != 400 || problemType(r) != "reload-failed" || !strings.Contains(r.body, "running configuration is kept") {
+		t.Errorf("bad reload = %d %q, want 400 reload-failed and the running configuration kept", r.status, r.body)
 	}
 	if got := reloadGauge(); got != "0" {
 		t.Errorf("reload_successful after a bad reload = %s, want 0", got)
@@ -181,8 +182,9 @@ func TestAdminKeyAPIDisabledWithoutToken(t *testing.T) {
 	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), "", chargesRoute),
 		"IDEMPROXY_ADMIN_TOKEN=")
 	for _, m := range []string{"GET", "DELETE"} {
-		if r := do(m, p.adminURL("/v1/keys/charges/X"), "", "Authorization", "Bearer "); r.status != 403 {
-			t.Errorf("%s without a configured token = %d, want 403", m, r.status)
+		r := do(m, p.adminURL("/v1/keys/charges/X"), "", "Authorization", "Bearer ")
+		if r.status != 403 || problemType(r) != "admin-api-disabled" || !strings.Contains(r.body, "IDEMPROXY_ADMIN_TOKEN") {
+			t.Errorf("%s without a configured token = %d %s, want 403 admin-api-disabled naming IDEMPROXY_ADMIN_TOKEN", m, r.status, r.body)
 		}
 	}
 }
@@ -258,6 +260,26 @@ func TestREADMEListsEveryProblem(t *testing.T) {
 		row := fmt.Sprintf("| %d | `%s` |", p.Status, p.Name)
 		if !strings.Contains(string(b), row) {
 			t.Errorf("the README's answers table has no row %q", row)
+		}
+	}
+}
+
+// TestREADMEListsEveryAdminProblem keeps the Admin API section's table of
+// problems in step with those the admin API can answer with: a row for
+// each, and none for a problem it does not have.
+func TestREADMEListsEveryAdminProblem(t *testing.T) {
+	section := readmeSection(t, "### Admin API")
+	want := map[string]bool{}
+	for _, p := range admin.Problems() {
+		row := fmt.Sprintf("| %d | `%s` |", p.Status, p.Name)
+		want[row] = true
+		if !strings.Contains(section, row) {
+			t.Errorf("the Admin API section's problem table has no row %q", row)
+		}
+	}
+	for _, row := range regexp.MustCompile("(?m)^\\| [0-9]{3} \\| `[a-z-]+` \\|").FindAllString(section, -1) {
+		if !want[row] {
+			t.Errorf("the Admin API section's problem table has a row %q for a problem the admin API does not answer with", row)
 		}
 	}
 }

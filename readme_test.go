@@ -161,7 +161,8 @@ func TestREADMEMetricsTableListsEveryLabelValue(t *testing.T) {
 func TestDeployConfigsCheck(t *testing.T) {
 	dir := t.TempDir()
 	files := []string{"config.example.yaml", "deploy/compose-config.yaml", "deploy/container-config.yaml"}
-	for _, f := range []string{"deploy/kubernetes/configmap.yaml", "deploy/kubernetes/redis/redis-store.patch.yaml"} {
+	for _, f := range []string{"deploy/kubernetes/configmap.yaml", "deploy/kubernetes/redis/redis-store.patch.yaml",
+		"deploy/kubernetes/postgres/postgres-store.patch.yaml"} {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
@@ -188,7 +189,8 @@ func TestDeployConfigsCheck(t *testing.T) {
 	}
 	for _, f := range files {
 		cmd := exec.Command(bin, "-check", "-config", f)
-		cmd.Env = append(os.Environ(), "IDEMPROXY_REDIS_PASSWORD=set-from-a-secret")
+		cmd.Env = append(os.Environ(), "IDEMPROXY_REDIS_PASSWORD=set-from-a-secret",
+			"IDEMPROXY_POSTGRES_DSN=postgres://idemproxy:set-from-a-secret@pg:5432/payments")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Errorf("%s: %v\n%s", f, err, out)
 		}

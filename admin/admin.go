@@ -1,6 +1,11 @@
 // Package admin serves idemproxy's admin listener: Prometheus metrics,
 // liveness and readiness, configuration reload, and the key API that lets
 // an operator inspect and release idempotency keys.
+//
+// Every error it answers, a failed reload included, is an RFC 9457
+// application/problem+json body typed like the proxy's (see Problems).
+// /livez and /readyz answer plain text, a 503 from /readyz included: that
+// is the probe's answer, not an error.
 package admin
 
 import (
@@ -55,8 +60,9 @@ type Options struct {
 	// Token is the bearer token of /v1/keys and POST /-/reload. Empty
 	// disables both over HTTP (403): they are never open.
 	Token string
-	// TokenEnv names the variable the token comes from, for messages;
-	// empty means DefaultTokenEnv.
+	// TokenEnv names the variable the token comes from (the program passes
+	// admin.token_env, which package config defaults), for the answer that
+	// tells how to enable the key API; empty: the answer names none.
 	TokenEnv string
 	// Reload re-reads the configuration; nil disables POST /-/reload.
 	Reload func() error
@@ -80,10 +86,6 @@ type Options struct {
 	ReadyChecks []func() error
 }
 
-// DefaultTokenEnv is the variable the key API token comes from unless the
-// configuration names another.
-const DefaultTokenEnv = "IDEMPROXY_ADMIN_TOKEN"
-
 // Handler is the admin listener's http.Handler.
 type Handler struct {
 	mux      *http.ServeMux
@@ -99,9 +101,6 @@ func NewHandler(opts Options) *Handler {
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
-	}
-	if opts.TokenEnv == "" {
-		opts.TokenEnv = DefaultTokenEnv
 	}
 	h := &Handler{mux: http.NewServeMux(), opts: opts, token: sha256.Sum256([]byte(opts.Token))}
 	h.mux.Handle("GET /metrics", promhttp.HandlerFor(opts.Gatherer, promhttp.HandlerOpts{EnableOpenMetrics: true}))
@@ -123,7 +122,38 @@ func NewHandler(opts Options) *Handler {
 	return h
 }
 
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+// ServeHTTP serves the admin API. A request that matches no endpoint, or
+// none with its method, is answered with a problem, not ServeMux's text.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if handler, pattern := h.mux.Handler(r); pattern == "" {
+		// ServeMux's own answer: 404, 405 with the Allow header, or a
+		// redirect to the cleaned path.
+		rec := &statusRecorder{header: http.Header{}}
+		handler.ServeHTTP(rec, r)
+		switch rec.status {
+		case http.StatusNotFound:
+			writeProblem(w, r, probNotFound, "", nil)
+			return
+		case http.StatusMethodNotAllowed:
+			allow := rec.header.Get("Allow")
+			w.Header().Set("Allow", allow)
+			writeProblem(w, r, probMethod, r.Method+" is not allowed here; allowed: "+allow, nil)
+			return
+		}
+	}
+	h.mux.ServeHTTP(w, r)
+}
+
+// statusRecorder keeps the status and header of an answer, and drops its
+// body.
+type statusRecorder struct {
+	header http.Header
+	status int
+}
+
+func (s *statusRecorder) Header() http.Header         { return s.header }
+func (s *statusRecorder) Write(b []byte) (int, error) { return len(b), nil }
+func (s *statusRecorder) WriteHeader(status int)      { s.status = status }
 
 // SetStopping turns /readyz to 503 for good: the process is shutting down.
 func (h *Handler) SetStopping() { h.stopping.Store(true) }
@@ -154,11 +184,11 @@ func (h *Handler) readyz(w http.ResponseWriter, r *http.Request) {
 
 func (h *Handler) reload(w http.ResponseWriter, r *http.Request) {
 	if h.opts.Reload == nil {
-		writeText(w, http.StatusNotFound, "reload is not available")
+		writeProblem(w, r, probNoReload, "this admin listener does not reload the configuration", nil)
 		return
 	}
 	if err := h.opts.Reload(); err != nil {
-		writeText(w, http.StatusBadRequest, "reload failed, the running configuration is kept: "+err.Error())
+		writeProblem(w, r, probReloadFailed, err.Error(), nil)
 		return
 	}
 	writeText(w, http.StatusOK, "reloaded")
@@ -170,9 +200,11 @@ func (h *Handler) reload(w http.ResponseWriter, r *http.Request) {
 func (h *Handler) auth(next http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if h.opts.Token == "" {
-			writeJSON(w, http.StatusForbidden, map[string]any{
-				"error": "the key API is disabled: set the environment variable " + h.opts.TokenEnv + " to enable it",
-			})
+			detail := "the key API is disabled: no admin token is configured"
+			if h.opts.TokenEnv != "" {
+				detail = "the key API is disabled: set the environment variable " + h.opts.TokenEnv + " to enable it"
+			}
+			writeProblem(w, r, probDisabled, detail, nil)
 			return
 		}
 		const prefix = "Bearer "
@@ -180,7 +212,7 @@ func (h *Handler) auth(next http.HandlerFunc) http.Handler {
 		sum := sha256.Sum256([]byte(got[min(len(got), len(prefix)):]))
 		if len(got) < len(prefix) || !strings.EqualFold(got[:len(prefix)], prefix) || subtle.ConstantTimeCompare(sum[:], h.token[:]) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="idemproxy admin"`)
-			writeJSON(w, http.StatusUnauthorized, map[string]any{"error": "a valid bearer token is required"})
+			writeProblem(w, r, probUnauthorized, "a valid bearer token is required", nil)
 			return
 		}
 		next(w, r)
@@ -192,18 +224,16 @@ func (h *Handler) storeKey(w http.ResponseWriter, r *http.Request) (string, bool
 	route, key := r.PathValue("route"), r.PathValue("key")
 	header, ok := h.opts.Routes.RouteScope(route)
 	if !ok {
-		writeJSON(w, http.StatusNotFound, map[string]any{"error": "no route named " + strconv.Quote(route)})
+		writeProblem(w, r, probUnknownRoute, "no route named "+strconv.Quote(route), nil)
 		return "", false
 	}
 	scope := r.URL.Query().Get("scope")
 	if header != "" && scope == "" {
-		writeJSON(w, http.StatusBadRequest, map[string]any{
-			"error": "route " + route + " is scoped by the " + header + " header: pass its value as ?scope=",
-		})
+		writeProblem(w, r, probScopeRequired, "route "+route+" is scoped by the "+header+" header: pass its value as ?scope=", nil)
 		return "", false
 	}
 	if header == "" && scope != "" {
-		writeJSON(w, http.StatusBadRequest, map[string]any{"error": "route " + route + " is not scoped: drop ?scope="})
+		writeProblem(w, r, probScopeNotAllowed, "route "+route+" is not scoped: drop ?scope=", nil)
 		return "", false
 	}
 	return store.Key(route, scope, key), true
@@ -233,11 +263,11 @@ func (h *Handler) record(w http.ResponseWriter, r *http.Request) (string, *store
 	}
 	rec, err := h.opts.Store.Get(r.Context(), sk)
 	if err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"error": "store unavailable: " + err.Error()})
+		writeProblem(w, r, problemFor(err), err.Error(), nil)
 		return "", nil, false
 	}
 	if rec == nil {
-		writeJSON(w, http.StatusNotFound, map[string]any{"error": "no record for this key (never seen, released or expired)"})
+		writeProblem(w, r, probNoRecord, noRecord, nil)
 		return "", nil, false
 	}
 	return sk, rec, true
@@ -268,31 +298,21 @@ func (h *Handler) getKey(w http.ResponseWriter, r *http.Request) {
 			v.StoredBytes = &n
 		}
 	}
-	writeJSON(w, http.StatusOK, v)
+	writeJSON(w, r, http.StatusOK, v)
 }
 
 func (h *Handler) deleteKey(w http.ResponseWriter, r *http.Request) {
-	sk, ok := h.storeKey(w, r)
+	// No record is a 404: deleting anyway could remove a reservation made
+	// since, whose request is at the upstream now.
+	sk, prev, ok := h.record(w, r)
 	if !ok {
-		return
-	}
-	prev, err := h.opts.Store.Get(r.Context(), sk)
-	if err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"error": "store unavailable: " + err.Error()})
-		return
-	}
-	if prev == nil {
-		// Nothing to delete: deleting anyway could remove a reservation
-		// made since, whose request is at the upstream now.
-		writeJSON(w, http.StatusNotFound, map[string]any{"error": "no record for this key (never seen, released or expired)"})
 		return
 	}
 	if prev.State == store.StateInFlight && r.URL.Query().Get("force") != "true" {
 		// Its request is at the upstream right now: a retry let through
 		// by a release would be forwarded a second time.
-		writeJSON(w, http.StatusConflict, map[string]any{
-			"error": "the key is in flight: its request is being forwarded now; wait for it to settle, or add ?force=true",
-		})
+		writeProblem(w, r, probKeyInFlight,
+			"the key is in flight: its request is being forwarded now; wait for it to settle, or add ?force=true", nil)
 		return
 	}
 	// Only the record read above is released, fenced by its owner token:
@@ -300,32 +320,25 @@ func (h *Handler) deleteKey(w http.ResponseWriter, r *http.Request) {
 	// reconcile lookup or the TTL removed it, whose request may be at the
 	// upstream now) is left alone, or a retry would be forwarded while
 	// that request is still being processed.
-	err = h.opts.Store.Release(r.Context(), sk, prev.Token)
-	if errors.Is(err, store.ErrNotOwner) {
-		writeJSON(w, http.StatusConflict, map[string]any{
-			"error": "the key changed while it was being released (settled, expired or reserved again); look at it again",
-		})
+	if err := h.opts.Store.Release(r.Context(), sk, prev.Token); err != nil {
+		detail := err.Error()
+		if errors.Is(err, store.ErrNotOwner) {
+			detail = "the key changed while it was being released (settled, expired or reserved again); look at it again"
+		}
+		writeProblem(w, r, problemFor(err), detail, nil)
 		return
-	}
-	if err != nil {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"error": "store unavailable: " + err.Error()})
-		return
-	}
-	var state store.State
-	if prev != nil {
-		state = prev.State
 	}
 	sum := sha256.Sum256([]byte(sk))
 	h.opts.Logger.Warn("key released by an operator",
 		"route", r.PathValue("route"),
 		"key_hash", hexPrefix(sum[:6]),
-		"previous_state", string(state),
+		"previous_state", string(prev.State),
 		"operator", r.Header.Get("X-Operator"),
 		"reason", r.URL.Query().Get("reason"),
 		"remote_addr", r.RemoteAddr,
 		"user_agent", r.UserAgent(),
 		"at", time.Now().UTC().Format(time.RFC3339Nano))
-	writeJSON(w, http.StatusOK, map[string]any{"released": true, "previous_state": state})
+	writeJSON(w, r, http.StatusOK, map[string]any{"released": true, "previous_state": prev.State})
 }
 
 // reconcileKey runs the reconcile lookup of an in-doubt key now and
@@ -334,7 +347,7 @@ func (h *Handler) deleteKey(w http.ResponseWriter, r *http.Request) {
 // it is running, 400 for a route without reconcile.
 func (h *Handler) reconcileKey(w http.ResponseWriter, r *http.Request) {
 	if h.opts.Reconciler == nil {
-		writeJSON(w, http.StatusNotFound, map[string]any{"error": "reconciliation is not available with this store"})
+		writeProblem(w, r, probNoReconciler, "reconciliation is not available with this store", nil)
 		return
 	}
 	sk, rec, ok := h.record(w, r)
@@ -342,19 +355,18 @@ func (h *Handler) reconcileKey(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out, err := h.opts.Reconciler.Reconcile(r.Context(), sk)
-	switch {
-	case errors.Is(err, proxy.ErrNoReconcile):
-		writeJSON(w, http.StatusBadRequest, map[string]any{"error": "route " + r.PathValue("route") + " has no reconcile lookup"})
-	case errors.Is(err, store.ErrNotInDoubt), errors.Is(err, store.ErrLookupBusy):
-		writeJSON(w, http.StatusConflict, map[string]any{"error": err.Error(), "state": rec.State})
-	case err != nil:
-		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"error": "store unavailable: " + err.Error()})
-	default:
-		sum := sha256.Sum256([]byte(sk))
-		h.opts.Logger.Warn("key reconciled by an operator", "route", r.PathValue("route"), "key_hash", hexPrefix(sum[:6]),
-			"result", out.Result, "operator", r.Header.Get("X-Operator"), "remote_addr", r.RemoteAddr)
-		writeJSON(w, http.StatusOK, out)
+	if err != nil {
+		detail := err.Error()
+		if errors.Is(err, proxy.ErrNoReconcile) {
+			detail = "route " + r.PathValue("route") + " has no reconcile lookup"
+		}
+		writeProblem(w, r, problemFor(err), detail, map[string]string{"state": string(rec.State)})
+		return
 	}
+	sum := sha256.Sum256([]byte(sk))
+	h.opts.Logger.Warn("key reconciled by an operator", "route", r.PathValue("route"), "key_hash", hexPrefix(sum[:6]),
+		"result", out.Result, "operator", r.Header.Get("X-Operator"), "remote_addr", r.RemoteAddr)
+	writeJSON(w, r, http.StatusOK, out)
 }
 
 func hexPrefix(b []byte) string {
@@ -366,11 +378,16 @@ func hexPrefix(b []byte) string {
 	return string(out)
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
+// noRecord is the detail of a key API answer for a key without a record.
+const noRecord = "no record for this key (never seen, released or expired)"
+
+// writeJSON answers with v as indented JSON; a v that does not encode is a
+// 500 internal-error problem instead.
+func writeJSON(w http.ResponseWriter, r *http.Request, status int, v any) {
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
-		b, _ = json.Marshal(map[string]string{"error": "encode response: " + err.Error()})
-		status = http.StatusInternalServerError
+		writeProblem(w, r, probInternal, "encode answer: "+err.Error(), nil)
+		return
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")

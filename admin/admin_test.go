@@ -8,11 +8,13 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -21,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemproxy/idemproxy/admin"
+	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/badger"
 )
@@ -140,6 +143,47 @@ func decode(t testing.TB, rec *httptest.ResponseRecorder, v any) {
 	}
 }
 
+// problemBody is an RFC 9457 problem as the admin API answers it.
+type problemBody struct {
+	Type     string `json:"type"`
+	Title    string `json:"title"`
+	Status   int    `json:"status"`
+	Detail   string `json:"detail"`
+	Instance string `json:"instance"`
+	State    string `json:"state"`
+}
+
+// checkProblem asserts that rec is the admin problem name with status: its
+// status, content type, type, title (the one admin.Problems lists),
+// status member and instance.
+func checkProblem(t testing.TB, rec *httptest.ResponseRecorder, target string, status int, name string) problemBody {
+	t.Helper()
+	var p problemBody
+	if rec.Code != status {
+		t.Errorf("status = %d, want %d; body %s", rec.Code, status, rec.Body)
+	}
+	if ct := rec.Header().Get("Content-Type"); ct != "application/problem+json" {
+		t.Errorf("Content-Type = %q, want application/problem+json; body %s", ct, rec.Body)
+	}
+	if cc := rec.Header().Get("Cache-Control"); cc != "no-store" {
+		t.Errorf("Cache-Control = %q, want no-store", cc)
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &p); err != nil {
+		t.Fatalf("problem body %q: %v", rec.Body, err)
+	}
+	var title string
+	for _, q := range admin.Problems() {
+		if q.Name == name {
+			title = q.Title
+		}
+	}
+	u, _ := url.Parse(target)
+	if want := proxy.ProblemTypePrefix + name; p.Type != want || p.Status != status || p.Title != title || p.Instance != u.Path {
+		t.Errorf("problem = %+v; want type %s, status %d, title %q, instance %q", p, want, status, title, u.Path)
+	}
+	return p
+}
+
 func TestKeyAPIAuth(t *testing.T) {
 	tests := []struct {
 		name     string
@@ -149,7 +193,8 @@ func TestKeyAPIAuth(t *testing.T) {
 		want     int
 		wantBody string
 	}{
-		{name: "no token configured", token: "", auth: "", want: http.StatusForbidden, wantBody: "IDEMPROXY_ADMIN_TOKEN"},
+		{name: "no token configured", token: "", tokenEnv: "IDEMPROXY_ADMIN_TOKEN", auth: "", want: http.StatusForbidden, wantBody: "IDEMPROXY_ADMIN_TOKEN"},
+		{name: "no token configured, no env var named", token: "", auth: "", want: http.StatusForbidden, wantBody: "no admin token is configured"},
 		{name: "no token configured, custom env var", token: "", tokenEnv: "MY_ADMIN_TOKEN", auth: bearer, want: http.StatusForbidden, wantBody: "MY_ADMIN_TOKEN"},
 		{name: "no token configured, empty bearer", token: "", auth: "Bearer ", want: http.StatusForbidden, wantBody: "disabled"},
 		{name: "missing header", token: testToken, auth: "", want: http.StatusUnauthorized},
@@ -178,8 +223,13 @@ func TestKeyAPIAuth(t *testing.T) {
 				if rec.Code != tt.want {
 					t.Fatalf("%s status = %d, want %d; body %s", method, rec.Code, tt.want, rec.Body)
 				}
-				if !strings.Contains(rec.Body.String(), tt.wantBody) {
-					t.Errorf("body = %q, want it to contain %q", rec.Body, tt.wantBody)
+				switch tt.want {
+				case http.StatusForbidden:
+					if p := checkProblem(t, rec, "/v1/keys/charges/k1", tt.want, "admin-api-disabled"); !strings.Contains(p.Detail, tt.wantBody) {
+						t.Errorf("detail = %q, want it to contain %q", p.Detail, tt.wantBody)
+					}
+				case http.StatusUnauthorized:
+					checkProblem(t, rec, "/v1/keys/charges/k1", tt.want, "unauthorized")
 				}
 				gotWWW := rec.Header().Get("WWW-Authenticate")
 				if wantWWW := tt.want == http.StatusUnauthorized; (gotWWW != "") != wantWWW || (wantWWW && !strings.HasPrefix(gotWWW, "Bearer ")) {
@@ -209,17 +259,19 @@ func TestAuthBeforeRouteLookup(t *testing.T) {
 	tests := []struct {
 		name, token, auth, target string
 		want                      int
+		wantType                  string
 	}{
-		{"unknown route, no token configured", "", "", "/v1/keys/nope/k", http.StatusForbidden},
-		{"unknown route, no header", testToken, "", "/v1/keys/nope/k", http.StatusUnauthorized},
-		{"scoped route without scope, no header", testToken, "", "/v1/keys/refunds/k", http.StatusUnauthorized},
-		{"unknown route, right token", testToken, bearer, "/v1/keys/nope/k", http.StatusNotFound},
+		{"unknown route, no token configured", "", "", "/v1/keys/nope/k", http.StatusForbidden, "admin-api-disabled"},
+		{"unknown route, no header", testToken, "", "/v1/keys/nope/k", http.StatusUnauthorized, "unauthorized"},
+		{"scoped route without scope, no header", testToken, "", "/v1/keys/refunds/k", http.StatusUnauthorized, "unauthorized"},
+		{"unknown route, right token", testToken, bearer, "/v1/keys/nope/k", http.StatusNotFound, "unknown-route"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			h := newHandler(t, st, func(o *admin.Options) { o.Token = tt.token })
-			if rec := serve(t, h, http.MethodGet, tt.target, tt.auth, nil); rec.Code != tt.want {
-				t.Errorf("GET %s = %d, want %d; body %s", tt.target, rec.Code, tt.want, rec.Body)
+			p := checkProblem(t, serve(t, h, http.MethodGet, tt.target, tt.auth, nil), tt.target, tt.want, tt.wantType)
+			if tt.want != http.StatusNotFound && strings.Contains(p.Detail, "nope") {
+				t.Errorf("detail %q names the route before the token was checked", p.Detail)
 			}
 		})
 	}
@@ -412,18 +464,19 @@ func TestScopedRoute(t *testing.T) {
 	tests := []struct {
 		name, target string
 		want         int
+		wantType     string // the problem's, for an error
 		wantBody     string
 	}{
-		{"right scope", "/v1/keys/refunds/r1" + q, http.StatusOK, `"state": "completed"`},
-		{"other scope", "/v1/keys/refunds/r1?scope=tenant-b", http.StatusNotFound, "no record"},
-		{"scope differs in case", "/v1/keys/refunds/r1?scope=" + url.QueryEscape(strings.ToUpper(scope)), http.StatusNotFound, "no record"},
-		{"missing scope", "/v1/keys/refunds/r1", http.StatusBadRequest, "X-Tenant"},
-		{"empty scope", "/v1/keys/refunds/r1?scope=", http.StatusBadRequest, "X-Tenant"},
-		{"unscoped key on a scoped route", "/v1/keys/refunds/c1?scope=x", http.StatusNotFound, "no record"},
-		{"scope on an unscoped route", "/v1/keys/charges/c1?scope=x", http.StatusBadRequest, "not scoped"},
-		{"unscoped route", "/v1/keys/charges/c1", http.StatusOK, `"state": "completed"`},
-		{"unknown route", "/v1/keys/payouts/c1", http.StatusNotFound, "payouts"},
-		{"unknown key", "/v1/keys/charges/c2", http.StatusNotFound, "no record"},
+		{"right scope", "/v1/keys/refunds/r1" + q, http.StatusOK, "", `"state": "completed"`},
+		{"other scope", "/v1/keys/refunds/r1?scope=tenant-b", http.StatusNotFound, "no-record", "no record"},
+		{"scope differs in case", "/v1/keys/refunds/r1?scope=" + url.QueryEscape(strings.ToUpper(scope)), http.StatusNotFound, "no-record", "no record"},
+		{"missing scope", "/v1/keys/refunds/r1", http.StatusBadRequest, "scope-required", "X-Tenant"},
+		{"empty scope", "/v1/keys/refunds/r1?scope=", http.StatusBadRequest, "scope-required", "X-Tenant"},
+		{"unscoped key on a scoped route", "/v1/keys/refunds/c1?scope=x", http.StatusNotFound, "no-record", "no record"},
+		{"scope on an unscoped route", "/v1/keys/charges/c1?scope=x", http.StatusBadRequest, "scope-not-allowed", "not scoped"},
+		{"unscoped route", "/v1/keys/charges/c1", http.StatusOK, "", `"state": "completed"`},
+		{"unknown route", "/v1/keys/payouts/c1", http.StatusNotFound, "unknown-route", "payouts"},
+		{"unknown key", "/v1/keys/charges/c2", http.StatusNotFound, "no-record", "no record"},
 	}
 	for _, method := range []string{http.MethodGet, http.MethodDelete} {
 		for _, tt := range tests {
@@ -437,6 +490,10 @@ func TestScopedRoute(t *testing.T) {
 				}
 				if !strings.Contains(rec.Body.String(), tt.wantBody) {
 					t.Errorf("body = %q, want it to contain %q", rec.Body, tt.wantBody)
+				}
+				if tt.wantType != "" {
+					checkProblem(t, rec, tt.target, tt.want, tt.wantType)
+					return
 				}
 				var v map[string]any
 				decode(t, rec, &v)
@@ -479,9 +536,7 @@ func TestRelease(t *testing.T) {
 
 			if tt.wantState == "in_flight" {
 				// Its request is at the upstream now: releasing needs force.
-				if rec := serve(t, h, http.MethodDelete, target, bearer, nil); rec.Code != http.StatusConflict {
-					t.Fatalf("DELETE of an in-flight key without force = %d, want 409; body %s", rec.Code, rec.Body)
-				}
+				checkProblem(t, serve(t, h, http.MethodDelete, target, bearer, nil), target, http.StatusConflict, "key-in-flight")
 				if rec, err := st.Get(context.Background(), sk); err != nil || rec == nil {
 					t.Fatalf("the refused DELETE removed the record: %v, %v", rec, err)
 				}
@@ -503,9 +558,7 @@ func TestRelease(t *testing.T) {
 			if rec := serve(t, h, http.MethodGet, plain, bearer, nil); rec.Code != http.StatusNotFound {
 				t.Errorf("GET after release = %d, want 404; body %s", rec.Code, rec.Body)
 			}
-			if rec := serve(t, h, http.MethodDelete, plain, bearer, nil); rec.Code != http.StatusNotFound {
-				t.Errorf("second DELETE = %d, want 404; body %s", rec.Code, rec.Body)
-			}
+			checkProblem(t, serve(t, h, http.MethodDelete, plain, bearer, nil), plain, http.StatusNotFound, "no-record")
 			// The key can be used again: that is the point of a release.
 			res := store.Reservation{Token: "new-owner", Fingerprint: "fp2", Lease: lease, TTL: ttl}
 			if prev, err := st.Reserve(context.Background(), sk, res); err != nil || prev != nil {
@@ -514,10 +567,8 @@ func TestRelease(t *testing.T) {
 		})
 	}
 	t.Run("never seen", func(t *testing.T) {
-		rec := serve(t, h, http.MethodDelete, "/v1/keys/charges/never-seen", bearer, nil)
-		if rec.Code != http.StatusNotFound {
-			t.Errorf("DELETE = %d, want 404; body %s", rec.Code, rec.Body)
-		}
+		const target = "/v1/keys/charges/never-seen"
+		checkProblem(t, serve(t, h, http.MethodDelete, target, bearer, nil), target, http.StatusNotFound, "no-record")
 	})
 }
 
@@ -591,7 +642,8 @@ func TestReleaseAuditLog(t *testing.T) {
 }
 
 // TestStoreErrors: a store that cannot answer gives 503, on the real
-// Badger store once it is closed.
+// Badger store once it is closed: a store-unavailable problem from the key
+// API, the probe's text from /readyz.
 func TestStoreErrors(t *testing.T) {
 	st := openStore(t)
 	seed(t, st, store.Key("charges", "", "k"), seedCompleted)
@@ -607,11 +659,15 @@ func TestStoreErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.method+" "+tt.target, func(t *testing.T) {
 			rec := serve(t, h, tt.method, tt.target, bearer, nil)
-			if rec.Code != http.StatusServiceUnavailable {
-				t.Errorf("status = %d, want 503; body %s", rec.Code, rec.Body)
+			if tt.target == "/readyz" {
+				if rec.Code != http.StatusServiceUnavailable || !strings.HasPrefix(rec.Body.String(), "store unavailable") {
+					t.Errorf("/readyz = %d %q, want 503 saying the store is unavailable", rec.Code, rec.Body)
+				}
+				return
 			}
-			if !strings.Contains(rec.Body.String(), "store unavailable") {
-				t.Errorf("body = %q, want it to say the store is unavailable", rec.Body)
+			_, storeErr := st.Get(context.Background(), store.Key("charges", "", "k"))
+			if p := checkProblem(t, rec, tt.target, http.StatusServiceUnavailable, "store-unavailable"); storeErr == nil || p.Detail != storeErr.Error() {
+				t.Errorf("detail = %q, want the store's error %v", p.Detail, storeErr)
 			}
 		})
 	}
@@ -731,16 +787,17 @@ func TestReload(t *testing.T) {
 		auth     string
 		token    string
 		want     int
+		wantType string // the problem's, for an error
 		wantBody string
 		wantCall bool
 	}{
-		{"ok", func() error { return nil }, http.MethodPost, bearer, testToken, http.StatusOK, "reloaded", true},
-		{"failing", func() error { return errors.New("routes[2].match: bad pattern") }, http.MethodPost, bearer, testToken, http.StatusBadRequest, "routes[2].match: bad pattern", true},
-		{"nil", nil, http.MethodPost, bearer, testToken, http.StatusNotFound, "not available", false},
-		{"GET is not allowed", func() error { return nil }, http.MethodGet, bearer, testToken, http.StatusMethodNotAllowed, "", false},
-		{"no token sent", func() error { return nil }, http.MethodPost, "", testToken, http.StatusUnauthorized, "bearer token", false},
-		{"wrong token", func() error { return nil }, http.MethodPost, "Bearer guess", testToken, http.StatusUnauthorized, "bearer token", false},
-		{"no token configured", func() error { return nil }, http.MethodPost, "Bearer ", "", http.StatusForbidden, "disabled", false},
+		{"ok", func() error { return nil }, http.MethodPost, bearer, testToken, http.StatusOK, "", "reloaded", true},
+		{"failing", func() error { return errors.New("routes[2].match: bad pattern") }, http.MethodPost, bearer, testToken, http.StatusBadRequest, "reload-failed", "routes[2].match: bad pattern", true},
+		{"nil", nil, http.MethodPost, bearer, testToken, http.StatusNotFound, "reload-unavailable", "does not reload", false},
+		{"GET is not allowed", func() error { return nil }, http.MethodGet, bearer, testToken, http.StatusMethodNotAllowed, "method-not-allowed", "allowed: POST", false},
+		{"no token sent", func() error { return nil }, http.MethodPost, "", testToken, http.StatusUnauthorized, "unauthorized", "bearer token", false},
+		{"wrong token", func() error { return nil }, http.MethodPost, "Bearer guess", testToken, http.StatusUnauthorized, "unauthorized", "bearer token", false},
+		{"no token configured", func() error { return nil }, http.MethodPost, "Bearer ", "", http.StatusForbidden, "admin-api-disabled", "disabled", false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -753,6 +810,12 @@ func TestReload(t *testing.T) {
 			rec := serve(t, h, tt.method, "/-/reload", tt.auth, nil)
 			if rec.Code != tt.want || !strings.Contains(rec.Body.String(), tt.wantBody) {
 				t.Errorf("%s /-/reload = %d %q, want %d containing %q", tt.method, rec.Code, rec.Body, tt.want, tt.wantBody)
+			}
+			if tt.wantType != "" {
+				checkProblem(t, rec, "/-/reload", tt.want, tt.wantType)
+			}
+			if tt.want == http.StatusMethodNotAllowed && rec.Header().Get("Allow") != "POST" {
+				t.Errorf("Allow = %q, want POST", rec.Header().Get("Allow"))
 			}
 			if called != tt.wantCall {
 				t.Errorf("Reload called = %v, want %v", called, tt.wantCall)
@@ -781,6 +844,9 @@ func TestPprof(t *testing.T) {
 			rec := serve(t, tt.h, "GET", "/debug/pprof/goroutine?debug=1", tt.auth, nil)
 			if rec.Code != tt.want {
 				t.Fatalf("GET /debug/pprof/goroutine: status %d, want %d: %s", rec.Code, tt.want, rec.Body)
+			}
+			if tt.want == http.StatusNotFound {
+				checkProblem(t, rec, "/debug/pprof/goroutine", tt.want, "not-found")
 			}
 			if tt.want == http.StatusOK && !strings.Contains(rec.Body.String(), "goroutine profile") {
 				t.Errorf("body is not a goroutine profile: %.200s", rec.Body)
@@ -826,10 +892,7 @@ func TestReleaseLeavesANewReservationAlone(t *testing.T) {
 		}
 	}}
 	h := newHandler(t, racing, nil)
-	rec := serve(t, h, http.MethodDelete, "/v1/keys/charges/raced", bearer, nil)
-	if rec.Code != http.StatusConflict {
-		t.Errorf("DELETE of a key reserved again after it was read = %d, want 409; body %s", rec.Code, rec.Body)
-	}
+	checkProblem(t, serve(t, h, http.MethodDelete, "/v1/keys/charges/raced", bearer, nil), "/v1/keys/charges/raced", http.StatusConflict, "key-changed")
 	got, err := st.Get(context.Background(), sk)
 	if err != nil || got == nil || got.State != store.StateInFlight || got.Token != retry.Token {
 		t.Fatalf("record after the DELETE = %+v, %v; want the retry's reservation, in flight", got, err)
@@ -871,5 +934,103 @@ func TestReadyChecks(t *testing.T) {
 				t.Errorf("/readyz = %d %q, want %d containing %q", rec.Code, rec.Body, tt.wantReady, tt.wantBody)
 			}
 		})
+	}
+}
+
+// TestProblems: the admin API's problem types are stable names, each with
+// one status and title; a name the proxy answers with too means the same
+// there (same status and title).
+func TestProblems(t *testing.T) {
+	proxyProblems := map[string]struct {
+		status int
+		title  string
+	}{}
+	for _, p := range proxy.Problems() {
+		proxyProblems[p.Name] = struct {
+			status int
+			title  string
+		}{p.Status, p.Title}
+	}
+	kebab := regexp.MustCompile(`^[a-z]+(-[a-z]+)*$`)
+	seen := map[string]bool{}
+	for _, p := range admin.Problems() {
+		if seen[p.Name] {
+			t.Errorf("problem %q is listed twice", p.Name)
+		}
+		seen[p.Name] = true
+		if !kebab.MatchString(p.Name) || p.Title == "" || p.Status < 400 || p.Status > 599 {
+			t.Errorf("problem %+v: want a lower-case hyphenated name, a title and an error status", p)
+		}
+		if q, ok := proxyProblems[p.Name]; ok && (q.status != p.Status || q.title != p.Title) {
+			t.Errorf("problem %q is %d %q in the admin API but %d %q in the proxy", p.Name, p.Status, p.Title, q.status, q.title)
+		}
+	}
+}
+
+// reconcileErr is a Reconciler whose every lookup fails with err.
+type reconcileErr struct{ err error }
+
+func (r reconcileErr) Reconcile(context.Context, string) (proxy.ReconcileOutcome, error) {
+	return proxy.ReconcileOutcome{}, r.err
+}
+
+// TestReconcileErrors: each error of a reconcile request is its own
+// problem, carrying the key's state.
+func TestReconcileErrors(t *testing.T) {
+	st := openStore(t)
+	seed(t, st, store.Key("charges", "", "k"), seedCompleted)
+	const target = "/v1/keys/charges/k/reconcile"
+	tests := []struct {
+		name       string
+		reconciler admin.Reconciler
+		want       int
+		wantType   string
+		wantState  string
+	}{
+		{"no reconciler", nil, http.StatusNotFound, "reconcile-unavailable", ""},
+		{"route without reconcile", reconcileErr{proxy.ErrNoReconcile}, http.StatusBadRequest, "no-reconcile-lookup", "completed"},
+		{"not in doubt", reconcileErr{fmt.Errorf("reconcile: %w", store.ErrNotInDoubt)}, http.StatusConflict, "key-not-in-doubt", "completed"},
+		{"lookup running", reconcileErr{store.ErrLookupBusy}, http.StatusConflict, "lookup-running", "completed"},
+		{"store failed", reconcileErr{errors.New("connection refused")}, http.StatusServiceUnavailable, "store-unavailable", "completed"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHandler(t, st, func(o *admin.Options) { o.Reconciler = tt.reconciler })
+			p := checkProblem(t, serve(t, h, http.MethodPost, target, bearer, nil), target, tt.want, tt.wantType)
+			if p.State != tt.wantState {
+				t.Errorf("state = %q, want %q", p.State, tt.wantState)
+			}
+		})
+	}
+}
+
+// TestUnmatchedRequests: a path the admin API does not serve is a
+// not-found problem, a method it does not serve there a
+// method-not-allowed problem with Allow; ServeMux's redirect to a cleaned
+// path stays a redirect.
+func TestUnmatchedRequests(t *testing.T) {
+	h := newHandler(t, openStore(t), nil)
+	tests := []struct {
+		name, method, target string
+		want                 int
+		wantType, wantAllow  string
+	}{
+		{"unknown path", http.MethodGet, "/nope", http.StatusNotFound, "not-found", ""},
+		{"key API without a route", http.MethodGet, "/v1/keys/", http.StatusNotFound, "not-found", ""},
+		{"POST on /livez", http.MethodPost, "/livez", http.StatusMethodNotAllowed, "method-not-allowed", "GET, HEAD"},
+		{"PUT on a key", http.MethodPut, "/v1/keys/charges/k", http.StatusMethodNotAllowed, "method-not-allowed", "DELETE, GET, HEAD"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rec := serve(t, h, tt.method, tt.target, bearer, nil)
+			checkProblem(t, rec, tt.target, tt.want, tt.wantType)
+			if got := rec.Header().Get("Allow"); got != tt.wantAllow {
+				t.Errorf("Allow = %q, want %q", got, tt.wantAllow)
+			}
+		})
+	}
+	rec := serve(t, h, http.MethodGet, "/x/../nope", "", nil)
+	if rec.Code != http.StatusTemporaryRedirect || rec.Header().Get("Location") != "/nope" {
+		t.Errorf("GET /x/../nope = %d, Location %q; want 307 to /nope", rec.Code, rec.Header().Get("Location"))
 	}
 }

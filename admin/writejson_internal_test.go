@@ -7,11 +7,13 @@ import (
 	"net/http/httptest"
 	"testing"
 	"time"
+
+	"github.com/idemproxy/idemproxy/proxy"
 )
 
 // TestWriteJSONEncodeError: a value that does not encode answers 500 with
-// a JSON error instead of panicking (errors.Unwrap of most encoding errors
-// is nil) or claiming success.
+// an internal-error problem instead of panicking (errors.Unwrap of most
+// encoding errors is nil) or claiming success.
 func TestWriteJSONEncodeError(t *testing.T) {
 	tests := []struct {
 		name string
@@ -24,13 +26,23 @@ func TestWriteJSONEncodeError(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			rec := httptest.NewRecorder()
-			writeJSON(rec, http.StatusOK, tt.v)
+			writeJSON(rec, httptest.NewRequest(http.MethodGet, "/v1/keys/charges/k", nil), http.StatusOK, tt.v)
 			if rec.Code != http.StatusInternalServerError {
 				t.Errorf("status = %d, want 500", rec.Code)
 			}
-			var got map[string]string
-			if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil || got["error"] == "" {
-				t.Errorf("body = %q (%v), want a JSON error", rec.Body, err)
+			if ct := rec.Header().Get("Content-Type"); ct != "application/problem+json" {
+				t.Errorf("Content-Type = %q, want application/problem+json", ct)
+			}
+			var got struct {
+				Type   string `json:"type"`
+				Status int    `json:"status"`
+				Detail string `json:"detail"`
+			}
+			if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil {
+				t.Fatalf("body %q: %v", rec.Body, err)
+			}
+			if want := proxy.ProblemTypePrefix + "internal-error"; got.Type != want || got.Status != 500 || got.Detail == "" {
+				t.Errorf("problem = %+v, want type %s, status 500 and a detail", got, want)
 			}
 		})
 	}

@@ -1,18 +1,22 @@
 // Command bench measures idemproxy against a bare reverse proxy, side by
 // side, on loopback: the upstream stub, a tuned httputil.ReverseProxy (the
 // baseline), and the real idemproxy binary with synced Badger, unsynced
-// Badger and Redis (when redis-server is on the PATH), each in its own
-// process so that its CPU time and peak RSS can be read from /proc.
+// Badger, Redis (when redis-server is on the PATH) and PostgreSQL with
+// synchronous_commit on and off (when its server binaries are installed),
+// each in its own process so that its CPU time and peak RSS can be read
+// from /proc. Each PostgreSQL target gets its own server, started here as
+// the Redis one is.
 //
 // Every target gets unique-key POST /charges at 1 connection and at -conns
 // connections for -duration each, driven by wrk when it is on the PATH
 // (or with -driver go, by an in-process Go client). The output is one
 // table: requests per second, p50/p99 latency, CPU time per request, peak
-// RSS (VmHWM) and the ratios to the baseline.
+// RSS (VmHWM) and the ratios to the baseline; for the Redis and PostgreSQL
+// targets also the database server's CPU time per request.
 //
 // Usage, from the repository root:
 //
-//	go run ./bench [-duration 5s] [-conns 32] [-rounds 1] [-driver auto|wrk|go] [-targets bare,badger-sync,badger-nosync,redis] [-profile DIR] [-ttl D] [-sample D]
+//	go run ./bench [-duration 5s] [-conns 32] [-rounds 1] [-driver auto|wrk|go] [-targets bare,badger-sync,badger-nosync,redis,postgres-sync,postgres-nosync] [-profile DIR] [-ttl D] [-sample D]
 //
 // With -ttl, the idemproxy targets' route remembers keys for that long
 // instead of the default 24 h (its lease and upstream timeout shrink to
@@ -65,7 +69,7 @@ func main() {
 	conns := flag.Int("conns", 32, "connections of the loaded measurement")
 	rounds := flag.Int("rounds", 1, "rounds over all targets (the median round is shown)")
 	driver := flag.String("driver", "auto", "load driver: auto (wrk when on the PATH), wrk or go")
-	targets := flag.String("targets", "bare,badger-sync,badger-nosync,redis", "targets to measure, comma-separated")
+	targets := flag.String("targets", "bare,badger-sync,badger-nosync,redis,postgres-sync,postgres-nosync", "targets to measure, comma-separated")
 	keep := flag.Bool("keep", false, "keep the temporary directory (binaries, data, logs)")
 	logLevel := flag.String("log-level", "info", "idemproxy's -log-level (info writes the access log)")
 	single := flag.Bool("single", true, "also measure at 1 connection (false: a soak at -conns only)")
@@ -118,7 +122,10 @@ type target struct {
 	addr  string
 	admin string // idemproxy's admin listener (with -profile), else empty
 	pid   int
-	dir   string // Badger's data directory, if any
+	dir   string // Badger's or PostgreSQL's data directory, if any
+	// storeCPU is the CPU time so far of the target's database server
+	// (Redis, PostgreSQL), nil for the others.
+	storeCPU func() time.Duration
 }
 
 // result is one target's measurement.
@@ -128,6 +135,7 @@ type result struct {
 	p50_1, p99_1 time.Duration
 	p50N, p99N   time.Duration
 	cpuPerReq    time.Duration // at -conns connections
+	storeCPU     time.Duration // the database server's, per request at -conns; -1: no server
 	peakRSS      int64         // VmHWM, bytes
 	errors       int64
 	keys         int64
@@ -189,6 +197,13 @@ func run(o options) error {
 			names = slices.DeleteFunc(names, func(s string) bool { return s == "redis" })
 		}
 	}
+	pgBin := ""
+	if slices.ContainsFunc(names, isPostgres) {
+		if pgBin = pgBinDir(); pgBin == "" {
+			fmt.Println("no PostgreSQL server binaries (initdb on the PATH or /usr/lib/postgresql/*/bin): the postgres targets are left out")
+			names = slices.DeleteFunc(names, isPostgres)
+		}
+	}
 	bin := filepath.Join(tmp, "idemproxy")
 	stubBin := filepath.Join(tmp, "upstream-stub")
 	for _, b := range [][2]string{{bin, "."}, {stubBin, "./upstream-stub"}} {
@@ -200,9 +215,21 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
+	var pgs []*pgServer
+	defer func() {
+		// After the processes stopped (deferred calls run last first).
+		for _, s := range pgs {
+			if keep {
+				fmt.Println("PostgreSQL directory:", s.dir)
+			} else {
+				s.cleanup()
+			}
+		}
+	}()
 	var procs []*exec.Cmd
 	defer func() {
-		for _, c := range procs {
+		// The proxies first, then the servers they use, then the stub.
+		for _, c := range slices.Backward(procs) {
 			c.Process.Signal(syscall.SIGTERM)
 			done := make(chan struct{})
 			go func() { c.Wait(); close(done) }()
@@ -214,19 +241,25 @@ func run(o options) error {
 			}
 		}
 	}()
-	start := func(name string, args ...string) (*exec.Cmd, error) {
-		c := exec.Command(name, args...)
+	// startCmd starts c with its output in a log file, adding env to the
+	// environment, and stops it at the end.
+	startCmd := func(c *exec.Cmd, env ...string) error {
 		c.Env = append(os.Environ(), "IDEMPROXY_ADMIN_TOKEN="+benchToken) // for -profile
-		logf, err := os.Create(filepath.Join(tmp, filepath.Base(name)+"-"+strconv.Itoa(len(procs))+".log"))
+		c.Env = append(c.Env, env...)
+		logf, err := os.Create(filepath.Join(tmp, filepath.Base(c.Path)+"-"+strconv.Itoa(len(procs))+".log"))
 		if err != nil {
-			return nil, err
+			return err
 		}
 		c.Stdout, c.Stderr = io.Discard, logf // a pipe, like a container's log
 		if err := c.Start(); err != nil {
-			return nil, err
+			return err
 		}
 		procs = append(procs, c)
-		return c, nil
+		return nil
+	}
+	start := func(name string, args ...string) (*exec.Cmd, error) {
+		c := exec.Command(name, args...)
+		return c, startCmd(c)
 	}
 
 	stubAddr := freeAddr()
@@ -237,16 +270,18 @@ func run(o options) error {
 		return fmt.Errorf("stub: %w", err)
 	}
 	stubURL := "http://" + stubAddr
-	redisAddr := ""
+	redisAddr, redisPid := "", 0
 	if slices.Contains(names, "redis") {
 		redisAddr = freeAddr()
 		_, port, _ := net.SplitHostPort(redisAddr)
 		rdir := filepath.Join(tmp, "redis")
 		os.Mkdir(rdir, 0o700)
-		if _, err := start("redis-server", "--bind", "127.0.0.1", "--port", port, "--dir", rdir,
-			"--save", "", "--appendonly", "yes", "--appendfsync", "everysec"); err != nil {
+		c, err := start("redis-server", "--bind", "127.0.0.1", "--port", port, "--dir", rdir,
+			"--save", "", "--appendonly", "yes", "--appendfsync", "everysec")
+		if err != nil {
 			return err
 		}
+		redisPid = c.Process.Pid
 		if err := waitListening(redisAddr); err != nil {
 			return fmt.Errorf("redis: %w", err)
 		}
@@ -255,13 +290,17 @@ func run(o options) error {
 	var ts []*target
 	for _, n := range names {
 		addr, adminAddr, dataDir := freeAddr(), "", ""
-		var c *exec.Cmd
+		var (
+			c        *exec.Cmd
+			storeCPU func() time.Duration
+			env      []string
+		)
 		switch n {
 		case "bare":
 			c, err = start(self, "-bare-listen", addr, "-bare-upstream", stubURL)
-		case "badger-sync", "badger-nosync", "redis":
+		case "badger-sync", "badger-nosync", "redis", "postgres-sync", "postgres-nosync":
 			dataDir = filepath.Join(tmp, "data-"+n)
-			if o.prefill > 0 && n != "redis" {
+			if o.prefill > 0 && strings.HasPrefix(n, "badger") {
 				t0 := time.Now()
 				if err := prefillStore(dataDir, o.prefill, cmp.Or(o.ttl, 24*time.Hour)); err != nil {
 					return fmt.Errorf("%s: prefill: %w", n, err)
@@ -271,9 +310,26 @@ func run(o options) error {
 					n, o.prefill, time.Since(t0).Round(time.Second), mib(size), mib(alloc))
 			}
 			store := fmt.Sprintf("  badger:\n    dir: %s\n    sync_writes: %v\n", dataDir, n == "badger-sync")
-			if n == "redis" {
+			switch {
+			case n == "redis":
 				dataDir = ""
 				store = fmt.Sprintf("  redis:\n    addrs: [%s]\n", redisAddr)
+				storeCPU = func() time.Duration { return cpuTime(redisPid) }
+			case isPostgres(n):
+				// Its own server, so that its CPU time is this target's alone.
+				pg, err := startPostgres(pgBin, func(c *exec.Cmd) error { return startCmd(c) })
+				if pg != nil {
+					pgs = append(pgs, pg)
+				}
+				if err != nil {
+					return fmt.Errorf("%s: %w", n, err)
+				}
+				dataDir = filepath.Join(pg.dir, "data")
+				sc := map[string]string{"postgres-sync": "on", "postgres-nosync": "off"}[n]
+				store = fmt.Sprintf("  postgres:\n    dsn_env: IDEMPROXY_POSTGRES_DSN\n    synchronous_commit: %q\n", sc)
+				env = append(env, "IDEMPROXY_POSTGRES_DSN="+pg.dsn())
+				postmaster := pg.cmd.Process.Pid
+				storeCPU = func() time.Duration { return pgCPUTime(postmaster) }
 			}
 			cfg := fmt.Sprintf("listen: %s\nupstream: %s\nstore:\n%sroutes:\n  - name: charges\n    match: POST /charges\n    key: {json: orderId}\n",
 				addr, stubURL, store)
@@ -289,7 +345,8 @@ func run(o options) error {
 			if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 				return err
 			}
-			c, err = start(bin, "-config", path, "-log-level", logLevel)
+			c = exec.Command(bin, "-config", path, "-log-level", logLevel)
+			err = startCmd(c, env...)
 		default:
 			return fmt.Errorf("unknown target %q", n)
 		}
@@ -299,7 +356,7 @@ func run(o options) error {
 		if err := waitListening(addr); err != nil {
 			return fmt.Errorf("%s: %w", n, err)
 		}
-		ts = append(ts, &target{name: n, cmd: c, addr: addr, admin: adminAddr, pid: c.Process.Pid, dir: dataDir})
+		ts = append(ts, &target{name: n, cmd: c, addr: addr, admin: adminAddr, pid: c.Process.Pid, dir: dataDir, storeCPU: storeCPU})
 	}
 
 	how := "an in-process Go client"
@@ -313,7 +370,7 @@ func run(o options) error {
 	nonce := strconv.FormatInt(time.Now().UnixNano(), 36)
 	for r := range rounds {
 		for _, t := range ts {
-			res := result{name: t.name}
+			res := result{name: t.name, storeCPU: -1}
 			prefix := fmt.Sprintf("%s-%d-%s", nonce, r, t.name)
 			// Warm up: connections, the store's first tables.
 			if _, err := load(useWrk, t.addr, conns, time.Second, prefix+"-w", tmp); err != nil {
@@ -333,6 +390,10 @@ func run(o options) error {
 				}()
 			}
 			cpu0 := cpuTime(t.pid)
+			var store0 time.Duration
+			if t.storeCPU != nil {
+				store0 = t.storeCPU()
+			}
 			var many stats
 			if o.sample > 0 {
 				many, err = loadSampled(useWrk, t, conns, d, o.sample, prefix+"-n", tmp, keys[t.name]+one.requests)
@@ -343,6 +404,10 @@ func run(o options) error {
 				return fmt.Errorf("%s: %w", t.name, err)
 			}
 			cpu := cpuTime(t.pid) - cpu0
+			var storeCPU time.Duration
+			if t.storeCPU != nil {
+				storeCPU = t.storeCPU() - store0
+			}
 			if prof != nil {
 				if err := <-prof; err != nil {
 					return fmt.Errorf("%s: profile: %w", t.name, err)
@@ -354,6 +419,9 @@ func run(o options) error {
 			keys[t.name] += one.requests + many.requests
 			if many.requests > 0 {
 				res.cpuPerReq = cpu / time.Duration(many.requests)
+				if t.storeCPU != nil {
+					res.storeCPU = storeCPU / time.Duration(many.requests)
+				}
 			}
 			res.peakRSS = vmHWM(t.pid)
 			all[t.name] = append(all[t.name], res)
@@ -387,7 +455,7 @@ func printTable(w io.Writer, rs []result, conns int) {
 		}
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "target\trps@%d\tvs bare\tp50@1\tp99@1\tp50@%d\tp99@%d\tCPU/req\tvs bare\tpeak RSS\tRSS anon+file at end\tkeys\terrors\t\n", conns, conns, conns)
+	fmt.Fprintf(tw, "target\trps@%d\tvs bare\tp50@1\tp99@1\tp50@%d\tp99@%d\tCPU/req\tvs bare\tDB CPU/req\tpeak RSS\tRSS anon+file at end\tkeys\terrors\t\n", conns, conns, conns)
 	for _, r := range rs {
 		ratio := func(a, b float64) string {
 			if base == nil || b == 0 {
@@ -400,14 +468,23 @@ func printTable(w io.Writer, rs []result, conns int) {
 			rr = ratio(r.rpsN, base.rpsN)
 			cr = ratio(float64(r.cpuPerReq), float64(base.cpuPerReq))
 		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f MiB\t%.0f+%.0f MiB\t%d\t%d\t\n", r.name, r.rpsN, rr,
-			ms(r.p50_1), ms(r.p99_1), ms(r.p50N), ms(r.p99N), us(r.cpuPerReq), cr, float64(r.peakRSS)/(1<<20),
+		db := "-"
+		if r.storeCPU >= 0 {
+			db = us(r.storeCPU)
+		}
+		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f MiB\t%.0f+%.0f MiB\t%d\t%d\t\n", r.name, r.rpsN, rr,
+			ms(r.p50_1), ms(r.p99_1), ms(r.p50N), ms(r.p99N), us(r.cpuPerReq), cr, db, float64(r.peakRSS)/(1<<20),
 			float64(r.anon)/(1<<20), float64(r.file)/(1<<20), r.keys, r.errors)
 	}
 	tw.Flush()
 	fmt.Fprintln(w, "CPU/req is the measured process's user+system time over the loaded run, divided by its requests;")
-	fmt.Fprintln(w, "peak RSS is its VmHWM at the end of all rounds. The stub, Redis and the load driver are not included.")
+	fmt.Fprintln(w, "DB CPU/req is the same for its Redis server or PostgreSQL server (the postmaster and all its children);")
+	fmt.Fprintln(w, "peak RSS is the measured process's VmHWM at the end of all rounds. The stub, the database servers")
+	fmt.Fprintln(w, "(except in DB CPU/req) and the load driver are not included.")
 }
+
+// isPostgres says whether a target name is one of the PostgreSQL targets.
+func isPostgres(name string) bool { return name == "postgres-sync" || name == "postgres-nosync" }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d.Microseconds())/1000) }
 func us(d time.Duration) string { return fmt.Sprintf("%d µs", d.Microseconds()) }

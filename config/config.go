@@ -21,7 +21,11 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// Policies: what a 5xx answer does to the key (DESIGN.md's outcome table).
+// Policies: what an upstream's 5xx answer does to the key.
+// PolicyReserveThenCommit commits it, since the error may come after the
+// side effect; PolicyReleaseOn5xx releases it, for an upstream whose every
+// 5xx means that nothing was done (the README's table "What the
+// upstream's outcome does to the key").
 const (
 	PolicyReserveThenCommit = "reserve-then-commit"
 	PolicyReleaseOn5xx      = "release-on-5xx"
@@ -170,7 +174,8 @@ type Postgres struct {
 	DSNEnv string `yaml:"dsn_env"`
 	// MaxConns is the connection pool's size. Default 16.
 	MaxConns int `yaml:"max_conns"`
-	// ConnectTimeout bounds getting a connection, pooled or new. Default 1s.
+	// ConnectTimeout bounds getting a connection, pooled or new, per host
+	// the DSN lists (they are tried in turn). Default 1s.
 	ConnectTimeout Duration `yaml:"connect_timeout"`
 	// StatementTimeout is set as statement_timeout on every connection and
 	// bounds every store statement. Default 500ms.

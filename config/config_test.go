@@ -603,33 +603,6 @@ func TestDurationMarshalYAML(t *testing.T) {
 	}
 }
 
-func TestReleases(t *testing.T) {
-	statuses := []int{200, 201, 204, 301, 307, 400, 401, 402, 403, 404, 405, 406, 409, 410, 412, 413, 415, 418, 422, 429, 500, 502, 503, 504, 599}
-	tests := []struct {
-		name     string
-		route    string
-		releases []int
-	}{
-		{"reserve-then-commit", "", []int{400, 401, 403, 404, 405, 409, 413, 415, 422, 429}},
-		{"reserve-then-commit, explicit", "    policy: reserve-then-commit\n", []int{400, 401, 403, 404, 405, 409, 413, 415, 422, 429}},
-		{"release-on-5xx", "    policy: release-on-5xx\n", []int{400, 401, 403, 404, 405, 409, 413, 415, 422, 429, 500, 502, 503, 504, 599}},
-		{"override", "    release_statuses: [503, 429]\n", []int{429, 503}},
-		{"override replaces the policy", "    policy: release-on-5xx\n    release_statuses: [503]\n", []int{503}},
-		{"override without 429", "    release_statuses: [500]\n", []int{500}},
-		{"override to nothing", "    release_statuses: []\n", nil},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			r := mustParse(t, withRoute(tc.route)).Routes[0]
-			for _, s := range statuses {
-				if got, want := r.Releases(s), slices.Contains(tc.releases, s); got != want {
-					t.Errorf("Releases(%d) = %v, want %v", s, got, want)
-				}
-			}
-		})
-	}
-}
-
 func TestKeySpec(t *testing.T) {
 	tests := []struct {
 		key  string
@@ -700,6 +673,11 @@ func TestRedis(t *testing.T) {
 			[]string{`store.redis.password_env: "my password" is not an environment variable name`}},
 		{"negative db", redis("    addrs: [r:6379]\n    db: -1\n"), []string{"store.redis.db: must not be negative"}},
 		{"db on a cluster", redis("    addrs: [r1:6379, r2:6379]\n    db: 1\n"), []string{"store.redis.db: a Redis Cluster has only database 0"}},
+		{"db on a cluster endpoint", redis("    addrs: [r:6379]\n    cluster: true\n    db: 2\n"), []string{"store.redis.db: a Redis Cluster has only database 0"}},
+		{"cluster and sentinel", redis("    addrs: [s:26379]\n    cluster: true\n    master_name: m\n"),
+			[]string{"store.redis.cluster: a Redis Cluster has no master_name"}},
+		{"sentinel credentials without sentinel", redis("    addrs: [r:6379]\n    sentinel_password_env: HOME\n"),
+			[]string{"store.redis.sentinel_password_env: Sentinel credentials need master_name"}},
 		{"negative timeouts", redis("    addrs: [r:6379]\n    dial_timeout: -1s\n    op_timeout: -1ms\n"),
 			[]string{"store.redis.dial_timeout: must be positive", "store.redis.op_timeout: must be positive"}},
 		{"CA file without a certificate", redis("    addrs: [r:6379]\n    tls: true\n    tls_ca_file: " + notPEM + "\n"),

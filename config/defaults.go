@@ -2,7 +2,6 @@ package config
 
 import (
 	"net/http"
-	"slices"
 	"time"
 )
 
@@ -146,24 +145,12 @@ func setDuration(d *Duration, def time.Duration) {
 
 // DefaultReleaseStatuses are the client errors that mean "refused before
 // any work": the upstream did nothing, so the key is released and the
-// corrected request (or a plain retry) goes through. Keeping them would make
-// a validation error (or a squatter's invalid body) the key's answer for
-// its whole TTL.
+// corrected request (or a plain retry) goes through. Keeping them would
+// make a validation error (or a squatter's invalid body) the key's answer
+// for its whole TTL. They are a route's release set unless it sets
+// release_statuses; the proxy's classify says what an answer does to a key.
 var DefaultReleaseStatuses = []int{
 	http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound,
 	http.StatusMethodNotAllowed, http.StatusConflict, http.StatusRequestEntityTooLarge,
 	http.StatusUnsupportedMediaType, http.StatusUnprocessableEntity, http.StatusTooManyRequests,
-}
-
-// Releases reports whether an upstream answer with status releases the key
-// on route r: the route's release_statuses when set, otherwise the policy's
-// set (DefaultReleaseStatuses, plus every 5xx under release-on-5xx).
-func (r *Route) Releases(status int) bool {
-	if r.ReleaseStatuses != nil {
-		return slices.Contains(r.ReleaseStatuses, status)
-	}
-	if slices.Contains(DefaultReleaseStatuses, status) {
-		return true
-	}
-	return r.Policy == PolicyReleaseOn5xx && status >= 500 && status <= 599
 }

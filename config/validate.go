@@ -1,7 +1,6 @@
 package config
 
 import (
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -85,9 +84,6 @@ func (c *Config) Validate() error {
 	if s.DrainDelay < 0 {
 		p.add("server.drain_delay", "must not be negative")
 	}
-	if b := c.Store.Badger; b != nil && b.MinFreeBytes < 0 {
-		p.add("store.badger.min_free_bytes", "must be positive")
-	}
 	if s.MaxBufferedBytes < 0 {
 		p.add("server.max_buffered_bytes", "must be positive")
 	}
@@ -168,6 +164,9 @@ func (c *Config) validateStore(p *problems) {
 		if b.GCInterval <= 0 {
 			p.add("store.badger.gc_interval", "must be positive")
 		}
+		if b.MinFreeBytes < 0 {
+			p.add("store.badger.min_free_bytes", "must be positive")
+		}
 	}
 	if r := st.Redis; r != nil {
 		if len(r.Addrs) == 0 {
@@ -201,18 +200,9 @@ func (c *Config) validateStore(p *problems) {
 		if r.Cluster && r.MasterName != "" {
 			p.add("store.redis.cluster", "a Redis Cluster has no master_name (that is Sentinel)")
 		}
-		if r.TLSCAFile != "" {
-			if !r.TLS {
-				p.add("store.redis.tls_ca_file", "needs tls: true")
-			}
-			// Read as the store reads it when it opens: a file without a
-			// certificate would otherwise pass -check and stop the start.
-			if pem, err := os.ReadFile(r.TLSCAFile); err != nil {
-				p.add("store.redis.tls_ca_file", "%v", err)
-			} else if !x509.NewCertPool().AppendCertsFromPEM(pem) {
-				p.add("store.redis.tls_ca_file", "no PEM certificate in %s", r.TLSCAFile)
-			}
-		}
+		// Read as the store reads it when it opens: a file without a
+		// certificate would otherwise pass -check and stop the start.
+		r.loadTLS(p)
 		if r.DB != 0 && (len(r.Addrs) > 1 || r.Cluster) && r.MasterName == "" {
 			p.add("store.redis.db", "a Redis Cluster has only database 0")
 		}

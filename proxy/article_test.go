@@ -118,8 +118,9 @@ func TestArticleSameRequestRepeated(t *testing.T) {
 	}
 }
 
-// TestTrap is the article's trap and DESIGN.md's outcome table: what a
-// failed charge does to its retry under each policy.
+// TestTrap is the article's trap and the README's outcome table ("What
+// the upstream's outcome does to the key"): what a failed charge does to
+// its retry under each policy.
 func TestTrap(t *testing.T) {
 	tests := []struct {
 		name        string

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/settle"
 	"github.com/idemproxy/idemproxy/keyextract"
 	"github.com/idemproxy/idemproxy/store"
 )
@@ -84,7 +85,6 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 	gauge.Inc()
 	defer gauge.Dec()
 	defer p.finish(a)
-	cfg := &rt.cfg
 	if !p.active.enter() {
 		a.problem(w, OutcomeStoreError, probShuttingDown, "the proxy is shutting down; retry on another instance", 1, nil)
 		return
@@ -95,7 +95,7 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 		p.budget.release(a.clientID, a.bodyHeld)
 	}()
 
-	body, ok := a.readBody(w, cfg.MaxBodyBytes)
+	body, ok := a.readBody(w, rt.cfg.MaxBodyBytes)
 	if !ok {
 		return
 	}
@@ -104,142 +104,234 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 		a.problem(w, OutcomeBadRequest, probInvalidUpgrade, upgradeDetail, 0, nil)
 		return
 	}
-	// A compressed body is read decoded for the key and the fingerprint
-	// (a retry may compress it otherwise), and forwarded as sent.
-	keyBody := body
-	if len(body) > 0 && (rt.spec.NeedsJSON() || !cfg.Fingerprint.Disabled) {
-		var prob *problem
-		var detail string
-		if keyBody, prob, detail = a.decodeBody(body); prob != nil {
-			if a.observe(w, body, WouldBadRequest) {
-				return
-			}
-			a.problem(w, OutcomeBadRequest, *prob, detail, 0, nil)
-			return
-		}
-		if keyBody == nil {
-			a.overloaded(w, refusalBudget)
-			return
-		}
-	}
-	// The target is the (cleaned) path and the query, parameters sorted:
-	// the same key with another query is another request.
-	target := r.URL.Path
-	if raw := r.URL.RawQuery; raw != "" {
-		target += "?" + canonicalQuery(raw)
-	}
-	fp, jsonErr := keyextract.FingerprintIgnoring(r.Method, target, keyBody, rt.ignore)
-	if rt.spec.NeedsJSON() && jsonErr != nil {
-		if a.observe(w, body, WouldBadRequest) {
-			return
-		}
-		a.problem(w, OutcomeBadRequest, probInvalidJSON, jsonErr.Error(), 0, nil)
+	id, ok := a.identify(w, body)
+	if !ok {
 		return
 	}
-	if cfg.Fingerprint.Disabled {
-		fp = ""
-	}
-	key, err := rt.spec.Extract(r, keyBody)
-	if err != nil {
-		if errors.Is(err, keyextract.ErrMissing) && cfg.OnMissingKey == config.MissingKeyForward {
-			a.outcome = OutcomeUnprotected
-			p.forward(w, a, body)
-			return
-		}
-		prob := probInvalidKey
-		switch {
-		case errors.Is(err, keyextract.ErrMissing):
-			prob = probMissingKey
-		case errors.Is(err, keyextract.ErrBadJSON):
-			prob = probInvalidJSON
-		}
-		if a.observe(w, body, WouldBadRequest) {
-			return
-		}
-		a.problem(w, OutcomeBadRequest, prob, err.Error(), 0, nil)
-		return
-	}
-	var scope string
-	if h := cfg.Scope.Header; h != "" {
-		vs := r.Header.Values(h)
-		if len(vs) > 1 {
-			// Scoped by which one? Each client must be one key space.
-			if a.observe(w, body, WouldBadRequest) {
-				return
-			}
-			a.problem(w, OutcomeBadRequest, probInvalidScope, "the "+h+" header is repeated", 0, nil)
-			return
-		}
-		if len(vs) == 1 {
-			scope = vs[0]
-		}
-		if scope == "" {
-			if a.observe(w, body, WouldBadRequest) {
-				return
-			}
-			a.problem(w, OutcomeBadRequest, probMissingScope, "this route keeps one key space per "+h+" header", 0, nil)
-			return
-		}
-	}
-	a.storeKey = store.Key(cfg.Name, scope, key)
-	if rec := a.legacyRecord(body, scope, key); rec != nil {
+	a.storeKey = store.Key(rt.cfg.Name, id.scope, id.key)
+	if rec := a.legacyRecord(body, id.scope, id.key); rec != nil {
 		// Stored by a version that derived this key differently: its
 		// answer, not a second forward under the key's new form.
-		if a.mismatched(w, body, rec, fp, target) || a.observeExisting(w, body, rec) {
+		if a.mismatched(w, body, rec, id.fp, id.target) || a.observeExisting(w, body, rec) {
 			return
 		}
 		a.answerExisting(w, rec)
 		return
 	}
-	res := store.Reservation{Token: rand.Text(), Fingerprint: fp, Lease: cfg.Lease.D(), TTL: cfg.TTL.D()}
+	a.reserveAndForward(w, body, id)
+}
+
+// identity is what identifies a request on its route.
+type identity struct {
+	key    string // the idempotency key
+	scope  string // the scope header's value ("" when the route has none)
+	fp     string // the fingerprint ("" when the route disables it)
+	target string // the path and the canonical query the fingerprint covers
+}
+
+// badRequest is why a request cannot be identified: the problem enforce
+// mode answers with, which observe mode counts (WouldBadRequest) and
+// forwards instead.
+type badRequest struct {
+	prob   problem
+	detail string
+	err    error // the key extractor's error, when that is the cause
+}
+
+func (b *badRequest) Error() string { return b.detail }
+func (b *badRequest) Unwrap() error { return b.err }
+
+// errKeyBodyOverBudget: the decoded body, read for the key and the
+// fingerprint, does not fit the budget of buffered bytes.
+var errKeyBodyOverBudget = errors.New("the decoded request body does not fit the buffered-bytes budget")
+
+// identify returns the request's identity. When it has none it answers
+// the request and reports false: a bad request is answered with its
+// problem (or forwarded in observe mode), a request without a key under
+// on_missing_key: forward is forwarded unprotected, and one whose decoded
+// body does not fit the budget is answered 503.
+func (a *attempt) identify(w http.ResponseWriter, body []byte) (identity, bool) {
+	id, err := a.readIdentity(body)
+	var bad *badRequest
+	switch {
+	case err == nil:
+		return id, true
+	case errors.Is(err, keyextract.ErrMissing) && a.rt.cfg.OnMissingKey == config.MissingKeyForward:
+		a.outcome = OutcomeUnprotected
+		a.p.forward(w, a, body)
+	case errors.Is(err, errKeyBodyOverBudget):
+		a.overloaded(w, refusalBudget)
+	case errors.As(err, &bad):
+		if !a.observe(w, body, WouldBadRequest) {
+			a.problem(w, OutcomeBadRequest, bad.prob, bad.detail, 0, nil)
+		}
+	}
+	return id, false
+}
+
+// readIdentity finds the request's identity, in order: the body as the key
+// reads it, the fingerprint, the key, the scope. The error is a
+// *badRequest or errKeyBodyOverBudget.
+func (a *attempt) readIdentity(body []byte) (id identity, err error) {
+	keyBody, err := a.keyBody(body)
+	if err != nil {
+		return id, err
+	}
+	if id.fp, id.target, err = a.fingerprint(keyBody); err != nil {
+		return id, err
+	}
+	if id.key, err = a.key(keyBody); err != nil {
+		return id, err
+	}
+	id.scope, err = a.scope()
+	return id, err
+}
+
+// keyBody returns the body as the key and the fingerprint read it: a
+// compressed body decoded (a retry may compress it otherwise). The body is
+// forwarded as sent.
+func (a *attempt) keyBody(body []byte) ([]byte, error) {
+	if len(body) == 0 || (!a.rt.spec.NeedsJSON() && a.rt.cfg.Fingerprint.Disabled) {
+		return body, nil
+	}
+	keyBody, prob, detail := a.decodeBody(body)
+	switch {
+	case prob != nil:
+		return nil, &badRequest{prob: *prob, detail: detail}
+	case keyBody == nil:
+		return nil, errKeyBodyOverBudget
+	}
+	return keyBody, nil
+}
+
+// fingerprint returns the request's fingerprint ("" when the route
+// disables it) and the target it covers: the (cleaned) path and the query,
+// parameters sorted, so that the same key with another query is another
+// request. A body that is not JSON is a bad request on a route that reads
+// its key from the body.
+func (a *attempt) fingerprint(keyBody []byte) (fp, target string, err error) {
+	r := a.in
+	target = r.URL.Path
+	if raw := r.URL.RawQuery; raw != "" {
+		target += "?" + canonicalQuery(raw)
+	}
+	fp, jsonErr := keyextract.FingerprintIgnoring(r.Method, target, keyBody, a.rt.ignore)
+	if a.rt.spec.NeedsJSON() && jsonErr != nil {
+		return "", "", &badRequest{prob: probInvalidJSON, detail: jsonErr.Error()}
+	}
+	if a.rt.cfg.Fingerprint.Disabled {
+		fp = ""
+	}
+	return fp, target, nil
+}
+
+// key returns the request's idempotency key. A missing key is a bad
+// request that wraps keyextract.ErrMissing.
+func (a *attempt) key(keyBody []byte) (string, error) {
+	key, err := a.rt.spec.Extract(a.in, keyBody)
+	if err == nil {
+		return key, nil
+	}
+	prob := probInvalidKey
+	switch {
+	case errors.Is(err, keyextract.ErrMissing):
+		prob = probMissingKey
+	case errors.Is(err, keyextract.ErrBadJSON):
+		prob = probInvalidJSON
+	}
+	return "", &badRequest{prob: prob, detail: err.Error(), err: err}
+}
+
+// scope returns the value of the route's scope header ("" when it has
+// none). On a route with one, each client is one key space: the header
+// missing, empty or repeated is a bad request.
+func (a *attempt) scope() (string, error) {
+	h := a.rt.cfg.Scope.Header
+	if h == "" {
+		return "", nil
+	}
+	vs := a.in.Header.Values(h)
+	if len(vs) > 1 {
+		// Scoped by which one? Each client must be one key space.
+		return "", &badRequest{prob: probInvalidScope, detail: "the " + h + " header is repeated"}
+	}
+	if len(vs) == 0 || vs[0] == "" {
+		return "", &badRequest{prob: probMissingScope, detail: "this route keeps one key space per " + h + " header"}
+	}
+	return vs[0], nil
+}
+
+// reserveAndForward reserves the request's key and forwards it. When the
+// key is known, the request is answered from its record (or, under
+// concurrent: wait, waits for the request that holds it to settle, and
+// asks again).
+func (a *attempt) reserveAndForward(w http.ResponseWriter, body []byte, id identity) {
+	cfg := &a.rt.cfg
+	res := store.Reservation{Token: rand.Text(), Fingerprint: id.fp, Lease: cfg.Lease.D(), TTL: cfg.TTL.D()}
 	waitUntil := time.Now().Add(cfg.WaitTimeout.D())
 	for {
-		// A client that hangs up now does not undo its request: the
-		// reservation and the forward run to the end, and the answer is
-		// stored for its retry.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), storeTimeout)
-		a.reservedAt = time.Now()
-		rec, err := p.store.Reserve(rctx, a.storeKey, res)
-		cancel()
+		rec, err := a.reserve(res)
 		if err != nil {
 			// The reservation may have been applied with its reply lost:
 			// take it back, so the key is not left in flight (and then in
 			// doubt) for a request that was never forwarded.
-			p.releaseLater(a.storeKey, res.Token, a.reservedAt.Add(cfg.Lease.D()))
+			a.p.releaseLater(a.storeKey, res.Token, a.reservedAt.Add(cfg.Lease.D()))
 			a.storeFailed(w, body, "reserve", err)
 			return
 		}
 		if rec == nil {
 			a.token = res.Token
-			p.forward(w, a, body)
+			a.p.forward(w, a, body)
 			return
 		}
-		if a.mismatched(w, body, rec, fp, target) || a.observeExisting(w, body, rec) {
+		if a.mismatched(w, body, rec, id.fp, id.target) || a.observeExisting(w, body, rec) {
 			return
 		}
-		if rec.State == store.StateInFlight && cfg.Concurrent == config.ConcurrentWait && time.Now().Before(waitUntil) {
-			_, err = p.waitSettled(r.Context(), a.storeKey, waitUntil)
-			if err != nil && r.Context().Err() != nil {
-				// The client stopped waiting: answered as without waiting.
-				// A client that went away never reads it; one that only
-				// half-closed its connection, or whose read_timeout
-				// passed, would otherwise get the server's empty 200 OK
-				// for a request still in flight.
-				a.answerExisting(w, rec)
-				return
-			}
-			if err != nil {
-				a.storeFailed(w, body, "get", err)
-				return
-			}
-			// Settled, released or still in flight at the deadline: ask
-			// again, so the answer is checked against this request's
-			// fingerprint (another request may have taken the key).
-			continue
+		if rec.State != store.StateInFlight || cfg.Concurrent != config.ConcurrentWait || !time.Now().Before(waitUntil) {
+			a.answerExisting(w, rec)
+			return
 		}
-		a.answerExisting(w, rec)
-		return
+		if !a.awaitSettled(w, body, rec, waitUntil) {
+			return
+		}
+		// Settled, released or still in flight at the deadline: ask
+		// again, so the answer is checked against this request's
+		// fingerprint (another request may have taken the key).
 	}
+}
+
+// reserve asks the store for the reservation res of the request's key: nil
+// when it was reserved, the key's record when it is known.
+func (a *attempt) reserve(res store.Reservation) (*store.Record, error) {
+	// A client that hangs up now does not undo its request: the
+	// reservation and the forward run to the end, and the answer is
+	// stored for its retry.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.in.Context()), storeTimeout)
+	defer cancel()
+	a.reservedAt = time.Now()
+	return a.p.store.Reserve(ctx, a.storeKey, res)
+}
+
+// awaitSettled waits until the record rec, in flight, has settled or the
+// deadline until, and reports whether to ask for the key again; when not,
+// it has answered the request.
+func (a *attempt) awaitSettled(w http.ResponseWriter, body []byte, rec *store.Record, until time.Time) bool {
+	ctx := a.in.Context()
+	_, err := a.p.waitSettled(ctx, a.storeKey, until)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		// The client stopped waiting: answered as without waiting. A
+		// client that went away never reads it; one that only
+		// half-closed its connection, or whose read_timeout passed,
+		// would otherwise get the server's empty 200 OK for a request
+		// still in flight.
+		a.answerExisting(w, rec)
+		return false
+	case err != nil:
+		a.storeFailed(w, body, "get", err)
+		return false
+	}
+	return true
 }
 
 // legacyRecord returns the record stored under the key a version before
@@ -439,45 +531,28 @@ func (a *attempt) mismatched(w http.ResponseWriter, body []byte, rec *store.Reco
 }
 
 // releaseLater releases a reservation that may or may not exist, in the
-// background; the owner token makes that safe. A failed release is retried
-// until until (the end of the reservation's lease): the store that lost the
-// reservation's reply is often still unreachable at the first attempt, and
-// a reservation left behind is a key in doubt for its whole TTL, for a
-// request that was never forwarded.
+// background; the owner token makes that safe. A release that fails
+// otherwise than by finding no reservation of token is retried by the
+// settler until until (the end of the reservation's lease): the store that
+// lost the reservation's reply is often still unreachable at the first
+// attempt, and a reservation left behind is a key in doubt for its whole
+// TTL, for a request that was never forwarded. Once the proxy is shutting
+// down (its settler takes no more jobs), it releases at once: the store
+// closes soon.
 func (p *Proxy) releaseLater(key, token string, until time.Time) {
-	release := func() (err error) {
-		// In the background nothing would catch a panicking store: the
-		// whole process would go.
-		defer func() {
-			if e := recover(); e != nil {
-				p.log.Error("store panicked releasing a key", "key_hash", store.KeyHash(key), "panic", fmt.Sprint(e))
-				err = store.ErrNotOwner // not retried
-			}
-		}()
-		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
-		defer cancel()
+	j := settle.Job{Key: key, Operation: "release", Until: until, Attempt: func(ctx context.Context) error {
 		return p.store.Release(ctx, key, token)
-	}
-	if !p.active.enter() { // shutting down: the store closes soon
-		release()
-		return
-	}
-	go func() {
-		defer p.active.leave()
-		for delay := 50 * time.Millisecond; ; delay = min(delay*2, time.Second) {
-			err := release()
-			if err == nil || errors.Is(err, store.ErrNotOwner) || !time.Now().Before(until) {
-				return
-			}
-			wait := time.NewTimer(min(delay, max(time.Until(until), 0)))
-			select {
-			case <-p.life.Done(): // past the shutdown deadline
-				wait.Stop()
-				return
-			case <-wait.C:
-			}
+	}}
+	first := settle.Job{Key: key, Operation: "release", Attempt: func(ctx context.Context) error {
+		err := j.Attempt(ctx)
+		if err != nil && !errors.Is(err, store.ErrNotOwner) {
+			p.settling.Settle(j, err)
 		}
-	}()
+		return err
+	}}
+	if !p.settling.Go(first) {
+		p.settling.Once(j)
+	}
 }
 
 // storeFailed answers a store failure: 503, or the request forwarded

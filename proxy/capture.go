@@ -48,7 +48,7 @@ func (a *attempt) captureAnswer(resp *http.Response) error {
 		over, reason, err = a.fill(&buf, resp.Body, limit)
 		if err != nil {
 			a.p.log.Warn("upstream answer broke off", "route", a.routeName(), "err", err)
-			a.markInDoubt()
+			a.answerBrokeOff()
 			return fmt.Errorf("reading the upstream's answer: %w", err)
 		}
 	}
@@ -74,6 +74,13 @@ func (a *attempt) captureAnswer(resp *http.Response) error {
 	}
 	resp.Body = &stream{prefix: buf.Bytes(), rc: resp.Body, a: a, resp: resp}
 	return nil
+}
+
+// answerBrokeOff settles the key of an answer to be committed whose body broke
+// off before it was whole.
+func (a *attempt) answerBrokeOff() {
+	v, _ := classify(upstreamOutcome{kind: brokeOff}, nil)
+	a.conclude(v)
 }
 
 // streamMargin: an answer streamed through must reach the client before
@@ -217,7 +224,7 @@ func (s *stream) Close() error {
 			s.a.commit(s.resp.StatusCode, s.resp.Header, nil, nil, false)
 		} else {
 			s.a.p.log.Warn("upstream answer broke off", "route", s.a.routeName(), "err", s.err)
-			s.a.markInDoubt()
+			s.a.answerBrokeOff()
 		}
 	}
 	return s.rc.Close()

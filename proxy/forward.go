@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemproxy/idemproxy/internal/settle"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -22,10 +23,11 @@ import (
 // upstream's outcome settles the reservation.
 func (p *Proxy) forward(w http.ResponseWriter, a *attempt, body []byte) {
 	if p.life.Err() != nil { // past the shutdown deadline: do not start now
+		v, prob := classify(upstreamOutcome{kind: shutDown}, nil)
 		if a.token != "" {
-			a.release()
+			a.conclude(v)
 		}
-		a.problem(w, a.outcome, probShuttingDown, "the proxy is shutting down; the request was not sent", 1, nil)
+		a.problem(w, a.outcome, *prob, "the proxy is shutting down; the request was not sent", 1, nil)
 		return
 	}
 	// The upstream request does not end when the client goes away: the
@@ -63,7 +65,8 @@ func (p *Proxy) forward(w http.ResponseWriter, a *attempt, body []byte) {
 // have reached the upstream, so the key is in doubt.
 func (a *attempt) settleUnknown() {
 	if a.token != "" && !a.settled {
-		a.markInDoubt()
+		v, _ := classify(upstreamOutcome{kind: unsettled}, nil)
+		a.conclude(v)
 	}
 }
 
@@ -99,72 +102,15 @@ func validLength(s string) bool {
 }
 
 // settle runs op, the store operation that settles a's reservation. When
-// it fails (a stalled store, op_timeout), it is retried in the background
-// as long as the reservation's lease holds: giving up at once would leave
-// the key in flight and then in doubt for its whole TTL, although the
-// outcome is known. It reports whether op succeeded at once.
-func (a *attempt) settle(opName string, op func(ctx context.Context) error) bool {
+// it fails (a stalled store, op_timeout), the proxy's settler retries it in
+// the background as long as the reservation's lease holds: giving up at
+// once would leave the key in flight and then in doubt for its whole TTL,
+// although the outcome is known.
+func (a *attempt) settle(opName string, op func(ctx context.Context) error) {
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	err := op(ctx)
 	cancel()
-	if err != nil && !errors.Is(err, store.ErrNotOwner) && a.p.retrySettle(a, opName, op) {
-		a.outcome = OutcomeStoreError // counted now: the key is not settled yet
-		return false
-	}
-	a.settleErr(opName, err)
-	return err == nil
-}
-
-// retrySettle retries op in the background until it succeeds, the
-// reservation is taken over, or its lease ends. It reports whether the
-// retry was started.
-func (p *Proxy) retrySettle(a *attempt, opName string, op func(ctx context.Context) error) bool {
-	until := a.reservedAt.Add(a.rt.cfg.Lease.D())
-	if time.Until(until) <= 0 || !p.active.enter() {
-		return false
-	}
-	key, route := a.storeKey, a.routeName()
-	p.log.Warn("settling a key failed; retrying while the lease holds", "route", route, "operation", opName,
-		"key_hash", store.KeyHash(key), "until", until)
-	go func() {
-		defer p.active.leave()
-		defer func() {
-			if e := recover(); e != nil {
-				p.log.Error("settling a key panicked; it will be in doubt when its lease ends",
-					"route", route, "operation", opName, "key_hash", store.KeyHash(key), "panic", e)
-			}
-		}()
-		delay := 50 * time.Millisecond
-		for {
-			wait := time.NewTimer(min(delay, max(time.Until(until), 0)))
-			select {
-			case <-p.life.Done(): // past the shutdown deadline
-				wait.Stop()
-				p.log.Error("not retried: shutting down; the key will be in doubt when its lease ends",
-					"route", route, "operation", opName, "key_hash", store.KeyHash(key))
-				return
-			case <-wait.C:
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), min(storeTimeout, max(time.Until(until), time.Millisecond)))
-			err := op(ctx)
-			cancel()
-			switch {
-			case err == nil:
-				p.log.Info("settled on retry", "route", route, "operation", opName, "key_hash", store.KeyHash(key))
-				return
-			case errors.Is(err, store.ErrNotOwner):
-				p.log.Warn("reservation was taken over before it settled; left to its new owner",
-					"route", route, "operation", opName, "key_hash", store.KeyHash(key))
-				return
-			case !time.Now().Before(until):
-				p.log.Error("store failed to settle a key; it will be in doubt when its lease ends",
-					"route", route, "operation", opName, "key_hash", store.KeyHash(key), "err", err)
-				return
-			}
-			delay = min(delay*2, time.Second)
-		}
-	}()
-	return true
+	a.settleErr(opName, err, op)
 }
 
 func (a *attempt) release() {
@@ -180,23 +126,26 @@ func (a *attempt) markInDoubt() {
 	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 	defer cancel()
 	err := a.p.store.MarkInDoubt(ctx, a.storeKey, a.token, a.rt.cfg.TTL.D())
-	a.settleErr("mark_in_doubt", err)
+	a.settleErr("mark_in_doubt", err, nil)
 	if err == nil {
 		a.scheduleLookup()
 	}
 }
 
-func (a *attempt) settleErr(op string, err error) {
-	switch {
-	case err == nil:
-	case errors.Is(err, store.ErrNotOwner):
-		a.p.log.Warn("reservation was taken over before it settled; left to its new owner",
-			"route", a.routeName(), "operation", op, "key_hash", store.KeyHash(a.storeKey))
-	default:
-		// The reservation stays in flight and turns in doubt when its
-		// lease runs out: never released, never charged twice.
-		a.p.log.Error("store failed to settle a key; it will be in doubt when its lease ends",
-			"route", a.routeName(), "operation", op, "key_hash", store.KeyHash(a.storeKey), "err", err)
+// settleErr hands the result err of a settling write to the settler, which
+// retries retry (nil: not retried) while the lease holds and logs how the
+// key was left. A write that failed counts as a store error now, retried
+// or not: the key is not settled yet.
+func (a *attempt) settleErr(op string, err error, retry func(ctx context.Context) error) {
+	if err == nil {
+		return
+	}
+	j := settle.Job{Key: a.storeKey, Operation: op, Attrs: []any{"route", a.routeName()}}
+	if retry != nil {
+		j.Until, j.Attempt = a.reservedAt.Add(a.rt.cfg.Lease.D()), retry
+	}
+	a.p.settling.Settle(j, err)
+	if !errors.Is(err, store.ErrNotOwner) {
 		a.outcome = OutcomeStoreError
 	}
 }
@@ -253,24 +202,26 @@ func (p *Proxy) reverseProxy(up *url.URL, rt *route) *httputil.ReverseProxy {
 	return rp
 }
 
-// upstreamResponse classifies an answer: a status in the route's release
-// set releases the key; any other answer is streamed to the client while it
-// is captured, and committed once complete.
+// upstreamResponse settles a key by the upstream's answer (classify): an
+// answer that releases it is passed on as it comes; one to be committed is
+// captured while it is passed on, and committed once complete.
 func (p *Proxy) upstreamResponse(resp *http.Response) error {
 	a := resp.Request.Context().Value(attemptKey{}).(*attempt)
-	if resp.StatusCode == http.StatusSwitchingProtocols {
-		// The connection now speaks another protocol, which a route never
-		// asks for (it does not pass Upgrade on): there is no answer to
-		// store, and the reverse proxy, which cannot relay it through the
-		// capture or to a client that did not ask, would leave the
-		// upstream's connection open. The error closes it, and a
-		// protected request, processed with an unknown outcome, is in
-		// doubt.
+	v, _ := classify(a.answerOutcome(resp), &a.rt.cfg)
+	if v == verdictInDoubt {
+		// 101 Switching Protocols: the connection now speaks another
+		// protocol, which a route never asks for (it does not pass
+		// Upgrade on): there is no answer to store, and the reverse
+		// proxy, which cannot relay it through the capture or to a client
+		// that did not ask, would leave the upstream's connection open.
+		// The error closes it, and upstreamError settles a protected
+		// request, processed with an unknown outcome, as one whose
+		// connection was lost: in doubt.
 		return errSwitchedProtocols
 	}
 	a.upstreamDone(strconv.Itoa(resp.StatusCode))
 	a.status = resp.StatusCode
-	if a.token != "" && !a.rt.cfg.Releases(resp.StatusCode) && (a.sentURL() == nil || !notServed(resp)) {
+	if a.token != "" && v == verdictCommit {
 		return a.captureAnswer(resp)
 	}
 	// The answer's body is read from the upstream as fast as the client
@@ -284,7 +235,7 @@ func (p *Proxy) upstreamResponse(resp *http.Response) error {
 		a.client.SetWriteDeadline(d)
 	}
 	if a.token != "" {
-		a.release()
+		a.conclude(v) // released
 	}
 	return nil
 }
@@ -293,37 +244,38 @@ func (p *Proxy) upstreamResponse(resp *http.Response) error {
 // upstream answered with 101 Switching Protocols.
 var errSwitchedProtocols = errors.New("upstream switched protocols on a route")
 
-// upstreamError answers a request that got no answer from the upstream: a
-// request whose headers were never written (dial, DNS, TLS, no connection
-// in time) releases its key (502); one that may have been processed turns
-// its key in doubt (504 on timeout, 502 otherwise).
+// upstreamError answers a request that got no answer from the upstream,
+// and settles its key (classify): a request whose headers were never
+// written (dial, DNS, TLS, no connection in time) was not sent; one that
+// may have been processed timed out or lost its connection.
 func (p *Proxy) upstreamError(w http.ResponseWriter, out *http.Request, err error) {
 	a := out.Context().Value(attemptKey{}).(*attempt)
 	if a.upstream == 0 { // not yet observed at the answer's headers
 		a.upstreamDone("error")
 	}
-	prob, verdict := probUpstreamReset, a.markInDoubt
+	kind := connLost
 	switch {
 	case !a.wrote.Load() || refusedByTLS(err):
-		prob, verdict = probUpstreamDown, a.release
+		kind = notSent
 	case errors.Is(context.Cause(out.Context()), context.DeadlineExceeded) ||
 		errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
-		prob = probUpstreamTimeout
+		kind = timedOut
 	}
+	v, prob := classify(upstreamOutcome{kind: kind}, nil)
 	p.log.Warn("upstream request failed", "route", a.routeName(), "err", err, "problem", prob.name)
 	outcome := a.outcome
 	if a.token != "" && !a.settled {
-		verdict()
+		a.conclude(v)
 		outcome = a.outcome
 	}
 	detail := "the upstream could not be reached; the request was not sent"
-	if prob != probUpstreamDown {
+	if v != verdictRelease {
 		detail = "the request may have reached the upstream, but no answer came back"
 		if a.token != "" {
 			detail += "; its key is now in doubt and retries get 409 until it is released"
 		}
 	}
-	a.problem(w, outcome, prob, detail, 0, nil)
+	a.problem(w, outcome, *prob, detail, 0, nil)
 }
 
 // refusedByTLS reports whether err is an alert from the upstream's TLS
@@ -355,29 +307,17 @@ func (a *attempt) sentURL() *url.URL {
 	return u
 }
 
-// notServed reports whether an answer to a request matched in cleaned form
-// shows that the upstream did not serve the route for the path as sent: not
-// found, method not allowed, or a redirect that keeps the method or is
-// permanent (307, 308, 301: what routers and servers answer a path in
-// another spelling; Go's ServeMux sends a POST to the cleaned path with a
-// 307) to that path in canonical form. Stored, it would be replayed for the whole TTL to the
-// correct request under the same key. Any other redirect is the upstream's
-// own answer: frameworks answer a POST they processed with a redirect to
-// the new resource or back to the list (303, or 302 by default in Rails
-// and Express), and releasing that key would let the retry be charged
-// again.
-func notServed(resp *http.Response) bool {
-	switch status := resp.StatusCode; {
-	case status == http.StatusNotFound || status == http.StatusMethodNotAllowed:
-		return true
-	case status == http.StatusMovedPermanently || status == http.StatusTemporaryRedirect ||
-		status == http.StatusPermanentRedirect:
+// answerOutcome is the outcome of a's request that the upstream answered
+// with resp.
+func (a *attempt) answerOutcome(resp *http.Response) upstreamOutcome {
+	o := upstreamOutcome{kind: answered, status: resp.StatusCode, cleaned: a.sentURL() != nil}
+	if o.cleaned {
 		// Resolved against the request as sent to the upstream, so that
 		// the upstream's base path is on both sides.
 		loc, err := resp.Location()
-		return err == nil && cleanPath(loc.Path) == cleanPath(resp.Request.URL.Path)
+		o.toCanonical = err == nil && cleanPath(loc.Path) == cleanPath(resp.Request.URL.Path)
 	}
-	return false
+	return o
 }
 
 func (a *attempt) upstreamDone(code string) {

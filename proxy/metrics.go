@@ -122,8 +122,6 @@ func (m *Metrics) initStore(store string) {
 // instrumented wraps a Store with operation timings and error counts.
 type instrumented struct {
 	store.Store
-	name   string
-	m      *Metrics
 	series *storeSeries
 }
 

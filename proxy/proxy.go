@@ -1,7 +1,8 @@
 // Package proxy is idemproxy's reverse proxy: it matches routes, extracts
 // and fingerprints idempotency keys, reserves them in a Store, forwards the
 // first request, classifies the upstream's outcome, and commits the answer
-// for replay or releases the key (DESIGN.md's outcome table).
+// for replay, releases the key or leaves it in doubt (classify, which is
+// the README's table "What the upstream's outcome does to the key").
 package proxy
 
 import (
@@ -20,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/settle"
 	"github.com/idemproxy/idemproxy/keyextract"
 	"github.com/idemproxy/idemproxy/store"
 )
@@ -46,6 +48,9 @@ type Options struct {
 	// Transport carries requests to the upstream; nil means NewTransport()
 	// with the configuration's upstream_tls.
 	Transport http.RoundTripper
+	// Settler retries the writes that settle a key when they fail (the
+	// proxy's own in a Group of it); nil: a Settler of the proxy's own.
+	Settler *settle.Settler
 }
 
 // Proxy is the idempotency proxy, an http.Handler. Reload swaps its routes
@@ -67,6 +72,9 @@ type Proxy struct {
 	life   context.Context
 	abort  context.CancelFunc
 	active tracker
+	// settling retries settling writes in the background; Wait waits for
+	// it, Abort stops it.
+	settling *settle.Settler
 }
 
 // tracker counts the requests that may still write to the store, and
@@ -95,6 +103,13 @@ func (t *tracker) leave() {
 	if t.n == 0 {
 		t.idle.Broadcast()
 	}
+}
+
+// close refuses the requests that come from now on.
+func (t *tracker) close() {
+	t.mu.Lock()
+	t.closed = true
+	t.mu.Unlock()
 }
 
 func (t *tracker) wait() {
@@ -162,8 +177,7 @@ func New(cfg *config.Config, opts Options) (*Proxy, error) {
 	}
 	opts.Metrics.initStore(opts.StoreName)
 	p := &Proxy{
-		store: instrumented{Store: opts.Store, name: opts.StoreName, m: opts.Metrics,
-			series: opts.Metrics.storeSeries(opts.StoreName)},
+		store:     instrumented{Store: opts.Store, series: opts.Metrics.storeSeries(opts.StoreName)},
 		log:       opts.Logger,
 		access:    opts.AccessLog,
 		m:         opts.Metrics,
@@ -174,6 +188,10 @@ func New(cfg *config.Config, opts Options) (*Proxy, error) {
 		p.rstore = instrumentedReconcile{ReconcileStore: rs, s: p.store.(instrumented)}
 	}
 	p.active.idle.L = &p.active.mu
+	if opts.Settler == nil {
+		opts.Settler = settle.New(opts.Logger)
+	}
+	p.settling = opts.Settler.Group()
 	p.budget.refused = func(reason string) { p.m.adm.refusals.WithLabelValues(reason).Inc() }
 	p.m.adm.budget.Store(&p.budget)
 	p.life, p.abort = context.WithCancel(context.Background())
@@ -365,11 +383,22 @@ func (p *Proxy) HasRoute(name string) bool {
 	return ok
 }
 
-// Abort cancels every upstream request still waiting for its answer; their
-// keys become in doubt. Call it when the shutdown deadline has passed.
-func (p *Proxy) Abort() { p.abort() }
+// Abort cancels every upstream request still waiting for its answer, and
+// stops the settling retries; their keys become in doubt. Call it when the
+// shutdown deadline has passed.
+func (p *Proxy) Abort() {
+	p.abort()
+	p.settling.Abort()
+}
 
 // Wait blocks until every protected request has settled its key in the
-// store, so the store can be closed. Protected requests that arrive after
-// Wait has begun are answered 503 without touching the store.
-func (p *Proxy) Wait() { p.active.wait() }
+// store, retries included, so the store can be closed. Protected requests
+// that arrive after Wait has begun are answered 503 without touching the
+// store, and settling writes that fail from then on are not retried.
+func (p *Proxy) Wait() {
+	// Refused first: the settling retries can keep Wait until Abort, and
+	// a request forwarded meanwhile could not have its own retried.
+	p.active.close()
+	p.settling.Close(context.Background()) // until Abort
+	p.active.wait()
+}

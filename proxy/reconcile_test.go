@@ -306,7 +306,7 @@ func TestReconcileTwoReplicasOneRedisSendOneLookup(t *testing.T) {
 	}
 	var rs []replica
 	for range 2 {
-		st, err := redis.New(redis.Options{Addrs: []string{srv.Addr()}, KeyPrefix: "two:", OpTimeout: 5 * time.Second})
+		st, err := redis.New(redis.Options{Addrs: []string{srv.Addr()}, KeyPrefix: "two:", DialTimeout: time.Second, OpTimeout: 5 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -381,16 +381,20 @@ func TestAdminReconcileNow(t *testing.T) {
 		key    string
 		status int
 		result string
+		typ    string // the problem's type, for an error
 	}{
-		{"no record", func() {}, "A-0", http.StatusNotFound, ""},
-		{"in doubt, charged: applied at once, before the grace", func() { e.inDoubtCharged(`"A-1"`) }, "A-1", http.StatusOK, proxy.ReconcileApplied},
-		{"completed: not in doubt", func() {}, "A-1", http.StatusConflict, ""},
+		{"no record", func() {}, "A-0", http.StatusNotFound, "", "no-record"},
+		{"in doubt, charged: applied at once, before the grace", func() { e.inDoubtCharged(`"A-1"`) }, "A-1", http.StatusOK, proxy.ReconcileApplied, ""},
+		{"completed: not in doubt", func() {}, "A-1", http.StatusConflict, "", "key-not-in-doubt"},
 	}
 	for _, tt := range tests {
 		tt.setup()
 		code, body := post(tt.key)
 		if code != tt.status || (tt.result != "" && body["result"] != tt.result) {
 			t.Errorf("%s: POST = %d %v, want %d result %q", tt.name, code, body, tt.status, tt.result)
+		}
+		if tt.typ != "" && body["type"] != proxy.ProblemTypePrefix+tt.typ {
+			t.Errorf("%s: POST answered type %v, want %s", tt.name, body["type"], proxy.ProblemTypePrefix+tt.typ)
 		}
 	}
 	req := httptest.NewRequest("GET", "/v1/keys/charges/A-1", nil)
@@ -410,7 +414,7 @@ func TestReconcileScheduleSurvivesRestartRedis(t *testing.T) {
 	up := httptest.NewServer(g)
 	t.Cleanup(up.Close)
 	open := func() (*redis.Store, *proxy.Proxy, *httptest.Server) {
-		st, err := redis.New(redis.Options{Addrs: []string{srv.Addr()}, KeyPrefix: "restart:", OpTimeout: 5 * time.Second})
+		st, err := redis.New(redis.Options{Addrs: []string{srv.Addr()}, KeyPrefix: "restart:", DialTimeout: time.Second, OpTimeout: 5 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -533,7 +537,7 @@ func TestReconcileDueGaugeFollowsReload(t *testing.T) {
 // the unscoped orphan that discovery is there to schedule.
 func TestReconcileDiscoveryIsNotStarvedByScopedKeys(t *testing.T) {
 	srv := redistest.Start(t)
-	st, err := redis.New(redis.Options{Addrs: []string{srv.Addr()}, KeyPrefix: "starve:", OpTimeout: 5 * time.Second})
+	st, err := redis.New(redis.Options{Addrs: []string{srv.Addr()}, KeyPrefix: "starve:", DialTimeout: time.Second, OpTimeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,7 +35,7 @@ const slowRoutes = `
   - name: charges
     match: POST /charges
     key: {header: Idempotency-Key}
-    upstream_timeout: 3s
+    upstream_timeout: 6s
     lease: 1h
     max_stored_body_bytes: 16777216
 `
@@ -55,9 +55,10 @@ func rawCharge(t *testing.T, e *env, key string, rcvbuf int) net.Conn {
 }
 
 // TestSlowClientOfAStoredAnswer: the upstream answers 12 MiB at once; the
-// client reads it at its own steady pace (32 KiB every 10 ms, about
-// 3 MiB/s), so that it takes longer than the route's upstream_timeout (3s)
-// in all. The
+// client reads it at its own steady pace (32 KiB every 20 ms, about
+// 1.5 MiB/s), so that it takes longer than the route's upstream_timeout
+// (6s, which a loaded machine under the race detector needs to read the
+// answer from the upstream) in all. The
 // answer belongs to the upstream: it is read at the upstream's pace and
 // committed, and the slow client still gets all of it at its own pace;
 // the key is completed, not in doubt, and a retry gets the whole answer
@@ -68,13 +69,13 @@ func TestSlowClientOfAStoredAnswer(t *testing.T) {
 	e.start(bigUpstream(t, &calls).URL, slowRoutes)
 	conn := rawCharge(t, e, "k-slow", 64<<10)
 	conn.SetReadDeadline(time.Now().Add(time.Minute))
-	resp, err := http.ReadResponse(bufio.NewReaderSize(&pacedReader{r: conn, chunk: 32 << 10, every: 10 * time.Millisecond}, 32<<10), nil)
+	resp, err := http.ReadResponse(bufio.NewReaderSize(&pacedReader{r: conn, chunk: 32 << 10, every: 20 * time.Millisecond}, 32<<10), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	got, err := io.ReadAll(resp.Body)
-	if err != nil || !bytes.Equal(got, bigAnswer) {
-		t.Fatalf("the slow client got %d bytes (%v), want the whole answer of %d", len(got), err, len(bigAnswer))
+	if err != nil || resp.StatusCode != http.StatusOK || !bytes.Equal(got, bigAnswer) {
+		t.Fatalf("the slow client got %d, %d bytes (%v), want 200 and the whole answer of %d", resp.StatusCode, len(got), err, len(bigAnswer))
 	}
 	if got := e.state("charges", "", "k-slow"); got != store.StateCompleted {
 		t.Errorf("the key is %q, want completed", got)

@@ -94,7 +94,7 @@ func stallState(t *testing.T, st *redis.Store, key string) store.State {
 // the stub behind a gate that holds requests sent with X-Hold.
 func stallEnv(t *testing.T) (*env, *redistest.Server, *redis.Store, *holdGate, *prometheus.Registry) {
 	srv := redistest.Start(t)
-	st, err := redis.New(redis.Options{Addrs: []string{srv.Addr()}, OpTimeout: 200 * time.Millisecond})
+	st, err := redis.New(redis.Options{Addrs: []string{srv.Addr()}, KeyPrefix: "idemproxy:", DialTimeout: time.Second, OpTimeout: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/idemproxy/idemproxy/internal/freeport"
 )
 
 const (
@@ -30,8 +32,6 @@ const (
 	readyTimeout = 10 * time.Second
 	// clusterBusOffset is the fixed offset of the Redis Cluster bus port.
 	clusterBusOffset = 10000
-	// maxClusterPort keeps port+clusterBusOffset a valid port.
-	maxClusterPort = 65535 - clusterBusOffset
 )
 
 const notFound = "redis-server not found: install it (apt-get install redis-server); the Redis tests are required"
@@ -337,32 +337,14 @@ func lookPath(tb testing.TB, name string) string {
 	return p
 }
 
-// freePort returns a loopback TCP port that was free a moment ago. With bus
-// set, port+10000 (the cluster bus port) was free too.
+// freePort returns a loopback TCP port that was free a moment ago, outside
+// the ephemeral range so that a restart finds it free again. With bus set,
+// port+10000 (the cluster bus port) was free too.
 func freePort(bus bool) (int, error) {
-	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return 0, fmt.Errorf("find a free port: %w", err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		if !bus {
-			_ = l.Close()
-			return port, nil
-		}
-		if port >= maxClusterPort {
-			_ = l.Close()
-			continue
-		}
-		lb, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port+clusterBusOffset)))
-		_ = l.Close()
-		if err != nil {
-			continue
-		}
-		_ = lb.Close()
-		return port, nil
+	if bus {
+		return freeport.Pick(clusterBusOffset)
 	}
-	return 0, errors.New("find a free port pair for a cluster node: none found in 100 tries")
+	return freeport.Pick(0)
 }
 
 // Command sends one command to addr over a fresh connection (RESP2) and

@@ -31,6 +31,7 @@ import (
 	"github.com/dgraph-io/badger/v4/options"
 
 	"github.com/idemproxy/idemproxy/internal/prealloc"
+	"github.com/idemproxy/idemproxy/internal/settle"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -61,12 +62,18 @@ type Options struct {
 	// value-log garbage collection, whose rewrites are Badger's own writes,
 	// holds the writer's exclusive lock while it runs.
 	SyncWrites bool
-	// GCInterval is how often value-log garbage collection runs; zero means
-	// five minutes.
+	// GCInterval is how often value-log garbage collection runs (the
+	// program passes store.badger.gc_interval, which package config
+	// defaults). Zero: never on its own, only through RunGC; Open refuses
+	// a negative interval.
 	GCInterval time.Duration
 	// Logger receives Badger's warnings and errors and the store's own
 	// messages; nil discards them.
 	Logger *slog.Logger
+	// Settler retries the commits answered before they were written whose
+	// write failed (commit.go), in a Group of it that Close stops; nil: a
+	// Settler of the store's own.
+	Settler *settle.Settler
 	// keepInFlight leaves in-flight records as they are at open: set by
 	// Guard.reopen, whose process still runs the requests that hold them
 	// (a lapsed lease reads as in doubt all the same).
@@ -76,8 +83,8 @@ type Options struct {
 	// where the failed store's last flush left a table nothing refers to.
 	orphanTables bool
 	// lost, when set, takes over a commit that was answered but whose
-	// write failed (commit.go): the Guard writes it again, on the store it
-	// reopens if need be. Nil: the store retries it itself.
+	// write failed (commit.go): the Guard has it written again, on the
+	// store it reopens if need be. Nil: the store has it retried itself.
 	lost func(c lostCommit, err error)
 	// trimEvery overrides trimPoll; negative: never (tests trim
 	// themselves).
@@ -100,10 +107,11 @@ type Store struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	sizes sizeCache                     // Sizes' last measurement (size.go)
-	mem   memo                          // reservations made and commits not yet applied (commit.go)
-	trim  *trimmer                      // returns mapped table pages to the kernel (trim_linux.go)
-	lost  func(c lostCommit, err error) // Options.lost
+	sizes    sizeCache                     // Sizes' last measurement (size.go)
+	mem      memo                          // reservations made and commits not yet applied (commit.go)
+	trim     *trimmer                      // returns mapped table pages to the kernel (trim_linux.go)
+	lost     func(c lostCommit, err error) // Options.lost
+	settling *settle.Settler               // a Group of Options.Settler: the store's retries
 }
 
 // record is the stored form of a store.Record, encoded by marshal
@@ -130,8 +138,8 @@ func Open(opts Options) (*Store, error) {
 	if opts.Dir == "" {
 		return nil, errors.New("badger: a data directory is required")
 	}
-	if opts.GCInterval <= 0 {
-		opts.GCInterval = 5 * time.Minute
+	if opts.GCInterval < 0 {
+		return nil, fmt.Errorf("badger: gc interval %v is negative", opts.GCInterval)
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
@@ -189,8 +197,11 @@ func Open(opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("badger: open %s: %w", opts.Dir, err)
 	}
+	if opts.Settler == nil {
+		opts.Settler = settle.New(opts.Logger)
+	}
 	s := &Store{dir: opts.Dir, db: db, w: newWriter(db, opts.SyncWrites), log: opts.Logger, now: time.Now, stop: make(chan struct{}),
-		mem: newMemo(), trim: newTrimmer(opts.Dir), lost: opts.lost}
+		mem: newMemo(), trim: newTrimmer(opts.Dir), lost: opts.lost, settling: opts.Settler.Group()}
 	n, err := 0, error(nil)
 	if !opts.keepInFlight {
 		// The scan reads every table: trim meanwhile, or the whole store
@@ -300,12 +311,17 @@ func createDiscardStats(dir string) error {
 	return nil
 }
 
-// Close stops garbage collection and closes the database. Operations
-// after Close fail; closing again returns the first Close's result.
+// Close stops garbage collection and the store's retries of commits
+// (their keys turn in doubt when their leases end), and closes the
+// database. Operations after Close fail; closing again returns the first
+// Close's result.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		close(s.stop)
 		s.done.Wait()
+		now, cancel := context.WithCancel(context.Background())
+		cancel()
+		s.settling.Close(now) // before the writer closes: a retry under way waits for it
 		s.trim.close()
 		s.w.close() // applies what is queued; later writes fail
 		if err := s.db.Close(); err != nil {
@@ -350,8 +366,12 @@ func (s *Store) trimWhile(every time.Duration) (stop func()) {
 
 func (s *Store) gcLoop(every, trimEvery time.Duration) {
 	defer s.done.Done()
-	t := time.NewTicker(every)
-	defer t.Stop()
+	var gc <-chan time.Time
+	if every > 0 {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		gc = t.C
+	}
 	room := time.NewTicker(time.Second)
 	defer room.Stop()
 	var trim <-chan time.Time
@@ -364,7 +384,7 @@ func (s *Store) gcLoop(every, trimEvery time.Duration) {
 		select {
 		case <-s.stop:
 			return
-		case <-t.C:
+		case <-gc:
 			s.RunGC()
 		case <-room.C:
 			s.keepManifestRoom()
@@ -522,30 +542,39 @@ var errAbandoned = errors.New("badger: reservation abandoned by its caller")
 // is still being applied, and a release queued behind it deletes the
 // record once it is. Left, the key would read in flight for the lease and
 // then in doubt for its TTL, though its request was never sent. The release
-// is queued from a goroutine, as the queue may be full; a Close that comes
-// first applies what is queued, a release not queued yet is lost (the key
-// then lapses in doubt, as before).
+// is queued by the settler in the background (Settler.Go), as the queue may
+// be full; Close waits for it to be queued, and its writer applies it. Once
+// the settler takes no more jobs (a Guard or the program closing), it is
+// queued by the caller, whose operation the store's Close waits for; one
+// that comes after the writer closed is lost (the key then lapses in
+// doubt, as before).
 func (s *Store) releaseAbandoned(key, token string) {
-	wait := s.w.wait
-	go func() {
-		k := []byte(key)
-		err := s.w.updateAsyncWithin(func(txn *bdg.Txn) error {
-			rec, _, err := get(txn, k)
-			if err != nil || rec == nil || rec.Token != token || rec.State != store.StateInFlight {
-				return err
-			}
-			return txn.Delete(k)
-		}, func(err error) {
-			if err != nil {
-				s.log.Warn("releasing an abandoned reservation failed; the key will be in doubt when its lease ends",
-					"key_hash", store.KeyHash(key), "err", err)
-			}
-		}, wait)
+	k := []byte(key)
+	failed := func(err error) {
 		if err != nil {
 			s.log.Warn("releasing an abandoned reservation failed; the key will be in doubt when its lease ends",
 				"key_hash", store.KeyHash(key), "err", err)
 		}
-	}()
+	}
+	release := func(txn *bdg.Txn) error {
+		rec, _, err := get(txn, k)
+		if err != nil || rec == nil || rec.Token != token || rec.State != store.StateInFlight {
+			return err
+		}
+		return txn.Delete(k)
+	}
+	wait := s.w.wait
+	j := settle.Job{Key: key, Operation: "release", Attempt: func(context.Context) error {
+		err := s.w.updateAsyncWithin(release, failed, wait)
+		failed(err)
+		return err
+	}}
+	if !s.settling.Go(j) {
+		// The settler is closing (a Guard closing, or the program): the
+		// store may still be open, its Close waiting for this caller's
+		// operation, so the release is queued now, before it closes.
+		s.settling.Once(j)
+	}
 }
 
 // MarkInDoubt implements store.Store.

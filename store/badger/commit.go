@@ -9,6 +9,7 @@ import (
 
 	bdg "github.com/dgraph-io/badger/v4"
 
+	"github.com/idemproxy/idemproxy/internal/settle"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -23,8 +24,10 @@ import (
 // Badger; once applied it leaves memory. Since the writer applies
 // mutations in the order they were queued, a write queued after the
 // commit (an admin release, say) finds it applied. A commit whose batch
-// fails stays in memory and is queued again while the reservation's lease
-// holds; past the lease it is dropped and the key reads in doubt, as after
+// fails stays in memory and is written again by the settler
+// (Options.Settler) while the reservation's lease holds (under a Guard,
+// on the store the Guard has open: Guard.lostCommit); past the lease it is
+// dropped and the key reads in doubt, as after
 // a failed synchronous commit. Badger locks its directory, so this
 // process's memory is the only other reader there is.
 //
@@ -108,14 +111,6 @@ func (m *memo) settled(key string, pc *pendingCommit) {
 	m.mu.Unlock()
 }
 
-// forget removes whatever memory holds of key: its record was deleted.
-func (m *memo) forget(key string) {
-	m.mu.Lock()
-	delete(m.owned, key)
-	delete(m.pending, key)
-	m.mu.Unlock()
-}
-
 // Commit implements store.Store. A commit of a reservation this store made
 // returns once it is visible to Reserve and Get, before Badger has it
 // (see above); any other is applied before Commit returns.
@@ -136,8 +131,7 @@ func (s *Store) Commit(ctx context.Context, key, token string, resp store.Respon
 	pc := &pendingCommit{rec: &r, expiresAt: expiry(now, ttl)}
 	s.mem.pending[key] = pc
 	s.mem.mu.Unlock()
-	c := &asyncCommit{s: s, lostCommit: lostCommit{key: key, token: token, resp: resp, ttl: ttl, lease: lease},
-		pc: pc, delay: initialRetry}
+	c := &asyncCommit{s: s, lostCommit: lostCommit{key: key, token: token, resp: resp, ttl: ttl, lease: lease}, pc: pc}
 	if err := s.w.updateAsync(c.apply, c.done); err != nil {
 		s.mem.settled(key, pc)
 		return fmt.Errorf("badger: commit: %w", err)
@@ -167,9 +161,8 @@ type lostCommit struct {
 // asyncCommit is one commit on its way to Badger.
 type asyncCommit struct {
 	lostCommit
-	s     *Store
-	pc    *pendingCommit
-	delay time.Duration
+	s  *Store
+	pc *pendingCommit
 }
 
 // apply writes the completed record if the stored one still carries the
@@ -190,49 +183,38 @@ func (c *asyncCommit) apply(txn *bdg.Txn) error {
 	return putAt(txn, k, cur, c.pc.expiresAt)
 }
 
-// done is called by the writer with the result of apply's batch.
+// done is called by the writer with the result of apply's batch. A failed
+// write is handed to the settler, which writes it again while the lease
+// holds; it stays in memory meanwhile.
 func (c *asyncCommit) done(err error) {
 	s := c.s
-	switch {
-	case err == nil:
+	if err == nil {
 		s.mem.settled(c.key, c.pc)
-		return
-	case errors.Is(err, store.ErrNotOwner):
-		s.mem.settled(c.key, c.pc)
-		s.log.Warn("reservation was taken over before its commit was written; left to its new owner", "key_hash", store.KeyHash(c.key))
-		return
-	case s.lost != nil:
-		// The Guard writes it again, on a reopened store if this one
-		// failed: this store's memory, and its retries, end with it. Off
-		// the writer's goroutine, which a reopen waits for.
-		s.mem.settled(c.key, c.pc)
-		go s.lost(c.lostCommit, err)
 		return
 	}
-	select {
-	case <-s.stop:
-	default:
-		if wait := min(c.delay, time.Until(c.lease)); wait > 0 {
-			if c.delay == initialRetry { // once per commit: a failing disk must not flood the log
-				s.log.Warn("writing a commit failed; retrying while the lease holds", "key_hash", store.KeyHash(c.key), "err", err)
-			}
-			c.delay = min(2*c.delay, time.Second)
-			time.AfterFunc(wait, func() {
-				if err := s.w.updateAsync(c.apply, c.done); err != nil {
-					c.giveUp(err)
-				}
-			})
-			return
-		}
+	if s.lost != nil && !errors.Is(err, store.ErrNotOwner) {
+		// The Guard has it written again, on a reopened store if this one
+		// failed: this store's memory ends with it.
+		s.mem.settled(c.key, c.pc)
+		s.lost(c.lostCommit, err)
+		return
 	}
-	c.giveUp(err)
+	s.settling.Settle(settle.Job{Key: c.key, Operation: "commit", Until: c.lease, Attempt: c.rewrite,
+		Done: func(error) { s.mem.settled(c.key, c.pc) }}, err)
 }
 
-// initialRetry is the first wait before a failed commit is written again.
-const initialRetry = 50 * time.Millisecond
-
-func (c *asyncCommit) giveUp(err error) {
-	c.s.mem.settled(c.key, c.pc)
-	c.s.log.Error("store failed to write a commit; the key will be in doubt when its lease ends",
-		"key_hash", store.KeyHash(c.key), "err", err)
+// rewrite queues apply again and waits for its batch, within ctx. A write
+// whose wait ends with ctx may still be applied later; apply is safe to
+// run again.
+func (c *asyncCommit) rewrite(ctx context.Context) error {
+	result := make(chan error, 1)
+	if err := c.s.w.updateAsyncCtx(ctx, c.apply, func(err error) { result <- err }); err != nil {
+		return err
+	}
+	select {
+	case err := <-result:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

@@ -247,7 +247,7 @@ func TestGuardWritesALostCommitOnTheReopenedStore(t *testing.T) {
 	if rec, err := g.Reserve(ctx, key, reservation1); err != nil || rec != nil {
 		t.Fatalf("reserve: %+v %v", rec, err)
 	}
-	g.Store.w.commit = func(*bdg.Txn) error { return errors.New("badger: panic: nil memtable") }
+	g.cur.Store.w.commit = func(*bdg.Txn) error { return errors.New("badger: panic: nil memtable") }
 	if err := g.Commit(ctx, key, "t1", answer, time.Hour); err != nil {
 		t.Fatalf("commit: %v", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/internal/prealloc"
+	"github.com/idemproxy/idemproxy/internal/settle"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -37,15 +38,14 @@ import (
 //   - opens the store at start only when the floor allows, so a restart on
 //     a still-full disk waits instead of crash-looping.
 //
-// Guard embeds the *Store that is open, so the Store's other methods are
-// promoted; those are not guarded, and must not race a reopen (nor be
-// called while the store is broken: the embedded Store is then nil). The
-// methods of store.Store and store.ReconcileStore, Close and Sizes are
-// guarded.
+// Every method of the Guard is guarded: while the store is broken it
+// fails fast (or, for RunGC and Sizes, does nothing). An operation holds a
+// reference to the open store, not a lock, while Badger works: a reopen
+// takes the failed store out at once, and closes it once the operations
+// under way on it have returned.
 type Guard struct {
-	*Store // the open store; nil while broken. Swapped under mu.
-
 	mu      sync.RWMutex
+	cur     *guarded // the open store; nil while broken. Swapped under mu.
 	opts    Options
 	floor   uint64
 	free    func(dir string) (uint64, error)
@@ -59,6 +59,10 @@ type Guard struct {
 	freeAt    atomic.Int64  // unix ns of the last statfs
 	written   atomic.Uint64 // bytes written (estimated) since the last statfs
 	statMu    sync.Mutex
+
+	// settling retries the commits whose write failed (lostCommit); it
+	// is a Group of Options.Settler, closed by Close.
+	settling *settle.Settler
 
 	lowDisk atomic.Uint64 // reservations refused below the floor
 	reopens atomic.Uint64 // successful reopens after a fault
@@ -84,6 +88,16 @@ var (
 	_ store.Store          = (*Guard)(nil)
 	_ store.ReconcileStore = (*Guard)(nil)
 )
+
+// guarded is a store the Guard opened, with the operations under way on it.
+type guarded struct {
+	*Store
+	// ops counts the operations under way. It is added to under the
+	// Guard's read lock, while the store is the Guard's open one: once the
+	// store is taken out (under the write lock), ops only goes down, and
+	// the store is closed when it reaches zero.
+	ops sync.WaitGroup
+}
 
 // GuardOptions configures OpenGuarded.
 type GuardOptions struct {
@@ -119,6 +133,11 @@ func OpenGuarded(opts Options, g GuardOptions) (*Guard, error) {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	gd := &Guard{opts: opts, floor: g.MinFreeBytes, free: g.FreeBytes, stop: make(chan struct{})}
+	if gd.opts.Settler == nil {
+		gd.opts.Settler = settle.New(opts.Logger)
+	}
+	gd.settling = gd.opts.Settler.Group()
+	gd.opts.Settler = gd.settling // the stores it opens: Groups of its Group
 	gd.opts.lost = gd.lostCommit
 	opts = gd.opts
 	if gd.belowFloor() {
@@ -126,7 +145,7 @@ func OpenGuarded(opts Options, g GuardOptions) (*Guard, error) {
 			"dir", opts.Dir, "free_bytes", gd.freeBytes.Load(), "min_free_bytes", gd.floor)
 		gd.fail(ErrLowDisk)
 	} else if s, err := Open(opts); err == nil {
-		gd.Store = s
+		gd.cur = &guarded{Store: s}
 	} else if isNoRoom(err) {
 		// Above the floor, but without room for the files Badger
 		// allocates when it opens (internal/prealloc): as below it.
@@ -262,16 +281,19 @@ func (g *Guard) roomSinceNoRoom() bool {
 // reopen closes the failed store (abandoning a Close that hangs on a lost
 // directory) and opens it again.
 func (g *Guard) reopen() {
-	// The failed store is taken out under the lock, but closed and opened
-	// without it: meanwhile operations fail fast with ErrBroken instead of
-	// queueing behind a Close that hangs or an Open that replays logs.
+	// The failed store is taken out under the lock, which no operation
+	// holds while Badger works (do), so at once; it is closed, once the
+	// operations under way on it have returned, and opened without the
+	// lock: meanwhile operations fail fast with ErrBroken instead of
+	// queueing behind a slow operation, a Close that hangs or an Open that
+	// replays logs.
 	g.mu.Lock()
 	if g.closed {
 		g.mu.Unlock()
 		return
 	}
-	old := g.Store
-	g.Store = nil
+	old := g.cur
+	g.cur = nil
 	g.mu.Unlock()
 	if old != nil {
 		closed, err := closeWithin(old, 5*time.Second)
@@ -330,36 +352,51 @@ func (g *Guard) reopen() {
 		s.Close()
 		return
 	}
-	g.Store = s
+	g.cur = &guarded{Store: s}
 	g.recreated = false
 	g.broken.Store(false)
 	g.reopens.Add(1)
 	g.opts.Logger.Info("badger store reopened; serving again", "dir", g.opts.Dir)
 }
 
-// do runs op on the open store under the read lock, turning a panic into an
-// error and a store fault into a broken store.
+// do runs op on the open store, turning a panic into an error and a store
+// fault into a broken store. op holds a reference to the store, not the
+// Guard's lock, while it runs: Badger can keep it waiting (up to the
+// writer's wait), and a reopen must not wait for it to take the failed
+// store out, nor new operations queue behind that reopen.
 func (g *Guard) do(op func(s *Store) error) (err error) {
-	g.mu.RLock()
-	defer g.mu.RUnlock()
-	if g.Store == nil || g.broken.Load() {
+	cur := g.acquire()
+	if cur == nil {
 		cause := ErrBroken
 		if p := g.lastErr.Load(); p != nil {
 			cause = fmt.Errorf("%w: %w", ErrBroken, *p)
 		}
 		return cause
 	}
+	defer cur.ops.Done()
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("badger: panic: %v", p)
 			g.fail(err)
 		}
 	}()
-	err = op(g.Store)
+	err = op(cur.Store)
 	if err != nil && isFault(err) {
 		g.fail(err)
 	}
 	return err
+}
+
+// acquire returns the open store with one more operation counted on it,
+// nil while the store is broken (or closed).
+func (g *Guard) acquire() *guarded {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	if g.cur == nil || g.broken.Load() {
+		return nil
+	}
+	g.cur.ops.Add(1)
+	return g.cur
 }
 
 // isFault reports whether err from a store operation means that Badger
@@ -396,43 +433,18 @@ func (g *Guard) Commit(ctx context.Context, key, token string, resp store.Respon
 	return g.do(func(s *Store) error { return s.Commit(ctx, key, token, resp, ttl) })
 }
 
-// lostCommit writes again, until its lease ends, a commit whose caller was
-// answered but whose write failed: on the store as it is, or as reopened
-// after the failure. Meanwhile the key reads in flight (409); past the
-// lease, in doubt. The failure breaks the store if it is Badger's own.
+// lostCommit hands to the settler a commit whose caller was answered but
+// whose write failed: it is written again, until its lease ends, on the
+// store as it is or as reopened after the failure. Meanwhile the key reads
+// in flight (409); past the lease, in doubt. The failure breaks the store
+// if it is Badger's own. It is called on the writer's goroutine, and does
+// not wait.
 func (g *Guard) lostCommit(c lostCommit, cause error) {
 	if isFault(cause) {
 		g.fail(cause)
 	}
-	log := g.opts.Logger.With("key_hash", store.KeyHash(c.key))
-	log.Warn("writing a commit failed; retrying while the lease holds", "err", cause)
-	for delay := initialRetry; ; delay = min(2*delay, time.Second) {
-		wait := min(delay, time.Until(c.lease))
-		if wait <= 0 {
-			log.Error("store failed to write a commit; the key will be in doubt when its lease ends", "err", cause)
-			return
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-g.stop:
-			t.Stop()
-			log.Error("store closed before a commit was written; the key will be in doubt when its lease ends", "err", cause)
-			return
-		case <-t.C:
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err := g.Commit(ctx, c.key, c.token, c.resp, c.ttl)
-		cancel()
-		switch {
-		case err == nil:
-			log.Info("commit written on retry")
-			return
-		case errors.Is(err, store.ErrNotOwner):
-			log.Warn("reservation was taken over before its commit was written; left to its new owner")
-			return
-		}
-		cause = err
-	}
+	g.settling.Settle(settle.Job{Key: c.key, Operation: "commit", Until: c.lease,
+		Attempt: func(ctx context.Context) error { return g.Commit(ctx, c.key, c.token, c.resp, c.ttl) }}, cause)
 }
 
 // Release implements store.Store.
@@ -510,7 +522,16 @@ func (g *Guard) Sizes() (lsm, vlog int64) {
 	return lsm, vlog
 }
 
-// Close stops reopening and closes the open store.
+// RunGC runs value-log garbage collection on the open store (Store.RunGC),
+// and returns the number of files rewritten: zero while broken.
+func (g *Guard) RunGC() (n int) {
+	g.do(func(s *Store) error { n = s.RunGC(); return nil })
+	return n
+}
+
+// Close stops reopening and the retries of lost commits (their keys turn
+// in doubt when their leases end), and closes the open store once the
+// operations under way on it have returned.
 func (g *Guard) Close() error {
 	g.mu.Lock()
 	if g.closed {
@@ -519,9 +540,12 @@ func (g *Guard) Close() error {
 	}
 	g.closed = true
 	close(g.stop)
-	s := g.Store
-	g.Store = nil
+	s := g.cur
+	g.cur = nil
 	g.mu.Unlock()
+	now, cancel := context.WithCancel(context.Background())
+	cancel()
+	g.settling.Close(now)
 	g.done.Wait()
 	if s == nil {
 		return nil
@@ -539,7 +563,7 @@ func (g *Guard) Close() error {
 // full the Close would never end, nor the process that waits for it. What
 // the memtable holds is in its log, replayed when the store opens; the
 // Close is left to finish in the background, should room come back.
-func closeUnlessFull(s *Store) error {
+func closeUnlessFull(s *guarded) error {
 	result := make(chan error, 1)
 	go func() {
 		defer func() {
@@ -547,6 +571,7 @@ func closeUnlessFull(s *Store) error {
 				result <- fmt.Errorf("badger: panic closing: %v", p)
 			}
 		}()
+		s.ops.Wait()
 		result <- s.Close()
 	}()
 	t := time.NewTicker(closePoll)
@@ -567,11 +592,12 @@ func closeUnlessFull(s *Store) error {
 // space.
 const closePoll = time.Second
 
-// closeWithin closes a store that failed: such a Badger can hang closing
-// (its directory is gone) or panic, so it gets d, and is then left to
-// finish in the background. The returned channel is closed when the Close
-// ends, also after d.
-func closeWithin(s *Store, d time.Duration) (<-chan struct{}, error) {
+// closeWithin closes a store that failed, once the operations under way
+// on it have returned: such a Badger can hang closing (its directory is
+// gone) or panic, and an operation can wait for its writer, so it gets d,
+// and is then left to finish in the background. The returned channel is
+// closed when the Close ends, also after d.
+func closeWithin(s *guarded, d time.Duration) (<-chan struct{}, error) {
 	result := make(chan error, 1)
 	closed := make(chan struct{})
 	go func() {
@@ -581,6 +607,7 @@ func closeWithin(s *Store, d time.Duration) (<-chan struct{}, error) {
 				result <- fmt.Errorf("badger: panic closing: %v", p)
 			}
 		}()
+		s.ops.Wait()
 		result <- s.Close()
 	}()
 	select {

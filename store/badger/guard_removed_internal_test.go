@@ -56,7 +56,7 @@ func TestReopenAfterDirectoryRemovedKeepsReservationsDurable(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { g.Close() })
-	old := g.Store
+	old := g.cur.Store
 	ctx := context.Background()
 	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)

@@ -18,11 +18,17 @@ import (
 	"github.com/idemproxy/idemproxy/store/storetest"
 )
 
-// A compile-time guard: the guarded store is a store.Store, and it embeds
-// the concrete store so that the Store's other methods are promoted.
+// A compile-time guard: the guarded store is a store.Store and a
+// store.ReconcileStore, and has the concrete store's other exported methods
+// of its own (it does not embed the store, which is nil while broken).
 var (
-	_ store.Store = (*badger.Guard)(nil)
-	_             = (&badger.Guard{}).Store
+	_ store.Store          = (*badger.Guard)(nil)
+	_ store.ReconcileStore = (*badger.Guard)(nil)
+	_ interface {
+		RunGC() int
+		Sizes() (int64, int64)
+		Close() error
+	} = (*badger.Guard)(nil)
 )
 
 func openGuarded(t testing.TB, dir string, g badger.GuardOptions) *badger.Guard {

@@ -1,6 +1,7 @@
 package badger
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -34,10 +35,6 @@ import (
 
 // maxBatchOps bounds the closures applied in one transaction.
 const maxBatchOps = 256
-
-// maxBatchRetries bounds the reruns of one batch on transaction conflicts,
-// which only writes outside the writer can cause.
-const maxBatchRetries = 100
 
 // errClosed is returned by update after Close.
 var errClosed = errors.New("badger: store is closed")
@@ -141,11 +138,27 @@ func (w *writer) updateAsync(fn func(txn *bdg.Txn) error, then func(error)) erro
 
 // updateAsyncWithin is updateAsync waiting at most wait to queue fn.
 func (w *writer) updateAsyncWithin(fn func(txn *bdg.Txn) error, then func(error), wait time.Duration) error {
-	o := opPool.Get().(*op)
-	o.fn, o.sync, o.then = fn, false, then
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
-	queued, closed := w.q.PutUntil(o, timer.C)
+	return w.queueAsync(fn, then, timer.C)
+}
+
+// updateAsyncCtx is updateAsync waiting to queue fn until ctx ends, at most
+// w.wait.
+func (w *writer) updateAsyncCtx(ctx context.Context, fn func(txn *bdg.Txn) error, then func(error)) error {
+	ctx, cancel := context.WithTimeout(ctx, w.wait)
+	defer cancel()
+	stop := make(chan time.Time)
+	defer context.AfterFunc(ctx, func() { close(stop) })()
+	return w.queueAsync(fn, then, stop)
+}
+
+// queueAsync queues fn for the next batch, waiting at most until stop to
+// queue it; see updateAsync.
+func (w *writer) queueAsync(fn func(txn *bdg.Txn) error, then func(error), stop <-chan time.Time) error {
+	o := opPool.Get().(*op)
+	o.fn, o.sync, o.then = fn, false, then
+	queued, closed := w.q.PutUntil(o, stop)
 	if !queued {
 		o.fn, o.then = nil, nil
 		opPool.Put(o)
@@ -174,7 +187,7 @@ func (w *writer) apply(batch []*op) {
 // transaction. An op whose closure fails is answered with its error and
 // the others are rerun without it, in a fresh transaction.
 func (w *writer) applyOnce(batch []*op) []*op {
-	for retries := 0; ; {
+	for {
 		txn := w.db.NewTransaction(true)
 		n, failed := 0, false
 		for n < len(batch) {
@@ -225,10 +238,8 @@ func (w *writer) applyOnce(batch []*op) []*op {
 			}
 		}
 		w.exclusive.Unlock()
-		if errors.Is(err, bdg.ErrConflict) && retries < maxBatchRetries {
-			retries++
-			continue
-		}
+		// No ErrConflict to retry: the writer is the only writer, and
+		// Open turns conflict detection off (WithDetectConflicts).
 		if err != nil {
 			err = fmt.Errorf("commit batch: %w", err)
 		}

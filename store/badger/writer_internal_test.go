@@ -473,7 +473,7 @@ func TestWriteAfterFailedRotation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer closeWithin(s, 5*time.Second)
+	defer closeWithin(&guarded{Store: s}, 5*time.Second)
 	loseMemtable(t, s, dir)
 	t.Log("the memtable is lost; a write-only batch")
 	err = s.update(func(txn *bdg.Txn) error { return txn.Delete([]byte("stale-index-entry")) })
@@ -517,7 +517,7 @@ func TestGCAfterFailedRotation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer closeWithin(s, 5*time.Second)
+	defer closeWithin(&guarded{Store: s}, 5*time.Second)
 	loseMemtable(t, s, dir)
 	t.Log("the memtable is lost; value-log GC")
 	if n := s.RunGC(); n != 0 {

@@ -36,16 +36,35 @@ type dbClock struct {
 // deadline returns the database time by which a statement sent now under
 // ctx must run for its caller to still be waiting: ctx's deadline on the
 // database's clock, less the offset's uncertainty.
-func (s *Store) deadline(ctx context.Context, c *pgxpool.Conn) (time.Time, error) {
+// It also returns when the offset it used was measured, for
+// dbClock.distrust.
+func (s *Store) deadline(ctx context.Context, c *pgxpool.Conn) (time.Time, time.Time, error) {
 	dl, ok := ctx.Deadline()
 	if !ok {
 		dl = time.Now().Add(s.statementTimeout + replyGrace)
 	}
 	off, unc, err := s.clock.get(ctx, c, s.statementTimeout)
 	if err != nil {
-		return time.Time{}, err
+		return time.Time{}, time.Time{}, err
 	}
-	return dl.Add(off - unc), nil
+	k := &s.clock
+	k.mu.Lock()
+	at := k.at
+	k.mu.Unlock()
+	return dl.Add(off - unc), at, nil
+}
+
+// distrust drops the offset measured at at, so that the next get measures
+// again: a reservation was refused as past its deadline while its caller
+// was still waiting, so one of the clocks was stepped since (NTP after a
+// pause or migration of a host). Keeping the offset would refuse every
+// reservation until the next sample. An offset measured after at is kept.
+func (k *dbClock) distrust(at time.Time) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.at.Equal(at) {
+		k.at = time.Time{}
+	}
 }
 
 // get returns the offset and its uncertainty, measuring them on c when the

@@ -8,7 +8,10 @@
 // One table (Options.Schema and Options.Table, default
 // public.idemproxy_keys) holds one row per key:
 //
-//	key                 the proxy's key, "route/scopehash/key" (primary key)
+//	key                 the proxy's key, "route/scopehash/key" (primary key,
+//	                    COLLATE "C": compared as bytes, so that its index
+//	                    does not depend on the OS's or ICU's locale data,
+//	                    whose order changes with their versions)
 //	state               in_flight, completed or in_doubt
 //	token               owner token of the reservation
 //	fingerprint         request fingerprint
@@ -62,7 +65,9 @@
 // # Failures
 //
 // Getting a connection (from the pool, or a new one) waits at most
-// Options.ConnectTimeout; every statement runs under statement_timeout
+// Options.ConnectTimeout for each host the DSN lists (a new connection
+// tries them in turn, so a frozen old primary listed first costs its
+// timeout before the new one is reached); every statement runs under statement_timeout
 // (Options.StatementTimeout, set on each connection), and the client gives
 // up shortly after the server would have cancelled it, sending a cancel
 // request. A database that is down or unreachable, a pool whose
@@ -80,9 +85,10 @@
 // database when the schema itself is missing); an administrator can instead
 // create them with an owner role (SchemaSQL returns the statements) and
 // grant the four privileges to the proxy's role. New checks
-// them with an INSERT, UPDATE and DELETE in a transaction it rolls back, so
-// a database the proxy cannot write to (missing privileges,
-// default_transaction_read_only, a standby) fails at start with a clear
+// them with a reservation, a commit and a release in a transaction it rolls
+// back, so a database the proxy cannot write to (missing privileges,
+// default_transaction_read_only, a standby) or a table it cannot reserve
+// in (one without the primary key on key) fails at start with a clear
 // error, not at the first request.
 //
 // # Durability
@@ -109,24 +115,34 @@
 //
 // Without synchronous standbys, on, remote_apply and remote_write all
 // behave as local. While a synchronous standby is unreachable, commits
-// wait for it: statement_timeout ends the wait and the call fails (a 503),
-// but PostgreSQL keeps such a commit on the primary (with a warning), so a
-// reservation may exist whose caller saw an error; it is in doubt once its
-// lease ends.
+// wait for it. statement_timeout, or the cancel the store sends when a
+// call runs past it, ends the wait, and PostgreSQL then keeps the commit on
+// the primary and answers success with a WARNING. The store takes that
+// warning, and any reply that comes after it gave up, for what it is, a
+// write a failover can lose, and fails the call (a 503): a reservation may
+// exist whose caller saw an error, and it is in doubt once its lease ends,
+// but none is acknowledged that the standby does not have.
 //
 // # Other databases
 //
 // The statements keep to SQL that CockroachDB and YugabyteDB also accept
 // where that costs nothing: ON CONFLICT, RETURNING, partial indexes, FOR
 // UPDATE SKIP LOCKED, ARRAY (subquery), statement_timestamp(), deleting by
-// key (they have no ctid). This cannot be tested here; set-up relies on to_regclass,
+// key (they have no ctid). The exception is the key's COLLATE "C", which
+// PostgreSQL needs (above) and CockroachDB refuses on a column (its strings
+// compare as bytes anyway): there, create the table from SchemaSQL with
+// that clause removed. This cannot be tested here; set-up relies on to_regclass,
 // pg_namespace and pg_is_in_recovery(), which they emulate.
 //
-// statement_timeout and synchronous_commit are sent as startup parameters
-// of each connection. PgBouncer refuses those unless they are listed in its
+// statement_timeout, synchronous_commit and default_transaction_isolation
+// (read committed, which the statements are written for: under repeatable
+// read or serializable a duplicate meeting a row in change would fail
+// instead of reading it) are sent as startup parameters of each
+// connection. PgBouncer refuses those unless they are listed in its
 // ignore_startup_parameters, and then drops them: behind PgBouncer set them
 // on the role instead (ALTER ROLE ... SET statement_timeout = ...); the
 // client's own deadline still bounds every call. In transaction pooling
-// mode also add default_query_exec_mode=exec to the DSN (pgx prepares
-// statements per connection otherwise).
+// mode also add default_query_exec_mode=exec (or simple_protocol) to the
+// DSN (pgx prepares statements per connection otherwise); the store sends
+// every value in a form those modes keep.
 package postgres

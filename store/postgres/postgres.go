@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -46,7 +47,9 @@ type Options struct {
 	// at most ConnectTimeout for one, then fails.
 	MaxConns int
 	// ConnectTimeout bounds getting a connection, from the pool or a new
-	// one; zero means DefaultConnectTimeout (1s).
+	// one, for each host the DSN lists (a new connection tries them in
+	// turn, each for up to ConnectTimeout, as libpq does); zero means
+	// DefaultConnectTimeout (1s).
 	ConnectTimeout time.Duration
 	// StatementTimeout is set as statement_timeout on every connection and
 	// bounds every statement the store runs; zero means
@@ -78,7 +81,7 @@ type Options struct {
 type Store struct {
 	pool             *pgxpool.Pool
 	sql              queries
-	connectTimeout   time.Duration
+	connectTimeout   time.Duration // ConnectTimeout per host of the DSN
 	statementTimeout time.Duration
 	table            string // schema-qualified and quoted, for messages
 	log              *slog.Logger
@@ -148,7 +151,7 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 	s := &Store{
 		pool:             pool,
 		sql:              newQueries(opts.Schema, opts.Table),
-		connectTimeout:   opts.ConnectTimeout,
+		connectTimeout:   opts.ConnectTimeout * time.Duration(hosts(cfg)),
 		statementTimeout: opts.StatementTimeout,
 		table:            pgx.Identifier{opts.Schema, opts.Table}.Sanitize(),
 		log:              opts.Logger,
@@ -183,6 +186,12 @@ func poolConfig(opts Options) (*pgxpool.Config, error) {
 	cfg.ConnConfig.ConnectTimeout = opts.ConnectTimeout
 	params := cfg.ConnConfig.RuntimeParams
 	params["statement_timeout"] = strconv.FormatInt(max(opts.StatementTimeout.Milliseconds(), 1), 10)
+	// The statements are written for read committed, where a statement
+	// that meets a row changed by a concurrent transaction re-reads it.
+	// Under a stricter default of the database or role it would fail
+	// instead (SQLSTATE 40001): a duplicate of a request in flight would
+	// get an error, not the record.
+	params["default_transaction_isolation"] = "read committed"
 	if opts.SynchronousCommit != "" {
 		params["synchronous_commit"] = opts.SynchronousCommit
 	}
@@ -196,7 +205,45 @@ func poolConfig(opts Options) (*pgxpool.Config, error) {
 	cfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: replyGrace}
 	}
+	cfg.ConnConfig.OnNotice = noteUnreplicated
 	return cfg, nil
+}
+
+// unreplicatedKey marks, in a connection's custom data, that its statement
+// drew the warning of a commit the synchronous standby did not confirm.
+const unreplicatedKey = "idemproxy.unreplicated"
+
+// noteUnreplicated is the connections' notice handler. When a commit waits
+// for a synchronous standby and the wait is cancelled (by
+// statement_timeout, or the cancel request of a call that gave up),
+// PostgreSQL answers success with a WARNING (SQLSTATE 01000, "canceling
+// wait for synchronous replication"): the write is on the primary only,
+// and a failover loses it. It is the one WARNING the store's statements
+// draw; its text is translated (lc_messages), its severity and code are
+// not.
+func noteUnreplicated(c *pgconn.PgConn, n *pgconn.Notice) {
+	sev := n.SeverityUnlocalized
+	if sev == "" {
+		sev = n.Severity
+	}
+	if sev == "WARNING" && n.Code == "01000" {
+		c.CustomData()[unreplicatedKey] = n.Message
+	}
+}
+
+// hosts returns how many addresses a new connection of cfg may try in
+// turn (the DSN's host list), each for up to ConnectTimeout: a frozen first
+// host (the old primary after a failover) costs its timeout before the next
+// one is tried. Fallbacks to one address (sslmode=prefer's TLS then plain
+// attempt) share its timeout.
+func hosts(cfg *pgxpool.Config) int {
+	seen := map[string]bool{}
+	add := func(host string, port uint16) { seen[host+":"+strconv.Itoa(int(port))] = true }
+	add(cfg.ConnConfig.Host, cfg.ConnConfig.Port)
+	for _, f := range cfg.ConnConfig.Fallbacks {
+		add(f.Host, f.Port)
+	}
+	return len(seen)
 }
 
 // Close stops the sweeper and closes the connections.
@@ -209,7 +256,8 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// conn gets a connection within ConnectTimeout (and ctx).
+// conn gets a connection within ConnectTimeout per host of the DSN (and
+// ctx).
 func (s *Store) conn(ctx context.Context) (*pgxpool.Conn, error) {
 	actx, cancel := context.WithTimeout(ctx, s.connectTimeout)
 	defer cancel()
@@ -224,10 +272,16 @@ func (s *Store) conn(ctx context.Context) (*pgxpool.Conn, error) {
 	return c, nil
 }
 
+// errUnreplicated is the error of a statement whose commit the
+// synchronous standby did not confirm (see noteUnreplicated).
+var errUnreplicated = errors.New("the write was not confirmed by the synchronous standby (it may be on the primary only, which a failover loses)")
+
 // run runs f on a connection: getting it is bounded by ConnectTimeout, f
-// by StatementTimeout plus a grace for the reply. A failure that pgx knows
-// happened before anything was sent (a dead pooled connection) is retried
-// once on another connection.
+// by StatementTimeout plus a grace for the reply. A write whose commit the
+// synchronous standby did not confirm is an error (errUnreplicated). A failure that pgx knows
+// happened before anything was sent (a dead pooled connection), or the
+// server's ending of the session (see terminated), is retried once on
+// another connection.
 func (s *Store) run(ctx context.Context, f func(ctx context.Context, c *pgxpool.Conn) error) error {
 	var err error
 	for attempt := 0; attempt < 2; attempt++ {
@@ -237,14 +291,51 @@ func (s *Store) run(ctx context.Context, f func(ctx context.Context, c *pgxpool.
 			return err
 		}
 		qctx, cancel := context.WithTimeout(ctx, s.statementTimeout+replyGrace)
+		data := c.Conn().PgConn().CustomData()
+		delete(data, unreplicatedKey)
 		err = f(qctx, c)
+		if err == nil && qctx.Err() != nil {
+			// The reply came after the call gave up and asked the server to
+			// cancel. A commit whose wait for a synchronous standby is
+			// cancelled stays committed on the primary alone (PostgreSQL's
+			// WARNING "canceling wait for synchronous replication") and is
+			// answered as a success: it was not acknowledged as asked.
+			err = fmt.Errorf("the reply came after the deadline, the write may be on the primary only: %w", qctx.Err())
+		}
 		cancel()
+		if msg, ok := data[unreplicatedKey]; ok && err == nil {
+			// Acknowledged, a reservation lost in a failover would let
+			// the retry through: the caller must not count on the write.
+			err = fmt.Errorf("%w: %v", errUnreplicated, msg)
+			delete(data, unreplicatedKey)
+		}
 		c.Release()
-		if err == nil || !pgconn.SafeToRetry(err) || ctx.Err() != nil {
+		if err == nil || !(pgconn.SafeToRetry(err) || terminated(err)) || ctx.Err() != nil {
 			break
 		}
 	}
 	return err
+}
+
+// terminated reports whether err is the server ending the session
+// (SQLSTATE class 57P: pg_terminate_backend, a shutdown, an
+// idle_session_timeout). A pooled connection whose session was ended
+// while idle meets it on its next use, its statement never run. A
+// statement that was running is rolled back, or, if it had just committed,
+// is found done by the retry: every store operation is idempotent for its
+// caller (Reserve finds its own token, Commit keeps its answer), except that
+// a repeated Release or ResolveLookup reports ErrNotOwner, which its callers
+// take as the record being settled.
+func terminated(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	sev := pgErr.SeverityUnlocalized // Severity is translated (lc_messages)
+	if sev == "" {
+		sev = pgErr.Severity
+	}
+	return sev == "FATAL" && strings.HasPrefix(pgErr.Code, "57P")
 }
 
 // Reserve implements store.Store. The reservation is one INSERT ... ON
@@ -264,12 +355,14 @@ func (s *Store) Reserve(ctx context.Context, key string, res store.Reservation) 
 	}
 	for range 3 {
 		var rec *store.Record
+		var sampled time.Time
 		reserved := false
 		err := s.run(ctx, func(ctx context.Context, c *pgxpool.Conn) error {
-			deadline, err := s.deadline(ctx, c)
+			deadline, at, err := s.deadline(ctx, c)
 			if err != nil {
 				return err
 			}
+			sampled = at
 			tag, err := c.Exec(ctx, s.sql.reserve, key, res.Token, res.Fingerprint, micros(res.Lease), micros(res.TTL), deadline)
 			if err != nil {
 				return err
@@ -288,7 +381,14 @@ func (s *Store) Reserve(ctx context.Context, key string, res store.Reservation) 
 			return nil, nil
 		}
 		if rec == nil {
-			continue // gone since the INSERT saw it: try again
+			// Gone since the INSERT saw it, or the INSERT found the
+			// deadline past: with the caller still waiting, a clock was
+			// stepped since the offset was measured. Try again, measuring
+			// it anew.
+			if ctx.Err() == nil {
+				s.clock.distrust(sampled)
+			}
+			continue
 		}
 		if rec.State == store.StateInFlight && rec.Token == res.Token {
 			return nil, nil // the caller's own (a retry after a lost reply)
@@ -332,6 +432,9 @@ func (s *Store) MarkInDoubt(ctx context.Context, key, token string, ttl time.Dur
 // key, token, args; it changed one row or the record does not carry token.
 func (s *Store) fenced(ctx context.Context, op, sql, key, token string, args ...any) error {
 	if err := checkKey(key); err != nil {
+		if errors.Is(err, errUnstorable) {
+			return store.ErrNotOwner
+		}
 		return err
 	}
 	if token == "" {
@@ -355,6 +458,9 @@ func (s *Store) fenced(ctx context.Context, op, sql, key, token string, args ...
 // Get implements store.Store.
 func (s *Store) Get(ctx context.Context, key string) (*store.Record, error) {
 	if err := checkKey(key); err != nil {
+		if errors.Is(err, errUnstorable) {
+			return nil, nil
+		}
 		return nil, err
 	}
 	var rec *store.Record
@@ -428,12 +534,20 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
+// errUnstorable is checkKey's error for a key no text column can hold.
+var errUnstorable = errors.New("postgres store: the key holds a NUL byte or is not valid UTF-8, which text columns cannot hold")
+
+// checkKey returns an error for an empty key, and errUnstorable for one
+// that PostgreSQL's text cannot hold (a NUL byte, invalid UTF-8). Keys are
+// opaque strings, and the admin API builds them from any bytes of its URL;
+// no record can exist under an unstorable key, so the methods that read or
+// change a record answer for it as for a key without one (Reserve fails).
 func checkKey(key string) error {
 	if key == "" {
 		return errors.New("postgres store: empty key")
 	}
-	if strings.IndexByte(key, 0) >= 0 {
-		return errors.New("postgres store: key holds a NUL byte, which text columns cannot")
+	if strings.IndexByte(key, 0) >= 0 || !utf8.ValidString(key) {
+		return errUnstorable
 	}
 	return nil
 }

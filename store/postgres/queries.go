@@ -19,7 +19,7 @@ type queries struct {
 	reserve, get, commit, release, markInDoubt   string
 	schedule, unschedule, claim, claimState      string
 	resolveRelease, resolveApplied, resolveRetry string
-	due, unscheduled, sweep, probe               string
+	due, unscheduled, sweep                      string
 }
 
 // Every statement judges time by statement_timestamp(): the database's
@@ -53,7 +53,7 @@ func newQueries(schema, table string) queries {
 	q := func(s string) string { return r.Replace(s) }
 	return queries{
 		createTable: []string{q(`CREATE TABLE IF NOT EXISTS {t} (
-	key                text PRIMARY KEY,
+	key                text COLLATE "C" PRIMARY KEY,
 	state              text NOT NULL CHECK (state IN ('in_flight', 'completed', 'in_doubt')),
 	token              text NOT NULL,
 	fingerprint        text NOT NULL,
@@ -161,8 +161,6 @@ WHERE r.key = ANY (ARRAY (
 	LIMIT $1
 	FOR UPDATE SKIP LOCKED))
 AND r.expires_at <= {ts}`),
-		probe: q(`INSERT INTO {t} (key, state, token, fingerprint, created_at, expires_at)
-VALUES ($1, 'in_doubt', 'probe', '', {ts}, {ts})`),
 	}
 }
 

@@ -32,6 +32,9 @@ func (s *Store) UnscheduleLookup(ctx context.Context, key string) error {
 // exec runs an unfenced statement on key.
 func (s *Store) exec(ctx context.Context, op, sql, key string, args ...any) error {
 	if err := checkKey(key); err != nil {
+		if errors.Is(err, errUnstorable) {
+			return nil // no record to change
+		}
 		return err
 	}
 	err := s.run(ctx, func(ctx context.Context, c *pgxpool.Conn) error {
@@ -48,6 +51,9 @@ func (s *Store) exec(ctx context.Context, op, sql, key string, args ...any) erro
 // it changes nothing, a read of the record tells why.
 func (s *Store) ClaimLookup(ctx context.Context, key, token string, lease time.Duration, force bool) error {
 	if err := checkKey(key); err != nil {
+		if errors.Is(err, errUnstorable) {
+			return store.ErrNotInDoubt
+		}
 		return err
 	}
 	if token == "" || lease <= 0 {

@@ -58,7 +58,7 @@ func (s *Store) setUp(ctx context.Context, schema, table string) error {
 		return fmt.Errorf("postgres store: %w", err)
 	}
 	if err := s.probeWrite(ctx, c); err != nil {
-		return fmt.Errorf("postgres store: the database refuses writes to %s (the role needs SELECT, INSERT, UPDATE and DELETE on it, on a primary that is not read-only): %w",
+		return fmt.Errorf("postgres store: the database refuses writes to %s (the role needs SELECT, INSERT, UPDATE and DELETE on it, on a primary that is not read-only, and the table the layout of SchemaSQL): %w",
 			s.table, err)
 	}
 	return nil
@@ -116,16 +116,26 @@ func (s *Store) create(ctx context.Context, c *pgxpool.Conn, schema string) erro
 // errRollback ends the write probe's transaction.
 var errRollback = errors.New("rollback")
 
-// probeWrite inserts, updates and deletes a row in a transaction that is
-// rolled back: the privileges and a read-only database show at start, not
-// at the first request.
+// probeWrite reserves, commits and releases a row with the store's own
+// statements in a transaction that is rolled back: the privileges, a
+// read-only database and a table the reservation cannot run on (one
+// without the unique key ON CONFLICT needs) show at start, not at the
+// first request.
 func (s *Store) probeWrite(ctx context.Context, c *pgxpool.Conn) error {
 	key := "idemproxy-write-probe/" + rand.Text()
 	err := pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, s.sql.probe, key); err != nil {
+		off, _, err := s.clock.get(ctx, c, s.statementTimeout)
+		if err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, s.sql.commit, key, "probe", []byte("{}"), []byte(nil), int64(1)); err != nil {
+		tag, err := tx.Exec(ctx, s.sql.reserve, key, "probe", "", int64(1), int64(1), time.Now().Add(off+setUpTimeout))
+		if err != nil {
+			return err
+		}
+		if tag.RowsAffected() != 1 {
+			return errors.New("a reservation of a new key took nothing")
+		}
+		if _, err := tx.Exec(ctx, s.sql.commit, key, "probe", "{}", []byte(nil), int64(1)); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, s.sql.release, key, "probe"); err != nil {

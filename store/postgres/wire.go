@@ -19,11 +19,17 @@ type wireMeta struct {
 	Reconciled bool        `json:"reconciled,omitempty"`
 }
 
-func encodeMeta(r store.Response) ([]byte, error) {
-	return json.Marshal(wireMeta{
+// encodeMeta returns the response column of r. It is a string, not a
+// []byte: pgx sends a string as text in every query exec mode, which jsonb
+// parses, while a []byte is sent as bytea's text ('\x7b...') in the modes
+// that do not ask the server for the parameters' types (exec and
+// simple_protocol, used behind PgBouncer), which jsonb refuses.
+func encodeMeta(r store.Response) (string, error) {
+	b, err := json.Marshal(wireMeta{
 		Status: r.Status, Header: r.Header, Trailer: r.Trailer,
 		BodyStored: r.BodyStored, Reconciled: r.Reconciled,
 	})
+	return string(b), err
 }
 
 func decodeMeta(b []byte) (store.Response, error) {

@@ -269,7 +269,9 @@ func TestUniversalOptions(t *testing.T) {
 		SentinelPassword: "sp",
 		DB:               0,
 		TLS:              tlsConf,
-	}, 3*time.Second)
+		DialTimeout:      time.Second,
+		OpTimeout:        3 * time.Second,
+	})
 	want := &goredis.UniversalOptions{
 		Addrs:                 []string{"a:1"},
 		IsClusterMode:         true,
@@ -279,7 +281,7 @@ func TestUniversalOptions(t *testing.T) {
 		SentinelPassword:      "sp",
 		TLSConfig:             tlsConf,
 		ClientName:            "idemproxy",
-		DialTimeout:           DefaultDialTimeout,
+		DialTimeout:           time.Second,
 		DialerRetries:         1,
 		ReadTimeout:           3 * time.Second,
 		WriteTimeout:          3 * time.Second,
@@ -289,41 +291,9 @@ func TestUniversalOptions(t *testing.T) {
 		t.Errorf("universalOptions =\n%+v\nwant\n%+v", got, want)
 	}
 	// The Sentinel credentials reach go-redis' failover options.
-	fo := universalOptions(Options{Addrs: []string{"s:1"}, MasterName: "m", SentinelUsername: "su", SentinelPassword: "sp"}, time.Second).Failover()
+	fo := universalOptions(Options{Addrs: []string{"s:1"}, MasterName: "m", SentinelUsername: "su", SentinelPassword: "sp"}).Failover()
 	if fo.SentinelUsername != "su" || fo.SentinelPassword != "sp" || fo.MasterName != "m" {
 		t.Errorf("failover options: sentinel user %q, password %q, master %q; want su, sp, m", fo.SentinelUsername, fo.SentinelPassword, fo.MasterName)
-	}
-}
-
-func TestNewOptionConflicts(t *testing.T) {
-	for _, tc := range []struct {
-		name    string
-		opts    Options
-		wantErr string
-	}{
-		{"cluster mode and sentinel", Options{Addrs: []string{"a:1"}, ClusterMode: true, MasterName: "m"}, "exclude each other"},
-		{"sentinel credentials without sentinel", Options{Addrs: []string{"a:1"}, SentinelPassword: "x"}, "without a sentinel master name"},
-		{"db with cluster mode", Options{Addrs: []string{"a:1"}, ClusterMode: true, DB: 2}, "db 2"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			s, err := New(tc.opts)
-			if err == nil {
-				s.Close()
-				t.Fatalf("New(%+v) succeeded, want an error containing %q", tc.opts, tc.wantErr)
-			}
-			if !strings.Contains(err.Error(), tc.wantErr) {
-				t.Errorf("New(%+v) = %v, want an error containing %q", tc.opts, err, tc.wantErr)
-			}
-		})
-	}
-	// DB stays allowed for a single node and for Sentinel.
-	for _, o := range []Options{{Addrs: []string{"a:1"}, DB: 3}, {Addrs: []string{"a:1", "b:2"}, MasterName: "m", DB: 3}} {
-		s, err := New(o)
-		if err != nil {
-			t.Errorf("New(%+v) = %v, want nil", o, err)
-			continue
-		}
-		s.Close()
 	}
 }
 

@@ -39,7 +39,7 @@ func (h *pipelineSizes) ProcessPipelineHook(next goredis.ProcessPipelineHook) go
 // loaded again.
 func TestPipelinedCallsShareARoundTrip(t *testing.T) {
 	srv := redistest.Start(t)
-	s, err := New(Options{Addrs: []string{srv.Addr()}, OpTimeout: 10 * time.Second})
+	s, err := New(Options{Addrs: []string{srv.Addr()}, KeyPrefix: "idemproxy:", DialTimeout: time.Second, OpTimeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,14 +14,12 @@ import (
 	"github.com/idemproxy/idemproxy/store"
 )
 
-// Defaults for zero Options fields.
-const (
-	DefaultKeyPrefix   = "idemproxy:"
-	DefaultDialTimeout = time.Second
-	DefaultOpTimeout   = 500 * time.Millisecond
-)
-
-// Options configures a Store.
+// Options configures a Store. The program fills it from its configuration,
+// whose defaults and validation (package config) are the only ones: New
+// applies no default of its own, and refuses an Options whose required
+// fields are unset. The combinations it does not check (ClusterMode with
+// MasterName, DB on a Cluster, Sentinel credentials without MasterName)
+// are the caller's to rule out, as config.Validate does.
 type Options struct {
 	// Addrs are the Redis addresses (host:port); what they address depends
 	// on the other fields:
@@ -58,14 +56,14 @@ type Options struct {
 	// Sentinels report for a Sentinel master. A ServerName that is set is
 	// used for every node, so every node's certificate must carry it.
 	TLS *tls.Config
-	// KeyPrefix is put in front of every proxy key; empty means
-	// DefaultKeyPrefix ("idemproxy:").
+	// KeyPrefix is put in front of every proxy key. It must be set: New
+	// returns an error when it is empty.
 	KeyPrefix string
-	// DialTimeout bounds connecting to Redis; zero means DefaultDialTimeout
-	// (1s).
+	// DialTimeout bounds connecting to Redis. It must be positive: New
+	// returns an error otherwise.
 	DialTimeout time.Duration
 	// OpTimeout bounds every store operation, retries included, on top of the
-	// caller's context; zero means DefaultOpTimeout (500ms).
+	// caller's context. It must be positive: New returns an error otherwise.
 	OpTimeout time.Duration
 	// SkipEvictionCheck turns off Ping's check of the eviction policy (see
 	// Store.Ping). Only for a Redis that refuses or hides INFO memory and is
@@ -98,47 +96,31 @@ var _ store.Store = (*Store)(nil)
 // Ping) does, and every operation reconnects as needed, so a Store outlives
 // Redis restarts and failovers.
 func New(opts Options) (*Store, error) {
-	if len(opts.Addrs) == 0 {
+	switch {
+	case len(opts.Addrs) == 0:
 		return nil, errors.New("redis store: no address")
+	case opts.KeyPrefix == "":
+		return nil, errors.New("redis store: no key prefix")
+	case opts.DialTimeout <= 0:
+		return nil, fmt.Errorf("redis store: dial timeout %v is not positive", opts.DialTimeout)
+	case opts.OpTimeout <= 0:
+		return nil, fmt.Errorf("redis store: op timeout %v is not positive", opts.OpTimeout)
 	}
 	sentinel := opts.MasterName != ""
 	cluster := !sentinel && (opts.ClusterMode || len(opts.Addrs) > 1)
-	if sentinel && opts.ClusterMode {
-		return nil, errors.New("redis store: cluster mode and a sentinel master name exclude each other")
-	}
-	if !sentinel && (opts.SentinelUsername != "" || opts.SentinelPassword != "") {
-		return nil, errors.New("redis store: sentinel credentials without a sentinel master name")
-	}
-	if opts.DB != 0 && cluster {
-		return nil, fmt.Errorf("redis store: db %d: redis cluster has only db 0", opts.DB)
-	}
-	if opts.DialTimeout < 0 || opts.OpTimeout < 0 {
-		return nil, errors.New("redis store: negative timeout")
-	}
 	s := &Store{
 		prefix:        opts.KeyPrefix,
 		opTimeout:     opts.OpTimeout,
 		single:        !sentinel && !cluster,
 		checkEviction: !opts.SkipEvictionCheck,
 	}
-	if s.prefix == "" {
-		s.prefix = DefaultKeyPrefix
-	}
-	if s.opTimeout == 0 {
-		s.opTimeout = DefaultOpTimeout
-	}
-	s.client = goredis.NewUniversalClient(universalOptions(opts, s.opTimeout))
+	s.client = goredis.NewUniversalClient(universalOptions(opts))
 	s.pipe = newPipeliner(s.client, s.opTimeout)
 	return s, nil
 }
 
-// universalOptions maps opts (checked by New) to go-redis options; opTimeout
-// is the effective op timeout.
-func universalOptions(opts Options, opTimeout time.Duration) *goredis.UniversalOptions {
-	dial := opts.DialTimeout
-	if dial == 0 {
-		dial = DefaultDialTimeout
-	}
+// universalOptions maps opts (checked by New) to go-redis options.
+func universalOptions(opts Options) *goredis.UniversalOptions {
 	return &goredis.UniversalOptions{
 		Addrs:            opts.Addrs,
 		IsClusterMode:    opts.ClusterMode,
@@ -151,13 +133,13 @@ func universalOptions(opts Options, opTimeout time.Duration) *goredis.UniversalO
 		TLSConfig:        opts.TLS,
 		ClientName:       "idemproxy",
 
-		DialTimeout: dial,
+		DialTimeout: opts.DialTimeout,
 		// One dial per attempt: MaxRetries already retries a refused dial,
 		// and a Redis that is down should be reported (as a 503) with its
 		// real cause, not after the whole op timeout was spent dialling.
 		DialerRetries: 1,
-		ReadTimeout:   opTimeout,
-		WriteTimeout:  opTimeout,
+		ReadTimeout:   opts.OpTimeout,
+		WriteTimeout:  opts.OpTimeout,
 		// Every call runs under a context bounded by OpTimeout; let that
 		// deadline bound the socket reads and writes too.
 		ContextTimeoutEnabled: true,

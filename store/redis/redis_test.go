@@ -23,9 +23,13 @@ import (
 var prefixes atomic.Int64
 
 // newStore returns a Store on addrs with a key prefix of its own, closed
-// when the test ends.
+// when the test ends. The fields New requires that opts leaves unset are
+// the test's own choices.
 func newStore(t *testing.T, opts Options) *Store {
 	t.Helper()
+	if opts.DialTimeout == 0 {
+		opts.DialTimeout = time.Second
+	}
 	if opts.KeyPrefix == "" {
 		opts.KeyPrefix = fmt.Sprintf("test%d:", prefixes.Add(1))
 	}
@@ -352,10 +356,10 @@ func TestKeyPrefixAndLayout(t *testing.T) {
 	for _, tc := range []struct {
 		prefix, want string
 	}{
-		{"", "idemproxy:"},
+		{"idemproxy:", "idemproxy:"},
 		{"custom/", "custom/"},
 	} {
-		s, err := New(Options{Addrs: []string{srv.Addr()}, KeyPrefix: tc.prefix, OpTimeout: 10 * time.Second})
+		s, err := New(Options{Addrs: []string{srv.Addr()}, KeyPrefix: tc.prefix, DialTimeout: time.Second, OpTimeout: 10 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -414,35 +418,45 @@ func TestRecordWithoutTrailers(t *testing.T) {
 	}
 }
 
+// closedPort is Options for a port nothing listens on, with every field
+// New requires.
+var closedPort = Options{Addrs: []string{"127.0.0.1:1"}, KeyPrefix: "idemproxy:", DialTimeout: time.Second, OpTimeout: 500 * time.Millisecond}
+
+// TestNewOptions: New applies no defaults (package config does): an
+// Options without a field it requires is refused, naming the field.
 func TestNewOptions(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
-		opts    Options
+		change  func(*Options)
 		wantErr string
 	}{
-		{"no address", Options{}, "no address"},
-		{"db on cluster", Options{Addrs: []string{"a:1", "b:2"}, DB: 1}, "db 1"},
-		{"negative timeout", Options{Addrs: []string{"a:1"}, OpTimeout: -1}, "negative timeout"},
+		{"no address", func(o *Options) { o.Addrs = nil }, "no address"},
+		{"no key prefix", func(o *Options) { o.KeyPrefix = "" }, "no key prefix"},
+		{"no dial timeout", func(o *Options) { o.DialTimeout = 0 }, "dial timeout 0s is not positive"},
+		{"no op timeout", func(o *Options) { o.OpTimeout = 0 }, "op timeout 0s is not positive"},
+		{"negative op timeout", func(o *Options) { o.OpTimeout = -1 }, "op timeout -1ns is not positive"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s, err := New(tc.opts)
+			opts := closedPort
+			tc.change(&opts)
+			s, err := New(opts)
 			if err == nil {
 				s.Close()
-				t.Fatalf("New(%+v) succeeded, want an error containing %q", tc.opts, tc.wantErr)
+				t.Fatalf("New(%+v) succeeded, want an error containing %q", opts, tc.wantErr)
 			}
 			if !strings.Contains(err.Error(), tc.wantErr) {
-				t.Errorf("New(%+v) = %v, want an error containing %q", tc.opts, err, tc.wantErr)
+				t.Errorf("New(%+v) = %v, want an error containing %q", opts, err, tc.wantErr)
 			}
 		})
 	}
 
-	s, err := New(Options{Addrs: []string{"127.0.0.1:1"}})
+	s, err := New(closedPort)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if s.prefix != DefaultKeyPrefix || s.opTimeout != DefaultOpTimeout {
-		t.Errorf("defaults: prefix %q, op timeout %v; want %q, %v", s.prefix, s.opTimeout, DefaultKeyPrefix, DefaultOpTimeout)
+	if s.prefix != closedPort.KeyPrefix || s.opTimeout != closedPort.OpTimeout {
+		t.Errorf("prefix %q, op timeout %v; want %q, %v", s.prefix, s.opTimeout, closedPort.KeyPrefix, closedPort.OpTimeout)
 	}
 	if err := s.Ping(context.Background()); err == nil {
 		t.Error("Ping of a closed port succeeded, want an error")
@@ -450,7 +464,7 @@ func TestNewOptions(t *testing.T) {
 }
 
 func TestInvalidArguments(t *testing.T) {
-	s, err := New(Options{Addrs: []string{"127.0.0.1:1"}})
+	s, err := New(closedPort)
 	if err != nil {
 		t.Fatal(err)
 	}

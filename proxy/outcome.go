@@ -1,0 +1,164 @@
+package proxy
+
+import (
+	"net/http"
+	"slices"
+
+	"github.com/idemproxy/idemproxy/config"
+)
+
+// outcomeKind is what happened to a request the proxy forwarded (or was
+// about to forward). A client that goes away is none of them: the
+// upstream request runs on, and its answer is read and settled as if the
+// client were still there.
+type outcomeKind int
+
+const (
+	// answered: the upstream answered with a status. An answer that is
+	// committed is committed once its whole body is in; one whose body
+	// breaks off first is brokeOff.
+	answered outcomeKind = iota + 1
+	// notSent: the request never reached the upstream: connection
+	// refused, DNS failure, no connection in time, or the upstream's TLS
+	// refusing the proxy (see refusedByTLS).
+	notSent
+	// shutDown: the proxy was past its shutdown deadline before the
+	// request was sent.
+	shutDown
+	// timedOut: the request was sent, but no whole answer came within
+	// the route's upstream_timeout.
+	timedOut
+	// connLost: the request was sent, but the connection was lost (a
+	// reset, the upstream closing it, the proxy stopping) before a whole
+	// answer came.
+	connLost
+	// brokeOff: the answer's body broke off (the connection lost or
+	// upstream_timeout passed) before it was whole. Its own verdict has no
+	// problem: one whose status was passed on to the client cannot be
+	// answered with one any more, and for one whose status was not, the
+	// error handler answers as for a timeout or a lost connection.
+	brokeOff
+	// unsettled: the reverse proxy returned, or panicked, without any of
+	// the above.
+	unsettled
+)
+
+// upstreamOutcome is what happened to a forwarded request, with what its
+// verdict depends on.
+type upstreamOutcome struct {
+	kind outcomeKind
+	// status is the answer's status (answered).
+	status int
+	// cleaned: the request was matched in cleaned form ("/charges/" for
+	// "/charges") and forwarded as sent.
+	cleaned bool
+	// toCanonical: the answer's Location is the request's path in
+	// canonical form.
+	toCanonical bool
+}
+
+// verdict is what an outcome does to the request's key.
+type verdict int
+
+const (
+	verdictCommit  verdict = iota + 1 // the answer is stored and replayed to duplicates
+	verdictRelease                    // the key is released: a retry is forwarded
+	verdictInDoubt                    // the key is in doubt: retries get 409 outcome-in-doubt
+)
+
+func (v verdict) String() string {
+	switch v {
+	case verdictCommit:
+		return "commit"
+	case verdictRelease:
+		return "release"
+	case verdictInDoubt:
+		return "in_doubt"
+	}
+	return "none"
+}
+
+// classify is the one place where the outcome of a forwarded request
+// becomes what it does to the request's key, on route r, and the problem
+// the proxy answers instead of the upstream (nil when the upstream's
+// answer is passed on, or when nothing can be answered any more). It is
+// the README's table "What the upstream's outcome does to the key":
+//
+//   - An answer whose status is in the route's release set is released:
+//     the route's release_statuses when set, otherwise the client errors
+//     that mean "refused before any work" (config.DefaultReleaseStatuses),
+//     plus every 5xx under release-on-5xx. Any other answer is committed.
+//   - An answer to a request matched in cleaned form shows that the
+//     upstream did not serve the route for the path as sent when it is a
+//     404, a 405, or a redirect that keeps the method or is permanent
+//     (301, 307, 308: what routers and servers answer a path in another
+//     spelling; Go's ServeMux sends a POST to the cleaned path with a 307)
+//     to the path in canonical form. Stored, it would be replayed to the
+//     correct request under the same key for the whole TTL, so it is
+//     released whatever the release set. Any other redirect is the
+//     upstream's own answer (frameworks answer a POST they processed with
+//     a redirect to the new resource or back to the list: 303, or 302 by
+//     default in Rails and Express) and is committed: releasing it would
+//     let the retry be charged again.
+//   - 101 Switching Protocols is no answer (a route never asks for a
+//     switch): processed with an unknown outcome, the key is in doubt, as
+//     for a lost connection.
+//   - A request that never reached the upstream is released (502
+//     upstream-unreachable; 503 shutting-down when the proxy did not
+//     send it).
+//   - A request that may have reached the upstream without a whole answer
+//     coming back is in doubt, never released silently: 504
+//     upstream-timeout or 502 upstream-reset, or no problem once the
+//     answer's status was passed on.
+//
+// r is read only for answered outcomes; it may be nil for others.
+func classify(o upstreamOutcome, r *config.Route) (verdict, *problem) {
+	switch o.kind {
+	case answered:
+		switch s := o.status; {
+		case s == http.StatusSwitchingProtocols:
+			return classify(upstreamOutcome{kind: connLost}, r)
+		case releases(r, s):
+			return verdictRelease, nil
+		case o.cleaned && (s == http.StatusNotFound || s == http.StatusMethodNotAllowed):
+			return verdictRelease, nil
+		case o.cleaned && o.toCanonical && (s == http.StatusMovedPermanently ||
+			s == http.StatusTemporaryRedirect || s == http.StatusPermanentRedirect):
+			return verdictRelease, nil
+		}
+		return verdictCommit, nil
+	case notSent:
+		return verdictRelease, &probUpstreamDown
+	case shutDown:
+		return verdictRelease, &probShuttingDown
+	case timedOut:
+		return verdictInDoubt, &probUpstreamTimeout
+	case connLost:
+		return verdictInDoubt, &probUpstreamReset
+	}
+	return verdictInDoubt, nil // brokeOff, unsettled
+}
+
+// releases reports whether an answer with status is in route r's release
+// set: its release_statuses when set, otherwise the policy's set
+// (config.DefaultReleaseStatuses, plus every 5xx under release-on-5xx).
+func releases(r *config.Route, status int) bool {
+	if r.ReleaseStatuses != nil {
+		return slices.Contains(r.ReleaseStatuses, status)
+	}
+	if slices.Contains(config.DefaultReleaseStatuses, status) {
+		return true
+	}
+	return r.Policy == config.PolicyReleaseOn5xx && status >= 500 && status <= 599
+}
+
+// conclude settles a's reservation by a verdict that stores no answer:
+// released, or (any other verdict, which never releases silently) in
+// doubt.
+func (a *attempt) conclude(v verdict) {
+	if v == verdictRelease {
+		a.release()
+		return
+	}
+	a.markInDoubt()
+}

@@ -1,0 +1,46 @@
+package postgres_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/internal/pgtest"
+	"github.com/idemproxy/idemproxy/store"
+	"github.com/idemproxy/idemproxy/store/postgres"
+)
+
+// TestAFrozenFirstHostIsPassedOver: the DSN lists the old primary and the
+// new one (target_session_attrs=read-write), as for a failover, and the
+// first host is frozen (a hung host, a partition: connections are accepted
+// and nothing answers). Each host is given connect_timeout, as libpq and
+// pgx do, so a new connection reaches the second host after the first's
+// timeout. The store must then start (a proxy restarted during the
+// failover) and take a reservation, not give up on the whole host list
+// after one host's connect_timeout.
+func TestAFrozenFirstHostIsPassedOver(t *testing.T) {
+	frozen := pgtest.Start(t)
+	live := pgtest.Start(t)
+	frozen.Pause()
+	defer frozen.Resume()
+	dsn := fmt.Sprintf("postgres://%s@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&target_session_attrs=read-write",
+		pgtest.User, frozen.Port(), live.Port())
+	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	s, err := postgres.New(c, postgres.Options{
+		DSN: dsn, Table: "hosts", ConnectTimeout: 500 * time.Millisecond, StatementTimeout: postgres.DefaultStatementTimeout,
+	})
+	if err != nil {
+		t.Fatalf("New with the first host frozen: %v", err)
+	}
+	defer s.Close()
+	// The connection New used is pooled: a reservation that needs a new
+	// one (the pool emptied, as after the failover) goes past the frozen
+	// host too.
+	s.ResetPool()
+	rec, err := s.Reserve(c, "r/-/k", store.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour})
+	if err != nil || rec != nil {
+		t.Errorf("Reserve on a new connection with the first host frozen = %+v, %v; want nil, nil", rec, err)
+	}
+}
