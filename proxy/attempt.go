@@ -275,7 +275,7 @@ func (a *attempt) reserveAndForward(w http.ResponseWriter, body []byte, id ident
 			// The reservation may have been applied with its reply lost:
 			// take it back, so the key is not left in flight (and then in
 			// doubt) for a request that was never forwarded.
-			a.p.releaseLater(a.storeKey, res.Token)
+			a.p.releaseLater(a.storeKey, res.Token, a.reservedAt.Add(cfg.Lease.D()))
 			a.storeFailed(w, body, "reserve", err)
 			return
 		}
@@ -531,14 +531,26 @@ func (a *attempt) mismatched(w http.ResponseWriter, body []byte, rec *store.Reco
 }
 
 // releaseLater releases a reservation that may or may not exist, in the
-// background; the owner token makes that safe. Once the proxy is shutting
+// background; the owner token makes that safe. A release that fails
+// otherwise than by finding no reservation of token is retried by the
+// settler until until (the end of the reservation's lease): the store that
+// lost the reservation's reply is often still unreachable at the first
+// attempt, and a reservation left behind is a key in doubt for its whole
+// TTL, for a request that was never forwarded. Once the proxy is shutting
 // down (its settler takes no more jobs), it releases at once: the store
 // closes soon.
-func (p *Proxy) releaseLater(key, token string) {
-	j := settle.Job{Key: key, Operation: "release", Attempt: func(ctx context.Context) error {
+func (p *Proxy) releaseLater(key, token string, until time.Time) {
+	j := settle.Job{Key: key, Operation: "release", Until: until, Attempt: func(ctx context.Context) error {
 		return p.store.Release(ctx, key, token)
 	}}
-	if !p.settling.Go(j) {
+	first := settle.Job{Key: key, Operation: "release", Attempt: func(ctx context.Context) error {
+		err := j.Attempt(ctx)
+		if err != nil && !errors.Is(err, store.ErrNotOwner) {
+			p.settling.Settle(j, err)
+		}
+		return err
+	}}
+	if !p.settling.Go(first) {
 		p.settling.Once(j)
 	}
 }

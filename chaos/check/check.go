@@ -1,0 +1,315 @@
+package check
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"sort"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+)
+
+// The properties of issue 18, by number.
+const (
+	PropChargedOnce   = 1 // no order charged more than once (release-on-5xx: as the outcome table allows)
+	PropTwoXX         = 2 // every 2xx carries the one charge; replays are byte-identical
+	PropNothingLost   = 3 // an answered charge is never forgotten; keys end completed or in doubt
+	PropLinearizable  = 4 // each key's history is linearizable against the key's state machine
+	PropLiveness      = 5 // keys settle, proxies are ready, goroutines and memory come back
+	linearizeTimeout  = 20 * time.Second
+	goroutineSlack    = 200
+	heapSlackBytes    = 64 << 20
+	visualisationFile = "linearizability.html"
+)
+
+// Violation is one property that the history and the statement break.
+type Violation struct {
+	Property int    `json:"property"`
+	Order    string `json:"order,omitempty"`
+	Msg      string `json:"msg"`
+}
+
+func (v Violation) String() string {
+	if v.Order == "" {
+		return fmt.Sprintf("property %d: %s", v.Property, v.Msg)
+	}
+	return fmt.Sprintf("property %d: order %s: %s", v.Property, v.Order, v.Msg)
+}
+
+// Result is the checker's verdict.
+type Result struct {
+	Violations    []Violation
+	Keys          int
+	Visualisation string // the file porcupine's visualisation was written to, if any
+}
+
+// Options tunes Check.
+type Options struct {
+	// Dir, if set, is where the visualisation of a non-linearizable key is
+	// written.
+	Dir string
+}
+
+// Check checks h against the statement st and returns every violation.
+func Check(h History, st Statement, opts Options) Result {
+	var res Result
+	add := func(p int, order, format string, args ...any) {
+		res.Violations = append(res.Violations, Violation{Property: p, Order: order, Msg: fmt.Sprintf(format, args...)})
+	}
+
+	charges := map[string][]Charge{}
+	for _, c := range st {
+		charges[c.OrderID] = append(charges[c.OrderID], c)
+	}
+	byOrder := map[string][]Op{}
+	var orders []string
+	for _, o := range h.Ops {
+		if _, ok := byOrder[o.Order]; !ok {
+			orders = append(orders, o.Order)
+		}
+		byOrder[o.Order] = append(byOrder[o.Order], o)
+	}
+	sort.Strings(orders)
+	res.Keys = len(orders)
+	for order := range charges {
+		if _, ok := byOrder[order]; !ok {
+			add(PropChargedOnce, order, "charged %d times, but no client ever sent it", len(charges[order]))
+		}
+	}
+
+	var end int64
+	for _, o := range h.Ops {
+		end = max(end, o.End, o.Start)
+	}
+	var lin []porcupine.Operation
+	for _, order := range orders {
+		ops := byOrder[order]
+		sort.SliceStable(ops, func(i, j int) bool { return ops[i].Start < ops[j].Start })
+		route, ok := h.Routes[ops[0].Route]
+		if !ok {
+			add(PropLinearizable, order, "route %q is not in the history's routes", ops[0].Route)
+			continue
+		}
+		checkOrder(order, ops, route, charges[order], add)
+		for _, o := range ops {
+			ret := o.End
+			c := classify(o, route)
+			if c == cUnknown {
+				ret = end + 1 // it may take effect at any time after it started
+			}
+			lin = append(lin, porcupine.Operation{
+				ClientId: o.Client,
+				Input:    input{Op: o.ID, C: c, Answer: answerOf(o), Recon: o.Recon, Reconcile: route.Reconcile},
+				Call:     o.Start,
+				Return:   ret,
+				Metadata: order,
+			})
+		}
+	}
+
+	model := keyModel.ToModel()
+	model.Partition = func(history []porcupine.Operation) [][]porcupine.Operation {
+		parts := map[string][]porcupine.Operation{}
+		var keys []string
+		for _, op := range history {
+			k := op.Metadata.(string)
+			if _, ok := parts[k]; !ok {
+				keys = append(keys, k)
+			}
+			parts[k] = append(parts[k], op)
+		}
+		out := make([][]porcupine.Operation, 0, len(keys))
+		for _, k := range keys {
+			out = append(out, parts[k])
+		}
+		return out
+	}
+	model.DescribeOperationMetadata = func(info any) string { return fmt.Sprint(info) }
+	// Check key by key, so a violation names its key.
+	bad := map[string]bool{}
+	for _, part := range model.Partition(lin) {
+		r := porcupine.CheckOperationsTimeout(model, part, linearizeTimeout)
+		order := part[0].Metadata.(string)
+		switch r {
+		case porcupine.Illegal:
+			bad[order] = true
+			add(PropLinearizable, order, "the key's history is not linearizable against its state machine (%d operations)", len(part))
+		case porcupine.Unknown:
+			add(PropLinearizable, order, "the linearizability check timed out after %v", linearizeTimeout)
+		}
+	}
+	if len(bad) > 0 && opts.Dir != "" {
+		var sub []porcupine.Operation
+		for _, op := range lin {
+			if bad[op.Metadata.(string)] {
+				sub = append(sub, op)
+			}
+		}
+		_, info := porcupine.CheckOperationsVerbose(model, sub, linearizeTimeout)
+		path := filepath.Join(opts.Dir, visualisationFile)
+		if err := porcupine.VisualizePath(model, info, path); err != nil {
+			add(PropLinearizable, "", "write the visualisation: %v", err)
+		} else {
+			res.Visualisation = path
+		}
+	}
+
+	checkHealth(h, add)
+	return res
+}
+
+// checkOrder checks properties 1, 2, 3 and the settling part of 5 for one
+// key: its attempts, oldest first, and the statement's charges for it.
+func checkOrder(order string, ops []Op, route Route, charges []Charge, add func(int, string, string, ...any)) {
+	// Property 1.
+	allowed := 1
+	if route.Policy == ReleaseOn5xx {
+		// A 5xx released the key: the retry is forwarded, and the 5xx may
+		// have come after the charge. An attempt without an answer may have
+		// been such a 5xx.
+		for _, o := range ops {
+			c := classify(o, route)
+			if (c == cRelease && o.Status >= 500 && problemType(o) == "") || c == cUnknown {
+				allowed++
+			}
+		}
+	}
+	if len(charges) > allowed {
+		add(PropChargedOnce, order, "charged %d times on a %s route (%d allowed by the outcome table): %s",
+			len(charges), route.Policy, allowed, chargeIDs(charges))
+	}
+
+	// Property 2: every 2xx is the charge of the statement.
+	var canonical string // the answer replays must repeat
+	var reconciled string
+	for _, o := range ops {
+		c := classify(o, route)
+		if o.Err == "" && o.Status >= 200 && o.Status < 300 {
+			if !matchesCharge(o.Body, charges) {
+				add(PropTwoXX, order, "attempt #%d (%s via %s) answered %d %s, which is not a charge of the statement (%s)",
+					o.ID, o.Kind, o.Proxy, o.Status, trim(o.Body), chargeIDs(charges))
+			} else if route.Policy == ReserveThenCommit && len(charges) != 1 {
+				add(PropTwoXX, order, "attempt #%d answered %d, but the statement holds %d charges", o.ID, o.Status, len(charges))
+			}
+		}
+		switch {
+		case c == cCommit && canonical == "":
+			canonical = answerOf(o)
+		case c == cReplay && o.Recon:
+			if reconciled == "" {
+				reconciled = answerOf(o)
+			} else if answerOf(o) != reconciled {
+				add(PropTwoXX, order, "attempt #%d replayed the reconciled answer %q, another replay was %q", o.ID, trim(answerOf(o)), trim(reconciled))
+			}
+		case c == cReplay:
+			if canonical == "" {
+				canonical = answerOf(o)
+			} else if answerOf(o) != canonical {
+				add(PropTwoXX, order, "attempt #%d replayed %q, not byte-identical to the first answer %q", o.ID, trim(answerOf(o)), trim(canonical))
+			}
+		}
+	}
+
+	// Property 3: once a 2xx was answered, the key never forwards again.
+	var answeredAt int64 = -1
+	for _, o := range ops {
+		c := classify(o, route)
+		if answeredAt >= 0 && o.Start > answeredAt && (c == cCommit || c == cRelease || c == cDoubt) && route.Policy == ReserveThenCommit {
+			add(PropNothingLost, order, "attempt #%d was forwarded (%d) after the charge was answered: the answer was lost", o.ID, o.Status)
+			break
+		}
+		if o.Err == "" && o.Status >= 200 && o.Status < 300 && (answeredAt < 0 || o.End < answeredAt) {
+			answeredAt = o.End
+		}
+	}
+
+	// Properties 3 and 5: how the key ended, read from its last probe.
+	var last *Op
+	for i := range ops {
+		if ops[i].Kind == "probe" && (last == nil || ops[i].Start > last.Start) {
+			last = &ops[i]
+		}
+	}
+	if last == nil {
+		add(PropLiveness, order, "the key was never probed after the faults stopped")
+		return
+	}
+	switch c := classify(*last, route); c {
+	case cInFlight, cNoop, cUnknown:
+		add(PropLiveness, order, "did not settle: the last probe (#%d) got %s %d %s", last.ID, c, last.Status, trim(last.Body+last.Err))
+	case cIllegal:
+		add(PropLinearizable, order, "the last probe (#%d) got %d %s", last.ID, last.Status, trim(last.Body))
+	case cInDoubt:
+		if route.Reconcile {
+			add(PropNothingLost, order, "still in doubt after lease and grace on a route that reconciles (probe #%d)", last.ID)
+		}
+	case cCommit, cRelease, cDoubt:
+		// A probe forwarded on a charged order: the key was lost, unless the
+		// probe's own forward made the charge (then property 1 counts).
+		if len(charges) > 0 && route.Policy == ReserveThenCommit && !matchesCharge(last.Body, charges) {
+			add(PropNothingLost, order, "charged, yet the last probe (#%d) was forwarded again (%d): the key was lost", last.ID, last.Status)
+		}
+	}
+}
+
+// checkHealth checks the liveness samples: every proxy ready at the end,
+// goroutines and heap near their baseline.
+func checkHealth(h History, add func(int, string, string, ...any)) {
+	base := map[string]Sample{}
+	for _, s := range h.Baseline {
+		base[s.Proxy] = s
+	}
+	for _, s := range h.Final {
+		if !s.Ready {
+			add(PropLiveness, "", "proxy %s is not ready after the faults stopped", s.Proxy)
+		}
+		b, ok := base[s.Proxy]
+		if !ok {
+			continue
+		}
+		if s.Goroutines > b.Goroutines+goroutineSlack {
+			add(PropLiveness, "", "proxy %s has %.0f goroutines, baseline %.0f", s.Proxy, s.Goroutines, b.Goroutines)
+		}
+		if s.HeapBytes > b.HeapBytes+heapSlackBytes {
+			add(PropLiveness, "", "proxy %s has %.0f MiB of heap in use, baseline %.0f MiB", s.Proxy, s.HeapBytes/(1<<20), b.HeapBytes/(1<<20))
+		}
+	}
+}
+
+// matchesCharge reports whether body is, as JSON, one of charges.
+func matchesCharge(body string, charges []Charge) bool {
+	var got bytes.Buffer
+	if json.Compact(&got, []byte(body)) != nil {
+		return false
+	}
+	for _, c := range charges {
+		var want bytes.Buffer
+		if json.Compact(&want, c.Raw) == nil && bytes.Equal(got.Bytes(), want.Bytes()) {
+			return true
+		}
+	}
+	return false
+}
+
+func chargeIDs(cs []Charge) string {
+	if len(cs) == 0 {
+		return "no charge"
+	}
+	s := ""
+	for i, c := range cs {
+		if i > 0 {
+			s += ", "
+		}
+		s += c.ChargeID
+	}
+	return s
+}
+
+func trim(s string) string {
+	if len(s) > 200 {
+		return s[:200] + "…"
+	}
+	return s
+}

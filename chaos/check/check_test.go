@@ -1,0 +1,265 @@
+package check
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+var routes = map[string]Route{
+	"charges":       {Policy: ReserveThenCommit, Reconcile: true},
+	"charges-wait":  {Policy: ReserveThenCommit},
+	"order-charges": {Policy: ReleaseOn5xx},
+}
+
+// chargeJSON is a charge as the stub writes it.
+func chargeJSON(id, order string) string {
+	return fmt.Sprintf(`{"chargeId":%q,"orderId":%q,"amount":5,"createdAt":"2026-12-01T22:00:00Z"}`, id, order)
+}
+
+func statement(charges ...[2]string) Statement {
+	var st Statement
+	for _, c := range charges {
+		st = append(st, Charge{ChargeID: c[0], OrderID: c[1], Raw: []byte(chargeJSON(c[0], c[1]))})
+	}
+	return st
+}
+
+// hist builds a history: each op gets an ID and a client of its own unless
+// set.
+func hist(ops ...Op) History {
+	for i := range ops {
+		ops[i].ID = i + 1
+		if ops[i].Client == 0 {
+			ops[i].Client = i
+		}
+		if ops[i].Kind == "" {
+			ops[i].Kind = "retry"
+		}
+		if ops[i].Proxy == "" {
+			ops[i].Proxy = "r0"
+		}
+	}
+	return History{Routes: routes, Ops: ops,
+		Baseline: []Sample{{Proxy: "r0", Ready: true, Goroutines: 20, HeapBytes: 4 << 20}},
+		Final:    []Sample{{Proxy: "r0", Ready: true, Goroutines: 30, HeapBytes: 6 << 20}},
+	}
+}
+
+func fresh(route, order string, start, end int64, status int, body string) Op {
+	ct := "application/json"
+	if status >= 400 {
+		ct = "application/problem+json"
+	}
+	return Op{Route: route, Order: order, Start: start, End: end, Status: status, Body: body, Ctype: ct}
+}
+
+func replay(route, order string, start, end int64, status int, body string) Op {
+	o := fresh(route, order, start, end, status, body)
+	o.Replay = true
+	return o
+}
+
+func probe(o Op) Op { o.Kind = "probe"; return o }
+
+func problem(route, order string, start, end int64, status int, name string) Op {
+	return Op{Route: route, Order: order, Start: start, End: end, Status: status,
+		Ctype: "application/problem+json", Body: fmt.Sprintf(`{"type":"urn:idemproxy:problem:%s","status":%d}`, name, status)}
+}
+
+const stubFail = `{"type":"about:blank","title":"Internal Server Error","status":500,"fault":"fail-after-charge"}`
+
+func TestCleanHistoryPasses(t *testing.T) {
+	c1, c2, c3 := chargeJSON("ch_1", "A"), chargeJSON("ch_2", "B"), chargeJSON("ch_3", "C")
+	h := hist(
+		// A: forwarded, a concurrent duplicate gets 409, a retry and the probe a replay.
+		fresh("charges-wait", "A", 0, 100, 201, c1),
+		problem("charges-wait", "A", 10, 20, 409, "request-in-flight"),
+		replay("charges-wait", "A", 150, 160, 201, c1),
+		probe(replay("charges-wait", "A", 1000, 1010, 201, c1)),
+		// B: in doubt, then reconciled from the statement.
+		problem("charges", "B", 0, 300, 504, "upstream-timeout"),
+		problem("charges", "B", 400, 410, 409, "outcome-in-doubt"),
+		Op{Route: "charges", Order: "B", Start: 420, End: 430, Err: "connection refused", NotSent: true},
+		probe(func() Op { o := replay("charges", "B", 2000, 2010, 200, c2); o.Recon = true; return o }()),
+		// C: release-on-5xx, charged then failed: the retry is charged again, as the table allows.
+		fresh("order-charges", "C", 0, 100, 500, stubFail),
+		fresh("order-charges", "C", 200, 300, 201, c3),
+		probe(replay("order-charges", "C", 1000, 1010, 201, c3)),
+		// D: a proxy was killed while forwarding: in doubt ever after.
+		Op{Route: "charges-wait", Order: "D", Start: 0, End: 50, Err: "EOF"},
+		probe(problem("charges-wait", "D", 3000, 3010, 409, "outcome-in-doubt")),
+	)
+	st := statement([2]string{"ch_1", "A"}, [2]string{"ch_2", "B"}, [2]string{"ch_0", "C"}, [2]string{"ch_3", "C"}, [2]string{"ch_4", "D"})
+	res := Check(h, st, Options{Dir: t.TempDir()})
+	if len(res.Violations) != 0 {
+		t.Fatalf("a clean history has violations: %v", res.Violations)
+	}
+	if res.Keys != 4 {
+		t.Errorf("Keys = %d, want 4", res.Keys)
+	}
+}
+
+func TestViolationsAreCaught(t *testing.T) {
+	c1, c2 := chargeJSON("ch_1", "A"), chargeJSON("ch_2", "A")
+	tests := []struct {
+		name string
+		h    History
+		st   Statement
+		want []int // the properties that must be reported
+		only bool  // and no other: the violation is caught by that property alone
+	}{
+		{
+			name: "double charge",
+			h: hist(
+				fresh("charges-wait", "A", 0, 100, 201, c1),
+				fresh("charges-wait", "A", 200, 300, 201, c2),
+				probe(replay("charges-wait", "A", 1000, 1010, 201, c1)),
+			),
+			st:   statement([2]string{"ch_1", "A"}, [2]string{"ch_2", "A"}),
+			want: []int{PropChargedOnce, PropLinearizable},
+		},
+		{
+			name: "double charge beyond what release-on-5xx allows",
+			h: hist(
+				fresh("order-charges", "A", 0, 100, 201, c1),
+				fresh("order-charges", "A", 200, 300, 201, c2),
+				probe(replay("order-charges", "A", 1000, 1010, 201, c2)),
+			),
+			st:   statement([2]string{"ch_1", "A"}, [2]string{"ch_2", "A"}),
+			want: []int{PropChargedOnce},
+		},
+		{
+			name: "lost answer",
+			h: hist(
+				fresh("charges-wait", "A", 0, 100, 201, c1),
+				probe(problem("charges-wait", "A", 1000, 1010, 502, "upstream-unreachable")),
+			),
+			st:   statement([2]string{"ch_1", "A"}),
+			want: []int{PropNothingLost, PropLinearizable},
+		},
+		{
+			name: "2xx not in the statement",
+			h: hist(
+				fresh("charges-wait", "A", 0, 100, 201, chargeJSON("ch_9", "A")),
+				probe(replay("charges-wait", "A", 1000, 1010, 201, chargeJSON("ch_9", "A"))),
+			),
+			st:   statement([2]string{"ch_1", "A"}),
+			want: []int{PropTwoXX},
+		},
+		{
+			name: "replay not byte-identical",
+			h: hist(
+				fresh("charges-wait", "A", 0, 100, 201, c1),
+				replay("charges-wait", "A", 200, 300, 201, c1+"\n"),
+				probe(replay("charges-wait", "A", 1000, 1010, 201, c1)),
+			),
+			st:   statement([2]string{"ch_1", "A"}),
+			want: []int{PropTwoXX, PropLinearizable},
+		},
+		{
+			name: "not linearizable",
+			// In doubt before anything was sent, then forwarded: every
+			// count is right, only the order of events is impossible.
+			h: hist(
+				problem("charges-wait", "A", 0, 10, 409, "outcome-in-doubt"),
+				fresh("charges-wait", "A", 20, 100, 201, c1),
+				probe(replay("charges-wait", "A", 1000, 1010, 201, c1)),
+			),
+			st:   statement([2]string{"ch_1", "A"}),
+			want: []int{PropLinearizable},
+			only: true,
+		},
+		{
+			// Seed 101's finding: two duplicates answered 503 (a Redis
+			// blackhole lost the reservation's reply, and its release
+			// failed), and the key was in doubt ever after, uncharged.
+			name: "503 leaves the key in doubt",
+			h: hist(
+				problem("order-charges", "A", 0, 500, 503, "store-unavailable"),
+				problem("order-charges", "A", 0, 500, 503, "store-unavailable"),
+				probe(problem("order-charges", "A", 16000, 16010, 409, "outcome-in-doubt")),
+			),
+			st:   statement(),
+			want: []int{PropLinearizable},
+			only: true,
+		},
+		{
+			name: "key never settles",
+			h: hist(
+				fresh("charges-wait", "A", 0, 100, 201, c1),
+				probe(problem("charges-wait", "A", 1000, 1010, 409, "request-in-flight")),
+			),
+			st:   statement([2]string{"ch_1", "A"}),
+			want: []int{PropLiveness},
+			only: true,
+		},
+		{
+			name: "in doubt left unreconciled",
+			h: hist(
+				problem("charges", "A", 0, 100, 504, "upstream-timeout"),
+				probe(problem("charges", "A", 1000, 1010, 409, "outcome-in-doubt")),
+			),
+			st:   statement([2]string{"ch_1", "A"}),
+			want: []int{PropNothingLost},
+			only: true,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			res := Check(tt.h, tt.st, Options{Dir: dir})
+			got := map[int]bool{}
+			for _, v := range res.Violations {
+				got[v.Property] = true
+			}
+			for _, p := range tt.want {
+				if !got[p] {
+					t.Errorf("property %d not reported; violations: %v", p, res.Violations)
+				}
+			}
+			for p := range got {
+				if tt.only && !contains(tt.want, p) {
+					t.Errorf("property %d reported, want only %v: %v", p, tt.want, res.Violations)
+				}
+			}
+			if contains(tt.want, PropLinearizable) {
+				b, err := os.ReadFile(filepath.Join(dir, visualisationFile))
+				if err != nil || !strings.Contains(string(b), "<html") {
+					t.Errorf("no visualisation saved for a non-linearizable key: %v", err)
+				}
+			}
+		})
+	}
+}
+
+func TestUnreadyAndLeakingProxiesAreCaught(t *testing.T) {
+	h := hist(probe(fresh("charges-wait", "A", 0, 100, 201, chargeJSON("ch_1", "A"))))
+	h.Final = []Sample{{Proxy: "r0", Ready: false, Goroutines: 20 + goroutineSlack + 1, HeapBytes: 4 << 20}}
+	res := Check(h, statement([2]string{"ch_1", "A"}), Options{})
+	if len(res.Violations) != 2 {
+		t.Fatalf("violations = %v, want not ready and goroutines", res.Violations)
+	}
+}
+
+func TestParseStatement(t *testing.T) {
+	body := `{"charges":2,"items":[` + chargeJSON("ch_1", "A") + "," + chargeJSON("ch_2", "7") + `]}`
+	st, err := ParseStatement([]byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(st) != 2 || st[1].ChargeID != "ch_2" || st[1].OrderID != "7" || string(st[0].Raw) != chargeJSON("ch_1", "A") {
+		t.Errorf("ParseStatement = %+v", st)
+	}
+}
+
+func contains(s []int, v int) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}

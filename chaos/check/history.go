@@ -1,0 +1,128 @@
+// Package check is the chaos run's checker. It reads only two things: the
+// history the run recorded (every request a client sent, with its key, its
+// start and end and the answer it got) and the upstream stub's statement (the
+// charges the stub recorded). It never asks the proxy anything, so a bug in
+// the proxy cannot hide itself from it.
+package check
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+)
+
+// Policies of a route, as in the proxy's configuration.
+const (
+	ReserveThenCommit = "reserve-then-commit"
+	ReleaseOn5xx      = "release-on-5xx"
+)
+
+// Route describes one protected route of the run: what the checker must know
+// to read its answers.
+type Route struct {
+	Policy    string `json:"policy"`
+	Reconcile bool   `json:"reconcile"`
+}
+
+// Op is one HTTP attempt a client made: one request on the wire, with its
+// answer or its error. Times are nanoseconds since the start of the run.
+type Op struct {
+	ID      int    `json:"id"`
+	Client  int    `json:"client"`
+	Kind    string `json:"kind"`  // retry, duplicate, storm, probe
+	Proxy   string `json:"proxy"` // the proxy process that was asked
+	Route   string `json:"route"`
+	Order   string `json:"order"` // the order ID, unique per key over the run
+	Start   int64  `json:"start"`
+	End     int64  `json:"end"`
+	Status  int    `json:"status,omitempty"`
+	Body    string `json:"body,omitempty"`
+	Ctype   string `json:"contentType,omitempty"`
+	Replay  bool   `json:"replayed,omitempty"`
+	Recon   bool   `json:"reconciled,omitempty"`
+	Err     string `json:"err,omitempty"`
+	NotSent bool   `json:"notSent,omitempty"` // the error came before any byte was written (dial failed)
+}
+
+// Sample is a reading of one proxy's health at the baseline (before the load)
+// or at the end (after the faults stopped and keys settled).
+type Sample struct {
+	Proxy      string  `json:"proxy"`
+	Ready      bool    `json:"ready"`
+	Goroutines float64 `json:"goroutines"`
+	HeapBytes  float64 `json:"heapBytes"`
+}
+
+// History is everything the run recorded.
+type History struct {
+	Seed     int64            `json:"seed"`
+	Routes   map[string]Route `json:"routes"`
+	Ops      []Op             `json:"ops"`
+	Baseline []Sample         `json:"baseline"`
+	Final    []Sample         `json:"final"`
+}
+
+// Charge is one charge of the stub's statement, with its JSON as the stub
+// serialises it.
+type Charge struct {
+	ChargeID string
+	OrderID  string
+	Raw      json.RawMessage
+}
+
+// Statement is the stub's record of charges (GET /charges).
+type Statement []Charge
+
+// ParseStatement reads the body of the stub's GET /charges.
+func ParseStatement(b []byte) (Statement, error) {
+	var list struct {
+		Items []json.RawMessage `json:"items"`
+	}
+	if err := json.Unmarshal(b, &list); err != nil {
+		return nil, fmt.Errorf("parse statement: %w", err)
+	}
+	st := make(Statement, 0, len(list.Items))
+	for _, raw := range list.Items {
+		var c struct {
+			ChargeID string `json:"chargeId"`
+			OrderID  string `json:"orderId"`
+		}
+		if err := json.Unmarshal(raw, &c); err != nil {
+			return nil, fmt.Errorf("parse statement item %s: %w", raw, err)
+		}
+		st = append(st, Charge{ChargeID: c.ChargeID, OrderID: c.OrderID, Raw: raw})
+	}
+	return st, nil
+}
+
+// WriteJSON writes v to path as indented JSON.
+func WriteJSON(path string, v any) error {
+	b, err := json.MarshalIndent(v, "", " ")
+	if err != nil {
+		return fmt.Errorf("encode %s: %w", path, err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
+
+// problemType returns the short name of an idemproxy problem answer
+// ("request-in-flight"), or "" for any other answer (the upstream's).
+func problemType(o Op) string {
+	if !strings.HasPrefix(o.Ctype, "application/problem+json") {
+		return ""
+	}
+	var p struct {
+		Type string `json:"type"`
+	}
+	if json.Unmarshal([]byte(o.Body), &p) != nil {
+		return ""
+	}
+	name, ok := strings.CutPrefix(p.Type, "urn:idemproxy:problem:")
+	if !ok {
+		return ""
+	}
+	return name
+}

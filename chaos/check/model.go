@@ -1,0 +1,174 @@
+package check
+
+import (
+	"fmt"
+
+	"github.com/anishathalye/porcupine"
+)
+
+// class is what an answer says happened to its key, read from the answer
+// alone (status, problem type, Idempotent-Replayed).
+type class int
+
+const (
+	cCommit   class = iota // the upstream's answer, which the route's policy commits
+	cRelease               // the upstream's answer released, or 502 upstream-unreachable
+	cDoubt                 // 502 upstream-reset or 504 upstream-timeout: the key is in doubt
+	cReplay                // a stored answer, replayed
+	cInFlight              // 409 request-in-flight
+	cInDoubt               // 409 outcome-in-doubt
+	cNoop                  // nothing was stored or sent: a 503, a 408, a connection refused
+	cUnknown               // no answer at all: anything may have happened
+	cIllegal               // an answer the run's requests can never deserve (400, 422, ...)
+)
+
+var classNames = [...]string{"commit", "release", "doubt", "replay", "in-flight", "in-doubt", "noop", "unknown", "illegal"}
+
+func (c class) String() string { return classNames[c] }
+
+// releaseSet is the default set of statuses released under
+// reserve-then-commit: refused before any work.
+var releaseSet = map[int]bool{400: true, 401: true, 403: true, 404: true, 405: true, 409: true, 413: true, 415: true, 422: true, 429: true}
+
+// classify reads one attempt's answer on a route.
+func classify(o Op, r Route) class {
+	if o.Err != "" {
+		if o.NotSent {
+			return cNoop
+		}
+		return cUnknown
+	}
+	if o.Replay {
+		return cReplay
+	}
+	switch problemType(o) {
+	case "":
+		if releaseSet[o.Status] || (r.Policy == ReleaseOn5xx && o.Status >= 500) {
+			return cRelease
+		}
+		return cCommit
+	case "request-in-flight":
+		return cInFlight
+	case "outcome-in-doubt":
+		return cInDoubt
+	case "upstream-unreachable":
+		return cRelease
+	case "upstream-reset", "upstream-timeout":
+		return cDoubt
+	case "store-unavailable", "overloaded", "shutting-down", "body-timeout":
+		return cNoop
+	default:
+		return cIllegal
+	}
+}
+
+// The states of a key as its clients can see them.
+const (
+	sFree    = 'F' // no record: the next request is forwarded
+	sPending = 'P' // answered to its client, commit still under way (a store fault)
+	sDone    = 'D' // completed: the answer is replayed
+	sDoubt   = '?' // in doubt
+)
+
+// anyAnswer stands for an answer that no client saw (its client got no
+// answer): the first replay says what it was.
+const anyAnswer = "*"
+
+// state is one key's state in the model.
+type state struct {
+	K byte
+	A string // the stored answer, for sPending and sDone
+}
+
+// input is one operation of the model: the attempt's class and answer.
+type input struct {
+	Op        int
+	C         class
+	Answer    string
+	Recon     bool // the replay carried Idempotent-Reconciled
+	Reconcile bool // the route reconciles in-doubt keys
+}
+
+func answerOf(o Op) string { return fmt.Sprintf("%d %s", o.Status, o.Body) }
+
+func sameAnswer(stored, a string) bool { return stored == anyAnswer || stored == a }
+
+// step is the key's state machine (DESIGN.md, "The key's life"), as a
+// nondeterministic model: it returns every state the key may be in after
+// the operation, none if the operation is impossible in s.
+func step(s state, in input) []state {
+	free := s.K == sFree || (s.K == sDoubt && in.Reconcile) // a lookup may release an in-doubt key
+	switch in.C {
+	case cCommit:
+		if free {
+			return []state{{sDone, in.Answer}, {sPending, in.Answer}}
+		}
+	case cRelease:
+		if free {
+			return []state{{sFree, ""}}
+		}
+	case cDoubt:
+		if free {
+			return []state{{sDoubt, ""}}
+		}
+	case cReplay:
+		switch {
+		case (s.K == sDone || s.K == sPending) && sameAnswer(s.A, in.Answer) && !in.Recon:
+			return []state{{sDone, in.Answer}}
+		case in.Recon && in.Reconcile && (s.K == sDoubt || s.K == sPending):
+			return []state{{sDone, in.Answer}}
+		case in.Recon && s.K == sDone && sameAnswer(s.A, in.Answer):
+			return []state{{sDone, in.Answer}}
+		}
+	case cInFlight:
+		if s.K == sFree || s.K == sPending || (s.K == sDoubt && in.Reconcile) {
+			return []state{s}
+		}
+	case cInDoubt:
+		if s.K == sDoubt || s.K == sPending {
+			return []state{{sDoubt, ""}}
+		}
+	case cNoop:
+		return []state{s}
+	case cUnknown:
+		out := []state{s}
+		if free {
+			out = append(out, state{sDoubt, ""}, state{sPending, anyAnswer}, state{sDone, anyAnswer}, state{sFree, ""})
+		}
+		if s.K == sPending {
+			out = append(out, state{sDoubt, ""}, state{sDone, s.A})
+		}
+		return out
+	}
+	return nil
+}
+
+// keyModel is the porcupine model of one key.
+var keyModel = porcupine.NondeterministicModel{
+	Init: func() []any { return []any{state{K: sFree}} },
+	Step: func(s, in, _ any) []any {
+		next := step(s.(state), in.(input))
+		out := make([]any, len(next))
+		for i, n := range next {
+			out[i] = n
+		}
+		return out
+	},
+	Equal: func(a, b any) bool { return a.(state) == b.(state) },
+	DescribeOperation: func(in, _ any) string {
+		i := in.(input)
+		a := i.Answer
+		if len(a) > 60 {
+			a = a[:60] + "…"
+		}
+		return fmt.Sprintf("#%d %s %s", i.Op, i.C, a)
+	},
+	DescribeState: func(s any) string {
+		st := s.(state)
+		a := st.A
+		if len(a) > 40 {
+			a = a[:40] + "…"
+		}
+		return fmt.Sprintf("%c %s", st.K, a)
+	},
+}

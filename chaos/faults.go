@@ -1,0 +1,255 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// The fault kinds.
+const (
+	kFailBefore  = "stub-fail-before-charge"
+	kFailAfter   = "stub-fail-after-charge"
+	kDelay       = "stub-delay-past-timeout"
+	kDrop        = "stub-drop-after-charge"
+	k429         = "stub-reject-429"
+	kUpLatency   = "net-upstream-latency"
+	kUpReset     = "net-upstream-reset"
+	kUpBlackhole = "net-upstream-blackhole"
+	kUpSlowClose = "net-upstream-slow-close"
+	kUpStall     = "net-upstream-stall"
+	kKill        = "proxy-kill-9"
+	kTerm        = "proxy-sigterm"
+	kHup         = "proxy-sighup-reload"
+	kDiskFull    = "badger-disk-full"
+	// The faults of a shared store server S (redis, postgres) are
+	// net-S-latency, net-S-reset, net-S-blackhole, net-S-stall, S-kill-restart and
+	// S-sigstop.
+)
+
+// fault is one entry of the schedule: what to do, when, for how long, to
+// whom. The schedule is drawn from the seed before the run starts.
+type fault struct {
+	At     time.Duration
+	Kind   string
+	For    time.Duration // how long the fault lasts, for those that last
+	Count  int           // stub faults: how many charge requests it hits
+	Target int           // process faults: the index of the proxy
+	Lat    time.Duration // latency faults
+}
+
+func (f fault) String() string {
+	return fmt.Sprintf("%8.3fs %-24s for=%v count=%d target=%d latency=%v", f.At.Seconds(), f.Kind, f.For, f.Count, f.Target, f.Lat)
+}
+
+// schedule draws the faults of a run of length d from rng, one every mean
+// on average, among kinds.
+func schedule(rng *rand.Rand, d, mean time.Duration, kinds []string, nproxies int) []fault {
+	var out []fault
+	t := time.Second
+	for {
+		t += time.Duration(rng.ExpFloat64() * float64(mean))
+		if t > d-time.Second {
+			return out
+		}
+		f := fault{
+			At:     t,
+			Kind:   kinds[rng.IntN(len(kinds))],
+			For:    time.Duration(300+rng.IntN(3700)) * time.Millisecond,
+			Count:  1 + rng.IntN(3),
+			Target: rng.IntN(nproxies),
+			Lat:    time.Duration(20+rng.IntN(230)) * time.Millisecond,
+		}
+		out = append(out, f)
+		t += f.For // faults do not overlap
+	}
+}
+
+// injector applies the schedule to the run's processes.
+type injector struct {
+	r       *run
+	applied map[string]int
+}
+
+func (in *injector) apply(ctx context.Context, f fault) error {
+	r := in.r
+	in.applied[f.Kind]++
+	stub := func(name string, extra string) error {
+		body := fmt.Sprintf(`{"fault": %q, "count": %d%s}`, name, f.Count, extra)
+		resp, err := http.Post(r.stubURL+"/faults", "application/json", strings.NewReader(body))
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 201 {
+			return fmt.Errorf("queue %s: %s", name, resp.Status)
+		}
+		return nil
+	}
+	switch f.Kind {
+	case kFailBefore:
+		return stub("fail-before-charge", "")
+	case kFailAfter:
+		return stub("fail-after-charge", "")
+	case kDelay:
+		return stub("delay", fmt.Sprintf(`, "delay": %q`, (upstreamTimeout+500*time.Millisecond).String()))
+	case kDrop:
+		return stub("drop-after-charge", "")
+	case k429:
+		return stub("reject-429", "")
+	case kUpLatency, kUpBlackhole, kUpSlowClose:
+		switch f.Kind {
+		case kUpLatency:
+			r.upFault.set(f.Lat, false, 0)
+		case kUpBlackhole:
+			r.upFault.set(0, true, 0)
+		case kUpSlowClose:
+			r.upFault.set(0, false, f.For)
+		}
+		sleep(ctx, f.For)
+		r.upFault.set(0, false, 0)
+	case kUpReset:
+		r.upFault.resetAll()
+	case kUpStall:
+		r.upFault.setStall(true)
+		sleep(ctx, f.For)
+		r.upFault.setStall(false)
+	case kKill:
+		p := r.proxies[f.Target]
+		p.kill()
+		sleep(ctx, f.For/2)
+		return r.startProxy(ctx, p)
+	case kTerm:
+		p := r.proxies[f.Target]
+		p.signal(syscall.SIGTERM)
+		if !p.waitExit(shutdownTimeout + 5*time.Second) {
+			p.kill()
+			return fmt.Errorf("%s did not stop within %v of SIGTERM", p.name, shutdownTimeout+5*time.Second)
+		}
+		return r.startProxy(ctx, p)
+	case kHup:
+		p := r.proxies[f.Target]
+		r.reloads++
+		if err := r.writeConfig(p); err != nil {
+			return err
+		}
+		p.signal(syscall.SIGHUP)
+	case kDiskFull:
+		path := filepath.Join(r.badgerDir, "ballast")
+		fillDisk(path)
+		sleep(ctx, f.For)
+		os.Remove(path)
+	default:
+		return in.applyStore(ctx, f)
+	}
+	return nil
+}
+
+// applyStore applies a fault of a shared store server.
+func (in *injector) applyStore(ctx context.Context, f fault) error {
+	for _, s := range in.r.stores {
+		switch f.Kind {
+		case "net-" + s.name + "-latency":
+			s.fault.set(f.Lat, false, 0)
+			sleep(ctx, f.For)
+			s.fault.set(0, false, 0)
+		case "net-" + s.name + "-blackhole":
+			s.fault.set(0, true, 0)
+			sleep(ctx, f.For)
+			s.fault.set(0, false, 0)
+		case "net-" + s.name + "-reset":
+			s.fault.resetAll()
+		case "net-" + s.name + "-stall":
+			s.fault.setStall(true)
+			sleep(ctx, f.For)
+			s.fault.setStall(false)
+		case s.name + "-kill-restart":
+			s.proc.kill()
+			sleep(ctx, f.For/2)
+			if err := s.proc.start(); err != nil {
+				return err
+			}
+			return s.ready(ctx)
+		case s.name + "-sigstop":
+			s.proc.signal(syscall.SIGSTOP)
+			sleep(ctx, f.For)
+			s.proc.signal(syscall.SIGCONT)
+		default:
+			continue
+		}
+		return nil
+	}
+	return fmt.Errorf("unknown fault kind %q", f.Kind)
+}
+
+// fillDisk writes zeros to path until the file system is full.
+func fillDisk(path string) {
+	f, err := os.Create(path)
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	buf := make([]byte, 1<<20)
+	for {
+		if _, err := f.Write(buf); err != nil {
+			return
+		}
+	}
+}
+
+// heal undoes every fault that may still hold: the schedule has stopped.
+func (in *injector) heal(ctx context.Context) error {
+	r := in.r
+	r.upFault.set(0, false, 0)
+	r.upFault.setStall(false)
+	if r.badgerDir != "" {
+		os.Remove(filepath.Join(r.badgerDir, "ballast"))
+	}
+	for _, s := range r.stores {
+		s.fault.set(0, false, 0)
+		s.fault.setStall(false)
+		s.proc.signal(syscall.SIGCONT)
+		if !s.proc.running() {
+			if err := s.proc.start(); err != nil {
+				return err
+			}
+		}
+		if err := s.ready(ctx); err != nil {
+			return err
+		}
+	}
+	req, _ := http.NewRequestWithContext(ctx, "DELETE", r.stubURL+"/faults", nil)
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		resp.Body.Close()
+	}
+	for _, p := range r.proxies {
+		if !p.running() {
+			if err := r.startProxy(ctx, p); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// summary is "F faults of K kinds" and the count per kind.
+func (in *injector) summary() (faults, kinds int, byKind string) {
+	var names []string
+	for k, n := range in.applied {
+		faults += n
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	var b strings.Builder
+	for _, k := range names {
+		fmt.Fprintf(&b, "  %-26s %d\n", k, in.applied[k])
+	}
+	return faults, len(names), b.String()
+}

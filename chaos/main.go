@@ -1,0 +1,649 @@
+// Command chaos drives the real idemproxy binaries through random faults and
+// checks what happened with a checker that trusts only the upstream's
+// statement and the recorded history (issue 18, docs/chaos.md).
+//
+// It builds idemproxy and the upstream stub, starts on loopback the stub, one
+// idemproxy on Badger, three replicas sharing a Redis with the append-only
+// file and two sharing a PostgreSQL, with TCP fault proxies between the
+// proxies and the stub and between the replicas and their store. A population of clients (go-retryablehttp, plus raw
+// duplicate deliveries and storms of one key) charges new orders while
+// faults drawn from the seed hit the stub, the network, the processes and the
+// stores. Then the faults stop, the keys settle, every key is probed once
+// more, and the checker reads the history and the stub's statement.
+//
+// Usage:
+//
+//	go run ./chaos [-seed N] [-duration 60s] [-out DIR] [-stores badger,redis,postgres] [-clients 4]
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/idemproxy/idemproxy/chaos/check"
+)
+
+// The run's timing: short, so that keys settle quickly after the faults.
+const (
+	upstreamTimeout = time.Second
+	lease           = 6 * time.Second
+	grace           = 7 * time.Second
+	shutdownTimeout = 2 * time.Second
+	// discoveryInterval is how often a proxy scans for in-doubt keys that
+	// have no reconcile schedule (those left by a crash).
+	discoveryInterval = time.Minute
+)
+
+func main() {
+	os.Exit(mainExit(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+type options struct {
+	seed     int64
+	duration time.Duration
+	out      string
+	stores   []string
+	clients  int
+	keep     bool
+}
+
+func parseFlags(args []string, stderr io.Writer) (options, error) {
+	var o options
+	var stores string
+	fs := flag.NewFlagSet("chaos", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Int64Var(&o.seed, "seed", 0, "the seed of the fault schedule and the clients (0: a random one, printed)")
+	fs.DurationVar(&o.duration, "duration", 60*time.Second, "how long clients run and faults are injected")
+	fs.StringVar(&o.out, "out", "", "the folder for the history, logs and visualisation (default: a folder named after the seed in the temporary directory, removed when the run passes)")
+	fs.StringVar(&stores, "stores", "badger,redis,postgres", "the stores to run proxies on: badger (one proxy), redis (three replicas), postgres (two replicas)")
+	fs.IntVar(&o.clients, "clients", 4, "client goroutines (each a retrying client, duplicate deliveries, storms)")
+	fs.BoolVar(&o.keep, "keep", false, "keep the folder when the run passes")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	for s := range strings.SplitSeq(stores, ",") {
+		s = strings.TrimSpace(s)
+		switch s {
+		case "badger", "redis", "postgres":
+			if !slices.Contains(o.stores, s) {
+				o.stores = append(o.stores, s)
+			}
+		case "":
+		default:
+			return o, fmt.Errorf("-stores: unknown store %q (badger, redis, postgres)", s)
+		}
+	}
+	if len(o.stores) == 0 {
+		return o, errors.New("-stores: name at least one store")
+	}
+	if o.duration < 5*time.Second {
+		return o, fmt.Errorf("-duration must be at least 5s, got %v", o.duration)
+	}
+	if o.clients < 1 || o.clients > 64 {
+		return o, fmt.Errorf("-clients must be between 1 and 64, got %d", o.clients)
+	}
+	if o.seed == 0 {
+		o.seed = rand.Int64N(1<<53) + 1
+	}
+	return o, nil
+}
+
+func mainExit(args []string, stdout, stderr io.Writer) int {
+	o, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "chaos: %v\n", err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	explicit := o.out != ""
+	if !explicit {
+		o.out = filepath.Join(os.TempDir(), fmt.Sprintf("idemproxy-chaos-%d", o.seed))
+	}
+	fmt.Fprintf(stdout, "chaos: seed %d, duration %v, stores %s, folder %s\n", o.seed, o.duration, strings.Join(o.stores, ","), o.out)
+	r := &run{opts: o, out: o.out, log: stdout}
+	defer r.stopAll() // also on a panic; stopping twice does nothing
+	violations, err := r.execute(ctx)
+	r.stopAll()
+	if err != nil {
+		fmt.Fprintf(stderr, "chaos: %v\n", err)
+		fmt.Fprintf(stdout, "chaos: history and logs in %s\n", o.out)
+		return 1
+	}
+	faults, kinds, byKind := r.inj.summary()
+	fmt.Fprintf(stdout, "faults by kind:\n%s", byKind)
+	if violations > 0 {
+		fmt.Fprintf(stdout, "chaos: history, logs and visualisation in %s\n", o.out)
+	} else if !explicit && !o.keep {
+		os.RemoveAll(o.out)
+	}
+	fmt.Fprintf(stdout, "chaos: seed %d, %d operations, %d faults of %d kinds, %d violations\n", o.seed, r.nops, faults, kinds, violations)
+	if violations > 0 {
+		return 1
+	}
+	return 0
+}
+
+// proxyProc is one idemproxy process of the run.
+type proxyProc struct {
+	*proc
+	store  string // badger or redis
+	addr   string
+	admin  string
+	config string
+}
+
+// run is one chaos run: its processes, fault layers and history.
+type run struct {
+	opts options
+	out  string
+	log  io.Writer
+
+	bin       string // the folder of the built binaries
+	stub      *proc
+	stubURL   string
+	upFault   *faultProxy
+	stores    []*storeSrv // the shared store servers: redis, postgres
+	proxies   []*proxyProc
+	badgerDir string
+	tmpfs     bool
+	reloads   int
+
+	inj  *injector
+	nops int
+	errs []string // process faults that did not recover
+	mu   sync.Mutex
+}
+
+var routes = []routeSpec{
+	{name: "charges", short: "c", check: check.Route{Policy: check.ReserveThenCommit, Reconcile: true}, request: jsonCharge("")},
+	{name: "charges-wait", short: "w", check: check.Route{Policy: check.ReserveThenCommit}, request: jsonCharge("wait.chaos")},
+	{name: "order-charges", short: "o", check: check.Route{Policy: check.ReleaseOn5xx}, request: pathCharge},
+}
+
+func (r *run) execute(ctx context.Context) (int, error) {
+	r.inj = &injector{r: r, applied: map[string]int{}}
+	if err := os.RemoveAll(r.out); err != nil {
+		return 0, err
+	}
+	if err := os.MkdirAll(filepath.Join(r.out, "bin"), 0o755); err != nil {
+		return 0, err
+	}
+	if err := r.build(ctx); err != nil {
+		return 0, err
+	}
+	if err := r.setup(ctx); err != nil {
+		return 0, err
+	}
+	rec := &recorder{start: time.Now()}
+	h := check.History{Seed: r.opts.seed, Routes: map[string]check.Route{}}
+	for _, rt := range routes {
+		h.Routes[rt.name] = rt.check
+	}
+	h.Baseline = r.samples(ctx)
+
+	// The schedule and the clients' choices come from the seed.
+	rng := rand.New(rand.NewPCG(uint64(r.opts.seed), 0x1d3))
+	kinds := r.kinds()
+	sched := schedule(rng, r.opts.duration, 2*time.Second, kinds, len(r.proxies))
+	var sb strings.Builder
+	for _, f := range sched {
+		fmt.Fprintln(&sb, f)
+	}
+	if err := os.WriteFile(filepath.Join(r.out, "schedule.txt"), []byte(sb.String()), 0o644); err != nil {
+		return 0, err
+	}
+	fmt.Fprintf(r.log, "chaos: %d faults scheduled over %v among %d kinds (schedule.txt)\n", len(sched), r.opts.duration, len(kinds))
+
+	var clusters []cluster
+	for _, s := range r.opts.stores {
+		c := cluster{short: s[:1]}
+		for _, p := range r.proxies {
+			if p.store == s {
+				c.proxies = append(c.proxies, target{name: p.name, addr: p.addr})
+			}
+		}
+		clusters = append(clusters, c)
+	}
+	w := newWorkload(rec, clusters, routes)
+	load, endLoad := context.WithTimeout(ctx, r.opts.duration)
+	defer endLoad()
+	var wg sync.WaitGroup
+	for i := range r.opts.clients {
+		crng := rand.New(rand.NewPCG(uint64(r.opts.seed), uint64(i+1)))
+		wg.Add(1)
+		go func() { defer wg.Done(); w.run(ctx, load, crng) }()
+	}
+	start := time.Now()
+	for _, f := range sched {
+		sleep(load, time.Until(start.Add(f.At)))
+		if load.Err() != nil {
+			break
+		}
+		if err := r.inj.apply(load, f); err != nil {
+			r.recordErr(fmt.Sprintf("fault %s: %v", f, err))
+		}
+	}
+	<-load.Done()
+	wg.Wait()
+	if ctx.Err() != nil {
+		return 0, ctx.Err()
+	}
+	fmt.Fprintf(r.log, "chaos: load and faults stopped after %v; healing and settling\n", time.Since(start).Round(time.Second))
+	if err := r.inj.heal(ctx); err != nil {
+		r.recordErr(fmt.Sprintf("heal: %v", err))
+	}
+
+	r.probe(ctx, w)
+	if ctx.Err() != nil {
+		return 0, ctx.Err()
+	}
+	w.base.CloseIdleConnections()
+	time.Sleep(time.Second)
+	h.Final = r.samples(ctx)
+	h.Ops = rec.snapshot()
+	r.nops = len(h.Ops)
+
+	stmt, raw, err := r.statement(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if err := os.WriteFile(filepath.Join(r.out, "statement.json"), raw, 0o644); err != nil {
+		return 0, err
+	}
+	if err := check.WriteJSON(filepath.Join(r.out, "history.json"), h); err != nil {
+		return 0, err
+	}
+	res := check.Check(h, stmt, check.Options{Dir: r.out})
+	vs := res.Violations
+	for _, e := range r.errs {
+		vs = append(vs, check.Violation{Property: check.PropLiveness, Msg: e})
+	}
+	var vb strings.Builder
+	for _, v := range vs {
+		fmt.Fprintln(&vb, v)
+	}
+	if err := os.WriteFile(filepath.Join(r.out, "violations.txt"), []byte(vb.String()), 0o644); err != nil {
+		return 0, err
+	}
+	for i, v := range vs {
+		if i == 20 {
+			fmt.Fprintf(r.log, "... and %d more (violations.txt)\n", len(vs)-20)
+			break
+		}
+		fmt.Fprintf(r.log, "violation: %s\n", v)
+	}
+	if res.Visualisation != "" {
+		fmt.Fprintf(r.log, "chaos: linearizability visualisation in %s\n", res.Visualisation)
+	}
+	fmt.Fprintf(r.log, "chaos: %d keys, %d charges in the statement\n", res.Keys, len(stmt))
+	return len(vs), nil
+}
+
+func (r *run) recordErr(s string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.errs = append(r.errs, s)
+	fmt.Fprintf(r.log, "chaos: %s\n", s)
+}
+
+// store returns the store server named name.
+func (r *run) store(name string) *storeSrv {
+	for _, s := range r.stores {
+		if s.name == name {
+			return s
+		}
+	}
+	return nil
+}
+
+// kinds returns the fault kinds this run can inject.
+func (r *run) kinds() []string {
+	k := []string{kFailBefore, kFailAfter, kDelay, kDrop, k429, kUpLatency, kUpReset, kUpBlackhole, kUpSlowClose, kUpStall, kKill, kTerm, kHup}
+	for _, s := range r.stores {
+		k = append(k, "net-"+s.name+"-latency", "net-"+s.name+"-reset", "net-"+s.name+"-blackhole",
+			"net-"+s.name+"-stall", s.name+"-kill-restart", s.name+"-sigstop")
+	}
+	if r.tmpfs {
+		k = append(k, kDiskFull)
+	}
+	return k
+}
+
+// build builds idemproxy and the upstream stub from the module the command
+// runs in.
+func (r *run) build(ctx context.Context) error {
+	out, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
+	if err != nil || strings.TrimSpace(string(out)) == "" || strings.TrimSpace(string(out)) == os.DevNull {
+		return fmt.Errorf("find the module (run it from the repository): %v", err)
+	}
+	root := filepath.Dir(strings.TrimSpace(string(out)))
+	r.bin = filepath.Join(r.out, "bin")
+	for _, b := range [][2]string{{"idemproxy", "."}, {"upstream-stub", "./upstream-stub"}} {
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(r.bin, b[0]), b[1])
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("go build %s: %v\n%s", b[1], err, out)
+		}
+	}
+	return nil
+}
+
+func (r *run) setup(ctx context.Context) error {
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	stubAddr := "127.0.0.1:" + strconv.Itoa(port)
+	r.stubURL = "http://" + stubAddr
+	r.stub = &proc{name: "stub", bin: filepath.Join(r.bin, "upstream-stub"), args: []string{"-listen", stubAddr}, log: filepath.Join(r.out, "stub.log")}
+	if err := r.stub.start(); err != nil {
+		return err
+	}
+	if err := waitHTTP(ctx, r.stubURL+"/healthz", 10*time.Second); err != nil {
+		return err
+	}
+	if r.upFault, err = newFaultProxy(stubAddr); err != nil {
+		return err
+	}
+
+	for _, name := range []string{"redis", "postgres"} {
+		if !slices.Contains(r.opts.stores, name) {
+			continue
+		}
+		start := r.startRedis
+		if name == "postgres" {
+			start = r.startPostgres
+		}
+		srv, err := start(ctx)
+		if srv != nil {
+			r.stores = append(r.stores, srv)
+		}
+		if err != nil {
+			return err
+		}
+	}
+
+	if slices.Contains(r.opts.stores, "badger") {
+		r.badgerDir = filepath.Join(r.out, "badger")
+		if err := os.MkdirAll(r.badgerDir, 0o755); err != nil {
+			return err
+		}
+		if os.Geteuid() == 0 {
+			out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=128m", "tmpfs", r.badgerDir).CombinedOutput()
+			if err == nil {
+				r.tmpfs = true
+			} else {
+				fmt.Fprintf(r.log, "chaos: no tmpfs for Badger (%v: %s): no disk-full faults\n", err, strings.TrimSpace(string(out)))
+			}
+		} else {
+			fmt.Fprintln(r.log, "chaos: not root: no tmpfs for Badger, no disk-full faults")
+		}
+		if err := r.addProxy("b0", "badger"); err != nil {
+			return err
+		}
+	}
+	for _, srv := range r.stores {
+		n := 3 // Redis replicas
+		if srv.name == "postgres" {
+			n = 2
+		}
+		for i := range n {
+			if err := r.addProxy(fmt.Sprintf("%c%d", srv.name[0], i), srv.name); err != nil {
+				return err
+			}
+		}
+	}
+	for _, p := range r.proxies {
+		if err := r.startProxy(ctx, p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (r *run) addProxy(name, store string) error {
+	a, err := freePort()
+	if err != nil {
+		return err
+	}
+	b, err := freePort()
+	if err != nil {
+		return err
+	}
+	p := &proxyProc{
+		proc:   &proc{name: name, bin: filepath.Join(r.bin, "idemproxy"), log: filepath.Join(r.out, name+".log")},
+		store:  store,
+		addr:   "127.0.0.1:" + strconv.Itoa(a),
+		admin:  "127.0.0.1:" + strconv.Itoa(b),
+		config: filepath.Join(r.out, name+".yaml"),
+	}
+	p.args = []string{"-config", p.config}
+	if store == "postgres" {
+		p.env = []string{"IDEMPROXY_POSTGRES_DSN=postgres://postgres@" + r.store("postgres").fault.addr() + "/postgres?sslmode=disable"}
+	}
+	r.proxies = append(r.proxies, p)
+	return r.writeConfig(p)
+}
+
+// startProxy starts p and waits until it is ready. A proxy that exits while
+// starting (its store unreachable at that moment) is started again, as a
+// supervisor would, for up to a minute.
+func (r *run) startProxy(ctx context.Context, p *proxyProc) error {
+	deadline := time.Now().Add(time.Minute)
+	if err := p.start(); err != nil {
+		return err
+	}
+	for {
+		err := waitHTTP(ctx, "http://"+p.admin+"/readyz", 2*time.Second)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			return fmt.Errorf("%s: %w", p.name, err)
+		}
+		if !p.running() {
+			if err := p.start(); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// writeConfig writes p's configuration. Each reload alternates the wait
+// routes' wait_timeout, so that a SIGHUP has something to apply.
+func (r *run) writeConfig(p *proxyProc) error {
+	var store string
+	switch p.store {
+	case "badger":
+		store = fmt.Sprintf("  badger:\n    dir: %s\n    sync_writes: true\n    min_free_bytes: 8388608\n", r.badgerDir)
+	case "redis":
+		store = fmt.Sprintf("  redis:\n    addrs: [%s]\n    key_prefix: \"chaos:\"\n    op_timeout: 500ms\n", r.store("redis").fault.addr())
+	case "postgres":
+		store = "  postgres:\n    dsn_env: IDEMPROXY_POSTGRES_DSN\n    max_conns: 8\n    statement_timeout: 500ms\n"
+	}
+	wait := 2 + r.reloads%2
+	y := fmt.Sprintf(`listen: %s
+upstream: http://%s
+admin:
+  listen: %s
+store:
+%sserver:
+  shutdown_timeout: %v
+routes:
+  - name: charges
+    match: POST /charges
+    key: {json: orderId}
+    policy: reserve-then-commit
+    concurrent: reject
+    ttl: 1h
+    lease: %v
+    upstream_timeout: %v
+    reconcile:
+      lookup: GET /orders/{key}/charge
+      grace: %v
+      interval: 1s
+  - name: charges-wait
+    match: POST wait.chaos/charges
+    key: {json: orderId}
+    policy: reserve-then-commit
+    concurrent: wait
+    wait_timeout: %ds
+    ttl: 1h
+    lease: %v
+    upstream_timeout: %v
+  - name: order-charges
+    match: POST /orders/{orderId}/charges
+    key: {path: orderId}
+    policy: release-on-5xx
+    concurrent: wait
+    wait_timeout: %ds
+    ttl: 1h
+    lease: %v
+    upstream_timeout: %v
+`, p.addr, r.upFault.addr(), p.admin, store, shutdownTimeout, lease, upstreamTimeout, grace, wait, lease, upstreamTimeout, wait, lease, upstreamTimeout)
+	return os.WriteFile(p.config, []byte(y), 0o644)
+}
+
+// probe waits for the keys to settle, then sends every key once more; a key
+// that is not settled yet (in flight, 503, in doubt on the route that
+// reconciles) is probed again until the bound: lease and grace, plus the
+// scan that finds keys a crash left in doubt. The checker reads the last
+// probe of each key.
+func (r *run) probe(ctx context.Context, w *workload) {
+	sleep(ctx, lease+grace+time.Second)
+	deadline := time.Now().Add(lease + grace + discoveryInterval + 10*time.Second)
+	keys := w.keys
+	rng := rand.New(rand.NewPCG(uint64(r.opts.seed), 0xb0b))
+	for round := 0; len(keys) > 0 && ctx.Err() == nil; round++ {
+		var mu sync.Mutex
+		var again []keyRef
+		sem := make(chan struct{}, 4)
+		var wg sync.WaitGroup
+		for _, k := range keys {
+			t := pick(rng, k.cluster)
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				if !w.probe(ctx, k, t) {
+					mu.Lock()
+					again = append(again, k)
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		if round == 0 {
+			fmt.Fprintf(r.log, "chaos: probed %d keys, %d not settled yet\n", len(keys), len(again))
+		}
+		keys = again
+		if len(keys) == 0 || time.Now().After(deadline) {
+			return
+		}
+		sleep(ctx, 2*time.Second)
+	}
+}
+
+// samples reads every proxy's readiness, goroutines and heap.
+func (r *run) samples(ctx context.Context) []check.Sample {
+	c := &http.Client{Timeout: 2 * time.Second}
+	var out []check.Sample
+	for _, p := range r.proxies {
+		s := check.Sample{Proxy: p.name}
+		if resp, err := c.Get("http://" + p.admin + "/readyz"); err == nil {
+			s.Ready = resp.StatusCode == 200
+			resp.Body.Close()
+		}
+		if resp, err := c.Get("http://" + p.admin + "/metrics"); err == nil {
+			sc := bufio.NewScanner(resp.Body)
+			for sc.Scan() {
+				name, val, ok := strings.Cut(sc.Text(), " ")
+				if !ok {
+					continue
+				}
+				v, _ := strconv.ParseFloat(val, 64)
+				switch name {
+				case "go_goroutines":
+					s.Goroutines = v
+				case "go_memstats_heap_inuse_bytes":
+					s.HeapBytes = v
+				}
+			}
+			resp.Body.Close()
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// statement reads the stub's statement.
+func (r *run) statement(ctx context.Context) (check.Statement, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, "GET", r.stubURL+"/charges", nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read the statement: %w", err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read the statement: %w", err)
+	}
+	st, err := check.ParseStatement(raw)
+	return st, raw, err
+}
+
+// stopAll stops every process the run started, and the fault layers.
+func (r *run) stopAll() {
+	var wg sync.WaitGroup
+	for _, p := range r.proxies {
+		wg.Add(1)
+		go func() { defer wg.Done(); p.stop(shutdownTimeout + 3*time.Second) }()
+	}
+	wg.Wait()
+	for _, srv := range r.stores {
+		srv.proc.kill()
+	}
+	if r.stub != nil {
+		r.stub.stop(5 * time.Second)
+	}
+	if r.upFault != nil {
+		r.upFault.close()
+	}
+	for _, srv := range r.stores {
+		if srv.fault != nil {
+			srv.fault.close()
+		}
+	}
+	if r.tmpfs {
+		if out, err := exec.Command("umount", r.badgerDir).CombinedOutput(); err != nil {
+			fmt.Fprintf(r.log, "chaos: umount %s: %v: %s\n", r.badgerDir, err, out)
+		} else {
+			r.tmpfs = false
+		}
+	}
+}

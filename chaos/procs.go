@@ -1,0 +1,258 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// proc is one child process the run starts, and may kill and start again.
+// Its output goes to a log file in the run's folder.
+type proc struct {
+	name string
+	bin  string
+	args []string
+	env  []string
+	log  string
+	// tree: signals go to the process and every descendant (postgres'
+	// postmaster and its backends, which each start a session of their own,
+	// so a process group does not hold them).
+	tree bool
+	cred *syscall.Credential // run as another user (postgres refuses root)
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+func (p *proc) start() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil {
+		return fmt.Errorf("%s is already running", p.name)
+	}
+	f, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", p.log, err)
+	}
+	fmt.Fprintf(f, "\n--- chaos: start %s at %s\n", p.name, time.Now().UTC().Format(time.RFC3339Nano))
+	cmd := exec.Command(p.bin, p.args...)
+	cmd.Env = append(os.Environ(), p.env...)
+	cmd.Stdout, cmd.Stderr = f, f
+	// The kernel kills the child if the run dies without stopping it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Credential: p.cred}
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return fmt.Errorf("start %s: %w", p.name, err)
+	}
+	done := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		f.Close()
+		close(done)
+	}()
+	p.cmd, p.done = cmd, done
+	return nil
+}
+
+func (p *proc) running() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return false
+	}
+	select {
+	case <-p.done:
+		p.cmd, p.done = nil, nil
+		return false
+	default:
+		return true
+	}
+}
+
+// signal sends sig to the process, if it runs.
+func (p *proc) signal(sig syscall.Signal) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil {
+		p.send(p.cmd, sig)
+	}
+}
+
+// send sends sig to cmd's process, and with tree set to its descendants,
+// children first for a stop or a kill, so none is left running alone.
+func (p *proc) send(cmd *exec.Cmd, sig syscall.Signal) {
+	if p.tree {
+		for _, pid := range descendants(cmd.Process.Pid) {
+			_ = syscall.Kill(pid, sig)
+		}
+	}
+	_ = cmd.Process.Signal(sig)
+}
+
+// descendants returns the processes below pid, read from /proc.
+func descendants(pid int) []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	children := map[int][]int{}
+	for _, e := range entries {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces, so read after ')'.
+		i := strings.LastIndexByte(string(b), ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) < 2 {
+			continue
+		}
+		if ppid, err := strconv.Atoi(f[1]); err == nil {
+			children[ppid] = append(children[ppid], child)
+		}
+	}
+	var out []int
+	var walk func(int)
+	walk = func(p int) {
+		for _, c := range children[p] {
+			walk(c)
+			out = append(out, c)
+		}
+	}
+	walk(pid)
+	return out
+}
+
+// kill kills the process with SIGKILL and waits for it.
+func (p *proc) kill() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return
+	}
+	p.send(p.cmd, syscall.SIGCONT) // a stopped process dies too
+	p.send(p.cmd, syscall.SIGKILL)
+	<-p.done
+	p.cmd, p.done = nil, nil
+}
+
+// stop sends SIGTERM and waits up to grace for the process to exit, then
+// kills it.
+func (p *proc) stop(grace time.Duration) {
+	p.mu.Lock()
+	cmd, done := p.cmd, p.done
+	p.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	p.send(cmd, syscall.SIGCONT)
+	p.send(cmd, syscall.SIGTERM)
+	select {
+	case <-done:
+		p.mu.Lock()
+		p.cmd, p.done = nil, nil
+		p.mu.Unlock()
+	case <-time.After(grace):
+		p.kill()
+	}
+}
+
+// waitExit waits up to d for the process to exit by itself.
+func (p *proc) waitExit(d time.Duration) bool {
+	p.mu.Lock()
+	done := p.done
+	p.mu.Unlock()
+	if done == nil {
+		return true
+	}
+	select {
+	case <-done:
+		p.mu.Lock()
+		p.cmd, p.done = nil, nil
+		p.mu.Unlock()
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
+// freePort returns a loopback port that was free a moment ago.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// waitHTTP waits until url answers 200, up to d.
+func waitHTTP(ctx context.Context, url string, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	c := &http.Client{Timeout: time.Second}
+	var last string
+	for time.Now().Before(deadline) {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		resp, err := c.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return nil
+			}
+			last = resp.Status
+		} else {
+			last = err.Error()
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("%s not ready within %v: %s", url, d, last)
+}
+
+// redisPing sends PING to the Redis at addr and reports whether it answered
+// PONG.
+func redisPing(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, 500*time.Millisecond)
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	if _, err := c.Write([]byte("*1\r\n$4\r\nPING\r\n")); err != nil {
+		return false
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	return err == nil && strings.HasPrefix(line, "+PONG")
+}
+
+func waitRedis(ctx context.Context, addr string, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if redisPing(addr) {
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("redis at %s did not answer PING within %v", addr, d)
+}
