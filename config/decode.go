@@ -261,9 +261,19 @@ func editDistance(a, b string) int {
 // above it), not the line at fault. The line at fault is the one after the
 // longest run of whole lines that still parses: a construct left open
 // (a quote, a flow mapping) parses once closed, a mistake never does.
+// Each try re-parses a head of the file, so the search stops after
+// syntaxSearchBytes bytes parsed in all (0: the library's line stands):
+// a large file with its mistake near the top would cost time quadratic
+// in its size.
 func syntaxLine(b []byte) (line int, text string) {
 	lines := strings.SplitAfter(string(b), "\n")
+	head := len(b)
+	budget := syntaxSearchBytes
 	for n := len(lines) - 1; n >= 0; n-- {
+		head -= len(lines[n])
+		if budget -= head; budget < 0 {
+			return 0, ""
+		}
 		var root yaml.Node
 		if err := yaml.Unmarshal([]byte(strings.Join(lines[:n], "")), &root); err == nil {
 			return n + 1, strings.TrimRight(lines[n], "\r\n")
@@ -271,6 +281,10 @@ func syntaxLine(b []byte) (line int, text string) {
 	}
 	return 0, ""
 }
+
+// syntaxSearchBytes bounds the bytes syntaxLine re-parses: a file of up
+// to a few thousand lines is searched whole.
+const syntaxSearchBytes = 16 << 20
 
 // yamlLineRE is the "yaml: line N: " prefix of a syntax error.
 var yamlLineRE = regexp.MustCompile(`^yaml: (line \d+: )?`)

@@ -2,6 +2,7 @@ package config
 
 import (
 	"strings"
+	"time"
 	"testing"
 )
 
@@ -97,5 +98,21 @@ func TestSyntaxErrorLine(t *testing.T) {
 				t.Errorf("error = %q, want %q%s... ending in the line %s", msg, "parse config: ", tt.wantLine, tt.wantText)
 			}
 		})
+	}
+}
+
+// TestSyntaxErrorLineHugeFile: finding the line at fault re-parses
+// shorter and shorter heads of the file; on a large file with its mistake
+// near the top that must stay bounded (it was quadratic: 61 s for 340 KB),
+// falling back to the YAML library's own line.
+func TestSyntaxErrorLineHugeFile(t *testing.T) {
+	src := "upstream: [\n" + strings.Repeat("# a comment line\n", 20000)
+	start := time.Now()
+	_, err := Parse([]byte(src))
+	if err == nil || !strings.HasPrefix(err.Error(), "parse config: ") {
+		t.Fatalf("Parse = %v, want a syntax error", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Errorf("Parse of a %d-byte file with a syntax error took %s", len(src), d)
 	}
 }
