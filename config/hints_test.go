@@ -2,8 +2,8 @@ package config
 
 import (
 	"strings"
-	"time"
 	"testing"
+	"time"
 )
 
 // TestUnknownFieldSuggestion: an unknown field close to a field of its
