@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"regexp"
 	"strings"
+	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -215,7 +216,13 @@ func nearest(name string, fields map[string]reflect.Type) string {
 		maxEdits = 2
 	}
 	best, bestD := "", maxEdits+1
+	n := utf8.RuneCountInString(norm)
 	for f := range fields {
+		// The lengths bound the distance from below: a name far longer
+		// (a megabyte, say) is no typo, and costs no alignment.
+		if m := utf8.RuneCountInString(f); n-m > maxEdits || m-n > maxEdits {
+			continue
+		}
 		d := editDistance(norm, f)
 		if d < bestD || (d == bestD && f < best) {
 			best, bestD = f, d
