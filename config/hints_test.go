@@ -137,3 +137,23 @@ func TestUnknownHugeFieldName(t *testing.T) {
 		t.Errorf("Parse of 4 unknown 1 MB field names took %s", d)
 	}
 }
+
+// TestUpstreamProblemHidesPassword: a problem with the upstream URL quotes
+// it, but not the password it may carry (the problems go to stderr, and so
+// to the logs of a container that fails to start).
+func TestUpstreamProblemHidesPassword(t *testing.T) {
+	for _, src := range []string{
+		"upstream: http://svc:hunter2@127.0.0.1:9000/?x=1\n",
+		"upstream: http://svc:hunter2@127.0.0.1:99999\n",
+		"upstream: \"http://svc:hunter2@[::1\"\n", // no URL at all
+		"upstream: http://svc:hunter2@127.0.0.1:9000\nupstream_tls: {insecure_skip_verify: true}\n",
+	} {
+		_, err := Parse([]byte(src + "routes: [{name: a, match: POST /a, key: {header: Idempotency-Key}}]\n"))
+		if err == nil || !strings.Contains(err.Error(), "upstream") {
+			t.Fatalf("Parse(%q) = %v, want an upstream problem", src, err)
+		}
+		if strings.Contains(err.Error(), "hunter2") {
+			t.Errorf("Parse(%q) = %v shows the password", src, err)
+		}
+	}
+}
