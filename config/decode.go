@@ -21,6 +21,8 @@ type decodeChecker struct {
 	// bad are the paths whose value was removed; validation problems under
 	// them would only repeat the decoding problem.
 	bad []string
+	// badSet holds bad, once covers is first called.
+	badSet map[string]bool
 }
 
 var unmarshalerType = reflect.TypeFor[yaml.Unmarshaler]()
@@ -34,10 +36,25 @@ func (c *decodeChecker) add(path string, line int, format string, args ...any) {
 
 // covers reports whether a validation problem concerns a path whose
 // value was removed.
+// A problem reads "path: message", and a path holds no ": ": only the
+// heads of the path are looked up, not every removed path (a file with
+// thousands of bad values would cost their number times its problems).
 func (c *decodeChecker) covers(problem string) bool {
-	for _, b := range c.bad {
-		if rest, ok := strings.CutPrefix(problem, b); ok &&
-			(strings.HasPrefix(rest, ":") || strings.HasPrefix(rest, ".") || strings.HasPrefix(rest, "[")) {
+	if len(c.bad) == 0 {
+		return false
+	}
+	if c.badSet == nil {
+		c.badSet = make(map[string]bool, len(c.bad))
+		for _, b := range c.bad {
+			c.badSet[b] = true
+		}
+	}
+	path := problem
+	if i := strings.Index(problem, ": "); i >= 0 {
+		path = problem[:i+1]
+	}
+	for i := 1; i < len(path); i++ {
+		if (path[i] == ':' || path[i] == '.' || path[i] == '[') && c.badSet[path[:i]] {
 			return true
 		}
 	}
