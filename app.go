@@ -219,7 +219,7 @@ func (a *app) serve(ctx context.Context) error {
 		go func() { errc <- admSrv.Serve(aln) }()
 		log.Info("admin listening", "addr", aln.Addr().String())
 	}
-	log.Info("idemproxy listening", "addr", ln.Addr().String(), "upstream", cfg.Upstream,
+	log.Info("idemproxy listening", "addr", ln.Addr().String(), "upstream", redactURL(cfg.Upstream),
 		"store", storeName, "routes", len(cfg.Routes), "version", version, "config", a.path)
 
 	for done := false; !done; {

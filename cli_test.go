@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -319,4 +320,20 @@ func TestStoreAttrs(t *testing.T) {
 func fmtAny(v []any) string {
 	b, _ := json.Marshal(v)
 	return string(b)
+}
+
+// TestStartAttrsUpstreamCredential: an upstream URL may carry a user and
+// password (validation takes it); the first log line must not show them.
+func TestStartAttrsUpstreamCredential(t *testing.T) {
+	a := &app{path: "idemproxy.yaml", getenv: func(string) string { return "" }, cfg: &config.Config{
+		Upstream: "http://svc:hunter2@10.0.0.7:9000/base",
+		Store:    config.Store{Badger: &config.Badger{Dir: "/d"}},
+	}}
+	s := fmt.Sprint(a.startAttrs()...)
+	if strings.Contains(s, "hunter2") {
+		t.Errorf("startAttrs = %s shows the upstream's password", s)
+	}
+	if !strings.Contains(s, "10.0.0.7:9000/base") {
+		t.Errorf("startAttrs = %s, want the upstream's host and path", s)
+	}
 }

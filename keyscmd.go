@@ -153,7 +153,7 @@ func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 		}
 		return c.call(ctx, http.MethodGet, "/v1/keys/"+route, q, c.printList)
 	case "show":
-		return c.call(ctx, http.MethodGet, "/v1/keys/"+route+"/"+url.PathEscape(pos[1]), q, c.printFields)
+		return c.call(ctx, http.MethodGet, "/v1/keys/"+route+"/"+keySegment(pos[1]), q, c.printFields)
 	case "release":
 		if *reason != "" {
 			q.Set("reason", *reason)
@@ -161,9 +161,9 @@ func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer, geten
 		if *force {
 			q.Set("force", "true")
 		}
-		return c.call(ctx, http.MethodDelete, "/v1/keys/"+route+"/"+url.PathEscape(pos[1]), q, c.printFields)
+		return c.call(ctx, http.MethodDelete, "/v1/keys/"+route+"/"+keySegment(pos[1]), q, c.printFields)
 	default: // reconcile
-		return c.call(ctx, http.MethodPost, "/v1/keys/"+route+"/"+url.PathEscape(pos[1])+"/reconcile", q, c.printFields)
+		return c.call(ctx, http.MethodPost, "/v1/keys/"+route+"/"+keySegment(pos[1])+"/reconcile", q, c.printFields)
 	}
 }
 
@@ -341,6 +341,17 @@ func timeText(t *time.Time) string {
 func orDash(s string) string {
 	if s == "" {
 		return "-"
+	}
+	return s
+}
+
+// keySegment is key as one path segment. A key of "." or ".." escapes its
+// dots: routers clean such segments away (a ServeMux redirects to the
+// path without them, that of another key or of none).
+func keySegment(key string) string {
+	s := url.PathEscape(key)
+	if s == "." || s == ".." {
+		s = strings.ReplaceAll(s, ".", "%2E")
 	}
 	return s
 }

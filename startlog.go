@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"net/url"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -24,7 +25,7 @@ func (a *app) startAttrs() []any {
 	for i, r := range a.cfg.Routes {
 		routes[i] = r.Name
 	}
-	return append(attrs, "routes", routes, "upstream", a.cfg.Upstream)
+	return append(attrs, "routes", routes, "upstream", redactURL(a.cfg.Upstream))
 }
 
 // storeAttrs names the configured store and where it is: Badger's data
@@ -62,4 +63,14 @@ func postgresWhere(dsn string) string {
 		return "(unreadable DSN)"
 	}
 	return fmt.Sprintf("%s:%d/%s", pc.Host, pc.Port, pc.Database)
+}
+
+// redactURL is u for a log line: a password it carries (upstream
+// "http://user:secret@host") shows as "xxxxx".
+func redactURL(u string) string {
+	p, err := url.Parse(u)
+	if err != nil || p.User == nil {
+		return u
+	}
+	return p.Redacted()
 }

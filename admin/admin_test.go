@@ -390,7 +390,7 @@ func TestKeyPaths(t *testing.T) {
 	st := openStore(t)
 	srv := httptest.NewServer(newHandler(t, st, nil))
 	defer srv.Close()
-	keys := []string{"a/b c", "a//b", "100%", "q?x#y", "ключ-1", "dir/", "+plus&amp;"}
+	keys := []string{"a/b c", "a//b", "100%", "q?x#y", "ключ-1", "dir/", "+plus&amp;", "..", ".", "a/../b", "x/./y"}
 	for _, k := range keys {
 		seed(t, st, store.Key("charges", "", k), seedCompleted)
 	}
@@ -410,6 +410,10 @@ func TestKeyPaths(t *testing.T) {
 		{"dir%2F", http.StatusOK, "dir/"},
 		{"+plus&amp;", http.StatusOK, "+plus&amp;"},
 		{"a%2Fb", http.StatusNotFound, ""},
+		{"%2E%2E", http.StatusOK, ".."},
+		{"%2E", http.StatusOK, "."},
+		{"a%2F%2E%2E%2Fb", http.StatusOK, "a/../b"},
+		{"x%2F.%2Fy", http.StatusOK, "x/./y"},
 		{"a/b+c", http.StatusNotFound, ""}, // '+' is not a space in a path
 		{"dir", http.StatusNotFound, ""},
 	}

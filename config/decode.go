@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"regexp"
 	"strings"
+	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -20,6 +21,8 @@ type decodeChecker struct {
 	// bad are the paths whose value was removed; validation problems under
 	// them would only repeat the decoding problem.
 	bad []string
+	// badSet holds bad, once covers is first called.
+	badSet map[string]bool
 }
 
 var unmarshalerType = reflect.TypeFor[yaml.Unmarshaler]()
@@ -33,10 +36,25 @@ func (c *decodeChecker) add(path string, line int, format string, args ...any) {
 
 // covers reports whether a validation problem concerns a path whose
 // value was removed.
+// A problem reads "path: message", and a path holds no ": ": only the
+// heads of the path are looked up, not every removed path (a file with
+// thousands of bad values would cost their number times its problems).
 func (c *decodeChecker) covers(problem string) bool {
-	for _, b := range c.bad {
-		if rest, ok := strings.CutPrefix(problem, b); ok &&
-			(strings.HasPrefix(rest, ":") || strings.HasPrefix(rest, ".") || strings.HasPrefix(rest, "[")) {
+	if len(c.bad) == 0 {
+		return false
+	}
+	if c.badSet == nil {
+		c.badSet = make(map[string]bool, len(c.bad))
+		for _, b := range c.bad {
+			c.badSet[b] = true
+		}
+	}
+	path := problem
+	if i := strings.Index(problem, ": "); i >= 0 {
+		path = problem[:i+1]
+	}
+	for i := 1; i < len(path); i++ {
+		if (path[i] == ':' || path[i] == '.' || path[i] == '[') && c.badSet[path[:i]] {
 			return true
 		}
 	}
@@ -215,7 +233,13 @@ func nearest(name string, fields map[string]reflect.Type) string {
 		maxEdits = 2
 	}
 	best, bestD := "", maxEdits+1
+	n := utf8.RuneCountInString(norm)
 	for f := range fields {
+		// The lengths bound the distance from below: a name far longer
+		// (a megabyte, say) is no typo, and costs no alignment.
+		if m := utf8.RuneCountInString(f); n-m > maxEdits || m-n > maxEdits {
+			continue
+		}
 		d := editDistance(norm, f)
 		if d < bestD || (d == bestD && f < best) {
 			best, bestD = f, d
@@ -261,9 +285,19 @@ func editDistance(a, b string) int {
 // above it), not the line at fault. The line at fault is the one after the
 // longest run of whole lines that still parses: a construct left open
 // (a quote, a flow mapping) parses once closed, a mistake never does.
+// Each try re-parses a head of the file, so the search stops after
+// syntaxSearchBytes bytes parsed in all (0: the library's line stands):
+// a large file with its mistake near the top would cost time quadratic
+// in its size.
 func syntaxLine(b []byte) (line int, text string) {
 	lines := strings.SplitAfter(string(b), "\n")
+	head := len(b)
+	budget := syntaxSearchBytes
 	for n := len(lines) - 1; n >= 0; n-- {
+		head -= len(lines[n])
+		if budget -= head; budget < 0 {
+			return 0, ""
+		}
 		var root yaml.Node
 		if err := yaml.Unmarshal([]byte(strings.Join(lines[:n], "")), &root); err == nil {
 			return n + 1, strings.TrimRight(lines[n], "\r\n")
@@ -271,6 +305,10 @@ func syntaxLine(b []byte) (line int, text string) {
 	}
 	return 0, ""
 }
+
+// syntaxSearchBytes bounds the bytes syntaxLine re-parses: a file of up
+// to a few thousand lines is searched whole.
+const syntaxSearchBytes = 16 << 20
 
 // yamlLineRE is the "yaml: line N: " prefix of a syntax error.
 var yamlLineRE = regexp.MustCompile(`^yaml: (line \d+: )?`)

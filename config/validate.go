@@ -43,16 +43,16 @@ func (c *Config) Validate() error {
 	if c.Upstream == "" {
 		p.add("upstream", "required (the protected service's base URL, e.g. http://127.0.0.1:9000)")
 	} else if u, err := url.Parse(c.Upstream); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		p.add("upstream", "%q is not an absolute http or https URL", c.Upstream)
+		p.add("upstream", "%q is not an absolute http or https URL", redactedURL(c.Upstream))
 	} else if u.RawQuery != "" || u.Fragment != "" {
-		p.add("upstream", "%q must not carry a query or fragment", c.Upstream)
+		p.add("upstream", "%q must not carry a query or fragment", redactedURL(c.Upstream))
 	} else if port := u.Port(); port != "" && !validPort(port) {
-		p.add("upstream", "%q: port %s is not 0 to 65535 or a service name", c.Upstream, port)
+		p.add("upstream", "%q: port %s is not 0 to 65535 or a service name", redactedURL(c.Upstream), port)
 	}
 	if !c.UpstreamTLS.IsZero() {
 		c.UpstreamTLS.load(&p)
 		if u, err := url.Parse(c.Upstream); err == nil && u.Scheme == "http" {
-			p.add("upstream_tls", "set, but upstream %q is plain http: use an https URL", c.Upstream)
+			p.add("upstream_tls", "set, but upstream %q is plain http: use an https URL", redactedURL(c.Upstream))
 		}
 	}
 	if c.Admin.Listen != "" {
@@ -561,4 +561,18 @@ func CanonicalPattern(pattern string) string {
 	}
 	host := strings.ToLower(strings.TrimRight(rest[:slash], "."))
 	return method + host + rest[slash:]
+}
+
+// redactedURL is u for a problem: without the password it may carry
+// ("http://user:secret@host"), which would go to the logs with it.
+func redactedURL(u string) string {
+	if p, err := url.Parse(u); err == nil {
+		return p.Redacted()
+	}
+	if scheme, rest, ok := strings.Cut(u, "://"); ok {
+		if i := strings.LastIndex(rest, "@"); i >= 0 {
+			return scheme + "://xxxxx" + rest[i:]
+		}
+	}
+	return u
 }

@@ -89,7 +89,11 @@ func decodeListCursor(s, prefix string) (*listCursor, error) {
 		return nil, store.ErrBadCursor
 	}
 	var c listCursor
-	if err := json.Unmarshal(b, &c); err != nil || c.Prefix != prefix {
+	// A listing ends a page on a key under its prefix, and a text column
+	// holds no NUL byte (PostgreSQL would refuse the statement: a forged
+	// cursor would read as a failing store).
+	if err := json.Unmarshal(b, &c); err != nil || c.Prefix != prefix ||
+		len(c.Last) <= len(prefix) || !strings.HasPrefix(c.Last, prefix) || strings.IndexByte(c.Last, 0) >= 0 {
 		return nil, store.ErrBadCursor
 	}
 	return &c, nil

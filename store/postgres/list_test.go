@@ -1,12 +1,18 @@
 package postgres_test
 
 import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/idemproxy/idemproxy/internal/pgtest"
+	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/postgres"
 	"github.com/idemproxy/idemproxy/store/storetest"
 )
@@ -41,4 +47,27 @@ func TestListConformanceCollated(t *testing.T) {
 		srv.MustExec(ddl)
 		return newStore(t, srv, postgres.Options{Table: table})
 	})
+}
+
+// TestListForgedCursor: a cursor in the store's own form whose key is not
+// one a listing of its prefix could end on (a NUL byte, which a text
+// column cannot hold; a key of another route) is a bad cursor, not a
+// failing store (503) nor a listing that silently ends or starts over
+// among other routes' keys.
+func TestListForgedCursor(t *testing.T) {
+	srv := pgtest.Start(t)
+	s := newStore(t, srv, postgres.Options{})
+	ctx := context.Background()
+	for _, k := range []string{"r/-/a", "r/-/b", "s/-/a"} {
+		if _, err := s.Reserve(ctx, k, store.Reservation{Token: "tok", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, last := range []string{"r/-/a\u0000", "s/-/a", "", "r/"} {
+		b, _ := json.Marshal(map[string]string{"p": "r/", "k": last})
+		q := store.ListQuery{Prefix: "r/", Limit: 10, Cursor: "p1." + base64.RawURLEncoding.EncodeToString(b)}
+		if recs, next, err := s.List(ctx, q); !errors.Is(err, store.ErrBadCursor) {
+			t.Errorf("List with a cursor after %q = %d records, next %q, %v; want ErrBadCursor", last, len(recs), next, err)
+		}
+	}
 }
