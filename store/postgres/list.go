@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -47,12 +46,14 @@ const bytewiseSQL = `SELECT CASE
 FROM pg_attribute AS a JOIN pg_collation AS c ON c.oid = a.attcollation
 WHERE a.attrelid = $1::regclass AND a.attname = 'key'`
 
-// bytewise caches, per Store, whether its key column sorts byte by byte.
-var bytewise sync.Map // *Store -> bool
-
+// keysBytewise reports whether the key column sorts byte by byte, read
+// once per Store (a failed read is tried again on the next listing).
 func (s *Store) keysBytewise(ctx context.Context) (bool, error) {
-	if v, ok := bytewise.Load(s); ok {
-		return v.(bool), nil
+	switch s.bytewise.Load() {
+	case 1:
+		return true, nil
+	case 2:
+		return false, nil
 	}
 	var b bool
 	err := s.run(ctx, func(ctx context.Context, c *pgxpool.Conn) error {
@@ -61,7 +62,11 @@ func (s *Store) keysBytewise(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("read the key column's collation: %w", err)
 	}
-	bytewise.Store(s, b)
+	if b {
+		s.bytewise.Store(1)
+	} else {
+		s.bytewise.Store(2)
+	}
 	return b, nil
 }
 

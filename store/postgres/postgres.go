@@ -87,6 +87,9 @@ type Store struct {
 	log              *slog.Logger
 	instance         string // tags this Store's DueLookups listings
 	clock            dbClock
+	// bytewise is whether the key column sorts byte by byte (list.go):
+	// 0 not read yet, 1 yes, 2 no.
+	bytewise atomic.Int32
 
 	sweepBatch int
 	swept      atomic.Int64
