@@ -76,14 +76,15 @@ func main() {
 	profile := flag.String("profile", "", "write a CPU profile of each idemproxy target's loaded run of the last round to this directory")
 	ttl := flag.Duration("ttl", 0, "the idemproxy targets' route ttl (0: the default, 24h)")
 	sample := flag.Duration("sample", 0, "print keys sent, data-directory size and RSS of each target this often during the loaded run (0: never)")
-	prefill := flag.Int("prefill", 0, "store this many completed keys in each Badger target's directory before it starts")
+	prefill := flag.Int("prefill", 0, "also measure each store target on a store already holding this many completed keys (target@N)")
+	rate := flag.Int("rate", 0, "open-loop: send this many requests per second for -duration instead of the closed-loop runs (0: closed-loop)")
 	flag.Parse()
 	if *bareListen != "" {
 		serveBare(*bareListen, *bareUpstream)
 		return
 	}
 	o := options{d: *duration, conns: *conns, rounds: *rounds, driver: *driver, names: strings.Split(*targets, ","),
-		keep: *keep, logLevel: *logLevel, single: *single, profile: *profile, ttl: *ttl, sample: *sample, prefill: *prefill}
+		keep: *keep, logLevel: *logLevel, single: *single, profile: *profile, ttl: *ttl, sample: *sample, prefill: *prefill, rate: *rate}
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
@@ -154,7 +155,8 @@ type options struct {
 	profile       string
 	ttl           time.Duration // route ttl of the idemproxy targets; 0: the default
 	sample        time.Duration // sampling period of the loaded run; 0: none
-	prefill       int           // keys stored in each Badger target before it starts
+	prefill       int           // keys stored in each store target's twin before it starts
+	rate          int           // open-loop requests per second; 0: closed-loop
 }
 
 func run(o options) error {
@@ -162,6 +164,12 @@ func run(o options) error {
 	keep, logLevel, single, profile := o.keep, o.logLevel, o.single, o.profile
 	if o.ttl != 0 && o.ttl < 2*time.Second {
 		return errors.New("-ttl must be at least 2s (the lease and upstream timeout fit below it)")
+	}
+	if o.rate < 0 || o.prefill < 0 {
+		return errors.New("-rate and -prefill must not be negative")
+	}
+	if o.rate > 0 && o.sample > 0 {
+		return errors.New("-sample is for the closed-loop runs: not with -rate")
 	}
 	if o.sample != 0 && o.sample < time.Second {
 		return errors.New("-sample must be at least 1s")
@@ -270,51 +278,65 @@ func run(o options) error {
 		return fmt.Errorf("stub: %w", err)
 	}
 	stubURL := "http://" + stubAddr
-	redisAddr, redisPid := "", 0
-	if slices.Contains(names, "redis") {
-		redisAddr = freeAddr()
-		_, port, _ := net.SplitHostPort(redisAddr)
-		rdir := filepath.Join(tmp, "redis")
-		os.Mkdir(rdir, 0o700)
-		c, err := start("redis-server", "--bind", "127.0.0.1", "--port", port, "--dir", rdir,
-			"--save", "", "--appendonly", "yes", "--appendfsync", "everysec")
-		if err != nil {
-			return err
-		}
-		redisPid = c.Process.Pid
-		if err := waitListening(redisAddr); err != nil {
-			return fmt.Errorf("redis: %w", err)
+	// With -prefill, each store target has a twin that starts on a store
+	// already holding that many keys: name@1M beside name.
+	type spec struct {
+		name, kind string // kind: the name without the @ suffix
+		prefill    int
+	}
+	var specs []spec
+	for _, n := range names {
+		specs = append(specs, spec{name: n, kind: n})
+		if o.prefill > 0 && n != "bare" {
+			specs = append(specs, spec{name: n + "@" + count(o.prefill), kind: n, prefill: o.prefill})
 		}
 	}
-
 	var ts []*target
-	for _, n := range names {
+	for _, sp := range specs {
+		n := sp.kind
 		addr, adminAddr, dataDir := freeAddr(), "", ""
 		var (
 			c        *exec.Cmd
 			storeCPU func() time.Duration
 			env      []string
 		)
+		ttl := cmp.Or(o.ttl, 24*time.Hour)
+		prefilled := func(what string, t0 time.Time) {
+			size, alloc := dirSize(dataDir)
+			fmt.Printf("prefill %s: %d keys in %s%s, data dir %.1f MiB (%.1f MiB allocated)\n",
+				sp.name, sp.prefill, time.Since(t0).Round(time.Second), what, mib(size), mib(alloc))
+		}
 		switch n {
 		case "bare":
 			c, err = start(self, "-bare-listen", addr, "-bare-upstream", stubURL)
 		case "badger-sync", "badger-nosync", "redis", "postgres-sync", "postgres-nosync":
-			dataDir = filepath.Join(tmp, "data-"+n)
-			if o.prefill > 0 && strings.HasPrefix(n, "badger") {
+			dataDir = filepath.Join(tmp, "data-"+sp.name)
+			if sp.prefill > 0 && strings.HasPrefix(n, "badger") {
 				t0 := time.Now()
-				if err := prefillStore(dataDir, o.prefill, cmp.Or(o.ttl, 24*time.Hour)); err != nil {
-					return fmt.Errorf("%s: prefill: %w", n, err)
+				if err := prefillStore(dataDir, sp.prefill, ttl); err != nil {
+					return fmt.Errorf("%s: prefill: %w", sp.name, err)
 				}
-				size, alloc := dirSize(dataDir)
-				fmt.Printf("prefill %s: %d keys in %s, data dir %.1f MiB (%.1f MiB allocated)\n",
-					n, o.prefill, time.Since(t0).Round(time.Second), mib(size), mib(alloc))
+				prefilled("", t0)
 			}
 			store := fmt.Sprintf("  badger:\n    dir: %s\n    sync_writes: %v\n", dataDir, n == "badger-sync")
 			switch {
 			case n == "redis":
-				dataDir = ""
-				store = fmt.Sprintf("  redis:\n    addrs: [%s]\n", redisAddr)
-				storeCPU = func() time.Duration { return cpuTime(redisPid) }
+				// Its own server, so that the fresh target's stays fresh.
+				raddr, rpid, err := startRedis(filepath.Join(tmp, "redis-"+sp.name), start)
+				if err != nil {
+					return fmt.Errorf("%s: %w", sp.name, err)
+				}
+				dataDir = filepath.Join(tmp, "redis-"+sp.name)
+				if sp.prefill > 0 {
+					t0 := time.Now()
+					if err := prefillRedis(raddr, sp.prefill, ttl); err != nil {
+						return fmt.Errorf("%s: prefill: %w", sp.name, err)
+					}
+					fmt.Printf("prefill %s: %d keys in %s, server RSS %.1f MiB\n", sp.name, sp.prefill,
+						time.Since(t0).Round(time.Second), mib(procStatus(rpid, "VmRSS")))
+				}
+				store = fmt.Sprintf("  redis:\n    addrs: [%s]\n", raddr)
+				storeCPU = func() time.Duration { return cpuTime(rpid) }
 			case isPostgres(n):
 				// Its own server, so that its CPU time is this target's alone.
 				pg, err := startPostgres(pgBin, func(c *exec.Cmd) error { return startCmd(c) })
@@ -322,9 +344,16 @@ func run(o options) error {
 					pgs = append(pgs, pg)
 				}
 				if err != nil {
-					return fmt.Errorf("%s: %w", n, err)
+					return fmt.Errorf("%s: %w", sp.name, err)
 				}
 				dataDir = filepath.Join(pg.dir, "data")
+				if sp.prefill > 0 {
+					t0 := time.Now()
+					if err := prefillPostgres(pg.dsn(), sp.prefill, ttl); err != nil {
+						return fmt.Errorf("%s: prefill: %w", sp.name, err)
+					}
+					prefilled(" (the server's whole data directory)", t0)
+				}
 				sc := map[string]string{"postgres-sync": "on", "postgres-nosync": "off"}[n]
 				store = fmt.Sprintf("  postgres:\n    dsn_env: IDEMPROXY_POSTGRES_DSN\n    synchronous_commit: %q\n", sc)
 				env = append(env, "IDEMPROXY_POSTGRES_DSN="+pg.dsn())
@@ -341,7 +370,7 @@ func run(o options) error {
 				adminAddr = freeAddr()
 				cfg += fmt.Sprintf("admin:\n  listen: %s\n  pprof: true\n", adminAddr)
 			}
-			path := filepath.Join(tmp, n+".yaml")
+			path := filepath.Join(tmp, sp.name+".yaml")
 			if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 				return err
 			}
@@ -354,9 +383,12 @@ func run(o options) error {
 			return err
 		}
 		if err := waitListening(addr); err != nil {
-			return fmt.Errorf("%s: %w", n, err)
+			return fmt.Errorf("%s: %w", sp.name, err)
 		}
-		ts = append(ts, &target{name: n, cmd: c, addr: addr, admin: adminAddr, pid: c.Process.Pid, dir: dataDir, storeCPU: storeCPU})
+		ts = append(ts, &target{name: sp.name, cmd: c, addr: addr, admin: adminAddr, pid: c.Process.Pid, dir: dataDir, storeCPU: storeCPU})
+	}
+	if o.rate > 0 {
+		return runOpen(o, ts, stubURL)
 	}
 
 	how := "an in-process Go client"
@@ -426,11 +458,7 @@ func run(o options) error {
 			res.peakRSS = vmHWM(t.pid)
 			all[t.name] = append(all[t.name], res)
 			// The stub keeps every charge: forget them between targets.
-			if req, err := http.NewRequest("DELETE", stubURL+"/charges", nil); err == nil {
-				if resp, err := http.DefaultClient.Do(req); err == nil {
-					resp.Body.Close()
-				}
-			}
+			forgetCharges(stubURL)
 		}
 	}
 	var out []result

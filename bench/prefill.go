@@ -7,11 +7,18 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/http"
+	"strconv"
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/badger"
+	pgstore "github.com/idemproxy/idemproxy/store/postgres"
+	redisstore "github.com/idemproxy/idemproxy/store/redis"
 )
 
 // prefillStore writes n completed keys into the Badger store in dir, each
@@ -55,4 +62,99 @@ func prefillStore(dir string, n int, ttl time.Duration) error {
 		return err
 	}
 	return s.Close()
+}
+
+// count is n for a target's name: 1M, 250k, 5000.
+func count(n int) string {
+	switch {
+	case n%1_000_000 == 0:
+		return fmt.Sprintf("%dM", n/1_000_000)
+	case n%1000 == 0:
+		return fmt.Sprintf("%dk", n/1000)
+	}
+	return strconv.Itoa(n)
+}
+
+// seed stores one completed key through s, as the proxy stores an answer
+// of the stub, and returns its store key.
+func seed(s store.Store, ttl time.Duration) (string, error) {
+	ctx := context.Background()
+	key := store.Key("charges", "", "prefill-seed")
+	token := rand.Text()
+	sum := sha256.Sum256([]byte(key))
+	res := store.Reservation{Token: token, Fingerprint: hex.EncodeToString(sum[:]), Lease: min(ttl/2, time.Minute), TTL: ttl}
+	if _, err := s.Reserve(ctx, key, res); err != nil {
+		return "", err
+	}
+	body := fmt.Sprintf(`{"chargeId":"ch_%s","orderId":"prefill-seed","amount":10,"createdAt":"%s"}`,
+		rand.Text(), time.Now().UTC().Format(time.RFC3339Nano))
+	resp := store.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(body), BodyStored: true}
+	return key, s.Commit(ctx, key, token, resp, ttl)
+}
+
+// prefillRedis stores n completed keys in the Redis server at addr, under
+// the default key prefix: one through the store, the others copies of its
+// value (DUMP and RESTORE, pipelined), each with its own key.
+func prefillRedis(addr string, n int, ttl time.Duration) error {
+	s, err := redisstore.New(redisstore.Options{Addrs: []string{addr}, KeyPrefix: config.DefaultRedisKeyPrefix,
+		DialTimeout: time.Second, OpTimeout: 5 * time.Second})
+	if err != nil {
+		return err
+	}
+	key, err := seed(s, ttl)
+	s.Close()
+	if err != nil {
+		return err
+	}
+	ctx := context.Background()
+	c := goredis.NewClient(&goredis.Options{Addr: addr})
+	defer c.Close()
+	dump, err := c.Dump(ctx, config.DefaultRedisKeyPrefix+key).Result()
+	if err != nil {
+		return fmt.Errorf("dump %s: %w", key, err)
+	}
+	const batch = 2000
+	for i := 0; i < n; i += batch {
+		p := c.Pipeline()
+		for j := i; j < min(n, i+batch); j++ {
+			p.Restore(ctx, config.DefaultRedisKeyPrefix+store.Key("charges", "", fmt.Sprintf("prefill-%d", j)), ttl, dump)
+		}
+		if _, err := p.Exec(ctx); err != nil {
+			return fmt.Errorf("restore: %w", err)
+		}
+	}
+	return nil
+}
+
+// prefillPostgres stores n completed keys in the PostgreSQL server at dsn:
+// one through the store (which creates the table), the others copies of
+// its row, each with its own key.
+func prefillPostgres(dsn string, n int, ttl time.Duration) error {
+	ctx := context.Background()
+	s, err := pgstore.New(ctx, pgstore.Options{DSN: dsn, SweepInterval: -1})
+	if err != nil {
+		return err
+	}
+	key, err := seed(s, ttl)
+	s.Close()
+	if err != nil {
+		return err
+	}
+	c, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer c.Close(ctx)
+	const batch = 100_000
+	for i := 0; i < n; i += batch {
+		_, err := c.Exec(ctx, `INSERT INTO `+pgstore.DefaultTable+`
+SELECT (jsonb_populate_record(NULL::`+pgstore.DefaultTable+`, to_jsonb(t) || jsonb_build_object('key', $2::text || g))).*
+FROM `+pgstore.DefaultTable+` t, generate_series($3::int, $4::int) g WHERE t.key = $1`,
+			key, store.Key("charges", "", "prefill-"), i, min(n, i+batch)-1)
+		if err != nil {
+			return fmt.Errorf("copy rows: %w", err)
+		}
+	}
+	_, err = c.Exec(ctx, `VACUUM ANALYZE `+pgstore.DefaultTable)
+	return err
 }
