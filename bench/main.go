@@ -292,6 +292,7 @@ func run(o options) error {
 		}
 	}
 	var ts []*target
+	badgerFilled := "" // a prefilled Badger directory, once made
 	for _, sp := range specs {
 		n := sp.kind
 		addr, adminAddr, dataDir := freeAddr(), "", ""
@@ -312,9 +313,16 @@ func run(o options) error {
 		case "badger-sync", "badger-nosync", "redis", "postgres-sync", "postgres-nosync":
 			dataDir = filepath.Join(tmp, "data-"+sp.name)
 			if sp.prefill > 0 && strings.HasPrefix(n, "badger") {
+				// Filled once, copied for the other Badger twin.
 				t0 := time.Now()
-				if err := prefillStore(dataDir, sp.prefill, ttl); err != nil {
-					return fmt.Errorf("%s: prefill: %w", sp.name, err)
+				if badgerFilled == "" {
+					badgerFilled = filepath.Join(tmp, "prefilled-badger")
+					if err := prefillStore(badgerFilled, sp.prefill, ttl); err != nil {
+						return fmt.Errorf("%s: prefill: %w", sp.name, err)
+					}
+				}
+				if out, err := exec.Command("cp", "-a", badgerFilled, dataDir).CombinedOutput(); err != nil {
+					return fmt.Errorf("%s: copy the prefilled store: %w: %s", sp.name, err, out)
 				}
 				prefilled("", t0)
 			}
