@@ -17,6 +17,17 @@
 // Usage, from the repository root:
 //
 //	go run ./bench [-duration 5s] [-conns 32] [-rounds 1] [-driver auto|wrk|go] [-targets bare,badger-sync,badger-nosync,redis,postgres-sync,postgres-nosync] [-profile DIR] [-ttl D] [-sample D]
+//	go run ./bench -rate 2500 -duration 30s -prefill 1000000 [-pin] [-targets ...]
+//
+// With -rate, each target instead gets an open-loop, constant-rate load
+// (openloop.go): request i is sent at its intended time, whatever happened
+// to the others, and timed from then, so a stall counts for every request
+// that queued behind it. The table then shows p50, p90, p99, p99.9 and max
+// latency, CPU per request and peak RSS. With -prefill N, every store
+// target has a twin, target@N, that starts on a store already holding N
+// completed keys (a day of keys), measured in turn with its fresh one.
+// With -pin, the targets run on CPU 0 alone (taskset) and the load, the
+// stub and the database servers on the other CPUs.
 //
 // With -ttl, the idemproxy targets' route remembers keys for that long
 // instead of the default 24 h (its lease and upstream timeout shrink to
@@ -77,14 +88,18 @@ func main() {
 	ttl := flag.Duration("ttl", 0, "the idemproxy targets' route ttl (0: the default, 24h)")
 	sample := flag.Duration("sample", 0, "print keys sent, data-directory size and RSS of each target this often during the loaded run (0: never)")
 	prefill := flag.Int("prefill", 0, "also measure each store target on a store already holding this many completed keys (target@N)")
+	pin := flag.Bool("pin", false, "run each measured target on CPU 0 alone and everything else (the load, the stub, the database servers) on the other CPUs")
 	rate := flag.Int("rate", 0, "open-loop: send this many requests per second for -duration instead of the closed-loop runs (0: closed-loop)")
 	flag.Parse()
 	if *bareListen != "" {
 		serveBare(*bareListen, *bareUpstream)
 		return
 	}
+	if *pin && os.Getenv(pinnedEnv) == "" {
+		os.Exit(repin())
+	}
 	o := options{d: *duration, conns: *conns, rounds: *rounds, driver: *driver, names: strings.Split(*targets, ","),
-		keep: *keep, logLevel: *logLevel, single: *single, profile: *profile, ttl: *ttl, sample: *sample, prefill: *prefill, rate: *rate}
+		keep: *keep, logLevel: *logLevel, single: *single, profile: *profile, ttl: *ttl, sample: *sample, prefill: *prefill, rate: *rate, pin: *pin}
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
@@ -157,6 +172,7 @@ type options struct {
 	sample        time.Duration // sampling period of the loaded run; 0: none
 	prefill       int           // keys stored in each store target's twin before it starts
 	rate          int           // open-loop requests per second; 0: closed-loop
+	pin           bool          // targets on CPU 0, the rest on the others
 }
 
 func run(o options) error {
@@ -309,7 +325,8 @@ func run(o options) error {
 		}
 		switch n {
 		case "bare":
-			c, err = start(self, "-bare-listen", addr, "-bare-upstream", stubURL)
+			c = pinned(exec.Command(self, "-bare-listen", addr, "-bare-upstream", stubURL), o.pin)
+			err = startCmd(c)
 		case "badger-sync", "badger-nosync", "redis", "postgres-sync", "postgres-nosync":
 			dataDir = filepath.Join(tmp, "data-"+sp.name)
 			if sp.prefill > 0 && strings.HasPrefix(n, "badger") {
@@ -382,7 +399,7 @@ func run(o options) error {
 			if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 				return err
 			}
-			c = exec.Command(bin, "-config", path, "-log-level", logLevel)
+			c = pinned(exec.Command(bin, "-config", path, "-log-level", logLevel), o.pin)
 			err = startCmd(c, env...)
 		default:
 			return fmt.Errorf("unknown target %q", n)
