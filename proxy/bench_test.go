@@ -8,9 +8,12 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store/badger"
+	"github.com/idemproxy/idemproxy/store/redis"
 )
 
 // BenchmarkProxiedRequest measures a whole protected request through the
@@ -63,6 +66,46 @@ func BenchmarkProxiedRequest(b *testing.B) {
 		})
 		st.Close()
 	}
+}
+
+// BenchmarkProxiedRequestRedis is BenchmarkProxiedRequest's new-key
+// request on the Redis store (a real redis-server, AOF everysec as in
+// go run ./bench).
+func BenchmarkProxiedRequestRedis(b *testing.B) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(201)
+		w.Write([]byte(`{"chargeId":"ch_1","orderId":"x","amount":10}`))
+	}))
+	defer up.Close()
+	srv := redistest.Start(b, "--appendonly", "yes", "--appendfsync", "everysec")
+	st, err := redis.New(redis.Options{Addrs: []string{srv.Addr()}, KeyPrefix: "bench:", DialTimeout: time.Second, OpTimeout: 5 * time.Second})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer st.Close()
+	p, err := proxy.New(parseConfig(&testing.T{}, up.URL, chargesByOrder), proxy.Options{Store: st})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var n atomic.Int64
+	b.Run("new-key", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				body := fmt.Sprintf(`{"orderId": "R-%d", "amount": 10, "sentAt": "2026-11-30T10:00:00Z"}`, n.Add(1))
+				serve(b, p, body, 201)
+			}
+		})
+	})
+	b.Run("new-key-serial", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			body := fmt.Sprintf(`{"orderId": "RS-%d", "amount": 10, "sentAt": "2026-11-30T10:00:00Z"}`, n.Add(1))
+			serve(b, p, body, 201)
+		}
+	})
 }
 
 func serve(b *testing.B, h http.Handler, body string, want int) {

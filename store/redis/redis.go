@@ -211,7 +211,7 @@ func (s *Store) Commit(ctx context.Context, key, token string, resp store.Respon
 	if err != nil {
 		return fmt.Errorf("redis store: commit: encode response: %w", err)
 	}
-	return s.fenced(ctx, "commit", commitScript, key, token, string(b), millis(ttl))
+	return s.fenced(ctx, "commit", commitScript, key, token, b, millis(ttl))
 }
 
 // Release implements store.Store: the record is deleted, whatever its
