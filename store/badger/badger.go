@@ -168,7 +168,15 @@ func Open(opts Options) (*Store, error) {
 		WithBlockCacheSize(0).
 		WithIndexCacheSize(0).
 		WithValueLogFileSize(valueLogFileSize).
-		WithValueThreshold(16 << 10).
+		// Records of valueThreshold bytes or more (an answer with its
+		// body) live in the value log, written once; the tree keeps their
+		// key and a pointer. Compactions rewrite the tree again and again
+		// as it grows (each level about ten times, keys being random): with
+		// a million answers of ~300 bytes stored, a tree of 40 MiB instead
+		// of 300 MiB, four times less work and memory per write. A
+		// reservation (~110 bytes) stays in the tree, where the lookup
+		// that finds it does not read the log.
+		WithValueThreshold(valueThreshold).
 		WithNumCompactors(2).
 		WithNumGoroutines(2).
 		WithMetricsEnabled(false).
@@ -735,6 +743,10 @@ func waitForSpace(path string) bool { return strings.HasSuffix(path, ".sst") }
 // valueLogFileSize is the size of Badger's value-log files, and so the
 // largest value it stores: it refuses a larger one.
 const valueLogFileSize = 16 << 20
+
+// valueThreshold is the size from which a record is stored in the value
+// log rather than in the tree (see Open).
+const valueThreshold = 192
 
 func putAt(txn *bdg.Txn, k []byte, rec *record, expiresAt uint64) error {
 	v, err := rec.marshal()
