@@ -201,23 +201,27 @@ func Open(opts Options) (*Store, error) {
 	if err := createDiscardStats(opts.Dir); err != nil {
 		return nil, err
 	}
+	// Badger maps and reads every table as it opens, and the scan below
+	// reads them all: trim meanwhile, or the whole store would be resident
+	// once, and stay in the peak resident set (VmHWM) for good.
+	trim := newTrimmer(opts.Dir)
+	stopTrim := trim.trimWhile(openTrimInterval)
 	db, err := bdg.Open(bo)
 	if err != nil {
+		stopTrim()
+		trim.close()
 		return nil, fmt.Errorf("badger: open %s: %w", opts.Dir, err)
 	}
 	if opts.Settler == nil {
 		opts.Settler = settle.New(opts.Logger)
 	}
 	s := &Store{dir: opts.Dir, db: db, w: newWriter(db, opts.SyncWrites), log: opts.Logger, now: time.Now, stop: make(chan struct{}),
-		mem: newMemo(), trim: newTrimmer(opts.Dir), lost: opts.lost, settling: opts.Settler.Group()}
+		mem: newMemo(), trim: trim, lost: opts.lost, settling: opts.Settler.Group()}
 	n, err := 0, error(nil)
 	if !opts.keepInFlight {
-		// The scan reads every table: trim meanwhile, or the whole store
-		// would be resident once.
-		stop := s.trimWhile(scanTrimInterval)
 		n, err = s.orphansInDoubt()
-		stop()
 	}
+	stopTrim()
 	if err != nil {
 		s.trim.close()
 		s.w.close()
@@ -344,31 +348,34 @@ func (s *Store) Close() error {
 // flushes and compactions touch in that time, beyond trimGrowth.
 const trimPoll = 25 * time.Millisecond
 
-// scanTrimInterval is how often the mapped tables are trimmed while the
-// start-up scan reads them all: it reads a few hundred MB per second.
-const scanTrimInterval = 5 * time.Millisecond
+// openTrimInterval is how often the mapped tables are trimmed while the
+// store opens: Badger maps every table and reads its index and last block
+// (each fault maps the kernel's fault-around window, 64 KiB, not a page:
+// with a million keys the tables alone would reach 70 MiB), then the
+// start-up scan reads them all, a few hundred MB per second.
+const openTrimInterval = 5 * time.Millisecond
 
 // trimWhile trims the mapped tables every period until the returned
 // function is called; that function trims once more and returns.
-func (s *Store) trimWhile(every time.Duration) (stop func()) {
+func (t *trimmer) trimWhile(every time.Duration) (stop func()) {
 	quit, done := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
-		t := time.NewTicker(every)
-		defer t.Stop()
+		tick := time.NewTicker(every)
+		defer tick.Stop()
 		for {
 			select {
 			case <-quit:
 				return
-			case <-t.C:
-				s.trim.trim() // an error is said by the gc loop's trims
+			case <-tick.C:
+				t.trim() // an error is said by the gc loop's trims
 			}
 		}
 	}()
 	return func() {
 		close(quit)
 		<-done
-		s.trim.trim()
+		t.trim()
 	}
 }
 
