@@ -494,7 +494,7 @@ func TestGCAfterFailedRotation(t *testing.T) {
 		// Badger itself, with the store's value sizes, compacting its
 		// level 0 when it closes: the second round's compaction counts
 		// the first round's values as discarded.
-		db, err := bdg.Open(bdg.DefaultOptions(dir).WithLogger(nil).WithValueThreshold(16 << 10).
+		db, err := bdg.Open(bdg.DefaultOptions(dir).WithLogger(nil).WithValueThreshold(valueThreshold).
 			WithValueLogFileSize(valueLogFileSize).WithCompactL0OnClose(true))
 		if err != nil {
 			t.Fatal(err)
@@ -534,8 +534,10 @@ func loseMemtable(t *testing.T, s *Store, dir string) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	body := make([]byte, 8<<10)
-	for i := range 20000 {
+	// Answers small enough to be kept in the tree (below valueThreshold):
+	// larger ones go to the value log and fill the memtable slowly.
+	body := make([]byte, 48)
+	for i := range 100000 {
 		k := fmt.Sprintf("k%d", i)
 		r := store.Reservation{Token: "tok", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
 		if _, err := s.Reserve(ctx, k, r); err != nil {
