@@ -197,11 +197,26 @@ func Open(opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("badger: open %s: %w", opts.Dir, err)
 	}
+	// The reservation log is replayed whether or not SyncWrites is set
+	// now: a store last run with it holds its latest writes there.
+	walDir := filepath.Join(opts.Dir, walDirName)
+	replayed, nextNum, err := replayWAL(db, opts.Dir, walDir, time.Now())
+	var l *wal
+	if err == nil && opts.SyncWrites {
+		l, err = openWAL(walDir, nextNum)
+	}
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("badger: open %s: %w", opts.Dir, err)
+	}
 	if opts.Settler == nil {
 		opts.Settler = settle.New(opts.Logger)
 	}
-	s := &Store{dir: opts.Dir, db: db, w: newWriter(db, opts.SyncWrites), log: opts.Logger, now: time.Now, stop: make(chan struct{}),
+	s := &Store{dir: opts.Dir, db: db, w: newWriter(db, opts.SyncWrites, l), log: opts.Logger, now: time.Now, stop: make(chan struct{}),
 		mem: newMemo(), trim: newTrimmer(opts.Dir), lost: opts.lost, settling: opts.Settler.Group()}
+	if replayed > 0 {
+		s.log.Info("replayed the reservation log into the store", "records", replayed)
+	}
 	n, err := 0, error(nil)
 	if !opts.keepInFlight {
 		// The scan reads every table: trim meanwhile, or the whole store
@@ -213,6 +228,9 @@ func Open(opts Options) (*Store, error) {
 	if err != nil {
 		s.trim.close()
 		s.w.close()
+		if l != nil {
+			l.close()
+		}
 		db.Close()
 		return nil, fmt.Errorf("badger: recover in-flight reservations: %w", err)
 	}
@@ -225,7 +243,57 @@ func Open(opts Options) (*Store, error) {
 	s.keepManifestRoom()
 	s.done.Add(1)
 	go s.gcLoop(opts.GCInterval, opts.trimEvery)
+	if l != nil {
+		s.done.Add(1)
+		go s.checkpointLoop(walCheckpointEvery)
+	}
 	return s, nil
+}
+
+// checkpointLoop checkpoints the reservation log every period, when
+// anything was written, and whenever a segment fills; it keeps a spare
+// segment ready.
+func (s *Store) checkpointLoop(every time.Duration) {
+	defer s.done.Done()
+	l := s.w.wal
+	if err := l.prepare(); err != nil {
+		s.log.Warn("preparing a reservation log segment failed", "err", err)
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+		case <-l.full:
+		}
+		if err := s.checkpoint(); err != nil {
+			s.log.Warn("reservation log checkpoint failed; retrying", "err", err)
+		}
+		if err := l.prepare(); err != nil {
+			s.log.Warn("preparing a reservation log segment failed", "err", err)
+		}
+	}
+}
+
+// checkpoint empties the reservation log of what Badger holds: under the
+// writer's exclusive lock, the active segment is synced and a new one begun
+// (the older ones then hold every write Badger committed); Badger is made
+// durable, and the older segments deleted.
+func (s *Store) checkpoint() error {
+	l := s.w.wal
+	s.w.exclusive.Lock()
+	old, err := l.cut()
+	s.w.exclusive.Unlock()
+	if err != nil || len(old) == 0 {
+		return err
+	}
+	// Recovered: a Badger that failed panics rather than fail.
+	if err := recovered(func() error { return syncBadger(s.db, s.dir) }); err != nil {
+		return err
+	}
+	return l.drop(old)
 }
 
 // checkManifest refuses a directory that holds tables but no MANIFEST (a
@@ -324,6 +392,9 @@ func (s *Store) Close() error {
 		s.settling.Close(now) // before the writer closes: a retry under way waits for it
 		s.trim.close()
 		s.w.close() // applies what is queued; later writes fail
+		if s.w.wal != nil {
+			s.w.wal.close() // kept: the next open replays it
+		}
 		if err := s.db.Close(); err != nil {
 			s.closeErr = fmt.Errorf("badger: close: %w", err)
 		}
@@ -418,6 +489,14 @@ func (s *Store) RunGC() int {
 			return n
 		}
 		n++
+		if s.w.wal != nil {
+			// The rewrite moved values out of a file it then deleted;
+			// Badger runs unsynced: make the moved values durable now
+			// rather than at the next checkpoint.
+			if err := recovered(func() error { return syncBadger(s.db, s.dir) }); err != nil {
+				s.log.Warn("syncing after value-log garbage collection failed", "err", err)
+			}
+		}
 	}
 }
 
@@ -444,7 +523,7 @@ func (s *Store) orphansInDoubt() (int, error) {
 		return 0, err
 	}
 	for _, o := range orphans {
-		err := s.update(func(txn *bdg.Txn) error {
+		err := s.update(func(txn *wtxn) error {
 			rec, _, err := get(txn, o.key)
 			if err != nil || rec == nil || rec.State != store.StateInFlight {
 				return err
@@ -467,13 +546,13 @@ func (s *Store) orphansInDoubt() (int, error) {
 // another closure of its batch fails), so it must set every result it
 // returns through captured variables anew on each run. Every write to the
 // database goes through update: the writer is the only writer.
-func (s *Store) update(fn func(txn *bdg.Txn) error) error { return s.w.update(fn, true) }
+func (s *Store) update(fn func(txn *wtxn) error) error { return s.w.update(fn, true) }
 
 // updateLazy is update for a write whose loss after a power failure is
 // safe (it leaves the key in flight, which a restart turns in doubt): it
 // returns once applied, and its batch is synced only if another write in
 // it needs that.
-func (s *Store) updateLazy(fn func(txn *bdg.Txn) error) error { return s.w.update(fn, false) }
+func (s *Store) updateLazy(fn func(txn *wtxn) error) error { return s.w.update(fn, false) }
 
 // Reserve implements store.Store.
 func (s *Store) Reserve(ctx context.Context, key string, res store.Reservation) (*store.Record, error) {
@@ -490,7 +569,7 @@ func (s *Store) Reserve(ctx context.Context, key string, res store.Reservation) 
 		made      record // the in-flight record, once it is the caller's
 		abandoned atomic.Bool
 	)
-	err := s.update(func(txn *bdg.Txn) error {
+	err := s.update(func(txn *wtxn) error {
 		if abandoned.Load() {
 			return errAbandoned
 		}
@@ -556,7 +635,7 @@ func (s *Store) releaseAbandoned(key, token string) {
 				"key_hash", store.KeyHash(key), "err", err)
 		}
 	}
-	release := func(txn *bdg.Txn) error {
+	release := func(txn *wtxn) error {
 		rec, _, err := get(txn, k)
 		if err != nil || rec == nil || rec.Token != token || rec.State != store.StateInFlight {
 			return err
@@ -599,7 +678,7 @@ func (s *Store) transition(ctx context.Context, op, key, token string, change fu
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	err := s.updateLazy(func(txn *bdg.Txn) error {
+	err := s.updateLazy(func(txn *wtxn) error {
 		k := []byte(key)
 		rec, _, err := get(txn, k)
 		if err != nil {
@@ -678,8 +757,14 @@ func (s *Store) public(rec *record, expiresAt uint64) *store.Record {
 	return out
 }
 
+// getter is a transaction get reads from: Badger's (a read-only view) or
+// the writer's.
+type getter interface {
+	Get(key []byte) (*bdg.Item, error)
+}
+
 // get reads the record under k; (nil, 0, nil) when there is none.
-func get(txn *bdg.Txn, k []byte) (*record, uint64, error) {
+func get(txn getter, k []byte) (*record, uint64, error) {
 	item, err := txn.Get(k)
 	if errors.Is(err, bdg.ErrKeyNotFound) {
 		return nil, 0, nil
@@ -695,7 +780,7 @@ func get(txn *bdg.Txn, k []byte) (*record, uint64, error) {
 	return &rec, item.ExpiresAt(), nil
 }
 
-func put(txn *bdg.Txn, k []byte, rec *record, now time.Time, ttl time.Duration) error {
+func put(txn *wtxn, k []byte, rec *record, now time.Time, ttl time.Duration) error {
 	return putAt(txn, k, rec, expiry(now, ttl))
 }
 
@@ -736,7 +821,7 @@ func waitForSpace(path string) bool { return strings.HasSuffix(path, ".sst") }
 // largest value it stores: it refuses a larger one.
 const valueLogFileSize = 16 << 20
 
-func putAt(txn *bdg.Txn, k []byte, rec *record, expiresAt uint64) error {
+func putAt(txn *wtxn, k []byte, rec *record, expiresAt uint64) error {
 	v, err := rec.marshal()
 	if err != nil {
 		return fmt.Errorf("encode record: %w", err)
