@@ -66,13 +66,14 @@ import (
 // walDirName is the log's directory, inside the store's.
 const walDirName = "idemproxy-wal"
 
-// walSegmentSize is the size of a segment. A record larger than a segment
-// (one huge stored answer) gets a segment of its own, sized to fit.
-const walSegmentSize = 16 << 20
+// walSegmentSize is the size of a segment (a variable for tests). A record
+// larger than a segment (one huge stored answer) gets a segment of its own,
+// sized to fit.
+var walSegmentSize int64 = 16 << 20
 
 // walBatchBytes bounds the log bytes of one batch: a batch that would hold
 // more is split (as one Badger refuses as too big).
-const walBatchBytes = walSegmentSize / 4
+const walBatchBytes = 4 << 20
 
 // walCheckpointEvery is how often the log is checkpointed when anything was
 // written since the last checkpoint.

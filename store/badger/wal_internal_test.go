@@ -528,7 +528,7 @@ func TestSegmentFillsAndRotates(t *testing.T) {
 	}
 	ctx := context.Background()
 	body := bytes.Repeat([]byte("b"), 60<<10)
-	n := 2 * walSegmentSize / len(body)
+	n := int(2 * walSegmentSize / int64(len(body)))
 	for i := range n {
 		k := fmt.Sprintf("pay/-/k%d", i)
 		if _, err := s.Reserve(ctx, k, store.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour}); err != nil {
