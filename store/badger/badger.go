@@ -6,8 +6,9 @@
 // values), and the record's TTL is Badger's own expiry. Reserve, Commit,
 // Release and MarkInDoubt are each one closure applied by the store's single
 // writer, which batches the closures queued meanwhile into one Badger
-// transaction and one WAL sync (group commit, writer.go): reservations are
-// atomic among the requests of this process, and durable together. A
+// transaction and, with SyncWrites, one fdatasync of the store's own
+// reservation log (group commit, writer.go; the log, wal.go): reservations
+// are atomic among the requests of this process, and durable together. A
 // commit of a reservation the store made is answered once it is in the
 // store's memory, before the writer applies it (commit.go). Badger locks
 // its directory, so one store serves exactly one process: the embedded
@@ -48,19 +49,27 @@ const (
 type Options struct {
 	// Dir is the data directory, created if missing. Required.
 	Dir string
-	// SyncWrites makes every write that needs it durable (fsync) before
-	// it returns, so a reservation is on disk before its request is
+	// SyncWrites makes every write that needs it durable before it
+	// returns, so a reservation is on disk before its request is
 	// forwarded. The store's writer applies concurrent writes in one
 	// transaction, so they share one sync, and a batch of only commits,
 	// releases and in-doubt marks (whose loss leaves a key in doubt, never
 	// charged twice) is not synced: the next reservation's sync covers it.
 	//
-	// The writer syncs with DB.Sync right after its commit. DB.Sync syncs
-	// the active memtable's log only, so nothing else may write between the
-	// commit and the sync (a write that rotated the memtable would leave
-	// the batch in an unsynced log): the writer is the only writer, and
-	// value-log garbage collection, whose rewrites are Badger's own writes,
-	// holds the writer's exclusive lock while it runs.
+	// Badger itself then runs unsynced: every batch's writes are appended,
+	// after its commit, to the store's reservation log in
+	// Dir/idemproxy-wal (wal.go), and a batch is made durable by one
+	// fdatasync of that log (a few hundred bytes in a preallocated file)
+	// instead of Badger's DB.Sync, which msyncs its memtable log and
+	// value-log mappings. Open replays the log into Badger before serving;
+	// every 30 s, and whenever a 16 MiB segment fills, Badger is synced in
+	// the background and the log emptied. The log takes two segments on
+	// disk (32 MiB). A failed write or sync of the log fails the batch's
+	// writes (applied, maybe not durable) and every later one until the
+	// store is reopened (the Guard does). False: no log, nothing synced; a
+	// log left by a store run with SyncWrites is still replayed at Open.
+	// Value-log garbage collection holds the writer's exclusive lock, and
+	// syncs Badger after a rewrite.
 	SyncWrites bool
 	// GCInterval is how often value-log garbage collection runs (the
 	// program passes store.badger.gc_interval, which package config

@@ -18,9 +18,11 @@ import (
 // Every mutation of the store is a closure handed to s.update, which queues
 // it for the store's single writer goroutine. The writer takes everything
 // that is queued (up to maxBatchOps) and applies it in one Badger
-// transaction: one commit, and with SyncWrites one sync (DB.Sync, right
-// after the commit) for the whole batch, if any write in it asked for one
-// (reservations do; commits, releases and in-doubt marks do not: see
+// transaction: one commit, and with SyncWrites one append to the
+// reservation log (wal.go) of every write the batch's closures made
+// (recorded through wtxn, the transaction they are given), then one
+// fdatasync of the log for the whole batch, if any write in it asked for
+// one (reservations do; commits, releases and in-doubt marks do not: see
 // Options.SyncWrites). Closures of one batch run one after the other in the same
 // transaction, so each sees the writes of those before it (two reservations
 // of one key in one batch: the second finds the first), and since there is
@@ -81,7 +83,8 @@ type writer struct {
 	wait time.Duration
 
 	// exclusive is held from a batch's commit to its sync; whatever else
-	// writes to the database (value-log GC) holds it too.
+	// writes to the database (value-log GC) holds it too, and a checkpoint
+	// of the log cuts its segment under it.
 	exclusive sync.Mutex
 
 	// commit commits a batch's transaction and sync makes it durable;
