@@ -1,10 +1,13 @@
 package badger
 
 import (
+	"bufio"
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -103,7 +106,8 @@ func (r *walRecorder) reset() {
 	if cap(r.buf) > 2*walBatchBytes {
 		r.buf = nil // a huge answer's record: do not keep its buffer
 	}
-	r.buf = append(r.buf[:0], make([]byte, walHeader)...)
+	var frame [walHeader]byte
+	r.buf = append(r.buf[:0], frame[:]...)
 	r.entries = 0
 }
 
@@ -214,48 +218,82 @@ const (
 // It returns the sequence number after the last record read, the offset
 // after it, and why it stopped; an error only from fn.
 func scanSegment(data []byte, seq uint64, fn func(seq uint64, payload []byte) error) (next uint64, end int, why walStop, err error) {
-	off := 0
+	next, end64, why, err := scanReader(bytes.NewReader(data), int64(len(data)), seq, fn)
+	return next, int(end64), why, err
+}
+
+// scanReader is scanSegment reading size bytes from r, a record at a time
+// (replay does not hold a whole segment in memory). The payload passed to
+// fn is reused for the next record. Its error is fn's or r's.
+func scanReader(r io.ReaderAt, size int64, seq uint64, fn func(seq uint64, payload []byte) error) (next uint64, end int64, why walStop, err error) {
+	br := bufio.NewReaderSize(io.NewSectionReader(r, 0, size), 64<<10)
+	var rec []byte // seq and payload
+	var h [walHeader]byte
+	off := int64(0)
 	for {
-		if len(data)-off < walHeader {
+		if size-off < walHeader {
 			return seq, off, stopEnd, nil
 		}
-		h := data[off : off+walHeader]
+		if _, err := io.ReadFull(br, h[:]); err != nil {
+			return seq, off, stopTorn, err
+		}
 		n := binary.LittleEndian.Uint32(h[0:4])
 		if n == 0 {
 			return seq, off, stopEnd, nil
 		}
-		if uint64(n) > uint64(len(data)-off-walHeader) {
+		if int64(n) > size-off-walHeader {
 			return seq, off, stopTorn, nil
 		}
-		rec := data[off+8 : off+walHeader+int(n)]
+		if cap(rec) < 8+int(n) {
+			rec = make([]byte, 8+int(n))
+		}
+		rec = rec[:8+int(n)]
+		copy(rec, h[8:16])
+		if _, err := io.ReadFull(br, rec[8:]); err != nil {
+			return seq, off, stopTorn, err
+		}
 		if crc32.Checksum(rec, castagnoli) != binary.LittleEndian.Uint32(h[4:8]) ||
 			binary.LittleEndian.Uint64(h[8:16]) != seq {
 			return seq, off, stopTorn, nil
 		}
 		if fn != nil {
-			if err := fn(seq, data[off+walHeader:off+walHeader+int(n)]); err != nil {
+			if err := fn(seq, rec[8:]); err != nil {
 				return seq, off, stopTorn, err
 			}
 		}
 		seq++
-		off += walHeader + int(n)
+		off += walHeader + int64(n)
 	}
 }
 
 // firstSeq returns the sequence number of data's first record, if its
 // frame and CRC hold.
 func firstSeq(data []byte) (uint64, bool) {
-	if len(data) < walHeader {
+	return firstSeqAt(bytes.NewReader(data), int64(len(data)))
+}
+
+// firstSeqAt is firstSeq of the size bytes of r.
+func firstSeqAt(r io.ReaderAt, size int64) (seq uint64, ok bool) {
+	var h [walHeader]byte
+	if size < walHeader {
 		return 0, false
 	}
-	n := binary.LittleEndian.Uint32(data[0:4])
-	if n == 0 || uint64(n) > uint64(len(data)-walHeader) {
+	if _, err := r.ReadAt(h[:], 0); err != nil {
 		return 0, false
 	}
-	if crc32.Checksum(data[8:walHeader+int(n)], castagnoli) != binary.LittleEndian.Uint32(data[4:8]) {
+	n := binary.LittleEndian.Uint32(h[0:4])
+	if n == 0 || int64(n) > size-walHeader {
 		return 0, false
 	}
-	return binary.LittleEndian.Uint64(data[8:16]), true
+	rec := make([]byte, 8+int(n))
+	copy(rec, h[8:16])
+	if _, err := r.ReadAt(rec[8:], walHeader); err != nil {
+		return 0, false
+	}
+	if crc32.Checksum(rec, castagnoli) != binary.LittleEndian.Uint32(h[4:8]) {
+		return 0, false
+	}
+	return binary.LittleEndian.Uint64(h[8:16]), true
 }
 
 // segment is one file of the log.
@@ -332,35 +370,43 @@ func replayWAL(db *bdg.DB, dbDir, dir string, now time.Time) (records int, nextN
 		return 0, 0, nil
 	}
 	nextNum = nums[len(nums)-1] + 1
-	datas := make([][]byte, len(nums))
+	files := make([]segmentFile, len(nums))
 	for i, n := range nums {
-		if datas[i], err = os.ReadFile(filepath.Join(dir, segmentName(n))); err != nil {
+		name := filepath.Join(dir, segmentName(n))
+		f, err := os.Open(name)
+		if err != nil {
 			return 0, 0, fmt.Errorf("read the reservation log: %w", err)
 		}
+		defer f.Close()
+		fi, err := f.Stat()
+		if err != nil {
+			return 0, 0, fmt.Errorf("read the reservation log: %w", err)
+		}
+		files[i] = segmentFile{name: name, r: f, size: fi.Size()}
 	}
-	if err := checkSegments(dir, nums, datas); err != nil {
+	if err := checkSegments(files); err != nil {
 		return 0, 0, err
 	}
 	ap := newReplayer(db, now)
 	seq, started := uint64(0), false
-	for i, data := range datas {
+	for _, sf := range files {
 		if !started {
-			first, ok := firstSeq(data)
+			first, ok := firstSeqAt(sf.r, sf.size)
 			if !ok {
 				continue
 			}
 			seq, started = first, true
 		}
-		next, _, _, err := scanSegment(data, seq, func(_ uint64, payload []byte) error {
+		next, _, _, err := scanReader(sf.r, sf.size, seq, func(_ uint64, payload []byte) error {
 			records++
 			if err := decodeRecord(payload, ap.apply); err != nil {
-				return fmt.Errorf("replay %s: %w", filepath.Join(dir, segmentName(nums[i])), err)
+				return fmt.Errorf("replay %s: %w", sf.name, err)
 			}
 			return nil
 		})
 		if err != nil {
 			ap.discard()
-			return 0, 0, err
+			return 0, 0, fmt.Errorf("replay the reservation log: %w", err)
 		}
 		seq = next
 	}
@@ -385,7 +431,7 @@ func replayWAL(db *bdg.DB, dbDir, dir string, now time.Time) (records int, nextN
 // reading stops early (not at a zero length) followed by a segment holding
 // a valid record, or two segments holding records whose sequence numbers
 // do not follow on.
-func checkSegments(dir string, nums []uint64, datas [][]byte) error {
+func checkSegments(files []segmentFile) error {
 	type span struct {
 		i          int
 		records    bool // its first record is valid
@@ -393,16 +439,20 @@ func checkSegments(dir string, nums []uint64, datas [][]byte) error {
 		why        walStop
 	}
 	var spans []span
-	for i, data := range datas {
-		first, ok := firstSeq(data)
+	for i, sf := range files {
+		first, ok := firstSeqAt(sf.r, sf.size)
 		if !ok {
-			if len(data) >= 4 && binary.LittleEndian.Uint32(data[0:4]) != 0 {
+			var n [4]byte
+			if _, err := sf.r.ReadAt(n[:], 0); err == nil && binary.LittleEndian.Uint32(n[:]) != 0 {
 				// Its first record is torn: fine only if nothing follows.
 				spans = append(spans, span{i: i, why: stopTorn})
 			}
 			continue
 		}
-		end, _, why, _ := scanSegment(data, first, nil)
+		end, _, why, err := scanReader(sf.r, sf.size, first, nil)
+		if err != nil {
+			return fmt.Errorf("read the reservation log: %w", err)
+		}
 		spans = append(spans, span{i: i, records: true, first: first, end: end, why: why})
 	}
 	for j := 0; j+1 < len(spans); j++ {
@@ -410,15 +460,22 @@ func checkSegments(dir string, nums []uint64, datas [][]byte) error {
 		if !next.records {
 			continue // torn from its start: reported if records follow it
 		}
-		name := filepath.Join(dir, segmentName(nums[cur.i]))
+		name := files[cur.i].name
 		if cur.why == stopTorn {
 			return fmt.Errorf("reservation log segment %s is damaged (a bad record after sequence %d) and a later segment holds records: synced writes would be lost; refusing to open (to open with the records before the damage, move that segment and the later ones away)", name, cur.end)
 		}
 		if next.first != cur.end {
-			return fmt.Errorf("reservation log segment %s ends before sequence %d but the next one, %s, begins at %d: records are missing; refusing to open", name, cur.end, filepath.Join(dir, segmentName(nums[next.i])), next.first)
+			return fmt.Errorf("reservation log segment %s ends before sequence %d but the next one, %s, begins at %d: records are missing; refusing to open", name, cur.end, files[next.i].name, next.first)
 		}
 	}
 	return nil
+}
+
+// segmentFile is a segment being read.
+type segmentFile struct {
+	name string
+	r    io.ReaderAt
+	size int64
 }
 
 // replayer applies decoded entries to Badger in transactions as large as
