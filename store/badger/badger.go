@@ -101,6 +101,9 @@ type Options struct {
 	// noCompactions stops Badger's compactions (tests that count the
 	// tables' pages).
 	noCompactions bool
+	// checkpointEvery overrides walCheckpointEvery; negative: no
+	// checkpoints nor spare segments in the background (tests make them).
+	checkpointEvery time.Duration
 }
 
 // Store is the Badger key store. Its methods are safe for concurrent use.
@@ -252,9 +255,12 @@ func Open(opts Options) (*Store, error) {
 	s.keepManifestRoom()
 	s.done.Add(1)
 	go s.gcLoop(opts.GCInterval, opts.trimEvery)
-	if l != nil {
+	if opts.checkpointEvery == 0 {
+		opts.checkpointEvery = walCheckpointEvery
+	}
+	if l != nil && opts.checkpointEvery > 0 {
 		s.done.Add(1)
-		go s.checkpointLoop(walCheckpointEvery)
+		go s.checkpointLoop(opts.checkpointEvery)
 	}
 	return s, nil
 }

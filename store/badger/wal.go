@@ -311,6 +311,8 @@ type segment struct {
 type wal struct {
 	dir string
 
+	prepMu sync.Mutex // held by prepare
+
 	mu    sync.Mutex // guards segs, spare and nextNum
 	segs  []*segment // oldest first; the last is the active one
 	spare *segment   // a zeroed segment ready to become the active one
@@ -765,8 +767,10 @@ func (l *wal) drop(old []*segment) error {
 	return syncDir(l.dir)
 }
 
-// prepare creates the spare segment if there is none.
+// prepare creates the spare segment if there is none; one at a time.
 func (l *wal) prepare() error {
+	l.prepMu.Lock()
+	defer l.prepMu.Unlock()
 	l.mu.Lock()
 	have := l.spare != nil
 	l.mu.Unlock()

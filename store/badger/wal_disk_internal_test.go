@@ -61,7 +61,7 @@ func TestWALFullDisk(t *testing.T) {
 	defer func(size int64) { walSegmentSize = size }(walSegmentSize)
 	walSegmentSize = 256 << 10 // fills before Badger's first memtable
 
-	g, err := OpenGuarded(Options{Dir: filepath.Join(mnt, "data"), SyncWrites: true}, GuardOptions{MinFreeBytes: 1})
+	g, err := OpenGuarded(Options{Dir: filepath.Join(mnt, "data"), SyncWrites: true, checkpointEvery: -1}, GuardOptions{MinFreeBytes: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,22 +81,11 @@ func TestWALFullDisk(t *testing.T) {
 	if _, err := g.Reserve(ctx, "pay/-/sync", res); err != nil { // after the commits: they are applied
 		t.Fatal(err)
 	}
-	// No spare segment ready: the next one must be made on the full disk.
+	// No checkpointer: no spare segment is made ahead, so the next one
+	// must be made on the full disk.
 	g.mu.RLock()
 	s := g.cur.Store
 	g.mu.RUnlock()
-	l := s.w.wal
-	if err := l.prepare(); err != nil {
-		t.Fatal(err)
-	}
-	l.mu.Lock()
-	spare := l.spare
-	l.spare = nil
-	l.mu.Unlock()
-	if spare != nil { // the checkpointer's, or prepare's
-		spare.f.Close()
-		os.Remove(spare.path)
-	}
 	filler := fillDisk(t, mnt)
 	if _, err := g.Reserve(ctx, "pay/-/first-on-full", res); err != nil {
 		t.Fatalf("Reserve on a full disk, with room in the log's segment: %v", err)
