@@ -298,6 +298,8 @@ func (s *Store) checkpointLoop(every time.Duration) {
 // durable, and the older segments deleted.
 func (s *Store) checkpoint() error {
 	l := s.w.wal
+	l.ckptMu.Lock()
+	defer l.ckptMu.Unlock()
 	s.w.exclusive.Lock()
 	old, err := l.cut()
 	s.w.exclusive.Unlock()

@@ -59,7 +59,12 @@ import (
 // and reading a segment stops at the first record whose length is zero,
 // runs past the segment's end, or whose CRC or sequence number is wrong: a
 // torn tail, written but never synced (a sync covers every byte before
-// it). Only the last segment holding records may end so; a segment that
+// it). A segment whose records Badger holds is recycled as the next spare
+// rather than deleted: its first record zeroed, renamed, synced. Its older
+// records stay, and a record with a lower sequence number than expected is
+// such a leftover: the end of the new ones. A segment is ended by a zero
+// frame when the log moves on from it, so the leftovers never read as
+// damage. Only the last segment holding records may end so; a segment that
 // stops early and is followed by a segment with a valid record lost
 // records that were synced, and the store refuses to open (naming the
 // file) rather than forget reservations. The segment before the active one
@@ -252,8 +257,15 @@ func scanReader(r io.ReaderAt, size int64, seq uint64, fn func(seq uint64, paylo
 		if _, err := io.ReadFull(br, rec[8:]); err != nil {
 			return seq, off, stopTorn, err
 		}
-		if crc32.Checksum(rec, castagnoli) != binary.LittleEndian.Uint32(h[4:8]) ||
-			binary.LittleEndian.Uint64(h[8:16]) != seq {
+		if crc32.Checksum(rec, castagnoli) != binary.LittleEndian.Uint32(h[4:8]) {
+			return seq, off, stopTorn, nil
+		}
+		if got := binary.LittleEndian.Uint64(h[8:16]); got != seq {
+			if got < seq {
+				// A record of the segment's earlier use (recycled):
+				// the new records end here.
+				return seq, off, stopEnd, nil
+			}
 			return seq, off, stopTorn, nil
 		}
 		if fn != nil {
@@ -312,12 +324,15 @@ type wal struct {
 	dir string
 
 	prepMu sync.Mutex // held by prepare
+	ckptMu sync.Mutex // held by a checkpoint (Store.checkpoint): one at a time
 
 	mu    sync.Mutex // guards segs, spare and nextNum
 	segs  []*segment // oldest first; the last is the active one
 	spare *segment   // a zeroed segment ready to become the active one
 	// nextNum is the number of the next segment created.
 	nextNum uint64
+	// recycled counts the segments recycled as spares.
+	recycled uint64
 
 	// Used by the writer, under exclusive.
 	seq      uint64 // the next record's sequence number
@@ -697,6 +712,16 @@ func (l *wal) active() *segment {
 // checkpointer. A failure to create a segment (a full disk) fails the
 // batch, not the log: nothing was written.
 func (l *wal) rotate(need int64) (*segment, error) {
+	if act := l.active(); act.off+walHeader <= act.size {
+		// An end mark: a recycled segment holds older records past
+		// its new ones, which must read as the end, not as damage.
+		var zero [walHeader]byte
+		if _, err := act.f.WriteAt(zero[:], act.off); err != nil {
+			l.broken = fmt.Errorf("write the reservation log: %w", err)
+			return nil, l.broken
+		}
+		l.unsynced = true
+	}
 	if l.unsynced {
 		if err := fdatasync(l.active().f); err != nil {
 			l.broken = fmt.Errorf("sync the reservation log: %w", err)
@@ -717,7 +742,11 @@ func (l *wal) rotate(need int64) (*segment, error) {
 	}
 	if seg == nil {
 		var err error
-		if seg, err = l.create(max(walSegmentSize, (need+1<<20-1)&^(1<<20-1))); err != nil {
+		size := walSegmentSize
+		if need > size {
+			size = (need + 1<<20 - 1) &^ (1<<20 - 1) // a huge record's own
+		}
+		if seg, err = l.create(size); err != nil {
 			return nil, err
 		}
 	}
@@ -751,20 +780,66 @@ func (l *wal) cut() ([]*segment, error) {
 
 // drop deletes old, the oldest segments, once Badger holds their records
 // durably (oldest first, so a crash leaves no gap), and fsyncs the
-// directory.
+// directory. The newest of them becomes the spare segment when there is
+// none (recycle): that spares writing a new segment's zeros.
 func (l *wal) drop(old []*segment) error {
-	for _, seg := range old {
-		seg.f.Close()
-		if err := os.Remove(seg.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("remove reservation log segment: %w", err)
-		}
+	for i, seg := range old {
 		l.mu.Lock()
 		if len(l.segs) > 0 && l.segs[0] == seg {
 			l.segs = l.segs[1:]
 		}
+		wantSpare := l.spare == nil
 		l.mu.Unlock()
+		if i == len(old)-1 && wantSpare && seg.size == walSegmentSize {
+			if err := l.recycle(seg); err == nil {
+				continue
+			}
+		}
+		seg.f.Close()
+		if err := os.Remove(seg.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("remove reservation log segment: %w", err)
+		}
 	}
 	return syncDir(l.dir)
+}
+
+// recycle makes seg, whose records Badger holds, the spare segment: its
+// first record is zeroed (so it holds none) and synced, and it is renamed
+// to the next segment number, the directory synced, before it is used. The
+// records after the first stay: reading stops at them, as their sequence
+// numbers are lower than those written after them (scanReader). On error,
+// seg is left for drop to delete.
+func (l *wal) recycle(seg *segment) error {
+	var zero [walHeader]byte
+	if _, err := seg.f.WriteAt(zero[:], 0); err != nil {
+		return err
+	}
+	if err := fdatasync(seg.f); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	num := l.nextNum
+	l.nextNum++
+	l.mu.Unlock()
+	path := filepath.Join(l.dir, segmentName(num))
+	if err := os.Rename(seg.path, path); err != nil {
+		return err
+	}
+	seg.path, seg.num, seg.off = path, num, 0
+	if err := syncDir(l.dir); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	if l.spare == nil && seg.num > l.segs[len(l.segs)-1].num {
+		l.spare, seg = seg, nil
+		l.recycled++
+	}
+	l.mu.Unlock()
+	if seg != nil {
+		seg.f.Close()
+		os.Remove(seg.path)
+	}
+	return nil
 }
 
 // prepare creates the spare segment if there is none; one at a time.
