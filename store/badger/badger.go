@@ -266,20 +266,25 @@ func Open(opts Options) (*Store, error) {
 }
 
 // checkpointLoop checkpoints the reservation log every period, when
-// anything was written, and whenever a segment fills; it keeps a spare
-// segment ready.
+// anything was written, and whenever a segment fills. A checkpoint keeps
+// the segment it empties as the next one; a spare segment is written only
+// when there is none by the time the active one is half full (a store just
+// opened), not at start, where its 16 MiB of zeros would compete with the
+// first requests' syncs.
 func (s *Store) checkpointLoop(every time.Duration) {
 	defer s.done.Done()
 	l := s.w.wal
-	if err := l.prepare(); err != nil {
-		s.log.Warn("preparing a reservation log segment failed", "err", err)
-	}
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {
 		case <-s.stop:
 			return
+		case <-l.half:
+			if err := l.prepare(); err != nil {
+				s.log.Warn("preparing a reservation log segment failed", "err", err)
+			}
+			continue
 		case <-t.C:
 		case <-l.full:
 		}
@@ -300,6 +305,11 @@ func (s *Store) checkpoint() error {
 	l := s.w.wal
 	l.ckptMu.Lock()
 	defer l.ckptMu.Unlock()
+	// The segment to go on in, made now if there is none (the first
+	// checkpoint after an open): not by the cut, under the writer's lock.
+	if err := l.prepare(); err != nil {
+		return err
+	}
 	s.w.exclusive.Lock()
 	old, err := l.cut()
 	s.w.exclusive.Unlock()

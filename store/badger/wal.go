@@ -341,8 +341,11 @@ type wal struct {
 	broken   error  // a write or sync failed: the log is not trusted again
 
 	// full is signalled (without blocking) when a segment filled, to wake
-	// the checkpointer.
-	full chan struct{}
+	// the checkpointer; half when the active one is half full, so that a
+	// spare is ready before it fills (halfSaid: said for the active one).
+	full     chan struct{}
+	half     chan struct{}
+	halfSaid bool
 }
 
 // segmentName is the file name of segment num.
@@ -607,7 +610,7 @@ func openWAL(dir string, nextNum uint64) (*wal, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create the reservation log: %w", err)
 	}
-	l := &wal{dir: dir, nextNum: nextNum, seq: 1, full: make(chan struct{}, 1)}
+	l := &wal{dir: dir, nextNum: nextNum, seq: 1, full: make(chan struct{}, 1), half: make(chan struct{}, 1)}
 	seg, err := l.create(walSegmentSize)
 	if err != nil {
 		return nil, err
@@ -672,6 +675,13 @@ func (l *wal) append(r *walRecorder) error {
 	act.off += int64(len(rec))
 	l.seq++
 	l.unsynced, l.records = true, true
+	if !l.halfSaid && act.off > act.size/2 {
+		l.halfSaid = true
+		select {
+		case l.half <- struct{}{}:
+		default:
+		}
+	}
 	return nil
 }
 
@@ -753,7 +763,7 @@ func (l *wal) rotate(need int64) (*segment, error) {
 	l.mu.Lock()
 	l.segs = append(l.segs, seg)
 	l.mu.Unlock()
-	l.records = false
+	l.records, l.halfSaid = false, false
 	select {
 	case l.full <- struct{}{}:
 	default:
