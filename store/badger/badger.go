@@ -6,8 +6,9 @@
 // values), and the record's TTL is Badger's own expiry. Reserve, Commit,
 // Release and MarkInDoubt are each one closure applied by the store's single
 // writer, which batches the closures queued meanwhile into one Badger
-// transaction and one WAL sync (group commit, writer.go): reservations are
-// atomic among the requests of this process, and durable together. A
+// transaction and, with SyncWrites, one fdatasync of the store's own
+// reservation log (group commit, writer.go; the log, wal.go): reservations
+// are atomic among the requests of this process, and durable together. A
 // commit of a reservation the store made is answered once it is in the
 // store's memory, before the writer applies it (commit.go). Badger locks
 // its directory, so one store serves exactly one process: the embedded
@@ -48,19 +49,27 @@ const (
 type Options struct {
 	// Dir is the data directory, created if missing. Required.
 	Dir string
-	// SyncWrites makes every write that needs it durable (fsync) before
-	// it returns, so a reservation is on disk before its request is
+	// SyncWrites makes every write that needs it durable before it
+	// returns, so a reservation is on disk before its request is
 	// forwarded. The store's writer applies concurrent writes in one
 	// transaction, so they share one sync, and a batch of only commits,
 	// releases and in-doubt marks (whose loss leaves a key in doubt, never
 	// charged twice) is not synced: the next reservation's sync covers it.
 	//
-	// The writer syncs with DB.Sync right after its commit. DB.Sync syncs
-	// the active memtable's log only, so nothing else may write between the
-	// commit and the sync (a write that rotated the memtable would leave
-	// the batch in an unsynced log): the writer is the only writer, and
-	// value-log garbage collection, whose rewrites are Badger's own writes,
-	// holds the writer's exclusive lock while it runs.
+	// Badger itself then runs unsynced: every batch's writes are appended,
+	// after its commit, to the store's reservation log in
+	// Dir/idemproxy-wal (wal.go), and a batch is made durable by one
+	// fdatasync of that log (a few hundred bytes in a preallocated file)
+	// instead of Badger's DB.Sync, which msyncs its memtable log and
+	// value-log mappings. Open replays the log into Badger before serving;
+	// every 30 s, and whenever a 16 MiB segment fills, Badger is synced in
+	// the background and the log emptied. The log takes two segments on
+	// disk (32 MiB). A failed write or sync of the log fails the batch's
+	// writes (applied, maybe not durable) and every later one until the
+	// store is reopened (the Guard does). False: no log, nothing synced; a
+	// log left by a store run with SyncWrites is still replayed at Open.
+	// Value-log garbage collection holds the writer's exclusive lock, and
+	// syncs Badger after a rewrite.
 	SyncWrites bool
 	// GCInterval is how often value-log garbage collection runs (the
 	// program passes store.badger.gc_interval, which package config
@@ -92,6 +101,9 @@ type Options struct {
 	// noCompactions stops Badger's compactions (tests that count the
 	// tables' pages).
 	noCompactions bool
+	// checkpointEvery overrides walCheckpointEvery; negative: no
+	// checkpoints nor spare segments in the background (tests make them).
+	checkpointEvery time.Duration
 }
 
 // Store is the Badger key store. Its methods are safe for concurrent use.
@@ -212,11 +224,28 @@ func Open(opts Options) (*Store, error) {
 		trim.close()
 		return nil, fmt.Errorf("badger: open %s: %w", opts.Dir, err)
 	}
+	// The reservation log is replayed whether or not SyncWrites is set
+	// now: a store last run with it holds its latest writes there.
+	walDir := filepath.Join(opts.Dir, walDirName)
+	replayed, nextNum, err := replayWAL(db, opts.Dir, walDir, time.Now())
+	var l *wal
+	if err == nil && opts.SyncWrites {
+		l, err = openWAL(walDir, nextNum)
+	}
+	if err != nil {
+		stopTrim()
+		trim.close()
+		db.Close()
+		return nil, fmt.Errorf("badger: open %s: %w", opts.Dir, err)
+	}
 	if opts.Settler == nil {
 		opts.Settler = settle.New(opts.Logger)
 	}
-	s := &Store{dir: opts.Dir, db: db, w: newWriter(db, opts.SyncWrites), log: opts.Logger, now: time.Now, stop: make(chan struct{}),
+	s := &Store{dir: opts.Dir, db: db, w: newWriter(db, opts.SyncWrites, l), log: opts.Logger, now: time.Now, stop: make(chan struct{}),
 		mem: newMemo(), trim: trim, lost: opts.lost, settling: opts.Settler.Group()}
+	if replayed > 0 {
+		s.log.Info("replayed the reservation log into the store", "records", replayed)
+	}
 	n, err := 0, error(nil)
 	if !opts.keepInFlight {
 		n, err = s.orphansInDoubt()
@@ -225,6 +254,9 @@ func Open(opts Options) (*Store, error) {
 	if err != nil {
 		s.trim.close()
 		s.w.close()
+		if l != nil {
+			l.close()
+		}
 		db.Close()
 		return nil, fmt.Errorf("badger: recover in-flight reservations: %w", err)
 	}
@@ -237,7 +269,72 @@ func Open(opts Options) (*Store, error) {
 	s.keepManifestRoom()
 	s.done.Add(1)
 	go s.gcLoop(opts.GCInterval, opts.trimEvery)
+	if opts.checkpointEvery == 0 {
+		opts.checkpointEvery = walCheckpointEvery
+	}
+	if l != nil && opts.checkpointEvery > 0 {
+		s.done.Add(1)
+		go s.checkpointLoop(opts.checkpointEvery)
+	}
 	return s, nil
+}
+
+// checkpointLoop checkpoints the reservation log every period, when
+// anything was written, and whenever a segment fills. A checkpoint keeps
+// the segment it empties as the next one; a spare segment is written only
+// when there is none by the time the active one is half full (a store just
+// opened), not at start, where its 16 MiB of zeros would compete with the
+// first requests' syncs.
+func (s *Store) checkpointLoop(every time.Duration) {
+	defer s.done.Done()
+	l := s.w.wal
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-l.half:
+			if err := l.prepare(); err != nil {
+				s.log.Warn("preparing a reservation log segment failed", "err", err)
+			}
+			continue
+		case <-t.C:
+		case <-l.full:
+		}
+		if err := s.checkpoint(); err != nil {
+			s.log.Warn("reservation log checkpoint failed; retrying", "err", err)
+		}
+		if err := l.prepare(); err != nil {
+			s.log.Warn("preparing a reservation log segment failed", "err", err)
+		}
+	}
+}
+
+// checkpoint empties the reservation log of what Badger holds: under the
+// writer's exclusive lock, the active segment is synced and a new one begun
+// (the older ones then hold every write Badger committed); Badger is made
+// durable, and the older segments deleted.
+func (s *Store) checkpoint() error {
+	l := s.w.wal
+	l.ckptMu.Lock()
+	defer l.ckptMu.Unlock()
+	// The segment to go on in, made now if there is none (the first
+	// checkpoint after an open): not by the cut, under the writer's lock.
+	if err := l.prepare(); err != nil {
+		return err
+	}
+	s.w.exclusive.Lock()
+	old, err := l.cut()
+	s.w.exclusive.Unlock()
+	if err != nil || len(old) == 0 {
+		return err
+	}
+	// Recovered: a Badger that failed panics rather than fail.
+	if err := recovered(func() error { return syncBadger(s.db, s.dir) }); err != nil {
+		return err
+	}
+	return l.drop(old)
 }
 
 // checkManifest refuses a directory that holds tables but no MANIFEST (a
@@ -336,6 +433,9 @@ func (s *Store) Close() error {
 		s.settling.Close(now) // before the writer closes: a retry under way waits for it
 		s.trim.close()
 		s.w.close() // applies what is queued; later writes fail
+		if s.w.wal != nil {
+			s.w.wal.close() // kept: the next open replays it
+		}
 		if err := s.db.Close(); err != nil {
 			s.closeErr = fmt.Errorf("badger: close: %w", err)
 		}
@@ -433,6 +533,14 @@ func (s *Store) RunGC() int {
 			return n
 		}
 		n++
+		if s.w.wal != nil {
+			// The rewrite moved values out of a file it then deleted;
+			// Badger runs unsynced: make the moved values durable now
+			// rather than at the next checkpoint.
+			if err := recovered(func() error { return syncBadger(s.db, s.dir) }); err != nil {
+				s.log.Warn("syncing after value-log garbage collection failed", "err", err)
+			}
+		}
 	}
 }
 
@@ -459,7 +567,7 @@ func (s *Store) orphansInDoubt() (int, error) {
 		return 0, err
 	}
 	for _, o := range orphans {
-		err := s.update(func(txn *bdg.Txn) error {
+		err := s.update(func(txn *wtxn) error {
 			rec, _, err := get(txn, o.key)
 			if err != nil || rec == nil || rec.State != store.StateInFlight {
 				return err
@@ -482,13 +590,13 @@ func (s *Store) orphansInDoubt() (int, error) {
 // another closure of its batch fails), so it must set every result it
 // returns through captured variables anew on each run. Every write to the
 // database goes through update: the writer is the only writer.
-func (s *Store) update(fn func(txn *bdg.Txn) error) error { return s.w.update(fn, true) }
+func (s *Store) update(fn func(txn *wtxn) error) error { return s.w.update(fn, true) }
 
 // updateLazy is update for a write whose loss after a power failure is
 // safe (it leaves the key in flight, which a restart turns in doubt): it
 // returns once applied, and its batch is synced only if another write in
 // it needs that.
-func (s *Store) updateLazy(fn func(txn *bdg.Txn) error) error { return s.w.update(fn, false) }
+func (s *Store) updateLazy(fn func(txn *wtxn) error) error { return s.w.update(fn, false) }
 
 // Reserve implements store.Store.
 func (s *Store) Reserve(ctx context.Context, key string, res store.Reservation) (*store.Record, error) {
@@ -505,7 +613,7 @@ func (s *Store) Reserve(ctx context.Context, key string, res store.Reservation) 
 		made      record // the in-flight record, once it is the caller's
 		abandoned atomic.Bool
 	)
-	err := s.update(func(txn *bdg.Txn) error {
+	err := s.update(func(txn *wtxn) error {
 		if abandoned.Load() {
 			return errAbandoned
 		}
@@ -571,7 +679,7 @@ func (s *Store) releaseAbandoned(key, token string) {
 				"key_hash", store.KeyHash(key), "err", err)
 		}
 	}
-	release := func(txn *bdg.Txn) error {
+	release := func(txn *wtxn) error {
 		rec, _, err := get(txn, k)
 		if err != nil || rec == nil || rec.Token != token || rec.State != store.StateInFlight {
 			return err
@@ -614,7 +722,7 @@ func (s *Store) transition(ctx context.Context, op, key, token string, change fu
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	err := s.updateLazy(func(txn *bdg.Txn) error {
+	err := s.updateLazy(func(txn *wtxn) error {
 		k := []byte(key)
 		rec, _, err := get(txn, k)
 		if err != nil {
@@ -693,8 +801,14 @@ func (s *Store) public(rec *record, expiresAt uint64) *store.Record {
 	return out
 }
 
+// getter is a transaction get reads from: Badger's (a read-only view) or
+// the writer's.
+type getter interface {
+	Get(key []byte) (*bdg.Item, error)
+}
+
 // get reads the record under k; (nil, 0, nil) when there is none.
-func get(txn *bdg.Txn, k []byte) (*record, uint64, error) {
+func get(txn getter, k []byte) (*record, uint64, error) {
 	item, err := txn.Get(k)
 	if errors.Is(err, bdg.ErrKeyNotFound) {
 		return nil, 0, nil
@@ -710,7 +824,7 @@ func get(txn *bdg.Txn, k []byte) (*record, uint64, error) {
 	return &rec, item.ExpiresAt(), nil
 }
 
-func put(txn *bdg.Txn, k []byte, rec *record, now time.Time, ttl time.Duration) error {
+func put(txn *wtxn, k []byte, rec *record, now time.Time, ttl time.Duration) error {
 	return putAt(txn, k, rec, expiry(now, ttl))
 }
 
@@ -755,7 +869,7 @@ const valueLogFileSize = 16 << 20
 // log rather than in the tree (see Open).
 const valueThreshold = 192
 
-func putAt(txn *bdg.Txn, k []byte, rec *record, expiresAt uint64) error {
+func putAt(txn *wtxn, k []byte, rec *record, expiresAt uint64) error {
 	v, err := rec.marshal()
 	if err != nil {
 		return fmt.Errorf("encode record: %w", err)

@@ -7,8 +7,6 @@ import (
 	"sync"
 	"time"
 
-	bdg "github.com/dgraph-io/badger/v4"
-
 	"github.com/idemproxy/idemproxy/internal/settle"
 	"github.com/idemproxy/idemproxy/store"
 )
@@ -167,7 +165,7 @@ type asyncCommit struct {
 
 // apply writes the completed record if the stored one still carries the
 // token (an operator may have released the key meanwhile).
-func (c *asyncCommit) apply(txn *bdg.Txn) error {
+func (c *asyncCommit) apply(txn *wtxn) error {
 	k := []byte(c.key)
 	cur, _, err := get(txn, k)
 	if err != nil {

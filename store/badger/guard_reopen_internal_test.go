@@ -70,7 +70,7 @@ func TestCorruptRecordIsNotAStoreFault(t *testing.T) {
 	g := openGuardInternal(t)
 	ctx := context.Background()
 	k := []byte("pay/-/bad")
-	err := g.cur.Store.update(func(txn *bdg.Txn) error {
+	err := g.cur.Store.update(func(txn *wtxn) error {
 		if err := txn.SetEntry(bdg.NewEntry(k, []byte{recordVersion, 0xff}).WithMeta(metaInDoubt)); err != nil {
 			return err
 		}

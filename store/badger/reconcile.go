@@ -39,7 +39,7 @@ func indexKey(due int64, key []byte) []byte {
 }
 
 // reindex moves key's index entry from the due time old to new (0: none).
-func reindex(txn *bdg.Txn, key []byte, old, new int64, expiresAt uint64) error {
+func reindex(txn *wtxn, key []byte, old, new int64, expiresAt uint64) error {
 	if old == new {
 		return nil
 	}
@@ -85,7 +85,7 @@ func (s *Store) changeDoubt(ctx context.Context, op, key string, notInDoubt erro
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	err := s.update(func(txn *bdg.Txn) error {
+	err := s.update(func(txn *wtxn) error {
 		k := []byte(key)
 		rec, exp, err := get(txn, k)
 		if err != nil {
@@ -238,7 +238,7 @@ func (s *Store) DueLookups(ctx context.Context, limit int) ([]string, error) {
 		return nil, fmt.Errorf("badger: due lookups: %w", err)
 	}
 	for chunk := range slices.Chunk(stale, staleChunk) {
-		err := s.update(func(txn *bdg.Txn) error {
+		err := s.update(func(txn *wtxn) error {
 			for _, ik := range chunk {
 				if err := txn.Delete(ik); err != nil {
 					return err

@@ -18,9 +18,11 @@ import (
 // Every mutation of the store is a closure handed to s.update, which queues
 // it for the store's single writer goroutine. The writer takes everything
 // that is queued (up to maxBatchOps) and applies it in one Badger
-// transaction: one commit, and with SyncWrites one sync (DB.Sync, right
-// after the commit) for the whole batch, if any write in it asked for one
-// (reservations do; commits, releases and in-doubt marks do not: see
+// transaction: one commit, and with SyncWrites one append to the
+// reservation log (wal.go) of every write the batch's closures made
+// (recorded through wtxn, the transaction they are given), then one
+// fdatasync of the log for the whole batch, if any write in it asked for
+// one (reservations do; commits, releases and in-doubt marks do not: see
 // Options.SyncWrites). Closures of one batch run one after the other in the same
 // transaction, so each sees the writes of those before it (two reservations
 // of one key in one batch: the second finds the first), and since there is
@@ -49,7 +51,7 @@ const defaultWriteWait = 10 * time.Second
 
 // op is one queued mutation and the channel its result is sent on.
 type op struct {
-	fn   func(txn *bdg.Txn) error
+	fn   func(txn *wtxn) error
 	sync bool // its batch must be synced before it is answered
 	// then, when set, makes the op asynchronous: nobody waits on done,
 	// and the writer calls then with the op's result instead (on its own
@@ -81,18 +83,63 @@ type writer struct {
 	wait time.Duration
 
 	// exclusive is held from a batch's commit to its sync; whatever else
-	// writes to the database (value-log GC) holds it too.
+	// writes to the database (value-log GC) holds it too, and a checkpoint
+	// of the log cuts its segment under it.
 	exclusive sync.Mutex
 
 	// commit commits a batch's transaction and sync makes it durable;
 	// tests replace them to fail a batch or count syncs.
 	commit func(txn *bdg.Txn) error
 	sync   func() error
+
+	// wal, when set (SyncWrites), is the reservation log (wal.go): each
+	// batch's mutations, recorded by rec, are appended to it after the
+	// commit, and sync fdatasyncs it instead of syncing Badger.
+	wal *wal
+	rec walRecorder
 }
 
-func newWriter(db *bdg.DB, syncWrites bool) *writer {
+// wtxn is the writer's transaction: Badger's, whose writes are recorded
+// for the reservation log when there is one. The closures of a batch write
+// through it only.
+type wtxn struct {
+	*bdg.Txn
+	rec *walRecorder // nil without a log
+}
+
+// SetEntry sets e in the transaction and records it.
+func (t *wtxn) SetEntry(e *bdg.Entry) error {
+	if err := t.Txn.SetEntry(e); err != nil {
+		return err
+	}
+	if t.rec != nil {
+		t.rec.set(e.Key, e.Value, e.UserMeta, e.ExpiresAt)
+	}
+	return nil
+}
+
+// Set sets k to v, without UserMeta or expiry, and records it.
+func (t *wtxn) Set(k, v []byte) error { return t.SetEntry(bdg.NewEntry(k, v)) }
+
+// Delete deletes k in the transaction and records it.
+func (t *wtxn) Delete(k []byte) error {
+	if err := t.Txn.Delete(k); err != nil {
+		return err
+	}
+	if t.rec != nil {
+		t.rec.del(k)
+	}
+	return nil
+}
+
+// newWriter starts the writer of db; with a log (l non-nil) batches are
+// made durable by it, else by DB.Sync when syncWrites is set.
+func newWriter(db *bdg.DB, syncWrites bool, l *wal) *writer {
 	w := &writer{db: db, syncWrites: syncWrites, wait: defaultWriteWait,
-		commit: func(txn *bdg.Txn) error { return txn.Commit() }, sync: db.Sync}
+		commit: func(txn *bdg.Txn) error { return txn.Commit() }, sync: db.Sync, wal: l}
+	if l != nil {
+		w.sync = l.sync
+	}
 	w.q = batch.New(maxBatchOps, w.apply)
 	return w
 }
@@ -102,7 +149,7 @@ func newWriter(db *bdg.DB, syncWrites bool) *writer {
 // within w.wait (Badger stuck, say in a write stall on a failing disk), it
 // returns errStalled rather than hang its caller: fn may still be applied
 // later, as with any store error after which the caller cannot know.
-func (w *writer) update(fn func(txn *bdg.Txn) error, sync bool) error {
+func (w *writer) update(fn func(txn *wtxn) error, sync bool) error {
 	o := opPool.Get().(*op)
 	o.fn, o.sync = fn, sync
 	timer := time.NewTimer(w.wait)
@@ -132,12 +179,12 @@ func (w *writer) update(fn func(txn *bdg.Txn) error, sync bool) error {
 // fn's error, or the batch's commit error, once the batch is applied. It
 // returns an error, and then is never called, when fn could not be queued
 // within w.wait or the writer is closed.
-func (w *writer) updateAsync(fn func(txn *bdg.Txn) error, then func(error)) error {
+func (w *writer) updateAsync(fn func(txn *wtxn) error, then func(error)) error {
 	return w.updateAsyncWithin(fn, then, w.wait)
 }
 
 // updateAsyncWithin is updateAsync waiting at most wait to queue fn.
-func (w *writer) updateAsyncWithin(fn func(txn *bdg.Txn) error, then func(error), wait time.Duration) error {
+func (w *writer) updateAsyncWithin(fn func(txn *wtxn) error, then func(error), wait time.Duration) error {
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	return w.queueAsync(fn, then, timer.C)
@@ -145,7 +192,7 @@ func (w *writer) updateAsyncWithin(fn func(txn *bdg.Txn) error, then func(error)
 
 // updateAsyncCtx is updateAsync waiting to queue fn until ctx ends, at most
 // w.wait.
-func (w *writer) updateAsyncCtx(ctx context.Context, fn func(txn *bdg.Txn) error, then func(error)) error {
+func (w *writer) updateAsyncCtx(ctx context.Context, fn func(txn *wtxn) error, then func(error)) error {
 	ctx, cancel := context.WithTimeout(ctx, w.wait)
 	defer cancel()
 	stop := make(chan time.Time)
@@ -155,7 +202,7 @@ func (w *writer) updateAsyncCtx(ctx context.Context, fn func(txn *bdg.Txn) error
 
 // queueAsync queues fn for the next batch, waiting at most until stop to
 // queue it; see updateAsync.
-func (w *writer) queueAsync(fn func(txn *bdg.Txn) error, then func(error), stop <-chan time.Time) error {
+func (w *writer) queueAsync(fn func(txn *wtxn) error, then func(error), stop <-chan time.Time) error {
 	o := opPool.Get().(*op)
 	o.fn, o.sync, o.then = fn, false, then
 	queued, closed := w.q.PutUntil(o, stop)
@@ -188,10 +235,17 @@ func (w *writer) apply(batch []*op) {
 // the others are rerun without it, in a fresh transaction.
 func (w *writer) applyOnce(batch []*op) []*op {
 	for {
-		txn := w.db.NewTransaction(true)
+		txn := &wtxn{Txn: w.db.NewTransaction(true)}
+		if w.wal != nil {
+			w.rec.reset() // a discarded transaction's entries go with it
+			txn.rec = &w.rec
+		}
 		n, failed := 0, false
 		for n < len(batch) {
 			err := recovered(func() error { return batch[n].fn(txn) })
+			if err == nil && n > 0 && w.wal != nil && w.rec.size() > walBatchBytes {
+				break // the log's record would be too large: as full
+			}
 			if err == nil {
 				n++
 				continue
@@ -229,9 +283,13 @@ func (w *writer) applyOnce(batch []*op) []*op {
 			if _, err := txn.Get(memtableProbe); err != nil && !errors.Is(err, bdg.ErrKeyNotFound) {
 				return err
 			}
-			return w.commit(txn)
+			return w.commit(txn.Txn)
 		})
 		txn.Discard()
+		if err == nil && w.wal != nil && w.rec.entries > 0 {
+			// Applied, but maybe not logged: on failure, fail them all.
+			err = w.wal.append(&w.rec)
+		}
 		if err == nil && w.syncWrites && slices.ContainsFunc(batch, func(o *op) bool { return o.sync }) {
 			if err = w.sync(); err != nil {
 				err = fmt.Errorf("sync: %w", err) // applied, but maybe not on disk: fail them all

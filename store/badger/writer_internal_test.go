@@ -37,7 +37,7 @@ func holdWriter(t *testing.T, s *Store) (release func()) {
 	t.Helper()
 	started, unblock, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
 	go func() {
-		done <- s.updateLazy(func(*bdg.Txn) error {
+		done <- s.updateLazy(func(*wtxn) error {
 			select {
 			case <-started:
 			default:
@@ -177,7 +177,7 @@ func TestFailingClosureFailsOnlyItsCaller(t *testing.T) {
 	results := make(chan error, 3)
 	for i, k := range []string{"a", "bad", "b"} {
 		go func() {
-			results <- s.update(func(txn *bdg.Txn) error {
+			results <- s.update(func(txn *wtxn) error {
 				if err := txn.Set([]byte(k), []byte("v")); err != nil {
 					return err
 				}
@@ -230,7 +230,7 @@ func TestBatchLargerThanATransaction(t *testing.T) {
 	errs := make(chan error, n)
 	for i := range n {
 		go func() {
-			errs <- s.update(func(txn *bdg.Txn) error { return txn.Set(fmt.Appendf(nil, "big%d", i), val) })
+			errs <- s.update(func(txn *wtxn) error { return txn.Set(fmt.Appendf(nil, "big%d", i), val) })
 		}()
 	}
 	waitQueued(t, s, n)
@@ -476,7 +476,7 @@ func TestWriteAfterFailedRotation(t *testing.T) {
 	defer closeWithin(&guarded{Store: s}, 5*time.Second)
 	loseMemtable(t, s, dir)
 	t.Log("the memtable is lost; a write-only batch")
-	err = s.update(func(txn *bdg.Txn) error { return txn.Delete([]byte("stale-index-entry")) })
+	err = s.update(func(txn *wtxn) error { return txn.Delete([]byte("stale-index-entry")) })
 	if err == nil {
 		t.Errorf("a write-only batch on a Badger without a memtable = nil, want an error")
 	}
