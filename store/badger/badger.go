@@ -167,12 +167,19 @@ func Open(opts Options) (*Store, error) {
 		// in Badger's allocator pool: small memtables and tables, all of
 		// one size (TableSizeMultiplier 1 below: no larger tables, and so
 		// larger buffers, deeper down), keep both to a few MiB whatever
-		// the keys stored. Eight level-0 tables of 1 MiB before a
-		// compaction keep compactions as large as four of 2 MiB would.
+		// the keys stored.
 		WithMemTableSize(1 << 20).
 		WithNumMemtables(2).
-		WithNumLevelZeroTables(8).
+		// Keys are random, so a compaction of level 0 rewrites the whole
+		// base level: four level-0 tables and a base level of 2 MiB keep
+		// each compaction to a few MiB, a burst short enough not to take
+		// both cores from the requests for long. Measured open-loop at
+		// 2,500 requests/s on a million keys: p99 1.4 times the fresh
+		// store's and a peak RSS of 77 MiB, against 1.7 times and 107 MiB
+		// with eight tables and Badger's 10 MiB base level.
+		WithNumLevelZeroTables(4).
 		WithNumLevelZeroTablesStall(16).
+		WithBaseLevelSize(2 << 20).
 		WithBaseTableSize(512 << 10).
 		// Without compression or encryption Badger reads blocks and
 		// indexes straight from its mapped tables: a block cache only
