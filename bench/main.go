@@ -412,6 +412,12 @@ func run(o options) error {
 		}
 		ts = append(ts, &target{name: sp.name, cmd: c, addr: addr, admin: adminAddr, pid: c.Process.Pid, dir: dataDir, storeCPU: storeCPU})
 	}
+	if o.prefill > 0 {
+		// A prefill leaves hundreds of MB dirty in the page cache (PostgreSQL's
+		// 1 GB): written back during the first measurements, it would slow
+		// their syncs and take their CPU. Write it all back first.
+		settle()
+	}
 	if o.rate > 0 {
 		return runOpen(o, ts, stubURL)
 	}
