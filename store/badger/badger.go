@@ -65,8 +65,10 @@ type Options struct {
 	// every 30 s, and whenever a 16 MiB segment fills, Badger is synced in
 	// the background and the log emptied. The log takes two segments on
 	// disk (32 MiB). A failed write or sync of the log fails the batch's
-	// writes (applied, maybe not durable) and every later one until the
-	// store is reopened (the Guard does). False: no log, nothing synced; a
+	// writes (applied, maybe not durable) and every later one (not
+	// applied) until the store is reopened (the Guard does); a segment
+	// that cannot be made (a full disk) fails its batch before it is
+	// applied. False: no log, nothing synced; a
 	// log left by a store run with SyncWrites is still replayed at Open.
 	// Value-log garbage collection holds the writer's exclusive lock, and
 	// syncs Badger after a rewrite.
