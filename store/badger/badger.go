@@ -65,8 +65,10 @@ type Options struct {
 	// every 30 s, and whenever a 16 MiB segment fills, Badger is synced in
 	// the background and the log emptied. The log takes two segments on
 	// disk (32 MiB). A failed write or sync of the log fails the batch's
-	// writes (applied, maybe not durable) and every later one until the
-	// store is reopened (the Guard does). False: no log, nothing synced; a
+	// writes (applied, maybe not durable) and every later one (not
+	// applied) until the store is reopened (the Guard does); a segment
+	// that cannot be made (a full disk) fails its batch before it is
+	// applied. False: no log, nothing synced; a
 	// log left by a store run with SyncWrites is still replayed at Open.
 	// Value-log garbage collection holds the writer's exclusive lock, and
 	// syncs Badger after a rewrite.
@@ -124,6 +126,10 @@ type Store struct {
 	trim     *trimmer                      // returns mapped table pages to the kernel (trim_linux.go)
 	lost     func(c lostCommit, err error) // Options.lost
 	settling *settle.Settler               // a Group of Options.Settler: the store's retries
+
+	// afterRewrite, when set (tests), is called after each value-log
+	// rewrite returns, before it is synced.
+	afterRewrite func()
 }
 
 // record is the stored form of a store.Record, encoded by marshal
@@ -528,11 +534,7 @@ func (s *Store) RunGC() int {
 			return n
 		default:
 		}
-		s.w.exclusive.Lock() // no rewrite between a batch's commit and its sync
-		// Recovered: a Badger that lost its memtable (a failed rotation)
-		// panics on the rewrite's first read, here in the gc goroutine.
-		err := recovered(func() error { return s.db.RunValueLogGC(0.5) })
-		s.w.exclusive.Unlock()
+		err := s.rewriteValueLog()
 		if err != nil {
 			if !errors.Is(err, bdg.ErrNoRewrite) && !errors.Is(err, bdg.ErrRejected) {
 				s.log.Warn("value-log garbage collection failed", "err", err)
@@ -540,15 +542,45 @@ func (s *Store) RunGC() int {
 			return n
 		}
 		n++
-		if s.w.wal != nil {
-			// The rewrite moved values out of a file it then deleted;
-			// Badger runs unsynced: make the moved values durable now
-			// rather than at the next checkpoint.
-			if err := recovered(func() error { return syncBadger(s.db, s.dir) }); err != nil {
-				s.log.Warn("syncing after value-log garbage collection failed", "err", err)
-			}
-		}
 	}
+}
+
+// rewriteValueLog runs one value-log rewrite. The rewrite moves the live
+// values out of a file and then deletes that file; with the reservation
+// log, Badger runs unsynced and the moves are in no segment of the log: a
+// power loss after the deletion reached the disk but before the moves did
+// would leave the tree pointing into a file that is gone (those keys'
+// answers lost, each read failing for the key's TTL). So an iterator is
+// held open across the rewrite, which makes Badger defer the deletion
+// until it closes, and the moves are synced before it closes. If the sync
+// fails, the file is deleted all the same (Badger gives no way to keep
+// it): that is logged.
+func (s *Store) rewriteValueLog() error {
+	// Recovered: a Badger that lost its memtable (a failed rotation)
+	// panics on the rewrite's first read, here in the gc goroutine.
+	return recovered(func() error {
+		var hold *bdg.Iterator
+		if s.w.wal != nil {
+			txn := s.db.NewTransaction(false)
+			defer txn.Discard()
+			// A prefix no key has: no table is read.
+			hold = txn.NewIterator(bdg.IteratorOptions{Prefix: memtableProbe})
+			defer hold.Close() // deletes the rewritten file, once synced
+		}
+		s.w.exclusive.Lock() // no rewrite between a batch's commit and its sync
+		err := s.db.RunValueLogGC(0.5)
+		s.w.exclusive.Unlock()
+		if err != nil || hold == nil {
+			return err
+		}
+		if s.afterRewrite != nil {
+			s.afterRewrite()
+		}
+		if err := syncBadger(s.db, s.dir); err != nil {
+			s.log.Warn("syncing after value-log garbage collection failed", "err", err)
+		}
+		return nil
+	})
 }
 
 // orphansInDoubt rewrites every in-flight record as in doubt, keeping its

@@ -685,6 +685,23 @@ func (l *wal) append(r *walRecorder) error {
 	return nil
 }
 
+// room makes the active segment one with room for a record of need bytes,
+// rotating to the next one if it has not: the writer calls it before a
+// batch's commit, so that a segment that cannot be made (a full disk) or
+// a broken log fails the batch before Badger applies it. append then
+// finds the room.
+func (l *wal) room(need int64) error {
+	if l.broken != nil {
+		return l.broken
+	}
+	if act := l.active(); act.off+need > act.size {
+		if _, err := l.rotate(need); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // sync makes the appended records durable: one fdatasync of the active
 // segment, none when everything appended is synced already.
 func (l *wal) sync() error {

@@ -275,16 +275,17 @@ func (w *writer) applyOnce(batch []*op) []*op {
 			return rest
 		}
 		w.exclusive.Lock()
-		err := recovered(func() error {
-			// A read first: without a memtable (a rotation that failed)
-			// it panics here, recoverably, where the commit would make
-			// Badger's write goroutine log.Fatalf (y.AssertTrue). Not
-			// every closure reads before it writes.
-			if _, err := txn.Get(memtableProbe); err != nil && !errors.Is(err, bdg.ErrKeyNotFound) {
-				return err
-			}
-			return w.commit(txn.Txn)
-		})
+		var err error
+		if w.wal != nil && w.rec.entries > 0 {
+			// Room in the log first: a segment that cannot be made (a full
+			// disk), or a broken log, fails the batch before Badger applies
+			// it. Applied but answered as failed, a reservation would hold
+			// its key for its TTL though its request was never forwarded.
+			err = w.wal.room(int64(w.rec.size()))
+		}
+		if err == nil {
+			err = w.commitTxn(txn)
+		}
 		txn.Discard()
 		if err == nil && w.wal != nil && w.rec.entries > 0 {
 			// Applied, but maybe not logged: on failure, fail them all.
@@ -306,6 +307,20 @@ func (w *writer) applyOnce(batch []*op) []*op {
 		}
 		return nil
 	}
+}
+
+// commitTxn commits txn, turning Badger's panics into errors.
+func (w *writer) commitTxn(txn *wtxn) error {
+	return recovered(func() error {
+		// A read first: without a memtable (a rotation that failed)
+		// it panics here, recoverably, where the commit would make
+		// Badger's write goroutine log.Fatalf (y.AssertTrue). Not
+		// every closure reads before it writes.
+		if _, err := txn.Get(memtableProbe); err != nil && !errors.Is(err, bdg.ErrKeyNotFound) {
+			return err
+		}
+		return w.commit(txn.Txn)
+	})
 }
 
 // memtableProbe is the key the writer reads before each commit; it is never
