@@ -739,7 +739,13 @@ func vmHWM(pid int) int64 { return procStatus(pid, "VmHWM") }
 
 // procStatus reads one kB field of /proc/<pid>/status, in bytes.
 func procStatus(pid int, field string) int64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	return kBField(fmt.Sprintf("/proc/%d/status", pid), field)
+}
+
+// kBField reads the field "name: N kB" of a /proc file such as
+// /proc/meminfo, in bytes; 0 when there is none.
+func kBField(path, field string) int64 {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return 0
 	}
