@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -311,33 +310,6 @@ func copyFiles(t *testing.T, src, dst string) {
 	copyDir(t, src, dst)
 }
 
-// copyTree copies the directory src into dst.
-func copyTree(t *testing.T, src, dst string) {
-	t.Helper()
-	if err := os.MkdirAll(dst, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	ents, err := os.ReadDir(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range ents {
-		in, err := os.Open(filepath.Join(src, e.Name()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		out, err := os.Create(filepath.Join(dst, e.Name()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := io.Copy(out, in); err != nil {
-			t.Fatal(err)
-		}
-		in.Close()
-		out.Close()
-	}
-}
-
 // TestBadgerLostUnsyncedWrites: Badger runs unsynced behind the log, so
 // after a power failure its files may be as they were at the last
 // checkpoint while the log holds every write since. Opened so, the store
@@ -418,7 +390,7 @@ func TestBadgerLostUnsyncedWrites(t *testing.T) {
 	// The crash: Badger's files as at the checkpoint, the log as it is.
 	crashed := filepath.Join(t.TempDir(), "crashed")
 	copyFiles(t, snapshot, crashed)
-	copyTree(t, filepath.Join(dir, walDirName), filepath.Join(crashed, walDirName))
+	copyDir(t, filepath.Join(dir, walDirName), filepath.Join(crashed, walDirName))
 
 	r, err := Open(Options{Dir: crashed, SyncWrites: true})
 	if err != nil {
@@ -637,7 +609,7 @@ func TestRecycledSegmentsReplay(t *testing.T) {
 	}
 	crashed := filepath.Join(t.TempDir(), "crashed")
 	copyFiles(t, snapshot, crashed)
-	copyTree(t, filepath.Join(dir, walDirName), filepath.Join(crashed, walDirName))
+	copyDir(t, filepath.Join(dir, walDirName), filepath.Join(crashed, walDirName))
 	r, err := Open(Options{Dir: crashed, SyncWrites: true})
 	if err != nil {
 		t.Fatalf("Open over recycled segments: %v", err)
