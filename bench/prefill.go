@@ -38,18 +38,7 @@ func prefillStore(dir string, n int, ttl time.Duration) error {
 		go func() {
 			defer wg.Done()
 			for i := w; i < n; i += workers {
-				key := store.Key("charges", "", fmt.Sprintf("prefill-%d-%d", w, i))
-				sum := sha256.Sum256([]byte(key))
-				token := rand.Text()
-				res := store.Reservation{Token: token, Fingerprint: hex.EncodeToString(sum[:]), Lease: min(ttl/2, time.Minute), TTL: ttl}
-				if _, err := s.Reserve(ctx, key, res); err != nil {
-					errs <- err
-					return
-				}
-				body := fmt.Sprintf(`{"chargeId":"ch_%s","orderId":"prefill-%d-%d","amount":10,"createdAt":"%s"}`,
-					rand.Text(), w, i, time.Now().UTC().Format(time.RFC3339Nano))
-				resp := store.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(body), BodyStored: true}
-				if err := s.Commit(ctx, key, token, resp, ttl); err != nil {
+				if _, err := storeAnswer(ctx, s, fmt.Sprintf("prefill-%d-%d", w, i), ttl); err != nil {
 					errs <- err
 					return
 				}
@@ -76,19 +65,19 @@ func count(n int) string {
 	return strconv.Itoa(n)
 }
 
-// seed stores one completed key through s, as the proxy stores an answer
-// of the stub, and returns its store key.
-func seed(s store.Store, ttl time.Duration) (string, error) {
-	ctx := context.Background()
-	key := store.Key("charges", "", "prefill-seed")
+// storeAnswer stores one completed key through s, with orderID as the
+// key, as the proxy stores an answer of the stub: a 201 with its JSON
+// charge. It returns the store key.
+func storeAnswer(ctx context.Context, s store.Store, orderID string, ttl time.Duration) (string, error) {
+	key := store.Key("charges", "", orderID)
 	token := rand.Text()
 	sum := sha256.Sum256([]byte(key))
 	res := store.Reservation{Token: token, Fingerprint: hex.EncodeToString(sum[:]), Lease: min(ttl/2, time.Minute), TTL: ttl}
 	if _, err := s.Reserve(ctx, key, res); err != nil {
 		return "", err
 	}
-	body := fmt.Sprintf(`{"chargeId":"ch_%s","orderId":"prefill-seed","amount":10,"createdAt":"%s"}`,
-		rand.Text(), time.Now().UTC().Format(time.RFC3339Nano))
+	body := fmt.Sprintf(`{"chargeId":"ch_%s","orderId":"%s","amount":10,"createdAt":"%s"}`,
+		rand.Text(), orderID, time.Now().UTC().Format(time.RFC3339Nano))
 	resp := store.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(body), BodyStored: true}
 	return key, s.Commit(ctx, key, token, resp, ttl)
 }
@@ -102,7 +91,7 @@ func prefillRedis(addr string, n int, ttl time.Duration) error {
 	if err != nil {
 		return err
 	}
-	key, err := seed(s, ttl)
+	key, err := storeAnswer(context.Background(), s, "prefill-seed", ttl)
 	s.Close()
 	if err != nil {
 		return err
@@ -136,7 +125,7 @@ func prefillPostgres(dsn string, n int, ttl time.Duration) error {
 	if err != nil {
 		return err
 	}
-	key, err := seed(s, ttl)
+	key, err := storeAnswer(context.Background(), s, "prefill-seed", ttl)
 	s.Close()
 	if err != nil {
 		return err
