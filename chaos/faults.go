@@ -6,11 +6,14 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/idemproxy/idemproxy/chaos/check"
 )
 
 // The fault kinds.
@@ -30,9 +33,15 @@ const (
 	kHup         = "proxy-sighup-reload"
 	kDiskFull    = "badger-disk-full"
 	// The faults of a shared store server S (redis, postgres) are
-	// net-S-latency, net-S-reset, net-S-blackhole, net-S-stall, S-kill-restart and
-	// S-sigstop.
+	// net-S-latency, net-S-reset, net-S-blackhole, net-S-stall, S-kill-restart,
+	// S-sigstop and S-lost-keys.
 )
+
+// lostKeys is the suffix of the fault kind that makes a shared store forget
+// every key (redis-lost-keys: restarted empty; postgres-lost-keys: its table
+// truncated). The operator accepts the loss when the fault's duration is
+// over.
+const lostKeys = "-lost-keys"
 
 // fault is one entry of the schedule: what to do, when, for how long, to
 // whom. The schedule is drawn from the seed before the run starts.
@@ -181,12 +190,60 @@ func (in *injector) applyStore(ctx context.Context, f fault) error {
 			s.proc.signal(syscall.SIGSTOP)
 			sleep(ctx, f.For)
 			s.proc.signal(syscall.SIGCONT)
+		case s.name + lostKeys:
+			return in.loseKeys(ctx, s, f)
 		default:
 			continue
 		}
 		return nil
 	}
 	return fmt.Errorf("unknown fault kind %q", f.Kind)
+}
+
+// loseKeys makes s forget its keys, lets the clients meet the forgetful
+// store for the fault's duration (its proxies must refuse every protected
+// request: the checker's property 6), then accepts the loss as an operator
+// would (idemproxy store accept-loss) and waits until the proxies serve
+// again. The loss goes into the history.
+func (in *injector) loseKeys(ctx context.Context, s *storeSrv, f fault) error {
+	r := in.r
+	loss := check.Loss{Store: s.name}
+	var op *proxyProc
+	for _, p := range r.proxies {
+		if p.store == s.name {
+			loss.Proxies = append(loss.Proxies, p.name)
+			op = p
+		}
+	}
+	err := s.forget(ctx)
+	loss.At = r.rec.now()
+	defer func() {
+		r.mu.Lock()
+		r.losses = append(r.losses, loss)
+		r.mu.Unlock()
+	}()
+	if err != nil {
+		return err
+	}
+	sleep(ctx, f.For)
+	cmd := exec.CommandContext(ctx, filepath.Join(r.bin, "idemproxy"), "store", "accept-loss", "-config", op.config,
+		"-operator", "chaos", "-reason", fmt.Sprintf("chaos fault %s at %.3fs", f.Kind, f.At.Seconds()))
+	cmd.Env = append(os.Environ(), op.env...)
+	out, err := cmd.CombinedOutput()
+	loss.Accepted = r.rec.now()
+	if err != nil {
+		loss.Accepted = 0
+		return fmt.Errorf("idemproxy store accept-loss: %v: %s", err, out)
+	}
+	fmt.Fprintf(r.log, "chaos: %s forgot its keys; loss accepted: %s", s.name, out)
+	for _, p := range r.proxies {
+		if p.store == s.name {
+			if err := waitHTTP(ctx, "http://"+p.admin+"/readyz", 30*time.Second); err != nil {
+				return fmt.Errorf("%s after the accepted loss: %w", p.name, err)
+			}
+		}
+	}
+	return nil
 }
 
 // fillDisk writes zeros to path until the file system is full.

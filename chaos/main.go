@@ -169,10 +169,12 @@ type run struct {
 	tmpfs     bool
 	reloads   int
 
-	inj  *injector
-	nops int
-	errs []string // process faults that did not recover
-	mu   sync.Mutex
+	inj    *injector
+	rec    *recorder
+	losses []check.Loss // guarded by mu
+	nops   int
+	errs   []string // process faults that did not recover
+	mu     sync.Mutex
 }
 
 var routes = []routeSpec{
@@ -196,6 +198,7 @@ func (r *run) execute(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	rec := &recorder{start: time.Now()}
+	r.rec = rec
 	h := check.History{Seed: r.opts.seed, Routes: map[string]check.Route{}}
 	for _, rt := range routes {
 		h.Routes[rt.name] = rt.check
@@ -263,6 +266,9 @@ func (r *run) execute(ctx context.Context) (int, error) {
 	h.Final = r.samples(ctx)
 	h.Ops = rec.snapshot()
 	r.nops = len(h.Ops)
+	r.mu.Lock()
+	h.Losses = r.losses
+	r.mu.Unlock()
 
 	stmt, raw, err := r.statement(ctx)
 	if err != nil {
@@ -297,6 +303,10 @@ func (r *run) execute(ctx context.Context) (int, error) {
 		fmt.Fprintf(r.log, "chaos: linearizability visualisation in %s\n", res.Visualisation)
 	}
 	fmt.Fprintf(r.log, "chaos: %d keys, %d charges in the statement\n", res.Keys, len(stmt))
+	if len(h.Losses) > 0 {
+		fmt.Fprintf(r.log, "chaos: %d store losses: %d keys sent before a loss, %d of them charged again after it was accepted\n",
+			len(h.Losses), res.Exposed, res.Recharged)
+	}
 	return len(vs), nil
 }
 
@@ -322,7 +332,7 @@ func (r *run) kinds() []string {
 	k := []string{kFailBefore, kFailAfter, kDelay, kDrop, k429, kUpLatency, kUpReset, kUpBlackhole, kUpSlowClose, kUpStall, kKill, kTerm, kHup}
 	for _, s := range r.stores {
 		k = append(k, "net-"+s.name+"-latency", "net-"+s.name+"-reset", "net-"+s.name+"-blackhole",
-			"net-"+s.name+"-stall", s.name+"-kill-restart", s.name+"-sigstop")
+			"net-"+s.name+"-stall", s.name+"-kill-restart", s.name+"-sigstop", s.name+lostKeys)
 	}
 	if r.tmpfs {
 		k = append(k, kDiskFull)

@@ -22,6 +22,9 @@ type storeSrv struct {
 	addr  string
 	fault *faultProxy
 	ready func(ctx context.Context) error
+	// forget makes the server lose every key it holds and serve again:
+	// Redis restarted without its files, PostgreSQL's table truncated.
+	forget func(ctx context.Context) error
 }
 
 // startRedis starts redis-server with the append-only file, synced on every
@@ -46,6 +49,24 @@ func (r *run) startRedis(ctx context.Context) (*storeSrv, error) {
 		"--maxmemory-policy", "noeviction",
 	}}
 	s.ready = func(ctx context.Context) error { return waitRedis(ctx, s.addr, 20*time.Second) }
+	s.forget = func(ctx context.Context) error {
+		// As a Redis without persistence, or whose volume was lost,
+		// comes back from a crash: empty.
+		s.proc.kill()
+		files, err := os.ReadDir(dir)
+		if err != nil {
+			return err
+		}
+		for _, f := range files {
+			if err := os.RemoveAll(filepath.Join(dir, f.Name())); err != nil {
+				return err
+			}
+		}
+		if err := s.proc.start(); err != nil {
+			return err
+		}
+		return s.ready(ctx)
+	}
 	return s, r.launchStore(ctx, s)
 }
 
@@ -119,8 +140,20 @@ func (r *run) startPostgres(ctx context.Context) (*storeSrv, error) {
 			time.Sleep(100 * time.Millisecond)
 		}
 	}
+	s.forget = func(ctx context.Context) error {
+		cmd := exec.CommandContext(ctx, psql, "-h", "127.0.0.1", "-p", strconv.Itoa(port), "-U", "postgres",
+			"-d", "postgres", "-v", "ON_ERROR_STOP=1", "-Atc", "TRUNCATE "+pgTable)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("truncate %s: %v: %s", pgTable, err, out)
+		}
+		return nil
+	}
 	return s, r.launchStore(ctx, s)
 }
+
+// pgTable is the proxies' table of key records: the default of
+// store.postgres.table.
+const pgTable = "idemproxy_keys"
 
 // launchStore starts s, waits until it is up and puts its fault layer in
 // front of it.

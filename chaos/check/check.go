@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"sort"
 	"time"
 
@@ -18,6 +19,7 @@ const (
 	PropNothingLost   = 3 // an answered charge is never forgotten; keys end completed or in doubt
 	PropLinearizable  = 4 // each key's history is linearizable against the key's state machine
 	PropLiveness      = 5 // keys settle, proxies are ready, goroutines and memory come back
+	PropLossRefused   = 6 // a store that forgot its keys forwards nothing until the loss is accepted
 	linearizeTimeout  = 20 * time.Second
 	goroutineSlack    = 200
 	heapSlackBytes    = 64 << 20
@@ -43,6 +45,11 @@ type Result struct {
 	Violations    []Violation
 	Keys          int
 	Visualisation string // the file porcupine's visualisation was written to, if any
+	// Exposed counts the keys a store forgot (h.Losses): keys sent to its
+	// proxies before the loss. Recharged counts those of them charged
+	// again after the operator accepted the loss, which the acceptance
+	// allows.
+	Exposed, Recharged int
 }
 
 // Options tunes Check.
@@ -83,6 +90,7 @@ func Check(h History, st Statement, opts Options) Result {
 	for _, o := range h.Ops {
 		end = max(end, o.End, o.Start)
 	}
+	checkLosses(h, add)
 	var lin []porcupine.Operation
 	for _, order := range orders {
 		ops := byOrder[order]
@@ -90,6 +98,13 @@ func Check(h History, st Statement, opts Options) Result {
 		route, ok := h.Routes[ops[0].Route]
 		if !ok {
 			add(PropLinearizable, order, "route %q is not in the history's routes", ops[0].Route)
+			continue
+		}
+		if loss := exposedTo(h.Losses, ops); loss != nil {
+			res.Exposed++
+			if checkExposed(order, ops, route, charges[order], *loss, add) {
+				res.Recharged++
+			}
 			continue
 		}
 		checkOrder(order, ops, route, charges[order], add)
@@ -160,15 +175,13 @@ func Check(h History, st Statement, opts Options) Result {
 	return res
 }
 
-// checkOrder checks properties 1, 2, 3 and the settling part of 5 for one
-// key: its attempts, oldest first, and the statement's charges for it.
-func checkOrder(order string, ops []Op, route Route, charges []Charge, add func(int, string, string, ...any)) {
-	// Property 1.
+// chargesAllowed is how many charges the outcome table allows a key with
+// these attempts: one, and under release-on-5xx one more for each 5xx that
+// released the key (it may have come after the charge) and each attempt
+// without an answer (it may have been such a 5xx).
+func chargesAllowed(ops []Op, route Route) int {
 	allowed := 1
 	if route.Policy == ReleaseOn5xx {
-		// A 5xx released the key: the retry is forwarded, and the 5xx may
-		// have come after the charge. An attempt without an answer may have
-		// been such a 5xx.
 		for _, o := range ops {
 			c := classify(o, route)
 			if (c == cRelease && o.Status >= 500 && problemType(o) == "") || c == cUnknown {
@@ -176,6 +189,14 @@ func checkOrder(order string, ops []Op, route Route, charges []Charge, add func(
 			}
 		}
 	}
+	return allowed
+}
+
+// checkOrder checks properties 1, 2, 3 and the settling part of 5 for one
+// key: its attempts, oldest first, and the statement's charges for it.
+func checkOrder(order string, ops []Op, route Route, charges []Charge, add func(int, string, string, ...any)) {
+	// Property 1.
+	allowed := chargesAllowed(ops, route)
 	if len(charges) > allowed {
 		add(PropChargedOnce, order, "charged %d times on a %s route (%d allowed by the outcome table): %s",
 			len(charges), route.Policy, allowed, chargeIDs(charges))
@@ -250,6 +271,63 @@ func checkOrder(order string, ops []Op, route Route, charges []Charge, add func(
 		// probe's own forward made the charge (then property 1 counts).
 		if len(charges) > 0 && route.Policy == ReserveThenCommit && !matchesCharge(last.Body, charges) {
 			add(PropNothingLost, order, "charged, yet the last probe (#%d) was forwarded again (%d): the key was lost", last.ID, last.Status)
+		}
+	}
+}
+
+// exposedTo returns the first loss that may have taken the key of ops: a
+// loss of the store of a proxy that one of ops was sent to before it.
+func exposedTo(losses []Loss, ops []Op) *Loss {
+	for i, l := range losses {
+		for _, o := range ops {
+			if o.Start < l.At && slices.Contains(l.Proxies, o.Proxy) {
+				return &losses[i]
+			}
+		}
+	}
+	return nil
+}
+
+// forwarded reports whether the attempt reached the upstream, as far as its
+// answer tells: an upstream's answer, or a problem about the upstream's.
+func forwarded(c class) bool { return c == cCommit || c == cRelease || c == cDoubt }
+
+// checkExposed checks property 1 for a key that a store forgot: it may be
+// charged again only after the operator accepted the loss, once for each
+// attempt forwarded since (or that may have been). The other properties
+// do not hold across a loss by design: the accepted store no longer knows
+// the first answer. It reports whether the key was charged again after
+// the acceptance.
+func checkExposed(order string, ops []Op, route Route, charges []Charge, loss Loss, add func(int, string, string, ...any)) bool {
+	allowed := chargesAllowed(ops, route)
+	again := 0
+	for _, o := range ops {
+		if c := classify(o, route); loss.Accepted > 0 && o.Start > loss.Accepted && (forwarded(c) || c == cUnknown) {
+			again++
+		}
+	}
+	if len(charges) > allowed+again {
+		add(PropChargedOnce, order, "charged %d times on a %s route: %d allowed by the outcome table, and %d attempts after the %s loss was accepted: %s",
+			len(charges), route.Policy, allowed, again, loss.Store, chargeIDs(charges))
+	}
+	return again > 0 && len(charges) > allowed
+}
+
+// checkLosses checks property 6: between a store's loss of its keys and the
+// operator's acceptance, its proxies forward nothing on a protected route
+// (they answer 503 store-lost-keys), whether or not the key was sent
+// before.
+func checkLosses(h History, add func(int, string, string, ...any)) {
+	for _, l := range h.Losses {
+		for _, o := range h.Ops {
+			route, ok := h.Routes[o.Route]
+			if !ok || !slices.Contains(l.Proxies, o.Proxy) || o.Start < l.At || (l.Accepted > 0 && o.End > l.Accepted) {
+				continue
+			}
+			if c := classify(o, route); forwarded(c) {
+				add(PropLossRefused, o.Order, "attempt #%d (%s via %s) was forwarded (%d) after %s forgot its keys, before the loss was accepted",
+					o.ID, o.Kind, o.Proxy, o.Status, l.Store)
+			}
 		}
 	}
 }

@@ -263,3 +263,99 @@ func contains(s []int, v int) bool {
 	}
 	return false
 }
+
+// TestStoreLosses pins property 6 and how property 1 reads a key that a
+// store forgot: r0 shares a store that forgot its keys at 500, and the
+// operator accepted the loss at 900.
+func TestStoreLosses(t *testing.T) {
+	loss := Loss{Store: "redis", Proxies: []string{"r0"}, At: 500, Accepted: 900}
+	c1, c2 := chargeJSON("ch_1", "A"), chargeJSON("ch_2", "A")
+	lost := func(start, end int64) Op {
+		return problem("charges-wait", "A", start, end, 503, "store-lost-keys")
+	}
+	tests := []struct {
+		name          string
+		ops           []Op
+		st            Statement
+		want          []int // properties that must be reported, and no other
+		wantRecharged int
+	}{
+		{
+			name: "refused until accepted, charged again after: allowed",
+			ops: []Op{
+				fresh("charges-wait", "A", 0, 100, 201, c1),
+				lost(600, 610),
+				fresh("charges-wait", "A", 1000, 1100, 201, c2),
+				probe(replay("charges-wait", "A", 2000, 2010, 201, c2)),
+			},
+			st:            statement([2]string{"ch_1", "A"}, [2]string{"ch_2", "A"}),
+			wantRecharged: 1,
+		},
+		{
+			name: "charged again before the loss was accepted",
+			ops: []Op{
+				fresh("charges-wait", "A", 0, 100, 201, c1),
+				fresh("charges-wait", "A", 600, 700, 201, c2),
+				probe(replay("charges-wait", "A", 2000, 2010, 201, c2)),
+			},
+			st:   statement([2]string{"ch_1", "A"}, [2]string{"ch_2", "A"}),
+			want: []int{PropChargedOnce, PropLossRefused},
+		},
+		{
+			// Sent during the outage, before the store came back empty,
+			// and forwarded once it had: still a double charge.
+			name: "a retry that waited through the restart is charged again",
+			ops: []Op{
+				fresh("charges-wait", "A", 0, 100, 201, c1),
+				fresh("charges-wait", "A", 450, 650, 201, c2),
+				probe(replay("charges-wait", "A", 2000, 2010, 201, c2)),
+			},
+			st:   statement([2]string{"ch_1", "A"}, [2]string{"ch_2", "A"}),
+			want: []int{PropChargedOnce},
+		},
+		{
+			name: "a new key forwarded before the loss was accepted",
+			ops: []Op{
+				fresh("charges-wait", "A", 600, 700, 201, c1),
+				probe(replay("charges-wait", "A", 2000, 2010, 201, c1)),
+			},
+			st:   statement([2]string{"ch_1", "A"}),
+			want: []int{PropLossRefused},
+		},
+		{
+			name: "another store's proxy is not concerned",
+			ops: []Op{
+				func() Op { o := fresh("charges-wait", "A", 0, 100, 201, c1); o.Proxy = "p0"; return o }(),
+				func() Op { o := fresh("charges-wait", "A", 600, 700, 201, c2); o.Proxy = "p0"; return o }(),
+				func() Op { o := probe(replay("charges-wait", "A", 2000, 2010, 201, c1)); o.Proxy = "p0"; return o }(),
+			},
+			st:   statement([2]string{"ch_1", "A"}, [2]string{"ch_2", "A"}),
+			want: []int{PropChargedOnce, PropTwoXX, PropNothingLost, PropLinearizable}, // every property of a plain double charge
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := hist(tt.ops...)
+			h.Losses = []Loss{loss}
+			h.Final = append(h.Final, Sample{Proxy: "p0", Ready: true})
+			res := Check(h, tt.st, Options{Dir: t.TempDir()})
+			got := map[int]bool{}
+			for _, v := range res.Violations {
+				got[v.Property] = true
+			}
+			for _, p := range tt.want {
+				if !got[p] {
+					t.Errorf("property %d not reported; violations: %v", p, res.Violations)
+				}
+			}
+			for p := range got {
+				if !contains(tt.want, p) {
+					t.Errorf("property %d reported, want only %v: %v", p, tt.want, res.Violations)
+				}
+			}
+			if res.Recharged != tt.wantRecharged {
+				t.Errorf("Recharged = %d, want %d", res.Recharged, tt.wantRecharged)
+			}
+		})
+	}
+}

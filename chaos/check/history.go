@@ -54,6 +54,22 @@ type Sample struct {
 	HeapBytes  float64 `json:"heapBytes"`
 }
 
+// Loss is a fault that made a shared store forget every key it held (the
+// server restarted empty, or its table was emptied) and, later, an
+// operator's acceptance of the loss (idemproxy store accept-loss). Times
+// are nanoseconds since the start of the run.
+type Loss struct {
+	// Store names the store server (redis, postgres).
+	Store string `json:"store"`
+	// Proxies are the proxies that share the store.
+	Proxies []string `json:"proxies"`
+	// At is when the store had forgotten its keys and served again.
+	At int64 `json:"at"`
+	// Accepted is when the operator's acceptance returned; 0: never
+	// accepted during the run.
+	Accepted int64 `json:"accepted"`
+}
+
 // History is everything the run recorded.
 type History struct {
 	Seed     int64            `json:"seed"`
@@ -61,6 +77,7 @@ type History struct {
 	Ops      []Op             `json:"ops"`
 	Baseline []Sample         `json:"baseline"`
 	Final    []Sample         `json:"final"`
+	Losses   []Loss           `json:"losses,omitempty"`
 }
 
 // Charge is one charge of the stub's statement, with its JSON as the stub

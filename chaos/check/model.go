@@ -55,7 +55,7 @@ func classify(o Op, r Route) class {
 		return cRelease
 	case "upstream-reset", "upstream-timeout":
 		return cDoubt
-	case "store-unavailable", "overloaded", "shutting-down", "body-timeout":
+	case "store-unavailable", "store-lost-keys", "overloaded", "shutting-down", "body-timeout":
 		return cNoop
 	default:
 		return cIllegal
