@@ -346,4 +346,3 @@ func TestGlobalLimitShedsTheResettingClient(t *testing.T) {
 		})
 	}
 }
-
