@@ -52,7 +52,7 @@ type clientTable struct {
 	now     func() time.Time
 
 	refused [3]atomic.Uint64 // by clientRefusalReasons index
-	resets  atomic.Uint64    // HTTP/2 streams reset by their client before their handler finished
+	resets  atomic.Uint64    // RST_STREAM frames received from clients
 }
 
 type clientEntry struct {
@@ -202,36 +202,27 @@ func (t *clientTable) start(e *clientEntry) string {
 	return ""
 }
 
-// end ends a request started by start; reset says its client reset it
-// before its handler finished. It returns the client's connections to
-// close when that reset made the client one that resets too fast.
-// started says whether start counted it (a stream reset before its
-// handler began was not).
-func (t *clientTable) end(e *clientEntry, reset, started bool) []*trackedConn {
+// end ends a request started by start.
+func (t *clientTable) end(e *clientEntry) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if started {
-		e.inFlight--
-	}
-	var shed []*trackedConn
-	if reset {
-		shed = t.reset(e)
-	}
+	e.inFlight--
 	t.forget(e)
-	return shed
 }
 
-// reset counts one reset of e's, and returns e's connections to close if
-// e now resets too fast. t.mu is held.
-func (t *clientTable) reset(e *clientEntry) []*trackedConn {
-	t.resets.Add(1)
+// reset counts n streams that e reset (RST_STREAM frames it sent), and
+// returns e's connections to close if e now resets too fast.
+func (t *clientTable) reset(e *clientEntry, n int) []*trackedConn {
+	t.resets.Add(uint64(n))
 	rate := float64(t.resetRate.Load())
 	if rate <= 0 {
 		return nil
 	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	now := t.now()
 	t.drain(e, now)
-	e.level = math.Min(e.level+1, 1.5*rate*resetWindow)
+	e.level = math.Min(e.level+float64(n), 1.5*rate*resetWindow)
 	if w := t.worst; w == nil || w == e || e.level > t.levelAt(w, now) {
 		t.worst = e
 	}

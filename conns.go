@@ -128,7 +128,7 @@ func registerConnMetrics(reg prometheus.Registerer, l *connLimiter) {
 		}, func() float64 { return float64(l.h2Refused.Load()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "idemproxy_client_stream_resets_total",
-			Help: "HTTP/2 streams reset by their client before their handler finished (counted against server.max_client_resets_per_second).",
+			Help: "HTTP/2 streams reset by their client (RST_STREAM frames received), counted against server.max_client_resets_per_second.",
 		}, func() float64 { return float64(l.clients.resets.Load()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "idemproxy_http2_continuation_floods_total",

@@ -27,21 +27,25 @@ const (
 const (
 	h2FrameHeaderLen   = 9
 	h2PrefaceLen       = len("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+	h2TypeRSTStream    = 0x3
 	h2TypeContinuation = 0x9
 )
 
 // h2Frames follows the frame headers of an HTTP/2 connection's bytes as
 // the server reads them, from the connection's first byte (the preface
-// is skipped), to count runs of CONTINUATION frames. It copies at most
+// is skipped), to count runs of CONTINUATION frames and the streams the
+// client resets (RST_STREAM frames, counted against its
+// server.max_client_resets_per_second by the reading connection). It copies at most
 // the 9 bytes of a frame header and skips payloads: a few operations a
 // frame. Only the connection's serving goroutine (its reads) touches it.
 type h2Frames struct {
 	skip  int                    // bytes still to skip: the preface, then each frame's payload
 	hdr   [h2FrameHeaderLen]byte // a frame header split between reads
 	hdrN  int
-	empty int // CONTINUATION frames without payload in the current run
-	conts int // CONTINUATION frames in the current run
-	began bool
+	empty  int // CONTINUATION frames without payload in the current run
+	conts  int // CONTINUATION frames in the current run
+	resets int // RST_STREAM frames, not yet counted against the client
+	began  bool
 }
 
 // scan follows b, the next bytes read, and reports false once a run of
@@ -74,6 +78,9 @@ func (f *h2Frames) scan(b []byte) bool {
 		f.skip = length
 		if h[3] != h2TypeContinuation {
 			f.empty, f.conts = 0, 0
+			if h[3] == h2TypeRSTStream {
+				f.resets++
+			}
 			continue
 		}
 		f.conts++
@@ -101,3 +108,19 @@ func (c *trackedConn) refuseContinuations() error {
 	c.Close()
 	return &net.OpError{Op: "read", Net: "tcp", Err: errContinuationFlood}
 }
+
+// refuseResets closes shed, the connections of c's client, which resets
+// streams faster than server.max_client_resets_per_second (c among
+// them), and returns the read error the server ends c on.
+func (c *trackedConn) refuseResets(shed []*trackedConn) error {
+	c.l.clients.countRefused(refusedResets)
+	c.l.log.Warn("client's connections closed: it resets HTTP/2 streams faster than server.max_client_resets_per_second",
+		"reason", refusedResets, "client", c.client.id, "setting", "server.max_client_resets_per_second",
+		"limit", c.l.clients.resetRate.Load(), "connections", len(shed))
+	c.l.drop(shed)
+	return &net.OpError{Op: "read", Net: "tcp", Err: errResetFlood}
+}
+
+// errResetFlood ends a connection whose client resets streams faster
+// than server.max_client_resets_per_second.
+var errResetFlood = errors.New("http2: the client resets streams too fast")

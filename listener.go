@@ -366,8 +366,16 @@ func (c *trackedConn) Read(p []byte) (int, error) {
 		}
 		// HTTP/2 frames are followed from the first byte (the preface is
 		// told apart over the first reads).
-		if (c.h2.Load() || (sniffing && c.headN >= 0)) && !c.frames.scan(p[:n]) {
-			return 0, c.refuseContinuations()
+		if c.h2.Load() || (sniffing && c.headN >= 0) {
+			if !c.frames.scan(p[:n]) {
+				return 0, c.refuseContinuations()
+			}
+			if k := c.frames.resets; k > 0 && c.client != nil {
+				c.frames.resets = 0
+				if shed := c.l.clients.reset(c.client, k); shed != nil {
+					return 0, c.refuseResets(shed)
+				}
+			}
 		}
 		if !c.hdr.done && !c.h2.Load() && c.hdr.count(p[:n]) > maxHeaderLines {
 			return 0, c.refuseHeader()
@@ -467,8 +475,7 @@ func (l *connLimiter) ConnContext(ctx context.Context, c net.Conn) context.Conte
 //
 // It then applies, before a request takes one of the max requests in
 // flight, its client's limits (clientTable): an HTTP/2 stream its client
-// reset before its handler started is dropped and counted as a reset; a
-// client with server.max_requests_per_client requests in flight is
+// reset before its handler started is dropped; a client with server.max_requests_per_client requests in flight is
 // answered 503 overloaded; a client that resets streams faster than
 // server.max_client_resets_per_second has its connections closed. With max
 // requests in flight, a new HTTP/2 stream is refused, unless another
@@ -481,21 +488,16 @@ func (l *connLimiter) guard(next http.Handler) http.Handler {
 			panic(http.ErrAbortHandler)
 		}
 		h2 := r.ProtoMajor == 2
+		if h2 && r.Context().Err() != nil {
+			return // reset before its handler started: no one to answer
+		}
 		if c != nil && c.client != nil {
 			e := c.client
-			if h2 && r.Context().Err() != nil {
-				// Reset before its handler started: nothing to answer.
-				l.drop(l.clients.end(e, true, false))
-				return
-			}
 			if why := l.clients.start(e); why != "" {
 				l.refuseClient(w, r, c, why)
 				return
 			}
-			defer func() {
-				reset := h2 && r.Context().Err() != nil && !c.shed.Load()
-				l.drop(l.clients.end(e, reset, true))
-			}()
+			defer l.clients.end(e)
 		}
 		n := l.inFlight.Add(1)
 		defer l.inFlight.Add(-1)
