@@ -39,9 +39,9 @@ const (
 // the 9 bytes of a frame header and skips payloads: a few operations a
 // frame. Only the connection's serving goroutine (its reads) touches it.
 type h2Frames struct {
-	skip  int                    // bytes still to skip: the preface, then each frame's payload
-	hdr   [h2FrameHeaderLen]byte // a frame header split between reads
-	hdrN  int
+	skip   int                    // bytes still to skip: the preface, then each frame's payload
+	hdr    [h2FrameHeaderLen]byte // a frame header split between reads
+	hdrN   int
 	empty  int // CONTINUATION frames without payload in the current run
 	conts  int // CONTINUATION frames in the current run
 	resets int // RST_STREAM frames, not yet counted against the client
