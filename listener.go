@@ -509,7 +509,8 @@ func (l *connLimiter) guard(next http.Handler) http.Handler {
 			if victims == nil {
 				l.h2Refused.Add(1)
 				proxy.WriteOverloaded(w, r, fmt.Sprintf("%d requests are in flight (server.max_connections): "+
-					"this HTTP/2 stream was refused before it was read; retry it", l.max), nil)
+					"this HTTP/2 stream was refused before it was read; retry it", l.max),
+					map[string]any{"setting": "server.max_connections", "limit": l.max})
 				return
 			}
 			// Served in place of the client that resets the most: its

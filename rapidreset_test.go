@@ -224,7 +224,7 @@ func TestRapidResetDoesNotLockOutOtherClients(t *testing.T) {
 			l1 := probe(t, p, "h1", h1, 5, 1)
 			l2 := probe(t, p, "h2", h2, 5, 2)
 			cpu := (procCPU(t, p) - cpu0).Seconds() / time.Since(t0).Seconds()
-			t.Logf("attack: %d streams on %d connections; proxy CPU during the probes %.0f%% of a core", a.streams.Load(), a.conns.Load(), cpu*100)
+			t.Logf("attack: %d streams opened and reset (written) on %d connections; proxy CPU during the probes %.0f%% of a core", a.streams.Load(), a.conns.Load(), cpu*100)
 			t.Logf("HTTP/1.1 probe latencies: %s", summary(l1))
 			t.Logf("HTTP/2 probe latencies: %s", summary(l2))
 			if got := scrapeValue(t, p, "idemproxy_client_stream_resets_total"); got == 0 {
