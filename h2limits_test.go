@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -234,6 +235,34 @@ func TestClientStreamCap(t *testing.T) {
 			t.Errorf("a held request = %d %v, want 200", r.status, r.err)
 		}
 	}
+}
+
+// TestClientStreamCapReload: a reload applies server.max_requests_per_client
+// to the requests that start from then on.
+func TestClientStreamCapReload(t *testing.T) {
+	up := startHoldingUpstream(t)
+	dir := t.TempDir()
+	path, data := filepath.Join(dir, "c.yaml"), filepath.Join(dir, "data")
+	writeConfig(t, path, up.URL, data, serverLimits(0, "max_requests_per_client: 1"), chargesRoute)
+	p := startProxy(t, path)
+	h1, _ := probeClients("127.0.0.1")
+	held := make(chan result, 1)
+	go func() {
+		r, _ := doWith(h1, "GET", p.url("/hold"), "")
+		held <- r
+	}()
+	eventually(t, "a request held at the upstream", func() bool { return up.held.Load() == 1 })
+	if r, _ := doWith(h1, "GET", p.url("/warm"), ""); r.status != 503 {
+		t.Fatalf("a second request with max_requests_per_client 1 = %d, want 503", r.status)
+	}
+	writeConfig(t, path, up.URL, data, serverLimits(0, "max_requests_per_client: 2"), chargesRoute)
+	p.signal(syscall.SIGHUP)
+	eventually(t, "the reload", func() bool { return len(p.log.logLines("configuration reloaded")) == 1 })
+	if r, _ := doWith(h1, "GET", p.url("/warm"), ""); r.status != 200 {
+		t.Errorf("a second request after the reload to 2 = %d %q, want 200", r.status, r.body)
+	}
+	close(up.release)
+	<-held
 }
 
 // TestResettingClientIsRefused: a client that resets streams faster than
