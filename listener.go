@@ -101,9 +101,14 @@ func newConnLimiter(ln net.Listener, max int, headerTimeout time.Duration) *conn
 }
 
 // setClientLimits applies the per-client limits of s; a reload applies
-// them to requests and resets from then on.
+// them to requests and resets from then on. A per-client cap of
+// max_connections is no cap: the bound over all clients decides.
 func (l *connLimiter) setClientLimits(s config.Server) {
-	l.clients.maxRequests.Store(int64(s.MaxRequestsPerClient))
+	maxRequests := int64(s.MaxRequestsPerClient)
+	if l.max > 0 && maxRequests >= int64(l.max) {
+		maxRequests = 0
+	}
+	l.clients.maxRequests.Store(maxRequests)
 	l.clients.resetRate.Store(int64(s.MaxClientResetsPerSecond))
 }
 
