@@ -3,10 +3,15 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"testing"
 	"time"
+
+	"github.com/idemproxy/idemproxy/config"
 )
 
 // frames returns the preface followed by the frames each call of add
@@ -174,5 +179,45 @@ func TestClientTableResetRate(t *testing.T) {
 	now = now.Add(resetWindow * time.Second)
 	if tab.refusing("192.0.2.7") {
 		t.Errorf("the client is still refused ten seconds after its last reset")
+	}
+}
+
+// TestClientLimitsInProcess runs the listener's limits in this process
+// (so that the race detector sees them) under a short rapid-reset attack
+// from one address while another address is served.
+func TestClientLimitsInProcess(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newConnLimiter(ln, 64, time.Second)
+	l.setClientLimits(config.Server{MaxRequestsPerClient: 16, MaxClientResetsPerSecond: 50})
+	srv := &http.Server{
+		Handler: l.guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			io.Copy(io.Discard, r.Body)
+			io.WriteString(w, "ok")
+		})),
+		ConnState: l.ConnState, ConnContext: l.ConnContext,
+		Protocols: serverProtocols(), HTTP2: serverHTTP2(),
+	}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+	defer cancel()
+	a := &h2Attacker{addr: ln.Addr().String(), from: []string{"127.0.0.1"}}
+	wg := a.run(ctx, 4)
+	defer wg.Wait()
+	defer cancel()
+	h1, h2 := probeClients("127.0.0.2")
+	for i := range 10 {
+		for _, c := range []*http.Client{h1, h2} {
+			r, _ := doWith(c, "POST", "http://"+ln.Addr().String()+"/charges", `{}`)
+			if r.status != 200 {
+				t.Errorf("probe %d = %d %v, want 200", i, r.status, r.err)
+			}
+		}
+	}
+	if got := l.clients.refused[1].Load(); got == 0 {
+		t.Errorf("the resetting client was never refused")
 	}
 }
