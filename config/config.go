@@ -230,9 +230,9 @@ type Server struct {
 	// Default (0) max_connections / 4; max_connections turns it off.
 	MaxRequestsPerClient int `yaml:"max_requests_per_client"`
 	// MaxClientResetsPerSecond is the rate of HTTP/2 streams a client may
-	// reset before their handler finished, kept up (ten seconds of it at
-	// once); past it the client's connections are closed and new ones
-	// refused until its resets drain. Default (0) 100.
+	// reset (RST_STREAM frames it sends), kept up, with ten seconds of it
+	// at once; past it the client's connections are closed and new ones
+	// refused until its resets drain (at most 10 s). Default (0) 100.
 	MaxClientResetsPerSecond int `yaml:"max_client_resets_per_second"`
 }
 
