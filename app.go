@@ -39,6 +39,7 @@ type app struct {
 	mu       sync.Mutex // serialises reloads
 	cfg      *config.Config
 	p        *proxy.Proxy
+	conns    *connLimiter // the client listener's limits; set by serve
 	reloadOK prometheus.Gauge
 	reloadTS prometheus.Gauge
 }
@@ -180,6 +181,9 @@ func (a *app) serve(ctx context.Context) error {
 		return fmt.Errorf("listen: %w", err)
 	}
 	conns := newConnLimiter(ln, cfg.Server.MaxConnections, cfg.Server.ReadHeaderTimeout.D())
+	conns.log = log
+	conns.setClientLimits(cfg.Server)
+	a.conns = conns
 	registerConnMetrics(reg, conns)
 	srv := &http.Server{
 		Handler:           conns.guard(withoutH2CUpgrade(a.p)),
@@ -344,6 +348,9 @@ func (a *app) reload() error {
 	if cfg.MemoryLimit != a.cfg.MemoryLimit {
 		a.applyMemoryLimit(cfg)
 	}
+	if a.conns != nil {
+		a.conns.setClientLimits(cfg.Server)
+	}
 	a.cfg = cfg
 	a.reloadOK.Set(1)
 	a.reloadTS.SetToCurrentTime()
@@ -391,6 +398,8 @@ func needsRestart(old, new *config.Config) error {
 	oldS.MaxBufferedBytes, newS.MaxBufferedBytes = 0, 0
 	oldS.MaxBufferedBytesPerClient, newS.MaxBufferedBytesPerClient = 0, 0
 	oldS.BodyTimeout, newS.BodyTimeout = 0, 0
+	oldS.MaxRequestsPerClient, newS.MaxRequestsPerClient = 0, 0
+	oldS.MaxClientResetsPerSecond, newS.MaxClientResetsPerSecond = 0, 0
 	if oldS != newS {
 		changed = append(changed, "server timeouts or max_connections")
 	}

@@ -94,6 +94,13 @@ func withoutH2CUpgrade(next http.Handler) http.Handler {
 // registerConnMetrics exports the client connections' state and what the
 // limit did to them.
 func registerConnMetrics(reg prometheus.Registerer, l *connLimiter) {
+	for i, reason := range clientRefusalReasons {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "idemproxy_client_streams_refused_total",
+			Help:        "Requests or connections refused by a per-client limit: streams (server.max_requests_per_client in flight), resets (server.max_client_resets_per_second passed: connections closed or refused), shed (a client's connections closed so that another's stream fits server.max_connections).",
+			ConstLabels: prometheus.Labels{"reason": reason},
+		}, func() float64 { return float64(l.clients.refused[i].Load()) }))
+	}
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "idemproxy_connections_active",
@@ -119,6 +126,14 @@ func registerConnMetrics(reg prometheus.Registerer, l *connLimiter) {
 			Name: "idemproxy_http2_streams_refused_total",
 			Help: "HTTP/2 streams answered 503 overloaded because server.max_connections requests were in flight.",
 		}, func() float64 { return float64(l.h2Refused.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "idemproxy_client_stream_resets_total",
+			Help: "HTTP/2 streams reset by their client (RST_STREAM frames received), counted against server.max_client_resets_per_second.",
+		}, func() float64 { return float64(l.clients.resets.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "idemproxy_http2_continuation_floods_total",
+			Help: "HTTP/2 connections closed for a run of CONTINUATION frames that adds no header bytes.",
+		}, func() float64 { return float64(l.emptyContinuations.Load()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "idemproxy_request_headers_refused_total",
 			Help: "HTTP/1 requests answered 431 too-many-header-fields: a header of more than 256 lines, cut as it was read.",

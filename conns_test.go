@@ -242,7 +242,7 @@ func everyConnectionBusy(t *testing.T, client func() *http.Client) {
 	up := startHoldingUpstream(t)
 	dir := t.TempDir()
 	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"),
-		serverLimits(4), chargesRoute))
+		serverLimits(4, "max_requests_per_client: 4"), chargesRoute)) // one client may hold them all
 	if r := do("GET", p.adminURL("/readyz"), ""); r.status != 200 {
 		t.Fatalf("/readyz at rest = %d %s", r.status, r.body)
 	}
@@ -496,7 +496,7 @@ func TestHTTP2StreamsAreBoundedLikeConnections(t *testing.T) {
 	up := startHoldingUpstream(t)
 	dir := t.TempDir()
 	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"),
-		serverLimits(4), chargesRoute))
+		serverLimits(4, "max_requests_per_client: 4"), chargesRoute)) // one client may hold them all
 	c := h2cClient()
 	// One connection first: six requests started together before any
 	// exists may each dial one, and connections beyond max_connections

@@ -5,12 +5,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/proxy"
 )
 
@@ -78,6 +80,14 @@ type connLimiter struct {
 	h2Refused atomic.Uint64 // HTTP/2 streams refused by that bound
 
 	headerRefused atomic.Uint64 // HTTP/1 headers cut at maxHeaderLines
+
+	// clients holds the per-client limits: requests in flight
+	// (server.max_requests_per_client) and HTTP/2 resets
+	// (server.max_client_resets_per_second).
+	clients *clientTable
+	log     *slog.Logger // refusals, through the process's rate-limited handler
+
+	emptyContinuations atomic.Uint64 // connections closed for a run of empty CONTINUATION frames
 }
 
 // newConnLimiter limits ln to max connections at once (max <= 0: no
@@ -86,7 +96,20 @@ func newConnLimiter(ln net.Listener, max int, headerTimeout time.Duration) *conn
 	return &connLimiter{
 		Listener: ln, max: max, headerTimeout: headerTimeout,
 		freed: make(chan struct{}, 1), closed: make(chan struct{}),
+		clients: newClientTable(time.Now), log: slog.New(slog.DiscardHandler),
 	}
+}
+
+// setClientLimits applies the per-client limits of s; a reload applies
+// them to requests and resets from then on. A per-client cap of
+// max_connections is no cap: the bound over all clients decides.
+func (l *connLimiter) setClientLimits(s config.Server) {
+	maxRequests := int64(s.MaxRequestsPerClient)
+	if l.max > 0 && maxRequests >= int64(l.max) {
+		maxRequests = 0
+	}
+	l.clients.maxRequests.Store(maxRequests)
+	l.clients.resetRate.Store(int64(s.MaxClientResetsPerSecond))
 }
 
 func (l *connLimiter) Close() error {
@@ -101,12 +124,36 @@ func (l *connLimiter) signal() {
 	}
 }
 
-// Accept returns the next client connection once it has a slot.
+// Accept returns the next client connection once it has a slot. A
+// connection from a client that resets HTTP/2 streams too fast is closed
+// at once, before it takes a slot.
 func (l *connLimiter) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		client := clientOf(c.RemoteAddr().String())
+		if l.clients.refusing(client) {
+			l.clients.countRefused(refusedResets)
+			c.Close()
+			continue
+		}
+		tc, err := l.admit(c)
+		if err != nil {
+			return nil, err
+		}
+		if !l.clients.admit(client, tc) {
+			l.clients.countRefused(refusedResets)
+			tc.Close()
+			continue
+		}
+		return tc, nil
 	}
+}
+
+// admit holds c until it has a slot.
+func (l *connLimiter) admit(c net.Conn) (*trackedConn, error) {
 	counted := false
 	var tick *time.Ticker
 	defer func() {
@@ -247,6 +294,7 @@ func (l *connLimiter) ConnState(nc net.Conn, st http.ConnState) {
 
 // release gives c's slot back.
 func (l *connLimiter) release(c *trackedConn) {
+	l.clients.closed(c)
 	l.mu.Lock()
 	l.removeIdle(c)
 	c.released = true
@@ -272,7 +320,10 @@ type trackedConn struct {
 	// it (its reads, and ConnState's reset when it turns idle).
 	hdr  headerLines
 	h2   atomic.Bool // it opened with the HTTP/2 preface
-	shed atomic.Bool // the limiter closed it to admit another
+	shed atomic.Bool // the limiter closed it to admit another, or for its client's resets
+
+	client *clientEntry // its client's entry; set once, at Accept
+	frames h2Frames     // HTTP/2 frame headers as they are read, for runs of empty CONTINUATION frames
 
 	head  [len("PRI * HTTP/2.0")]byte // the first bytes read, until the preface is told apart
 	headN int                         // -1: told apart
@@ -314,8 +365,22 @@ func (c *trackedConn) Read(p []byte) (int, error) {
 		if c.readAt.Load() == 0 {
 			c.readAt.Store(time.Now().UnixNano())
 		}
-		if c.headN >= 0 {
+		sniffing := c.headN >= 0
+		if sniffing {
 			c.sniff(p[:n])
+		}
+		// HTTP/2 frames are followed from the first byte (the preface is
+		// told apart over the first reads).
+		if c.h2.Load() || (sniffing && c.headN >= 0) {
+			if !c.frames.scan(p[:n]) {
+				return 0, c.refuseContinuations()
+			}
+			if k := c.frames.resets; k > 0 && c.client != nil {
+				c.frames.resets = 0
+				if shed := c.l.clients.reset(c.client, k); shed != nil {
+					return 0, c.refuseResets(shed)
+				}
+			}
 		}
 		if !c.hdr.done && !c.h2.Load() && c.hdr.count(p[:n]) > maxHeaderLines {
 			return 0, c.refuseHeader()
@@ -412,19 +477,89 @@ func (l *connLimiter) ConnContext(ctx context.Context, c net.Conn) context.Conte
 // never handled, so nothing is reserved or forwarded for a client that
 // cannot get the answer. A connection being served is never shed, so this
 // only closes the race between a shed and a request's start.
+//
+// It then applies, before a request takes one of the max requests in
+// flight, its client's limits (clientTable): an HTTP/2 stream its client
+// reset before its handler started is dropped; a client with server.max_requests_per_client requests in flight is
+// answered 503 overloaded; a client that resets streams faster than
+// server.max_client_resets_per_second has its connections closed. With max
+// requests in flight, a new HTTP/2 stream is refused, unless another
+// client has reset more streams lately than this one and has a request in
+// flight: that client's connections are closed and the stream is served.
 func (l *connLimiter) guard(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if c, ok := r.Context().Value(connKey{}).(*trackedConn); ok && c.shed.Load() {
+		c, _ := r.Context().Value(connKey{}).(*trackedConn)
+		if c != nil && c.shed.Load() {
 			panic(http.ErrAbortHandler)
+		}
+		h2 := r.ProtoMajor == 2
+		if h2 && r.Context().Err() != nil {
+			return // reset before its handler started: no one to answer
+		}
+		if c != nil && c.client != nil {
+			e := c.client
+			if why := l.clients.start(e); why != "" {
+				l.refuseClient(w, r, c, why)
+				return
+			}
+			defer l.clients.end(e)
 		}
 		n := l.inFlight.Add(1)
 		defer l.inFlight.Add(-1)
-		if r.ProtoMajor == 2 && l.max > 0 && n > int64(l.max) {
-			l.h2Refused.Add(1)
-			proxy.WriteOverloaded(w, r, fmt.Sprintf("%d requests are in flight (server.max_connections): "+
-				"this HTTP/2 stream was refused before it was read; retry it", l.max))
-			return
+		if h2 && l.max > 0 && n > int64(l.max) {
+			var victims []*trackedConn
+			if c != nil && c.client != nil {
+				victims = l.clients.victim(c.client)
+			}
+			if victims == nil {
+				l.h2Refused.Add(1)
+				proxy.WriteOverloaded(w, r, fmt.Sprintf("%d requests are in flight (server.max_connections): "+
+					"this HTTP/2 stream was refused before it was read; retry it", l.max),
+					map[string]any{"setting": "server.max_connections", "limit": l.max})
+				return
+			}
+			// Served in place of the client that resets the most: its
+			// requests end as its connections close.
+			l.clients.countRefused(refusedShed)
+			l.log.Warn("client's connections closed: requests in flight reached server.max_connections "+
+				"and this client reset the most HTTP/2 streams", "reason", refusedShed,
+				"client", victims[0].client.id, "connections", len(victims))
+			l.drop(victims)
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// refuseClient refuses a request of c's client for why (refusedStreams,
+// refusedResets), before it takes a slot or touches the store.
+func (l *connLimiter) refuseClient(w http.ResponseWriter, r *http.Request, c *trackedConn, why string) {
+	l.clients.countRefused(why)
+	if why == refusedResets {
+		// A client that resets streams at this rate reads no answer:
+		// its connection goes, the others went when it passed the rate.
+		l.log.Warn("client refused: it resets HTTP/2 streams faster than server.max_client_resets_per_second",
+			"reason", refusedResets, "client", c.client.id, "setting", "server.max_client_resets_per_second",
+			"limit", l.clients.resetRate.Load())
+		l.drop([]*trackedConn{c})
+		if r.ProtoMajor == 2 {
+			panic(http.ErrAbortHandler)
+		}
+		return
+	}
+	max := l.clients.maxRequests.Load()
+	l.log.Warn("request refused: this client has server.max_requests_per_client requests in flight",
+		"reason", refusedStreams, "client", c.client.id, "setting", "server.max_requests_per_client", "limit", max)
+	proxy.WriteOverloaded(w, r, fmt.Sprintf("this client (%s) has %d requests in flight (server.max_requests_per_client): "+
+		"this request was refused before it was read; retry it", c.client.id, max),
+		map[string]any{"client": c.client.id, "setting": "server.max_requests_per_client", "limit": max})
+}
+
+// drop closes conns, connections of a client that resets streams too fast
+// or that gave way to another client's request, marked shed so that the
+// requests they end are not counted as resets.
+func (l *connLimiter) drop(conns []*trackedConn) {
+	for _, c := range conns {
+		c.shed.Store(true)
+		c.Close()
+	}
 }

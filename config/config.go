@@ -224,6 +224,16 @@ type Server struct {
 	// connection is closed to admit a new one, and with none idle further
 	// connections wait in the listen backlog. Default 1024.
 	MaxConnections int `yaml:"max_connections"`
+	// MaxRequestsPerClient bounds the requests in flight from one client
+	// (one IPv4 address, one IPv6 /64) over all its connections and
+	// protocols; one more is answered 503 overloaded before it is read.
+	// Default (0) max_connections / 4; max_connections turns it off.
+	MaxRequestsPerClient int `yaml:"max_requests_per_client"`
+	// MaxClientResetsPerSecond is the rate of HTTP/2 streams a client may
+	// reset (RST_STREAM frames it sends), kept up, with ten seconds of it
+	// at once; past it the client's connections are closed and new ones
+	// refused until its resets drain (at most 10 s). Default (0) 100.
+	MaxClientResetsPerSecond int `yaml:"max_client_resets_per_second"`
 }
 
 // Route is one protected route.

@@ -111,6 +111,12 @@ func TestDefaults(t *testing.T) {
 	if got := c.Server.MaxBufferedBytesPerClient; got != 8<<20 {
 		t.Errorf("server.max_buffered_bytes_per_client = %d, want %d (max_buffered_bytes / 8)", got, 8<<20)
 	}
+	if got := c.Server.MaxRequestsPerClient; got != 256 {
+		t.Errorf("server.max_requests_per_client = %d, want 256 (max_connections / 4)", got)
+	}
+	if got := c.Server.MaxClientResetsPerSecond; got != 100 {
+		t.Errorf("server.max_client_resets_per_second = %d, want 100", got)
+	}
 	if r.MaxStoredBodyBytes != 1<<20 {
 		t.Errorf("max_stored_body_bytes = %d, want %d", r.MaxStoredBodyBytes, 1<<20)
 	}
@@ -376,6 +382,10 @@ func TestValidationProblems(t *testing.T) {
 		{"client share negative", "server: {max_buffered_bytes_per_client: -1}\n" + withRoute(""), "server.max_buffered_bytes_per_client: must be positive"},
 		{"client share over the budget", "server: {max_buffered_bytes: 2097152, max_buffered_bytes_per_client: 4194304}\n" + withRoute(""),
 			"server.max_buffered_bytes_per_client: 4194304 exceeds server.max_buffered_bytes (2097152)"},
+		{"client requests negative", "server: {max_requests_per_client: -1}\n" + withRoute(""), "server.max_requests_per_client: must be positive"},
+		{"client requests over max_connections", "server: {max_connections: 100, max_requests_per_client: 101}\n" + withRoute(""),
+			"server.max_requests_per_client: 101 exceeds server.max_connections (100)"},
+		{"client resets negative", "server: {max_client_resets_per_second: -1}\n" + withRoute(""), "server.max_client_resets_per_second: must be positive"},
 		{"drain delay negative", "server: {drain_delay: -1s}\n" + withRoute(""), "server.drain_delay: must not be negative"},
 		{"badger gc negative", "store: {badger: {gc_interval: -1m}}\n" + withRoute(""), "store.badger.gc_interval: must be positive"},
 		{"memory limit too small", "memory_limit: 1048576\n" + withRoute(""), "memory_limit: 1048576 bytes is below the minimum of 16777216 (16 MiB); 0 chooses it, -1 disables it"},

@@ -46,6 +46,14 @@ const (
 	// DefaultClientShare, unless max_buffered_bytes_per_client says
 	// otherwise.
 	DefaultClientShare = 8
+	// DefaultClientRequestShare: one client has at most max_connections /
+	// DefaultClientRequestShare requests in flight, unless
+	// max_requests_per_client says otherwise.
+	DefaultClientRequestShare = 4
+	// DefaultMaxClientResetsPerSecond is the rate of HTTP/2 stream resets
+	// a client may keep up (and ten seconds of it at once) before its
+	// connections are closed and refused.
+	DefaultMaxClientResetsPerSecond = 100
 )
 
 // applyDefaults fills every unset field. It is the only place defaults are
@@ -97,6 +105,12 @@ func (c *Config) applyDefaults() {
 	setDuration(&s.BodyTimeout, DefaultBodyTimeout)
 	if s.MaxConnections == 0 {
 		s.MaxConnections = DefaultMaxConnections
+	}
+	if s.MaxRequestsPerClient == 0 && s.MaxConnections > 0 {
+		s.MaxRequestsPerClient = max(s.MaxConnections/DefaultClientRequestShare, 1)
+	}
+	if s.MaxClientResetsPerSecond == 0 {
+		s.MaxClientResetsPerSecond = DefaultMaxClientResetsPerSecond
 	}
 	for i := range c.Routes {
 		r := &c.Routes[i]

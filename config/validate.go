@@ -95,6 +95,14 @@ func (c *Config) Validate() error {
 	if s.MaxConnections < 0 {
 		p.add("server.max_connections", "must be positive")
 	}
+	if s.MaxRequestsPerClient < 0 {
+		p.add("server.max_requests_per_client", "must be positive")
+	} else if s.MaxConnections > 0 && s.MaxRequestsPerClient > s.MaxConnections {
+		p.add("server.max_requests_per_client", "%d exceeds server.max_connections (%d)", s.MaxRequestsPerClient, s.MaxConnections)
+	}
+	if s.MaxClientResetsPerSecond < 0 {
+		p.add("server.max_client_resets_per_second", "must be positive")
+	}
 	if len(c.Routes) == 0 {
 		p.add("routes", "at least one route is required (requests matching no route are proxied unprotected)")
 	}

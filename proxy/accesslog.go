@@ -46,6 +46,7 @@ type entry struct {
 	status                       int
 	duration, upstream           time.Duration
 	keyHash                      string
+	reason                       string // why the proxy refused it (overloaded: "client", "budget"); empty: left out
 }
 
 func (l *AccessLog) write(e entry) {
@@ -71,6 +72,9 @@ func (l *AccessLog) write(e entry) {
 		if e.keyHash != "" {
 			b = textField(b, "key_hash", e.keyHash)
 		}
+		if e.reason != "" {
+			b = textField(b, "reason", e.reason)
+		}
 	} else {
 		b = append(b, `{"time":"`...)
 		b = t.AppendFormat(b, time.RFC3339Nano)
@@ -89,6 +93,9 @@ func (l *AccessLog) write(e entry) {
 		}
 		if e.keyHash != "" {
 			b = jsonField(b, "key_hash", e.keyHash)
+		}
+		if e.reason != "" {
+			b = jsonField(b, "reason", e.reason)
 		}
 		b = append(b, '}')
 	}
@@ -197,7 +204,7 @@ func (p *Proxy) finish(a *attempt) {
 		return // the access log is off (-log-level warn or above): build nothing
 	}
 	e := entry{route: a.routeName(), method: a.in.Method, path: a.loggedPath(), outcome: string(a.outcome),
-		status: a.status, duration: d, upstream: a.upstream}
+		status: a.status, duration: d, upstream: a.upstream, reason: a.reason}
 	if a.storeKey != "" {
 		e.keyHash = store.KeyHash(a.storeKey)
 	}
@@ -205,7 +212,7 @@ func (p *Proxy) finish(a *attempt) {
 		p.access.write(e)
 		return
 	}
-	attrs := append(make([]slog.Attr, 0, 8), // on the stack: room for every attribute
+	attrs := append(make([]slog.Attr, 0, 9), // on the stack: room for every attribute
 		slog.String("route", e.route),
 		slog.String("method", e.method),
 		slog.String("path", e.path),
@@ -217,6 +224,9 @@ func (p *Proxy) finish(a *attempt) {
 	}
 	if e.keyHash != "" {
 		attrs = append(attrs, slog.String("key_hash", e.keyHash))
+	}
+	if e.reason != "" {
+		attrs = append(attrs, slog.String("reason", e.reason))
 	}
 	p.log.LogAttrs(ctx, slog.LevelInfo, "request", attrs...)
 }

@@ -46,6 +46,7 @@ type attempt struct {
 
 	outcome    Outcome
 	status     int
+	reason     string // why the proxy refused the request, for the access log (refusalClient, refusalBudget); empty: none
 	upstreamAt time.Time
 	upstream   time.Duration
 
@@ -394,7 +395,22 @@ func (a *attempt) readBody(w http.ResponseWriter, limit int64) (_ []byte, ok boo
 	if r.Body == nil || r.Body == http.NoBody {
 		return []byte{}, true
 	}
-	if t := a.p.table.Load(); t.bodyTimeout > 0 {
+	if r.Context().Err() != nil {
+		return a.clientGone()
+	}
+	src := io.Reader(http.MaxBytesReader(w, r.Body, limit))
+	if t := a.p.table.Load(); t.bodyTimeout > 0 && r.ProtoMajor == 2 {
+		// Over HTTP/2 a deadline set through the ResponseController is a
+		// message to the connection's serving goroutine, which a handler
+		// waits to hand over: under a flood of frames, or on a stream
+		// already reset, that wait held the handler, and its slot. A timer
+		// that closes the body cuts it without that goroutine (the stream
+		// ends, the connection serves on); read_timeout still applies.
+		d := &deadlineBody{r: src}
+		timer := time.AfterFunc(t.bodyTimeout, func() { d.expire(); r.Body.Close() })
+		defer timer.Stop()
+		src = d
+	} else if t.bodyTimeout > 0 {
 		rc := http.NewResponseController(w)
 		if rc.SetReadDeadline(time.Now().Add(t.bodyTimeout)) == nil {
 			// Once the body is in, back to the server's whole-request
@@ -409,7 +425,6 @@ func (a *attempt) readBody(w http.ResponseWriter, limit int64) (_ []byte, ok boo
 			}()
 		}
 	}
-	src := http.MaxBytesReader(w, r.Body, limit)
 	end := limit // the most the buffer grows to
 	if r.ContentLength >= 0 {
 		end = r.ContentLength
@@ -484,6 +499,8 @@ func (a *attempt) bodyFailed(w http.ResponseWriter, err error, tooLarge func() (
 	switch {
 	case errors.As(err, &mbe), err == nil: // err == nil: a byte past the limit
 		return tooLarge()
+	case a.in.Context().Err() != nil && !errors.Is(err, os.ErrDeadlineExceeded):
+		return a.clientGone()
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		// A stalled or trickling body: cut, and the connection with it
 		// (HTTP/1; an HTTP/2 stream ends alone), so that it holds neither
@@ -506,13 +523,61 @@ func (a *attempt) bodyFailed(w http.ResponseWriter, err error, tooLarge func() (
 // buffered bytes (why is refusalBudget or refusalClient): nothing was
 // stored or forwarded, the retry may fit.
 func (a *attempt) overloaded(w http.ResponseWriter, why string) ([]byte, bool) {
-	detail := "the proxy is buffering too many requests at once; retry later"
+	a.reason = why
 	if why == refusalClient {
-		detail = "this client's requests buffered now hold its share of the proxy's buffers; retry later"
+		client := clientOf(a.in.RemoteAddr)
+		share := a.p.budget.perClient.Load()
+		a.p.log.Warn("request refused: this client's request bodies hold its share of the buffers",
+			"route", a.routeName(), "reason", why, "client", client,
+			"setting", "server.max_buffered_bytes_per_client", "limit", share)
+		a.problem(w, OutcomeOverloaded, probOverloaded, fmt.Sprintf("this client's requests buffered now (client %s) "+
+			"hold its share of the proxy's buffers, server.max_buffered_bytes_per_client (%d bytes); retry later, "+
+			"or raise server.max_buffered_bytes_per_client if every request comes from this address (a mesh, a gateway)",
+			client, share), 1,
+			map[string]any{"client": client, "setting": "server.max_buffered_bytes_per_client", "limit": share})
+		return nil, false
 	}
-	a.p.log.Warn("request refused: too many request bytes buffered at once", "route", a.routeName(), "reason", why)
-	a.problem(w, OutcomeOverloaded, probOverloaded, detail, 1, nil)
+	limit := a.p.budget.limit.Load()
+	a.p.log.Warn("request refused: too many request bytes buffered at once", "route", a.routeName(), "reason", why,
+		"setting", "server.max_buffered_bytes", "limit", limit)
+	a.problem(w, OutcomeOverloaded, probOverloaded, fmt.Sprintf("the proxy is buffering too many requests at once "+
+		"(server.max_buffered_bytes, %d bytes); retry later", limit), 1,
+		map[string]any{"setting": "server.max_buffered_bytes", "limit": limit})
 	return nil, false
+}
+
+// clientGone ends a request whose client went away (over HTTP/2: reset its
+// stream) before its body was in: nothing was reserved or forwarded, and
+// nothing is written, since no one reads it. The handler returns at once,
+// and the request's slot with it. The access log says 499, as nginx does.
+func (a *attempt) clientGone() ([]byte, bool) {
+	a.outcome, a.status, a.reason = OutcomeBadRequest, statusClientClosed, "client_gone"
+	return nil, false
+}
+
+// statusClientClosed is the status the access log gives a request whose
+// client went away before it was answered; nothing is sent.
+const statusClientClosed = 499
+
+// deadlineBody reads an HTTP/2 request body until expire (body_timeout),
+// after which its reads fail with os.ErrDeadlineExceeded, as a read
+// deadline's do.
+type deadlineBody struct {
+	r       io.Reader
+	expired atomic.Bool
+}
+
+func (d *deadlineBody) expire() { d.expired.Store(true) }
+
+func (d *deadlineBody) Read(p []byte) (int, error) {
+	if d.expired.Load() {
+		return 0, os.ErrDeadlineExceeded
+	}
+	n, err := d.r.Read(p)
+	if err != nil && d.expired.Load() {
+		err = os.ErrDeadlineExceeded
+	}
+	return n, err
 }
 
 // mismatched answers 422 (or, in observe mode, forwards) when rec was

@@ -142,6 +142,11 @@ func clientOf(remoteAddr string) string {
 	return a.String()
 }
 
+// ClientOf returns the client remoteAddr belongs to, as the buffer share
+// counts clients: one IPv4 address, one IPv6 /64. The listener's
+// per-client limits (requests in flight, resets) count the same clients.
+func ClientOf(remoteAddr string) string { return clientOf(remoteAddr) }
+
 // bodyFirstStep is the first chunk a request body is read into, taken
 // from the budget before its bytes arrive: a stalled body holds no more
 // than this (or its Content-Length if smaller). Each further chunk is as

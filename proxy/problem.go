@@ -96,9 +96,10 @@ func writeProblem(w http.ResponseWriter, r *http.Request, p problem, detail stri
 
 // WriteOverloaded answers 503 overloaded, with Retry-After: 1, for a
 // request refused before it reaches the proxy (an HTTP/2 stream beyond the
-// server's bound on requests in flight); detail names the bound.
-func WriteOverloaded(w http.ResponseWriter, r *http.Request, detail string) {
-	writeProblem(w, r, probOverloaded, detail, 1, nil)
+// server's bound on requests in flight, or its client's); detail names the
+// bound, ext (nil: none) adds extension members.
+func WriteOverloaded(w http.ResponseWriter, r *http.Request, detail string, ext map[string]any) {
+	writeProblem(w, r, probOverloaded, detail, 1, ext)
 }
 
 // HeaderFieldsAnswer is the whole HTTP/1.1 answer, 431
