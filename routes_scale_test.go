@@ -1,0 +1,205 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/config"
+)
+
+// manyRoutes returns n routes with distinct match patterns, named as a
+// multi-tenant deployment would name them.
+func manyRoutes(n int) string {
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, "  - name: tenant-%05d-charges\n    match: POST /v1/tenants/%05d/charges\n    key: {json: orderId}\n", i, i)
+	}
+	return b.String()
+}
+
+// procMemory returns a process's resident set and its peak (VmRSS, VmHWM)
+// in bytes, read from /proc.
+func procMemory(t *testing.T, pid int) (rss, hwm int64) {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Logf("no /proc: %v", err)
+		return 0, 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 2 {
+			continue
+		}
+		kb, _ := strconv.ParseInt(f[1], 10, 64)
+		switch f[0] {
+		case "VmRSS:":
+			rss = kb << 10
+		case "VmHWM:":
+			hwm = kb << 10
+		}
+	}
+	return rss, hwm
+}
+
+// scrape fetches /metrics in the text format and returns its size, its
+// line count, its body and how long it took.
+func scrape(t *testing.T, p *proc) (size, lines int, body string, took time.Duration) {
+	t.Helper()
+	start := time.Now()
+	c := &http.Client{Timeout: 2 * time.Minute}
+	resp, err := c.Get(p.adminURL("/metrics"))
+	if err != nil {
+		t.Fatalf("scrape: %v", err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	took = time.Since(start)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("scrape: %d %v", resp.StatusCode, err)
+	}
+	return len(b), strings.Count(string(b), "\n"), string(b), took
+}
+
+// maxScrapeBytes is the bound on /metrics (text format) that holds with
+// 10,000 routes.
+const maxScrapeBytes = 10 << 20
+
+// TestTenThousandRoutesScrapeStaysSmall: a configuration of 10,000 routes
+// (a multi-tenant gateway) gives a /metrics of at most 10 MB in the text
+// format, at start and after every route has served a charge, and the
+// series the alerts watch exist for every route from the start. Start-up
+// time, scrape time and memory are measured and logged, not asserted (the
+// machine is shared).
+func TestTenThousandRoutesScrapeStaysSmall(t *testing.T) {
+	const n = 10000
+	var served atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		served.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(201)
+		io.WriteString(w, `{"status":"charged"}`)
+	}))
+	t.Cleanup(up.Close)
+	dir := t.TempDir()
+	cfg := writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), "", manyRoutes(n))
+
+	start := time.Now()
+	p := startProxy(t, cfg)
+	startup := time.Since(start)
+	rss0, _ := procMemory(t, p.cmd.Process.Pid)
+
+	size, lines, body, took := scrape(t, p)
+	rss1, hwm1 := procMemory(t, p.cmd.Process.Pid)
+	t.Logf("10,000 routes: listening after %v, RSS %d MiB; first scrape %d bytes, %d lines in %v; RSS after %d MiB (peak %d MiB)",
+		startup.Round(time.Millisecond), rss0>>20, size, lines, took.Round(time.Millisecond), rss1>>20, hwm1>>20)
+	if size > maxScrapeBytes {
+		t.Errorf("/metrics at start = %d bytes, want at most %d", size, maxScrapeBytes)
+	}
+	// The series the shipped alerts watch exist for every route, the last
+	// one included, before any request.
+	for _, route := range []string{"tenant-00000-charges", fmt.Sprintf("tenant-%05d-charges", n-1)} {
+		for _, o := range []string{"in_doubt", "store_error", "unprotected", "conflict", "committed"} {
+			s := fmt.Sprintf(`idemproxy_requests_total{outcome=%q,route=%q}`, o, route)
+			if v, ok := metricValue(body, s); !ok || v != "0" {
+				t.Errorf("%s = %q (present %v), want 0 from the start", s, v, ok)
+			}
+		}
+		if _, ok := metricValue(body, fmt.Sprintf(`idemproxy_requests_in_flight{route=%q}`, route)); !ok {
+			t.Errorf("idemproxy_requests_in_flight of %s missing at start", route)
+		}
+	}
+
+	// One charge on every route, 16 at a time.
+	var wg sync.WaitGroup
+	next := atomic.Int64{}
+	var failed atomic.Int64
+	trafficStart := time.Now()
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := &http.Client{Timeout: 30 * time.Second}
+			for {
+				i := next.Add(1) - 1
+				if i >= n {
+					return
+				}
+				resp, err := c.Post(p.url(fmt.Sprintf("/v1/tenants/%05d/charges", i)), "application/json",
+					strings.NewReader(fmt.Sprintf(`{"orderId":"ORD-%d","amount":1}`, i)))
+				if err != nil {
+					failed.Add(1)
+					continue
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 201 {
+					failed.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if f := failed.Load(); f > 0 || served.Load() != n {
+		t.Fatalf("traffic: %d failed, upstream served %d of %d", f, served.Load(), n)
+	}
+	size, lines, body, took = scrape(t, p)
+	rss2, hwm2 := procMemory(t, p.cmd.Process.Pid)
+	t.Logf("after one charge on each route (%v): scrape %d bytes, %d lines in %v; RSS %d MiB (peak %d MiB)",
+		time.Since(trafficStart).Round(time.Millisecond), size, lines, took.Round(time.Millisecond), rss2>>20, hwm2>>20)
+	if size > maxScrapeBytes {
+		t.Errorf("/metrics after a charge on each route = %d bytes, want at most %d", size, maxScrapeBytes)
+	}
+	last := fmt.Sprintf(`idemproxy_requests_total{outcome="committed",route="tenant-%05d-charges"}`, n-1)
+	if v, _ := metricValue(body, last); v != "1" {
+		t.Errorf("%s = %q, want 1", last, v)
+	}
+	// A second scrape, for its time once everything exists.
+	_, _, _, took = scrape(t, p)
+	t.Logf("second scrape in %v", took.Round(time.Millisecond))
+}
+
+// TestStartLineWithManyRoutes: the first log line of a configuration of
+// 10,000 routes lists the first 20 names and counts the others, so that it
+// stays one short line (a line of hundreds of kilobytes is split or
+// dropped by log pipelines); with a few routes it lists them all.
+func TestStartLineWithManyRoutes(t *testing.T) {
+	for _, tc := range []struct {
+		routes, listed, notListed int
+	}{{2, 2, 0}, {20, 20, 0}, {21, 20, 1}, {10000, 20, 9980}} {
+		cfg := &config.Config{Upstream: "http://10.0.0.7:9000", Store: config.Store{Badger: &config.Badger{Dir: "/d"}}}
+		for i := range tc.routes {
+			cfg.Routes = append(cfg.Routes, config.Route{Name: fmt.Sprintf("tenant-%05d-charges", i)})
+		}
+		a := &app{path: "idemproxy.yaml", getenv: func(string) string { return "" }, cfg: cfg}
+		var buf strings.Builder
+		slog.New(slog.NewJSONHandler(&buf, nil)).Info("idemproxy starting", a.startAttrs()...)
+		var m struct {
+			Routes          []string `json:"routes"`
+			RoutesNotListed int      `json:"routes_not_listed"`
+		}
+		if err := json.Unmarshal([]byte(buf.String()), &m); err != nil {
+			t.Fatalf("%d routes: %v", tc.routes, err)
+		}
+		if len(m.Routes) != tc.listed || m.RoutesNotListed != tc.notListed || m.Routes[0] != "tenant-00000-charges" {
+			t.Errorf("%d routes: the line lists %d (first %q) and counts %d not listed, want %d and %d",
+				tc.routes, len(m.Routes), m.Routes[0], m.RoutesNotListed, tc.listed, tc.notListed)
+		}
+		if len(buf.String()) > 4096 {
+			t.Errorf("%d routes: first line is %d bytes, want at most 4 KiB", tc.routes, buf.Len())
+		}
+	}
+}
