@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"go.yaml.in/yaml/v3"
+
 	"github.com/idemproxy/idemproxy/config"
 )
 
@@ -54,10 +56,29 @@ func procMemory(t *testing.T, pid int) (rss, hwm int64) {
 	return rss, hwm
 }
 
+// procCPU returns the CPU time a process has used (user and system), read
+// from /proc; zero where there is none.
+func procCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The fields after the command name, which is in parentheses.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond // USER_HZ is 100 on Linux
+}
+
 // scrape fetches /metrics in the text format and returns its size, its
 // line count, its body and how long it took.
 func scrape(t *testing.T, p *proc) (size, lines int, body string, took time.Duration) {
 	t.Helper()
+	cpu := procCPU(p.cmd.Process.Pid)
+	defer func() { t.Logf("scrape: %v of the proxy's CPU", procCPU(p.cmd.Process.Pid)-cpu) }()
 	start := time.Now()
 	c := &http.Client{Timeout: 2 * time.Minute}
 	resp, err := c.Get(p.adminURL("/metrics"))
@@ -109,18 +130,38 @@ func TestTenThousandRoutesScrapeStaysSmall(t *testing.T) {
 	if size > maxScrapeBytes {
 		t.Errorf("/metrics at start = %d bytes, want at most %d", size, maxScrapeBytes)
 	}
-	// The series the shipped alerts watch exist for every route, the last
-	// one included, before any request.
-	for _, route := range []string{"tenant-00000-charges", fmt.Sprintf("tenant-%05d-charges", n-1)} {
-		for _, o := range []string{"in_doubt", "store_error", "unprotected", "conflict", "committed"} {
-			s := fmt.Sprintf(`idemproxy_requests_total{outcome=%q,route=%q}`, o, route)
-			if v, ok := metricValue(body, s); !ok || v != "0" {
-				t.Errorf("%s = %q (present %v), want 0 from the start", s, v, ok)
+	// The series the shipped alert rules select exist for every route, the
+	// last one included, before any request.
+	byRoute := map[string][]struct {
+		name   string
+		labels map[string]string
+	}{}
+	for _, se := range scrapedSeries(t, body) {
+		if r, ok := se.labels["route"]; ok {
+			byRoute[r] = append(byRoute[r], se)
+		}
+	}
+	sels := alertSelectors(t, "idemproxy_requests_total")
+	for i := range n {
+		route := fmt.Sprintf("tenant-%05d-charges", i)
+		for _, sel := range sels {
+			found := false
+			for _, se := range byRoute[route] {
+				found = found || sel.matches(se.name, se.labels)
+			}
+			if !found {
+				t.Errorf("route %s: no series for the alert's %s at start", route, sel.text)
 			}
 		}
-		if _, ok := metricValue(body, fmt.Sprintf(`idemproxy_requests_in_flight{route=%q}`, route)); !ok {
-			t.Errorf("idemproxy_requests_in_flight of %s missing at start", route)
+		if !t.Failed() && len(byRoute[route]) == 0 {
+			t.Errorf("route %s has no series at start", route)
 		}
+		if t.Failed() {
+			break
+		}
+	}
+	if len(sels) < 4 {
+		t.Errorf("found %d selectors of idemproxy_requests_total in the alert rules, want at least 4", len(sels))
 	}
 
 	// One charge on every route, 16 at a time.
@@ -170,6 +211,84 @@ func TestTenThousandRoutesScrapeStaysSmall(t *testing.T) {
 	// A second scrape, for its time once everything exists.
 	_, _, _, took = scrape(t, p)
 	t.Logf("second scrape in %v", took.Round(time.Millisecond))
+}
+
+// alertSelectors returns the selectors of metric name in the shipped alert
+// rules.
+func alertSelectors(t *testing.T, name string) []selector {
+	t.Helper()
+	var rules struct {
+		Groups []struct {
+			Rules []struct{ Alert, Expr string }
+		}
+	}
+	b, err := os.ReadFile("deploy/prometheus/idemproxy-alerts.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(b, &rules); err != nil {
+		t.Fatal(err)
+	}
+	var out []selector
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			for _, s := range selectors(r.Expr) {
+				if s.name == name {
+					out = append(out, s)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// TestTenRoutesKeepEverySeries: with ten routes (under the default
+// metrics.route_histograms), every route has from the start exactly the
+// series it had before the limit existed: a counter and a latency
+// histogram for every outcome, its in-flight gauge and its two
+// answers-not-stored counters, 201 series; nothing is counted under
+// route="(other)".
+func TestTenRoutesKeepEverySeries(t *testing.T) {
+	up := startStub(t)
+	dir := t.TempDir()
+	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), "", manyRoutes(10)))
+	r := do("GET", p.adminURL("/metrics"), "")
+	if r.status != 200 {
+		t.Fatalf("/metrics = %d", r.status)
+	}
+	rss, _ := procMemory(t, p.cmd.Process.Pid)
+	t.Logf("ten routes: /metrics %d bytes, %d lines; RSS %d MiB", len(r.body), strings.Count(r.body, "\n"), rss>>20)
+	perRoute := map[string]map[string]int{}
+	for _, se := range scrapedSeries(t, r.body) {
+		route, ok := se.labels["route"]
+		if !ok {
+			continue
+		}
+		if perRoute[route] == nil {
+			perRoute[route] = map[string]int{}
+		}
+		perRoute[route][se.name]++
+	}
+	// 11 outcomes (every one but passthrough), 14 buckets and +Inf.
+	want := map[string]int{
+		"idemproxy_requests_total":                  11,
+		"idemproxy_request_duration_seconds_bucket": 11 * 15,
+		"idemproxy_request_duration_seconds_sum":    11,
+		"idemproxy_request_duration_seconds_count":  11,
+		"idemproxy_requests_in_flight":              1,
+		"idemproxy_answers_not_stored_total":        2,
+	}
+	for i := range 10 {
+		route := fmt.Sprintf("tenant-%05d-charges", i)
+		for name, n := range want {
+			if got := perRoute[route][name]; got != n {
+				t.Errorf("route %s: %d series of %s at start, want %d", route, got, name, n)
+			}
+		}
+	}
+	if got := perRoute["(other)"]; len(got) > 0 {
+		t.Errorf("series under route=\"(other)\" with ten routes: %v, want none", got)
+	}
 }
 
 // TestStartLineWithManyRoutes: the first log line of a configuration of

@@ -35,6 +35,10 @@ const (
 	DefaultBodyTimeout              = 10 * time.Second
 	DefaultReconcileGrace           = 5 * time.Minute
 	DefaultReconcileInterval        = time.Minute
+	// DefaultRouteHistograms is metrics.route_histograms' default: each
+	// route with its own histograms adds about 200 series (18 KiB of
+	// text) at start, so 100 keep /metrics under 2 MiB of histograms.
+	DefaultRouteHistograms = 100
 	// DefaultMemoryLimit is the soft memory limit when neither the
 	// configuration, GOMEMLIMIT nor a cgroup limit gives one.
 	DefaultMemoryLimit = 48 << 20
@@ -97,6 +101,9 @@ func (c *Config) applyDefaults() {
 	setDuration(&s.BodyTimeout, DefaultBodyTimeout)
 	if s.MaxConnections == 0 {
 		s.MaxConnections = DefaultMaxConnections
+	}
+	if c.Metrics.RouteHistograms == 0 {
+		c.Metrics.RouteHistograms = DefaultRouteHistograms
 	}
 	for i := range c.Routes {
 		r := &c.Routes[i]

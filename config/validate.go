@@ -95,6 +95,9 @@ func (c *Config) Validate() error {
 	if s.MaxConnections < 0 {
 		p.add("server.max_connections", "must be positive")
 	}
+	if c.Metrics.RouteHistograms < -1 {
+		p.add("metrics.route_histograms", "%d: want a number of routes, 0 for the default (%d) or -1 for none", c.Metrics.RouteHistograms, DefaultRouteHistograms)
+	}
 	if len(c.Routes) == 0 {
 		p.add("routes", "at least one route is required (requests matching no route are proxied unprotected)")
 	}
