@@ -337,7 +337,20 @@ type Key struct {
 	Query  string `yaml:"query"`
 	Path   string `yaml:"path"`
 	Parts  []Key  `yaml:"parts"`
+	// Normalize is "none" (the default: keys are compared byte for byte)
+	// or "nfc": the key, every part of a composite one, is put in Unicode
+	// Normalization Form C before it is checked and stored, so that two
+	// spellings of one text ("CAFÉ-1" with U+00C9, and with E and U+0301)
+	// are one key. It applies to the key only, not to the fingerprint.
+	// Set on the key, not on its parts.
+	Normalize string `yaml:"normalize"`
 }
+
+// The key normalizations (key.normalize).
+const (
+	NormalizeNone = "none"
+	NormalizeNFC  = "nfc"
+)
 
 // Fingerprint configures how requests under one key are compared.
 type Fingerprint struct {

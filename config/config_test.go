@@ -409,6 +409,8 @@ func TestValidationProblems(t *testing.T) {
 		{"source and parts", head + "  - name: a\n    match: POST /a\n    key: {json: a, parts: [{json: b}, {json: c}]}\n", "routes[0].key: set exactly one of"},
 		{"composite of one part", head + "  - name: a\n    match: POST /a\n    key: {parts: [{json: b}]}\n", "routes[0].key.parts: a composite key needs at least two parts"},
 		{"nested parts", head + "  - name: a\n    match: POST /a\n    key: {parts: [{json: b}, {parts: [{json: c}, {json: d}]}]}\n", "routes[0].key.parts[1]: parts cannot be nested"},
+		{"normalize unknown", head + "  - name: a\n    match: POST /a\n    key: {json: b, normalize: nfd}\n", "routes[0].key.normalize: \"nfd\" is not one of none, nfc"},
+		{"normalize on a part", head + "  - name: a\n    match: POST /a\n    key: {parts: [{json: b, normalize: nfc}, {json: c}]}\n", "routes[0].key.parts[0].normalize: applies to the whole key: set it on routes[0].key.normalize"},
 		{"part with two sources", head + "  - name: a\n    match: POST /a\n    key: {parts: [{json: b, header: C}, {json: d}]}\n", "routes[0].key.parts[0]: set exactly one of"},
 		{"empty part", head + "  - name: a\n    match: POST /a\n    key: {parts: [{}, {json: d}]}\n", "routes[0].key.parts[0]: set exactly one of"},
 		{"bad json path", head + "  - name: a\n    match: POST /a\n    key: {json: \"items[0]\"}\n", `routes[0].key.json: "items[0]" is not a JSON path`},

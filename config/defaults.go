@@ -113,6 +113,7 @@ func (c *Config) applyDefaults() {
 		setString(&r.OnMissingKey, MissingKeyReject)
 		setString(&r.OnStoreError, StoreErrorReject)
 		setString(&r.Mode, ModeEnforce)
+		setString(&r.Key.Normalize, NormalizeNone)
 		setDuration(&r.WaitTimeout, DefaultWaitTimeout)
 		setDuration(&r.TTL, DefaultTTL)
 		setDuration(&r.UpstreamTimeout, DefaultUpstreamTimeout)
