@@ -380,7 +380,7 @@ func TestValidationProblems(t *testing.T) {
 		{"badger gc negative", "store: {badger: {gc_interval: -1m}}\n" + withRoute(""), "store.badger.gc_interval: must be positive"},
 		{"memory limit too small", "memory_limit: 1048576\n" + withRoute(""), "memory_limit: 1048576 bytes is below the minimum of 16777216 (16 MiB); 0 chooses it, -1 disables it"},
 		{"memory limit negative", "memory_limit: -2\n" + withRoute(""), "memory_limit: -2 bytes is below the minimum of 16777216 (16 MiB); 0 chooses it, -1 disables it"},
-		{"route histograms below -1", "metrics: {route_histograms: -2}\n" + withRoute(""), "metrics.route_histograms: -2: want a number of routes, 0 for the default (100) or -1 for none"},
+		{"route histograms below -1", "metrics: {route_histograms: -2}\n" + withRoute(""), "metrics.route_histograms: -2: want a number of routes, 0 for the default (50) or -1 for none"},
 
 		{"no name", head + "  - match: POST /a\n    key: {json: a}\n", `routes[0].name: "" must be 1 to 64`},
 		{"long name", head + "  - name: " + strings.Repeat("n", 65) + "\n    match: POST /a\n    key: {json: a}\n", `routes[0].name: "nnnn`},

@@ -79,7 +79,7 @@ func TestRouteHistograms(t *testing.T) {
 		extra string
 		own   []string // the routes with histograms of their own
 	}{
-		{"", threeRoutes}, // the default: 100
+		{"", threeRoutes}, // the default: 50
 		{"metrics: {route_histograms: 3}", threeRoutes},
 		{"metrics: {route_histograms: 1}", []string{"first"}},
 		{"metrics: {route_histograms: -1}", nil},
