@@ -61,12 +61,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"route", "outcome"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "idemproxy_request_duration_seconds",
-			Help:    "Time from receiving a request to the end of its answer, by route and outcome.",
+			Help:    "Time from receiving a request to the end of its answer, by route and outcome (route \"(other)\": the routes past metrics.route_histograms).",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}, []string{"route", "outcome"}),
 		upstreamDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "idemproxy_upstream_request_duration_seconds",
-			Help:    "Time until the upstream's response headers, by route and status code (\"error\" when none came).",
+			Help:    "Time until the upstream's response headers, by route and status code (\"error\" when none came; route \"(other)\": the routes past metrics.route_histograms).",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}, []string{"route", "code"}),
 		storeDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
