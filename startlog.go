@@ -21,12 +21,23 @@ func (a *app) startAttrs() []any {
 	}
 	attrs = append(attrs, "config", a.path)
 	attrs = append(attrs, storeAttrs(a.cfg.Store, a.getenv)...)
-	routes := make([]string, len(a.cfg.Routes))
-	for i, r := range a.cfg.Routes {
+	n := min(len(a.cfg.Routes), startLogRoutes)
+	routes := make([]string, n)
+	for i, r := range a.cfg.Routes[:n] {
 		routes[i] = r.Name
 	}
-	return append(attrs, "routes", routes, "upstream", redactURL(a.cfg.Upstream))
+	attrs = append(attrs, "routes", routes)
+	if more := len(a.cfg.Routes) - n; more > 0 {
+		attrs = append(attrs, "routes_not_listed", more)
+	}
+	return append(attrs, "upstream", redactURL(a.cfg.Upstream))
 }
+
+// startLogRoutes is how many route names the first log line lists; the
+// others are counted (routes_not_listed), so that a configuration of
+// 10,000 routes does not make a line of hundreds of kilobytes, which log
+// pipelines split or drop (Docker at 16 KiB, many shippers at 64 KiB).
+const startLogRoutes = 20
 
 // storeAttrs names the configured store and where it is: Badger's data
 // directory, the Redis addresses, or the PostgreSQL host and database of

@@ -67,6 +67,8 @@ type Config struct {
 	Store Store `yaml:"store"`
 	// Server holds the client-facing server's timeouts.
 	Server Server `yaml:"server"`
+	// Metrics configures the series of /metrics.
+	Metrics Metrics `yaml:"metrics"`
 	// Routes are the protected routes. Requests that match none are proxied
 	// untouched.
 	Routes []Route `yaml:"routes"`
@@ -111,6 +113,23 @@ type Admin struct {
 	// profiling a proxy under its real load. Default false.
 	Pprof bool `yaml:"pprof"`
 }
+
+// Metrics configures the series /metrics exports.
+type Metrics struct {
+	// RouteHistograms is how many routes, the first in the order of
+	// routes, have latency histograms of their own
+	// (idemproxy_request_duration_seconds and
+	// idemproxy_upstream_request_duration_seconds with their route name);
+	// the other routes' latencies are counted together under the route
+	// label OtherRoutes. Every route keeps its own counters. Zero means
+	// DefaultRouteHistograms; -1 means none: every latency is counted
+	// under OtherRoutes.
+	RouteHistograms int `yaml:"route_histograms"`
+}
+
+// OtherRoutes is the route label of the latency histograms of the routes
+// past metrics.route_histograms. Route names cannot take this value.
+const OtherRoutes = "(other)"
 
 // Store selects exactly one backend.
 type Store struct {
@@ -328,7 +347,20 @@ type Key struct {
 	Query  string `yaml:"query"`
 	Path   string `yaml:"path"`
 	Parts  []Key  `yaml:"parts"`
+	// Normalize is "none" (the default: keys are compared byte for byte)
+	// or "nfc": the key, every part of a composite one, is put in Unicode
+	// Normalization Form C before it is checked and stored, so that two
+	// spellings of one text ("CAFÉ-1" with U+00C9, and with E and U+0301)
+	// are one key. It applies to the key only, not to the fingerprint.
+	// Set on the key, not on its parts.
+	Normalize string `yaml:"normalize"`
 }
+
+// The key normalizations (key.normalize).
+const (
+	NormalizeNone = "none"
+	NormalizeNFC  = "nfc"
+)
 
 // Fingerprint configures how requests under one key are compared.
 type Fingerprint struct {

@@ -390,6 +390,7 @@ func TestValidationProblems(t *testing.T) {
 		{"badger gc negative", "store: {badger: {gc_interval: -1m}}\n" + withRoute(""), "store.badger.gc_interval: must be positive"},
 		{"memory limit too small", "memory_limit: 1048576\n" + withRoute(""), "memory_limit: 1048576 bytes is below the minimum of 16777216 (16 MiB); 0 chooses it, -1 disables it"},
 		{"memory limit negative", "memory_limit: -2\n" + withRoute(""), "memory_limit: -2 bytes is below the minimum of 16777216 (16 MiB); 0 chooses it, -1 disables it"},
+		{"route histograms below -1", "metrics: {route_histograms: -2}\n" + withRoute(""), "metrics.route_histograms: -2: want a number of routes, 0 for the default (50) or -1 for none"},
 
 		{"no name", head + "  - match: POST /a\n    key: {json: a}\n", `routes[0].name: "" must be 1 to 64`},
 		{"long name", head + "  - name: " + strings.Repeat("n", 65) + "\n    match: POST /a\n    key: {json: a}\n", `routes[0].name: "nnnn`},
@@ -418,6 +419,8 @@ func TestValidationProblems(t *testing.T) {
 		{"source and parts", head + "  - name: a\n    match: POST /a\n    key: {json: a, parts: [{json: b}, {json: c}]}\n", "routes[0].key: set exactly one of"},
 		{"composite of one part", head + "  - name: a\n    match: POST /a\n    key: {parts: [{json: b}]}\n", "routes[0].key.parts: a composite key needs at least two parts"},
 		{"nested parts", head + "  - name: a\n    match: POST /a\n    key: {parts: [{json: b}, {parts: [{json: c}, {json: d}]}]}\n", "routes[0].key.parts[1]: parts cannot be nested"},
+		{"normalize unknown", head + "  - name: a\n    match: POST /a\n    key: {json: b, normalize: nfd}\n", "routes[0].key.normalize: \"nfd\" is not one of none, nfc"},
+		{"normalize on a part", head + "  - name: a\n    match: POST /a\n    key: {parts: [{json: b, normalize: nfc}, {json: c}]}\n", "routes[0].key.parts[0].normalize: applies to the whole key: set it on routes[0].key.normalize"},
 		{"part with two sources", head + "  - name: a\n    match: POST /a\n    key: {parts: [{json: b, header: C}, {json: d}]}\n", "routes[0].key.parts[0]: set exactly one of"},
 		{"empty part", head + "  - name: a\n    match: POST /a\n    key: {parts: [{}, {json: d}]}\n", "routes[0].key.parts[0]: set exactly one of"},
 		{"bad json path", head + "  - name: a\n    match: POST /a\n    key: {json: \"items[0]\"}\n", `routes[0].key.json: "items[0]" is not a JSON path`},

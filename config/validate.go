@@ -103,6 +103,9 @@ func (c *Config) Validate() error {
 	if s.MaxClientResetsPerSecond < 0 {
 		p.add("server.max_client_resets_per_second", "must be positive")
 	}
+	if c.Metrics.RouteHistograms < -1 {
+		p.add("metrics.route_histograms", "%d: want a number of routes, 0 for the default (%d) or -1 for none", c.Metrics.RouteHistograms, DefaultRouteHistograms)
+	}
 	if len(c.Routes) == 0 {
 		p.add("routes", "at least one route is required (requests matching no route are proxied unprotected)")
 	}
@@ -487,6 +490,9 @@ func (k *Key) validate(p *problems, f string, wildcards map[string]bool, pattern
 		p.add(f, "set exactly one of json, header, query, path or parts")
 		return
 	}
+	if k.Normalize != "" {
+		oneOf(p, f+".normalize", k.Normalize, NormalizeNone, NormalizeNFC)
+	}
 	if len(k.Parts) > 0 {
 		if len(k.Parts) < 2 {
 			p.add(f+".parts", "a composite key needs at least two parts")
@@ -497,6 +503,10 @@ func (k *Key) validate(p *problems, f string, wildcards map[string]bool, pattern
 			if len(part.Parts) > 0 {
 				p.add(pf, "parts cannot be nested")
 				continue
+			}
+			if part.Normalize != "" {
+				p.add(pf+".normalize", "applies to the whole key: set it on %s.normalize", f)
+				part.Normalize = ""
 			}
 			part.validate(p, pf, wildcards, patternOK)
 		}
@@ -534,7 +544,7 @@ func (k *Key) sources() []string {
 // Spec converts the key configuration to a key extraction spec.
 func (k Key) Spec() keyextract.Spec {
 	if len(k.Parts) > 0 {
-		var s keyextract.Spec
+		s := keyextract.Spec{NFC: k.Normalize == NormalizeNFC}
 		for _, part := range k.Parts {
 			s.Parts = append(s.Parts, part.Spec().Parts...)
 		}
@@ -551,7 +561,7 @@ func (k Key) Spec() keyextract.Spec {
 	case k.Path != "":
 		src = keyextract.Source{Kind: keyextract.Path, Name: k.Path}
 	}
-	return keyextract.Spec{Parts: []keyextract.Source{src}}
+	return keyextract.Spec{Parts: []keyextract.Source{src}, NFC: k.Normalize == NormalizeNFC}
 }
 
 // CanonicalPattern lower-cases the host of a ServeMux pattern

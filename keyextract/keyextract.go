@@ -15,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/tidwall/gjson"
+	"golang.org/x/text/unicode/norm"
 )
 
 // MaxKeyBytes is the longest key accepted, composite keys included.
@@ -58,6 +59,12 @@ func (s Source) String() string { return s.Kind.String() + " " + s.Name }
 // into a composite key.
 type Spec struct {
 	Parts []Source
+	// NFC puts the value of every part in Unicode Normalization Form C
+	// before the parts are joined and the key is checked, so that "CAFÉ-1"
+	// written with U+00C9 and with E and U+0301 is one key. False (the
+	// default) compares keys byte for byte. It applies to the key only,
+	// never to the fingerprint, and not to LegacyExtract.
+	NFC bool
 }
 
 // NeedsJSON reports whether any part of the key is read from the JSON body.
@@ -129,6 +136,9 @@ func (s Spec) extract(r *http.Request, body []byte, legacy bool) (string, error)
 		if err != nil {
 			return "", err
 		}
+		if s.NFC && !legacy {
+			v = nfc(v)
+		}
 		if err := checkKey(s.Parts[0], v); err != nil {
 			return "", err
 		}
@@ -140,6 +150,9 @@ func (s Spec) extract(r *http.Request, body []byte, legacy bool) (string, error)
 		if err != nil {
 			return "", err
 		}
+		if s.NFC && !legacy {
+			v = nfc(v)
+		}
 		vals[i] = partEscaper.Replace(v)
 	}
 	key := strings.Join(vals, "|")
@@ -147,6 +160,17 @@ func (s Spec) extract(r *http.Request, body []byte, legacy bool) (string, error)
 		return "", err
 	}
 	return key, nil
+}
+
+// nfc returns v in Unicode Normalization Form C. A value that is not
+// UTF-8, or too long to be a key in any form (NFC makes a string at most
+// three times shorter: a Hangul syllable from its three jamo), is returned
+// as it is, for checkKey to refuse without normalizing it.
+func nfc(v string) string {
+	if len(v) > 3*MaxKeyBytes || !utf8.ValidString(v) {
+		return v
+	}
+	return norm.NFC.String(v)
 }
 
 var partEscaper = strings.NewReplacer("%", "%25", "|", "%7C")

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -158,7 +157,7 @@ func (p *Proxy) reverseProxy(up *url.URL, rt *route) *httputil.ReverseProxy {
 			pr.SetXForwarded()
 		},
 		Transport:    p.transport,
-		ErrorLog:     slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
+		ErrorLog:     p.errorLog,
 		ErrorHandler: p.upstreamError,
 		BufferPool:   copyBuffers,
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -46,6 +47,9 @@ type Metrics struct {
 	rec              *reconcileMetrics // reconciliation and observe mode
 	adm              *admissionMetrics // the buffer budget and request bodies
 	answersNotStored *prometheus.CounterVec
+	// other holds the latency histograms shared by the routes past
+	// metrics.route_histograms (route label config.OtherRoutes).
+	other *routeSeries
 }
 
 // NewMetrics creates the proxy's collectors and registers them on reg.
@@ -57,12 +61,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"route", "outcome"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "idemproxy_request_duration_seconds",
-			Help:    "Time from receiving a request to the end of its answer, by route and outcome.",
+			Help:    "Time from receiving a request to the end of its answer, by route and outcome (route \"(other)\": the routes past metrics.route_histograms).",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}, []string{"route", "outcome"}),
 		upstreamDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "idemproxy_upstream_request_duration_seconds",
-			Help:    "Time until the upstream's response headers, by route and status code (\"error\" when none came).",
+			Help:    "Time until the upstream's response headers, by route and status code (\"error\" when none came; route \"(other)\": the routes past metrics.route_histograms).",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}, []string{"route", "code"}),
 		storeDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -87,22 +91,51 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "Answers committed without their body (duplicates get 409 response-not-replayable), by route and reason: too_large (max_stored_body_bytes), over_budget (server.max_buffered_bytes).",
 	}, []string{"route", "reason"})
 	reg.MustRegister(m.answersNotStored)
+	m.other = m.routeSeries(config.OtherRoutes, true)
 	return m
 }
 
+// watchedOutcomes are the outcomes whose idemproxy_requests_total series
+// every route has from the start, whatever metrics.route_histograms says:
+// those the shipped alert rules watch (deploy/prometheus/idemproxy-alerts.yaml),
+// whose first increase an alert must see. A route with histograms of its
+// own has every outcome from the start; the others get the rest at first
+// use (a rate then misses only that first request).
+var watchedOutcomes = []Outcome{OutcomeInDoubt, OutcomeConflict, OutcomeUnprotected, OutcomeStoreError}
+
 // initRoute creates a route's series at zero, so that rates and alerts see
-// them before the first request.
-func (m *Metrics) initRoute(route string) {
-	for _, o := range Outcomes {
+// them before the first request: with histograms of its own (own), every
+// outcome's counter and histogram and the answers-not-stored counters, as
+// for a route of a small configuration; without, the counters of
+// watchedOutcomes, so that 10,000 routes stay a scrape of a few MB.
+func (m *Metrics) initRoute(s *routeSeries, own bool) {
+	outcomes := watchedOutcomes
+	if own {
+		outcomes = Outcomes
+	}
+	for _, o := range outcomes {
 		if o == OutcomePassthrough {
 			continue
 		}
-		m.requests.WithLabelValues(route, string(o))
-		m.duration.WithLabelValues(route, string(o))
+		s.requests.of(string(o))
+		if own {
+			s.duration.of(string(o))
+		}
 	}
-	m.inFlight.WithLabelValues(route)
-	for _, reason := range []string{notStoredTooLarge, notStoredOverBudget} {
-		m.answersNotStored.WithLabelValues(route, reason)
+	if own {
+		for _, reason := range []string{notStoredTooLarge, notStoredOverBudget} {
+			m.answersNotStored.WithLabelValues(s.route, reason)
+		}
+	}
+}
+
+// initOtherRoutes creates the shared latency histograms of the routes past
+// metrics.route_histograms at zero, for every outcome.
+func (m *Metrics) initOtherRoutes() {
+	for _, o := range Outcomes {
+		if o != OutcomePassthrough {
+			m.other.duration.of(string(o))
+		}
 	}
 }
 

@@ -8,6 +8,7 @@ package proxy
 import (
 	"context"
 	"fmt"
+	"log"
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
@@ -59,7 +60,8 @@ type Proxy struct {
 	store     store.Store
 	rstore    store.ReconcileStore // nil: the store cannot reconcile
 	log       *slog.Logger
-	access    *AccessLog // nil: the access log goes to log
+	errorLog  *log.Logger // the reverse proxies' error log (log at debug), one for every route
+	access    *AccessLog  // nil: the access log goes to log
 	m         *Metrics
 	transport http.RoundTripper // passthrough
 	protected http.RoundTripper // routes: never resends
@@ -179,6 +181,7 @@ func New(cfg *config.Config, opts Options) (*Proxy, error) {
 	p := &Proxy{
 		store:     instrumented{Store: opts.Store, series: opts.Metrics.storeSeries(opts.StoreName)},
 		log:       opts.Logger,
+		errorLog:  slog.NewLogLogger(opts.Logger.Handler(), slog.LevelDebug),
 		access:    opts.AccessLog,
 		m:         opts.Metrics,
 		transport: opts.Transport,
@@ -214,19 +217,25 @@ func (p *Proxy) Reload(cfg *config.Config) error {
 		routes:    make(map[string]*route, len(cfg.Routes)),
 		ptTimeout: cfg.Server.PassthroughTimeout.D(),
 		upstream:  strings.TrimSuffix(up.String(), "/"),
-		ptSeries:  p.m.routeSeries(""),
+		ptSeries:  p.m.routeSeries("", true),
 	}
 	t.passthrough = p.reverseProxy(up, nil)
-	for _, rc := range cfg.Routes {
+	own := ownHistograms(cfg)
+	if own < len(cfg.Routes) {
+		p.m.initOtherRoutes()
+		p.log.Info("latency histograms of the routes past metrics.route_histograms share one route label",
+			"routes", len(cfg.Routes), "with_own_histograms", own, "sharing", len(cfg.Routes)-own, "route_label", config.OtherRoutes)
+	}
+	for i, rc := range cfg.Routes {
 		rc.ReplayHeaders = replayable(rc.ReplayHeaders, rc.Scope.Header)
 		rt := &route{cfg: rc, spec: rc.Key.Spec(), ignore: keyextract.CompileIgnore(rc.Fingerprint.Ignore),
-			p: p, series: p.m.routeSeries(rc.Name)}
+			p: p, series: p.m.routeSeries(rc.Name, i < own)}
 		rt.rp = p.reverseProxy(up, rt)
 		if err := register(t.mux, rc.Match, rt); err != nil {
 			return fmt.Errorf("proxy: route %s: %w", rc.Name, err)
 		}
 		t.routes[rc.Name] = rt
-		p.m.initRoute(rc.Name)
+		p.m.initRoute(rt.series, i < own)
 		p.m.rec.initRoute(rc)
 		t.reconciles = t.reconciles || rc.Reconcile != nil
 	}
@@ -245,6 +254,16 @@ func (p *Proxy) Reload(cfg *config.Config) error {
 	p.budget.limit.Store(cfg.Server.MaxBufferedBytes)
 	p.table.Store(t)
 	return nil
+}
+
+// ownHistograms is how many of cfg's routes, the first ones, have latency
+// histograms of their own (metrics.route_histograms; -1 is none).
+func ownHistograms(cfg *config.Config) int {
+	n := cfg.Metrics.RouteHistograms
+	if n == 0 {
+		n = config.DefaultRouteHistograms // a configuration built without config.Load
+	}
+	return max(0, min(n, len(cfg.Routes)))
 }
 
 // replayable returns the headers of allow that may be stored and replayed:

@@ -4,6 +4,8 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemproxy/idemproxy/config"
 )
 
 // seriesCache resolves a metric vector's child for a label value once, so
@@ -26,25 +28,40 @@ func (c *seriesCache[T]) of(label string) T {
 
 // routeSeries are the series of one route (route "" for passthrough).
 type routeSeries struct {
+	route    string
 	requests *seriesCache[prometheus.Counter]  // by outcome
 	duration *seriesCache[prometheus.Observer] // by outcome
 	upstream *seriesCache[prometheus.Observer] // by code
 	inFlight prometheus.Gauge
 }
 
-func (m *Metrics) routeSeries(route string) *routeSeries {
-	return &routeSeries{
+// routeSeries returns route's series, none created yet but its in-flight
+// gauge (initRoute creates the others that must exist from the start).
+// With own false, its latencies go to the histograms shared by the routes
+// past metrics.route_histograms (route label config.OtherRoutes): a
+// route's histograms are 187 series at start and 17 more per upstream
+// status, which 10,000 routes cannot all have.
+func (m *Metrics) routeSeries(route string, own bool) *routeSeries {
+	s := &routeSeries{
+		route: route,
 		requests: &seriesCache[prometheus.Counter]{resolve: func(o string) prometheus.Counter {
 			return m.requests.WithLabelValues(route, o)
 		}},
-		duration: &seriesCache[prometheus.Observer]{resolve: func(o string) prometheus.Observer {
-			return m.duration.WithLabelValues(route, o)
-		}},
-		upstream: &seriesCache[prometheus.Observer]{resolve: func(code string) prometheus.Observer {
-			return m.upstreamDuration.WithLabelValues(route, code)
-		}},
-		inFlight: m.inFlight.WithLabelValues(route),
 	}
+	if route != config.OtherRoutes {
+		s.inFlight = m.inFlight.WithLabelValues(route)
+	}
+	if !own {
+		s.duration, s.upstream = m.other.duration, m.other.upstream
+		return s
+	}
+	s.duration = &seriesCache[prometheus.Observer]{resolve: func(o string) prometheus.Observer {
+		return m.duration.WithLabelValues(route, o)
+	}}
+	s.upstream = &seriesCache[prometheus.Observer]{resolve: func(code string) prometheus.Observer {
+		return m.upstreamDuration.WithLabelValues(route, code)
+	}}
+	return s
 }
 
 // storeSeries are the series of one store's operations.
