@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -78,6 +79,13 @@ type connLimiter struct {
 	h2Refused atomic.Uint64 // HTTP/2 streams refused by that bound
 
 	headerRefused atomic.Uint64 // HTTP/1 headers cut at maxHeaderLines
+
+	// fair makes admission at the bound fair between client addresses
+	// (the admin listener's; see newAdminLimiter): clients counts each
+	// client's open connections, refused the newcomers closed at once.
+	fair    bool
+	clients map[string]int
+	refused atomic.Uint64
 }
 
 // newConnLimiter limits ln to max connections at once (max <= 0: no
@@ -87,6 +95,34 @@ func newConnLimiter(ln net.Listener, max int, headerTimeout time.Duration) *conn
 		Listener: ln, max: max, headerTimeout: headerTimeout,
 		freed: make(chan struct{}, 1), closed: make(chan struct{}),
 	}
+}
+
+// newAdminLimiter limits the admin listener ln to max connections at
+// once (max <= 0: no bound), fairly between client addresses (an IPv4
+// address, an IPv6 /64): a slowloris on the admin port, from one address
+// or from many, holds at most max descriptors and never keeps a probe from
+// another address out. At the bound a newcomer from client c
+//
+//  1. takes the place of the oldest connection not serving a request
+//     (new, reading its header, or idle) of the client holding the most
+//     connections, if that client holds more than c does, whatever the
+//     grace and header timeout;
+//  2. otherwise takes the place of one of c's own connections that can be
+//     shed by the rules of connLimiter (a client replacing its own idle
+//     connection);
+//  3. otherwise is closed at once: it is never held, so the listen backlog
+//     drains at the pace of Accept and a probe behind a flood of
+//     connections is reached at once.
+//
+// So a client can crowd out only clients that hold more connections than
+// itself: a Kubernetes probe or a Prometheus scrape from an address of its
+// own is admitted at once, even with every slot taken by connections that
+// send a byte every few seconds from one address or one each from many.
+func newAdminLimiter(ln net.Listener, max int, headerTimeout time.Duration) *connLimiter {
+	l := newConnLimiter(ln, max, headerTimeout)
+	l.fair = true
+	l.clients = map[string]int{}
+	return l
 }
 
 func (l *connLimiter) Close() error {
@@ -106,6 +142,9 @@ func (l *connLimiter) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
 		return nil, err
+	}
+	if l.fair {
+		return l.acceptFair(c)
 	}
 	counted := false
 	var tick *time.Ticker
@@ -144,6 +183,83 @@ func (l *connLimiter) Accept() (net.Conn, error) {
 			return nil, net.ErrClosed
 		}
 	}
+}
+
+// acceptFair admits c, or the next connection, by the rules of
+// newAdminLimiter.
+func (l *connLimiter) acceptFair(c net.Conn) (net.Conn, error) {
+	for {
+		client := connClient(c.RemoteAddr())
+		now := time.Now()
+		l.mu.Lock()
+		if l.max <= 0 || l.open < l.max {
+			l.open++
+			l.clients[client]++
+			tc := &trackedConn{Conn: c, l: l, state: http.StateNew, since: now, client: client}
+			l.pushIdle(tc)
+			l.mu.Unlock()
+			return tc, nil
+		}
+		victim := l.displaceable(client, now)
+		l.mu.Unlock()
+		if victim != nil {
+			victim.shedNow()
+			l.shed.Add(1)
+			continue
+		}
+		l.refused.Add(1)
+		c.Close()
+		select {
+		case <-l.closed:
+			return nil, net.ErrClosed
+		default:
+		}
+		var err error
+		if c, err = l.Listener.Accept(); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// displaceable returns the connection a newcomer of client may take the
+// place of (see newAdminLimiter), taken off the idle list; nil if none.
+// l.mu is held.
+func (l *connLimiter) displaceable(client string, now time.Time) *trackedConn {
+	var top *trackedConn
+	for c := l.idleHead; c != nil; c = c.next {
+		if top == nil || l.clients[c.client] > l.clients[top.client] {
+			top = c
+		}
+	}
+	if top == nil || l.clients[top.client] <= l.clients[client] {
+		top = nil
+		for c := l.idleHead; c != nil; c = c.next {
+			if c.client == client && c.sheddable(now, l.headerTimeout) {
+				top = c
+				break
+			}
+		}
+	}
+	if top != nil {
+		l.removeIdle(top)
+		top.shed.Store(true)
+	}
+	return top
+}
+
+// connClient returns the client a connection comes from: its IP address,
+// or for IPv6 its /64 (as the proxy's buffer shares count clients).
+func connClient(addr net.Addr) string {
+	ap, err := netip.ParseAddrPort(addr.String())
+	if err != nil {
+		return addr.String()
+	}
+	a := ap.Addr().Unmap()
+	if a.Is6() {
+		p, _ := a.Prefix(64)
+		return p.String()
+	}
+	return a.String()
 }
 
 // sheddable returns the oldest connection that may be closed now, and
@@ -251,6 +367,11 @@ func (l *connLimiter) release(c *trackedConn) {
 	l.removeIdle(c)
 	c.released = true
 	l.open--
+	if l.fair {
+		if l.clients[c.client]--; l.clients[c.client] <= 0 {
+			delete(l.clients, c.client)
+		}
+	}
 	l.mu.Unlock()
 	l.signal()
 }
@@ -265,6 +386,7 @@ type trackedConn struct {
 	released   bool
 	state      http.ConnState
 	since      time.Time // when it entered state
+	client     string    // its client address (fair limiters only)
 
 	readAt atomic.Int64 // unix nanoseconds of the first byte read since it went idle; 0: none
 	// hdr counts the lines of an HTTP/1 request's header as it is read,
