@@ -1041,3 +1041,53 @@ func TestUnmatchedRequests(t *testing.T) {
 		t.Errorf("GET /x/../nope = %d, Location %q; want 307 to /nope", rec.Code, rec.Header().Get("Location"))
 	}
 }
+
+// TestReadyzReadsTheWriteProbe: once the store's write probe has a
+// verdict, /readyz answers it without asking the store (a store that
+// answers pings but refuses writes is not ready; one whose ping would
+// fail is not asked); StoreOptional and ReadyChecks keep their meaning;
+// before the first probe, the store is pinged.
+func TestReadyzReadsTheWriteProbe(t *testing.T) {
+	st := openStore(t)
+	writes := store.NewWriteProbe(st, store.ProbeOptions{})
+	if err := writes.Probe(context.Background()); err != nil {
+		t.Fatalf("probe of an open store: %v", err)
+	}
+	closed := openStore(t)
+	closed.Close()
+	refuses := store.NewWriteProbe(closed, store.ProbeOptions{})
+	if err := refuses.Probe(context.Background()); err == nil {
+		t.Fatal("probe of a closed store succeeded")
+	}
+	notYet := store.NewWriteProbe(st, store.ProbeOptions{})
+	busy := errors.New("connection limit reached")
+	tests := []struct {
+		name      string
+		store     admin.Store
+		probe     admin.Prober
+		optional  bool
+		check     error
+		wantReady int
+		wantBody  string
+	}{
+		{"writes", failingPing{st}, writes, false, nil, http.StatusOK, "ready"},
+		{"writes fail", st, refuses, false, nil, http.StatusServiceUnavailable, "store unavailable: "},
+		{"writes fail, every route fails open", st, refuses, true, nil, http.StatusOK, "every route fails open"},
+		{"writes fail, a ready check fails first", st, refuses, false, busy, http.StatusServiceUnavailable, busy.Error()},
+		{"writes, a ready check fails", st, writes, true, busy, http.StatusServiceUnavailable, busy.Error()},
+		{"no verdict yet: the store is pinged", failingPing{st}, notYet, false, nil, http.StatusServiceUnavailable, "disk on fire"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHandler(t, tt.store, func(o *admin.Options) {
+				o.StoreProbe = tt.probe
+				o.StoreOptional = func() bool { return tt.optional }
+				o.ReadyChecks = []func() error{func() error { return nil }, func() error { return tt.check }}
+			})
+			rec := serve(t, h, http.MethodGet, "/readyz", "", nil)
+			if rec.Code != tt.wantReady || !strings.Contains(rec.Body.String(), tt.wantBody) {
+				t.Errorf("/readyz = %d %q, want %d containing %q", rec.Code, rec.Body, tt.wantReady, tt.wantBody)
+			}
+		})
+	}
+}
