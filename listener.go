@@ -104,9 +104,11 @@ func newConnLimiter(ln net.Listener, max int, headerTimeout time.Duration) *conn
 // another address out. At the bound a newcomer from client c
 //
 //  1. takes the place of the oldest connection not serving a request
-//     (new, reading its header, or idle) of the client holding the most
-//     connections, if that client holds more than c does, whatever the
-//     grace and header timeout;
+//     (new, reading its header, or idle) of the other client holding the
+//     most connections, if that client holds at least as many as c does,
+//     whatever the grace and header timeout (at least as many, not more:
+//     a probe whose previous connection is still being closed holds one,
+//     as each of a flood's addresses may);
 //  2. otherwise takes the place of one of c's own connections that can be
 //     shed by the rules of connLimiter (a client replacing its own idle
 //     connection);
@@ -114,8 +116,8 @@ func newConnLimiter(ln net.Listener, max int, headerTimeout time.Duration) *conn
 //     drains at the pace of Accept and a probe behind a flood of
 //     connections is reached at once.
 //
-// So a client can crowd out only clients that hold more connections than
-// itself: a Kubernetes probe or a Prometheus scrape from an address of its
+// So a client can crowd out only clients that hold at least as many
+// connections as itself: a Kubernetes probe or a Prometheus scrape from an address of its
 // own is admitted at once, even with every slot taken by connections that
 // send a byte every few seconds from one address or one each from many.
 func newAdminLimiter(ln net.Listener, max int, headerTimeout time.Duration) *connLimiter {
@@ -227,11 +229,11 @@ func (l *connLimiter) acceptFair(c net.Conn) (net.Conn, error) {
 func (l *connLimiter) displaceable(client string, now time.Time) *trackedConn {
 	var top *trackedConn
 	for c := l.idleHead; c != nil; c = c.next {
-		if top == nil || l.clients[c.client] > l.clients[top.client] {
+		if c.client != client && (top == nil || l.clients[c.client] > l.clients[top.client]) {
 			top = c
 		}
 	}
-	if top == nil || l.clients[top.client] <= l.clients[client] {
+	if top == nil || l.clients[top.client] < l.clients[client] {
 		top = nil
 		for c := l.idleHead; c != nil; c = c.next {
 			if c.client == client && c.sheddable(now, l.headerTimeout) {
