@@ -35,6 +35,9 @@ type adminFlood struct {
 	from    func(i int) string
 	conns   int
 	trickle bool
+	// churn keeps dialing new connections until the flood stops, each of
+	// 16 dialers keeping its last 100 open.
+	churn bool
 }
 
 // run opens the flood's connections and keeps them until stop is closed;
@@ -67,6 +70,38 @@ func (f adminFlood) run(t *testing.T, addr string, stop <-chan struct{}, done *s
 		}()
 	}
 	wg.Wait()
+	if f.churn {
+		for w := range 16 {
+			done.Add(1)
+			go func() {
+				defer done.Done()
+				var ring []net.Conn
+				defer func() {
+					for _, c := range ring {
+						c.Close()
+					}
+				}()
+				for i := w; ; i += 16 {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(f.from(i))}, Timeout: 5 * time.Second}
+					c, err := d.Dial("tcp", addr)
+					if err != nil {
+						time.Sleep(time.Millisecond)
+						continue
+					}
+					c.Write([]byte("GET /metrics HTTP/1.1\r\nHost: admin\r\nX-Slow: "))
+					if ring = append(ring, c); len(ring) > 100 {
+						ring[0].Close()
+						ring = ring[1:]
+					}
+				}
+			}()
+		}
+	}
 	done.Add(1)
 	go func() {
 		defer done.Done()
@@ -104,6 +139,8 @@ func TestAdminFloodDoesNotStarveCharges(t *testing.T) {
 		{name: "slowloris from one address", from: func(int) string { return "127.0.0.1" }, conns: 3000},
 		{name: "a byte every 2s from 200 addresses", from: func(i int) string { return fmt.Sprintf("127.0.1.%d", 1+i%200) },
 			conns: 2000, trickle: true},
+		{name: "reconnecting all the time from 200 addresses", from: func(i int) string { return fmt.Sprintf("127.0.2.%d", 1+i%200) },
+			conns: 1000, churn: true},
 	} {
 		t.Run(f.name, func(t *testing.T) {
 			up := startStub(t)
@@ -125,6 +162,7 @@ func TestAdminFloodDoesNotStarveCharges(t *testing.T) {
 					n, f.conns, adminFloodLimit)
 			}
 			for i := range 5 {
+				time.Sleep(time.Second) // the trickles and the churn go on meanwhile
 				if r := charge(p, "ORD-FLOOD-"+strconv.Itoa(i+1)); r.status != 201 {
 					t.Errorf("charge %d during the flood = %d %s %v, want 201", i+1, r.status, r.body, r.err)
 				}

@@ -80,11 +80,12 @@ type connLimiter struct {
 
 	headerRefused atomic.Uint64 // HTTP/1 headers cut at maxHeaderLines
 
-	// fair makes admission at the bound fair between client addresses
-	// (the admin listener's; see newAdminLimiter): clients counts each
-	// client's open connections, refused the newcomers closed at once.
+	// fair makes admission at the bound fair between clients (the admin
+	// listener's; see newAdminLimiter): groups counts the open
+	// connections of each network of each level, refused the newcomers
+	// closed at once.
 	fair    bool
-	clients map[string]int
+	groups  map[string]int
 	refused atomic.Uint64
 }
 
@@ -98,32 +99,41 @@ func newConnLimiter(ln net.Listener, max int, headerTimeout time.Duration) *conn
 }
 
 // newAdminLimiter limits the admin listener ln to max connections at
-// once (max <= 0: no bound), fairly between client addresses (an IPv4
-// address, an IPv6 /64): a slowloris on the admin port, from one address
-// or from many, holds at most max descriptors and never keeps a probe from
-// another address out. At the bound a newcomer from client c
+// once (max <= 0: no bound), fairly between clients: a slowloris on the
+// admin port, from one address or from many, holds at most max
+// descriptors and never keeps a probe from another network out.
 //
-//  1. takes the place of the oldest connection not serving a request
-//     (new, reading its header, or idle) of the other client holding the
-//     most connections, if that client holds at least as many as c does,
-//     whatever the grace and header timeout (at least as many, not more:
-//     a probe whose previous connection is still being closed holds one,
-//     as each of a flood's addresses may);
-//  2. otherwise takes the place of one of c's own connections that can be
-//     shed by the rules of connLimiter (a client replacing its own idle
-//     connection);
+// Clients are told apart by nested networks (fairLevels): for IPv4 the
+// /16, the /24 and the address; for IPv6 the /32, the /48 and the /64. At
+// the bound a newcomer
+//
+//  1. takes the place of a connection not serving a request (new, reading
+//     its header, or idle) of another network that holds at least as many
+//     connections as the newcomer's own, at the widest level where they
+//     differ; within that network the victim is in its largest part, down
+//     to the address, the oldest there; this ignores the grace of a new
+//     connection and the header timeout (at least as many, not more: a
+//     probe whose previous connection is still being closed holds one, as
+//     each address of a flood may);
+//  2. otherwise takes the place of one of its own address's connections
+//     that can be shed by the rules of connLimiter (a client replacing its
+//     own idle connection);
 //  3. otherwise is closed at once: it is never held, so the listen backlog
 //     drains at the pace of Accept and a probe behind a flood of
 //     connections is reached at once.
 //
-// So a client can crowd out only clients that hold at least as many
-// connections as itself: a Kubernetes probe or a Prometheus scrape from an address of its
-// own is admitted at once, even with every slot taken by connections that
-// send a byte every few seconds from one address or one each from many.
+// So a network can crowd out only networks that hold at least as many
+// connections: a Kubernetes probe or a Prometheus scrape from a network
+// of its own is admitted at once and never displaced by a flood from
+// elsewhere, whether its connections send a byte every few seconds from
+// one address, come one each from many addresses, or reconnect all the
+// time. Within one /24 (IPv6 /48), addresses share as fairly, but a flood
+// from many addresses of the probe's own /24 can displace the probe's
+// connection before its request is read.
 func newAdminLimiter(ln net.Listener, max int, headerTimeout time.Duration) *connLimiter {
 	l := newConnLimiter(ln, max, headerTimeout)
 	l.fair = true
-	l.clients = map[string]int{}
+	l.groups = map[string]int{}
 	return l
 }
 
@@ -191,18 +201,20 @@ func (l *connLimiter) Accept() (net.Conn, error) {
 // newAdminLimiter.
 func (l *connLimiter) acceptFair(c net.Conn) (net.Conn, error) {
 	for {
-		client := connClient(c.RemoteAddr())
+		path := connClient(c.RemoteAddr())
 		now := time.Now()
 		l.mu.Lock()
 		if l.max <= 0 || l.open < l.max {
 			l.open++
-			l.clients[client]++
-			tc := &trackedConn{Conn: c, l: l, state: http.StateNew, since: now, client: client}
+			for _, k := range path {
+				l.groups[k]++
+			}
+			tc := &trackedConn{Conn: c, l: l, state: http.StateNew, since: now, client: path}
 			l.pushIdle(tc)
 			l.mu.Unlock()
 			return tc, nil
 		}
-		victim := l.displaceable(client, now)
+		victim := l.displaceable(path, now)
 		l.mu.Unlock()
 		if victim != nil {
 			victim.shedNow()
@@ -223,45 +235,97 @@ func (l *connLimiter) acceptFair(c net.Conn) (net.Conn, error) {
 	}
 }
 
-// displaceable returns the connection a newcomer of client may take the
+// displaceable returns the connection a newcomer from path may take the
 // place of (see newAdminLimiter), taken off the idle list; nil if none.
 // l.mu is held.
-func (l *connLimiter) displaceable(client string, now time.Time) *trackedConn {
-	var top *trackedConn
-	for c := l.idleHead; c != nil; c = c.next {
-		if c.client != client && (top == nil || l.clients[c.client] > l.clients[top.client]) {
-			top = c
-		}
-	}
-	if top == nil || l.clients[top.client] < l.clients[client] {
-		top = nil
+func (l *connLimiter) displaceable(path clientPath, now time.Time) *trackedConn {
+	var victim *trackedConn
+	for lvl := 0; lvl < fairLevels && victim == nil; lvl++ {
+		// The largest other network at this level, among the connections
+		// that share the newcomer's wider networks.
+		var top *trackedConn
 		for c := l.idleHead; c != nil; c = c.next {
-			if c.client == client && c.sheddable(now, l.headerTimeout) {
+			if c.client[lvl] == path[lvl] || (lvl > 0 && c.client[lvl-1] != path[lvl-1]) {
+				continue
+			}
+			if top == nil || l.groups[c.client[lvl]] > l.groups[top.client[lvl]] {
 				top = c
+			}
+		}
+		if top != nil && l.groups[top.client[lvl]] >= l.groups[path[lvl]] {
+			victim = l.largestPart(top, lvl)
+		}
+		// Otherwise the newcomer's network holds the most here: fairness
+		// within it decides.
+	}
+	if victim == nil {
+		for c := l.idleHead; c != nil; c = c.next {
+			if c.client == path && c.sheddable(now, l.headerTimeout) {
+				victim = c
 				break
 			}
 		}
 	}
-	if top != nil {
-		l.removeIdle(top)
-		top.shed.Store(true)
+	if victim != nil {
+		l.removeIdle(victim)
+		victim.shed.Store(true)
 	}
-	return top
+	return victim
 }
 
-// connClient returns the client a connection comes from: its IP address,
-// or for IPv6 its /64 (as the proxy's buffer shares count clients).
-func connClient(addr net.Addr) string {
+// largestPart returns, among the idle connections in top's network of
+// level lvl, the oldest of its largest part at each narrower level.
+// l.mu is held.
+func (l *connLimiter) largestPart(top *trackedConn, lvl int) *trackedConn {
+	var cands []*trackedConn
+	for c := l.idleHead; c != nil; c = c.next {
+		if c.client[lvl] == top.client[lvl] {
+			cands = append(cands, c)
+		}
+	}
+	for n := lvl + 1; n < fairLevels; n++ {
+		best := cands[0]
+		for _, c := range cands {
+			if l.groups[c.client[n]] > l.groups[best.client[n]] {
+				best = c
+			}
+		}
+		kept := cands[:0]
+		for _, c := range cands {
+			if c.client[n] == best.client[n] {
+				kept = append(kept, c)
+			}
+		}
+		cands = kept
+	}
+	return cands[0]
+}
+
+// fairLevels is how many nested networks fair admission tells apart.
+const fairLevels = 3
+
+// clientPath names the networks a connection comes from, widest first:
+// for IPv4 its /16, its /24 and its address; for IPv6 its /32, its /48 and
+// its /64 (the block one host is commonly given).
+type clientPath [fairLevels]string
+
+// connClient returns the networks a connection comes from.
+func connClient(addr net.Addr) clientPath {
 	ap, err := netip.ParseAddrPort(addr.String())
 	if err != nil {
-		return addr.String()
+		return clientPath{"?", "?", addr.String()} // not an IP address: one client
 	}
 	a := ap.Addr().Unmap()
+	bits := [fairLevels]int{16, 24, 32}
 	if a.Is6() {
-		p, _ := a.Prefix(64)
-		return p.String()
+		bits = [fairLevels]int{32, 48, 64}
 	}
-	return a.String()
+	var p clientPath
+	for i, b := range bits {
+		pre, _ := a.Prefix(b)
+		p[i] = pre.String()
+	}
+	return p
 }
 
 // sheddable returns the oldest connection that may be closed now, and
@@ -370,8 +434,10 @@ func (l *connLimiter) release(c *trackedConn) {
 	c.released = true
 	l.open--
 	if l.fair {
-		if l.clients[c.client]--; l.clients[c.client] <= 0 {
-			delete(l.clients, c.client)
+		for _, k := range c.client {
+			if l.groups[k]--; l.groups[k] <= 0 {
+				delete(l.groups, k)
+			}
 		}
 	}
 	l.mu.Unlock()
@@ -387,8 +453,8 @@ type trackedConn struct {
 	inIdle     bool
 	released   bool
 	state      http.ConnState
-	since      time.Time // when it entered state
-	client     string    // its client address (fair limiters only)
+	since      time.Time  // when it entered state
+	client     clientPath // the networks it comes from (fair limiters only)
 
 	readAt atomic.Int64 // unix nanoseconds of the first byte read since it went idle; 0: none
 	// hdr counts the lines of an HTTP/1 request's header as it is read,
