@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"net"
+	"net/http"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -233,5 +234,66 @@ func TestOpenFilesLimitBelowTheBounds(t *testing.T) {
 				t.Errorf("warning = %v, want limit %d, needed %d", lines[0], tt.nofile, 2*100+1+256+64+1)
 			}
 		}
+	}
+}
+
+// clientFrom is an HTTP client whose connections come from the loopback
+// address from.
+func clientFrom(from string) *http.Client {
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 10 * time.Second}
+	return &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{DialContext: d.DialContext}}
+}
+
+// TestAdminTokenGuessing: the burst of wrong admin tokens, against
+// the real binary. After a few 401s the guessing address gets 429
+// too-many-auth-failures with Retry-After, its correct token too; another
+// address's correct token is served; the failures are counted and logged
+// at a bounded rate.
+func TestAdminTokenGuessing(t *testing.T) {
+	up := startStub(t)
+	dir := t.TempDir()
+	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), "", chargesRoute),
+		"IDEMPROXY_ADMIN_TOKEN=s3cret-token")
+	guesser := clientFrom("127.0.0.1")
+	statuses := map[int]int{}
+	var last result
+	for i := range 500 {
+		r, _ := doWith(guesser, "GET", p.adminURL("/v1/keys/charges/ORD-1"), "", "Authorization", "Bearer guess-"+strconv.Itoa(i))
+		if r.err != nil {
+			t.Fatalf("guess %d: %v", i, r.err)
+		}
+		statuses[r.status]++
+		last = r
+	}
+	if statuses[401] < 3 || statuses[401] > 10 || statuses[429] != 500-statuses[401] {
+		t.Errorf("500 wrong tokens answered %v, want a few 401 and the rest 429", statuses)
+	}
+	if last.status != 429 || problemType(last) != "too-many-auth-failures" {
+		t.Errorf("the last guess = %d %s, want 429 too-many-auth-failures", last.status, last.body)
+	}
+	if ra, err := strconv.Atoi(last.header.Get("Retry-After")); err != nil || ra < 1 || ra > 60 {
+		t.Errorf("Retry-After = %q, want 1 to 60 seconds", last.header.Get("Retry-After"))
+	}
+	if r, _ := doWith(guesser, "GET", p.adminURL("/v1/keys/charges/ORD-1"), "", "Authorization", "Bearer s3cret-token"); r.status != 429 {
+		t.Errorf("the correct token from the guessing address = %d %s, want 429 (no oracle)", r.status, r.body)
+	}
+	if r, _ := doWith(clientFrom("127.0.0.2"), "GET", p.adminURL("/v1/keys/charges/ORD-1"), "", "Authorization", "Bearer s3cret-token"); r.status != 404 || problemType(r) != "no-record" {
+		t.Errorf("the correct token from another address = %d %s, want 404 no-record", r.status, r.body)
+	}
+	_, scrape, err := getFrom(t, "127.0.0.3", p.admin, "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := metricValue(scrape, "idemproxy_admin_auth_failures_total"); v != strconv.Itoa(statuses[401]) {
+		t.Errorf("idemproxy_admin_auth_failures_total = %q, want %d", v, statuses[401])
+	}
+	if v, _ := metricValue(scrape, "idemproxy_admin_auth_throttled_total"); v != strconv.Itoa(statuses[429]+1) {
+		t.Errorf("idemproxy_admin_auth_throttled_total = %q, want %d", v, statuses[429]+1)
+	}
+	if n := len(p.log.logLines("admin authentication failed")); n < 1 || n > statuses[401] {
+		t.Errorf("%d log lines of failed authentications, want 1 to %d", n, statuses[401])
+	}
+	if strings.Contains(p.log.String(), "guess-") {
+		t.Errorf("the log holds a guessed token")
 	}
 }

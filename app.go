@@ -100,7 +100,7 @@ func registerProbeMetrics(reg prometheus.Registerer, p *store.WriteProbe) {
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "idemproxy_store_writable",
-			Help: "1 when the last write probe of the store (a reserve and release of a key of its own, every 2 s) succeeded; 0 when it failed or stalls: /readyz is 503 then.",
+			Help: "1 when the store takes writes: the last write probe (a reserve and release of a key of its own, every 2 s) or real reservation since succeeded; 0 when it failed or a probe stalls: /readyz is 503 then.",
 		}, func() float64 {
 			if p.Err() != nil {
 				return 0
@@ -183,8 +183,11 @@ func (a *app) serve(ctx context.Context) error {
 		cancel()
 		a.settler.Close(now)
 	}()
+	// The write probe's verdict is /readyz's; the proxy's reservations
+	// report to it between probes.
+	probe := store.NewWriteProbe(st, store.ProbeOptions{})
 	a.p, err = proxy.New(cfg, proxy.Options{
-		Store: st, StoreName: storeName, Logger: log, AccessLog: a.access, Metrics: proxy.NewMetrics(reg),
+		Store: probe.Observe(st), StoreName: storeName, Logger: log, AccessLog: a.access, Metrics: proxy.NewMetrics(reg),
 		Settler: a.settler,
 	})
 	if err != nil {
@@ -195,7 +198,6 @@ func (a *app) serve(ctx context.Context) error {
 		return err
 	}
 	defer stopReconciler() // before the store closes
-	probe := store.NewWriteProbe(st, store.ProbeOptions{})
 	registerProbeMetrics(reg, probe)
 	probeCtx, stopProbe := context.WithCancel(context.Background())
 	probeDone := make(chan struct{})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -128,8 +129,52 @@ func (p *WriteProbe) write(ctx context.Context) error {
 	return nil
 }
 
-// Err returns the verdict: nil when the last probe wrote, its error when
-// it failed, an error when the running probe has taken longer than
+// Observe returns s with the outcomes of its reservations reported to p:
+// a reservation that fails (other than by its caller's cancellation) makes
+// the verdict that failure at once, and one that succeeds makes it ready,
+// until the next probe says otherwise. So the verdict follows the real
+// traffic between probes. A ReconcileStore stays one.
+func (p *WriteProbe) Observe(s Store) Store {
+	o := observed{Store: s, p: p}
+	if rs, ok := s.(ReconcileStore); ok {
+		return observedReconcile{o, rs}
+	}
+	return o
+}
+
+// observed is a Store whose reservations' outcomes go to its probe.
+type observed struct {
+	Store
+	p *WriteProbe
+}
+
+func (o observed) Reserve(ctx context.Context, key string, res Reservation) (*Record, error) {
+	rec, err := o.Store.Reserve(ctx, key, res)
+	if err == nil || !errors.Is(err, context.Canceled) {
+		o.p.observe(err)
+	}
+	return rec, err
+}
+
+type observedReconcile struct {
+	observed
+	ReconcileStore
+}
+
+// observe sets the verdict to the outcome of a real reservation.
+func (p *WriteProbe) observe(err error) {
+	if err != nil {
+		err = fmt.Errorf("writes fail: a reservation failed: %w", err)
+	}
+	p.mu.Lock()
+	if p.done || err != nil {
+		p.err, p.done = err, true
+	}
+	p.mu.Unlock()
+}
+
+// Err returns the verdict: nil when the last probe (or real reservation,
+// see Observe) wrote, its error when it failed, an error when the running probe has taken longer than
 // Timeout (a store that ignores its deadline), and nil before the first
 // probe has ended.
 func (p *WriteProbe) Err() error {
