@@ -162,6 +162,8 @@ func TestAdminFloodDoesNotStarveCharges(t *testing.T) {
 				t.Errorf("the proxy holds %d sockets with %d admin connections attempted, want far below its limit %d",
 					n, f.conns, adminFloodLimit)
 			}
+			var slowest time.Duration
+			defer func() { t.Logf("slowest probe answer during the flood: %v; proxy sockets: %d", slowest, socketsOf(pid)) }()
 			for i := range 5 {
 				time.Sleep(time.Second) // the trickles and the churn go on meanwhile
 				if r := charge(p, "ORD-FLOOD-"+strconv.Itoa(i+1)); r.status != 201 {
@@ -173,7 +175,9 @@ func TestAdminFloodDoesNotStarveCharges(t *testing.T) {
 					st, _, err := getFrom(t, from, p.admin, path)
 					// A Kubernetes probe waits timeoutSeconds (default 1,
 					// 2 in deploy/kubernetes): generous for a loaded machine.
-					if took := time.Since(start); err != nil || st != 200 || took > 10*time.Second {
+					took := time.Since(start)
+					slowest = max(slowest, took)
+					if err != nil || st != 200 || took > 10*time.Second {
 						t.Errorf("%s from %s during the flood = %d %v after %v, want 200 at once", path, from, st, err, took)
 					}
 				}
