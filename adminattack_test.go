@@ -163,7 +163,9 @@ func TestAdminFloodDoesNotStarveCharges(t *testing.T) {
 					n, f.conns, adminFloodLimit)
 			}
 			var slowest time.Duration
-			defer func() { t.Logf("slowest probe answer during the flood: %v; proxy sockets: %d", slowest, socketsOf(pid)) }()
+			defer func() {
+				t.Logf("slowest probe answer during the flood: %v; proxy sockets: %d", slowest, socketsOf(pid))
+			}()
 			for i := range 5 {
 				time.Sleep(time.Second) // the trickles and the churn go on meanwhile
 				if r := charge(p, "ORD-FLOOD-"+strconv.Itoa(i+1)); r.status != 201 {
