@@ -95,6 +95,26 @@ func registerBadgerMetrics(reg prometheus.Registerer, s *badger.Guard) {
 	)
 }
 
+// registerProbeMetrics exports the verdict of the store's write probe,
+// which /readyz reads.
+func registerProbeMetrics(reg prometheus.Registerer, p *store.WriteProbe) {
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "idemproxy_store_writable",
+			Help: "1 when the store takes writes: the last write probe (a reserve and release of a key of its own, every 2 s) or real reservation since succeeded; 0 when it failed or a probe stalls: /readyz is 503 then.",
+		}, func() float64 {
+			if p.Err() != nil {
+				return 0
+			}
+			return 1
+		}),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "idemproxy_store_write_probe_failures_total",
+			Help: "Write probes of the store that failed or timed out (2 s).",
+		}, func() float64 { return float64(p.Failures()) }),
+	)
+}
+
 // redisLogger sends go-redis' internal log to slog at debug level.
 type redisLogger struct{ log *slog.Logger }
 
@@ -138,7 +158,8 @@ func (a *app) registerMetrics(reg prometheus.Registerer) {
 func (a *app) serve(ctx context.Context) error {
 	cfg, log := a.cfg, a.log
 	log.Info("idemproxy starting", a.startAttrs()...)
-	raiseOpenFiles(log)
+	nofile, nofileKnown := raiseOpenFiles(log)
+	checkDescriptors(log, cfg, nofile, nofileKnown)
 	// From the start: an unhandled SIGHUP would kill the process.
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -149,12 +170,12 @@ func (a *app) serve(ctx context.Context) error {
 	// the store's own (a Badger commit whose batch failed): shutdown waits
 	// for them up to its deadline, before the store closes.
 	a.settler = settle.New(log)
-	store, storeName, err := a.openStore(reg)
+	st, storeName, err := a.openStore(reg)
 	if err != nil {
 		return fmt.Errorf("open store: %w", err)
 	}
 	defer func() {
-		if err := store.Close(); err != nil {
+		if err := st.Close(); err != nil {
 			log.Error("close store", "err", err)
 		}
 	}()
@@ -163,18 +184,26 @@ func (a *app) serve(ctx context.Context) error {
 		cancel()
 		a.settler.Close(now)
 	}()
+	// The write probe's verdict is /readyz's; the proxy's reservations
+	// report to it between probes.
+	probe := store.NewWriteProbe(st, store.ProbeOptions{})
 	a.p, err = proxy.New(cfg, proxy.Options{
-		Store: store, StoreName: storeName, Logger: log, AccessLog: a.access, Metrics: proxy.NewMetrics(reg),
+		Store: probe.Observe(st), StoreName: storeName, Logger: log, AccessLog: a.access, Metrics: proxy.NewMetrics(reg),
 		Settler: a.settler,
 	})
 	if err != nil {
 		return err
 	}
-	reconciler, stopReconciler, err := a.startReconciler(store)
+	reconciler, stopReconciler, err := a.startReconciler(st)
 	if err != nil {
 		return err
 	}
 	defer stopReconciler() // before the store closes
+	registerProbeMetrics(reg, probe)
+	probeCtx, stopProbe := context.WithCancel(context.Background())
+	probeDone := make(chan struct{})
+	go func() { defer close(probeDone); probe.Run(probeCtx) }()
+	defer func() { stopProbe(); <-probeDone }() // before the store closes
 
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
@@ -209,17 +238,26 @@ func (a *app) serve(ctx context.Context) error {
 			log.Warn("the key API is disabled: " + cfg.Admin.TokenEnv + " is not set")
 		}
 		adm = admin.NewHandler(admin.Options{
-			Store: a.p.Store(), Lister: store, Routes: a, Gatherer: reg, Token: token, TokenEnv: cfg.Admin.TokenEnv,
+			Store: a.p.Store(), Lister: st, Routes: a, Gatherer: reg, Token: token, TokenEnv: cfg.Admin.TokenEnv,
 			Reload: a.reload, StoreOptional: a.storeOptional, Logger: log, Reconciler: reconciler,
 			Pprof: cfg.Admin.Pprof, ReadyChecks: []func() error{conns.Saturated, a.p.BuffersSaturated},
+			StoreProbe: probe, Registerer: reg,
 		})
-		aln, err := net.Listen("tcp", cfg.Admin.Listen)
+		raw, err := net.Listen("tcp", cfg.Admin.Listen)
 		if err != nil {
 			srv.Close()
 			return fmt.Errorf("admin listen: %w", err)
 		}
-		admSrv = &http.Server{Handler: adm, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
-			WriteTimeout: 30 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+		// The admin listener is bounded apart from the main one
+		// (admin.max_connections, fair between client addresses), with
+		// short timeouts of its own: nothing on the admin port can take
+		// the descriptors the charge path needs, or keep a probe out.
+		aln := newAdminLimiter(raw, cfg.Admin.MaxConnections, adminReadHeaderTimeout)
+		registerAdminConnMetrics(reg, aln)
+		admSrv = &http.Server{Handler: aln.guard(adm), ReadHeaderTimeout: adminReadHeaderTimeout, ReadTimeout: adminReadTimeout,
+			WriteTimeout: adminWriteTimeout, IdleTimeout: adminIdleTimeout, MaxHeaderBytes: adminMaxHeaderBytes,
+			ConnState: aln.ConnState, ConnContext: aln.ConnContext,
+			ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 		go func() { errc <- admSrv.Serve(aln) }()
 		log.Info("admin listening", "addr", aln.Addr().String())
 	}

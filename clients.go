@@ -5,8 +5,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/idemproxy/idemproxy/proxy"
 )
 
 // resetWindow is how many seconds of server.max_client_resets_per_second
@@ -284,6 +282,3 @@ func (t *clientTable) size() int {
 	defer t.mu.Unlock()
 	return len(t.clients)
 }
-
-// clientOf is the client a connection's remote address belongs to.
-func clientOf(addr string) string { return proxy.ClientOf(addr) }

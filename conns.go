@@ -3,6 +3,7 @@ package main
 import (
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -89,6 +90,41 @@ func withoutH2CUpgrade(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// The admin listener's own timeouts. Its requests are small and its
+// clients (probes, scrapes, operators) send them at once; an idle
+// keep-alive connection (a Prometheus scrape's between scrapes) may stay,
+// and is the first to go when connections run short.
+const (
+	adminReadHeaderTimeout = 5 * time.Second
+	adminReadTimeout       = 10 * time.Second
+	adminWriteTimeout      = 30 * time.Second
+	adminIdleTimeout       = 2 * time.Minute
+	adminMaxHeaderBytes    = 16 << 10
+)
+
+// registerAdminConnMetrics exports the admin listener's connections and
+// what its bound (admin.max_connections) did to them.
+func registerAdminConnMetrics(reg prometheus.Registerer, l *connLimiter) {
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "idemproxy_admin_connections_open",
+			Help: "Connections open on the admin listener.",
+		}, func() float64 { a, i := l.Counts(); return float64(a + i) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "idemproxy_admin_connections_max",
+			Help: "The bound on the admin listener's connections open at once (admin.max_connections).",
+		}, func() float64 { return float64(l.max) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "idemproxy_admin_connections_shed_total",
+			Help: "Admin connections not serving a request closed at admin.max_connections to admit a client holding fewer connections, or the same client's newer one.",
+		}, func() float64 { return float64(l.shed.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "idemproxy_admin_connections_refused_total",
+			Help: "New admin connections closed at once at admin.max_connections: their client address already held as many as any other.",
+		}, func() float64 { return float64(l.refused.Load()) }),
+	)
 }
 
 // registerConnMetrics exports the client connections' state and what the

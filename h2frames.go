@@ -3,6 +3,8 @@ package main
 import (
 	"errors"
 	"net"
+
+	"github.com/idemproxy/idemproxy/proxy"
 )
 
 // Bounds on runs of HTTP/2 CONTINUATION frames. A header block is one
@@ -104,7 +106,7 @@ var errContinuationFlood = errors.New("http2: a run of CONTINUATION frames addin
 func (c *trackedConn) refuseContinuations() error {
 	c.l.emptyContinuations.Add(1)
 	c.l.log.Warn("HTTP/2 connection closed: a run of CONTINUATION frames adding no header bytes",
-		"client", clientOf(c.RemoteAddr().String()), "max_empty", maxEmptyContinuations, "max_frames", maxContinuations)
+		"client", proxy.ClientOf(c.RemoteAddr().String()), "max_empty", maxEmptyContinuations, "max_frames", maxContinuations)
 	c.Close()
 	return &net.OpError{Op: "read", Net: "tcp", Err: errContinuationFlood}
 }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -88,6 +89,13 @@ type connLimiter struct {
 	log     *slog.Logger // refusals, through the process's rate-limited handler
 
 	emptyContinuations atomic.Uint64 // connections closed for a run of empty CONTINUATION frames
+	// fair makes admission at the bound fair between clients (the admin
+	// listener's; see newAdminLimiter): groups counts the open
+	// connections of each network of each level, refused the newcomers
+	// closed at once.
+	fair    bool
+	groups  map[string]int
+	refused atomic.Uint64
 }
 
 // newConnLimiter limits ln to max connections at once (max <= 0: no
@@ -112,6 +120,45 @@ func (l *connLimiter) setClientLimits(s config.Server) {
 	l.clients.resetRate.Store(int64(s.MaxClientResetsPerSecond))
 }
 
+// newAdminLimiter limits the admin listener ln to max connections at
+// once (max <= 0: no bound), fairly between clients: a slowloris on the
+// admin port, from one address or from many, holds at most max
+// descriptors and never keeps a probe from another network out.
+//
+// Clients are told apart by nested networks (fairLevels): for IPv4 the
+// /16, the /24 and the address; for IPv6 the /32, the /48 and the /64. At
+// the bound a newcomer
+//
+//  1. takes the place of a connection not serving a request (new, reading
+//     its header, or idle) of another network that holds at least as many
+//     connections as the newcomer's own, at the widest level where they
+//     differ; within that network the victim is in its largest part, down
+//     to the address, the oldest there; this ignores the grace of a new
+//     connection and the header timeout (at least as many, not more: a
+//     probe whose previous connection is still being closed holds one, as
+//     each address of a flood may);
+//  2. otherwise takes the place of one of its own address's connections
+//     that can be shed by the rules of connLimiter (a client replacing its
+//     own idle connection);
+//  3. otherwise is closed at once: it is never held, so the listen backlog
+//     drains at the pace of Accept and a probe behind a flood of
+//     connections is reached at once.
+//
+// So a network can crowd out only networks that hold at least as many
+// connections: a Kubernetes probe or a Prometheus scrape from a network
+// of its own is admitted at once and never displaced by a flood from
+// elsewhere, whether its connections send a byte every few seconds from
+// one address, come one each from many addresses, or reconnect all the
+// time. Within one /24 (IPv6 /48), addresses share as fairly, but a flood
+// from many addresses of the probe's own /24 can displace the probe's
+// connection before its request is read.
+func newAdminLimiter(ln net.Listener, max int, headerTimeout time.Duration) *connLimiter {
+	l := newConnLimiter(ln, max, headerTimeout)
+	l.fair = true
+	l.groups = map[string]int{}
+	return l
+}
+
 func (l *connLimiter) Close() error {
 	l.once.Do(func() { close(l.closed) })
 	return l.Listener.Close()
@@ -133,7 +180,11 @@ func (l *connLimiter) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		client := clientOf(c.RemoteAddr().String())
+		if l.fair {
+			// The admin listener: fair between networks, and no HTTP/2.
+			return l.acceptFair(c)
+		}
+		client := proxy.ClientOf(c.RemoteAddr().String())
 		if l.clients.refusing(client) {
 			l.clients.countRefused(refusedResets)
 			c.Close()
@@ -191,6 +242,137 @@ func (l *connLimiter) admit(c net.Conn) (*trackedConn, error) {
 			return nil, net.ErrClosed
 		}
 	}
+}
+
+// acceptFair admits c, or the next connection, by the rules of
+// newAdminLimiter.
+func (l *connLimiter) acceptFair(c net.Conn) (net.Conn, error) {
+	for {
+		path := connClient(c.RemoteAddr())
+		now := time.Now()
+		l.mu.Lock()
+		if l.max <= 0 || l.open < l.max {
+			l.open++
+			for _, k := range path {
+				l.groups[k]++
+			}
+			tc := &trackedConn{Conn: c, l: l, state: http.StateNew, since: now, networks: path}
+			l.pushIdle(tc)
+			l.mu.Unlock()
+			return tc, nil
+		}
+		victim := l.displaceable(path, now)
+		l.mu.Unlock()
+		if victim != nil {
+			victim.shedNow()
+			l.shed.Add(1)
+			continue
+		}
+		l.refused.Add(1)
+		c.Close()
+		select {
+		case <-l.closed:
+			return nil, net.ErrClosed
+		default:
+		}
+		var err error
+		if c, err = l.Listener.Accept(); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// displaceable returns the connection a newcomer from path may take the
+// place of (see newAdminLimiter), taken off the idle list; nil if none.
+// l.mu is held.
+func (l *connLimiter) displaceable(path clientPath, now time.Time) *trackedConn {
+	var victim *trackedConn
+	for lvl := 0; lvl < fairLevels && victim == nil; lvl++ {
+		// The largest other network at this level, among the connections
+		// that share the newcomer's wider networks.
+		var top *trackedConn
+		for c := l.idleHead; c != nil; c = c.next {
+			if c.networks[lvl] == path[lvl] || (lvl > 0 && c.networks[lvl-1] != path[lvl-1]) {
+				continue
+			}
+			if top == nil || l.groups[c.networks[lvl]] > l.groups[top.networks[lvl]] {
+				top = c
+			}
+		}
+		if top != nil && l.groups[top.networks[lvl]] >= l.groups[path[lvl]] {
+			victim = l.largestPart(top, lvl)
+		}
+		// Otherwise the newcomer's network holds the most here: fairness
+		// within it decides.
+	}
+	if victim == nil {
+		for c := l.idleHead; c != nil; c = c.next {
+			if c.networks == path && c.sheddable(now, l.headerTimeout) {
+				victim = c
+				break
+			}
+		}
+	}
+	if victim != nil {
+		l.removeIdle(victim)
+		victim.shed.Store(true)
+	}
+	return victim
+}
+
+// largestPart returns, among the idle connections in top's network of
+// level lvl, the oldest of its largest part at each narrower level.
+// l.mu is held.
+func (l *connLimiter) largestPart(top *trackedConn, lvl int) *trackedConn {
+	var cands []*trackedConn
+	for c := l.idleHead; c != nil; c = c.next {
+		if c.networks[lvl] == top.networks[lvl] {
+			cands = append(cands, c)
+		}
+	}
+	for n := lvl + 1; n < fairLevels; n++ {
+		best := cands[0]
+		for _, c := range cands {
+			if l.groups[c.networks[n]] > l.groups[best.networks[n]] {
+				best = c
+			}
+		}
+		kept := cands[:0]
+		for _, c := range cands {
+			if c.networks[n] == best.networks[n] {
+				kept = append(kept, c)
+			}
+		}
+		cands = kept
+	}
+	return cands[0]
+}
+
+// fairLevels is how many nested networks fair admission tells apart.
+const fairLevels = 3
+
+// clientPath names the networks a connection comes from, widest first:
+// for IPv4 its /16, its /24 and its address; for IPv6 its /32, its /48 and
+// its /64 (the block one host is commonly given).
+type clientPath [fairLevels]string
+
+// connClient returns the networks a connection comes from.
+func connClient(addr net.Addr) clientPath {
+	ap, err := netip.ParseAddrPort(addr.String())
+	if err != nil {
+		return clientPath{"?", "?", addr.String()} // not an IP address: one client
+	}
+	a := ap.Addr().Unmap()
+	bits := [fairLevels]int{16, 24, 32}
+	if a.Is6() {
+		bits = [fairLevels]int{32, 48, 64}
+	}
+	var p clientPath
+	for i, b := range bits {
+		pre, _ := a.Prefix(b)
+		p[i] = pre.String()
+	}
+	return p
 }
 
 // sheddable returns the oldest connection that may be closed now, and
@@ -299,6 +481,13 @@ func (l *connLimiter) release(c *trackedConn) {
 	l.removeIdle(c)
 	c.released = true
 	l.open--
+	if l.fair {
+		for _, k := range c.networks {
+			if l.groups[k]--; l.groups[k] <= 0 {
+				delete(l.groups, k)
+			}
+		}
+	}
 	l.mu.Unlock()
 	l.signal()
 }
@@ -312,7 +501,8 @@ type trackedConn struct {
 	inIdle     bool
 	released   bool
 	state      http.ConnState
-	since      time.Time // when it entered state
+	since      time.Time  // when it entered state
+	networks   clientPath // the networks it comes from (fair limiters only)
 
 	readAt atomic.Int64 // unix nanoseconds of the first byte read since it went idle; 0: none
 	// hdr counts the lines of an HTTP/1 request's header as it is read,

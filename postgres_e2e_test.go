@@ -16,6 +16,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/idemproxy/idemproxy/internal/pgtest"
 	"github.com/idemproxy/idemproxy/store/postgres"
@@ -472,5 +473,51 @@ func TestPostgresFailoverToSynchronousStandby(t *testing.T) {
 		if got := chargeCount(t, up.URL, order); got != want {
 			t.Errorf("%s charges = %d, want %d", order, got, want)
 		}
+	}
+}
+
+// TestReadyzPostgresSynchronousStandbyMissing: a primary whose synchronous
+// standby is gone answers pings, but no commit is acknowledged: /readyz
+// turns 503 with the reason within a few seconds, answering at once, and
+// ready again when the standby is no longer required.
+func TestReadyzPostgresSynchronousStandbyMissing(t *testing.T) {
+	pg := pgtest.Start(t)
+	up := startStub(t)
+	dir := t.TempDir()
+	p := startPostgresProxy(t, writePostgresConfig(t, filepath.Join(dir, "c.yaml"), up.URL, chargesRoute), pg)
+	eventually(t, "ready", func() bool { return do("GET", p.adminURL("/readyz"), "").status == 200 })
+
+	setStandbys := func(names string) {
+		t.Helper()
+		pg.MustExec("ALTER SYSTEM SET synchronous_standby_names = '" + names + "'")
+		pg.MustExec("SELECT pg_reload_conf()")
+	}
+	setStandbys("standby_that_is_gone")
+	t.Cleanup(func() { pg.Exec("ALTER SYSTEM RESET synchronous_standby_names"); pg.Exec("SELECT pg_reload_conf()") })
+	gone := time.Now()
+	var r result
+	eventually(t, "/readyz 503 while the synchronous standby is missing", func() bool {
+		start := time.Now()
+		r = do("GET", p.adminURL("/readyz"), "")
+		if took := time.Since(start); took > 5*time.Second {
+			t.Errorf("/readyz took %v, want an answer at once", took)
+		}
+		return r.status == 503
+	})
+	t.Logf("/readyz 503 after %v: %s", time.Since(gone).Round(time.Millisecond), r.body)
+	if !strings.Contains(r.body, "store unavailable: writes") {
+		t.Errorf("/readyz = %q, want the reason (writes fail or stall)", r.body)
+	}
+	if n := metricSum(t, p, "idemproxy_store_writable"); n != 0 {
+		t.Errorf("idemproxy_store_writable = %v, want 0", n)
+	}
+	if got := charge(p, "ORD-NOT-READY"); got.status != 503 {
+		t.Errorf("a charge while not ready = %d %s, want 503 (the readiness was the truth)", got.status, got.body)
+	}
+
+	setStandbys("")
+	eventually(t, "ready once no standby is required", func() bool { return do("GET", p.adminURL("/readyz"), "").status == 200 })
+	if got := charge(p, "ORD-READY"); got.status != 201 {
+		t.Errorf("a charge once ready = %d %s, want 201", got.status, got.body)
 	}
 }

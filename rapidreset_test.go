@@ -2,17 +2,14 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -219,11 +216,11 @@ func TestRapidResetDoesNotLockOutOtherClients(t *testing.T) {
 			defer wg.Wait()
 			defer cancel()
 			time.Sleep(2 * time.Second) // the attack under way
-			cpu0 := procCPU(t, p)
+			cpu0 := procCPU(p.cmd.Process.Pid)
 			t0 := time.Now()
 			l1 := probe(t, p, "h1", h1, 5, 1)
 			l2 := probe(t, p, "h2", h2, 5, 2)
-			cpu := (procCPU(t, p) - cpu0).Seconds() / time.Since(t0).Seconds()
+			cpu := (procCPU(p.cmd.Process.Pid) - cpu0).Seconds() / time.Since(t0).Seconds()
 			t.Logf("attack: %d streams opened and reset (written) on %d connections; proxy CPU during the probes %.0f%% of a core", a.streams.Load(), a.conns.Load(), cpu*100)
 			t.Logf("HTTP/1.1 probe latencies: %s", summary(l1))
 			t.Logf("HTTP/2 probe latencies: %s", summary(l2))
@@ -237,19 +234,4 @@ func TestRapidResetDoesNotLockOutOtherClients(t *testing.T) {
 				scrapeValue(t, p, "idemproxy_http2_streams_refused_total"))
 		})
 	}
-}
-
-// procCPU returns the CPU time (user and system) process p has used, from
-// /proc/PID/stat (clock ticks of 1/100 s on Linux).
-func procCPU(t *testing.T, p *proc) time.Duration {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Fields after the command name, which is in parentheses.
-	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
-	utime, _ := strconv.Atoi(f[11])
-	stime, _ := strconv.Atoi(f[12])
-	return time.Duration(utime+stime) * 10 * time.Millisecond
 }

@@ -12,8 +12,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/idemproxy/idemproxy/admin"
 	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/badger"
 	"github.com/idemproxy/idemproxy/store/postgres"
 )
@@ -66,6 +68,9 @@ func registeredMetrics(t *testing.T) map[string][]string {
 	registerBadgerMetrics(rec, st)
 	postgres.RegisterMetrics(rec, nil) // the names; the values need a database
 	registerConnMetrics(rec, newConnLimiter(nil, 1, 0))
+	registerAdminConnMetrics(rec, newAdminLimiter(nil, 1, 0))
+	registerProbeMetrics(rec, store.NewWriteProbe(st, store.ProbeOptions{}))
+	admin.NewHandler(admin.Options{Store: st, Registerer: rec})
 	return rec.labels
 }
 

@@ -87,6 +87,24 @@ type Options struct {
 	// error as the reason, whether or not the store is optional. Nil or
 	// empty adds none.
 	ReadyChecks []func() error
+	// StoreProbe is a background write probe of the store
+	// (store.WriteProbe). Once its first probe has ended, /readyz reads
+	// its verdict instead of pinging the store: it never waits on a
+	// stalled store, and a store that answers pings but refuses or
+	// stalls writes is not ready. Nil, and before the first probe has
+	// ended: /readyz pings the store, waiting at most 2 seconds.
+	StoreProbe Prober
+	// Registerer receives the admin API's own metrics (failed
+	// authentications); nil registers none.
+	Registerer prometheus.Registerer
+}
+
+// Prober is the verdict of a background probe.
+type Prober interface {
+	// Ready reports whether a probe has ended.
+	Ready() bool
+	// Err returns the last verdict: nil for ready.
+	Err() error
 }
 
 // Handler is the admin listener's http.Handler.
@@ -95,6 +113,10 @@ type Handler struct {
 	opts     Options
 	token    [sha256.Size]byte
 	stopping atomic.Bool
+
+	limiter      *authLimiter
+	authFailures prometheus.Counter
+	throttled    prometheus.Counter
 }
 
 // NewHandler returns the admin handler.
@@ -105,7 +127,19 @@ func NewHandler(opts Options) *Handler {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
-	h := &Handler{mux: http.NewServeMux(), opts: opts, token: sha256.Sum256([]byte(opts.Token))}
+	h := &Handler{mux: http.NewServeMux(), opts: opts, token: sha256.Sum256([]byte(opts.Token)), limiter: newAuthLimiter(),
+		authFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemproxy_admin_auth_failures_total",
+			Help: "Admin API requests refused 401 for a missing or wrong bearer token.",
+		}),
+		throttled: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemproxy_admin_auth_throttled_total",
+			Help: "Admin API requests refused 429 because their client address failed to authenticate too often.",
+		}),
+	}
+	if opts.Registerer != nil {
+		opts.Registerer.MustRegister(h.authFailures, h.throttled)
+	}
 	h.mux.Handle("GET /metrics", promhttp.HandlerFor(opts.Gatherer, promhttp.HandlerOpts{EnableOpenMetrics: true}))
 	h.mux.HandleFunc("GET /livez", func(w http.ResponseWriter, r *http.Request) { writeText(w, http.StatusOK, "ok") })
 	h.mux.HandleFunc("GET /readyz", h.readyz)
@@ -173,9 +207,15 @@ func (h *Handler) readyz(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-	defer cancel()
-	if err := h.opts.Store.Ping(ctx); err != nil {
+	var err error
+	if p := h.opts.StoreProbe; p != nil && p.Ready() {
+		err = p.Err()
+	} else {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		err = h.opts.Store.Ping(ctx)
+	}
+	if err != nil {
 		if h.opts.StoreOptional != nil && h.opts.StoreOptional() {
 			writeText(w, http.StatusOK, "ready (store unavailable, every route fails open): "+err.Error())
 			return
@@ -199,10 +239,24 @@ func (h *Handler) reload(w http.ResponseWriter, r *http.Request) {
 }
 
 // auth guards the key API and reload: 403 when no token is configured, 401 for a
-// missing or wrong token (compared in constant time). The scheme name is
-// case-insensitive (RFC 9110, section 11.1).
+// missing or wrong token (compared in constant time: both are hashed and
+// the hashes compared with subtle.ConstantTimeCompare), 429 with
+// Retry-After for a client address that failed too often (authLimiter),
+// whatever its token. The scheme name is case-insensitive (RFC 9110,
+// section 11.1).
 func (h *Handler) auth(next http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		client := proxy.ClientOf(r.RemoteAddr)
+		if h.opts.Token != "" {
+			if wait := h.limiter.wait(client, time.Now()); wait > 0 {
+				h.throttled.Inc()
+				secs := int((wait + time.Second - 1) / time.Second)
+				w.Header().Set("Retry-After", strconv.Itoa(secs))
+				writeProblem(w, r, probAuthThrottled, "too many failed authentications from this address: retry in "+
+					strconv.Itoa(secs)+" s; until then every request that needs the token is refused, a correct one included", nil)
+				return
+			}
+		}
 		if h.opts.Token == "" {
 			detail := "the key API is disabled: no admin token is configured"
 			if h.opts.TokenEnv != "" {
@@ -215,10 +269,16 @@ func (h *Handler) auth(next http.HandlerFunc) http.Handler {
 		got := r.Header.Get("Authorization")
 		sum := sha256.Sum256([]byte(got[min(len(got), len(prefix)):]))
 		if len(got) < len(prefix) || !strings.EqualFold(got[:len(prefix)], prefix) || subtle.ConstantTimeCompare(sum[:], h.token[:]) != 1 {
+			h.authFailures.Inc()
+			penalty := h.limiter.fail(client, time.Now())
+			// The endpoint's pattern, not the path: a path can hold a key.
+			h.opts.Logger.Warn("admin authentication failed", "remote_addr", r.RemoteAddr, "endpoint", r.Pattern,
+				"token_sent", got != "", "throttled", penalty)
 			w.Header().Set("WWW-Authenticate", `Bearer realm="idemproxy admin"`)
 			writeProblem(w, r, probUnauthorized, "a valid bearer token is required", nil)
 			return
 		}
+		h.limiter.succeed(client)
 		next(w, r)
 	})
 }

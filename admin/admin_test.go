@@ -587,13 +587,16 @@ func TestReleaseAuditLog(t *testing.T) {
 	sk := store.Key("refunds", rawScope, rawKey)
 	seed(t, st, sk, seedInDoubt)
 
-	// Refused and failed requests write no audit line.
+	// Refused and failed requests write no audit line; the wrong token
+	// writes its own warning, without the key.
 	serve(t, h, http.MethodDelete, "/v1/keys/refunds/"+url.PathEscape(rawKey)+"?scope="+rawScope, "Bearer wrong", nil)
 	serve(t, h, http.MethodDelete, "/v1/keys/refunds/missing?scope="+rawScope, bearer, nil)
 	serve(t, h, http.MethodGet, "/v1/keys/refunds/"+url.PathEscape(rawKey)+"?scope="+rawScope, bearer, nil)
-	if logs.Len() != 0 {
-		t.Fatalf("log before any release:\n%s", logs.String())
+	failed := logs.String()
+	if l := strings.Split(strings.TrimSpace(failed), "\n"); len(l) != 1 || !strings.Contains(l[0], `"msg":"admin authentication failed"`) {
+		t.Fatalf("log before any release, want only the failed authentication:\n%s", failed)
 	}
+	logs.Reset()
 
 	req := httptest.NewRequest(http.MethodDelete,
 		"/v1/keys/refunds/"+url.PathEscape(rawKey)+"?scope="+rawScope+"&reason="+url.QueryEscape("INC-42 reprocess"), nil)
@@ -639,8 +642,8 @@ func TestReleaseAuditLog(t *testing.T) {
 		t.Errorf("log at = %v, want between %v and %v", got, before, after)
 	}
 	for _, secret := range []string{"RAW-KEY", url.PathEscape(rawKey), "RAW-SCOPE", testToken} {
-		if strings.Contains(logs.String(), secret) {
-			t.Errorf("audit log contains %q:\n%s", secret, logs.String())
+		if strings.Contains(failed+logs.String(), secret) {
+			t.Errorf("audit log contains %q:\n%s%s", secret, failed, logs.String())
 		}
 	}
 }
@@ -1036,5 +1039,55 @@ func TestUnmatchedRequests(t *testing.T) {
 	rec := serve(t, h, http.MethodGet, "/x/../nope", "", nil)
 	if rec.Code != http.StatusTemporaryRedirect || rec.Header().Get("Location") != "/nope" {
 		t.Errorf("GET /x/../nope = %d, Location %q; want 307 to /nope", rec.Code, rec.Header().Get("Location"))
+	}
+}
+
+// TestReadyzReadsTheWriteProbe: once the store's write probe has a
+// verdict, /readyz answers it without asking the store (a store that
+// answers pings but refuses writes is not ready; one whose ping would
+// fail is not asked); StoreOptional and ReadyChecks keep their meaning;
+// before the first probe, the store is pinged.
+func TestReadyzReadsTheWriteProbe(t *testing.T) {
+	st := openStore(t)
+	writes := store.NewWriteProbe(st, store.ProbeOptions{})
+	if err := writes.Probe(context.Background()); err != nil {
+		t.Fatalf("probe of an open store: %v", err)
+	}
+	closed := openStore(t)
+	closed.Close()
+	refuses := store.NewWriteProbe(closed, store.ProbeOptions{})
+	if err := refuses.Probe(context.Background()); err == nil {
+		t.Fatal("probe of a closed store succeeded")
+	}
+	notYet := store.NewWriteProbe(st, store.ProbeOptions{})
+	busy := errors.New("connection limit reached")
+	tests := []struct {
+		name      string
+		store     admin.Store
+		probe     admin.Prober
+		optional  bool
+		check     error
+		wantReady int
+		wantBody  string
+	}{
+		{"writes", failingPing{st}, writes, false, nil, http.StatusOK, "ready"},
+		{"writes fail", st, refuses, false, nil, http.StatusServiceUnavailable, "store unavailable: "},
+		{"writes fail, every route fails open", st, refuses, true, nil, http.StatusOK, "every route fails open"},
+		{"writes fail, a ready check fails first", st, refuses, false, busy, http.StatusServiceUnavailable, busy.Error()},
+		{"writes, a ready check fails", st, writes, true, busy, http.StatusServiceUnavailable, busy.Error()},
+		{"no verdict yet: the store is pinged", failingPing{st}, notYet, false, nil, http.StatusServiceUnavailable, "disk on fire"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHandler(t, tt.store, func(o *admin.Options) {
+				o.StoreProbe = tt.probe
+				o.StoreOptional = func() bool { return tt.optional }
+				o.ReadyChecks = []func() error{func() error { return nil }, func() error { return tt.check }}
+			})
+			rec := serve(t, h, http.MethodGet, "/readyz", "", nil)
+			if rec.Code != tt.wantReady || !strings.Contains(rec.Body.String(), tt.wantBody) {
+				t.Errorf("/readyz = %d %q, want %d containing %q", rec.Code, rec.Body, tt.wantReady, tt.wantBody)
+			}
+		})
 	}
 }

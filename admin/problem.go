@@ -24,6 +24,7 @@ type problem struct {
 var (
 	probUnauthorized    = problem{"unauthorized", http.StatusUnauthorized, "Bearer token missing or wrong"}
 	probDisabled        = problem{"admin-api-disabled", http.StatusForbidden, "Admin API disabled: no token configured"}
+	probAuthThrottled   = problem{"too-many-auth-failures", http.StatusTooManyRequests, "Too many failed authentications from this address"}
 	probNotFound        = problem{"not-found", http.StatusNotFound, "No such admin endpoint"}
 	probMethod          = problem{"method-not-allowed", http.StatusMethodNotAllowed, "Method not allowed"}
 	probUnknownRoute    = problem{"unknown-route", http.StatusNotFound, "No route with this name"}
@@ -71,7 +72,7 @@ func Problems() []struct {
 	Status int
 	Title  string
 } {
-	all := []problem{probUnauthorized, probDisabled, probNotFound, probMethod, probUnknownRoute, probScopeRequired,
+	all := []problem{probUnauthorized, probDisabled, probAuthThrottled, probNotFound, probMethod, probUnknownRoute, probScopeRequired,
 		probScopeNotAllowed, probNoRecord, probKeyInFlight, probKeyChanged, probNotInDoubt, probLookupBusy,
 		probNoReconcile, probNoReconciler, probBadParameter, probNoLister, probNoReload, probReloadFailed, probStoreUnavailable, probInternal}
 	out := make([]struct {

@@ -112,6 +112,14 @@ type Admin struct {
 	// /debug/pprof/ on the admin listener, behind the admin token, for
 	// profiling a proxy under its real load. Default false.
 	Pprof bool `yaml:"pprof"`
+	// MaxConnections bounds the admin listener's connections open at once,
+	// apart from server.max_connections, so that nothing on the admin port
+	// can take the descriptors the charge path needs. At the bound a
+	// newcomer takes the place of a connection not serving a request from
+	// the client address that holds the most, when its own address holds
+	// fewer; otherwise it is closed at once. Default 64 (0 means the
+	// default).
+	MaxConnections int `yaml:"max_connections"`
 }
 
 // Metrics configures the series /metrics exports.

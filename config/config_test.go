@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -74,6 +75,7 @@ func TestDefaults(t *testing.T) {
 		{"upstream", c.Upstream, "http://127.0.0.1:9000"},
 		{"admin.listen", c.Admin.Listen, ""},
 		{"admin.token_env", c.Admin.TokenEnv, "IDEMPROXY_ADMIN_TOKEN"},
+		{"admin.max_connections", strconv.Itoa(c.Admin.MaxConnections), "64"},
 		{"policy", r.Policy, PolicyReserveThenCommit},
 		{"duplicate", r.Duplicate, DuplicateReplay},
 		{"concurrent", r.Concurrent, ConcurrentReject},
@@ -380,6 +382,7 @@ func TestValidationProblems(t *testing.T) {
 		{"server timeout negative", "server: {read_timeout: -1s}\n" + withRoute(""), "server.read_timeout: must be positive"},
 		{"body timeout negative", "server: {body_timeout: -1s}\n" + withRoute(""), "server.body_timeout: must be positive"},
 		{"client share negative", "server: {max_buffered_bytes_per_client: -1}\n" + withRoute(""), "server.max_buffered_bytes_per_client: must be positive"},
+		{"admin connections negative", "admin: {listen: 127.0.0.1:9091, max_connections: -1}\n" + withRoute(""), "admin.max_connections: must be positive"},
 		{"client share over the budget", "server: {max_buffered_bytes: 2097152, max_buffered_bytes_per_client: 4194304}\n" + withRoute(""),
 			"server.max_buffered_bytes_per_client: 4194304 exceeds server.max_buffered_bytes (2097152)"},
 		{"client requests negative", "server: {max_requests_per_client: -1}\n" + withRoute(""), "server.max_requests_per_client: must be positive"},

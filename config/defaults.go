@@ -25,6 +25,7 @@ const (
 	DefaultPostgresSchema           = "public"
 	DefaultPostgresTable            = "idemproxy_keys"
 	DefaultAdminTokenEnv            = "IDEMPROXY_ADMIN_TOKEN"
+	DefaultAdminMaxConnections      = 64
 	DefaultReadHeaderTimeout        = 10 * time.Second
 	DefaultReadTimeout              = 60 * time.Second
 	DefaultIdleTimeout              = 120 * time.Second
@@ -66,6 +67,9 @@ const (
 func (c *Config) applyDefaults() {
 	if c.Admin.TokenEnv == "" {
 		c.Admin.TokenEnv = DefaultAdminTokenEnv
+	}
+	if c.Admin.MaxConnections == 0 {
+		c.Admin.MaxConnections = DefaultAdminMaxConnections
 	}
 	if c.Store.Badger == nil && c.Store.Redis == nil && c.Store.Postgres == nil {
 		c.Store.Badger = &Badger{}

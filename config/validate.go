@@ -61,6 +61,9 @@ func (c *Config) Validate() error {
 			p.add("admin.listen", "%q and listen %q would bind the same port", c.Admin.Listen, c.Listen)
 		}
 	}
+	if c.Admin.MaxConnections < 0 {
+		p.add("admin.max_connections", "must be positive")
+	}
 	if !headerToken.MatchString(c.Admin.TokenEnv) {
 		p.add("admin.token_env", "%q is not an environment variable name", c.Admin.TokenEnv)
 	}

@@ -16,6 +16,7 @@
 package badger
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -585,6 +586,9 @@ func (s *Store) rewriteValueLog() error {
 
 // orphansInDoubt rewrites every in-flight record as in doubt, keeping its
 // expiry.
+// probePrefix begins the keys of the write probe's reservations.
+var probePrefix = []byte(store.ProbeRoute + "/")
+
 func (s *Store) orphansInDoubt() (int, error) {
 	type orphan struct {
 		key       []byte
@@ -596,7 +600,9 @@ func (s *Store) orphansInDoubt() (int, error) {
 		defer it.Close()
 		for it.Rewind(); it.Valid(); it.Next() {
 			item := it.Item()
-			if item.UserMeta() == metaInFlight {
+			// A write probe's reservation (store.WriteProbe) was no
+			// request's: it is left to expire, neither in doubt nor counted.
+			if item.UserMeta() == metaInFlight && !bytes.HasPrefix(item.Key(), probePrefix) {
 				orphans = append(orphans, orphan{item.KeyCopy(nil), item.ExpiresAt()})
 			}
 		}

@@ -222,6 +222,18 @@ var listCases = []listCase{
 		e.wantKeys("the other route", e.all(store.ListQuery{Prefix: e.route + "2/", Limit: 1}), other, otherScoped)
 		e.wantKeys("no such route", e.all(store.ListQuery{Prefix: e.route + "3/", Limit: 10}))
 	}},
+	{"the write probe's keys are never a route's", func(e *lenv) {
+		// A probe that succeeds leaves nothing; one that failed leaves its
+		// key in flight, then in doubt: neither is listed with a route.
+		mine := e.keyIn("", "a")
+		e.reserveOK(mine, "tok", "fp", longLease, longTTL)
+		if err := store.NewWriteProbe(e.s, store.ProbeOptions{}).Probe(e.ctx); err != nil {
+			e.t.Fatalf("write probe: %v", err)
+		}
+		e.lapsed(store.Key(store.ProbeRoute, "", e.route))
+		e.wantKeys("route prefix", e.all(store.ListQuery{Prefix: e.route + "/", Limit: 10}), mine)
+		e.wantKeys("in doubt", e.all(store.ListQuery{Prefix: e.route + "/", State: store.StateInDoubt, Limit: 10}))
+	}},
 	{"expired records are not listed", func(e *lenv) {
 		live, gone, doubt := e.keyIn("", "live"), e.keyIn("", "gone"), e.keyIn("", "gone-in-doubt")
 		e.reserveOK(live, "tok", "fp", longLease, longTTL)

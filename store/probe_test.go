@@ -1,0 +1,78 @@
+package store_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/store"
+	"github.com/idemproxy/idemproxy/store/badger"
+)
+
+func openBadger(t *testing.T) *badger.Store {
+	t.Helper()
+	s, err := badger.Open(badger.Options{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// TestWriteProbe: the verdict is nil before the first probe ends (no
+// verdict yet), nil after a probe that wrote, the error of one that
+// failed; the probe leaves no record behind; Observe reports a real
+// reservation's failure at once (not its caller's cancellation) and a
+// success clears it, and keeps a ReconcileStore one.
+func TestWriteProbe(t *testing.T) {
+	ctx := context.Background()
+	s := openBadger(t)
+	p := store.NewWriteProbe(s, store.ProbeOptions{})
+	if p.Ready() || p.Err() != nil {
+		t.Fatalf("before the first probe: Ready %v, Err %v; want false, nil", p.Ready(), p.Err())
+	}
+	for range 3 {
+		if err := p.Probe(ctx); err != nil {
+			t.Fatalf("probe of an open store: %v", err)
+		}
+	}
+	if !p.Ready() || p.Err() != nil || p.Failures() != 0 {
+		t.Errorf("after probes that wrote: Ready %v, Err %v, Failures %d", p.Ready(), p.Err(), p.Failures())
+	}
+	if recs, _, err := s.List(ctx, store.ListQuery{Prefix: store.ProbeRoute + "/", Limit: 10}); err != nil || len(recs) != 0 {
+		t.Errorf("records the probes left: %v, %v; want none", recs, err)
+	}
+	if _, ok := p.Observe(s).(store.ReconcileStore); !ok {
+		t.Errorf("Observe of a ReconcileStore is not one")
+	}
+
+	closed := openBadger(t)
+	closed.Close()
+	obs := p.Observe(closed)
+	canceled, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := obs.Reserve(canceled, "r/-/k", store.Reservation{Token: "t", Lease: time.Minute, TTL: time.Minute}); err == nil {
+		t.Fatal("Reserve with a canceled context succeeded")
+	}
+	if p.Err() != nil {
+		t.Errorf("a caller's cancellation set the verdict: %v", p.Err())
+	}
+	if _, err := obs.Reserve(ctx, "r/-/k", store.Reservation{Token: "t", Lease: time.Minute, TTL: time.Minute}); err == nil {
+		t.Fatal("Reserve on a closed store succeeded")
+	}
+	if err := p.Err(); err == nil || !strings.HasPrefix(err.Error(), "writes fail: a reservation failed: ") {
+		t.Errorf("Err after a failed reservation = %v, want writes fail: a reservation failed: …", err)
+	}
+	if rec, err := p.Observe(s).Reserve(ctx, "r/-/k", store.Reservation{Token: "t", Lease: time.Minute, TTL: time.Minute}); err != nil || rec != nil {
+		t.Fatalf("Reserve on the open store = %v, %v", rec, err)
+	}
+	if p.Err() != nil {
+		t.Errorf("Err after a reservation that succeeded = %v, want nil", p.Err())
+	}
+
+	failing := store.NewWriteProbe(closed, store.ProbeOptions{})
+	if err := failing.Probe(ctx); err == nil || failing.Err() == nil || failing.Failures() != 1 {
+		t.Errorf("probe of a closed store: %v, Err %v, Failures %d; want an error counted", err, failing.Err(), failing.Failures())
+	}
+}
