@@ -29,7 +29,7 @@ var epochFields = []string{"eid", "est", "gen", "at", "prev", "note"}
 // EpochKey returns the Redis key of the epoch marker.
 func (s *Store) EpochKey() string { return s.prefix + "epoch" }
 
-// swapEpochScript replaces the marker when its ID is ARGV[1] ('' : none).
+// swapEpochScript replaces the marker when its ID is ARGV[1] (” : none).
 //
 //	KEYS[1] marker key
 //	ARGV    old ID, then the new marker's fields (epochFields' order)
