@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -103,4 +106,93 @@ func decodeEpoch(v []any) (*store.Epoch, error) {
 	}
 	return &store.Epoch{ID: str(v[0]), State: store.EpochState(str(v[1])), Gen: gen,
 		CreatedAt: time.UnixMilli(at), Previous: str(v[4]), Note: str(v[5])}, nil
+}
+
+// epochReply starts the error of reserveEpochScript for a marker that is
+// not the expected one.
+const epochReply = "IDEMPROXY_EPOCH"
+
+// ExpectEpoch makes every reservation check, in its script, that the
+// marker's ID is id ("": stop checking). It does nothing on a Cluster,
+// where the marker and a record key are in different slots. The program
+// calls it with the epoch the replica trusts.
+func (s *Store) ExpectEpoch(id string) {
+	if _, cluster := s.client.(*goredis.ClusterClient); cluster {
+		return
+	}
+	s.expect.Store(&id)
+}
+
+func (s *Store) expectedEpoch() string {
+	if p := s.expect.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// epochChanged tells Options.EpochSeen the marker a reservation found
+// changed.
+func (s *Store) epochChanged(ctx context.Context) {
+	if s.epochSeen == nil {
+		return
+	}
+	if m, err := s.Epoch(ctx); err == nil {
+		s.epochSeen(m, true)
+	}
+}
+
+// onConnect is the go-redis OnConnect hook: Options.EpochSeen with the
+// marker read on the new connection. A failed read does not fail the
+// connection: the watcher's checks see the store as it is.
+func (s *Store) onConnect(cluster bool) func(ctx context.Context, cn *goredis.Conn) error {
+	key := s.EpochKey()
+	return func(ctx context.Context, cn *goredis.Conn) error {
+		if cluster {
+			return s.epochSeen(nil, false)
+		}
+		v, err := cn.HMGet(ctx, key, epochFields...).Result()
+		if err != nil {
+			return nil
+		}
+		m, err := decodeEpoch(v)
+		if err != nil {
+			return nil
+		}
+		return s.epochSeen(m, true)
+	}
+}
+
+// Incarnation names the Redis server processes the store reaches: the
+// run_id of INFO server (every master's on a Cluster, in address order),
+// which changes when a server restarts or a failover promotes another.
+func (s *Store) Incarnation(ctx context.Context) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.opTimeout)
+	defer cancel()
+	runID := func(ctx context.Context, c *goredis.Client) (string, error) {
+		info, err := c.Info(ctx, "server").Result()
+		if err != nil {
+			return "", err
+		}
+		return infoField(info, "run_id"), nil
+	}
+	switch c := s.client.(type) {
+	case *goredis.ClusterClient:
+		var (
+			mu  sync.Mutex
+			ids []string
+		)
+		err := c.ForEachMaster(ctx, func(ctx context.Context, n *goredis.Client) error {
+			id, err := runID(ctx, n)
+			mu.Lock()
+			ids = append(ids, n.Options().Addr+"="+id)
+			mu.Unlock()
+			return err
+		})
+		slices.Sort(ids)
+		return strings.Join(ids, ","), err
+	case *goredis.Client:
+		return runID(ctx, c)
+	default:
+		return "", fmt.Errorf("unexpected client %T", s.client)
+	}
 }
