@@ -98,3 +98,42 @@ func TestNewConnectionChecksTheEpoch(t *testing.T) {
 		t.Errorf("DBSIZE after the refused reservation = %s, want 0", n)
 	}
 }
+
+// TestConfigRisks: a Redis that would forget (an eviction policy, no
+// persistence) is named; one with noeviction and the append-only file is
+// not; a Redis that refuses CONFIG is no error.
+func TestConfigRisks(t *testing.T) {
+	cases := []struct {
+		name  string
+		args  []string
+		want  []string
+		known bool
+	}{
+		{"defaults of the tests: no persistence", nil, []string{RiskNoPersistence}, true},
+		{"an eviction policy, snapshots on", []string{"--maxmemory-policy", "allkeys-lru", "--save", "60 1"}, []string{RiskEviction}, true},
+		{"noeviction with the append-only file", []string{"--appendonly", "yes"}, nil, true},
+		{"CONFIG refused", []string{"--rename-command", "CONFIG", ""}, nil, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			srv := redistest.Start(t, c.args...)
+			s := newStore(t, Options{Addrs: []string{srv.Addr()}})
+			risks, known, err := s.ConfigRisks(ctx(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if known != c.known {
+				t.Errorf("known = %v, want %v", known, c.known)
+			}
+			var got []string
+			for _, r := range Risks {
+				if risks[r] != "" {
+					got = append(got, r)
+				}
+			}
+			if fmt.Sprint(got) != fmt.Sprint(c.want) {
+				t.Errorf("risks = %v (%v), want %v", got, risks, c.want)
+			}
+		})
+	}
+}
