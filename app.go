@@ -11,6 +11,7 @@ import (
 	"reflect"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/admin"
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/epoch"
 	"github.com/idemproxy/idemproxy/internal/prealloc"
 	"github.com/idemproxy/idemproxy/internal/settle"
 	"github.com/idemproxy/idemproxy/proxy"
@@ -41,6 +43,11 @@ type app struct {
 	p        *proxy.Proxy
 	reloadOK prometheus.Gauge
 	reloadTS prometheus.Gauge
+
+	// epochSeen is given to the shared stores, which call it with the
+	// epoch marker read on each new connection (epoch.go); nil outside
+	// serve.
+	epochSeen func(m *store.Epoch, read bool) error
 }
 
 // storeCloser is a store the program opens and closes; every backend
@@ -148,6 +155,8 @@ func (a *app) serve(ctx context.Context) error {
 	// the store's own (a Badger commit whose batch failed): shutdown waits
 	// for them up to its deadline, before the store closes.
 	a.settler = settle.New(log)
+	var watcher atomic.Pointer[epoch.Watcher]
+	a.epochSeen = func(m *store.Epoch, read bool) error { return epochSeen(watcher.Load(), m, read) }
 	store, storeName, err := a.openStore(reg)
 	if err != nil {
 		return fmt.Errorf("open store: %w", err)
@@ -162,8 +171,10 @@ func (a *app) serve(ctx context.Context) error {
 		cancel()
 		a.settler.Close(now)
 	}()
+	reserveStore, epochReady, stopEpoch := a.watchEpoch(reg, store, storeName, &watcher)
+	defer stopEpoch() // before the store closes
 	a.p, err = proxy.New(cfg, proxy.Options{
-		Store: store, StoreName: storeName, Logger: log, AccessLog: a.access, Metrics: proxy.NewMetrics(reg),
+		Store: reserveStore, StoreName: storeName, Logger: log, AccessLog: a.access, Metrics: proxy.NewMetrics(reg),
 		Settler: a.settler,
 	})
 	if err != nil {
@@ -207,7 +218,8 @@ func (a *app) serve(ctx context.Context) error {
 		adm = admin.NewHandler(admin.Options{
 			Store: a.p.Store(), Lister: store, Routes: a, Gatherer: reg, Token: token, TokenEnv: cfg.Admin.TokenEnv,
 			Reload: a.reload, StoreOptional: a.storeOptional, Logger: log, Reconciler: reconciler,
-			Pprof: cfg.Admin.Pprof, ReadyChecks: []func() error{conns.Saturated, a.p.BuffersSaturated},
+			AcceptLoss: a.acceptLossFunc(store, &watcher),
+			Pprof:      cfg.Admin.Pprof, ReadyChecks: []func() error{conns.Saturated, a.p.BuffersSaturated, epochReady},
 		})
 		aln, err := net.Listen("tcp", cfg.Admin.Listen)
 		if err != nil {

@@ -31,6 +31,7 @@
 package epoch
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -471,7 +472,7 @@ func Accept(ctx context.Context, s store.EpochStore, operator, reason string, no
 	}
 	for range 8 {
 		e := store.Epoch{ID: rand.Text(), State: store.EpochAccepted, Gen: 1, CreatedAt: now,
-			Note: "accepted by " + operator}
+			Note: "accepted by " + cmp.Or(operator, "an unnamed operator")}
 		if reason != "" {
 			e.Note += ": " + reason
 		}
@@ -489,4 +490,35 @@ func Accept(ctx context.Context, s store.EpochStore, operator, reason string, no
 		cur = next
 	}
 	return nil, nil, errors.New("the epoch marker kept changing; try again")
+}
+
+// Gate returns s with its reservations refused while w is not OK: Reserve
+// returns w.Err() without asking the store, so nothing is written and
+// nothing forwarded. Every other method passes through (the answers of
+// requests already forwarded are still stored). The result is a
+// store.ReconcileStore when s is one.
+func Gate(s store.Store, w *Watcher) store.Store {
+	g := gated{Store: s, w: w}
+	if rs, ok := s.(store.ReconcileStore); ok {
+		return gatedReconcile{gated: g, ReconcileStore: rs}
+	}
+	return g
+}
+
+type gated struct {
+	store.Store
+	w *Watcher
+}
+
+// Reserve implements store.Store.
+func (g gated) Reserve(ctx context.Context, key string, res store.Reservation) (*store.Record, error) {
+	if err := g.w.Err(); err != nil {
+		return nil, err
+	}
+	return g.Store.Reserve(ctx, key, res)
+}
+
+type gatedReconcile struct {
+	gated
+	store.ReconcileStore
 }

@@ -52,12 +52,17 @@ func (s *Store) Epoch(ctx context.Context) (*store.Epoch, error) {
 }
 
 func (s *Store) readEpoch(ctx context.Context, c *pgxpool.Conn) (*store.Epoch, error) {
+	return readEpochOn(ctx, c.Conn(), s.table)
+}
+
+// readEpochOn reads the marker in table over c.
+func readEpochOn(ctx context.Context, c *pgx.Conn, table string) (*store.Epoch, error) {
 	var (
 		e    store.Epoch
 		st   string
 		rest []byte
 	)
-	err := c.QueryRow(ctx, "SELECT token, fingerprint, created_at, response FROM "+s.table+" WHERE key = $1", EpochKey).
+	err := c.QueryRow(ctx, "SELECT token, fingerprint, created_at, response FROM "+table+" WHERE key = $1", EpochKey).
 		Scan(&e.ID, &st, &e.CreatedAt, &rest)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil

@@ -73,6 +73,12 @@ type Options struct {
 	SweepBatch int
 	// Logger receives the sweeper's errors; nil discards them.
 	Logger *slog.Logger
+	// EpochSeen, when set, is called with the epoch marker (epoch.go) read
+	// on every new connection, before the pool hands it out; an error
+	// fails the connection, so that nothing is reserved on a table that
+	// lost its keys. A failed read (the table not created yet) calls
+	// nothing. Nil: nothing is called.
+	EpochSeen func(m *store.Epoch, read bool) error
 }
 
 // Store is a store.Store and store.ReconcileStore kept in one PostgreSQL
@@ -209,6 +215,16 @@ func poolConfig(opts Options) (*pgxpool.Config, error) {
 		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: replyGrace}
 	}
 	cfg.ConnConfig.OnNotice = noteUnreplicated
+	if opts.EpochSeen != nil {
+		table := pgx.Identifier{opts.Schema, opts.Table}.Sanitize()
+		cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+			m, err := readEpochOn(ctx, c, table)
+			if err != nil {
+				return nil // the watcher's checks tell
+			}
+			return opts.EpochSeen(m, true)
+		}
+	}
 	return cfg, nil
 }
 
