@@ -171,7 +171,7 @@ func (a *app) serve(ctx context.Context) error {
 		cancel()
 		a.settler.Close(now)
 	}()
-	reserveStore, epochReady, stopEpoch := a.watchEpoch(reg, store, storeName, &watcher)
+	reserveStore, epochReady, stopEpoch := a.watchEpoch(ctx, reg, store, storeName, &watcher)
 	defer stopEpoch() // before the store closes
 	a.p, err = proxy.New(cfg, proxy.Options{
 		Store: reserveStore, StoreName: storeName, Logger: log, AccessLog: a.access, Metrics: proxy.NewMetrics(reg),

@@ -40,7 +40,7 @@ func epochSeen(w *epoch.Watcher, m *store.Epoch, read bool) error {
 // the watcher. The first check runs before it returns. A shared store's
 // new marker waits three check intervals for objections; Badger's, which
 // no other replica shares, none.
-func (a *app) watchEpoch(reg prometheus.Registerer, st storeCloser, name string, slot *atomic.Pointer[epoch.Watcher]) (store.Store, func() error, func()) {
+func (a *app) watchEpoch(ctx context.Context, reg prometheus.Registerer, st storeCloser, name string, slot *atomic.Pointer[epoch.Watcher]) (store.Store, func() error, func()) {
 	es, ok := st.(store.EpochStore)
 	if !ok {
 		return st, func() error { return nil }, func() {}
@@ -64,11 +64,27 @@ func (a *app) watchEpoch(reg prometheus.Registerer, st storeCloser, name string,
 	if rs, ok := st.(*redis.Store); ok {
 		a.checkRedisConfig(reg, rs)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), epochStartTimeout)
-	if err := w.Check(ctx); err != nil {
+	cctx, cancel := context.WithTimeout(ctx, epochStartTimeout)
+	if err := w.Check(cctx); err != nil {
 		a.log.Warn("the store's epoch marker could not be read at start: protected routes answer 503 until it is", "err", err)
 	}
 	cancel()
+	// A new marker (a first start on an empty shared store) waits for the
+	// replicas that may remember an older one to object: the proxy
+	// listens once it is trusted (or lost), so that nothing it answers
+	// in the meantime is a 503 of a store that is only new. A store that
+	// cannot be read does not hold the start up.
+	for end := time.Now().Add(opts.Grace + 2*interval); w.Status().State == epoch.Establishing && time.Now().Before(end); {
+		select {
+		case <-ctx.Done():
+			end = time.Time{}
+			continue
+		case <-time.After(min(interval, time.Until(end))):
+		}
+		cctx, cancel := context.WithTimeout(ctx, epochStartTimeout)
+		w.Check(cctx)
+		cancel()
+	}
 	ctx, cancel = context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(1)

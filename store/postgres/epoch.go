@@ -133,3 +133,18 @@ func (s *Store) Incarnation(ctx context.Context) (string, error) {
 	}
 	return v, nil
 }
+
+// ExpectEpoch makes every reservation take its key only while the marker's
+// ID is id ("": stop checking), in the same statement (an EXISTS on the
+// marker's row, by primary key): not one reservation lands on a table that
+// was truncated between two checks of the watcher. A reservation refused
+// so is store.ErrKeysLost, and Options.EpochSeen hears of the marker. The
+// program calls it with the epoch the replica trusts.
+func (s *Store) ExpectEpoch(id string) { s.expect.Store(&id) }
+
+func (s *Store) expectedEpoch() string {
+	if p := s.expect.Load(); p != nil {
+		return *p
+	}
+	return ""
+}

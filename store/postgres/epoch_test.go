@@ -1,6 +1,9 @@
 package postgres_test
 
 import (
+	"errors"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -36,5 +39,46 @@ func TestEpochMarkerGoesWithTheKeys(t *testing.T) {
 	srv.MustExec("TRUNCATE public.epoch_keys")
 	if got, err := s.Epoch(ctx(t)); err != nil || got != nil {
 		t.Fatalf("after TRUNCATE: Epoch = %+v, %v; want none", got, err)
+	}
+}
+
+// TestReserveChecksTheEpoch: with ExpectEpoch, a reservation on a table
+// truncated since the watcher's last check is refused with
+// store.ErrKeysLost in the same statement, and nothing is written;
+// EpochSeen hears of it.
+func TestReserveChecksTheEpoch(t *testing.T) {
+	srv := pgtest.Start(t)
+	var seen atomic.Int64
+	s := newStore(t, srv, postgres.Options{Table: "epoch_reserve", EpochSeen: func(m *store.Epoch, read bool) error {
+		if read && m == nil {
+			seen.Add(1)
+		}
+		return nil
+	}})
+	res := store.Reservation{Token: "t", Fingerprint: "f", Lease: time.Minute, TTL: time.Hour}
+	if _, ok, err := s.SwapEpoch(ctx(t), "", store.Epoch{ID: "e1", State: store.EpochEstablished, Gen: 1, CreatedAt: time.Now()}); err != nil || !ok {
+		t.Fatalf("SwapEpoch = %v, %v", ok, err)
+	}
+	s.ExpectEpoch("e1")
+	if rec, err := s.Reserve(ctx(t), "r/-/before", res); err != nil || rec != nil {
+		t.Fatalf("Reserve with the marker in place = %+v, %v; want reserved", rec, err)
+	}
+	if rec, err := s.Reserve(ctx(t), "r/-/before", res); err != nil || rec != nil {
+		t.Fatalf("Reserve again with the caller's token = %+v, %v; want reserved", rec, err)
+	}
+	srv.MustExec("TRUNCATE public.epoch_reserve")
+	_, err := s.Reserve(ctx(t), "r/-/after", res)
+	if !errors.Is(err, store.ErrKeysLost) {
+		t.Fatalf("Reserve after TRUNCATE: err = %v, want ErrKeysLost", err)
+	}
+	if n := strings.TrimSpace(srv.MustExec("SELECT count(*) FROM public.epoch_reserve")); n != "0" {
+		t.Errorf("rows after the refused reservation = %s, want 0", n)
+	}
+	if seen.Load() == 0 {
+		t.Error("EpochSeen was not told of the missing marker")
+	}
+	s.ExpectEpoch("")
+	if rec, err := s.Reserve(ctx(t), "r/-/unchecked", res); err != nil || rec != nil {
+		t.Fatalf("Reserve without an expected epoch = %+v, %v; want reserved", rec, err)
 	}
 }
