@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	bdg "github.com/dgraph-io/badger/v4"
@@ -117,13 +118,71 @@ func (s *Store) SwapEpoch(ctx context.Context, old string, e store.Epoch) (*stor
 	return cur, swapped, nil
 }
 
-// Epoch implements store.EpochStore.
+// Epoch implements store.EpochStore. A data directory replaced (or
+// removed) since the store was opened breaks the store, so that the Guard
+// reopens it in the directory there now: an error until then, and the
+// marker of that directory (none, if it is new) after.
 func (g *Guard) Epoch(ctx context.Context) (e *store.Epoch, err error) {
+	if g.dirReplaced() {
+		return nil, fmt.Errorf("badger: the data directory %s was replaced", g.opts.Dir)
+	}
 	err = g.do(func(s *Store) error {
 		e, err = s.Epoch(ctx)
 		return err
 	})
 	return e, err
+}
+
+// ExpectEpoch makes every reservation check first that the marker's ID is
+// id ("": stop checking) and that the data directory is still the one the
+// store was opened in: a directory replaced by an empty one is
+// store.ErrKeysLost at the next reservation, not only at the watcher's
+// next check. The program calls it with the epoch the replica trusts.
+func (g *Guard) ExpectEpoch(id string) { g.expect.Store(&id) }
+
+func (g *Guard) expectedEpoch() string {
+	if p := g.expect.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// noteDir records the data directory the store was opened in.
+func (g *Guard) noteDir() {
+	if fi, err := os.Stat(g.opts.Dir); err == nil {
+		g.dir.Store(&fi)
+	}
+}
+
+// dirReplaced reports whether the data directory is gone or another than
+// the one the open store was opened in; then it breaks the store (once),
+// so that it is reopened in the directory there now.
+func (g *Guard) dirReplaced() bool {
+	was := g.dir.Load()
+	if was == nil {
+		return false
+	}
+	fi, err := os.Stat(g.opts.Dir)
+	if err == nil && os.SameFile(*was, fi) {
+		return false
+	}
+	if g.dir.CompareAndSwap(was, nil) {
+		g.replaced.Store(true)
+		g.fail(fmt.Errorf("the data directory %s was removed or replaced while the store was open", g.opts.Dir))
+	}
+	return true
+}
+
+// checkEpoch returns store.ErrKeysLost unless the marker's ID is id.
+func (s *Store) checkEpoch(ctx context.Context, id string) error {
+	m, err := s.Epoch(ctx)
+	if err != nil {
+		return err
+	}
+	if m == nil || m.ID != id {
+		return fmt.Errorf("badger: %w: the epoch marker is not the one this replica trusts", store.ErrKeysLost)
+	}
+	return nil
 }
 
 // SwapEpoch implements store.EpochStore.

@@ -2,6 +2,9 @@ package badger_test
 
 import (
 	"context"
+	"errors"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -42,5 +45,53 @@ func TestEpochSurvivesARestart(t *testing.T) {
 	}
 	if got, err := openGuarded(t, t.TempDir(), badger.GuardOptions{}).Epoch(ctx); err != nil || got != nil {
 		t.Fatalf("a new directory: Epoch = %+v, %v; want none", got, err)
+	}
+}
+
+// TestGuardSeesItsDirectoryReplaced: a data directory replaced by an
+// empty one while the store is open is store.ErrKeysLost at the next
+// reservation (with ExpectEpoch), and once the Guard has reopened the
+// store in the new directory, its marker is gone.
+func TestGuardSeesItsDirectoryReplaced(t *testing.T) {
+	ctx := context.Background()
+	dir := filepath.Join(t.TempDir(), "data")
+	g := openGuarded(t, dir, badger.GuardOptions{})
+	if _, ok, err := g.SwapEpoch(ctx, "", store.Epoch{ID: "e1", State: store.EpochEstablished, Gen: 1, CreatedAt: time.Now()}); err != nil || !ok {
+		t.Fatalf("SwapEpoch = %v, %v", ok, err)
+	}
+	g.ExpectEpoch("e1")
+	res := store.Reservation{Token: "t", Fingerprint: "f", Lease: time.Minute, TTL: time.Hour}
+	if _, err := g.Reserve(ctx, "r/-/a", res); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(dir, dir+".old"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.Reserve(ctx, "r/-/b", res); !errors.Is(err, store.ErrKeysLost) {
+		t.Fatalf("Reserve after the directory was replaced: err = %v, want ErrKeysLost", err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		m, err := g.Epoch(ctx)
+		if err == nil {
+			if m != nil {
+				t.Fatalf("the marker in the new directory = %+v, want none", m)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Epoch still fails a minute after the directory was replaced: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if _, err := g.Reserve(ctx, "r/-/c", res); !errors.Is(err, store.ErrKeysLost) {
+		t.Fatalf("Reserve on the reopened, empty store: err = %v, want ErrKeysLost", err)
+	}
+	g.ExpectEpoch("")
+	if rec, err := g.Reserve(ctx, "r/-/a", res); err != nil || rec != nil {
+		t.Fatalf("Reserve of a key of the old directory = %+v, %v; want it free (the keys are gone)", rec, err)
 	}
 }
