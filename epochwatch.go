@@ -166,7 +166,13 @@ func (a *app) acceptLossFunc(st storeCloser, slot *atomic.Pointer[epoch.Watcher]
 		return nil
 	}
 	return func(ctx context.Context, operator, reason string) (*store.Epoch, *store.Epoch, error) {
-		old, acc, err := epoch.Accept(ctx, es, operator, reason, time.Now())
+		var floor uint64 // the Gen this replica knows
+		if w := slot.Load(); w != nil {
+			if e := w.Status().Epoch; e != nil {
+				floor = e.Gen
+			}
+		}
+		old, acc, err := epoch.Accept(ctx, es, operator, reason, time.Now(), floor)
 		if err == nil {
 			if w := slot.Load(); w != nil {
 				w.Kick()

@@ -96,7 +96,7 @@ func runStore(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 		fmt.Fprintf(stderr, "idemproxy store accept-loss: the %s store keeps no epoch marker\n", name)
 		return 1
 	}
-	old, acc, err := epoch.Accept(ctx, es, *operator, *reason, time.Now())
+	old, acc, err := epoch.Accept(ctx, es, *operator, *reason, time.Now(), 0)
 	if err != nil {
 		fmt.Fprintf(stderr, "idemproxy store accept-loss: %v\n", err)
 		return 1

@@ -308,11 +308,11 @@ type Epoch struct {
 	ID string
 	// State is the marker's state.
 	State EpochState
-	// Gen counts markers: each one written has the Gen of the marker it
-	// replaces (or the replica remembered), plus one. A marker restored
-	// from an old backup has a lower Gen than the one replicas remember,
-	// so an old acceptance is never adopted by mistake. The first marker
-	// of a store has Gen 1.
+	// Gen orders markers: each one written has a Gen above that of the
+	// marker it replaces (or the replica remembered), and at least its
+	// writer's clock in Unix milliseconds. A marker restored from an old
+	// backup has a lower Gen than the one replicas remember, so an old
+	// acceptance is never adopted by mistake.
 	Gen uint64
 	// CreatedAt is when the marker was written (the writer's clock).
 	CreatedAt time.Time

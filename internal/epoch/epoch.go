@@ -323,7 +323,7 @@ func (w *Watcher) step(ctx context.Context, m *store.Epoch, prevInc, inc string)
 func (w *Watcher) fresh(ctx context.Context, m *store.Epoch, now time.Time) (*store.Epoch, bool, error) {
 	switch {
 	case m == nil:
-		e := store.Epoch{ID: rand.Text(), State: store.EpochNew, Gen: 1, CreatedAt: now}
+		e := store.Epoch{ID: rand.Text(), State: store.EpochNew, Gen: NextGen(0, now), CreatedAt: now}
 		if w.opts.Grace <= 0 {
 			e.State = store.EpochEstablished
 		}
@@ -407,7 +407,7 @@ func (w *Watcher) markLost(ctx context.Context, m *store.Epoch, prevInc, inc str
 	if inc != "" && prevInc != "" && inc != prevInc {
 		note += "; store instance " + prevInc + " → " + inc
 	}
-	lost := store.Epoch{ID: rand.Text(), State: store.EpochLost, Gen: gen + 1, CreatedAt: w.opts.Now(),
+	lost := store.Epoch{ID: rand.Text(), State: store.EpochLost, Gen: NextGen(gen, w.opts.Now()), CreatedAt: w.opts.Now(),
 		Previous: mine.ID, Note: note}
 	cur, ok, err := w.opts.Store.SwapEpoch(ctx, old, lost)
 	if err != nil || !ok {
@@ -461,24 +461,35 @@ func (w *Watcher) trust(id string) {
 	}
 }
 
+// NextGen is the Gen of a marker written at now over one of Gen floor:
+// above floor, and at least now in Unix milliseconds, so that a marker
+// written later has a higher Gen even when the writer did not see the
+// one before it (an acceptance written before the lost marker was, on a
+// store that forgot everything), unless clocks differ by more than the
+// time between the two.
+func NextGen(floor uint64, now time.Time) uint64 {
+	return max(floor+1, uint64(max(now.UnixMilli(), 0)))
+}
+
 // Accept writes an accepted epoch over whatever marker the store has (an
 // operator's acceptance of a loss): every replica adopts it on its next
-// check and serves again. It returns the marker it replaced (nil: none)
-// and the new one.
-func Accept(ctx context.Context, s store.EpochStore, operator, reason string, now time.Time) (old, accepted *store.Epoch, err error) {
+// check and serves again. Its Gen is above the store's marker's and above
+// floor (the Gen the caller's replica knows, 0 for none). It returns the
+// marker it replaced (nil: none) and the new one.
+func Accept(ctx context.Context, s store.EpochStore, operator, reason string, now time.Time, floor uint64) (old, accepted *store.Epoch, err error) {
 	cur, err := s.Epoch(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
 	for range 8 {
-		e := store.Epoch{ID: rand.Text(), State: store.EpochAccepted, Gen: 1, CreatedAt: now,
+		e := store.Epoch{ID: rand.Text(), State: store.EpochAccepted, Gen: NextGen(floor, now), CreatedAt: now,
 			Note: "accepted by " + cmp.Or(operator, "an unnamed operator")}
 		if reason != "" {
 			e.Note += ": " + reason
 		}
 		id := ""
 		if cur != nil {
-			id, e.Gen, e.Previous = cur.ID, cur.Gen+1, cur.ID
+			id, e.Gen, e.Previous = cur.ID, NextGen(max(floor, cur.Gen), now), cur.ID
 		}
 		next, ok, err := s.SwapEpoch(ctx, id, e)
 		if err != nil {

@@ -128,6 +128,14 @@ func TestWatcherRules(t *testing.T) {
 			{who: "a", do: "check", want: Lost, wantErr: store.ErrKeysLost},         // now it is
 			{after: grace, who: "b", do: "check", want: Lost, wantErr: store.ErrKeysLost},
 		}},
+		{"an acceptance written on the empty store before anyone marked it lost is adopted", grace, []step{
+			{who: "a", do: "check", want: Establishing, wantErr: store.ErrKeysLost},
+			{after: grace, who: "a", do: "check", want: OK},
+			{do: "wipe"},
+			{after: time.Minute, do: "accept"}, // the CLI, seeing no marker
+			{who: "a", do: "check", want: OK},
+			{who: "b", do: "check", want: OK},
+		}},
 		{"a store restored from a backup with an older acceptance is lost, not adopted", grace, []step{
 			{who: "a", do: "check", want: Establishing, wantErr: store.ErrKeysLost},
 			{after: grace, who: "a", do: "check", want: OK},
@@ -174,7 +182,7 @@ func TestWatcherRules(t *testing.T) {
 				case "restore":
 					st.m = snapshot
 				case "accept":
-					if _, _, err := Accept(ctx, st, "op", "test", now); err != nil {
+					if _, _, err := Accept(ctx, st, "op", "test", now, 0); err != nil {
 						t.Fatalf("step %d: Accept: %v", i, err)
 					}
 				}
@@ -212,7 +220,7 @@ func TestWatcherCountsChanges(t *testing.T) {
 	if got := w.Changes(); got != 1 {
 		t.Fatalf("changes after one loss = %d, want 1", got)
 	}
-	Accept(ctx, st, "op", "", time.Now())
+	Accept(ctx, st, "op", "", time.Now(), 0)
 	w.Check(ctx)
 	st.m = nil
 	w.Check(ctx)
