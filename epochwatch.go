@@ -61,8 +61,9 @@ func (a *app) watchEpoch(ctx context.Context, reg prometheus.Registerer, st stor
 	w := epoch.New(opts)
 	slot.Store(w)
 	registerEpochMetrics(reg, w)
+	risk := registerStoreRisk(reg)
 	if rs, ok := st.(*redis.Store); ok {
-		a.checkRedisConfig(reg, rs)
+		a.checkRedisConfig(risk, rs)
 	}
 	cctx, cancel := context.WithTimeout(ctx, epochStartTimeout)
 	if err := w.Check(cctx); err != nil {
@@ -105,6 +106,21 @@ func (a *app) watchEpoch(ctx context.Context, reg prometheus.Registerer, st stor
 	return epoch.Gate(st, w), ready, func() { cancel(); wg.Wait() }
 }
 
+// registerStoreRisk registers idemproxy_store_config_risk, every risk at
+// 0: on every store, so that its series exist for the alert; only Redis'
+// configuration is read (checkRedisConfig).
+func registerStoreRisk(reg prometheus.Registerer) *prometheus.GaugeVec {
+	risk := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "idemproxy_store_config_risk",
+		Help: "1 when the store's configuration, read at start, risks losing keys: risk eviction (Redis maxmemory-policy is not noeviction) or no_persistence (Redis with neither AOF nor RDB). Redis only, where CONFIG GET is allowed; 0 otherwise.",
+	}, []string{"risk"})
+	reg.MustRegister(risk)
+	for _, r := range redis.Risks {
+		risk.WithLabelValues(r).Set(0)
+	}
+	return risk
+}
+
 // registerEpochMetrics exports the watcher's view, for the alert on a
 // store that lost its keys.
 func registerEpochMetrics(reg prometheus.Registerer, w *epoch.Watcher) {
@@ -128,15 +144,7 @@ func registerEpochMetrics(reg prometheus.Registerer, w *epoch.Watcher) {
 // checkRedisConfig warns, once at start, of a Redis configuration that
 // forgets keys (an eviction policy, no persistence), where CONFIG GET is
 // allowed, and exports it.
-func (a *app) checkRedisConfig(reg prometheus.Registerer, rs *redis.Store) {
-	risk := prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "idemproxy_redis_config_risk",
-		Help: "1 when Redis' configuration, read at start with CONFIG GET, risks losing keys: risk eviction (maxmemory-policy is not noeviction) or no_persistence (neither AOF nor RDB).",
-	}, []string{"risk"})
-	reg.MustRegister(risk)
-	for _, r := range redis.Risks {
-		risk.WithLabelValues(r).Set(0)
-	}
+func (a *app) checkRedisConfig(risk *prometheus.GaugeVec, rs *redis.Store) {
 	ctx, cancel := context.WithTimeout(context.Background(), epochStartTimeout)
 	defer cancel()
 	risks, known, err := rs.ConfigRisks(ctx)

@@ -8,11 +8,13 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/epoch"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store/badger"
 	"github.com/idemproxy/idemproxy/store/postgres"
@@ -66,6 +68,8 @@ func registeredMetrics(t *testing.T) map[string][]string {
 	registerBadgerMetrics(rec, st)
 	postgres.RegisterMetrics(rec, nil) // the names; the values need a database
 	registerConnMetrics(rec, newConnLimiter(nil, 1, 0))
+	registerEpochMetrics(rec, epoch.New(epoch.Options{Store: st, Interval: time.Second}))
+	registerStoreRisk(rec)
 	return rec.labels
 }
 
