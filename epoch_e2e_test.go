@@ -32,6 +32,10 @@ const epochInterval = "300ms"
 // store's epoch gone.
 const lostLine = "the store lost its keys"
 
+// lostMsg is the whole message of that line.
+const lostMsg = "the store lost its keys: protected routes answer 503 store-lost-keys until an operator accepts the loss " +
+	"(idemproxy store accept-loss); retries of keys answered before would be charged again"
+
 // adminToken is the admin token of the proxies started here.
 const adminToken = "s3cret"
 
@@ -224,6 +228,14 @@ func TestRedisRestartedEmptyUnderLoad(t *testing.T) {
 		}
 		if n := lostLines(p); n != 1 {
 			t.Errorf("%s: %d ERROR lines %q, want 1", name, n, lostLine)
+		}
+		// The line says what was seen: the epoch trusted, the marker
+		// found, the Redis instance (run_id).
+		for _, l := range p.log.logLines(lostMsg) {
+			if l["trusted_epoch"] == "" || l["seen_epoch"] == nil || l["store_instance"] == "" || l["seen"] == "" {
+				t.Errorf("%s: the ERROR line lacks what was seen: %v", name, l)
+			}
+			t.Logf("%s: %v", name, l)
 		}
 	}
 	if got := chargeCount(t, up.URL, order(0)); got != 1 {

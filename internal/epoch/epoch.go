@@ -126,6 +126,9 @@ type Watcher struct {
 	until       time.Time    // the end of the grace, when Establishing
 	reason      string
 	incarnation string
+	// prevIncarnation is the incarnation before the last change ("" for
+	// none): a restart or failover, logged with a loss.
+	prevIncarnation string
 
 	changes atomic.Uint64
 }
@@ -244,8 +247,8 @@ func (w *Watcher) Check(ctx context.Context) error {
 	}
 	w.mu.Lock()
 	prevInc := w.incarnation
-	if inc != "" {
-		w.incarnation = inc
+	if inc != "" && inc != w.incarnation {
+		w.prevIncarnation, w.incarnation = w.incarnation, inc
 	}
 	w.mu.Unlock()
 	// A write that loses a race returns the marker that won: judged again,
@@ -356,7 +359,7 @@ func (w *Watcher) wait(m *store.Epoch, now time.Time) {
 	w.until = now.Add(w.opts.Grace)
 	w.setLocked(Establishing, m, "a new epoch marker waits "+w.opts.Grace.String()+
 		" for replicas that remember an older one to object", "new store epoch: waiting for other replicas to object",
-		slog.LevelWarn, "", "")
+		slog.LevelInfo, "", "")
 }
 
 // lose turns the replica lost in memory (lock held), having seen m where
@@ -378,7 +381,11 @@ func (w *Watcher) lose(m, mine *store.Epoch, where string) {
 	if m != nil {
 		attrs = append(attrs[:4], "seen_epoch", m.ID, "seen_state", string(m.State), "seen_gen", m.Gen)
 	}
-	attrs = append(attrs, "store_instance", w.incarnation, "seen", seen)
+	attrs = append(attrs, "store_instance", w.incarnation)
+	if w.prevIncarnation != "" {
+		attrs = append(attrs, "previous_store_instance", w.prevIncarnation)
+	}
+	attrs = append(attrs, "seen", seen)
 	w.log.Error("the store lost its keys: protected routes answer 503 store-lost-keys until an operator accepts the loss "+
 		"(idemproxy store accept-loss); retries of keys answered before would be charged again", attrs...)
 	lost := *mine
