@@ -37,9 +37,10 @@ func epochSeen(w *epoch.Watcher, m *store.Epoch, read bool) error {
 // and publishes it in slot. It returns the store the proxy reserves on
 // (reservations refused while the replica does not trust the store's
 // epoch), the readiness check that says so, and the function that stops
-// the watcher. The first check runs before it returns. A shared store's
-// new marker waits three check intervals for objections; Badger's, which
-// no other replica shares, none.
+// the watcher. The first check runs before it returns, and a new marker's
+// grace too (until ctx ends): a shared store's new marker waits three
+// check intervals for objections; Badger's, which no other replica
+// shares, none.
 func (a *app) watchEpoch(ctx context.Context, reg prometheus.Registerer, st storeCloser, name string, slot *atomic.Pointer[epoch.Watcher]) (store.Store, func() error, func()) {
 	es, ok := st.(store.EpochStore)
 	if !ok {
