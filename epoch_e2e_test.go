@@ -74,6 +74,16 @@ func lostLines(p *proc) int {
 	return n
 }
 
+// wantOneLostLine checks that p logged the loss once (the log is
+// written behind the process's work: waited for).
+func wantOneLostLine(t *testing.T, name string, p *proc) {
+	t.Helper()
+	eventually(t, name+": the ERROR line written", func() bool { return lostLines(p) > 0 })
+	if n := lostLines(p); n != 1 {
+		t.Errorf("%s: %d ERROR lines %q, want 1", name, n, lostLine)
+	}
+}
+
 // wantLost checks that p refuses a retry of order with 503
 // store-lost-keys, says so on /readyz and in its metrics.
 func wantLost(t *testing.T, name string, p *proc, order string) {
@@ -226,9 +236,7 @@ func TestRedisRestartedEmptyUnderLoad(t *testing.T) {
 		if got := metricSum(t, p, "idemproxy_store_epoch_changes_total"); got != 1 {
 			t.Errorf("%s: idemproxy_store_epoch_changes_total = %v, want 1", name, got)
 		}
-		if n := lostLines(p); n != 1 {
-			t.Errorf("%s: %d ERROR lines %q, want 1", name, n, lostLine)
-		}
+		wantOneLostLine(t, name, p)
 		// The line says what was seen: the epoch trusted, the marker
 		// found, the Redis instance (run_id).
 		for _, l := range p.log.logLines(lostMsg) {
@@ -309,7 +317,9 @@ func TestRedisFlushallAndANewReplica(t *testing.T) {
 	if r.status != 200 || !strings.Contains(r.body, `"accepted": true`) || !strings.Contains(r.body, `"previous_state": "lost"`) {
 		t.Fatalf("accept-loss = %d %s, want 200 accepted, previous state lost", r.status, r.body)
 	}
-	audit := c.log.logLines("store loss accepted by an operator: retries of keys answered before the loss will be forwarded again")
+	const auditMsg = "store loss accepted by an operator: retries of keys answered before the loss will be forwarded again"
+	eventually(t, "the audit line written", func() bool { return len(c.log.logLines(auditMsg)) > 0 }) // the log is written behind
+	audit := c.log.logLines(auditMsg)
 	if len(audit) != 1 || audit[0]["operator"] != "alice" || audit[0]["reason"] != "flushed by mistake" || audit[0]["level"] != "WARN" {
 		t.Errorf("audit lines = %v, want one WARN naming alice and the reason", audit)
 	}
@@ -329,7 +339,14 @@ func TestRedisRestartedFromItsAppendOnlyFile(t *testing.T) {
 	if r := charge(procs[0], "ORD-A1"); r.status != 201 {
 		t.Fatalf("ORD-A1 = %d %s, want 201", r.status, r.body)
 	}
+	before, err := rd.Do("HGET", e2eKeyPrefix+"epoch", "eid")
+	if err != nil || before == "" {
+		t.Fatalf("the epoch marker before the restart = %q, %v; want one", before, err)
+	}
 	rd.Restart()
+	if after, err := rd.Do("HGET", e2eKeyPrefix+"epoch", "eid"); err != nil || after != before {
+		t.Fatalf("the epoch marker after the restart = %q, %v; want %q, kept in the append-only file", after, err, before)
+	}
 	for i, p := range procs {
 		eventually(t, fmt.Sprintf("replica %d replays after the restart", i), func() bool {
 			r := charge(p, "ORD-A1")
@@ -434,9 +451,7 @@ func TestBadgerDirectoryReplaced(t *testing.T) {
 	if got := chargeCount(t, up.URL, "ORD-B1"); got != 1 {
 		t.Fatalf("ORD-B1 charged %d times, want 1", got)
 	}
-	if n := lostLines(p); n != 1 {
-		t.Errorf("%d ERROR lines %q, want 1", n, lostLine)
-	}
+	wantOneLostLine(t, "badger", p)
 	ra := do("POST", p.adminURL("/v1/store/accept-loss?reason=disk+replaced"), "",
 		"Authorization", "Bearer "+adminToken, "X-Operator", "bob")
 	if ra.status != 200 {
