@@ -11,6 +11,7 @@ import (
 	"reflect"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/admin"
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/epoch"
 	"github.com/idemproxy/idemproxy/internal/prealloc"
 	"github.com/idemproxy/idemproxy/internal/settle"
 	"github.com/idemproxy/idemproxy/proxy"
@@ -42,6 +44,11 @@ type app struct {
 	conns    *connLimiter // the client listener's limits; set by serve
 	reloadOK prometheus.Gauge
 	reloadTS prometheus.Gauge
+
+	// epochSeen is given to the shared stores, which call it with the
+	// epoch marker read on each new connection (epoch.go); nil outside
+	// serve.
+	epochSeen func(m *store.Epoch, read bool) error
 }
 
 // storeCloser is a store the program opens and closes; every backend
@@ -170,6 +177,8 @@ func (a *app) serve(ctx context.Context) error {
 	// the store's own (a Badger commit whose batch failed): shutdown waits
 	// for them up to its deadline, before the store closes.
 	a.settler = settle.New(log)
+	var watcher atomic.Pointer[epoch.Watcher]
+	a.epochSeen = func(m *store.Epoch, read bool) error { return epochSeen(watcher.Load(), m, read) }
 	st, storeName, err := a.openStore(reg)
 	if err != nil {
 		return fmt.Errorf("open store: %w", err)
@@ -184,11 +193,14 @@ func (a *app) serve(ctx context.Context) error {
 		cancel()
 		a.settler.Close(now)
 	}()
-	// The write probe's verdict is /readyz's; the proxy's reservations
-	// report to it between probes.
+	// The epoch watcher gates reservations (a store that forgot its keys
+	// is refused); the write probe's verdict is /readyz's, and the
+	// proxy's reservations report to it between probes.
+	reserveStore, epochReady, stopEpoch := a.watchEpoch(ctx, reg, st, storeName, &watcher)
+	defer stopEpoch() // before the store closes
 	probe := store.NewWriteProbe(st, store.ProbeOptions{})
 	a.p, err = proxy.New(cfg, proxy.Options{
-		Store: probe.Observe(st), StoreName: storeName, Logger: log, AccessLog: a.access, Metrics: proxy.NewMetrics(reg),
+		Store: probe.Observe(reserveStore), StoreName: storeName, Logger: log, AccessLog: a.access, Metrics: proxy.NewMetrics(reg),
 		Settler: a.settler,
 	})
 	if err != nil {
@@ -240,7 +252,8 @@ func (a *app) serve(ctx context.Context) error {
 		adm = admin.NewHandler(admin.Options{
 			Store: a.p.Store(), Lister: st, Routes: a, Gatherer: reg, Token: token, TokenEnv: cfg.Admin.TokenEnv,
 			Reload: a.reload, StoreOptional: a.storeOptional, Logger: log, Reconciler: reconciler,
-			Pprof: cfg.Admin.Pprof, ReadyChecks: []func() error{conns.Saturated, a.p.BuffersSaturated},
+			AcceptLoss: a.acceptLossFunc(st, &watcher),
+			Pprof:      cfg.Admin.Pprof, ReadyChecks: []func() error{conns.Saturated, a.p.BuffersSaturated, epochReady},
 			StoreProbe: probe, Registerer: reg,
 		})
 		raw, err := net.Listen("tcp", cfg.Admin.Listen)

@@ -55,6 +55,7 @@ func openRedis(a *app, _ prometheus.Registerer) (storeCloser, error) {
 		KeyPrefix:         r.KeyPrefix,
 		DialTimeout:       r.DialTimeout.D(),
 		OpTimeout:         r.OpTimeout.D(),
+		EpochSeen:         a.epochSeen,
 	}
 	for _, c := range []struct {
 		env string
@@ -105,6 +106,7 @@ func openPostgres(a *app, reg prometheus.Registerer) (storeCloser, error) {
 		Table:             pg.Table,
 		SynchronousCommit: pg.SynchronousCommit,
 		Logger:            a.log,
+		EpochSeen:         a.epochSeen,
 	})
 	if err != nil {
 		return nil, err

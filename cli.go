@@ -50,6 +50,7 @@ and at /etc/idemproxy/config.example.yaml in the container image.
 Usage:
   idemproxy [flags]
   idemproxy keys list|show|release|reconcile ...   keys through the admin API (idemproxy keys -h)
+  idemproxy store accept-loss -config FILE ...     accept that the store lost its keys (idemproxy store -h)
 
 Flags:
 `, configEnv, exampleConfigURL)

@@ -7,6 +7,7 @@
 //	idemproxy -config config.yaml -check   validate the configuration and exit
 //	idemproxy -healthcheck URL             exit 0 if URL answers 200 (container health checks)
 //	idemproxy keys list ROUTE -state in_doubt   list keys through the admin API
+//	idemproxy store accept-loss -config FILE    accept that the store lost its keys
 //	idemproxy -version                     print the version, the commit and its date
 package main
 
@@ -44,6 +45,9 @@ func main() {
 func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
 	if len(args) > 0 && args[0] == "keys" {
 		return runKeys(ctx, args[1:], stdout, stderr, getenv)
+	}
+	if len(args) > 0 && args[0] == "store" {
+		return runStore(ctx, args[1:], stdout, stderr, getenv)
 	}
 	fs := flag.NewFlagSet("idemproxy", flag.ContinueOnError)
 	fs.SetOutput(stderr)

@@ -8,12 +8,14 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/idemproxy/idemproxy/admin"
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/epoch"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/badger"
@@ -71,6 +73,8 @@ func registeredMetrics(t *testing.T) map[string][]string {
 	registerAdminConnMetrics(rec, newAdminLimiter(nil, 1, 0))
 	registerProbeMetrics(rec, store.NewWriteProbe(st, store.ProbeOptions{}))
 	admin.NewHandler(admin.Options{Store: st, Registerer: rec})
+	registerEpochMetrics(rec, epoch.New(epoch.Options{Store: st, Interval: time.Second}))
+	registerStoreRisk(rec)
 	return rec.labels
 }
 

@@ -97,6 +97,11 @@ type Options struct {
 	// Registerer receives the admin API's own metrics (failed
 	// authentications); nil registers none.
 	Registerer prometheus.Registerer
+	// AcceptLoss serves POST /v1/store/accept-loss, behind the token: it
+	// accepts that the store lost its keys by writing a new epoch marker
+	// (every replica adopts it and serves again), and returns the marker
+	// it replaced (nil: none) and the new one. Nil: that endpoint is 404.
+	AcceptLoss func(ctx context.Context, operator, reason string) (old, accepted *store.Epoch, err error)
 }
 
 // Prober is the verdict of a background probe.
@@ -148,6 +153,9 @@ func NewHandler(opts Options) *Handler {
 	h.mux.Handle("GET /v1/keys/{route}/{key...}", h.auth(h.getKey))
 	h.mux.Handle("DELETE /v1/keys/{route}/{key...}", h.auth(h.deleteKey))
 	h.mux.Handle("POST /v1/keys/{route}/{key}/reconcile", h.auth(h.reconcileKey))
+	if opts.AcceptLoss != nil {
+		h.mux.Handle("POST /v1/store/accept-loss", h.auth(h.acceptLoss))
+	}
 	if opts.Pprof {
 		// A profile shows the process's internals and costs CPU while it
 		// runs: an operator's tool, behind the token.
@@ -431,6 +439,35 @@ func (h *Handler) reconcileKey(w http.ResponseWriter, r *http.Request) {
 	h.opts.Logger.Warn("key reconciled by an operator", "route", r.PathValue("route"), "key_hash", hexPrefix(sum[:6]),
 		"result", out.Result, "operator", r.Header.Get("X-Operator"), "remote_addr", r.RemoteAddr)
 	writeJSON(w, r, http.StatusOK, out)
+}
+
+// acceptLoss accepts that the store lost its keys, audited like a
+// release: the operator (X-Operator) and the reason (?reason=) are logged
+// with the epochs.
+func (h *Handler) acceptLoss(w http.ResponseWriter, r *http.Request) {
+	operator, reason := r.Header.Get("X-Operator"), r.URL.Query().Get("reason")
+	old, acc, err := h.opts.AcceptLoss(r.Context(), operator, reason)
+	if err != nil {
+		writeProblem(w, r, problemFor(err), err.Error(), nil)
+		return
+	}
+	prevID, prevState := "none", "none"
+	if old != nil {
+		prevID, prevState = old.ID, string(old.State)
+	}
+	h.opts.Logger.Warn("store loss accepted by an operator: retries of keys answered before the loss will be forwarded again",
+		"epoch", acc.ID,
+		"gen", acc.Gen,
+		"previous_epoch", prevID,
+		"previous_state", prevState,
+		"operator", operator,
+		"reason", reason,
+		"via", "admin",
+		"remote_addr", r.RemoteAddr,
+		"user_agent", r.UserAgent(),
+		"at", time.Now().UTC().Format(time.RFC3339Nano))
+	writeJSON(w, r, http.StatusOK, map[string]any{"accepted": true, "epoch": acc.ID, "gen": acc.Gen,
+		"previous_epoch": prevID, "previous_state": prevState})
 }
 
 func hexPrefix(b []byte) string {

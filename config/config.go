@@ -144,6 +144,12 @@ type Store struct {
 	Badger   *Badger   `yaml:"badger"`
 	Redis    *Redis    `yaml:"redis"`
 	Postgres *Postgres `yaml:"postgres"`
+	// EpochCheckInterval is how often each replica checks the store's
+	// epoch marker, which tells a store that forgot its keys (restarted
+	// empty, flushed, truncated, evicted, a replaced directory). A shared
+	// store's new marker waits three intervals for replicas that remember
+	// an older one to object. Default 2s.
+	EpochCheckInterval Duration `yaml:"epoch_check_interval"`
 }
 
 // Badger configures the embedded store.

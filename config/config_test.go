@@ -155,6 +155,9 @@ func TestDefaults(t *testing.T) {
 	if b.GCInterval.D() != 5*time.Minute {
 		t.Errorf("store.badger.gc_interval = %v, want 5m", b.GCInterval.D())
 	}
+	if got := c.Store.EpochCheckInterval.D(); got != 2*time.Second {
+		t.Errorf("store.epoch_check_interval = %v, want 2s", got)
+	}
 }
 
 func TestDefaultsDependOnOtherFields(t *testing.T) {
@@ -391,6 +394,8 @@ func TestValidationProblems(t *testing.T) {
 		{"client resets negative", "server: {max_client_resets_per_second: -1}\n" + withRoute(""), "server.max_client_resets_per_second: must be positive"},
 		{"drain delay negative", "server: {drain_delay: -1s}\n" + withRoute(""), "server.drain_delay: must not be negative"},
 		{"badger gc negative", "store: {badger: {gc_interval: -1m}}\n" + withRoute(""), "store.badger.gc_interval: must be positive"},
+		{"epoch check negative", "store: {epoch_check_interval: -1s}\n" + withRoute(""), "store.epoch_check_interval: must be positive and at most 1m"},
+		{"epoch check too rare", "store: {epoch_check_interval: 2m}\n" + withRoute(""), "store.epoch_check_interval: must be positive and at most 1m"},
 		{"memory limit too small", "memory_limit: 1048576\n" + withRoute(""), "memory_limit: 1048576 bytes is below the minimum of 16777216 (16 MiB); 0 chooses it, -1 disables it"},
 		{"memory limit negative", "memory_limit: -2\n" + withRoute(""), "memory_limit: -2 bytes is below the minimum of 16777216 (16 MiB); 0 chooses it, -1 disables it"},
 		{"route histograms below -1", "metrics: {route_histograms: -2}\n" + withRoute(""), "metrics.route_histograms: -2: want a number of routes, 0 for the default (50) or -1 for none"},

@@ -19,6 +19,7 @@ const (
 	DefaultRedisKeyPrefix           = "idemproxy:"
 	DefaultRedisDialTimeout         = time.Second
 	DefaultRedisOpTimeout           = 500 * time.Millisecond
+	DefaultEpochCheckInterval       = 2 * time.Second
 	DefaultPostgresMaxConns         = 16
 	DefaultPostgresConnectTimeout   = time.Second
 	DefaultPostgresStatementTimeout = 500 * time.Millisecond
@@ -74,6 +75,7 @@ func (c *Config) applyDefaults() {
 	if c.Store.Badger == nil && c.Store.Redis == nil && c.Store.Postgres == nil {
 		c.Store.Badger = &Badger{}
 	}
+	setDuration(&c.Store.EpochCheckInterval, DefaultEpochCheckInterval)
 	if b := c.Store.Badger; b != nil {
 		setString(&b.Dir, DefaultBadgerDir)
 		if b.SyncWrites == nil {

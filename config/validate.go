@@ -174,6 +174,9 @@ func (c *Config) validateStore(p *problems) {
 	if pg := st.Postgres; pg != nil {
 		pg.validate(p)
 	}
+	if st.EpochCheckInterval < 0 || st.EpochCheckInterval.D() > time.Minute {
+		p.add("store.epoch_check_interval", "must be positive and at most 1m: a store that forgot its keys is found within it")
+	}
 	if b := st.Badger; b != nil {
 		if b.GCInterval <= 0 {
 			p.add("store.badger.gc_interval", "must be positive")

@@ -276,7 +276,9 @@ func (a *attempt) reserveAndForward(w http.ResponseWriter, body []byte, id ident
 			// The reservation may have been applied with its reply lost:
 			// take it back, so the key is not left in flight (and then in
 			// doubt) for a request that was never forwarded.
-			a.p.releaseLater(a.storeKey, res.Token, a.reservedAt.Add(cfg.Lease.D()))
+			if !errors.Is(err, store.ErrKeysLost) { // refused before the store was written
+				a.p.releaseLater(a.storeKey, res.Token, a.reservedAt.Add(cfg.Lease.D()))
+			}
 			a.storeFailed(w, body, "reserve", err)
 			return
 		}
@@ -621,12 +623,26 @@ func (p *Proxy) releaseLater(key, token string, until time.Time) {
 }
 
 // storeFailed answers a store failure: 503, or the request forwarded
-// unprotected under on_store_error: forward.
+// unprotected under on_store_error: forward (and in mode observe). A store
+// that lost its keys (store.ErrKeysLost: the replica's epoch watcher
+// refused the reservation) is 503 store-lost-keys; it was logged once, at
+// the transition, so each refusal is logged at debug level only.
 func (a *attempt) storeFailed(w http.ResponseWriter, body []byte, op string, err error) {
-	a.p.log.Error("store failed", "route", a.routeName(), "operation", op, "key_hash", store.KeyHash(a.storeKey), "err", err)
+	lost := errors.Is(err, store.ErrKeysLost)
+	if lost {
+		a.p.log.Debug("store lost its keys: reservation refused", "route", a.routeName(), "key_hash", store.KeyHash(a.storeKey), "err", err)
+	} else {
+		a.p.log.Error("store failed", "route", a.routeName(), "operation", op, "key_hash", store.KeyHash(a.storeKey), "err", err)
+	}
 	a.outcome = OutcomeStoreError
 	if a.rt.cfg.OnStoreError == config.StoreErrorForward || a.observing() {
 		a.p.forward(w, a, body)
+		return
+	}
+	if lost {
+		a.problem(w, OutcomeStoreError, probStoreLostKeys, "the idempotency store no longer has the keys it had "+
+			"(restarted empty, flushed or truncated), or a new store waits for the other replicas to object: "+
+			"nothing was forwarded; retry later (an operator must accept a loss)", 5, nil)
 		return
 	}
 	a.problem(w, OutcomeStoreError, probStoreUnavailable, "the idempotency store cannot be reached; retry later", 1, nil)

@@ -41,6 +41,7 @@ var (
 	probUpstreamReset    = problem{"upstream-reset", http.StatusBadGateway, "Upstream connection lost before an answer"}
 	probUpstreamTimeout  = problem{"upstream-timeout", http.StatusGatewayTimeout, "Upstream did not answer in time"}
 	probStoreUnavailable = problem{"store-unavailable", http.StatusServiceUnavailable, "Idempotency store unavailable"}
+	probStoreLostKeys    = problem{"store-lost-keys", http.StatusServiceUnavailable, "Idempotency store lost its keys"}
 	probOverloaded       = problem{"overloaded", http.StatusServiceUnavailable, "Proxy overloaded"}
 	probShuttingDown     = problem{"shutting-down", http.StatusServiceUnavailable, "Proxy shutting down"}
 )
@@ -54,7 +55,7 @@ func Problems() []struct {
 } {
 	all := []problem{probMissingKey, probInvalidKey, probInvalidJSON, probMissingScope, probInvalidScope, probUnreadableBody,
 		probInvalidUpgrade, probBodyTooLarge, probHeaderFields, probBodyTimeout, probInFlight, probInDoubt, probDuplicate, probNotReplayable, probMismatch,
-		probUpstreamDown, probUpstreamReset, probUpstreamTimeout, probStoreUnavailable, probOverloaded, probShuttingDown,
+		probUpstreamDown, probUpstreamReset, probUpstreamTimeout, probStoreUnavailable, probStoreLostKeys, probOverloaded, probShuttingDown,
 		probUnsupportedCoding}
 	out := make([]struct {
 		Name   string

@@ -114,6 +114,11 @@ func (p *WriteProbe) write(ctx context.Context) error {
 	}
 	token := randomID()
 	rec, err := p.s.Reserve(ctx, p.key, Reservation{Token: token, Fingerprint: "probe", Lease: 30 * time.Second, TTL: time.Minute})
+	if errors.Is(err, ErrKeysLost) {
+		// The store answered and refused on purpose: it lost its keys,
+		// which the epoch watcher reports; its writes are not failing.
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("writes fail: reserve of a probe key: %w", err)
 	}
@@ -150,7 +155,9 @@ type observed struct {
 
 func (o observed) Reserve(ctx context.Context, key string, res Reservation) (*Record, error) {
 	rec, err := o.Store.Reserve(ctx, key, res)
-	if err == nil || !errors.Is(err, context.Canceled) {
+	// A client that went away says nothing of the store; a store that
+	// lost its keys refuses on purpose (the epoch watcher reports it).
+	if !errors.Is(err, context.Canceled) && !errors.Is(err, ErrKeysLost) {
 		o.p.observe(err)
 	}
 	return rec, err

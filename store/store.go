@@ -275,3 +275,71 @@ type Lister interface {
 	// the store did not return for q.Prefix is ErrBadCursor.
 	List(ctx context.Context, q ListQuery) (recs []Listed, next string, err error)
 }
+
+// EpochState is the state of a store's epoch marker.
+type EpochState string
+
+// The states of an epoch marker.
+const (
+	// EpochNew: a replica found the store without a marker and wrote this
+	// one; it trusts it only after a grace period in which the replicas
+	// that remember an older epoch can object (by marking it lost).
+	EpochNew EpochState = "new"
+	// EpochEstablished: a new marker that outlasted its grace period
+	// without an objection.
+	EpochEstablished EpochState = "established"
+	// EpochLost: a replica saw the marker it remembered missing or
+	// replaced: the store forgot keys it had. No replica serves protected
+	// requests until an operator accepts the loss.
+	EpochLost EpochState = "lost"
+	// EpochAccepted: an operator accepted a loss (idemproxy store
+	// accept-loss, or the admin API); replicas adopt it.
+	EpochAccepted EpochState = "accepted"
+)
+
+// Epoch is a shared store's epoch marker: a record the store keeps beside
+// the key records, with no expiry, that disappears with them when the
+// store forgets its keys (a restart without persistence, FLUSHALL, a
+// truncated table, a replaced data directory). Every replica remembers the
+// epoch it trusts and checks the marker; a missing or different marker
+// means the keys it vouched for are gone.
+type Epoch struct {
+	// ID is random, new for every marker written.
+	ID string
+	// State is the marker's state.
+	State EpochState
+	// Gen orders markers: each one written has a Gen above that of the
+	// marker it replaces (or the replica remembered), and at least its
+	// writer's clock in Unix milliseconds. A marker restored from an old
+	// backup has a lower Gen than the one replicas remember, so an old
+	// acceptance is never adopted by mistake.
+	Gen uint64
+	// CreatedAt is when the marker was written (the writer's clock).
+	CreatedAt time.Time
+	// Previous is the ID of the epoch the writer remembered or replaced
+	// ("" for none).
+	Previous string
+	// Note says why the marker was written: what a replica saw, or an
+	// operator's name and reason. Empty for a new store.
+	Note string
+}
+
+// EpochStore is implemented by the stores that keep an epoch marker: every
+// store of idemproxy. The marker is kept where the key records are, so that
+// whatever forgets them forgets the marker too, and it is never listed,
+// expired or swept as a key record.
+type EpochStore interface {
+	// Epoch returns the marker, or (nil, nil) when there is none.
+	Epoch(ctx context.Context) (*Epoch, error)
+	// SwapEpoch atomically writes e when the marker's ID is old ("": when
+	// there is no marker), and reports whether it wrote. It returns the
+	// marker as it is after the call (e when written; nil when there is
+	// none).
+	SwapEpoch(ctx context.Context, old string, e Epoch) (cur *Epoch, swapped bool, err error)
+}
+
+// ErrKeysLost is returned (wrapped) for a reservation refused because the
+// store lost its keys (its epoch marker went missing or was replaced) and
+// no operator has accepted the loss yet, or because the replica is still
+// waiting for other replicas to object to a new marker.
+var ErrKeysLost = errors.New("the idempotency store lost its keys")

@@ -64,6 +64,14 @@ type Guard struct {
 	// is a Group of Options.Settler, closed by Close.
 	settling *settle.Settler
 
+	// dir is the data directory the open store was opened in (os.Stat),
+	// to tell it replaced (epoch.go); replaced is set once it was.
+	dir      atomic.Pointer[os.FileInfo]
+	replaced atomic.Bool
+	// expect is the epoch ID reservations check (ExpectEpoch); nil or
+	// "": none.
+	expect atomic.Pointer[string]
+
 	lowDisk atomic.Uint64 // reservations refused below the floor
 	reopens atomic.Uint64 // successful reopens after a fault
 
@@ -146,6 +154,7 @@ func OpenGuarded(opts Options, g GuardOptions) (*Guard, error) {
 		gd.fail(ErrLowDisk)
 	} else if s, err := Open(opts); err == nil {
 		gd.cur = &guarded{Store: s}
+		gd.noteDir()
 	} else if isNoRoom(err) {
 		// Above the floor, but without room for the files Badger
 		// allocates when it opens (internal/prealloc): as below it.
@@ -334,7 +343,7 @@ func (g *Guard) reopen() {
 		// The requests holding in-flight reservations are still running
 		// in this process: they are not orphans.
 		o.keepInFlight = true
-		o.orphanTables = g.recreated
+		o.orphanTables = g.recreated || g.replaced.Load()
 		return Open(o)
 	}()
 	g.noRoom = false
@@ -353,6 +362,8 @@ func (g *Guard) reopen() {
 		return
 	}
 	g.cur = &guarded{Store: s}
+	g.noteDir()
+	g.replaced.Store(false)
 	g.recreated = false
 	g.broken.Store(false)
 	g.reopens.Add(1)
@@ -403,7 +414,7 @@ func (g *Guard) acquire() *guarded {
 // itself failed, rather than the caller's context, fencing or a record in
 // another state.
 func isFault(err error) bool {
-	for _, domain := range []error{store.ErrNotOwner, store.ErrNotInDoubt, store.ErrLookupBusy, store.ErrNotDue,
+	for _, domain := range []error{store.ErrNotOwner, store.ErrNotInDoubt, store.ErrLookupBusy, store.ErrNotDue, store.ErrKeysLost,
 		errCorrupt, context.Canceled, context.DeadlineExceeded} {
 		if errors.Is(err, domain) {
 			return false
@@ -419,7 +430,16 @@ func (g *Guard) Reserve(ctx context.Context, key string, res store.Reservation) 
 		return nil, fmt.Errorf("%w (%d bytes free, floor %d)", ErrLowDisk, g.FreeBytes(), g.floor)
 	}
 	g.wrote(len(key) + len(res.Fingerprint))
+	expect := g.expectedEpoch()
+	if expect != "" && g.dirReplaced() {
+		return nil, fmt.Errorf("badger: %w: the data directory %s was replaced", store.ErrKeysLost, g.opts.Dir)
+	}
 	err = g.do(func(s *Store) error {
+		if expect != "" {
+			if err := s.checkEpoch(ctx, expect); err != nil {
+				return err
+			}
+		}
 		rec, err = s.Reserve(ctx, key, res)
 		return err
 	})

@@ -81,6 +81,9 @@ func (s *Store) List(ctx context.Context, q store.ListQuery) ([]store.Listed, st
 // selects it.
 func (s *Store) listed(item *bdg.Item, q store.ListQuery) (store.Listed, bool, error) {
 	key := string(item.Key())
+	if len(key) > 0 && key[0] == 0 { // the epoch marker, the schedule index: no records
+		return store.Listed{}, false, nil
+	}
 	if q.KeyHash != "" && store.KeyHash(key) != q.KeyHash {
 		return store.Listed{}, false, nil
 	}

@@ -73,6 +73,12 @@ type Options struct {
 	SweepBatch int
 	// Logger receives the sweeper's errors; nil discards them.
 	Logger *slog.Logger
+	// EpochSeen, when set, is called with the epoch marker (epoch.go) read
+	// on every new connection, before the pool hands it out; an error
+	// fails the connection, so that nothing is reserved on a table that
+	// lost its keys. A failed read (the table not created yet) calls
+	// nothing. Nil: nothing is called.
+	EpochSeen func(m *store.Epoch, read bool) error
 }
 
 // Store is a store.Store and store.ReconcileStore kept in one PostgreSQL
@@ -97,6 +103,11 @@ type Store struct {
 	stop       chan struct{}
 	stopped    sync.WaitGroup
 	closeOnce  sync.Once
+
+	// expect is the epoch ID reservations check (ExpectEpoch); nil or
+	// "": none.
+	expect    atomic.Pointer[string]
+	epochSeen func(m *store.Epoch, read bool) error
 }
 
 var (
@@ -161,6 +172,7 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 		instance:         randomToken(),
 		sweepBatch:       opts.SweepBatch,
 		stop:             make(chan struct{}),
+		epochSeen:        opts.EpochSeen,
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
@@ -209,6 +221,16 @@ func poolConfig(opts Options) (*pgxpool.Config, error) {
 		return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: replyGrace}
 	}
 	cfg.ConnConfig.OnNotice = noteUnreplicated
+	if opts.EpochSeen != nil {
+		table := pgx.Identifier{opts.Schema, opts.Table}.Sanitize()
+		cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+			m, err := readEpochOn(ctx, c, table)
+			if err != nil {
+				return nil // the watcher's checks tell
+			}
+			return opts.EpochSeen(m, true)
+		}
+	}
 	return cfg, nil
 }
 
@@ -356,17 +378,23 @@ func (s *Store) Reserve(ctx context.Context, key string, res store.Reservation) 
 	if res.Lease <= 0 || res.TTL <= 0 {
 		return nil, fmt.Errorf("postgres store: reserve: lease %v and ttl %v must be positive", res.Lease, res.TTL)
 	}
+	expect := s.expectedEpoch()
 	for range 3 {
 		var rec *store.Record
 		var sampled time.Time
-		reserved := false
+		var lostEpoch *store.Epoch
+		reserved, lost := false, false
 		err := s.run(ctx, func(ctx context.Context, c *pgxpool.Conn) error {
 			deadline, at, err := s.deadline(ctx, c)
 			if err != nil {
 				return err
 			}
 			sampled = at
-			tag, err := c.Exec(ctx, s.sql.reserve, key, res.Token, res.Fingerprint, micros(res.Lease), micros(res.TTL), deadline)
+			sql, args := s.sql.reserve, []any{key, res.Token, res.Fingerprint, micros(res.Lease), micros(res.TTL), deadline}
+			if expect != "" {
+				sql, args = s.sql.reserveEpoch, append(args, expect)
+			}
+			tag, err := c.Exec(ctx, sql, args...)
 			if err != nil {
 				return err
 			}
@@ -375,10 +403,22 @@ func (s *Store) Reserve(ctx context.Context, key string, res store.Reservation) 
 				return nil
 			}
 			rec, err = s.get(ctx, c, key)
+			if err != nil || rec != nil || expect == "" {
+				return err
+			}
+			// Not taken, and no record: was it the marker?
+			lostEpoch, err = s.readEpoch(ctx, c)
+			lost = err == nil && (lostEpoch == nil || lostEpoch.ID != expect)
 			return err
 		})
 		if err != nil {
 			return nil, fmt.Errorf("postgres store: reserve: %w", err)
+		}
+		if lost {
+			if s.epochSeen != nil {
+				s.epochSeen(lostEpoch, true)
+			}
+			return nil, fmt.Errorf("postgres store: reserve: %w: the epoch marker changed under a reservation", store.ErrKeysLost)
 		}
 		if reserved {
 			return nil, nil

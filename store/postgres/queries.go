@@ -14,9 +14,12 @@ const schemaVersion = 1
 
 // queries holds the statements, with the table's name filled in.
 type queries struct {
-	createTable, createIndexes, createVersion    []string
-	versionTable                                 string // quoted, schema-qualified
-	reserve, get, commit, release, markInDoubt   string
+	createTable, createIndexes, createVersion  []string
+	versionTable                               string // quoted, schema-qualified
+	reserve, get, commit, release, markInDoubt string
+	// reserveEpoch is reserve that takes the key only while the epoch
+	// marker's row (epoch.go) carries the ID $7.
+	reserveEpoch                                 string
 	schedule, unschedule, claim, claimState      string
 	resolveRelease, resolveApplied, resolveRetry string
 	due, unscheduled, sweep                      string
@@ -49,7 +52,7 @@ func newQueries(schema, table string) queries {
 	t := pgx.Identifier{schema, table}.Sanitize()
 	ix := func(suffix string) string { return pgx.Identifier{table + suffix}.Sanitize() }
 	vt := pgx.Identifier{schema, table + "_schema"}.Sanitize()
-	r := strings.NewReplacer("{t}", t, "{ts}", ts, "{live}", live, "{doubt}", doubt, "{us}", us, "{cleared}", cleared)
+	r := strings.NewReplacer("{epoch}", "EXISTS (SELECT 1 FROM "+t+" AS e WHERE e.key = '"+EpochKey+"' AND e.token = $7)", "{t}", t, "{ts}", ts, "{live}", live, "{doubt}", doubt, "{us}", us, "{cleared}", cleared)
 	q := func(s string) string { return r.Replace(s) }
 	return queries{
 		createTable: []string{q(`CREATE TABLE IF NOT EXISTS {t} (
@@ -90,6 +93,14 @@ ON CONFLICT (key) DO UPDATE SET
 	created_at = excluded.created_at, lease_expires_at = excluded.lease_expires_at,
 	expires_at = excluded.expires_at, response = NULL, body = NULL, {cleared}
 WHERE r.expires_at <= {ts} AND clock_timestamp() <= $6::timestamptz`),
+		reserveEpoch: q(`INSERT INTO {t} AS r (key, state, token, fingerprint, created_at, lease_expires_at, expires_at)
+SELECT $1, 'in_flight', $2, $3, {ts}, {ts} + $4::bigint{us}, {ts} + $5::bigint{us}
+WHERE clock_timestamp() <= $6::timestamptz AND {epoch}
+ON CONFLICT (key) DO UPDATE SET
+	state = excluded.state, token = excluded.token, fingerprint = excluded.fingerprint,
+	created_at = excluded.created_at, lease_expires_at = excluded.lease_expires_at,
+	expires_at = excluded.expires_at, response = NULL, body = NULL, {cleared}
+WHERE r.expires_at <= {ts} AND clock_timestamp() <= $6::timestamptz AND {epoch}`),
 		get: q(`SELECT CASE WHEN {doubt} THEN 'in_doubt' ELSE r.state END, r.token, r.fingerprint, r.created_at,
 	CASE WHEN r.state = 'in_flight' AND r.lease_expires_at > {ts} THEN r.lease_expires_at END,
 	r.expires_at, r.response, r.body

@@ -48,8 +48,19 @@ func BenchmarkReserveCommit(b *testing.B) {
 			b.Fatalf("commit: %v", err)
 		}
 	}
-	for _, par := range []int{1, 32} {
-		b.Run(fmt.Sprintf("conns=%d", par), func(b *testing.B) {
+	// epoch=checked: the reservation's script checks the epoch marker
+	// (ExpectEpoch), as the program does on a single node.
+	if _, _, err := s.SwapEpoch(context.Background(), "", store.Epoch{ID: "bench", State: store.EpochEstablished, Gen: 1, CreatedAt: time.Now()}); err != nil {
+		b.Fatal(err)
+	}
+	for _, run := range []struct {
+		name   string
+		expect string
+		par    int
+	}{{"conns=1", "", 1}, {"conns=32", "", 32}, {"epoch=checked/conns=1", "bench", 1}, {"epoch=checked/conns=32", "bench", 32}} {
+		par := run.par
+		s.ExpectEpoch(run.expect)
+		b.Run(run.name, func(b *testing.B) {
 			b.ReportAllocs()
 			cpu0, self0 := procCPU(b, pid), selfCPU()
 			if par == 1 {

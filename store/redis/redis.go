@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -70,6 +71,14 @@ type Options struct {
 	// known to run with maxmemory-policy noeviction or without maxmemory: an
 	// evicted record lets a retried request through a second time.
 	SkipEvictionCheck bool
+	// EpochSeen, when set, is called with the epoch marker (epoch.go) read
+	// on every new connection, before the connection is used; an error
+	// fails the connection, so that nothing is reserved on a store that
+	// forgot its keys. On a Cluster the marker's slot may live on another
+	// node: it is called with read false (and m nil) instead. It is also
+	// called when a reservation found the marker changed
+	// (Store.ExpectEpoch). Nil: nothing is called.
+	EpochSeen func(m *store.Epoch, read bool) error
 }
 
 // ErrEvictionPolicy is returned (wrapped) by Ping when Redis may evict
@@ -88,6 +97,10 @@ type Store struct {
 	single        bool
 	checkEviction bool
 	clock         redisClock // for reservation deadlines (deadline.go)
+	// expect is the epoch ID reservations check (ExpectEpoch); nil or
+	// "": none.
+	expect    atomic.Pointer[string]
+	epochSeen func(m *store.Epoch, read bool) error
 }
 
 var _ store.Store = (*Store)(nil)
@@ -113,8 +126,13 @@ func New(opts Options) (*Store, error) {
 		opTimeout:     opts.OpTimeout,
 		single:        !sentinel && !cluster,
 		checkEviction: !opts.SkipEvictionCheck,
+		epochSeen:     opts.EpochSeen,
 	}
-	s.client = goredis.NewUniversalClient(universalOptions(opts))
+	uo := universalOptions(opts)
+	if opts.EpochSeen != nil {
+		uo.OnConnect = s.onConnect(cluster)
+	}
+	s.client = goredis.NewUniversalClient(uo)
 	s.pipe = newPipeliner(s.client, s.opTimeout)
 	return s, nil
 }
@@ -181,11 +199,19 @@ func (s *Store) Reserve(ctx context.Context, key string, res store.Reservation) 
 	if err != nil {
 		return nil, fmt.Errorf("redis store: reserve: %w", err)
 	}
-	v, err := s.pipe.run(ctx, reserveScript, []string{s.prefix + key},
-		res.Token, res.Fingerprint, millis(res.Lease), millis(res.TTL), deadline).Slice()
+	script, keys, args := reserveScript, []string{s.prefix + key},
+		[]any{res.Token, res.Fingerprint, millis(res.Lease), millis(res.TTL), deadline}
+	if id := s.expectedEpoch(); id != "" {
+		script, keys, args = reserveEpochScript, append(keys, s.EpochKey()), append(args, id)
+	}
+	v, err := s.pipe.run(ctx, script, keys, args...).Slice()
 	if err != nil {
-		if strings.Contains(err.Error(), lateReply) {
+		switch {
+		case strings.Contains(err.Error(), lateReply):
 			err = errReserveLate
+		case strings.Contains(err.Error(), epochReply):
+			s.epochChanged(ctx)
+			err = fmt.Errorf("%w: the epoch marker changed under a reservation", store.ErrKeysLost)
 		}
 		return nil, fmt.Errorf("redis store: reserve: %w", err)
 	}

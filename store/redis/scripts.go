@@ -31,7 +31,23 @@ return {0, f[1], f[2], f[3], f[4], f[5], f[6], redis.call('PTTL', KEYS[1]), now}
 // own, applied before a reply that was lost; go-redis retries commands after
 // network errors, and this check is what makes that retry safe). Otherwise it
 // returns {0, st, tok, fp, cr, le, resp, pttl, now} and changes nothing.
-var reserveScript = goredis.NewScript(nowMillis + `
+var reserveScript = goredis.NewScript(nowMillis + reserveBody)
+
+// reserveEpochScript is reserveScript that first checks the epoch marker
+// (epoch.go): KEYS[2] is the marker, ARGV[6] the ID of the epoch the
+// replica trusts. A marker missing or different changes nothing and
+// returns the error IDEMPROXY_EPOCH: not one reservation lands on a store
+// that forgot its keys, even between two checks of the watcher (a
+// FLUSHALL keeps the connections open). Single node and Sentinel only: on
+// a Cluster the two keys are in different slots.
+var reserveEpochScript = goredis.NewScript(nowMillis + `
+if (redis.call('HGET', KEYS[2], 'eid') or '') ~= ARGV[6] then
+  return redis.error_reply('IDEMPROXY_EPOCH the epoch marker is not the one this replica trusts')
+end
+` + reserveBody)
+
+// reserveBody is the body of reserveScript, after the preamble.
+const reserveBody = `
 if ARGV[5] and now > tonumber(ARGV[5]) then
   return redis.error_reply('IDEMPROXY_LATE reservation past its deadline')
 end
@@ -45,7 +61,7 @@ local own = redis.call('HMGET', KEYS[1], 'st', 'tok', 'le')
 if own[1] == 'in_flight' and own[2] == ARGV[1] and tonumber(own[3]) > now then
   return {1}
 end
-` + recordReply)
+` + recordReply
 
 // getScript reads a record; see recordReply. It returns {1} when there is
 // none.

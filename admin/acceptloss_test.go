@@ -1,0 +1,93 @@
+package admin_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/admin"
+	"github.com/idemproxy/idemproxy/internal/epoch"
+	"github.com/idemproxy/idemproxy/store"
+)
+
+// TestAcceptLoss: POST /v1/store/accept-loss is behind the token, writes
+// an accepted epoch over the lost marker of the real Badger store, answers
+// what it replaced, and writes one audit line naming the operator, the
+// reason and the epochs, like a release; a store that fails is 503, and
+// without AcceptLoss the endpoint does not exist.
+func TestAcceptLoss(t *testing.T) {
+	st := openStore(t)
+	ctx := context.Background()
+	lost := store.Epoch{ID: "lost-1", State: store.EpochLost, Gen: 7, CreatedAt: time.Now()}
+	if _, ok, err := st.SwapEpoch(ctx, "", lost); err != nil || !ok {
+		t.Fatalf("SwapEpoch = %v, %v", ok, err)
+	}
+	var logs bytes.Buffer
+	fail := false
+	h := newHandler(t, st, func(o *admin.Options) {
+		o.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
+		o.AcceptLoss = func(ctx context.Context, operator, reason string) (*store.Epoch, *store.Epoch, error) {
+			if fail {
+				return nil, nil, errors.New("badger: database is closed")
+			}
+			return epoch.Accept(ctx, st, operator, reason, time.Now(), 0)
+		}
+	})
+	for _, auth := range []string{"", "Bearer wrong"} {
+		rec := serve(t, h, http.MethodPost, "/v1/store/accept-loss", auth, nil)
+		checkProblem(t, rec, "/v1/store/accept-loss", http.StatusUnauthorized, "unauthorized")
+	}
+	if got, _ := st.Epoch(ctx); got == nil || got.ID != "lost-1" {
+		t.Fatalf("a refused acceptance changed the marker: %+v", got)
+	}
+	if rec := serve(t, h, http.MethodGet, "/v1/store/accept-loss", bearer, nil); rec.Code != http.StatusMethodNotAllowed {
+		t.Errorf("GET = %d, want 405", rec.Code)
+	}
+	if logs.Len() != 0 {
+		t.Fatalf("log before any acceptance:\n%s", logs.String())
+	}
+
+	rec := serve(t, h, http.MethodPost, "/v1/store/accept-loss?reason=redis+flushed", bearer, http.Header{"X-Operator": {"alice"}})
+	if rec.Code != http.StatusOK {
+		t.Fatalf("POST = %d %s, want 200", rec.Code, rec.Body)
+	}
+	var body struct {
+		Accepted      bool   `json:"accepted"`
+		Epoch         string `json:"epoch"`
+		Gen           uint64 `json:"gen"`
+		PreviousEpoch string `json:"previous_epoch"`
+		PreviousState string `json:"previous_state"`
+	}
+	decode(t, rec, &body)
+	got, _ := st.Epoch(ctx)
+	if !body.Accepted || got == nil || body.Epoch != got.ID || got.State != store.EpochAccepted || body.Gen <= lost.Gen ||
+		body.PreviousEpoch != "lost-1" || body.PreviousState != "lost" {
+		t.Errorf("answer %+v, marker %+v; want the new accepted marker, above gen 7, replacing lost-1", body, got)
+	}
+	lines := strings.Split(strings.TrimSpace(logs.String()), "\n")
+	if len(lines) != 1 {
+		t.Fatalf("%d log lines, want 1:\n%s", len(lines), logs.String())
+	}
+	var line map[string]any
+	json.Unmarshal([]byte(lines[0]), &line)
+	for k, w := range map[string]string{"level": "WARN", "operator": "alice", "reason": "redis flushed",
+		"previous_epoch": "lost-1", "previous_state": "lost", "epoch": got.ID, "via": "admin"} {
+		if g, _ := line[k].(string); g != w {
+			t.Errorf("audit %s = %q, want %q", k, g, w)
+		}
+	}
+
+	fail = true
+	rec = serve(t, h, http.MethodPost, "/v1/store/accept-loss", bearer, nil)
+	checkProblem(t, rec, "/v1/store/accept-loss", http.StatusServiceUnavailable, "store-unavailable")
+
+	without := newHandler(t, st, nil)
+	rec = serve(t, without, http.MethodPost, "/v1/store/accept-loss", bearer, nil)
+	checkProblem(t, rec, "/v1/store/accept-loss", http.StatusNotFound, "not-found")
+}
