@@ -147,7 +147,12 @@ func New(opts Options) *Watcher {
 
 // Err is nil when the replica may reserve keys on the store. Otherwise it
 // wraps store.ErrKeysLost (lost, or a new marker in its grace period), or
-// says that the marker has not been checked yet.
+// says that the marker has not been checked yet. A watcher without a
+// grace (a store no other replica shares: Badger) has nothing to wait for
+// before its first check: its Err is nil then, so that the store's own
+// refusal answers (a disk below its floor, a store that could not open)
+// and is counted as such; no other replica can have written to it, and
+// its reservations check the marker themselves once one is trusted.
 func (w *Watcher) Err() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -155,6 +160,9 @@ func (w *Watcher) Err() error {
 	case OK:
 		return nil
 	case Unknown:
+		if w.opts.Grace == 0 {
+			return nil
+		}
 		return errNotChecked
 	default:
 		return fmt.Errorf("%w: %s", store.ErrKeysLost, w.reason)

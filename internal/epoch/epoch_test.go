@@ -84,6 +84,12 @@ func TestWatcherRules(t *testing.T) {
 			{do: "up"},
 			{who: "a", do: "check", want: Establishing, wantErr: store.ErrKeysLost},
 		}},
+		{"without a grace an unreachable store answers for itself before the first check", 0, []step{
+			{do: "down"},
+			{who: "a", do: "check", want: Unknown, wantErr: nil},
+			{do: "up"},
+			{who: "a", do: "check", want: OK},
+		}},
 		{"a store that forgot is lost for everyone, newcomers included, until accepted", grace, []step{
 			{who: "a", do: "check", want: Establishing, wantErr: store.ErrKeysLost},
 			{after: grace, who: "a", do: "check", want: OK},
