@@ -226,7 +226,11 @@ func (in *injector) loseKeys(ctx context.Context, s *storeSrv, f fault) error {
 		return err
 	}
 	sleep(ctx, f.For)
-	cmd := exec.CommandContext(ctx, filepath.Join(r.bin, "idemproxy"), "store", "accept-loss", "-config", op.config,
+	// The operator accepts the loss even when the load ends meanwhile
+	// (ctx is the load's): the proxies must serve again before the heal.
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(actx, filepath.Join(r.bin, "idemproxy"), "store", "accept-loss", "-config", op.config,
 		"-operator", "chaos", "-reason", fmt.Sprintf("chaos fault %s at %.3fs", f.Kind, f.At.Seconds()))
 	cmd.Env = append(os.Environ(), op.env...)
 	out, err := cmd.CombinedOutput()
@@ -238,7 +242,7 @@ func (in *injector) loseKeys(ctx context.Context, s *storeSrv, f fault) error {
 	fmt.Fprintf(r.log, "chaos: %s forgot its keys; loss accepted: %s", s.name, out)
 	for _, p := range r.proxies {
 		if p.store == s.name {
-			if err := waitHTTP(ctx, "http://"+p.admin+"/readyz", 30*time.Second); err != nil {
+			if err := waitHTTP(actx, "http://"+p.admin+"/readyz", 30*time.Second); err != nil {
 				return fmt.Errorf("%s after the accepted loss: %w", p.name, err)
 			}
 		}

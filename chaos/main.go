@@ -61,6 +61,7 @@ type options struct {
 	stores   []string
 	clients  int
 	keep     bool
+	kinds    []string // the fault kinds to draw from; nil: every kind the run can inject
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -74,6 +75,8 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&stores, "stores", "badger,redis,postgres", "the stores to run proxies on: badger (one proxy), redis (three replicas), postgres (two replicas)")
 	fs.IntVar(&o.clients, "clients", 4, "client goroutines (each a retrying client, duplicate deliveries, storms)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the folder when the run passes")
+	var kinds string
+	fs.StringVar(&kinds, "faults", "", "only these fault kinds, comma-separated, e.g. redis-lost-keys,postgres-lost-keys (default: every kind the stores allow)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -97,6 +100,11 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	if o.clients < 1 || o.clients > 64 {
 		return o, fmt.Errorf("-clients must be between 1 and 64, got %d", o.clients)
+	}
+	for k := range strings.SplitSeq(kinds, ",") {
+		if k = strings.TrimSpace(k); k != "" {
+			o.kinds = append(o.kinds, k)
+		}
 	}
 	if o.seed == 0 {
 		o.seed = rand.Int64N(1<<53) + 1
@@ -207,7 +215,10 @@ func (r *run) execute(ctx context.Context) (int, error) {
 
 	// The schedule and the clients' choices come from the seed.
 	rng := rand.New(rand.NewPCG(uint64(r.opts.seed), 0x1d3))
-	kinds := r.kinds()
+	kinds, err := r.chosenKinds()
+	if err != nil {
+		return 0, err
+	}
 	sched := schedule(rng, r.opts.duration, 2*time.Second, kinds, len(r.proxies))
 	var sb strings.Builder
 	for _, f := range sched {
@@ -325,6 +336,21 @@ func (r *run) store(name string) *storeSrv {
 		}
 	}
 	return nil
+}
+
+// chosenKinds returns the kinds of -faults, each one this run can inject,
+// or every kind it can when -faults is empty.
+func (r *run) chosenKinds() ([]string, error) {
+	all := r.kinds()
+	if len(r.opts.kinds) == 0 {
+		return all, nil
+	}
+	for _, k := range r.opts.kinds {
+		if !slices.Contains(all, k) {
+			return nil, fmt.Errorf("-faults: this run cannot inject %q; it can: %s", k, strings.Join(all, ", "))
+		}
+	}
+	return r.opts.kinds, nil
 }
 
 // kinds returns the fault kinds this run can inject.
