@@ -303,7 +303,7 @@ func (f *FS) fsyncDir(n *node) syscall.Errno {
 	if !f.opts.Harsh {
 		return errnoOf(f.commitDirty())
 	}
-	r := f.recordOf(n.StableAttr().Ino)
+	r := f.recordOf(n.fsys.inoOf(n))
 	ok, err := f.commitDir(r, n.EmbeddedInode())
 	if err != nil {
 		return errnoOf(err)

@@ -70,6 +70,7 @@ type FS struct {
 	dirty   map[*record]*fs.Inode
 	durable map[uint64]*dentry
 	rootID  uint64
+	rootIno uint64
 
 	stopped atomic.Bool
 	stats   struct {
@@ -333,12 +334,22 @@ func (f *FS) recordOf(ino uint64) *record {
 func (f *FS) lookup(n *node) *record {
 	f.ns.Lock()
 	defer f.ns.Unlock()
-	return f.recordOf(n.StableAttr().Ino)
+	return f.recordOf(f.inoOf(n))
+}
+
+// inoOf is the live inode number of n. go-fuse numbers the root 1; the
+// others carry the live file system's numbers (one device: nothing is mounted
+// inside the working copy).
+func (f *FS) inoOf(n *node) uint64 {
+	if n.EmbeddedInode() == f.root.EmbeddedInode() {
+		return f.rootIno
+	}
+	return n.StableAttr().Ino
 }
 
 // markDirty notes a name change in directory n. Call with ns held.
 func (f *FS) markDirty(n *node) {
-	r := f.recordOf(n.StableAttr().Ino)
+	r := f.recordOf(f.inoOf(n))
 	f.dirty[r] = n.EmbeddedInode()
 }
 
@@ -549,6 +560,7 @@ func (f *FS) seed() error {
 	if err := unix.Lstat(f.live, &lst); err != nil {
 		return fmt.Errorf("powerloss: %w", err)
 	}
+	f.rootIno = lst.Ino
 	rootRec := f.newRecord(lst.Ino)
 	f.rootID = rootRec.id
 	f.durable[rootRec.id] = &dentry{mode: st.Mode, names: map[string]uint64{}}

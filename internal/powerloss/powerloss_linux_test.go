@@ -3,10 +3,10 @@
 package powerloss
 
 import (
-	"bytes"
 	"errors"
 	"os"
 	"path/filepath"
+	"maps"
 	"slices"
 	"testing"
 
@@ -224,4 +224,116 @@ func TestRemountShowsTheDurableState(t *testing.T) {
 	}
 }
 
-var _ = bytes.Equal
+// TestNamesNeedADirectoryCommit pins what happens to creates, renames and
+// unlinks not followed by an fsync of their directory, in both modes.
+func TestNamesNeedADirectoryCommit(t *testing.T) {
+	tests := []struct {
+		name  string
+		harsh bool
+		do    func(t *testing.T, mnt string)
+		want  map[string]string // name → content after the cut; only these names exist
+	}{
+		{"created and fsynced, directory not fsynced: default keeps it (ext4-like)", false, func(t *testing.T, mnt string) {
+			must(t, os.WriteFile(filepath.Join(mnt, "new"), []byte("data"), 0o644))
+			fsyncPath(t, filepath.Join(mnt, "new"))
+		}, map[string]string{"old": "old", "new": "data"}},
+		{"created and fsynced, directory not fsynced: harsh drops it", true, func(t *testing.T, mnt string) {
+			must(t, os.WriteFile(filepath.Join(mnt, "new"), []byte("data"), 0o644))
+			fsyncPath(t, filepath.Join(mnt, "new"))
+		}, map[string]string{"old": "old"}},
+		{"created, fsynced, directory fsynced: harsh keeps it", true, func(t *testing.T, mnt string) {
+			must(t, os.WriteFile(filepath.Join(mnt, "new"), []byte("data"), 0o644))
+			fsyncPath(t, filepath.Join(mnt, "new"))
+			fsyncPath(t, mnt)
+		}, map[string]string{"old": "old", "new": "data"}},
+		{"created, directory fsynced, data never synced: the name stays, empty", true, func(t *testing.T, mnt string) {
+			must(t, os.WriteFile(filepath.Join(mnt, "new"), []byte("data"), 0o644))
+			fsyncPath(t, mnt)
+		}, map[string]string{"old": "old", "new": ""}},
+		{"default: another file's fsync commits the names, not that file's data", false, func(t *testing.T, mnt string) {
+			must(t, os.WriteFile(filepath.Join(mnt, "new"), []byte("data"), 0o644))
+			must(t, os.WriteFile(filepath.Join(mnt, "other"), []byte("synced"), 0o644))
+			fsyncPath(t, filepath.Join(mnt, "other"))
+		}, map[string]string{"old": "old", "new": "", "other": "synced"}},
+		{"created, nothing synced: gone", false, func(t *testing.T, mnt string) {
+			must(t, os.WriteFile(filepath.Join(mnt, "new"), []byte("data"), 0o644))
+		}, map[string]string{"old": "old"}},
+		{"rename, nothing synced: the old name comes back", false, func(t *testing.T, mnt string) {
+			must(t, os.Rename(filepath.Join(mnt, "old"), filepath.Join(mnt, "renamed")))
+		}, map[string]string{"old": "old"}},
+		{"rename, file fsynced: harsh brings the old name back", true, func(t *testing.T, mnt string) {
+			must(t, os.Rename(filepath.Join(mnt, "old"), filepath.Join(mnt, "renamed")))
+			fsyncPath(t, filepath.Join(mnt, "renamed"))
+		}, map[string]string{"old": "old"}},
+		{"rename, file fsynced: default commits it", false, func(t *testing.T, mnt string) {
+			must(t, os.Rename(filepath.Join(mnt, "old"), filepath.Join(mnt, "renamed")))
+			fsyncPath(t, filepath.Join(mnt, "renamed"))
+		}, map[string]string{"renamed": "old"}},
+		{"rename, directory fsynced: harsh commits it", true, func(t *testing.T, mnt string) {
+			must(t, os.Rename(filepath.Join(mnt, "old"), filepath.Join(mnt, "renamed")))
+			fsyncPath(t, mnt)
+		}, map[string]string{"renamed": "old"}},
+		{"atomic replace without the directory fsync: harsh keeps the old content", true, func(t *testing.T, mnt string) {
+			must(t, os.WriteFile(filepath.Join(mnt, "old.tmp"), []byte("replacement"), 0o644))
+			fsyncPath(t, filepath.Join(mnt, "old.tmp"))
+			must(t, os.Rename(filepath.Join(mnt, "old.tmp"), filepath.Join(mnt, "old")))
+		}, map[string]string{"old": "old"}},
+		{"atomic replace with the directory fsync: harsh keeps the new content", true, func(t *testing.T, mnt string) {
+			must(t, os.WriteFile(filepath.Join(mnt, "old.tmp"), []byte("replacement"), 0o644))
+			fsyncPath(t, filepath.Join(mnt, "old.tmp"))
+			must(t, os.Rename(filepath.Join(mnt, "old.tmp"), filepath.Join(mnt, "old")))
+			fsyncPath(t, mnt)
+		}, map[string]string{"old": "replacement"}},
+		{"unlink without the directory fsync: harsh brings it back", true, func(t *testing.T, mnt string) {
+			must(t, os.Remove(filepath.Join(mnt, "old")))
+			must(t, os.WriteFile(filepath.Join(mnt, "x"), []byte("x"), 0o644))
+			fsyncPath(t, filepath.Join(mnt, "x"))
+		}, map[string]string{"old": "old"}},
+		{"unlink, directory fsynced: gone", true, func(t *testing.T, mnt string) {
+			must(t, os.Remove(filepath.Join(mnt, "old")))
+			fsyncPath(t, mnt)
+		}, map[string]string{}},
+		{"mkdir and a file in it, only the file's directory fsynced: harsh loses both", true, func(t *testing.T, mnt string) {
+			must(t, os.Mkdir(filepath.Join(mnt, "d"), 0o755))
+			must(t, os.WriteFile(filepath.Join(mnt, "d/f"), []byte("f"), 0o644))
+			fsyncPath(t, filepath.Join(mnt, "d/f"))
+			fsyncPath(t, filepath.Join(mnt, "d"))
+		}, map[string]string{"old": "old"}},
+		{"mkdir and a file in it, both directories fsynced: harsh keeps both", true, func(t *testing.T, mnt string) {
+			must(t, os.Mkdir(filepath.Join(mnt, "d"), 0o755))
+			must(t, os.WriteFile(filepath.Join(mnt, "d/f"), []byte("f"), 0o644))
+			fsyncPath(t, filepath.Join(mnt, "d/f"))
+			fsyncPath(t, filepath.Join(mnt, "d"))
+			fsyncPath(t, mnt)
+		}, map[string]string{"old": "old", "d/f": "f"}},
+		{"mkdir and a file in it, the file fsynced: default keeps both", false, func(t *testing.T, mnt string) {
+			must(t, os.Mkdir(filepath.Join(mnt, "d"), 0o755))
+			must(t, os.WriteFile(filepath.Join(mnt, "d/f"), []byte("f"), 0o644))
+			fsyncPath(t, filepath.Join(mnt, "d/f"))
+		}, map[string]string{"old": "old", "d/f": "f"}},
+		{"hard link, directory fsynced: both names, one content", true, func(t *testing.T, mnt string) {
+			must(t, os.Link(filepath.Join(mnt, "old"), filepath.Join(mnt, "link")))
+			fsyncPath(t, mnt)
+		}, map[string]string{"old": "old", "link": "old"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := newDisk(t, map[string]string{"old": "old"})
+			fsys := MountT(t, dir, Options{Harsh: tt.harsh})
+			tt.do(t, fsys.Mountpoint())
+			powerOff(t, fsys)
+			got := map[string]string{}
+			must(t, filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+				if err != nil || d.IsDir() {
+					return err
+				}
+				rel, _ := filepath.Rel(dir, p)
+				got[rel] = content(t, p)
+				return nil
+			}))
+			if !maps.Equal(got, tt.want) {
+				t.Errorf("after the power cut: got %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
