@@ -5,6 +5,8 @@ package powerloss
 import (
 	"errors"
 	"fmt"
+	"io"
+	"log"
 	"os"
 	"path/filepath"
 	"sort"
@@ -165,7 +167,14 @@ func (f *FS) mount() error {
 	f.root = &node{LoopbackNode: &fs.LoopbackNode{RootData: lroot}, fsys: f}
 	lroot.RootNode = f.root
 	timeout := time.Second
+	// go-fuse logs every answer it cannot deliver, as all are after a
+	// power cut: quiet unless debugging.
+	var logger *log.Logger
+	if !f.opts.Debug {
+		logger = log.New(io.Discard, "", 0)
+	}
 	server, err := fs.Mount(f.mnt, f.root, &fs.Options{
+		Logger:       logger,
 		EntryTimeout: &timeout,
 		AttrTimeout:  &timeout,
 		MountOptions: fuse.MountOptions{
@@ -174,6 +183,7 @@ func (f *FS) mount() error {
 			FsName:      f.dir,
 			Name:        "powerloss",
 			Debug:       f.opts.Debug,
+			Logger:      logger,
 		},
 	})
 	if err != nil {

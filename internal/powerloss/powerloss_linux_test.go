@@ -4,9 +4,9 @@ package powerloss
 
 import (
 	"errors"
+	"maps"
 	"os"
 	"path/filepath"
-	"maps"
 	"slices"
 	"testing"
 
