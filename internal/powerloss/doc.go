@@ -12,7 +12,12 @@
 //	err = fsys.PowerOff()          // dataDir now holds only the durable state
 //	fsys, err = powerloss.Mount(dataDir, mountpoint, powerloss.Options{})
 //
-// In a test, [MountT] does the same with a forced unmount on cleanup. The data
+// In a test, [MountT] does the same with a forced power cut on cleanup. The
+// process that mounts serves the file system: programs that map files of the
+// mount (Badger) must run in a child process, because a page fault on such a
+// mapping waits for the FUSE server, and the Go runtime's stop-the-world in
+// the serving process waits for the faulting thread (a deadlock); plain
+// system calls from the test itself are fine. The data
 // directory is "the disk": Mount reads it, PowerOff and Unmount write it, and
 // nothing else may use it while it is mounted. Mount keeps its working copy in
 // a sibling directory (".NAME.powerloss"), which must be on the same file
