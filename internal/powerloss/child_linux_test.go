@@ -172,6 +172,19 @@ func (c *child) waitSynced(t *testing.T, n int) int {
 	return last
 }
 
+// mounted reports whether mnt is a mount point of this process's namespace.
+func mounted(t *testing.T, mnt string) bool {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	must(t, err)
+	for line := range strings.Lines(string(b)) {
+		if f := strings.Fields(line); len(f) > 4 && f[4] == mnt {
+			return true
+		}
+	}
+	return false
+}
+
 // waitStep waits until the child printed "step NAME".
 func (c *child) waitStep(t *testing.T, name string) {
 	t.Helper()
@@ -208,8 +221,14 @@ func TestPowerCutStopsAChildAndKeepsWhatItSynced(t *testing.T) {
 			c := startChild(t, tt.mode, filepath.Join(fsys.Mountpoint(), "f"))
 			acked := c.waitSynced(t, 64)
 
+			if !mounted(t, fsys.Mountpoint()) {
+				t.Fatalf("%s is not in /proc/self/mountinfo while mounted", fsys.Mountpoint())
+			}
 			cut := time.Now()
 			powerOff(t, fsys)
+			if mounted(t, fsys.Mountpoint()) {
+				t.Errorf("%s is still mounted after PowerOff", fsys.Mountpoint())
+			}
 			select {
 			case <-c.done:
 				var exit *exec.ExitError
