@@ -51,8 +51,7 @@ func runMmapChild(path string) int {
 		unix.SYNC_FILE_RANGE_WAIT_BEFORE|unix.SYNC_FILE_RANGE_WRITE|unix.SYNC_FILE_RANGE_WAIT_AFTER); err != nil {
 		return fail(err)
 	}
-	// The mapping and the file stay open: closing the file would write its
-	// dirty pages back.
+	// The mapping and the file stay open until the power cut.
 	fmt.Println("step unsynced")
 	in.ReadString('\n')
 	return 0

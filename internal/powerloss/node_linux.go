@@ -73,7 +73,7 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 		r = f.newRecord(ch.StableAttr().Ino)
 		f.markDirty(n)
 	}
-	return ch, n.wrapFile(fh, r), fuseFlags, 0
+	return ch, n.wrapFile(fh, r), fuseFlags | fuse.FOPEN_NOFLUSH, 0
 }
 
 func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
@@ -86,9 +86,14 @@ func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, s
 		r.truncate(0)
 		n.fsys.stats.truncates.Add(1)
 	}
-	return n.wrapFile(fh, r), fuseFlags, 0
+	return n.wrapFile(fh, r), fuseFlags | fuse.FOPEN_NOFLUSH, 0
 }
 
+// wrapFile wraps an open file of the live tree. Open and Create return it
+// with FOPEN_NOFLUSH: close(2) then neither writes dirty pages back nor
+// waits for an answer (close is no durability event), so a process that
+// serves the mount and exits with files of it open cannot hang in its own
+// FLUSH.
 func (n *node) wrapFile(fh fs.FileHandle, r *record) fs.FileHandle {
 	return &file{LoopbackFile: fh.(*fs.LoopbackFile), fsys: n.fsys, rec: r}
 }
