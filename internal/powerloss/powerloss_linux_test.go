@@ -311,6 +311,17 @@ func TestNamesNeedADirectoryCommit(t *testing.T) {
 			must(t, os.WriteFile(filepath.Join(mnt, "d/f"), []byte("f"), 0o644))
 			fsyncPath(t, filepath.Join(mnt, "d/f"))
 		}, map[string]string{"old": "old", "d/f": "f"}},
+		{"directory moved, only its new parent fsynced: harsh keeps it once, under the old name", true, func(t *testing.T, mnt string) {
+			for _, d := range []string{"a", "b", "a/d"} {
+				must(t, os.Mkdir(filepath.Join(mnt, d), 0o755))
+			}
+			must(t, os.WriteFile(filepath.Join(mnt, "a/d/f"), []byte("f"), 0o644))
+			for _, p := range []string{"a/d/f", "a/d", "a", "b", "."} {
+				fsyncPath(t, filepath.Join(mnt, p))
+			}
+			must(t, os.Rename(filepath.Join(mnt, "a/d"), filepath.Join(mnt, "b/d")))
+			fsyncPath(t, filepath.Join(mnt, "b"))
+		}, map[string]string{"old": "old", "a/d/f": "f"}},
 		{"hard link, directory fsynced: both names, one content", true, func(t *testing.T, mnt string) {
 			must(t, os.Link(filepath.Join(mnt, "old"), filepath.Join(mnt, "link")))
 			fsyncPath(t, mnt)
