@@ -131,6 +131,12 @@ type Watcher struct {
 	prevIncarnation string
 
 	changes atomic.Uint64
+
+	// verified counts the losses Verify saw (a new connection's marker);
+	// readAt is its value when the running Check read the marker. A
+	// Check never trusts a marker read before a loss that Verify saw
+	// meanwhile: the store may have forgotten it since (w.mu).
+	verified, readAt uint64
 }
 
 // New returns a Watcher in state Unknown; Run (or Check) makes it look.
@@ -230,6 +236,7 @@ func (w *Watcher) Verify(m *store.Epoch) error {
 		return nil
 	}
 	w.lose(m, w.mine, "seen on a new connection")
+	w.verified++
 	w.Kick()
 	return fmt.Errorf("%w: %s", store.ErrKeysLost, w.reason)
 }
@@ -249,6 +256,9 @@ func (w *Watcher) Check(ctx context.Context) error {
 	if w.opts.Incarnation != nil {
 		inc, _ = w.opts.Incarnation(ctx) // a diagnosis only
 	}
+	w.mu.Lock()
+	w.readAt = w.verified
+	w.mu.Unlock()
 	m, err := w.opts.Store.Epoch(ctx)
 	if err != nil {
 		return err
@@ -442,6 +452,12 @@ func (w *Watcher) set(state State, m *store.Epoch, reason, msg string, level slo
 }
 
 func (w *Watcher) setLocked(state State, m *store.Epoch, reason, msg string, level slog.Level, prevInc, inc string) {
+	if state == OK && w.verified != w.readAt {
+		// A new connection saw the store lose its keys after this
+		// check read m: m is stale; the check Verify asked for reads
+		// the marker again.
+		return
+	}
 	same := w.state == state && w.mine != nil && w.mine.ID == m.ID
 	old := w.mine
 	w.state, w.mine, w.reason = state, m, reason
