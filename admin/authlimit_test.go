@@ -2,6 +2,7 @@ package admin_test
 
 import (
 	"bytes"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -115,4 +116,32 @@ func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	t.Fatalf("%s is not registered", name)
 	return 0
+}
+
+// TestFailedAuthenticationsFromManyNetworksNeverLockOutTheOperator: an
+// attacker fails 5 times from each of more IPv6 /64s (of one /48) than
+// the limiter tracks (4,096, docs/http-api.md), which fills its table
+// with penalized addresses, and goes on from more. The operator's correct
+// token from an address that never failed is served, IPv4 or IPv6; the
+// attacker's penalized addresses are still refused with a correct token,
+// and an address beyond the table is answered 401, not 429.
+func TestFailedAuthenticationsFromManyNetworksNeverLockOutTheOperator(t *testing.T) {
+	const tracked = 4096
+	h := newHandler(t, openStore(t), func(o *admin.Options) { o.Logger = slog.New(slog.DiscardHandler) })
+	const target = "/v1/keys/charges/k"
+	attacker := func(i int) string { return fmt.Sprintf("[2001:db8:0:%x::1]:4000", i) }
+	for i := range tracked + 2 {
+		for j := range 5 {
+			serveFrom(h, attacker(i), http.MethodGet, target, "Bearer guess-"+strconv.Itoa(j))
+		}
+	}
+	for _, operator := range []string{"192.0.2.10:5000", "[2001:db8:ffff::1]:5000"} {
+		if rec := serveFrom(h, operator, http.MethodGet, "/v1/keys/charges/never-seen", bearer); rec.Code != http.StatusNotFound {
+			t.Errorf("the correct token from %s, which never failed = %d %s, want 404 no-record (served)", operator, rec.Code, rec.Body)
+		}
+	}
+	rec := serveFrom(h, attacker(0), http.MethodGet, target, bearer)
+	checkProblem(t, rec, target, http.StatusTooManyRequests, "too-many-auth-failures")
+	rec = serveFrom(h, attacker(tracked+1), http.MethodGet, target, "Bearer guess-again")
+	checkProblem(t, rec, target, http.StatusUnauthorized, "unauthorized")
 }
