@@ -110,9 +110,10 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 		return
 	}
 	a.storeKey = store.Key(rt.cfg.Name, id.scope, id.key)
-	if rec := a.legacyRecord(body, id.scope, id.key); rec != nil {
-		// Stored by a version that derived this key differently: its
-		// answer, not a second forward under the key's new form.
+	if rec := a.earlierRecord(body, id.scope, id.key); rec != nil {
+		// Stored by a configuration or version that derived this key
+		// differently: its answer, not a second forward under the key's
+		// new form.
 		if a.mismatched(w, body, rec, id.fp, id.target) || a.observeExisting(w, body, rec) {
 			return
 		}
@@ -337,26 +338,46 @@ func (a *attempt) awaitSettled(w http.ResponseWriter, body []byte, rec *store.Re
 	return true
 }
 
-// legacyRecord returns the record stored under the key a version before
-// the key rules of issue 16 derived for this request (keyextract's
-// LegacyExtract: a quoted header key with its quotes, a number as
-// written), when that key is not key and a record is there; it makes
-// a.storeKey that record's. nil otherwise, a store failure included (the
+// earlierRecord returns the record stored under a key that an earlier
+// configuration or version derived for this request, when that key is not
+// key and a record is there, and makes a.storeKey that record's:
+//   - under key.normalize: nfc, the key as sent (the route's rules without
+//     NFC), where a record stored before the option was turned on by a
+//     reload is;
+//   - the key of a version before the key rules of issue 16 (keyextract's
+//     LegacyExtract: a quoted header key with its quotes, a number as
+//     written).
+//
+// Both are looked up in this route's key space and this request's scope
+// only, and each costs one Get only when it differs from key and from the
+// one before (an ASCII key, or one sent in NFC, costs no Get for the
+// first). nil when none is found, a store failure included (the
 // reservation that follows meets it).
-func (a *attempt) legacyRecord(body []byte, scope, key string) *store.Record {
-	legacy, err := a.rt.spec.LegacyExtract(a.in, body)
-	if err != nil || legacy == key {
-		return nil
+func (a *attempt) earlierRecord(body []byte, scope, key string) *store.Record {
+	tried := key
+	lookup := func(k string, err error) *store.Record {
+		if err != nil || k == key || k == tried {
+			return nil
+		}
+		tried = k
+		storeKey := store.Key(a.rt.cfg.Name, scope, k)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(a.in.Context()), storeTimeout)
+		defer cancel()
+		rec, err := a.p.store.Get(ctx, storeKey)
+		if err != nil || rec == nil {
+			return nil
+		}
+		a.storeKey = storeKey
+		return rec
 	}
-	storeKey := store.Key(a.rt.cfg.Name, scope, legacy)
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.in.Context()), storeTimeout)
-	defer cancel()
-	rec, err := a.p.store.Get(ctx, storeKey)
-	if err != nil || rec == nil {
-		return nil
+	if a.rt.spec.NFC {
+		asSent := a.rt.spec
+		asSent.NFC = false
+		if rec := lookup(asSent.Extract(a.in, body)); rec != nil {
+			return rec
+		}
 	}
-	a.storeKey = storeKey
-	return rec
+	return lookup(a.rt.spec.LegacyExtract(a.in, body))
 }
 
 // legacyMatch reports whether stored is the fingerprint a version that

@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"bytes"
 	"fmt"
 	"net/url"
 	"strings"
@@ -122,25 +123,161 @@ func TestKeyNormalizeRefusals(t *testing.T) {
 	}
 }
 
+// turnedOnCases are routes keyed from every source and composite, each
+// with a charge whose key holds orderNFD: %s in route is where
+// ", normalize: nfc" goes.
+var turnedOnCases = []struct {
+	name  string
+	route string
+	send  func(e *env) answer
+}{
+	{"header", "match: POST /charges\n    key: {header: Idempotency-Key%s}", func(e *env) answer {
+		return e.do("POST", "/charges", `{"orderId":"ORD-1","amount":10}`, "Idempotency-Key", orderNFD)
+	}},
+	{"json", "match: POST /charges\n    key: {json: orderId%s}", func(e *env) answer {
+		return e.do("POST", "/charges", fmt.Sprintf(`{"orderId":%q,"amount":10}`, orderNFD))
+	}},
+	{"query", "match: POST /charges\n    key: {query: id%s}", func(e *env) answer {
+		return e.do("POST", "/charges?id="+url.QueryEscape(orderNFD), `{"orderId":"ORD-1","amount":10}`)
+	}},
+	{"path", "match: POST /orders/{orderId}/charges\n    key: {path: orderId%s}", func(e *env) answer {
+		return e.do("POST", "/orders/"+url.PathEscape(orderNFD)+"/charges", `{"amount":10}`)
+	}},
+	// The header part a quoted structured string (the IETF draft's form):
+	// the legacy key keeps its quotes, so it is neither the NFC key nor
+	// the key as sent.
+	{"composite quoted header and json", "match: POST /charges\n    key: {parts: [{header: Idempotency-Key}, {json: orderId}]%s}", func(e *env) answer {
+		return e.do("POST", "/charges", fmt.Sprintf(`{"orderId":%q,"amount":10}`, orderNFD), "Idempotency-Key", `"tok-1"`)
+	}},
+	{"composite header and header", "match: POST /charges\n    key: {parts: [{header: Idempotency-Key}, {header: X-Tenant}]%s}", func(e *env) answer {
+		return e.do("POST", "/charges", `{"orderId":"ORD-1","amount":10}`, "Idempotency-Key", orderNFD, "X-Tenant", "T-"+orderNFD)
+	}},
+	// A number written as 4200.0: the legacy key keeps it so, the key as
+	// sent reads 4200.
+	{"composite json and json", "match: POST /charges\n    key: {parts: [{json: customer}, {json: orderId}]%s}", func(e *env) answer {
+		return e.do("POST", "/charges", fmt.Sprintf(`{"customer":4200.0,"orderId":%q,"amount":10}`, orderNFD))
+	}},
+}
+
 // TestKeyNormalizeTurnedOn: a route that turns normalize: nfc on by a
-// reload still finds the keys it stored byte for byte before: the retry of
-// a charge made in NFD before the reload is replayed, not charged again.
+// reload still finds the keys it stored byte for byte before, from every
+// source and composite: the identical retry of a charge whose key was sent
+// in NFD before the reload gets the stored answer replayed, again and
+// again, and is never charged a second time.
 func TestKeyNormalizeTurnedOn(t *testing.T) {
-	const route = "  - name: charges\n    match: POST /charges\n    key: {header: Idempotency-Key%s}\n"
-	e := newEnv(t, fmt.Sprintf(route, ""))
-	send := func(o string) answer {
-		return e.do("POST", "/charges", `{"orderId":"ORD-1","amount":10}`, "Idempotency-Key", o)
+	for _, c := range turnedOnCases {
+		t.Run(c.name, func(t *testing.T) {
+			route := "  - name: charges\n    " + c.route + "\n"
+			e := newEnv(t, fmt.Sprintf(route, ""))
+			first := c.send(e)
+			if first.status != 201 || first.replayed() {
+				t.Fatalf("before the reload: %v, want 201 forwarded", first)
+			}
+			if err := e.p.Reload(parseConfig(t, e.stub.URL, fmt.Sprintf(route, ", normalize: nfc"))); err != nil {
+				t.Fatal(err)
+			}
+			for i := range 2 {
+				a := c.send(e)
+				if a.status != 201 || !a.replayed() || !bytes.Equal(a.body, first.body) {
+					t.Errorf("identical retry %d after the reload: got %v (replayed %t), want the stored answer replayed: %v", i+1, a, a.replayed(), first)
+				}
+			}
+			if n := e.totalCharges(); n != 1 {
+				t.Errorf("%d charges at the upstream, want 1", n)
+			}
+		})
 	}
-	if a := send(orderNFD); a.status != 201 {
+}
+
+// TestKeyNormalizeTurnedOnKeySpace: the lookup of the key as sent stays in
+// its route and scope: after the reload, another client (scope) and
+// another route sending the same NFD key are forwarded, never answered
+// with the record stored before the reload.
+func TestKeyNormalizeTurnedOnKeySpace(t *testing.T) {
+	const routes = `  - name: charges
+    match: POST /charges
+    key: {header: Idempotency-Key%[1]s}
+    scope: {header: X-Api-Key}
+  - name: orders
+    match: POST /orders/{orderId}/charges
+    key: {header: Idempotency-Key%[1]s}
+    scope: {header: X-Api-Key}
+`
+	e := newEnv(t, fmt.Sprintf(routes, ""))
+	body := `{"orderId":"ORD-1","amount":10}`
+	if a := e.do("POST", "/charges", body, "Idempotency-Key", orderNFD, "X-Api-Key", "client-a"); a.status != 201 {
 		t.Fatalf("before the reload: %v", a)
 	}
-	if err := e.p.Reload(parseConfig(t, e.stub.URL, fmt.Sprintf(route, ", normalize: nfc"))); err != nil {
+	if err := e.p.Reload(parseConfig(t, e.stub.URL, fmt.Sprintf(routes, ", normalize: nfc"))); err != nil {
 		t.Fatal(err)
 	}
-	if a := send(orderNFD); a.status != 201 || !a.replayed() {
-		t.Errorf("the NFD retry after the reload got %v, want the stored answer replayed", a)
+	for _, tc := range []struct{ name, path, client string }{
+		{"another scope", "/charges", "client-b"},
+		{"another route", "/orders/ORD-1/charges", "client-a"},
+	} {
+		a := e.do("POST", tc.path, body, "Idempotency-Key", orderNFD, "X-Api-Key", tc.client)
+		if a.status != 201 || a.replayed() {
+			t.Errorf("%s, same NFD key after the reload: got %v (replayed %t), want 201 forwarded", tc.name, a, a.replayed())
+		}
 	}
-	if n := e.totalCharges(); n != 1 {
-		t.Errorf("%d charges at the upstream, want 1", n)
+	if a := e.do("POST", "/charges", body, "Idempotency-Key", orderNFD, "X-Api-Key", "client-a"); !a.replayed() {
+		t.Errorf("the first client's retry after the reload: got %v, want it replayed", a)
 	}
+	if n := e.totalCharges(); n != 3 {
+		t.Errorf("%d charges at the upstream, want 3 (one per client and route)", n)
+	}
+}
+
+// TestKeyNormalizeLookupCost: under normalize: nfc, a key sent in NFC (an
+// ASCII key included) costs no store read more than without the option;
+// a key sent in another spelling costs one Get more, for its spelling as
+// sent.
+func TestKeyNormalizeLookupCost(t *testing.T) {
+	route := "  - name: charges\n    match: POST /charges\n    key: {header: Idempotency-Key%s}\n"
+	gets := func(e *env, key string) uint64 {
+		t.Helper()
+		before := storeGets(t, e)
+		if a := e.do("POST", "/charges", `{"orderId":"ORD-1","amount":10}`, "Idempotency-Key", key); a.status != 201 || a.replayed() {
+			t.Fatalf("key %q: %v, want 201 forwarded", key, a)
+		}
+		return storeGets(t, e) - before
+	}
+	off := newEnv(t, fmt.Sprintf(route, ""))
+	base := gets(off, "ORD-1")
+	on := newEnv(t, fmt.Sprintf(route, ", normalize: nfc"))
+	for _, tc := range []struct {
+		key  string
+		want uint64
+	}{
+		{"ORD-2", base},
+		{"CAF\u00c9-2", base},      // NFC
+		{"CAFE\u0301-3", base + 1}, // NFD
+	} {
+		if got := gets(on, tc.key); got != tc.want {
+			t.Errorf("key %q: %d store reads, want %d", tc.key, got, tc.want)
+		}
+	}
+}
+
+// storeGets counts the store's Get operations observed so far.
+func storeGets(t *testing.T, e *env) uint64 {
+	t.Helper()
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, mf := range mfs {
+		if mf.GetName() != "idemproxy_store_operation_duration_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "operation" && l.GetValue() == "get" {
+					n += m.GetHistogram().GetSampleCount()
+				}
+			}
+		}
+	}
+	return n
 }
