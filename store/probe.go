@@ -52,7 +52,8 @@ type WriteProbe struct {
 	key  string
 
 	mu      sync.Mutex
-	err     error     // the last probe's error; nil: it wrote
+	err     error     // the verdict: the error of the latest write seen; nil: it wrote
+	at      time.Time // when the write that gave the verdict started
 	done    bool      // a probe has ended
 	running time.Time // when the running probe started; zero: none runs
 
@@ -90,8 +91,9 @@ func (p *WriteProbe) Run(ctx context.Context) {
 
 // Probe runs one probe now and returns its error.
 func (p *WriteProbe) Probe(ctx context.Context) error {
+	start := time.Now()
 	p.mu.Lock()
-	p.running = time.Now()
+	p.running = start
 	p.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, p.opts.Timeout)
 	defer cancel()
@@ -100,9 +102,21 @@ func (p *WriteProbe) Probe(ctx context.Context) error {
 		p.failures.Add(1)
 	}
 	p.mu.Lock()
-	p.err, p.done, p.running = err, true, time.Time{}
+	p.verdictLocked(err, start)
+	p.done, p.running = true, time.Time{}
 	p.mu.Unlock()
 	return err
+}
+
+// verdictLocked makes err, of a write that started at start, the verdict,
+// unless a write that started later gave it already: a reservation that
+// succeeded just before the disk filled but reports after a later one
+// failed is older news (p.mu held).
+func (p *WriteProbe) verdictLocked(err error, start time.Time) {
+	if start.Before(p.at) {
+		return
+	}
+	p.err, p.at = err, start
 }
 
 // write pings the store (a store below its floor refuses there, without
@@ -154,11 +168,12 @@ type observed struct {
 }
 
 func (o observed) Reserve(ctx context.Context, key string, res Reservation) (*Record, error) {
+	start := time.Now()
 	rec, err := o.Store.Reserve(ctx, key, res)
 	// A client that went away says nothing of the store; a store that
 	// lost its keys refuses on purpose (the epoch watcher reports it).
 	if !errors.Is(err, context.Canceled) && !errors.Is(err, ErrKeysLost) {
-		o.p.observe(err)
+		o.p.observe(err, start)
 	}
 	return rec, err
 }
@@ -168,14 +183,16 @@ type observedReconcile struct {
 	ReconcileStore
 }
 
-// observe sets the verdict to the outcome of a real reservation.
-func (p *WriteProbe) observe(err error) {
+// observe sets the verdict to the outcome of a real reservation that
+// started at start.
+func (p *WriteProbe) observe(err error, start time.Time) {
 	if err != nil {
 		err = fmt.Errorf("writes fail: a reservation failed: %w", err)
 	}
 	p.mu.Lock()
 	if p.done || err != nil {
-		p.err, p.done = err, true
+		p.verdictLocked(err, start)
+		p.done = true
 	}
 	p.mu.Unlock()
 }

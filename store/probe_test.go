@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -74,5 +75,55 @@ func TestWriteProbe(t *testing.T) {
 	failing := store.NewWriteProbe(closed, store.ProbeOptions{})
 	if err := failing.Probe(ctx); err == nil || failing.Err() == nil || failing.Failures() != 1 {
 		t.Errorf("probe of a closed store: %v, Err %v, Failures %d; want an error counted", err, failing.Err(), failing.Failures())
+	}
+}
+
+// gatedStore holds a reservation of key slow until release is closed,
+// and fails every reservation of key fail.
+type gatedStore struct {
+	store.Store
+	entered, release chan struct{}
+}
+
+func (g gatedStore) Reserve(ctx context.Context, key string, res store.Reservation) (*store.Record, error) {
+	switch key {
+	case "r/-/slow":
+		close(g.entered)
+		<-g.release
+	case "r/-/fail":
+		return nil, errors.New("badger: free disk space below the floor")
+	}
+	return g.Store.Reserve(ctx, key, res)
+}
+
+// TestWriteProbeKeepsTheLatestWrite: a reservation that started before a
+// failing one but reports after it (it won its place just before the
+// disk filled) does not turn the verdict back to ready: the failure is
+// the newer news. (TestDiskFillsInOneBurst found /readyz ready on a
+// full disk that way.)
+func TestWriteProbeKeepsTheLatestWrite(t *testing.T) {
+	ctx := context.Background()
+	p := store.NewWriteProbe(openBadger(t), store.ProbeOptions{})
+	if err := p.Probe(ctx); err != nil {
+		t.Fatal(err)
+	}
+	g := gatedStore{Store: openBadger(t), entered: make(chan struct{}), release: make(chan struct{})}
+	obs := p.Observe(g)
+	res := store.Reservation{Token: "t", Lease: time.Minute, TTL: time.Minute}
+	done := make(chan error)
+	go func() { _, err := obs.Reserve(ctx, "r/-/slow", res); done <- err }()
+	<-g.entered
+	if _, err := obs.Reserve(ctx, "r/-/fail", res); err == nil {
+		t.Fatal("the failing reservation succeeded")
+	}
+	close(g.release)
+	if err := <-done; err != nil {
+		t.Fatalf("the slow reservation: %v", err)
+	}
+	if p.Err() == nil {
+		t.Fatal("an older reservation's success overrode a newer one's failure: Err is nil")
+	}
+	if err := p.Probe(ctx); err != nil || p.Err() != nil {
+		t.Errorf("a probe after both: %v, Err %v; want the store writable", err, p.Err())
 	}
 }
