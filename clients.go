@@ -16,7 +16,8 @@ import (
 const resetWindow = 10
 
 // A client's resets are judged against the requests it is served, as
-// Envoy's premature-reset check and Go's rapid-reset fix do: a gateway or
+// Envoy's premature-reset check does (it closes a connection when more
+// than half its streams were reset early): a gateway or
 // mesh proxy speaks for many users, and the streams they cancel are
 // resets at a rate that grows with the traffic it carries. So, besides the
 // reset level above, each client keeps its resets and the streams it
