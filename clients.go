@@ -15,6 +15,36 @@ import (
 // is served again at most resetWindow seconds later.
 const resetWindow = 10
 
+// A client's resets are judged against the requests it is served, as
+// Envoy's premature-reset check does (it closes a connection when more
+// than half its streams were reset early): a gateway or
+// mesh proxy speaks for many users, and the streams they cancel are
+// resets at a rate that grows with the traffic it carries. So, besides the
+// reset level above, each client keeps its resets and the streams it
+// opened (requests admitted by its per-client limits, a handler run for
+// each) over the last resetWindow seconds, each decayed exponentially with
+// that time constant.
+//
+// A client is refused for its resets only when its level passes
+// rate × resetWindow AND its resets are more than resetShare of the
+// streams it opened: a client that resets nearly every stream it opens
+// (rapid reset) is refused as before, while a gateway whose users cancel
+// 6 % of 2,000 requests a second (120 resets a second, over the rate) is
+// not. An attacker who pads each reset with one served request stays at
+// resetShare exactly and is not refused, but every reset then costs it a
+// request that the proxy serves in full (admitted by
+// server.max_requests_per_client, held through the upstream's answer):
+// its resets are bounded by the requests it is served, so the attack
+// causes at most twice the work of an ordinary client's traffic, held to
+// max_requests_per_client in flight.
+const resetShare = 0.5
+
+// minShedResets is the fewest resets (over the last resetWindow seconds) a
+// client must have for its connections to be closed in favour of another
+// client's stream at server.max_connections in flight; it must also pass
+// resetShare. A client with one stray cancellation is never shed.
+const minShedResets = 10
+
 // maxResetClients bounds the clients whose resets are remembered while
 // they hold no connection: past it, such a client's entry takes the place
 // of another's that holds nothing (an attacker with many addresses can
@@ -60,6 +90,23 @@ type clientEntry struct {
 	level    float64   // resets, drained at resetRate a second since at
 	at       time.Time // when level was last drained
 	flagged  bool      // level passed the window: refused until it drains below half of it
+	resets   float64   // resets over the last resetWindow seconds, decayed since at
+	streams  float64   // streams opened over the last resetWindow seconds, decayed since at
+}
+
+// decay is the factor that the resets and streams counts of an entry last
+// brought to at are multiplied by at now.
+func decay(at, now time.Time) float64 {
+	if at.IsZero() || !now.After(at) {
+		return 1
+	}
+	return math.Exp(-now.Sub(at).Seconds() / resetWindow)
+}
+
+// abusive reports whether resets, out of streams opened over the same
+// window, are more than resetShare of them.
+func abusive(resets, streams float64) bool {
+	return resets > resetShare*streams
 }
 
 func newClientTable(now func() time.Time) *clientTable {
@@ -88,9 +135,12 @@ func (t *clientTable) entry(client string) *clientEntry {
 // drain brings e's reset level to now, and says whether the client is
 // refused for its resets. t.mu is held.
 func (t *clientTable) drain(e *clientEntry, now time.Time) bool {
+	f := decay(e.at, now)
+	e.resets *= f
+	e.streams *= f
 	rate := float64(t.resetRate.Load())
 	if rate <= 0 {
-		e.level, e.flagged = 0, false
+		e.level, e.flagged, e.at = 0, false, now
 		return false
 	}
 	if e.level > 0 {
@@ -183,10 +233,11 @@ func (t *clientTable) closed(c *trackedConn) {
 	}
 }
 
-// start counts a request of client in flight, or returns why it is
-// refused: refusedResets (the client resets too fast), refusedStreams (it
-// has max_requests_per_client in flight). A request that starts must be
-// ended by end.
+// start counts a request of client in flight, and as a stream it opened
+// (what its resets are judged against), or returns why it is refused:
+// refusedResets (the client resets too fast), refusedStreams (it has
+// max_requests_per_client in flight; a refused request is not counted as
+// a stream). A request that starts must be ended by end.
 func (t *clientTable) start(e *clientEntry) string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -197,6 +248,7 @@ func (t *clientTable) start(e *clientEntry) string {
 		return refusedStreams
 	}
 	e.inFlight++
+	e.streams++
 	return ""
 }
 
@@ -209,7 +261,9 @@ func (t *clientTable) end(e *clientEntry) {
 }
 
 // reset counts n streams that e reset (RST_STREAM frames it sent), and
-// returns e's connections to close if e now resets too fast.
+// returns e's connections to close if e now resets too fast: its level
+// passed rate × resetWindow and its resets are more than resetShare of
+// the streams it opened.
 func (t *clientTable) reset(e *clientEntry, n int) []*trackedConn {
 	t.resets.Add(uint64(n))
 	rate := float64(t.resetRate.Load())
@@ -221,10 +275,13 @@ func (t *clientTable) reset(e *clientEntry, n int) []*trackedConn {
 	now := t.now()
 	t.drain(e, now)
 	e.level = math.Min(e.level+float64(n), 1.5*rate*resetWindow)
-	if w := t.worst; w == nil || w == e || e.level > t.levelAt(w, now) {
-		t.worst = e
+	e.resets += float64(n)
+	if t.sheddable(e, now) {
+		if w := t.worst; w == nil || w == e || !t.sheddable(w, now) || e.resets > w.resets*decay(w.at, now) {
+			t.worst = e
+		}
 	}
-	if e.flagged || e.level <= rate*resetWindow {
+	if e.flagged || e.level <= rate*resetWindow || !abusive(e.resets, e.streams) {
 		return nil
 	}
 	e.flagged = true
@@ -235,15 +292,20 @@ func (t *clientTable) reset(e *clientEntry, n int) []*trackedConn {
 	return shed
 }
 
-// levelAt is e's reset level at now, without changing it. t.mu is held.
-func (t *clientTable) levelAt(e *clientEntry, now time.Time) float64 {
-	return math.Max(0, e.level-float64(t.resetRate.Load())*now.Sub(e.at).Seconds())
+// sheddable reports whether e may give way to another client's stream at
+// max_connections in flight: over the last resetWindow seconds it reset
+// at least minShedResets streams, more than resetShare of those it opened.
+// It does not change e. t.mu is held.
+func (t *clientTable) sheddable(e *clientEntry, now time.Time) bool {
+	f := decay(e.at, now)
+	return e.resets*f >= minShedResets && abusive(e.resets*f, e.streams*f)
 }
 
 // victim returns the connections of the client to shed so that a request
 // of e's may take a slot when max requests are in flight: the client that
-// reset the most streams lately, if it resets more than e and has a
-// request in flight. It returns nil when there is none.
+// reset the most streams lately, if it is sheddable (its resets a real
+// share of its streams, not a stray cancellation), resets more than e and
+// has a request in flight. It returns nil when there is none.
 func (t *clientTable) victim(e *clientEntry) []*trackedConn {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -252,7 +314,7 @@ func (t *clientTable) victim(e *clientEntry) []*trackedConn {
 		return nil
 	}
 	now := t.now()
-	if lw := t.levelAt(w, now); lw < 1 || lw <= t.levelAt(e, now) {
+	if !t.sheddable(w, now) || w.resets*decay(w.at, now) <= e.resets*decay(e.at, now) {
 		return nil
 	}
 	t.worst = nil // the next reset names the next candidate

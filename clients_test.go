@@ -221,3 +221,149 @@ func TestClientLimitsInProcess(t *testing.T) {
 		t.Errorf("the resetting client was never refused")
 	}
 }
+
+// clientLoad drives one client of tab for secs seconds, in steps of 100
+// ms: each step it is served served requests (started and ended) and
+// resets resets streams, of which opened also started a handler first (a
+// stream reset after its handler started counts as opened; one reset
+// before Go's server ran its handler does not). It returns the second at
+// which the client was refused (its connections returned to be closed, or
+// a request or connection refused for its resets), or 0 if it never was.
+func clientLoad(t *testing.T, tab *clientTable, now *time.Time, client string, secs, served, resets, opened int) int {
+	t.Helper()
+	c := &trackedConn{l: &connLimiter{clients: tab}}
+	if !tab.admit(client, c) {
+		return -1
+	}
+	defer tab.closed(c)
+	for step := 1; step <= secs*10; step++ {
+		*now = now.Add(100 * time.Millisecond)
+		for range served {
+			if why := tab.start(c.client); why != "" {
+				return (step + 9) / 10
+			}
+			tab.end(c.client)
+		}
+		for i := range resets {
+			if i < opened {
+				if why := tab.start(c.client); why != "" {
+					return (step + 9) / 10
+				}
+				tab.end(c.client)
+			}
+			if shed := tab.reset(c.client, 1); shed != nil {
+				return (step + 9) / 10
+			}
+		}
+		if tab.refusing(client) {
+			return (step + 9) / 10
+		}
+	}
+	return 0
+}
+
+// TestResetsJudgedAgainstStreams (the review's
+// TestReviewGatewayCancellationsLockOut, with the requests it says the
+// gateway is served): a client is refused for its resets only when they
+// pass server.max_client_resets_per_second and are more than half the
+// streams it opened. A gateway (one address) serving 2,000 requests a
+// second whose users cancel 6 % (120 resets a second, over the default
+// 100) is served for two minutes; rapid reset, and the padded variants an
+// attacker tries next with fewer than one served request per reset, are
+// refused (within seconds at these rates, ten seconds' worth of the rate
+// over it); one served request per reset or more is not
+// refused, each reset costing the attacker a served request.
+func TestResetsJudgedAgainstStreams(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// per 100 ms: requests served, streams reset, of which with a
+		// handler started first
+		served, resets, opened int
+		secs                   int
+		refused                bool
+	}{
+		{"gateway: 2,000 requests a second, 6 % cancelled", 188, 12, 12, 120, false},
+		{"gateway: 10 % cancelled, at 5,000 a second", 450, 50, 50, 60, false},
+		{"rapid reset, every handler started", 0, 200, 200, 10, true},
+		{"rapid reset, reset before the handler ran", 0, 200, 0, 10, true},
+		{"slow resets, 150 a second", 0, 15, 15, 30, true},
+		{"padded: one served request per two resets", 100, 200, 200, 10, true},
+		{"padded: one served request per reset, resets before the handler ran", 200, 200, 0, 10, true},
+		{"padded: one served request per reset", 200, 200, 200, 30, false},
+		{"padded: three served requests per reset", 600, 200, 200, 30, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			now := time.Unix(1e9, 0)
+			tab := newClientTable(func() time.Time { return now })
+			tab.resetRate.Store(100)
+			got := clientLoad(t, tab, &now, "10.0.0.7", tc.secs, tc.served, tc.resets, tc.opened)
+			if tc.refused && got == 0 {
+				t.Errorf("never refused in %d s, want refused", tc.secs)
+			}
+			if !tc.refused && got != 0 {
+				t.Errorf("refused after %d s, want served for all %d s", got, tc.secs)
+			}
+		})
+	}
+}
+
+// TestVictimIsAResettingClient: at max_connections in flight, a client
+// holding requests gives way to another client's stream only when its
+// resets are a real share of its streams (at least minShedResets, more
+// than half of those it opened), never a gateway whose users cancel a few
+// requests, nor a client with one stray reset.
+func TestVictimIsAResettingClient(t *testing.T) {
+	for _, tc := range []struct {
+		name                   string
+		served, resets, opened int // per 100 ms for one second, as clientLoad
+		shed                   bool
+	}{
+		{"reset 20 of 28 streams", 1, 2, 2, true},
+		{"one stray reset", 0, 0, 0, false}, // the reset is added below
+		{"gateway: 6 % cancelled", 188, 12, 12, false},
+		{"padded: one served request per reset", 20, 20, 20, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			now := time.Unix(1e9, 0)
+			tab := newClientTable(func() time.Time { return now })
+			tab.resetRate.Store(100)
+			l := &connLimiter{clients: tab}
+			holder := &trackedConn{l: l}
+			tab.admit("10.0.0.7", holder)
+			for range 10 {
+				now = now.Add(100 * time.Millisecond)
+				for range tc.served {
+					tab.start(holder.client)
+					tab.end(holder.client)
+				}
+				for range tc.resets {
+					tab.start(holder.client)
+					tab.end(holder.client)
+					tab.reset(holder.client, 1)
+				}
+			}
+			if tc.resets == 0 {
+				tab.start(holder.client)
+				tab.end(holder.client)
+				tab.reset(holder.client, 1)
+			}
+			// The holder's requests in flight.
+			for range 8 {
+				if why := tab.start(holder.client); why != "" {
+					t.Fatalf("the holder's request refused: %s", why)
+				}
+			}
+			now = now.Add(200 * time.Millisecond)
+			newcomer := &trackedConn{l: l}
+			tab.admit("10.0.0.8", newcomer)
+			tab.start(newcomer.client)
+			got := tab.victim(newcomer.client)
+			if tc.shed && len(got) != 1 {
+				t.Errorf("victim = %d connections, want the holder's one", len(got))
+			}
+			if !tc.shed && got != nil {
+				t.Errorf("victim = the holder's %d connections, want none (the newcomer is refused)", len(got))
+			}
+		})
+	}
+}

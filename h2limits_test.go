@@ -2,14 +2,18 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -373,5 +377,59 @@ func TestGlobalLimitShedsTheResettingClient(t *testing.T) {
 				t.Errorf("the holder that reset nothing: shed %v, its connection closed %v; want 0, false", shed, closed)
 			}
 		})
+	}
+}
+
+// TestGatewayCancellationsAreServed: a gateway (one address, here with
+// server.max_client_resets_per_second at 1 so that a short run is far
+// over it) whose users cancel one request in ten, each cancellation an
+// RST_STREAM sent while its body is on the way, is served throughout:
+// its resets are a small share of the streams it opens. Before resets
+// were judged against streams, its connections were closed after about a
+// dozen cancellations and it was refused.
+func TestGatewayCancellationsAreServed(t *testing.T) {
+	up := startStub(t)
+	dir := t.TempDir()
+	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"),
+		serverLimits(0, "max_client_resets_per_second: 1", "max_requests_per_client: 1024"), chargesRoute))
+	_, gw := probeClients("127.0.0.1")
+	const workers, each = 8, 150 // 1,200 requests, 120 of them cancelled
+	var failed atomic.Int64
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range each {
+				if i%10 == 9 {
+					// A user cancels: the body never completes.
+					pr, pw := io.Pipe()
+					ctx, cancel := context.WithCancel(context.Background())
+					req, _ := http.NewRequestWithContext(ctx, "POST", p.url("/charges"), pr)
+					req.ContentLength = 40
+					req.Header.Set("Content-Type", "application/json")
+					go func() { pw.Write([]byte(`{"orderId": `)); time.Sleep(5 * time.Millisecond); cancel() }()
+					if resp, err := gw.Do(req); err == nil {
+						resp.Body.Close()
+					}
+					pw.Close()
+					continue
+				}
+				r, proto := doWith(gw, "POST", p.url("/charges"), fmt.Sprintf(`{"orderId": "GW-%d-%d", "amount": 1}`, w, i))
+				if r.status != 201 || proto != 2 {
+					if failed.Add(1) <= 5 {
+						t.Errorf("gateway request %d/%d = %d HTTP/%d %q %v, want 201 over HTTP/2", w, i, r.status, proto, r.body, r.err)
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	resets := scrapeValue(t, p, "idemproxy_client_stream_resets_total")
+	refused := scrapeValue(t, p, `idemproxy_client_streams_refused_total{reason="resets"}`)
+	t.Logf("gateway: %d requests, %v resets counted, %d failed, %v refusals for resets", workers*each, resets, failed.Load(), refused)
+	if resets < 20 {
+		t.Errorf("idemproxy_client_stream_resets_total = %v, want the cancellations counted (at least 20, twice the allowance at once)", resets)
+	}
+	if refused != 0 {
+		t.Errorf(`idemproxy_client_streams_refused_total{reason="resets"} = %v, want 0 for a gateway`, refused)
 	}
 }

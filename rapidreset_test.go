@@ -72,6 +72,10 @@ type h2Attacker struct {
 	endStream bool
 	// pause, if set, is waited between streams (a slow reset).
 	pause time.Duration
+	// pad is how many requests it completes (a GET the upstream answers)
+	// for each stream it resets: the variant that pads its resets with
+	// served requests so that they are not most of its streams.
+	pad int
 
 	streams, conns atomic.Int64
 }
@@ -112,12 +116,17 @@ func (a *h2Attacker) conn(ctx context.Context, from string) {
 	if a.endStream {
 		flags |= flagEndStream
 	}
+	padHdr := hpackLiteral(get("/orders/ORD-PAD/charges")...)
 	var rst [4]byte
 	binary.BigEndian.PutUint32(rst[:], errCodeCancel)
 	for id := uint32(1); id < 1<<30; id += 2 {
 		writeFrame(w, frameHeaders, flags, id, hdr)
 		writeFrame(w, frameRSTStream, 0, id, rst[:])
 		a.streams.Add(1)
+		for range a.pad {
+			id += 2
+			writeFrame(w, frameHeaders, flagEndHeaders|flagEndStream, id, padHdr)
+		}
 		if a.pause > 0 || id%64 == 63 {
 			c.SetWriteDeadline(time.Now().Add(5 * time.Second))
 			if w.Flush() != nil {
@@ -195,14 +204,21 @@ func TestRapidResetDoesNotLockOutOtherClients(t *testing.T) {
 		from      []string
 		endStream bool
 		pause     time.Duration
+		pad       int
 	}{
-		{"streams reset while their body is awaited", []string{"127.0.0.1"}, false, 0},
-		{"streams reset after END_STREAM", []string{"127.0.0.1"}, true, 0},
+		{"streams reset while their body is awaited", []string{"127.0.0.1"}, false, 0, 0},
+		{"streams reset after END_STREAM", []string{"127.0.0.1"}, true, 0, 0},
 		// The variants an attacker tries next: resets spread out in time
 		// (each connection a stream every 2 ms), and the connections
 		// spread over 24 addresses, one each.
-		{"slow resets", []string{"127.0.0.1"}, false, 2 * time.Millisecond},
-		{"one connection from each of 24 addresses", spread, false, 0},
+		{"slow resets", []string{"127.0.0.1"}, false, 2 * time.Millisecond, 0},
+		{"one connection from each of 24 addresses", spread, false, 0, 0},
+		// Resets padded with served requests, one or three per reset, so
+		// that they are at most half the client's streams: not refused
+		// for its resets, but each reset costs it a request the upstream
+		// answers, and its requests stay within max_requests_per_client.
+		{"one served request per reset", []string{"127.0.0.1"}, false, 0, 1},
+		{"three served requests per reset", []string{"127.0.0.1"}, false, 0, 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			up := startStub(t)
@@ -211,7 +227,7 @@ func TestRapidResetDoesNotLockOutOtherClients(t *testing.T) {
 			h1, h2 := probeClients("127.0.0.2")
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
-			a := &h2Attacker{addr: p.addr, from: tc.from, endStream: tc.endStream, pause: tc.pause}
+			a := &h2Attacker{addr: p.addr, from: tc.from, endStream: tc.endStream, pause: tc.pause, pad: tc.pad}
 			wg := a.run(ctx, 24)
 			defer wg.Wait()
 			defer cancel()
