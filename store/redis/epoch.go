@@ -246,15 +246,7 @@ func (s *Store) ConfigRisks(ctx context.Context) (risks map[string]string, known
 		}
 		return nil
 	}
-	switch c := s.client.(type) {
-	case *goredis.ClusterClient:
-		err = c.ForEachMaster(ctx, check)
-	case *goredis.Client:
-		err = check(ctx, c)
-	default:
-		err = fmt.Errorf("unexpected client %T", s.client)
-	}
-	if err != nil {
+	if err := s.forEachNode(ctx, check); err != nil {
 		return nil, false, fmt.Errorf("redis store: CONFIG GET: %w", err)
 	}
 	return risks, known, nil

@@ -340,16 +340,7 @@ func (s *Store) Unscheduled(ctx context.Context, prefix string, limit int) ([]st
 		}
 		return nil
 	}
-	var err error
-	switch c := s.client.(type) {
-	case *goredis.ClusterClient:
-		err = c.ForEachMaster(ctx, scan)
-	case *goredis.Client:
-		err = scan(ctx, c)
-	default:
-		err = fmt.Errorf("unexpected client %T", s.client)
-	}
-	if err != nil {
+	if err := s.forEachNode(ctx, scan); err != nil {
 		return nil, fmt.Errorf("redis store: find unscheduled in-doubt records: %w", err)
 	}
 	return keys[:min(len(keys), limit)], nil

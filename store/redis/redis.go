@@ -297,6 +297,19 @@ func (s *Store) Get(ctx context.Context, key string) (*store.Record, error) {
 	return rec, nil
 }
 
+// forEachNode runs fn on every master of a Cluster, at once, or on the
+// one node of a single node or Sentinel.
+func (s *Store) forEachNode(ctx context.Context, fn func(context.Context, *goredis.Client) error) error {
+	switch c := s.client.(type) {
+	case *goredis.ClusterClient:
+		return c.ForEachMaster(ctx, fn)
+	case *goredis.Client:
+		return fn(ctx, c)
+	default:
+		return fmt.Errorf("unexpected client %T", s.client)
+	}
+}
+
 // Ping implements store.Store: Redis answers, and is fit to keep records.
 // On a Redis Cluster every master must pass; with Sentinel, the master.
 //
