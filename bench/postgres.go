@@ -111,7 +111,7 @@ func startPostgres(binDir string, start func(cmd *exec.Cmd) error) (*pgServer, e
 	_, port, _ := strings.Cut(s.addr, ":")
 	s.cmd = exec.Command(filepath.Join(binDir, "postgres"), "-D", data, "-p", port,
 		"-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories="+dir)
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL}
+	s.cmd.SysProcAttr = procAttr(cred)
 	if err := start(s.cmd); err != nil {
 		os.RemoveAll(dir)
 		return nil, err

@@ -217,7 +217,7 @@ func TestGuardFullDisk(t *testing.T) {
 	if err := syscall.Statfs(mnt, &st); err != nil {
 		t.Fatal(err)
 	}
-	if free := int64(st.Bavail) * st.Bsize; free > 16<<20 {
+	if free := int64(st.Bavail) * int64(st.Bsize); free > 16<<20 {
 		if err := os.WriteFile(filler+"2", make([]byte, free-16<<20), 0o600); err != nil {
 			t.Fatal(err)
 		}

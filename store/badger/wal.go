@@ -19,7 +19,6 @@ import (
 	"time"
 
 	bdg "github.com/dgraph-io/badger/v4"
-	"golang.org/x/sys/unix"
 )
 
 // The reservation log.
@@ -717,15 +716,6 @@ func (l *wal) sync() error {
 	}
 	l.unsynced = false
 	return nil
-}
-
-func fdatasync(f *os.File) error {
-	for {
-		err := unix.Fdatasync(int(f.Fd()))
-		if !errors.Is(err, unix.EINTR) {
-			return err
-		}
-	}
 }
 
 func (l *wal) active() *segment {
