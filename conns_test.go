@@ -149,11 +149,19 @@ func TestIdleConnectionsDoNotLockOutNewClients(t *testing.T) {
 			}()
 
 			conns := make([]*rawConn, tt.idle)
+			admitted := func() float64 { // idle now, or idle once and shed since
+				return scrapeValue(t, p, "idemproxy_connections_idle") + scrapeValue(t, p, "idemproxy_connections_shed_total")
+			}
 			for i := range conns {
+				before := admitted()
 				conns[i] = dialRaw(t, p.addr)
 				if st, body, err := conns[i].get("/charges"); err != nil || st != 200 {
 					t.Fatalf("idle client %d of %d (limit %d): %d %q %v", i+1, tt.idle, limit, st, body, err)
 				}
+				// The server marks a connection idle after its answer is
+				// on the wire: wait for it, so that the connections turn
+				// idle, and are shed, in the order they were opened.
+				eventually(t, fmt.Sprintf("idle client %d turns idle", i+1), func() bool { return admitted() > before })
 			}
 			// A new client is served while they all stay idle.
 			if r := charge(p, "ORD-CONN-1"); r.status != 201 {
