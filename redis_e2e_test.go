@@ -435,6 +435,31 @@ func TestRedisClusterStorm(t *testing.T) {
 	}
 }
 
+// waitNotWritable waits until /readyz on p is 503 because the store takes
+// no writes (while what), each answer coming at once, not after the
+// store's own stall; it logs how long that took and checks the reason
+// and idemproxy_store_writable.
+func waitNotWritable(t *testing.T, p *proc, what string) {
+	t.Helper()
+	since := time.Now()
+	var r result
+	eventually(t, "/readyz 503 while "+what, func() bool {
+		start := time.Now()
+		r = do("GET", p.adminURL("/readyz"), "")
+		if took := time.Since(start); took > 5*time.Second {
+			t.Errorf("/readyz took %v while %s, want an answer at once", took, what)
+		}
+		return r.status == 503
+	})
+	t.Logf("/readyz 503 after %v: %s", time.Since(since).Round(time.Millisecond), r.body)
+	if !strings.Contains(r.body, "store unavailable: writes") {
+		t.Errorf("/readyz = %q while %s, want the reason (writes fail or stall)", r.body, what)
+	}
+	if n := metricSum(t, p, "idemproxy_store_writable"); n != 0 {
+		t.Errorf("idemproxy_store_writable = %v while %s, want 0", n, what)
+	}
+}
+
 // TestReadyzWhenRedisPausesWrites: Redis under CLIENT PAUSE WRITE answers
 // pings but no write: every charge would fail, so /readyz turns 503 with
 // the reason within a few seconds, without waiting on Redis itself, and
@@ -450,23 +475,7 @@ func TestReadyzWhenRedisPausesWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { rd.Do("CLIENT", "UNPAUSE") })
-	paused := time.Now()
-	var r result
-	eventually(t, "/readyz 503 while Redis pauses writes", func() bool {
-		start := time.Now()
-		r = do("GET", p.adminURL("/readyz"), "")
-		if took := time.Since(start); took > 5*time.Second {
-			t.Errorf("/readyz took %v while Redis pauses writes, want an answer at once", took)
-		}
-		return r.status == 503
-	})
-	t.Logf("/readyz 503 after %v: %s", time.Since(paused).Round(time.Millisecond), r.body)
-	if !strings.Contains(r.body, "store unavailable: writes") {
-		t.Errorf("/readyz = %q, want the reason (writes fail or stall)", r.body)
-	}
-	if n := metricSum(t, p, "idemproxy_store_writable"); n != 0 {
-		t.Errorf("idemproxy_store_writable = %v while Redis pauses writes, want 0", n)
-	}
+	waitNotWritable(t, p, "Redis pauses writes")
 	if n := metricSum(t, p, "idemproxy_store_write_probe_failures_total"); n < 1 {
 		t.Errorf("idemproxy_store_write_probe_failures_total = %v, want at least 1", n)
 	}
