@@ -202,12 +202,9 @@ func scanLog(files []segmentFile, applied uint64) (logScan, error) {
 			res.spans = append(res.spans, chainSpan{seg: i, from: from, to: off, first: first})
 		}
 		if !started {
-			if segEnded {
-				i, off = i+1, 0
-				continue
-			}
-			// The oldest record is bad: nothing before it to go on from.
-			s = 1
+			// No record yet: the first one needed is the one after those
+			// Badger holds. A recycled spare's leftovers are older.
+			s = applied + 1
 		}
 		thr := max(s, applied+1)
 		if segEnded {
@@ -221,6 +218,7 @@ func scanLog(files []segmentFile, applied uint64) (logScan, error) {
 				i, off = i+1, 0
 				continue
 			}
+			started = true
 			res.noteDamage(files, &damaged, i, off, s, fmt.Sprintf("the records stop (a zero length or an older record), but sequence %d at offset %d was written after sequence %d was synced", pf.seq, poff, thr))
 			i, off, s, started = pi, poff, pf.seq, true
 			continue
@@ -289,8 +287,10 @@ func findProof(files []segmentFile, wins []*window, i int, off int64, s, thr uin
 				return true // a leftover, or the missing one's place: go on
 			}
 			proves := f.hasSynced && f.synced >= thr && f.synced < f.seq
-			if !f.hasSynced && j > i {
-				proves = f.seq >= thr // the previous format: a later segment
+			if !f.hasSynced && j > i && p == 0 {
+				// The previous format: a later segment's first record
+				// (not a recycled spare's leftover, never at its start).
+				proves = f.seq >= thr
 			}
 			if proves {
 				found, at, ok = f, p, true
