@@ -77,8 +77,8 @@ func (w *window) at(off int64, n int64) ([]byte, error) {
 		return b, nil
 	}
 	l := min(int64(walWindow), w.size-off)
-	if cap(w.buf) < walWindow {
-		w.buf = make([]byte, walWindow)
+	if int64(cap(w.buf)) < l {
+		w.buf = make([]byte, min(int64(walWindow), w.size))
 	}
 	w.buf = w.buf[:l]
 	if _, err := w.r.ReadAt(w.buf, off); err != nil && err != io.EOF {
