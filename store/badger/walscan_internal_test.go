@@ -312,6 +312,15 @@ func TestPreviousFormatLogReplays(t *testing.T) {
 	if want := keysOf(1, 7); strings.Join(present, " ") != strings.Join(want, " ") {
 		t.Errorf("keys = %v, want %v", present, want)
 	}
+	// A recycled spare after it: leftovers of the previous format past
+	// its zeroed first record are not records of the log.
+	dir = t.TempDir()
+	spare := bytes.Clone(seg)
+	clear(spare[:walHeader])
+	writeSegments(t, dir, torn, spare)
+	if present, err := openKeys(t, dir, keysOf(1, 10)); err != nil || len(present) != 7 {
+		t.Errorf("Open with a spare of the previous format = %v, %v; want keys k1..k7", present, err)
+	}
 	dir = t.TempDir()
 	next, _ := segmentOf(4096, prevFormatRecord(11, "pay/-/k11"))
 	writeSegments(t, dir, torn, next)
