@@ -34,7 +34,7 @@ import (
 // journal commit on ext4. A later fdatasync covers the unsynced records
 // before it: the log is appended to in order.
 //
-// Replaying every mutation in commit order reproduces the store: on open,
+// Replaying the mutations in commit order reproduces the store: on open,
 // the log is replayed into Badger before anything is served, and Badger is
 // then made durable and the log emptied (a checkpoint). While the store
 // runs, a checkpoint every walCheckpointEvery (when anything was written)
@@ -42,8 +42,20 @@ import (
 // writer's exclusive lock the active segment is synced and a new one
 // begun, so that the older segments hold everything Badger committed so
 // far; then Badger is made durable (DB.Sync, and an fsync of every memtable
-// log and value-log file, and of the directory), and only then are the
-// older segments deleted.
+// log and value-log file, and of the directory), the sequence number of
+// the oldest record still needed written to <log>/checkpoint (fsynced,
+// renamed into place), and only then are the older segments deleted.
+//
+// Replay by applied sequence. Each batch's Badger transaction also sets
+// appliedKey (in Badger only, never in the log) to the sequence number its
+// record carries, and a replay sets it to the last record it applied.
+// Badger's files may reach the disk past the log's synced tail (the kernel
+// writes mapped pages back when it likes; a power loss then keeps Badger's
+// newer state and loses the log's unsynced records): a replay skips every
+// record whose sequence number Badger holds, so that an older reservation
+// is never written over its commit or release. Sequence numbers go on
+// across opens: the log an open starts begins after both the last record
+// replayed and Badger's applied number.
 //
 // The log is a sequence of segments, files named by a number that grows,
 // each created zeroed at its full size and fsynced (file and directory)
@@ -55,20 +67,31 @@ import (
 //	seq     uint64, little-endian: one more than the record before it
 //	payload the record's entries (walRecorder)
 //
-// and reading a segment stops at the first record whose length is zero,
-// runs past the segment's end, or whose CRC or sequence number is wrong: a
-// torn tail, written but never synced (a sync covers every byte before
-// it). A segment whose records Badger holds is recycled as the next spare
-// rather than deleted: its first record zeroed, renamed, synced. Its older
-// records stay, and a record with a lower sequence number than expected is
-// such a leftover: the end of the new ones. A segment is ended by a zero
-// frame when the log moves on from it, so the leftovers never read as
-// damage. Only the last segment holding records may end so; a segment that
-// stops early and is followed by a segment with a valid record lost
-// records that were synced, and the store refuses to open (naming the
-// file) rather than forget reservations. The segment before the active one
-// is synced whole before the active one is written to, so this does not
-// happen by a crash.
+// and its payload begins with a durable mark (walMark, then 8 bytes,
+// little-endian): the highest sequence number fdatasynced when the record
+// was written. Records written before the mark was added (by an earlier
+// release) have none, and still replay; an earlier release cannot read a
+// log with marks (it refuses the unknown entry kind).
+//
+// Reading the log (walscan.go) follows the records from one to the next
+// (by sequence number, across segments) until one fails: a zero length, a
+// length past the segment's end, a bad CRC, a sequence number out of
+// order. What follows is then searched for a record written after the
+// failed one was synced (its durable mark reaching it): found, the log is
+// damaged (bytes that were on disk changed or went missing), and the store
+// refuses to open with ErrLogDamaged, naming the segment, offset and
+// sequence number, changing nothing; not found, it is a torn tail, written
+// but never synced, and the records before it are replayed. Valid records
+// may well follow a torn one: after a power loss the kernel may have
+// written back later unsynced pages and not an earlier one. A segment
+// whose records Badger holds is recycled as the next spare rather than
+// deleted: its first record zeroed, renamed, synced. Its older records
+// stay: their sequence numbers are lower, and their marks prove nothing
+// about the new ones, so they never read as damage. A segment is ended by
+// a zero frame when the log moves on from it, and synced whole before the
+// next one is written to. A record of the previous format has no mark: a
+// failed record followed by a later segment that begins with a valid one
+// is damage, as before.
 
 // walDirName is the log's directory, inside the store's.
 const walDirName = "idemproxy-wal"
