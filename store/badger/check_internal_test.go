@@ -217,6 +217,39 @@ func TestCheckAndQuarantine(t *testing.T) {
 	}
 }
 
+// TestCheckReportsEveryDamage: two damaged places, in two segments, are
+// both reported, each with its segment, offset and sequence number, and
+// the records before the first are counted.
+func TestCheckReportsEveryDamage(t *testing.T) {
+	recs := syncedRun(1, 40, 0, 100)
+	a, aoffs := segmentOf(1<<13, recs[:20]...)
+	b, boffs := segmentOf(1<<13, recs[20:]...)
+	a[aoffs[7]+walHeader+30] ^= 0x02  // sequence 8
+	b[boffs[12]+walHeader+30] ^= 0x02 // sequence 33
+	dir := t.TempDir()
+	writeSegments(t, dir, a, b)
+	rep, err := Check(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type place struct {
+		seg string
+		off int64
+		seq uint64
+	}
+	want := []place{{segmentName(0), int64(aoffs[7]), 8}, {segmentName(1), int64(boffs[12]), 33}}
+	var got []place
+	for _, d := range rep.Damage {
+		got = append(got, place{filepath.Base(d.Segment), d.Offset, d.Seq})
+	}
+	if !slices.Equal(got, want) || rep.Records != 7 || rep.Segments != 2 {
+		t.Errorf("Check = %+v; want damage at %v, 7 records before it, 2 segments", rep, want)
+	}
+	if rep.SetAside != 31 { // 9..40 but the second damaged one
+		t.Errorf("Check counts %d records after the damage, want 31", rep.SetAside)
+	}
+}
+
 func mapsEqual(a, b map[string]string) bool {
 	if len(a) != len(b) {
 		return false

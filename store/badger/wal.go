@@ -431,11 +431,22 @@ const appliedKey = "\x00walseq"
 // metaApplied is the UserMeta of appliedKey.
 const metaApplied byte = 6
 
+// appliedKeyBytes is appliedKey, for entries (Badger copies keys).
+var appliedKeyBytes = []byte(appliedKey)
+
 // appliedEntry is the entry that sets appliedKey to seq.
 func appliedEntry(seq uint64) *bdg.Entry {
-	v := make([]byte, 8)
-	binary.BigEndian.PutUint64(v, seq)
-	return bdg.NewEntry([]byte(appliedKey), v).WithMeta(metaApplied)
+	e := new(bdg.Entry)
+	setApplied(e, make([]byte, 8), seq)
+	return e
+}
+
+// setApplied makes e the entry that sets appliedKey to seq, its value in
+// buf (8 bytes). The writer reuses one entry and buffer: Badger holds
+// neither once the transaction is committed or discarded.
+func setApplied(e *bdg.Entry, buf []byte, seq uint64) {
+	binary.BigEndian.PutUint64(buf, seq)
+	*e = bdg.Entry{Key: appliedKeyBytes, Value: buf[:8], UserMeta: metaApplied}
 }
 
 // readApplied returns the sequence number appliedKey holds; 0 when none.

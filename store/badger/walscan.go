@@ -218,7 +218,6 @@ func scanLog(files []segmentFile, applied uint64) (logScan, error) {
 				i, off = i+1, 0
 				continue
 			}
-			started = true
 			res.noteDamage(files, &damaged, i, off, s, fmt.Sprintf("the records stop (a zero length or an older record), but sequence %d at offset %d was written after sequence %d was synced", pf.seq, poff, thr))
 			i, off, s, started = pi, poff, pf.seq, true
 			continue

@@ -97,6 +97,10 @@ type writer struct {
 	// commit, and sync fdatasyncs it instead of syncing Badger.
 	wal *wal
 	rec walRecorder
+	// applied and appliedBuf are the entry that sets appliedKey in each
+	// batch's transaction, and its value (reused: no allocation).
+	applied    bdg.Entry
+	appliedBuf [8]byte
 }
 
 // wtxn is the writer's transaction: Badger's, whose writes are recorded
@@ -264,7 +268,8 @@ func (w *writer) applyOnce(batch []*op) []*op {
 			// goroutine appends), in Badger and not in the log: replay
 			// skips the records Badger holds (replayWAL). Not in a batch
 			// that writes nothing, which has no record.
-			if err := txn.Txn.SetEntry(appliedEntry(w.wal.seq)); errors.Is(err, bdg.ErrTxnTooBig) && n > 1 {
+			setApplied(&w.applied, w.appliedBuf[:], w.wal.seq)
+			if err := txn.Txn.SetEntry(&w.applied); errors.Is(err, bdg.ErrTxnTooBig) && n > 1 {
 				n-- // full: the last closure goes to the next transaction
 			} else if err != nil {
 				txn.Discard()
