@@ -105,8 +105,9 @@ func stateBody(r *store.Record) string {
 }
 
 // TestSequenceGoesOnAcrossOpens: a store opened, written, crashed (Badger
-// as at its last checkpoint, the log as it is) and reopened, five times
-// over: every reservation synced before each crash is there after it.
+// as at its last checkpoint, the log as it is) or closed, and reopened,
+// six times over: every reservation synced before each crash is there
+// after it.
 // Sequence numbers restarting at each open would make the next replay
 // skip the new records as already applied.
 func TestSequenceGoesOnAcrossOpens(t *testing.T) {
@@ -115,7 +116,7 @@ func TestSequenceGoesOnAcrossOpens(t *testing.T) {
 	res := store.Reservation{Token: "t", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
 	resp := store.Response{Status: 201, Body: []byte("ok"), BodyStored: true}
 	var lastSeq uint64
-	for round := range 5 {
+	for round := range 6 {
 		s, err := Open(Options{Dir: dir, SyncWrites: true, checkpointEvery: -1})
 		if err != nil {
 			t.Fatalf("round %d: Open: %v", round, err)
@@ -151,6 +152,13 @@ func TestSequenceGoesOnAcrossOpens(t *testing.T) {
 			t.Fatal(err)
 		}
 		lastSeq = s.w.wal.seq - 1
+		if round%2 == 1 {
+			// A clean stop: the log is kept and replayed at the next open.
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
 		dir = crashCopy(t, snapshot, filepath.Join(dir, walDirName))
 		s.Close()
 	}
