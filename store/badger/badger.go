@@ -241,10 +241,10 @@ func Open(opts Options) (*Store, error) {
 	// The reservation log is replayed whether or not SyncWrites is set
 	// now: a store last run with it holds its latest writes there.
 	walDir := filepath.Join(opts.Dir, walDirName)
-	replayed, nextNum, err := replayWAL(db, opts.Dir, walDir, time.Now())
+	replayed, nextNum, nextSeq, err := replayWAL(db, opts.Dir, walDir, time.Now())
 	var l *wal
 	if err == nil && opts.SyncWrites {
-		l, err = openWAL(walDir, nextNum)
+		l, err = openWAL(walDir, nextNum, nextSeq)
 	}
 	if err != nil {
 		stopTrim()
@@ -340,12 +340,16 @@ func (s *Store) checkpoint() error {
 	}
 	s.w.exclusive.Lock()
 	old, err := l.cut()
+	needed := l.seq // the active segment's first record: the older ones hold the rest
 	s.w.exclusive.Unlock()
 	if err != nil || len(old) == 0 {
 		return err
 	}
 	// Recovered: a Badger that failed panics rather than fail.
 	if err := recovered(func() error { return syncBadger(s.db, s.dir) }); err != nil {
+		return err
+	}
+	if err := writeCheckpoint(l.dir, needed); err != nil {
 		return err
 	}
 	return l.drop(old)

@@ -34,7 +34,7 @@ import (
 // journal commit on ext4. A later fdatasync covers the unsynced records
 // before it: the log is appended to in order.
 //
-// Replaying every mutation in commit order reproduces the store: on open,
+// Replaying the mutations in commit order reproduces the store: on open,
 // the log is replayed into Badger before anything is served, and Badger is
 // then made durable and the log emptied (a checkpoint). While the store
 // runs, a checkpoint every walCheckpointEvery (when anything was written)
@@ -42,8 +42,20 @@ import (
 // writer's exclusive lock the active segment is synced and a new one
 // begun, so that the older segments hold everything Badger committed so
 // far; then Badger is made durable (DB.Sync, and an fsync of every memtable
-// log and value-log file, and of the directory), and only then are the
-// older segments deleted.
+// log and value-log file, and of the directory), the sequence number of
+// the oldest record still needed written to <log>/checkpoint (fsynced,
+// renamed into place), and only then are the older segments deleted.
+//
+// Replay by applied sequence. Each batch's Badger transaction also sets
+// appliedKey (in Badger only, never in the log) to the sequence number its
+// record carries, and a replay sets it to the last record it applied.
+// Badger's files may reach the disk past the log's synced tail (the kernel
+// writes mapped pages back when it likes; a power loss then keeps Badger's
+// newer state and loses the log's unsynced records): a replay skips every
+// record whose sequence number Badger holds, so that an older reservation
+// is never written over its commit or release. Sequence numbers go on
+// across opens: the log an open starts begins after both the last record
+// replayed and Badger's applied number.
 //
 // The log is a sequence of segments, files named by a number that grows,
 // each created zeroed at its full size and fsynced (file and directory)
@@ -55,20 +67,31 @@ import (
 //	seq     uint64, little-endian: one more than the record before it
 //	payload the record's entries (walRecorder)
 //
-// and reading a segment stops at the first record whose length is zero,
-// runs past the segment's end, or whose CRC or sequence number is wrong: a
-// torn tail, written but never synced (a sync covers every byte before
-// it). A segment whose records Badger holds is recycled as the next spare
-// rather than deleted: its first record zeroed, renamed, synced. Its older
-// records stay, and a record with a lower sequence number than expected is
-// such a leftover: the end of the new ones. A segment is ended by a zero
-// frame when the log moves on from it, so the leftovers never read as
-// damage. Only the last segment holding records may end so; a segment that
-// stops early and is followed by a segment with a valid record lost
-// records that were synced, and the store refuses to open (naming the
-// file) rather than forget reservations. The segment before the active one
-// is synced whole before the active one is written to, so this does not
-// happen by a crash.
+// and its payload begins with a durable mark (walMark, then 8 bytes,
+// little-endian): the highest sequence number fdatasynced when the record
+// was written. Records written before the mark was added (by an earlier
+// release) have none, and still replay; an earlier release cannot read a
+// log with marks (it refuses the unknown entry kind).
+//
+// Reading the log (walscan.go) follows the records from one to the next
+// (by sequence number, across segments) until one fails: a zero length, a
+// length past the segment's end, a bad CRC, a sequence number out of
+// order. What follows is then searched for a record written after the
+// failed one was synced (its durable mark reaching it): found, the log is
+// damaged (bytes that were on disk changed or went missing), and the store
+// refuses to open with ErrLogDamaged, naming the segment, offset and
+// sequence number, changing nothing; not found, it is a torn tail, written
+// but never synced, and the records before it are replayed. Valid records
+// may well follow a torn one: after a power loss the kernel may have
+// written back later unsynced pages and not an earlier one. A segment
+// whose records Badger holds is recycled as the next spare rather than
+// deleted: its first record zeroed, renamed, synced. Its older records
+// stay: their sequence numbers are lower, and their marks prove nothing
+// about the new ones, so they never read as damage. A segment is ended by
+// a zero frame when the log moves on from it, and synced whole before the
+// next one is written to. A record of the previous format has no mark: a
+// failed record followed by a later segment that begins with a valid one
+// is damage, as before.
 
 // walDirName is the log's directory, inside the store's.
 const walDirName = "idemproxy-wal"
@@ -89,11 +112,18 @@ const walCheckpointEvery = 30 * time.Second
 // walHeader is the size of a record's frame before its payload.
 const walHeader = 16
 
-// Entry kinds in a record's payload.
+// Entry kinds in a record's payload. walMark, first in a record's payload
+// only, is followed by the durable mark: 8 bytes, little-endian, the
+// highest sequence number synced when the record was written (records of
+// the previous format have none).
 const (
 	walSet    byte = 1
 	walDelete byte = 2
+	walMark   byte = 3
 )
+
+// walMarkSize is the bytes of a durable mark, its kind included.
+const walMarkSize = 9
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
@@ -110,7 +140,8 @@ func (r *walRecorder) reset() {
 	if cap(r.buf) > 2*walBatchBytes {
 		r.buf = nil // a huge answer's record: do not keep its buffer
 	}
-	var frame [walHeader]byte
+	var frame [walHeader + walMarkSize]byte
+	frame[walHeader] = walMark
 	r.buf = append(r.buf[:0], frame[:]...)
 	r.entries = 0
 }
@@ -136,10 +167,20 @@ func (r *walRecorder) del(k []byte) {
 	r.entries++
 }
 
-// frame fills in the frame of the record for sequence number seq and
-// returns the whole record.
-func (r *walRecorder) frame(seq uint64) []byte {
+// frame fills in the frame of the record for sequence number seq, and its
+// durable mark, synced, and returns the whole record.
+func (r *walRecorder) frame(seq, synced uint64) []byte {
+	binary.LittleEndian.PutUint64(r.buf[walHeader+1:walHeader+walMarkSize], synced)
 	return frameRecord(r.buf, seq)
+}
+
+// recordSynced returns the durable mark of a record's payload, if it has
+// one.
+func recordSynced(payload []byte) (uint64, bool) {
+	if len(payload) < walMarkSize || payload[0] != walMark {
+		return 0, false
+	}
+	return binary.LittleEndian.Uint64(payload[1:walMarkSize]), true
 }
 
 // frameRecord fills in the first walHeader bytes of rec, whose payload
@@ -166,6 +207,12 @@ var errBadPayload = errors.New("undecodable record payload")
 // decodeRecord calls fn with each entry of payload, in order. The slices
 // point into payload.
 func decodeRecord(payload []byte, fn func(e walEntry) error) error {
+	if len(payload) > 0 && payload[0] == walMark {
+		if len(payload) < walMarkSize {
+			return errBadPayload
+		}
+		payload = payload[walMarkSize:]
+	}
 	for len(payload) > 0 {
 		var e walEntry
 		e.kind = payload[0]
@@ -335,6 +382,7 @@ type wal struct {
 
 	// Used by the writer, under exclusive.
 	seq      uint64 // the next record's sequence number
+	synced   uint64 // the highest sequence number fdatasynced (the durable mark)
 	unsynced bool   // the active segment has records not fdatasynced
 	records  bool   // the active segment has records
 	broken   error  // a write or sync failed: the log is not trusted again
@@ -372,52 +420,109 @@ func walSegments(dir string) ([]uint64, error) {
 	return nums, nil
 }
 
-// replayWAL applies the log in dir (if any) to db in commit order, makes
-// db durable, and deletes the log's segments. It returns the number of
-// records applied and the number the next segment should have. A segment
-// that stops early followed by one with a valid record is corruption: it
-// returns an error naming the file and leaves everything as it was.
-func replayWAL(db *bdg.DB, dbDir, dir string, now time.Time) (records int, nextNum uint64, err error) {
-	nums, err := walSegments(dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return 0, 0, nil
+// appliedKey holds, in Badger, the sequence number of the last log record
+// whose batch Badger holds: every batch's transaction sets it to the
+// sequence number its record gets (the writer), and a replay to the last
+// record it applied. It is written to Badger only, never to the log. It
+// begins with a zero byte (List passes it by) and carries UserMeta
+// metaApplied, which no scan for records selects.
+const appliedKey = "\x00walseq"
+
+// metaApplied is the UserMeta of appliedKey.
+const metaApplied byte = 6
+
+// appliedKeyBytes is appliedKey, for entries (Badger copies keys).
+var appliedKeyBytes = []byte(appliedKey)
+
+// appliedEntry is the entry that sets appliedKey to seq.
+func appliedEntry(seq uint64) *bdg.Entry {
+	e := new(bdg.Entry)
+	setApplied(e, make([]byte, 8), seq)
+	return e
+}
+
+// setApplied makes e the entry that sets appliedKey to seq, its value in
+// buf (8 bytes). The writer reuses one entry and buffer: Badger holds
+// neither once the transaction is committed or discarded.
+func setApplied(e *bdg.Entry, buf []byte, seq uint64) {
+	binary.BigEndian.PutUint64(buf, seq)
+	*e = bdg.Entry{Key: appliedKeyBytes, Value: buf[:8], UserMeta: metaApplied}
+}
+
+// readApplied returns the sequence number appliedKey holds; 0 when none.
+func readApplied(txn getter) (uint64, error) {
+	item, err := txn.Get([]byte(appliedKey))
+	if errors.Is(err, bdg.ErrKeyNotFound) {
+		return 0, nil
 	}
 	if err != nil {
-		return 0, 0, fmt.Errorf("read the reservation log: %w", err)
+		return 0, err
+	}
+	var seq uint64
+	err = item.Value(func(v []byte) error {
+		if len(v) != 8 {
+			return fmt.Errorf("the applied sequence number is %d bytes, want 8", len(v))
+		}
+		seq = binary.BigEndian.Uint64(v)
+		return nil
+	})
+	return seq, err
+}
+
+// replayWAL applies the log in dir (if any) to db in commit order, the
+// records Badger does not hold yet (those after its applied sequence
+// number), makes db durable, and deletes the log's segments. It returns
+// the number of records applied, the number the next segment should have
+// and the sequence number the next record should carry (after both what
+// Badger holds and the log). A damaged log (walscan.go) is refused with an
+// error wrapping ErrLogDamaged that names the segment, offset and sequence
+// number, and everything is left as it was.
+func replayWAL(db *bdg.DB, dbDir, dir string, now time.Time) (records int, nextNum, nextSeq uint64, err error) {
+	var applied uint64
+	if err := db.View(func(txn *bdg.Txn) error {
+		var err error
+		applied, err = readApplied(txn)
+		return err
+	}); err != nil {
+		return 0, 0, 0, fmt.Errorf("read the applied sequence number: %w", err)
+	}
+	floor := applied
+	if c := readCheckpoint(dir); c > 0 {
+		floor = max(floor, c-1)
+	}
+	nums, err := walSegments(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, 0, floor + 1, nil
+	}
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("read the reservation log: %w", err)
 	}
 	if len(nums) == 0 {
-		return 0, 0, nil
+		return 0, 0, floor + 1, nil
 	}
 	nextNum = nums[len(nums)-1] + 1
-	files := make([]segmentFile, len(nums))
-	for i, n := range nums {
-		name := filepath.Join(dir, segmentName(n))
-		f, err := os.Open(name)
-		if err != nil {
-			return 0, 0, fmt.Errorf("read the reservation log: %w", err)
-		}
-		defer f.Close()
-		fi, err := f.Stat()
-		if err != nil {
-			return 0, 0, fmt.Errorf("read the reservation log: %w", err)
-		}
-		files[i] = segmentFile{name: name, r: f, size: fi.Size()}
+	files, closeAll, err := openSegments(dir, nums)
+	if err != nil {
+		return 0, 0, 0, err
 	}
-	if err := checkSegments(files); err != nil {
-		return 0, 0, err
+	defer closeAll()
+	scan, err := scanLog(files, floor)
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("read the reservation log: %w", err)
+	}
+	if len(scan.damage) > 0 {
+		return 0, 0, 0, damageError(scan.damage[0])
 	}
 	ap := newReplayer(db, now)
-	seq, started := uint64(0), false
-	for _, sf := range files {
-		if !started {
-			first, ok := firstSeqAt(sf.r, sf.size)
-			if !ok {
-				continue
+	last := applied
+	for _, sp := range scan.spans {
+		sf := files[sp.seg]
+		_, _, _, err := scanReader(io.NewSectionReader(sf.r, sp.from, sp.to-sp.from), sp.to-sp.from, sp.first, func(seq uint64, payload []byte) error {
+			if seq <= applied {
+				return nil // Badger holds it, maybe newer state over it
 			}
-			seq, started = first, true
-		}
-		next, _, _, err := scanReader(sf.r, sf.size, seq, func(_ uint64, payload []byte) error {
 			records++
+			last = seq
 			if err := decodeRecord(payload, ap.apply); err != nil {
 				return fmt.Errorf("replay %s: %w", sf.name, err)
 			}
@@ -425,69 +530,119 @@ func replayWAL(db *bdg.DB, dbDir, dir string, now time.Time) (records int, nextN
 		})
 		if err != nil {
 			ap.discard()
-			return 0, 0, fmt.Errorf("replay the reservation log: %w", err)
+			return 0, 0, 0, fmt.Errorf("replay the reservation log: %w", err)
 		}
-		seq = next
+	}
+	if last > applied {
+		if err := ap.setApplied(last); err != nil {
+			ap.discard()
+			return 0, 0, 0, fmt.Errorf("replay the reservation log: %w", err)
+		}
 	}
 	if err := ap.flush(); err != nil {
-		return 0, 0, fmt.Errorf("replay the reservation log: %w", err)
+		return 0, 0, 0, fmt.Errorf("replay the reservation log: %w", err)
 	}
 	if err := syncBadger(db, dbDir); err != nil {
-		return 0, 0, fmt.Errorf("replay the reservation log: %w", err)
+		return 0, 0, 0, fmt.Errorf("replay the reservation log: %w", err)
+	}
+	nextSeq = max(last, scan.maxSeq, floor) + 1
+	if err := writeCheckpoint(dir, nextSeq); err != nil {
+		return 0, 0, 0, err
 	}
 	for _, n := range nums {
 		if err := os.Remove(filepath.Join(dir, segmentName(n))); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return 0, 0, fmt.Errorf("remove a replayed reservation log segment: %w", err)
+			return 0, 0, 0, fmt.Errorf("remove a replayed reservation log segment: %w", err)
 		}
 	}
 	if err := syncDir(dir); err != nil {
-		return 0, 0, fmt.Errorf("replay the reservation log: %w", err)
+		return 0, 0, 0, fmt.Errorf("replay the reservation log: %w", err)
 	}
-	return records, nextNum, nil
+	return records, nextNum, nextSeq, nil
 }
 
-// checkSegments refuses a log in which records were lost: a segment whose
-// reading stops early (not at a zero length) followed by a segment holding
-// a valid record, or two segments holding records whose sequence numbers
-// do not follow on.
-func checkSegments(files []segmentFile) error {
-	type span struct {
-		i          int
-		records    bool // its first record is valid
-		first, end uint64
-		why        walStop
+// walCheckpointName is the file, in the log's directory, that holds the
+// sequence number of the oldest record the log still needs: every record
+// before it is durable in Badger. A checkpoint writes it after syncing
+// Badger and before deleting the segments it emptied, a replay after its
+// sync. Check and Quarantine, which do not open Badger, judge the log with
+// it; Open with Badger's applied sequence number, at least as high.
+const walCheckpointName = "checkpoint"
+
+// writeCheckpoint records seq as the oldest record the log in dir needs:
+// written to a temporary file, fsynced, renamed over the old one, the
+// directory fsynced.
+func writeCheckpoint(dir string, seq uint64) error {
+	tmp := filepath.Join(dir, walCheckpointName+".tmp")
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
 	}
-	var spans []span
-	for i, sf := range files {
-		first, ok := firstSeqAt(sf.r, sf.size)
-		if !ok {
-			var n [4]byte
-			if _, err := sf.r.ReadAt(n[:], 0); err == nil && binary.LittleEndian.Uint32(n[:]) != 0 {
-				// Its first record is torn: fine only if nothing follows.
-				spans = append(spans, span{i: i, why: stopTorn})
-			}
-			continue
-		}
-		end, _, why, err := scanReader(sf.r, sf.size, first, nil)
-		if err != nil {
-			return fmt.Errorf("read the reservation log: %w", err)
-		}
-		spans = append(spans, span{i: i, records: true, first: first, end: end, why: why})
+	_, err = fmt.Fprintf(f, "%d\n", seq)
+	if err == nil {
+		err = f.Sync()
 	}
-	for j := 0; j+1 < len(spans); j++ {
-		cur, next := spans[j], spans[j+1]
-		if !next.records {
-			continue // torn from its start: reported if records follow it
-		}
-		name := files[cur.i].name
-		if cur.why == stopTorn {
-			return fmt.Errorf("reservation log segment %s is damaged (a bad record after sequence %d) and a later segment holds records: synced writes would be lost; refusing to open (to open with the records before the damage, move that segment and the later ones away)", name, cur.end)
-		}
-		if next.first != cur.end {
-			return fmt.Errorf("reservation log segment %s ends before sequence %d but the next one, %s, begins at %d: records are missing; refusing to open", name, cur.end, files[next.i].name, next.first)
-		}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, filepath.Join(dir, walCheckpointName))
+	}
+	if err == nil {
+		err = syncDir(dir)
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("record the reservation log's checkpoint: %w", err)
 	}
 	return nil
+}
+
+// readCheckpoint returns the sequence number writeCheckpoint recorded in
+// dir; 0 when there is none (a log of the previous format) or it does not
+// read.
+func readCheckpoint(dir string) uint64 {
+	b, err := os.ReadFile(filepath.Join(dir, walCheckpointName))
+	if err != nil {
+		return 0
+	}
+	seq, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return 0
+	}
+	return seq
+}
+
+// damageError is Open's error for damage d.
+func damageError(d Damage) error {
+	return fmt.Errorf("%w: segment %s, offset %d, sequence %d: %s; synced writes would be lost, refusing to open (idemproxy store check reports the damage, idemproxy store quarantine moves the damaged segments aside)",
+		ErrLogDamaged, d.Segment, d.Offset, d.Seq, d.Detail)
+}
+
+// openSegments opens the segments nums of dir for reading; closeAll closes
+// them.
+func openSegments(dir string, nums []uint64) (files []segmentFile, closeAll func(), err error) {
+	var opened []*os.File
+	closeAll = func() {
+		for _, f := range opened {
+			f.Close()
+		}
+	}
+	for _, n := range nums {
+		name := filepath.Join(dir, segmentName(n))
+		f, err := os.Open(name)
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("read the reservation log: %w", err)
+		}
+		opened = append(opened, f)
+		fi, err := f.Stat()
+		if err != nil {
+			closeAll()
+			return nil, nil, fmt.Errorf("read the reservation log: %w", err)
+		}
+		files = append(files, segmentFile{name: name, r: f, size: fi.Size()})
+	}
+	return files, closeAll, nil
 }
 
 // segmentFile is a segment being read.
@@ -533,6 +688,23 @@ func (r *replayer) apply(e walEntry) error {
 			return err
 		}
 		err = set()
+	}
+	return err
+}
+
+// setApplied sets appliedKey to seq, in the replay's last transaction.
+func (r *replayer) setApplied(seq uint64) error {
+	if r.txn == nil {
+		r.txn = r.db.NewTransaction(true)
+	}
+	err := r.txn.SetEntry(appliedEntry(seq))
+	if errors.Is(err, bdg.ErrTxnTooBig) {
+		if err = r.txn.Commit(); err != nil {
+			r.txn = nil
+			return err
+		}
+		r.txn = r.db.NewTransaction(true)
+		err = r.txn.SetEntry(appliedEntry(seq))
 	}
 	return err
 }
@@ -604,12 +776,16 @@ func syncDir(dir string) error {
 }
 
 // openWAL starts an empty log in dir, its segments numbered from nextNum,
-// with sequence numbers from 1.
-func openWAL(dir string, nextNum uint64) (*wal, error) {
+// its sequence numbers from seq (after those of the log replayed and of
+// Badger's applied record, which is durable, and so everything before
+// seq: replayWAL). Sequence numbers go on across opens: a replay skips
+// the records whose number Badger holds.
+func openWAL(dir string, nextNum, seq uint64) (*wal, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create the reservation log: %w", err)
 	}
-	l := &wal{dir: dir, nextNum: nextNum, seq: 1, full: make(chan struct{}, 1), half: make(chan struct{}, 1)}
+	seq = max(seq, 1)
+	l := &wal{dir: dir, nextNum: nextNum, seq: seq, synced: seq - 1, full: make(chan struct{}, 1), half: make(chan struct{}, 1)}
 	seg, err := l.create(walSegmentSize)
 	if err != nil {
 		return nil, err
@@ -659,14 +835,14 @@ func (l *wal) append(r *walRecorder) error {
 	if l.broken != nil {
 		return l.broken
 	}
-	rec := r.frame(l.seq)
 	act := l.active()
-	if act.off+int64(len(rec)) > act.size {
+	if need := int64(r.size()); act.off+need > act.size {
 		var err error
-		if act, err = l.rotate(int64(len(rec))); err != nil {
+		if act, err = l.rotate(need); err != nil {
 			return err
 		}
 	}
+	rec := r.frame(l.seq, l.synced) // after a rotation, which syncs
 	if _, err := act.f.WriteAt(rec, act.off); err != nil {
 		l.broken = fmt.Errorf("write the reservation log: %w", err)
 		return l.broken
@@ -714,7 +890,7 @@ func (l *wal) sync() error {
 		l.broken = fmt.Errorf("sync the reservation log: %w", err)
 		return l.broken
 	}
-	l.unsynced = false
+	l.unsynced, l.synced = false, l.seq-1
 	return nil
 }
 
@@ -746,6 +922,7 @@ func (l *wal) rotate(need int64) (*segment, error) {
 		}
 		l.unsynced = false
 	}
+	l.synced = l.seq - 1
 	l.mu.Lock()
 	seg, cur := l.spare, l.segs[len(l.segs)-1]
 	l.spare = nil

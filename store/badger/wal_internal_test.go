@@ -26,7 +26,7 @@ func testRecord(seq uint64, entries ...walEntry) []byte {
 			r.set(e.key, e.val, e.meta, e.expiresAt)
 		}
 	}
-	return append([]byte(nil), r.frame(seq)...)
+	return append([]byte(nil), r.frame(seq, seq-1)...)
 }
 
 // testSegment is a zeroed segment of size bytes holding records with
@@ -263,7 +263,7 @@ func TestOpenRefusesDamagedLog(t *testing.T) {
 	}{
 		{"bit flip before a later segment", [][]byte{flipped, seg1}, "is damaged", segmentName(0)},
 		{"bit flip before a torn-at-start and a later segment", [][]byte{flipped, make([]byte, 64), seg1}, "is damaged", segmentName(0)},
-		{"sequence gap", [][]byte{seg0, gap}, "records are missing", segmentName(0)},
+		{"sequence gap", [][]byte{seg0, gap}, "records are missing", segmentName(1)},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

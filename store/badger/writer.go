@@ -97,6 +97,10 @@ type writer struct {
 	// commit, and sync fdatasyncs it instead of syncing Badger.
 	wal *wal
 	rec walRecorder
+	// applied and appliedBuf are the entry that sets appliedKey in each
+	// batch's transaction, and its value (reused: no allocation).
+	applied    bdg.Entry
+	appliedBuf [8]byte
 }
 
 // wtxn is the writer's transaction: Badger's, whose writes are recorded
@@ -258,6 +262,22 @@ func (w *writer) applyOnce(batch []*op) []*op {
 			failedOp.answer(err)
 			failed = true
 			break
+		}
+		if !failed && n == len(batch) && w.wal != nil && w.rec.entries > 0 {
+			// The sequence number the batch's record will carry (only this
+			// goroutine appends), in Badger and not in the log: replay
+			// skips the records Badger holds (replayWAL). Not in a batch
+			// that writes nothing, which has no record.
+			setApplied(&w.applied, w.appliedBuf[:], w.wal.seq)
+			if err := txn.Txn.SetEntry(&w.applied); errors.Is(err, bdg.ErrTxnTooBig) && n > 1 {
+				n-- // full: the last closure goes to the next transaction
+			} else if err != nil {
+				txn.Discard()
+				for _, o := range batch {
+					o.answer(fmt.Errorf("commit batch: %w", err))
+				}
+				return nil
+			}
 		}
 		if failed || n < len(batch) {
 			// Discard whatever the failed or overflowing closure wrote.
