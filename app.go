@@ -253,7 +253,7 @@ func (a *app) serve(ctx context.Context) error {
 			Store: a.p.Store(), Lister: st, Routes: a, Gatherer: reg, Token: token, TokenEnv: cfg.Admin.TokenEnv,
 			Reload: a.reload, StoreOptional: a.storeOptional, Logger: log, Reconciler: reconciler,
 			AcceptLoss: a.acceptLossFunc(st, &watcher),
-			Pprof:      cfg.Admin.Pprof, ReadyChecks: []func() error{conns.Saturated, a.p.BuffersSaturated, epochReady},
+			Pprof:      cfg.Admin.Pprof, ReadyChecks: []func() error{conns.Saturated, a.p.BuffersSaturated, a.storeOpenReady(st), epochReady},
 			StoreProbe: probe, Registerer: reg,
 		})
 		raw, err := net.Listen("tcp", cfg.Admin.Listen)

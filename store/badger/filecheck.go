@@ -1,0 +1,231 @@
+package badger
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	bdg "github.com/dgraph-io/badger/v4"
+)
+
+// Checks of Badger's own files, made without opening Badger: before Open
+// (checkManifest), and by `idemproxy store check` (CheckFiles), next to
+// Check's reading of the reservation log.
+//
+// What Badger v4.9.6 does with a directory whose MANIFEST is missing
+// (manifest.go, helpOpenOrCreateManifestFile): it writes a new, empty
+// MANIFEST, and then (levels.go, revertToManifest) deletes every table
+// file (*.sst) the new MANIFEST does not name, that is all of them; the
+// value-log files (*.vlog) are kept but nothing in the tree points into
+// them any more. The store would start empty and every retry of a request
+// it had answered would be forwarded again. Badger writes the MANIFEST
+// (renamed into place and its directory synced) before it creates any
+// table or value-log file, so these files without a MANIFEST are never
+// the trace of a crash: a partial copy or restore, or a MANIFEST deleted.
+
+// ErrInUse is returned (wrapped) by LockDir while another process holds
+// the store's directory (a running idemproxy).
+var ErrInUse = errors.New("the store's directory is in use by another process")
+
+// checkManifest refuses a directory that holds table or value-log files but
+// no MANIFEST (see above): Badger would open it as a new store, delete the
+// tables and forget every key they and the value log hold.
+func checkManifest(dir string) error {
+	files := dataFiles(dir)
+	if len(files) == 0 {
+		return nil
+	}
+	if _, err := os.Stat(filepath.Join(dir, "MANIFEST")); errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("badger: open %s: %s but no MANIFEST: refusing to start empty and delete them (restore the MANIFEST, or move the directory away to start empty)", dir, countFiles(files))
+	}
+	return nil
+}
+
+// dataFiles lists the table and value-log files in dir.
+func dataFiles(dir string) []string {
+	var files []string
+	for _, pat := range []string{"*.sst", "*.vlog"} {
+		m, _ := filepath.Glob(filepath.Join(dir, pat))
+		files = append(files, m...)
+	}
+	return files
+}
+
+// countFiles says how many table and value-log files files holds.
+func countFiles(files []string) string {
+	var sst, vlog int
+	for _, f := range files {
+		if strings.HasSuffix(f, ".sst") {
+			sst++
+		} else {
+			vlog++
+		}
+	}
+	return fmt.Sprintf("%d table files (*.sst) and %d value-log files (*.vlog)", sst, vlog)
+}
+
+// FileProblem is one thing wrong with a store directory's files that keeps
+// the store from opening, or would lose keys if it did.
+type FileProblem struct {
+	// Path is the file or directory concerned.
+	Path string
+	// Detail says what is wrong, and what to do, for a person.
+	Detail string
+}
+
+func (p FileProblem) String() string { return p.Path + ": " + p.Detail }
+
+// CheckFiles reports what is wrong with the Badger files of the store in
+// dir, without opening it and without changing anything: a directory that
+// cannot be read or written by this process, a MANIFEST that is missing
+// beside data files or that cannot be read, tables the MANIFEST names
+// that are missing, files this process cannot read or write, and the
+// directory held by another process (a running idemproxy: ErrInUse). A
+// directory that does not exist is no problem (a new store is created
+// there). The reservation log is Check's.
+func CheckFiles(dir string) []FileProblem {
+	var probs []FileProblem
+	add := func(path, format string, args ...any) {
+		probs = append(probs, FileProblem{Path: path, Detail: fmt.Sprintf(format, args...)})
+	}
+	fi, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil
+	case err != nil:
+		add(dir, "cannot be read: %v (check the permissions of the directory and its parents)", err)
+		return probs
+	case !fi.IsDir():
+		add(dir, "is not a directory")
+		return probs
+	}
+	if err := accessible(dir, true); err != nil {
+		add(dir, "%v: the store's directory must be readable, writable and searchable by the user idemproxy runs as", err)
+		return probs
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		add(dir, "cannot be listed: %v", err)
+		return probs
+	}
+	for _, e := range ents {
+		p := filepath.Join(dir, e.Name())
+		if e.Name() == walDirName || e.Name() == quarantineDirName {
+			if err := accessible(p, true); err != nil {
+				add(p, "%v: it must be readable, writable and searchable by the user idemproxy runs as", err)
+			}
+			continue
+		}
+		if !e.Type().IsRegular() {
+			continue
+		}
+		if err := accessible(p, false); err != nil {
+			add(p, "%v: Badger's files must be readable and writable by the user idemproxy runs as", err)
+		}
+	}
+	manifest := filepath.Join(dir, "MANIFEST")
+	if err := checkManifest(dir); err != nil {
+		add(manifest, "is missing beside %s: Badger would start an empty store and delete the tables, forgetting every key; restore the MANIFEST from where the directory came from, or move the directory away to start empty (every key lost)", countFiles(dataFiles(dir)))
+	} else if tables, err := manifestTables(manifest); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		add(manifest, "cannot be read: %v; Badger refuses to open the store: restore the directory from a backup, or move it away to start empty (every key lost)", err)
+	} else {
+		var missing []string
+		for _, id := range tables {
+			name := fmt.Sprintf("%06d.sst", id)
+			if _, err := os.Stat(filepath.Join(dir, name)); errors.Is(err, fs.ErrNotExist) {
+				missing = append(missing, name)
+			}
+		}
+		if len(missing) > 0 {
+			add(manifest, "names %d table files that are missing (%s): Badger refuses to open the store; restore them, or the directory from a backup", len(missing), strings.Join(missing, ", "))
+		}
+	}
+	if err := probeLock(dir); err != nil {
+		add(dir, "%v", err)
+	}
+	return probs
+}
+
+// manifestTables reads the MANIFEST at path as Badger does at open and
+// returns the IDs of the tables it names.
+func manifestTables(path string) ([]uint64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	m, _, err := bdg.ReplayManifestFile(f, 0, bdg.DefaultOptions(filepath.Dir(path)))
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]uint64, 0, len(m.Tables))
+	for id := range m.Tables {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	return ids, nil
+}
+
+// accessible reports whether this process may read and write path (and
+// search it, for a directory): access(2), which also answers for root.
+func accessible(path string, dir bool) error {
+	mode := uint32(0x4 | 0x2) // R_OK | W_OK
+	if dir {
+		mode |= 0x1 // X_OK
+	}
+	if err := syscall.Access(path, mode); err != nil {
+		return fmt.Errorf("not accessible: %w", err)
+	}
+	return nil
+}
+
+// probeLock reports ErrInUse when another process holds the directory's
+// lock (Badger's flock of the directory), and nil when it is free.
+func probeLock(dir string) error {
+	unlock, err := LockDir(dir, 0)
+	if err != nil {
+		return err
+	}
+	unlock()
+	return nil
+}
+
+// LockDir takes the lock Badger takes on the store's directory, so that no
+// idemproxy opens the store meanwhile, and returns the function that
+// releases it. A process that holds it (a running idemproxy) makes it fail
+// with ErrInUse once wait has passed: a proxy whose store does not open
+// takes the lock for a moment each time it tries again.
+func LockDir(dir string, wait time.Duration) (unlock func(), err error) {
+	for end := time.Now().Add(wait); ; time.Sleep(100 * time.Millisecond) {
+		unlock, err = lockDir(dir)
+		if !errors.Is(err, ErrInUse) || time.Now().After(end) {
+			return unlock, err
+		}
+	}
+}
+
+// lockDir takes Badger's lock of dir (flock(2) of the directory, exclusive,
+// not waiting).
+func lockDir(dir string) (unlock func(), err error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil, fmt.Errorf("lock the store's directory: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w (a running idemproxy holds it: stop it first, or use its admin API)", ErrInUse)
+		}
+		return nil, fmt.Errorf("lock the store's directory: %w", err)
+	}
+	return func() {
+		syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		f.Close()
+	}, nil
+}
