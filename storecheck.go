@@ -130,10 +130,14 @@ func storeQuarantine(dir, cfgPath, operator, reason string, stdout, stderr io.Wr
 	}
 	if before.OK() {
 		fmt.Fprintf(stdout, "nothing to quarantine: the reservation log in %s is sound (%d segments, %d records)\n", dir, before.Segments, before.Records)
-		if probs := badger.CheckFiles(dir); len(probs) > 0 {
-			for _, p := range probs {
+		bad := false
+		for _, p := range badger.CheckFiles(dir) {
+			if !p.InUse { // the lock this command holds
+				bad = true
 				fmt.Fprintf(stdout, "files: %s\n", p)
 			}
+		}
+		if bad {
 			fmt.Fprintf(stdout, "what keeps the store from opening is not in the log; see idemproxy store check -config %s\n", cfgPath)
 			return 1
 		}

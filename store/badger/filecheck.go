@@ -77,6 +77,9 @@ type FileProblem struct {
 	Path string
 	// Detail says what is wrong, and what to do, for a person.
 	Detail string
+	// InUse is set when the problem is that another process holds the
+	// directory (ErrInUse).
+	InUse bool
 }
 
 func (p FileProblem) String() string { return p.Path + ": " + p.Detail }
@@ -148,6 +151,7 @@ func CheckFiles(dir string) []FileProblem {
 	}
 	if err := probeLock(dir); err != nil {
 		add(dir, "%v", err)
+		probs[len(probs)-1].InUse = errors.Is(err, ErrInUse)
 	}
 	return probs
 }

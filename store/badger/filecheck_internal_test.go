@@ -122,7 +122,7 @@ func TestCheckFilesInUse(t *testing.T) {
 		t.Fatal(err)
 	}
 	probs := CheckFiles(dir)
-	if len(probs) != 1 || !strings.Contains(probs[0].Detail, ErrInUse.Error()) {
+	if len(probs) != 1 || !probs[0].InUse || !strings.Contains(probs[0].Detail, ErrInUse.Error()) {
 		t.Errorf("CheckFiles of a store in use = %v; want it reported in use", probs)
 	}
 	start := time.Now()
