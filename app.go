@@ -63,6 +63,7 @@ type storeCloser interface {
 // operator watches for a store that grows without bound, and the guard's
 // free space, refusals and reopens.
 func registerBadgerMetrics(reg prometheus.Registerer, s *badger.Guard) {
+	registerStoreOpenMetric(reg, s)
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "idemproxy_badger_disk_free_bytes",

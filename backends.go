@@ -131,7 +131,6 @@ func openBadger(a *app, reg prometheus.Registerer) (storeCloser, error) {
 		return nil, err
 	}
 	registerBadgerMetrics(reg, s)
-	registerStoreOpenMetric(reg, s)
 	return s, nil
 }
 
