@@ -190,15 +190,20 @@ func accessible(path string, dir bool) error {
 }
 
 // probeLock reports ErrInUse when another process holds the directory's
-// lock (Badger's flock of the directory), and nil when it is free.
+// lock (Badger's flock of the directory), and nil when it is free. It
+// waits up to probeLockWait: a proxy whose store does not open holds the
+// lock for a moment each time it tries again.
 func probeLock(dir string) error {
-	unlock, err := LockDir(dir, 0)
+	unlock, err := LockDir(dir, probeLockWait)
 	if err != nil {
 		return err
 	}
 	unlock()
 	return nil
 }
+
+// probeLockWait is how long CheckFiles waits for the directory's lock.
+const probeLockWait = 2 * time.Second
 
 // LockDir takes the lock Badger takes on the store's directory, so that no
 // idemproxy opens the store meanwhile, and returns the function that
