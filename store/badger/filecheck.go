@@ -1,6 +1,7 @@
 package badger
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	bdg "github.com/dgraph-io/badger/v4"
+	"github.com/dgraph-io/badger/v4/pb"
+	"github.com/dgraph-io/badger/v4/y"
 )
 
 // Checks of Badger's own files, made without opening Badger: before Open
@@ -35,14 +38,110 @@ var ErrInUse = errors.New("the store's directory is in use by another process")
 
 // checkManifest refuses a directory that holds table or value-log files but
 // no MANIFEST (see above): Badger would open it as a new store, delete the
-// tables and forget every key they and the value log hold.
+// tables and forget every key they and the value log hold. It also refuses
+// a table the MANIFEST names whose footer or index is damaged
+// (checkTable): Badger reads those in goroutines of its own, where the
+// damage is a panic that takes the process down, before the Guard can
+// say why. A MANIFEST that cannot be read is left to Badger, which
+// refuses it with an error.
 func checkManifest(dir string) error {
 	files := dataFiles(dir)
 	if len(files) == 0 {
 		return nil
 	}
-	if _, err := os.Stat(filepath.Join(dir, "MANIFEST")); errors.Is(err, fs.ErrNotExist) {
+	manifest := filepath.Join(dir, "MANIFEST")
+	if _, err := os.Stat(manifest); errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("badger: open %s: %s but no MANIFEST: refusing to start empty and delete them (restore the MANIFEST, or move the directory away to start empty)", dir, countFiles(files))
+	}
+	ids, err := manifestTables(manifest)
+	if err != nil {
+		return nil
+	}
+	for _, id := range ids {
+		if err := checkTable(tableName(dir, id)); err != nil {
+			return fmt.Errorf("badger: open %s: %w: refusing to open (restore the directory from a backup)", dir, err)
+		}
+	}
+	return nil
+}
+
+// tableName is the path of table id in dir, as Badger names it.
+func tableName(dir string, id uint64) string { return filepath.Join(dir, fmt.Sprintf("%06d.sst", id)) }
+
+// checkTable reads the footer of the table file at path as Badger v4.9.6
+// does when it opens it (table.initIndex: from the end, the checksum's
+// length, the checksum, the index's length, the index) and verifies the
+// index's checksum. A missing file is not its to report (Badger refuses
+// it with an error). The checksum is a protobuf message of two varints:
+// 1, the algorithm; 2, the sum.
+func checkTable(path string) error {
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	size := fi.Size()
+	damaged := func(what string) error {
+		return fmt.Errorf("table %s is damaged: %s", path, what)
+	}
+	read := func(off, n int64) ([]byte, error) {
+		if off < 0 || n < 0 || off+n > size {
+			return nil, damaged("its footer points outside the file")
+		}
+		b := make([]byte, n)
+		if _, err := f.ReadAt(b, off); err != nil {
+			return nil, fmt.Errorf("read table %s: %w", path, err)
+		}
+		return b, nil
+	}
+	pos := size - 4
+	b, err := read(pos, 4)
+	if err != nil {
+		return err
+	}
+	chkLen := int64(binary.BigEndian.Uint32(b))
+	pos -= chkLen
+	chkBytes, err := read(pos, chkLen)
+	if err != nil {
+		return err
+	}
+	var algo, sum uint64
+	for rest := chkBytes; len(rest) > 0; {
+		tag, n := binary.Uvarint(rest)
+		if n <= 0 || tag&7 != 0 {
+			return damaged("its checksum cannot be read")
+		}
+		v, m := binary.Uvarint(rest[n:])
+		if m <= 0 {
+			return damaged("its checksum cannot be read")
+		}
+		switch tag >> 3 {
+		case 1:
+			algo = v
+		case 2:
+			sum = v
+		}
+		rest = rest[n+m:]
+	}
+	pos -= 4
+	if b, err = read(pos, 4); err != nil {
+		return err
+	}
+	indexLen := int64(binary.BigEndian.Uint32(b))
+	pos -= indexLen
+	index, err := read(pos, indexLen)
+	if err != nil {
+		return err
+	}
+	if y.CalculateChecksum(index, pb.Checksum_Algorithm(algo)) != sum {
+		return damaged("its index fails its checksum")
 	}
 	return nil
 }
@@ -133,16 +232,18 @@ func CheckFiles(dir string) []FileProblem {
 		}
 	}
 	manifest := filepath.Join(dir, "MANIFEST")
-	if err := checkManifest(dir); err != nil {
+	if _, err := os.Stat(manifest); errors.Is(err, fs.ErrNotExist) && len(dataFiles(dir)) > 0 {
 		add(manifest, "is missing beside %s: Badger would start an empty store and delete the tables, forgetting every key; restore the MANIFEST from where the directory came from, or move the directory away to start empty (every key lost)", countFiles(dataFiles(dir)))
 	} else if tables, err := manifestTables(manifest); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		add(manifest, "cannot be read: %v; Badger refuses to open the store: restore the directory from a backup, or move it away to start empty (every key lost)", err)
 	} else {
 		var missing []string
 		for _, id := range tables {
-			name := fmt.Sprintf("%06d.sst", id)
-			if _, err := os.Stat(filepath.Join(dir, name)); errors.Is(err, fs.ErrNotExist) {
-				missing = append(missing, name)
+			name := tableName(dir, id)
+			if _, err := os.Stat(name); errors.Is(err, fs.ErrNotExist) {
+				missing = append(missing, filepath.Base(name))
+			} else if err := checkTable(name); err != nil {
+				add(name, "%v: Badger refuses to open the store; restore the directory from a backup", err)
 			}
 		}
 		if len(missing) > 0 {
