@@ -246,7 +246,7 @@ func copyTree(t *testing.T, src, dst string) {
 
 // TestDamagedStoreServesDegraded: a proxy started over a Badger store that
 // does not open (its reservation log damaged, its MANIFEST damaged or
-// missing) exited before its admin listener started: a crash loop, the
+// missing, a table's footer damaged) exited before its admin listener started: a crash loop, the
 // service's passthrough routes down with it, and no /readyz or /metrics
 // to say why. Now it serves: /readyz 503 with the reason,
 // idemproxy_store_open_failed 1, protected routes 503 store-unavailable,
@@ -281,6 +281,23 @@ func TestDamagedStoreServesDegraded(t *testing.T) {
 			}
 			return func() { os.Rename(m+".away", m) }
 		}, "no MANIFEST"},
+		{"damaged table", func(t *testing.T, dir string) func() {
+			tables, _ := filepath.Glob(filepath.Join(dir, "*.sst"))
+			if len(tables) == 0 {
+				t.Fatal("no table: the test proves nothing")
+			}
+			path := tables[0]
+			orig, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			bad := bytes.Clone(orig)
+			bad[len(bad)-2] ^= 0x5a // the footer: Badger panicked reading it
+			if err := os.WriteFile(path, bad, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			return func() { os.WriteFile(path, orig, 0o600) }
+		}, "is damaged"},
 	}
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
