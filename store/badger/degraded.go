@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/idemproxy/idemproxy/internal/lograte"
@@ -94,10 +95,22 @@ func (g *Guard) openFailed(err error) {
 	g.broken.Store(true)
 	g.open.failures++
 	wait := min(guardRetry<<min(g.open.failures-1, 5), openRetryMax)
+	if inUse(err) {
+		// Another process holds the directory (a replica being replaced
+		// on the same volume): trying costs nothing, and its end does not
+		// show in the files.
+		wait = guardRetry
+	}
 	g.open.next = time.Now().Add(wait)
 	g.open.seen = filesFingerprint(g.opts.Dir)
 	g.open.log.Error("the badger store could not be opened: protected routes answer 503 store-unavailable, passthrough routes are served, and opening is tried again when its files change",
 		"dir", g.opts.Dir, "err", err, "attempts", g.open.failures, "next_attempt_in", wait.String(), "remedy", g.open.remedy)
+}
+
+// inUse reports whether err is Badger's refusal of a directory another
+// process holds (its flock), which it wraps as text.
+func inUse(err error) bool {
+	return errors.Is(err, syscall.EWOULDBLOCK) || strings.Contains(err.Error(), "Another process is using this Badger database")
 }
 
 // opened records that the store is open.

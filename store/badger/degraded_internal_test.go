@@ -371,3 +371,38 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 		}
 	}
 }
+
+// TestGuardOpensOnceTheDirectoryIsReleased: a directory held by another
+// process (a replica being replaced on the same volume) is tried again
+// every second, not after a growing delay: its release does not show in
+// the files.
+func TestGuardOpensOnceTheDirectoryIsReleased(t *testing.T) {
+	dir := t.TempDir()
+	closedWithRecords(t, dir, 1)
+	unlock, err := LockDir(dir, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := OpenGuarded(Options{Dir: dir}, GuardOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	lockErr := g.OpenFailed()
+	if lockErr == nil || !inUse(lockErr) {
+		t.Fatalf("OpenFailed = %v; want the directory in use", lockErr)
+	}
+	unlock()
+	waitUntil(t, "opened once released", func() bool { return g.OpenFailed() == nil })
+
+	// Failures in a row do not stretch the delay, on a record of its own
+	// (the Guard's belongs to its watch goroutine).
+	r := &Guard{opts: Options{Dir: dir, Logger: slog.New(slog.DiscardHandler)}}
+	r.initOpen("")
+	for range 7 {
+		r.openFailed(lockErr)
+	}
+	if wait := time.Until(r.open.next); wait > guardRetry {
+		t.Errorf("next try in %v after 7 failures in a row; want at most %v", wait, guardRetry)
+	}
+}
