@@ -63,6 +63,7 @@ type storeCloser interface {
 // operator watches for a store that grows without bound, and the guard's
 // free space, refusals and reopens.
 func registerBadgerMetrics(reg prometheus.Registerer, s *badger.Guard) {
+	registerStoreOpenMetric(reg, s)
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "idemproxy_badger_disk_free_bytes",
@@ -253,7 +254,7 @@ func (a *app) serve(ctx context.Context) error {
 			Store: a.p.Store(), Lister: st, Routes: a, Gatherer: reg, Token: token, TokenEnv: cfg.Admin.TokenEnv,
 			Reload: a.reload, StoreOptional: a.storeOptional, Logger: log, Reconciler: reconciler,
 			AcceptLoss: a.acceptLossFunc(st, &watcher),
-			Pprof:      cfg.Admin.Pprof, ReadyChecks: []func() error{conns.Saturated, a.p.BuffersSaturated, epochReady},
+			Pprof:      cfg.Admin.Pprof, ReadyChecks: []func() error{conns.Saturated, a.p.BuffersSaturated, a.storeOpenReady(st), epochReady},
 			StoreProbe: probe, Registerer: reg,
 		})
 		raw, err := net.Listen("tcp", cfg.Admin.Listen)

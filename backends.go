@@ -126,10 +126,48 @@ func openBadger(a *app, reg prometheus.Registerer) (storeCloser, error) {
 		GCInterval: b.GCInterval.D(),
 		Logger:     a.log,
 		Settler:    a.settler,
-	}, badger.GuardOptions{MinFreeBytes: uint64(b.MinFreeBytes)})
+	}, badger.GuardOptions{MinFreeBytes: uint64(b.MinFreeBytes), Remedy: a.storeCheckRemedy()})
 	if err != nil {
 		return nil, err
 	}
 	registerBadgerMetrics(reg, s)
 	return s, nil
+}
+
+// storeCheckRemedy is what the log tells an operator to run when the
+// Badger store does not open.
+func (a *app) storeCheckRemedy() string {
+	return "run `idemproxy store check -config " + a.path + "` to see what is wrong, then follow docs/operations.md, \"Runbook: the store does not open\""
+}
+
+// registerStoreOpenMetric exports idemproxy_store_open_failed: 1 while the
+// Badger store could not be opened (the process serves degraded: 503 on
+// protected routes, passthrough routes served).
+func registerStoreOpenMetric(reg prometheus.Registerer, s *badger.Guard) {
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "idemproxy_store_open_failed",
+		Help: "1 while the embedded (Badger) store could not be opened (a damaged reservation log, a missing or unreadable MANIFEST, a permission error): protected routes answer 503 store-unavailable and /readyz says why; 0 once it is open.",
+	}, func() float64 {
+		if s.OpenFailed() != nil {
+			return 1
+		}
+		return 0
+	}))
+}
+
+// storeOpenReady is the readiness check of a store that could not be
+// opened (Badger only): /readyz answers 503 with the reason, unless every
+// route forwards when the store fails.
+func (a *app) storeOpenReady(st storeCloser) func() error {
+	g, ok := st.(*badger.Guard)
+	if !ok {
+		return func() error { return nil }
+	}
+	return func() error {
+		err := g.OpenFailed()
+		if err == nil || a.storeOptional() {
+			return nil
+		}
+		return fmt.Errorf("store unavailable: the store could not be opened (%s): %w", a.storeCheckRemedy(), err)
+	}
 }

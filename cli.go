@@ -51,6 +51,8 @@ Usage:
   idemproxy [flags]
   idemproxy keys list|show|release|reconcile ...   keys through the admin API (idemproxy keys -h)
   idemproxy store accept-loss -config FILE ...     accept that the store lost its keys (idemproxy store -h)
+  idemproxy store check -config FILE              say why the Badger store does not open
+  idemproxy store quarantine -config FILE ...      move its damaged log segments aside (idemproxy store -h)
 
 Flags:
 `, configEnv, exampleConfigURL)

@@ -8,6 +8,8 @@
 //	idemproxy -healthcheck URL             exit 0 if URL answers 200 (container health checks)
 //	idemproxy keys list ROUTE -state in_doubt   list keys through the admin API
 //	idemproxy store accept-loss -config FILE    accept that the store lost its keys
+//	idemproxy store check -config FILE          say why the Badger store does not open
+//	idemproxy store quarantine -config FILE     move its damaged log segments aside
 //	idemproxy -version                     print the version, the commit and its date
 package main
 

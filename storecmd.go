@@ -15,6 +15,7 @@ import (
 	"github.com/idemproxy/idemproxy/internal/epoch"
 	"github.com/idemproxy/idemproxy/internal/settle"
 	"github.com/idemproxy/idemproxy/store"
+	"github.com/idemproxy/idemproxy/store/badger"
 )
 
 // The store subcommands act on the configured store directly, not through
@@ -23,6 +24,8 @@ import (
 
 const storeUsage = `Usage:
   idemproxy store accept-loss -config FILE [-operator NAME] [-reason TEXT]
+  idemproxy store check -config FILE
+  idemproxy store quarantine -config FILE [-operator NAME] [-reason TEXT]
 
 accept-loss accepts that the configured store lost its keys (Redis restarted
 empty or flushed, a PostgreSQL table truncated or restored, a Badger directory
@@ -34,6 +37,22 @@ keys"). It opens the store itself (Badger: only while no idemproxy holds the
 directory; use the admin API, POST /v1/store/accept-loss, instead). It prints
 the new epoch's ID on stdout and an audit line on stderr.
 Exit status: 0 accepted, 1 the store could not be opened or written, 2 bad usage.
+
+check reports why the configured Badger store does not open, without changing
+it: damage in its reservation log, a MANIFEST missing or unreadable, files the
+user cannot read or write, the directory held by a running process.
+Exit status: 0 sound, 1 damaged or unreadable, 2 bad usage or not a Badger store.
+
+quarantine moves the damaged segments of the Badger store's reservation log,
+and every later one, aside into <dir>/idemproxy-wal-quarantine/, after which
+the store opens with the records before them (a proxy that runs degraded opens
+it within seconds). Reservations held in the set-aside records are lost:
+retries of those requests are forwarded again, so check with the upstream what
+was charged (docs/operations.md, "Runbook: the store does not open"). It prints
+what it moved, and an audit line on stderr. Only while no idemproxy holds the
+directory (a proxy whose store does not open does not hold it).
+Exit status: 0 moved (or nothing to move), 1 failed or the damage is not in the
+log, 2 bad usage or not a Badger store.
 
 Flags:
 `
@@ -49,12 +68,15 @@ func runStore(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 		fmt.Fprint(stderr, storeUsage)
 		fs.PrintDefaults()
 	}
+	if len(args) > 0 && (args[0] == "check" || args[0] == "quarantine") {
+		return runStoreFiles(args[0], args[1:], stdout, stderr, getenv)
+	}
 	if len(args) == 0 || args[0] != "accept-loss" {
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
 			fs.Usage()
 			return 0
 		}
-		fmt.Fprintf(stderr, "idemproxy store: want the subcommand accept-loss (see idemproxy store -h)\n")
+		fmt.Fprintf(stderr, "idemproxy store: want the subcommand accept-loss, check or quarantine (see idemproxy store -h)\n")
 		return 2
 	}
 	configFlag := fs.String("config", "", "configuration `file` (default $"+configEnv+", else ./config.yaml)")
@@ -91,6 +113,10 @@ func runStore(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 		return 1
 	}
 	defer st.Close()
+	if g, ok := st.(*badger.Guard); ok && g.OpenFailed() != nil {
+		fmt.Fprintf(stderr, "idemproxy store accept-loss: open the store: %v\n", g.OpenFailed())
+		return 1
+	}
 	es, ok := st.(store.EpochStore)
 	if !ok {
 		fmt.Fprintf(stderr, "idemproxy store accept-loss: the %s store keeps no epoch marker\n", name)

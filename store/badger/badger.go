@@ -20,7 +20,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -353,21 +352,6 @@ func (s *Store) checkpoint() error {
 		return err
 	}
 	return l.drop(old)
-}
-
-// checkManifest refuses a directory that holds tables but no MANIFEST (a
-// partial copy or restore): Badger would open it as a new store and delete
-// the tables, forgetting every key they hold, so that every retry of those
-// requests would be forwarded again.
-func checkManifest(dir string) error {
-	tables, err := filepath.Glob(filepath.Join(dir, "*.sst"))
-	if err != nil || len(tables) == 0 {
-		return nil
-	}
-	if _, err := os.Stat(filepath.Join(dir, "MANIFEST")); errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("badger: open %s: %d table files but no MANIFEST: refusing to start empty and delete them (restore the MANIFEST, or move the directory away to start empty)", dir, len(tables))
-	}
-	return nil
 }
 
 // manifestRoom is the room kept allocated past the end of the MANIFEST.

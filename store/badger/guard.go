@@ -90,6 +90,8 @@ type Guard struct {
 	// watch goroutine uses them, after OpenGuarded.
 	noRoom   bool
 	noRoomAt uint64
+	// open records the failures to open the store (degraded.go).
+	open openState
 }
 
 var (
@@ -115,6 +117,10 @@ type GuardOptions struct {
 	// FreeBytes reports the bytes available to the process on dir's file
 	// system; nil means statfs(2).
 	FreeBytes func(dir string) (uint64, error)
+	// Remedy says what an operator should run when the store cannot be
+	// opened, in the log line that reports it (the program passes its
+	// `idemproxy store check` command line); empty: a generic hint.
+	Remedy string
 }
 
 // ErrLowDisk is returned (wrapped) by Guard.Reserve and Guard.Ping while the
@@ -131,9 +137,16 @@ const guardRetry = time.Second
 
 // OpenGuarded opens a guarded store. When the disk is below the floor, or
 // has no room for the files the store allocates when it opens, it returns
-// a Guard that is not open yet and opens it once space is back; any other
-// failure to open is returned.
+// a Guard that is not open yet and opens it once space is back. When the
+// store cannot be opened for another reason (a damaged reservation log, a
+// MANIFEST missing or unreadable, a permission error), it returns a Guard
+// that is not open either, says why (OpenFailed) and tries again
+// (degraded.go). Only options that are invalid whatever the files hold
+// are returned as errors.
 func OpenGuarded(opts Options, g GuardOptions) (*Guard, error) {
+	if err := checkOptions(opts); err != nil {
+		return nil, err
+	}
 	if g.FreeBytes == nil {
 		g.FreeBytes = statfsFree
 	}
@@ -148,21 +161,25 @@ func OpenGuarded(opts Options, g GuardOptions) (*Guard, error) {
 	gd.opts.Settler = gd.settling // the stores it opens: Groups of its Group
 	gd.opts.lost = gd.lostCommit
 	opts = gd.opts
+	gd.initOpen(g.Remedy)
+	noteQuarantine(opts.Logger, opts.Dir)
 	if gd.belowFloor() {
 		opts.Logger.Error("free disk space is below the floor: the store opens once there is room",
 			"dir", opts.Dir, "free_bytes", gd.freeBytes.Load(), "min_free_bytes", gd.floor)
 		gd.fail(ErrLowDisk)
-	} else if s, err := Open(opts); err == nil {
+	} else if s, err := tryOpen(opts); err == nil {
 		gd.cur = &guarded{Store: s}
 		gd.noteDir()
+		gd.opened()
 	} else if isNoRoom(err) {
 		// Above the floor, but without room for the files Badger
 		// allocates when it opens (internal/prealloc): as below it.
 		opts.Logger.Error("no room on disk to open the store: it opens once there is room", "dir", opts.Dir, "err", err)
 		gd.fail(err)
 		gd.noRoomAfter()
+		gd.open.err.Store(&err)
 	} else {
-		return nil, err
+		gd.openFailed(err)
 	}
 	gd.done.Add(1)
 	go gd.watch()
@@ -262,7 +279,7 @@ func (g *Guard) watch() {
 			return
 		case <-t.C:
 		}
-		if g.broken.Load() && !g.belowFloor() && g.roomSinceNoRoom() {
+		if g.broken.Load() && !g.belowFloor() && g.roomSinceNoRoom() && g.openDue(time.Now()) {
 			g.reopen()
 		}
 	}
@@ -341,17 +358,21 @@ func (g *Guard) reopen() {
 		}()
 		o := g.opts
 		// The requests holding in-flight reservations are still running
-		// in this process: they are not orphans.
-		o.keepInFlight = true
+		// in this process: they are not orphans. A store never opened in
+		// this process holds only the previous process's.
+		o.keepInFlight = g.open.opened
 		o.orphanTables = g.recreated || g.replaced.Load()
 		return Open(o)
 	}()
 	g.noRoom = false
 	if err != nil {
-		g.lastErr.Store(&err)
-		g.opts.Logger.Warn("reopening the badger store failed; retrying", "err", err)
 		if isNoRoom(err) {
+			g.lastErr.Store(&err)
+			g.open.err.Store(&err)
+			g.opts.Logger.Warn("reopening the badger store failed; retrying", "err", err)
 			g.noRoomAfter()
+		} else {
+			g.openFailed(err)
 		}
 		return
 	}
@@ -363,6 +384,7 @@ func (g *Guard) reopen() {
 	}
 	g.cur = &guarded{Store: s}
 	g.noteDir()
+	g.opened()
 	g.replaced.Store(false)
 	g.recreated = false
 	g.broken.Store(false)
