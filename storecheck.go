@@ -117,13 +117,15 @@ func describeDamage(d badger.Damage) string {
 // aside, holding the directory's lock, and writes the audit line.
 func storeQuarantine(dir, cfgPath, operator, reason string, stdout, stderr io.Writer) int {
 	log := slog.New(slog.NewJSONHandler(stderr, nil))
+	// The lock keeps a degraded proxy from trying the store while it is
+	// checked; Quarantine takes it again itself.
 	unlock, err := badger.LockDir(dir, storeLockWait)
 	if err != nil {
 		fmt.Fprintf(stderr, "idemproxy store quarantine: %v\n", err)
 		return 1
 	}
-	defer unlock()
 	before, err := badger.Check(dir)
+	unlock()
 	if err != nil {
 		fmt.Fprintf(stderr, "idemproxy store quarantine: %v\n", err)
 		return 1
@@ -132,7 +134,7 @@ func storeQuarantine(dir, cfgPath, operator, reason string, stdout, stderr io.Wr
 		fmt.Fprintf(stdout, "nothing to quarantine: the reservation log in %s is sound (%d segments, %d records)\n", dir, before.Segments, before.Records)
 		bad := false
 		for _, p := range badger.CheckFiles(dir) {
-			if !p.InUse { // the lock this command holds
+			if !p.InUse { // a proxy trying the store meanwhile
 				bad = true
 				fmt.Fprintf(stdout, "files: %s\n", p)
 			}

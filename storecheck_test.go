@@ -44,9 +44,10 @@ func badgerWithCharges(t *testing.T, dir string, n int) {
 
 // damageStoreLog flips a byte in the middle of the records of the newest
 // segment of the Badger store's reservation log (in dir) that holds
-// records, and puts a copy of that segment as it was after it: valid
-// records follow the damage (in a later segment), so it is damage, not a
-// torn tail. It returns the function that undoes both.
+// records. Valid records synced after the damaged one follow it in the
+// segment, so it is damage, not a torn tail. It returns the function that
+// undoes it. The damage matters only where Badger does not hold the
+// records yet: see chargedBehindLog.
 func damageStoreLog(t *testing.T, dir string) (undo func()) {
 	t.Helper()
 	segs, _ := filepath.Glob(filepath.Join(dir, "idemproxy-wal", "*.wal"))
@@ -64,17 +65,10 @@ func damageStoreLog(t *testing.T, dir string) (undo func()) {
 		}
 		bad := bytes.Clone(orig)
 		bad[end/2] ^= 0x5a
-		var last uint64
-		fmt.Sscanf(filepath.Base(segs[len(segs)-1]), "%016x.wal", &last)
-		copyName := filepath.Join(dir, "idemproxy-wal", fmt.Sprintf("%016x.wal", last+1))
-		if err := os.WriteFile(copyName, orig, 0o600); err != nil {
-			t.Fatal(err)
-		}
 		if err := os.WriteFile(segs[i], bad, 0o600); err != nil {
 			t.Fatal(err)
 		}
 		return func() {
-			os.Remove(copyName)
 			if err := os.WriteFile(segs[i], orig, 0o600); err != nil {
 				t.Error(err)
 			}
@@ -82,6 +76,49 @@ func damageStoreLog(t *testing.T, dir string) (undo func()) {
 	}
 	t.Fatalf("no reservation log segment with records in %s: the test proves nothing", dir)
 	return nil
+}
+
+// chargedBehindLog leaves the Badger store in data as a power cut can: the
+// proxy of cfg answers 2n charges (keys prefix-0 to prefix-(2n-1)), but
+// Badger's files are those of a clean stop after the first n, while the
+// reservation log holds the second n, written by a proxy killed with
+// SIGKILL: the records of the second n are in the log only.
+func chargedBehindLog(t *testing.T, cfg, data, prefix string, n int) {
+	t.Helper()
+	run := func(from int, sig syscall.Signal) {
+		p := startProxy(t, cfg)
+		for i := from; i < from+n; i++ {
+			if r := charge(p, fmt.Sprintf("%s-%d", prefix, i)); r.status != 201 {
+				t.Fatalf("charge %d = %d %s", i, r.status, r.body)
+			}
+		}
+		p.signal(sig)
+		p.wait()
+	}
+	run(0, syscall.SIGTERM)
+	snap := data + ".clean"
+	copyTree(t, data, snap)
+	run(n, syscall.SIGKILL)
+	ents, err := os.ReadDir(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if e.Name() != "idemproxy-wal" {
+			if err := os.RemoveAll(filepath.Join(data, e.Name())); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	ents, err = os.ReadDir(snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if e.Name() != "idemproxy-wal" {
+			copyTree(t, filepath.Join(snap, e.Name()), filepath.Join(data, e.Name()))
+		}
+	}
 }
 
 // flipManifest damages the MANIFEST of the Badger store in dir (a bad
@@ -257,16 +294,7 @@ func TestDamagedStoreServesDegraded(t *testing.T) {
 	base := t.TempDir()
 	data := filepath.Join(base, "data")
 	cfg := writeConfig(t, filepath.Join(base, "c.yaml"), up.URL, data, "", chargesRoute)
-	p := startProxy(t, cfg)
-	for i := range 100 {
-		if r := charge(p, fmt.Sprintf("ORD-D-%d", i)); r.status != 201 {
-			t.Fatalf("charge %d = %d %s", i, r.status, r.body)
-		}
-	}
-	p.signal(syscall.SIGTERM)
-	if code := p.wait(); code != 0 {
-		t.Fatalf("exit %d:\n%s", code, p.log)
-	}
+	chargedBehindLog(t, cfg, data, "ORD-D", 50)
 	cases := []struct {
 		name   string
 		damage func(t *testing.T, dir string) (undo func())
@@ -343,11 +371,11 @@ func TestDamagedStoreServesDegraded(t *testing.T) {
 			if m := do("GET", p.adminURL("/metrics"), ""); !strings.Contains(m.body, "\nidemproxy_store_open_failed 0\n") {
 				t.Errorf("/metrics once open: want idemproxy_store_open_failed 0; got\n%s", grepLines(m.body, "open_failed"))
 			}
-			if r := charge(p, "ORD-D-7"); r.status != 201 || r.header.Get("Idempotent-Replayed") != "true" {
+			if r := charge(p, "ORD-D-77"); r.status != 201 || r.header.Get("Idempotent-Replayed") != "true" {
 				t.Errorf("retry of an answered charge = %d replayed=%q %s; want the stored 201 replayed", r.status, r.header.Get("Idempotent-Replayed"), r.body)
 			}
-			if n := chargeCount(t, up.URL, "ORD-D-7"); n != 1 {
-				t.Errorf("ORD-D-7 charged %d times; want 1", n)
+			if n := chargeCount(t, up.URL, "ORD-D-77"); n != 1 {
+				t.Errorf("ORD-D-77 charged %d times; want 1", n)
 			}
 		})
 	}
@@ -375,16 +403,9 @@ func TestQuarantinedStoreOpensWithoutRestart(t *testing.T) {
 	base := t.TempDir()
 	data := filepath.Join(base, "data")
 	cfg := writeConfig(t, filepath.Join(base, "c.yaml"), up.URL, data, "", chargesRoute)
-	p := startProxy(t, cfg)
-	for i := range 100 {
-		if r := charge(p, fmt.Sprintf("ORD-Q-%d", i)); r.status != 201 {
-			t.Fatalf("charge %d = %d %s", i, r.status, r.body)
-		}
-	}
-	p.signal(syscall.SIGTERM)
-	p.wait()
+	chargedBehindLog(t, cfg, data, "ORD-Q", 50)
 	damageStoreLog(t, data)
-	p = startProxy(t, cfg)
+	p := startProxy(t, cfg)
 	if r := do("GET", p.adminURL("/readyz"), ""); r.status != 503 {
 		t.Fatalf("/readyz over a damaged log = %d %q; want 503", r.status, r.body)
 	}

@@ -59,9 +59,10 @@ type Report struct {
 // OK reports whether r found nothing wrong.
 func (r Report) OK() bool { return len(r.Damage) == 0 }
 
-// errStoreOpen is returned by Quarantine when a process has the store
-// open.
-var errStoreOpen = errors.New("the store is open by a process (its directory is locked); stop it first")
+// QuarantineLockWait is how long Quarantine waits for the lock Badger
+// takes on the store's directory: a proxy whose store does not open takes
+// it for a moment each time it tries again.
+var QuarantineLockWait = 10 * time.Second
 
 // checkLog reads the log in dir/idemproxy-wal without changing anything.
 // Not opening Badger, it judges the log with the sequence number of the
@@ -160,12 +161,13 @@ func step(name string) error {
 // for byte, and writes in the damaged segment's place one holding only
 // its valid records before the damage: the store then opens with every
 // record before the damage. Files and directories are fsynced. It refuses
-// while a process has the store open (it takes the lock Badger takes). It
+// while a process has the store open (it takes the lock Badger takes,
+// waiting up to QuarantineLockWait: ErrInUse). It
 // does nothing (and returns a zero Quarantined) when Check finds no
 // damage. Interrupted (a crash), it is finished by the next run, which
 // reports Resumed.
 func Quarantine(dir string, now time.Time) (Quarantined, error) {
-	unlock, err := lockStoreDir(dir)
+	unlock, err := LockDir(dir, QuarantineLockWait)
 	if err != nil {
 		return Quarantined{}, fmt.Errorf("badger: quarantine: %w", err)
 	}

@@ -272,8 +272,10 @@ func TestQuarantineRefusesOpenStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer func(w time.Duration) { QuarantineLockWait = w }(QuarantineLockWait)
+	QuarantineLockWait = 200 * time.Millisecond
 	_, err = Quarantine(dir, time.Now())
-	if !errors.Is(err, errStoreOpen) {
+	if !errors.Is(err, ErrInUse) {
 		t.Errorf("Quarantine of an open store = %v, want it refused", err)
 	}
 	if err := db.Close(); err != nil {

@@ -313,29 +313,10 @@ const probeLockWait = 2 * time.Second
 // takes the lock for a moment each time it tries again.
 func LockDir(dir string, wait time.Duration) (unlock func(), err error) {
 	for end := time.Now().Add(wait); ; time.Sleep(100 * time.Millisecond) {
-		unlock, err = lockDir(dir)
+		unlock, err = lockStoreDir(dir)
 		if !errors.Is(err, ErrInUse) || time.Now().After(end) {
 			return unlock, err
 		}
 	}
 }
 
-// lockDir takes Badger's lock of dir (flock(2) of the directory, exclusive,
-// not waiting).
-func lockDir(dir string) (unlock func(), err error) {
-	f, err := os.Open(dir)
-	if err != nil {
-		return nil, fmt.Errorf("lock the store's directory: %w", err)
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("%w (a running idemproxy holds it: stop it first, or use its admin API)", ErrInUse)
-		}
-		return nil, fmt.Errorf("lock the store's directory: %w", err)
-	}
-	return func() {
-		syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-		f.Close()
-	}, nil
-}
