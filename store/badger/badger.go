@@ -82,9 +82,9 @@ type Options struct {
 	// Logger receives Badger's warnings and errors and the store's own
 	// messages; nil discards them.
 	Logger *slog.Logger
-	// Settler retries the commits answered before they were written whose
-	// write failed (commit.go), in a Group of it that Close stops; nil: a
-	// Settler of the store's own.
+	// Settler takes back, in the background, the reservations whose callers
+	// were told they failed (releaseAbandoned), in a Group of it that Close
+	// stops; nil: a Settler of the store's own.
 	Settler *settle.Settler
 	// keepInFlight leaves in-flight records as they are at open: set by
 	// Guard.reopen, whose process still runs the requests that hold them
@@ -94,10 +94,6 @@ type Options struct {
 	// but no MANIFEST: set by Guard.reopen for a directory it recreated,
 	// where the failed store's last flush left a table nothing refers to.
 	orphanTables bool
-	// lost, when set, takes over a commit that was answered but whose
-	// write failed (commit.go): the Guard has it written again, on the
-	// store it reopens if need be. Nil: the store has it retried itself.
-	lost func(c lostCommit, err error)
 	// trimEvery overrides trimPoll; negative: never (tests trim
 	// themselves).
 	trimEvery time.Duration
@@ -122,11 +118,9 @@ type Store struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	sizes    sizeCache                     // Sizes' last measurement (size.go)
-	mem      memo                          // reservations made and commits not yet applied (commit.go)
-	trim     *trimmer                      // returns mapped table pages to the kernel (trim_linux.go)
-	lost     func(c lostCommit, err error) // Options.lost
-	settling *settle.Settler               // a Group of Options.Settler: the store's retries
+	sizes    sizeCache       // Sizes' last measurement (size.go)
+	trim     *trimmer        // returns mapped table pages to the kernel (trim_linux.go)
+	settling *settle.Settler // a Group of Options.Settler: the store's retries
 
 	// afterRewrite, when set (tests), is called after each value-log
 	// rewrite returns, before it is synced.
@@ -256,7 +250,7 @@ func Open(opts Options) (*Store, error) {
 		opts.Settler = settle.New(opts.Logger)
 	}
 	s := &Store{dir: opts.Dir, db: db, w: newWriter(db, opts.SyncWrites, l), log: opts.Logger, now: time.Now, stop: make(chan struct{}),
-		mem: newMemo(), trim: trim, lost: opts.lost, settling: opts.Settler.Group()}
+		trim: trim, settling: opts.Settler.Group()}
 	if replayed > 0 {
 		s.log.Info("replayed the reservation log into the store", "records", replayed)
 	}
@@ -434,9 +428,8 @@ func createDiscardStats(dir string) error {
 	return nil
 }
 
-// Close stops garbage collection and the store's retries of commits
-// (their keys turn in doubt when their leases end), and closes the
-// database. Operations after Close fail; closing again returns the first
+// Close stops garbage collection and the store's background releases of
+// abandoned reservations, and closes the database. Operations after Close fail; closing again returns the first
 // Close's result.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
@@ -648,14 +641,8 @@ func (s *Store) Reserve(ctx context.Context, key string, res store.Reservation) 
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	// A commit not yet applied was queued before this reservation's write
-	// would be: it is found here, or by the write in Badger.
-	if pc := s.mem.committed(key); pc != nil {
-		return s.public(pc.rec, pc.expiresAt), nil
-	}
 	var (
 		existing  *store.Record
-		made      record // the in-flight record, once it is the caller's
 		abandoned atomic.Bool
 	)
 	err := s.update(func(txn *wtxn) error {
@@ -672,7 +659,6 @@ func (s *Store) Reserve(ctx context.Context, key string, res store.Reservation) 
 			existing = s.public(rec, exp)
 			if existing.State == store.StateInFlight && rec.Token == res.Token {
 				existing = nil // the caller's own reservation, applied before
-				made = *rec
 			}
 			return nil
 		}
@@ -684,7 +670,6 @@ func (s *Store) Reserve(ctx context.Context, key string, res store.Reservation) 
 			CreatedAt:   now.UnixMilli(),
 			Lease:       now.Add(res.Lease).UnixMilli(),
 		}
-		made = *rec
 		return put(txn, k, rec, now, res.TTL)
 	})
 	if errors.Is(err, errStalled) {
@@ -693,9 +678,6 @@ func (s *Store) Reserve(ctx context.Context, key string, res store.Reservation) 
 	}
 	if err != nil {
 		return nil, fmt.Errorf("badger: reserve: %w", err)
-	}
-	if existing == nil {
-		s.mem.own(key, made, s.now().UnixMilli())
 	}
 	return existing, nil
 }
@@ -747,7 +729,6 @@ func (s *Store) releaseAbandoned(key, token string) {
 
 // MarkInDoubt implements store.Store.
 func (s *Store) MarkInDoubt(ctx context.Context, key, token string, ttl time.Duration) error {
-	s.mem.disown(key, token)
 	return s.transition(ctx, "mark in doubt", key, token, func(rec *record) time.Duration {
 		rec.State = store.StateInDoubt
 		rec.Lease = 0
@@ -757,7 +738,6 @@ func (s *Store) MarkInDoubt(ctx context.Context, key, token string, ttl time.Dur
 
 // Release implements store.Store.
 func (s *Store) Release(ctx context.Context, key, token string) error {
-	s.mem.disown(key, token)
 	return s.transition(ctx, "release", key, token, nil)
 }
 
@@ -795,9 +775,6 @@ func (s *Store) transition(ctx context.Context, op, key, token string, change fu
 func (s *Store) Get(ctx context.Context, key string) (*store.Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
-	}
-	if pc := s.mem.committed(key); pc != nil {
-		return s.public(pc.rec, pc.expiresAt), nil
 	}
 	var out *store.Record
 	err := s.db.View(func(txn *bdg.Txn) error {
