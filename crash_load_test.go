@@ -3,7 +3,9 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -219,4 +221,13 @@ func TestKillLosesNoAnswer(t *testing.T) {
 		}
 	}
 	t.Logf("%d kills; %d keys answered 201 before a kill: %d in doubt on retry, %d otherwise not replayed", rounds, total, inDoubt, lost)
+	// What the operator is promised is what this test shows.
+	doc, err := os.ReadFile(operationsDoc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const promise = "A process crash (`kill -9`) loses nothing: an answer goes to its client only once its commit is in Badger"
+	if !strings.Contains(strings.Join(strings.Fields(string(doc)), " "), promise) {
+		t.Errorf("%s no longer says %q", operationsDoc, promise)
+	}
 }
