@@ -9,8 +9,8 @@
 // transaction and, with SyncWrites, one fdatasync of the store's own
 // reservation log (group commit, writer.go; the log, wal.go): reservations
 // are atomic among the requests of this process, and durable together. A
-// commit of a reservation the store made is answered once it is in the
-// store's memory, before the writer applies it (commit.go). Badger locks
+// commit is answered once Badger and the log have it, before that sync
+// (commit.go). Badger locks
 // its directory, so one store serves exactly one process: the embedded
 // store is per replica.
 package badger
@@ -56,6 +56,8 @@ type Options struct {
 	// transaction, so they share one sync, and a batch of only commits,
 	// releases and in-doubt marks (whose loss leaves a key in doubt, never
 	// charged twice) is not synced: the next reservation's sync covers it.
+	// Those writes return once Badger and the log have them (in the page
+	// cache, which a process crash leaves), before their batch's sync.
 	//
 	// Badger itself then runs unsynced: every batch's writes are appended,
 	// after its commit, to the store's reservation log in
@@ -65,8 +67,9 @@ type Options struct {
 	// value-log mappings. Open replays the log into Badger before serving;
 	// every 30 s, and whenever a 16 MiB segment fills, Badger is synced in
 	// the background and the log emptied. The log takes two segments on
-	// disk (32 MiB). A failed write or sync of the log fails the batch's
-	// writes (applied, maybe not durable) and every later one (not
+	// disk (32 MiB). A failed write of the log fails the batch's writes
+	// (applied, maybe not logged), a failed sync the writes that waited for
+	// it (applied, maybe not durable), and either every later write (not
 	// applied) until the store is reopened (the Guard does); a segment
 	// that cannot be made (a full disk) fails its batch before it is
 	// applied. False: no log, nothing synced; a

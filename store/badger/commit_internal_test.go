@@ -20,7 +20,7 @@ var (
 	reservation1 = store.Reservation{Token: "t1", Fingerprint: "fp1", Lease: time.Minute, TTL: time.Hour}
 )
 
-// stored reads key from Badger itself, past the store's memory.
+// stored reads key from Badger itself.
 func stored(t *testing.T, s *Store, key string) *record {
 	t.Helper()
 	var rec *record

@@ -22,7 +22,8 @@ import (
 // (recorded through wtxn, the transaction they are given), then one
 // fdatasync of the log for the whole batch, if any write in it asked for
 // one (reservations do; commits, releases and in-doubt marks do not: see
-// Options.SyncWrites, and they are answered before it, once appended). Closures of one batch run one after the other in the same
+// Options.SyncWrites; they are answered before it, once appended).
+// Closures of one batch run one after the other in the same
 // transaction, so each sees the writes of those before it (two reservations
 // of one key in one batch: the second finds the first), and since there is
 // only one writer, transactions never conflict. Readers (Get) keep using
