@@ -9,8 +9,8 @@
 // transaction and, with SyncWrites, one fdatasync of the store's own
 // reservation log (group commit, writer.go; the log, wal.go): reservations
 // are atomic among the requests of this process, and durable together. A
-// commit of a reservation the store made is answered once it is in the
-// store's memory, before the writer applies it (commit.go). Badger locks
+// commit is answered once Badger and the log have it, before that sync
+// (commit.go). Badger locks
 // its directory, so one store serves exactly one process: the embedded
 // store is per replica.
 package badger
@@ -55,6 +55,8 @@ type Options struct {
 	// transaction, so they share one sync, and a batch of only commits,
 	// releases and in-doubt marks (whose loss leaves a key in doubt, never
 	// charged twice) is not synced: the next reservation's sync covers it.
+	// Those writes return once Badger and the log have them (in the page
+	// cache, which a process crash leaves), before their batch's sync.
 	//
 	// Badger itself then runs unsynced: every batch's writes are appended,
 	// after its commit, to the store's reservation log in
@@ -64,8 +66,9 @@ type Options struct {
 	// value-log mappings. Open replays the log into Badger before serving;
 	// every 30 s, and whenever a 16 MiB segment fills, Badger is synced in
 	// the background and the log emptied. The log takes two segments on
-	// disk (32 MiB). A failed write or sync of the log fails the batch's
-	// writes (applied, maybe not durable) and every later one (not
+	// disk (32 MiB). A failed write of the log fails the batch's writes
+	// (applied, maybe not logged), a failed sync the writes that waited for
+	// it (applied, maybe not durable), and either every later write (not
 	// applied) until the store is reopened (the Guard does); a segment
 	// that cannot be made (a full disk) fails its batch before it is
 	// applied. False: no log, nothing synced; a
@@ -81,9 +84,9 @@ type Options struct {
 	// Logger receives Badger's warnings and errors and the store's own
 	// messages; nil discards them.
 	Logger *slog.Logger
-	// Settler retries the commits answered before they were written whose
-	// write failed (commit.go), in a Group of it that Close stops; nil: a
-	// Settler of the store's own.
+	// Settler takes back, in the background, the reservations whose callers
+	// were told they failed (releaseAbandoned), in a Group of it that Close
+	// stops; nil: a Settler of the store's own.
 	Settler *settle.Settler
 	// keepInFlight leaves in-flight records as they are at open: set by
 	// Guard.reopen, whose process still runs the requests that hold them
@@ -93,10 +96,6 @@ type Options struct {
 	// but no MANIFEST: set by Guard.reopen for a directory it recreated,
 	// where the failed store's last flush left a table nothing refers to.
 	orphanTables bool
-	// lost, when set, takes over a commit that was answered but whose
-	// write failed (commit.go): the Guard has it written again, on the
-	// store it reopens if need be. Nil: the store has it retried itself.
-	lost func(c lostCommit, err error)
 	// trimEvery overrides trimPoll; negative: never (tests trim
 	// themselves).
 	trimEvery time.Duration
@@ -121,11 +120,9 @@ type Store struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	sizes    sizeCache                     // Sizes' last measurement (size.go)
-	mem      memo                          // reservations made and commits not yet applied (commit.go)
-	trim     *trimmer                      // returns mapped table pages to the kernel (trim_linux.go)
-	lost     func(c lostCommit, err error) // Options.lost
-	settling *settle.Settler               // a Group of Options.Settler: the store's retries
+	sizes    sizeCache       // Sizes' last measurement (size.go)
+	trim     *trimmer        // returns mapped table pages to the kernel (trim_linux.go)
+	settling *settle.Settler // a Group of Options.Settler: the store's retries
 
 	// afterRewrite, when set (tests), is called after each value-log
 	// rewrite returns, before it is synced.
@@ -255,7 +252,7 @@ func Open(opts Options) (*Store, error) {
 		opts.Settler = settle.New(opts.Logger)
 	}
 	s := &Store{dir: opts.Dir, db: db, w: newWriter(db, opts.SyncWrites, l), log: opts.Logger, now: time.Now, stop: make(chan struct{}),
-		mem: newMemo(), trim: trim, lost: opts.lost, settling: opts.Settler.Group()}
+		trim: trim, settling: opts.Settler.Group()}
 	if replayed > 0 {
 		s.log.Info("replayed the reservation log into the store", "records", replayed)
 	}
@@ -422,9 +419,8 @@ func createDiscardStats(dir string) error {
 	return nil
 }
 
-// Close stops garbage collection and the store's retries of commits
-// (their keys turn in doubt when their leases end), and closes the
-// database. Operations after Close fail; closing again returns the first
+// Close stops garbage collection and the store's background releases of
+// abandoned reservations, and closes the database. Operations after Close fail; closing again returns the first
 // Close's result.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
@@ -636,14 +632,8 @@ func (s *Store) Reserve(ctx context.Context, key string, res store.Reservation) 
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	// A commit not yet applied was queued before this reservation's write
-	// would be: it is found here, or by the write in Badger.
-	if pc := s.mem.committed(key); pc != nil {
-		return s.public(pc.rec, pc.expiresAt), nil
-	}
 	var (
 		existing  *store.Record
-		made      record // the in-flight record, once it is the caller's
 		abandoned atomic.Bool
 	)
 	err := s.update(func(txn *wtxn) error {
@@ -660,7 +650,6 @@ func (s *Store) Reserve(ctx context.Context, key string, res store.Reservation) 
 			existing = s.public(rec, exp)
 			if existing.State == store.StateInFlight && rec.Token == res.Token {
 				existing = nil // the caller's own reservation, applied before
-				made = *rec
 			}
 			return nil
 		}
@@ -672,7 +661,6 @@ func (s *Store) Reserve(ctx context.Context, key string, res store.Reservation) 
 			CreatedAt:   now.UnixMilli(),
 			Lease:       now.Add(res.Lease).UnixMilli(),
 		}
-		made = *rec
 		return put(txn, k, rec, now, res.TTL)
 	})
 	if errors.Is(err, errStalled) {
@@ -681,9 +669,6 @@ func (s *Store) Reserve(ctx context.Context, key string, res store.Reservation) 
 	}
 	if err != nil {
 		return nil, fmt.Errorf("badger: reserve: %w", err)
-	}
-	if existing == nil {
-		s.mem.own(key, made, s.now().UnixMilli())
 	}
 	return existing, nil
 }
@@ -735,7 +720,6 @@ func (s *Store) releaseAbandoned(key, token string) {
 
 // MarkInDoubt implements store.Store.
 func (s *Store) MarkInDoubt(ctx context.Context, key, token string, ttl time.Duration) error {
-	s.mem.disown(key, token)
 	return s.transition(ctx, "mark in doubt", key, token, func(rec *record) time.Duration {
 		rec.State = store.StateInDoubt
 		rec.Lease = 0
@@ -745,7 +729,6 @@ func (s *Store) MarkInDoubt(ctx context.Context, key, token string, ttl time.Dur
 
 // Release implements store.Store.
 func (s *Store) Release(ctx context.Context, key, token string) error {
-	s.mem.disown(key, token)
 	return s.transition(ctx, "release", key, token, nil)
 }
 
@@ -783,9 +766,6 @@ func (s *Store) transition(ctx context.Context, op, key, token string, change fu
 func (s *Store) Get(ctx context.Context, key string) (*store.Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
-	}
-	if pc := s.mem.committed(key); pc != nil {
-		return s.public(pc.rec, pc.expiresAt), nil
 	}
 	var out *store.Record
 	err := s.db.View(func(txn *bdg.Txn) error {

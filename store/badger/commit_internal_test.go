@@ -4,7 +4,8 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"sync/atomic"
+	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,7 +20,7 @@ var (
 	reservation1 = store.Reservation{Token: "t1", Fingerprint: "fp1", Lease: time.Minute, TTL: time.Hour}
 )
 
-// stored reads key from Badger itself, past the store's memory.
+// stored reads key from Badger itself.
 func stored(t *testing.T, s *Store, key string) *record {
 	t.Helper()
 	var rec *record
@@ -41,116 +42,154 @@ func mustReserve(t *testing.T, s *Store, key string, res store.Reservation) {
 	}
 }
 
-// A commit returns before the writer has applied it, and is visible at
-// once: a retry right after the answer is replayed, never told 409.
-func TestCommitVisibleBeforeApplied(t *testing.T) {
+// returned reports whether done has a result within a while, and the
+// result.
+func returned(done <-chan error, within time.Duration) (bool, error) {
+	select {
+	case err := <-done:
+		return true, err
+	case <-time.After(within):
+		return false, nil
+	}
+}
+
+// holdWriterOnce is holdWriter whose release may be called more than once,
+// and is called when the test ends (before the store closes, which waits
+// for the writer), should the test fail while it holds the writer.
+func holdWriterOnce(t *testing.T, s *Store) (release func()) {
+	var once sync.Once
+	r := holdWriter(t, s)
+	release = func() { once.Do(r) }
+	t.Cleanup(release)
+	return release
+}
+
+// TestCommitReturnsOnceApplied: the proxy answers the client once Commit
+// returns, so Commit must not return before Badger has the answer: a
+// process crash (kill -9) in between would lose an answer a client got
+// (its retry would find the key in doubt). What Badger holds once Commit
+// returned survives a crash: a copy of its files taken while it runs
+// (the page cache, which is what kill -9 leaves), without the reservation
+// log, opens with the answer.
+func TestCommitReturnsOnceApplied(t *testing.T) {
 	ctx := context.Background()
 	s := openInternal(t)
 	mustReserve(t, s, "k", reservation1)
-	release := holdWriter(t, s)
-	if err := s.Commit(ctx, "k", "t1", answer, time.Hour); err != nil {
-		t.Fatalf("commit: %v", err)
+	release := holdWriterOnce(t, s)
+	done := make(chan error, 1)
+	go func() { done <- s.Commit(ctx, "k", "t1", answer, time.Hour) }()
+	waitQueued(t, s, 1)
+	if ok, err := returned(done, 200*time.Millisecond); ok {
+		t.Fatalf("Commit returned (%v) while the writer was held: before Badger had the answer", err)
 	}
-	if rec := stored(t, s, "k"); rec == nil || rec.State != store.StateInFlight {
-		t.Fatalf("in Badger while the writer is held: %+v, want still in flight (the commit is queued)", rec)
-	}
+	// Nothing of it is visible before it is applied: a duplicate must not
+	// be replayed an answer that a crash could still take.
 	for name, read := range map[string]func() (*store.Record, error){
 		"Get": func() (*store.Record, error) { return s.Get(ctx, "k") },
-		"Reserve": func() (*store.Record, error) {
-			return s.Reserve(ctx, "k", store.Reservation{Token: "t2", Lease: time.Minute, TTL: time.Hour})
+		"List": func() (*store.Record, error) {
+			l, _, err := s.List(ctx, store.ListQuery{State: store.StateCompleted, Limit: 10})
+			if err != nil || len(l) == 0 {
+				return nil, err
+			}
+			return &store.Record{State: l[0].State}, nil
 		},
 	} {
-		rec, err := read()
-		if err != nil || rec == nil || rec.State != store.StateCompleted || rec.Fingerprint != "fp1" ||
-			rec.Response == nil || string(rec.Response.Body) != string(answer.Body) {
-			t.Errorf("%s before the commit is applied: %+v %v, want the completed answer", name, rec, err)
+		if rec, err := read(); err != nil || (rec != nil && rec.State == store.StateCompleted) {
+			t.Errorf("%s before the commit is applied: %+v %v, want not completed", name, rec, err)
 		}
 	}
 	release()
-	// The reservation t2 was answered from memory: it must not have
-	// been written either.
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
+	if ok, err := returned(done, 10*time.Second); !ok || err != nil {
+		t.Fatalf("Commit after the writer was released: returned %v, err %v", ok, err)
 	}
-	s2, err := Open(Options{Dir: s.db.Opts().Dir})
+	if rec := stored(t, s, "k"); rec == nil || rec.State != store.StateCompleted || string(rec.Response.Body) != string(answer.Body) {
+		t.Fatalf("in Badger once Commit returned: %+v, want the completed answer", rec)
+	}
+	crashed := filepath.Join(t.TempDir(), "crashed")
+	copyDir(t, s.db.Opts().Dir, crashed) // Badger's files only: not the log
+	s2, err := Open(Options{Dir: crashed})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s2.Close()
-	rec, err := s2.Get(ctx, "k")
-	if err != nil || rec == nil || rec.State != store.StateCompleted || rec.Fingerprint != "fp1" ||
-		string(rec.Response.Body) != string(answer.Body) || rec.ExpiresAt.IsZero() {
-		t.Errorf("after reopening: %+v %v, want the completed answer", rec, err)
-	}
-	if len(s.mem.pending) != 0 || len(s.mem.owned) != 0 {
-		t.Errorf("memory after the commit was applied: %d pending, %d owned, want none", len(s.mem.pending), len(s.mem.owned))
+	if rec, err := s2.Get(ctx, "k"); err != nil || rec == nil || rec.State != store.StateCompleted ||
+		string(rec.Response.Body) != string(answer.Body) {
+		t.Errorf("Badger's files as a crash leaves them: %+v %v, want the completed answer", rec, err)
 	}
 }
 
-// A commit whose batch fails stays visible and is written again while the
-// lease holds.
-func TestAsyncCommitRetriedAfterAFailedBatch(t *testing.T) {
+// TestCommitDoesNotWaitForTheSync: a commit waits for its batch to be
+// applied and logged, but not for the fdatasync the reservations of its
+// batch wait for (it needs none: Options.SyncWrites); a reservation is
+// still answered only once synced.
+func TestCommitDoesNotWaitForTheSync(t *testing.T) {
 	ctx := context.Background()
 	s := openInternal(t)
 	mustReserve(t, s, "k", reservation1)
-	var fails atomic.Int32
-	fails.Store(2)
-	commit := s.w.commit
-	s.w.commit = func(txn *bdg.Txn) error {
-		if fails.Add(-1) >= 0 {
-			return errors.New("disk on fire")
+	syncing, unblock := make(chan struct{}, 1), make(chan struct{})
+	var unblockOnce sync.Once
+	t.Cleanup(func() { unblockOnce.Do(func() { close(unblock) }) })
+	synced := s.w.sync
+	s.w.sync = func() error {
+		select {
+		case syncing <- struct{}{}:
+		default:
 		}
-		return commit(txn)
+		<-unblock
+		return synced()
 	}
-	if err := s.Commit(ctx, "k", "t1", answer, time.Hour); err != nil {
-		t.Fatalf("commit: %v", err)
+	release := holdWriterOnce(t, s)
+	committed, reserved := make(chan error, 1), make(chan error, 1)
+	go func() { committed <- s.Commit(ctx, "k", "t1", answer, time.Hour) }()
+	waitQueued(t, s, 1)
+	go func() {
+		_, err := s.Reserve(ctx, "r", store.Reservation{Token: "t2", Lease: time.Minute, TTL: time.Hour})
+		reserved <- err
+	}()
+	waitQueued(t, s, 2)
+	release() // the commit and the reservation: one batch, one sync
+	<-syncing
+	ok, err := returned(committed, 10*time.Second)
+	if !ok || err != nil {
+		t.Fatalf("commit while its batch's sync is under way: returned %v, err %v; want answered before the sync", ok, err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for rec := stored(t, s, "k"); rec == nil || rec.State != store.StateCompleted; rec = stored(t, s, "k") {
-		if rec, err := s.Get(ctx, "k"); err != nil || rec == nil || rec.State != store.StateCompleted {
-			t.Fatalf("Get while the commit is retried: %+v %v, want completed", rec, err)
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("commit never written after the failures: %+v", rec)
-		}
-		time.Sleep(5 * time.Millisecond)
+	if ok, err := returned(reserved, 200*time.Millisecond); ok {
+		t.Errorf("reservation answered (%v) before its sync", err)
 	}
-	if fails.Load() >= 0 {
-		t.Errorf("the failing commits were not all tried: %d left", fails.Load()+1)
+	unblockOnce.Do(func() { close(unblock) })
+	if ok, err := returned(reserved, 10*time.Second); !ok || err != nil {
+		t.Fatalf("reservation after the sync: returned %v, err %v", ok, err)
 	}
 }
 
-// A commit that cannot be written before its lease ends is dropped: the
-// key is then what Badger holds, in flight until the lease lapses and in
-// doubt after, as after a failed synchronous commit; never completed in
-// memory only.
-func TestAsyncCommitGivesUpAtTheLease(t *testing.T) {
+// TestCommitOfAFailedBatchFails: a commit whose batch fails returns the
+// error (the proxy's settler retries it) and leaves nothing completed
+// anywhere: never an answer that only this process's memory holds.
+func TestCommitOfAFailedBatchFails(t *testing.T) {
 	ctx := context.Background()
 	s := openInternal(t)
-	res := reservation1
-	res.Lease = 300 * time.Millisecond
-	mustReserve(t, s, "k", res)
+	mustReserve(t, s, "k", reservation1)
+	commit := s.w.commit
 	s.w.commit = func(*bdg.Txn) error { return errors.New("disk on fire") }
+	if err := s.Commit(ctx, "k", "t1", answer, time.Hour); err == nil {
+		t.Fatal("commit of a failed batch: no error")
+	}
+	if rec, err := s.Get(ctx, "k"); err != nil || rec == nil || rec.State != store.StateInFlight {
+		t.Errorf("after the failed commit: %+v %v, want still in flight", rec, err)
+	}
+	// The retry, as the settler makes it, writes it.
+	s.w.commit = commit
 	if err := s.Commit(ctx, "k", "t1", answer, time.Hour); err != nil {
-		t.Fatalf("commit: %v", err)
+		t.Fatalf("retried commit: %v", err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for s.mem.committed("k") != nil {
-		if time.Now().After(deadline) {
-			t.Fatal("the failing commit is still in memory long after its lease")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	rec, err := s.Get(ctx, "k")
-	if err != nil || rec == nil || rec.State != store.StateInDoubt {
-		t.Errorf("after the lease: %+v %v, want in doubt", rec, err)
+	if rec := stored(t, s, "k"); rec == nil || rec.State != store.StateCompleted {
+		t.Errorf("after the retry: %+v, want completed", rec)
 	}
 }
 
-// A commit by a token that does not own the key fails at once, whether
-// the store made the reservation or not; an operator's release queued
-// after a commit wins.
-func TestAsyncCommitOwnership(t *testing.T) {
+// A commit by a token that does not own the key fails; an operator's
+// release queued after a commit wins.
+func TestCommitOwnership(t *testing.T) {
 	ctx := context.Background()
 	s := openInternal(t)
 	mustReserve(t, s, "k", reservation1)
@@ -172,75 +211,30 @@ func TestAsyncCommitOwnership(t *testing.T) {
 	if rec, err := s.Get(ctx, "k"); err != nil || rec == nil || rec.State != store.StateInFlight || rec.Token != "t2" {
 		t.Errorf("after the stale commit: %+v %v, want t2's reservation in flight", rec, err)
 	}
-	// A commit, then a release queued behind it before it is applied.
+	// A commit, then a release queued behind it in the same batch.
 	mustReserve(t, s, "k2", reservation1)
-	release := holdWriter(t, s)
-	if err := s.Commit(ctx, "k2", "t1", answer, time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	deleted := make(chan error, 1)
+	release := holdWriterOnce(t, s)
+	committed, deleted := make(chan error, 1), make(chan error, 1)
+	go func() { committed <- s.Commit(ctx, "k2", "t1", answer, time.Hour) }()
+	waitQueued(t, s, 1)
 	go func() { deleted <- s.Release(ctx, "k2", "t1") }()
 	waitQueued(t, s, 2)
 	release()
+	if err := <-committed; err != nil {
+		t.Fatal(err)
+	}
 	if err := <-deleted; err != nil {
 		t.Fatal(err)
 	}
 	if rec, err := s.Get(ctx, "k2"); err != nil || rec != nil {
 		t.Errorf("after commit then release: %+v %v, want no record", rec, err)
 	}
-	if rec := stored(t, s, "k2"); rec != nil {
-		t.Errorf("in Badger after commit then release: %+v, want none", rec)
-	}
 }
 
-// Reservations that were never settled (their store calls failed) do not
-// stay in memory past their lease.
-func TestUnsettledReservationsForgotten(t *testing.T) {
-	s := openInternal(t)
-	now := time.Now()
-	for i := range 3 * minSweep {
-		s.mem.own(string(rune(i)), record{Token: "t", Lease: now.Add(-time.Second).UnixMilli()}, now.UnixMilli())
-	}
-	if n := len(s.mem.owned); n > minSweep {
-		t.Errorf("%d lapsed reservations remembered, want at most %d", n, minSweep)
-	}
-}
-
-// A large answer's commit waits for the writer: pending commits outlive
-// their requests' share of the buffered-bytes budget, so only small ones
-// may.
-func TestLargeAnswerCommitWaits(t *testing.T) {
-	ctx := context.Background()
-	s := openInternal(t)
-	mustReserve(t, s, "k", reservation1)
-	big := answer
-	big.Body = make([]byte, maxAsyncBody+1)
-	release := holdWriter(t, s)
-	done := make(chan error, 1)
-	go func() { done <- s.Commit(ctx, "k", "t1", big, time.Hour) }()
-	waitQueued(t, s, 1)
-	select {
-	case err := <-done:
-		t.Fatalf("commit of a large answer returned before the writer applied it: %v", err)
-	default:
-	}
-	if s.mem.committed("k") != nil {
-		t.Error("a large answer was kept in memory")
-	}
-	release()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	if rec := stored(t, s, "k"); rec == nil || rec.State != store.StateCompleted || len(rec.Response.Body) != len(big.Body) {
-		t.Errorf("in Badger: %+v, want the completed large answer", rec)
-	}
-}
-
-// A commit answered but not written because the store failed is written
-// again by the Guard on the store it reopens, within the lease: it is not
-// lost with the failed store's memory (the key would be in doubt for its
-// whole TTL).
-func TestGuardWritesALostCommitOnTheReopenedStore(t *testing.T) {
+// A commit that fails because the store failed is returned to its caller,
+// whose retry (the proxy's settler) writes it on the store the Guard
+// reopened, within the lease.
+func TestGuardCommitRetriedOnTheReopenedStore(t *testing.T) {
 	g := openGuardInternal(t)
 	ctx := context.Background()
 	const key = "pay/-/k1"
@@ -248,19 +242,15 @@ func TestGuardWritesALostCommitOnTheReopenedStore(t *testing.T) {
 		t.Fatalf("reserve: %+v %v", rec, err)
 	}
 	g.cur.Store.w.commit = func(*bdg.Txn) error { return errors.New("badger: panic: nil memtable") }
-	if err := g.Commit(ctx, key, "t1", answer, time.Hour); err != nil {
-		t.Fatalf("commit: %v", err)
+	if err := g.Commit(ctx, key, "t1", answer, time.Hour); err == nil {
+		t.Fatal("commit on a failing store: no error")
 	}
 	waitReopen(t, g, 1)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		rec, err := g.Get(ctx, key)
-		if err == nil && rec != nil && rec.State == store.StateCompleted && string(rec.Response.Body) == string(answer.Body) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after the reopen: %+v %v, want the committed answer", rec, err)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if err := g.Commit(ctx, key, "t1", answer, time.Hour); err != nil {
+		t.Fatalf("commit retried on the reopened store: %v", err)
+	}
+	if rec, err := g.Get(ctx, key); err != nil || rec == nil || rec.State != store.StateCompleted ||
+		string(rec.Response.Body) != string(answer.Body) {
+		t.Fatalf("after the reopen: %+v %v, want the committed answer", rec, err)
 	}
 }

@@ -60,8 +60,8 @@ type Guard struct {
 	written   atomic.Uint64 // bytes written (estimated) since the last statfs
 	statMu    sync.Mutex
 
-	// settling retries the commits whose write failed (lostCommit); it
-	// is a Group of Options.Settler, closed by Close.
+	// settling is a Group of Options.Settler, the Settler of the stores
+	// it opens (their background retries), closed by Close.
 	settling *settle.Settler
 
 	// dir is the data directory the open store was opened in (os.Stat),
@@ -159,7 +159,6 @@ func OpenGuarded(opts Options, g GuardOptions) (*Guard, error) {
 	}
 	gd.settling = gd.opts.Settler.Group()
 	gd.opts.Settler = gd.settling // the stores it opens: Groups of its Group
-	gd.opts.lost = gd.lostCommit
 	opts = gd.opts
 	gd.initOpen(g.Remedy)
 	noteQuarantine(opts.Logger, opts.Dir)
@@ -475,20 +474,6 @@ func (g *Guard) Commit(ctx context.Context, key, token string, resp store.Respon
 	return g.do(func(s *Store) error { return s.Commit(ctx, key, token, resp, ttl) })
 }
 
-// lostCommit hands to the settler a commit whose caller was answered but
-// whose write failed: it is written again, until its lease ends, on the
-// store as it is or as reopened after the failure. Meanwhile the key reads
-// in flight (409); past the lease, in doubt. The failure breaks the store
-// if it is Badger's own. It is called on the writer's goroutine, and does
-// not wait.
-func (g *Guard) lostCommit(c lostCommit, cause error) {
-	if isFault(cause) {
-		g.fail(cause)
-	}
-	g.settling.Settle(settle.Job{Key: c.key, Operation: "commit", Until: c.lease,
-		Attempt: func(ctx context.Context) error { return g.Commit(ctx, c.key, c.token, c.resp, c.ttl) }}, cause)
-}
-
 // Release implements store.Store.
 func (g *Guard) Release(ctx context.Context, key, token string) error {
 	return g.do(func(s *Store) error { return s.Release(ctx, key, token) })
@@ -571,8 +556,7 @@ func (g *Guard) RunGC() (n int) {
 	return n
 }
 
-// Close stops reopening and the retries of lost commits (their keys turn
-// in doubt when their leases end), and closes the open store once the
+// Close stops reopening and the stores' background retries, and closes the open store once the
 // operations under way on it have returned.
 func (g *Guard) Close() error {
 	g.mu.Lock()

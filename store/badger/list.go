@@ -87,37 +87,29 @@ func (s *Store) listed(item *bdg.Item, q store.ListQuery) (store.Listed, bool, e
 	if q.KeyHash != "" && store.KeyHash(key) != q.KeyHash {
 		return store.Listed{}, false, nil
 	}
-	var pub *store.Record
-	if pc := s.mem.committed(key); pc != nil {
-		if pc.expiresAt > 0 && uint64(s.now().Unix()) >= pc.expiresAt {
-			return store.Listed{}, false, nil
-		}
-		pub = s.public(pc.rec, pc.expiresAt)
-	} else {
-		// The UserMeta mirrors the stored state; only an in-flight
-		// record may read otherwise (in doubt, its lease lapsed).
-		switch m := item.UserMeta(); {
-		case q.State == store.StateCompleted && m != metaCompleted,
-			q.State == store.StateInFlight && m != metaInFlight,
-			q.State == store.StateInDoubt && m == metaCompleted:
-			return store.Listed{}, false, nil
-		}
-		var rec record
-		err := item.Value(func(v []byte) error {
-			if err := rec.unmarshal(v); err != nil {
-				return corrupt(err)
-			}
-			return nil
-		})
-		if err != nil {
-			if errors.Is(err, errCorrupt) {
-				s.log.Error("record cannot be decoded; not listed", "key_hash", store.KeyHash(key), "err", err)
-				return store.Listed{}, false, nil
-			}
-			return store.Listed{}, false, err
-		}
-		pub = s.public(&rec, item.ExpiresAt())
+	// The UserMeta mirrors the stored state; only an in-flight
+	// record may read otherwise (in doubt, its lease lapsed).
+	switch m := item.UserMeta(); {
+	case q.State == store.StateCompleted && m != metaCompleted,
+		q.State == store.StateInFlight && m != metaInFlight,
+		q.State == store.StateInDoubt && m == metaCompleted:
+		return store.Listed{}, false, nil
 	}
+	var rec record
+	err := item.Value(func(v []byte) error {
+		if err := rec.unmarshal(v); err != nil {
+			return corrupt(err)
+		}
+		return nil
+	})
+	if err != nil {
+		if errors.Is(err, errCorrupt) {
+			s.log.Error("record cannot be decoded; not listed", "key_hash", store.KeyHash(key), "err", err)
+			return store.Listed{}, false, nil
+		}
+		return store.Listed{}, false, err
+	}
+	pub := s.public(&rec, item.ExpiresAt())
 	if !q.Matches(key, pub.State) {
 		return store.Listed{}, false, nil
 	}

@@ -1,7 +1,6 @@
 package badger
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -23,7 +22,8 @@ import (
 // (recorded through wtxn, the transaction they are given), then one
 // fdatasync of the log for the whole batch, if any write in it asked for
 // one (reservations do; commits, releases and in-doubt marks do not: see
-// Options.SyncWrites). Closures of one batch run one after the other in the same
+// Options.SyncWrites; they are answered before it, once appended).
+// Closures of one batch run one after the other in the same
 // transaction, so each sees the writes of those before it (two reservations
 // of one key in one batch: the second finds the first), and since there is
 // only one writer, transactions never conflict. Readers (Get) keep using
@@ -179,33 +179,18 @@ func (w *writer) update(fn func(txn *wtxn) error, sync bool) error {
 	}
 }
 
-// updateAsync queues fn for the next batch and returns at once; then gets
-// fn's error, or the batch's commit error, once the batch is applied. It
-// returns an error, and then is never called, when fn could not be queued
-// within w.wait or the writer is closed.
-func (w *writer) updateAsync(fn func(txn *wtxn) error, then func(error)) error {
-	return w.updateAsyncWithin(fn, then, w.wait)
-}
-
-// updateAsyncWithin is updateAsync waiting at most wait to queue fn.
+// updateAsyncWithin queues fn for the next batch and returns at once;
+// then gets fn's error, or the batch's commit error, once the batch is
+// applied. It returns an error, and then is never called, when fn could not
+// be queued within wait or the writer is closed.
 func (w *writer) updateAsyncWithin(fn func(txn *wtxn) error, then func(error), wait time.Duration) error {
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	return w.queueAsync(fn, then, timer.C)
 }
 
-// updateAsyncCtx is updateAsync waiting to queue fn until ctx ends, at most
-// w.wait.
-func (w *writer) updateAsyncCtx(ctx context.Context, fn func(txn *wtxn) error, then func(error)) error {
-	ctx, cancel := context.WithTimeout(ctx, w.wait)
-	defer cancel()
-	stop := make(chan time.Time)
-	defer context.AfterFunc(ctx, func() { close(stop) })()
-	return w.queueAsync(fn, then, stop)
-}
-
 // queueAsync queues fn for the next batch, waiting at most until stop to
-// queue it; see updateAsync.
+// queue it; see updateAsyncWithin.
 func (w *writer) queueAsync(fn func(txn *wtxn) error, then func(error), stop <-chan time.Time) error {
 	o := opPool.Get().(*op)
 	o.fn, o.sync, o.then = fn, false, then
@@ -312,6 +297,10 @@ func (w *writer) applyOnce(batch []*op) []*op {
 			err = w.wal.append(&w.rec)
 		}
 		if err == nil && w.syncWrites && slices.ContainsFunc(batch, func(o *op) bool { return o.sync }) {
+			// Applied and logged, in the page cache, where a process crash
+			// cannot take them: the ops that asked for no sync (commits,
+			// whose answers go to clients now) do not wait for it.
+			batch = answerUnsynced(batch)
 			if err = w.sync(); err != nil {
 				err = fmt.Errorf("sync: %w", err) // applied, but maybe not on disk: fail them all
 			}
@@ -327,6 +316,21 @@ func (w *writer) applyOnce(batch []*op) []*op {
 		}
 		return nil
 	}
+}
+
+// answerUnsynced answers the ops of batch that need no sync with success
+// and returns the others, in batch's array.
+func answerUnsynced(batch []*op) []*op {
+	rest := batch[:0]
+	for _, o := range batch {
+		if o.sync {
+			rest = append(rest, o)
+		} else {
+			o.answer(nil) // o may be reused from here on
+		}
+	}
+	clear(batch[len(rest):])
+	return rest
 }
 
 // commitTxn commits txn, turning Badger's panics into errors.
