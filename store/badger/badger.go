@@ -20,6 +20,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -212,12 +213,15 @@ func Open(opts Options) (*Store, error) {
 	if opts.noCompactions {
 		bo = bo.WithNumCompactors(0)
 	}
+	if err := makeStoreDir(opts.Dir); err != nil {
+		return nil, err
+	}
 	if !opts.orphanTables {
 		if err := checkManifest(opts.Dir); err != nil {
 			return nil, err
 		}
 	}
-	if err := removeEmptyMemtables(opts.Dir); err != nil {
+	if err := removeEmptyLogs(opts.Dir); err != nil {
 		return nil, err
 	}
 	if err := createDiscardStats(opts.Dir); err != nil {
@@ -366,23 +370,43 @@ func (s *Store) keepManifestRoom() {
 	_ = prealloc.KeepRoom(filepath.Join(s.dir, "MANIFEST"), manifestRoom)
 }
 
-// removeEmptyMemtables removes the memtable logs of length zero in dir. A
-// memtable log that could not be sized (a full disk: its ftruncate failed)
-// is left empty by Badger, which then fails to open the directory once
-// ("while opening memtables ... Create a new file"), leaking the files and
-// goroutines of that attempt, and succeeds the next time. An empty log
-// holds nothing: not even the header every log starts with.
-func removeEmptyMemtables(dir string) error {
-	logs, err := filepath.Glob(filepath.Join(dir, "*.mem"))
-	if err != nil {
-		return nil
-	}
-	for _, l := range logs {
-		if fi, err := os.Stat(l); err == nil && fi.Mode().IsRegular() && fi.Size() == 0 {
-			if err := os.Remove(l); err != nil {
-				return fmt.Errorf("badger: remove the empty memtable log %s: %w", l, err)
+// removeEmptyLogs removes the memtable logs and value-log files of length
+// zero in dir. A file that could not be sized (a full disk: its ftruncate
+// failed), or whose size a power cut took (created, never synced), is left
+// empty, and Badger then fails to open the directory once ("Create a new
+// file"), leaking the files and goroutines of that attempt, and succeeds
+// the next time. An empty file holds nothing: not even the header every
+// one of them starts with.
+func removeEmptyLogs(dir string) error {
+	for _, pattern := range []string{"*.mem", "*.vlog"} {
+		logs, err := filepath.Glob(filepath.Join(dir, pattern))
+		if err != nil {
+			return nil
+		}
+		for _, l := range logs {
+			if fi, err := os.Stat(l); err == nil && fi.Mode().IsRegular() && fi.Size() == 0 {
+				if err := os.Remove(l); err != nil {
+					return fmt.Errorf("badger: remove the empty file %s: %w", l, err)
+				}
 			}
 		}
+	}
+	return nil
+}
+
+// makeStoreDir creates the store's directory when it does not exist, and
+// makes its name durable (an fsync of its parent): the reservation log in
+// it is what makes acknowledged reservations survive a power cut, and a
+// file system may lose a new directory whose parent was not synced.
+func makeStoreDir(dir string) error {
+	if _, err := os.Stat(dir); !errors.Is(err, fs.ErrNotExist) {
+		return nil // there, or an error Open reports as it opens
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("badger: create %s: %w", dir, err)
+	}
+	if err := syncDir(filepath.Dir(dir)); err != nil {
+		return fmt.Errorf("badger: create %s: %w", dir, err)
 	}
 	return nil
 }

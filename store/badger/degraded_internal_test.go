@@ -25,6 +25,15 @@ func closedWithRecords(t *testing.T, dir string, n int) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	writeRecords(t, s, n)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// writeRecords reserves and commits n keys pay/-/k0... in s, one at a time.
+func writeRecords(t *testing.T, s *Store, n int) {
+	t.Helper()
 	ctx := context.Background()
 	for i := range n {
 		key := fmt.Sprintf("pay/-/k%d", i)
@@ -36,17 +45,37 @@ func closedWithRecords(t *testing.T, dir string, n int) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// cutWithRecords is closedWithRecords leaving dir as a power cut can:
+// Badger's files from before the writes, the reservation log with all of
+// them. The next open replays them from the log, so damage to it matters
+// (damage among records Badger holds is passed over).
+func cutWithRecords(t *testing.T, dir string, n int) {
+	t.Helper()
+	s, err := Open(Options{Dir: dir, SyncWrites: true, checkpointEvery: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	early := filepath.Join(t.TempDir(), "early")
+	copyDir(t, dir, early)
+	writeRecords(t, s, n)
+	logDir := filepath.Join(t.TempDir(), "log")
+	copyDir(t, filepath.Join(dir, walDirName), logDir)
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	copyDir(t, early, dir)
+	copyDir(t, logDir, filepath.Join(dir, walDirName))
 }
 
 // damageLog flips a byte in the middle of the records of the store's
-// newest log segment that holds records, and puts a copy of that segment
-// as it was after it (valid records after the damage, in a later
-// segment: damage, not a torn tail, by the log's rules before and after
-// damage inside one segment is told apart). It returns the function that
-// undoes both.
+// newest log segment that holds records: valid records synced after the
+// damaged one follow it, so it is damage, not a torn tail. It returns the
+// function that undoes it.
 func damageLog(t *testing.T, dir string) (undo func()) {
 	t.Helper()
 	wdir := filepath.Join(dir, walDirName)
@@ -69,17 +98,10 @@ func damageLog(t *testing.T, dir string) (undo func()) {
 		}
 		bad := bytes.Clone(orig)
 		bad[end/2] ^= 0x5a
-		copyName := filepath.Join(wdir, segmentName(nums[len(nums)-1]+1))
-		if err := os.WriteFile(copyName, orig, 0o600); err != nil {
-			t.Fatal(err)
-		}
 		if err := os.WriteFile(name, bad, 0o600); err != nil {
 			t.Fatal(err)
 		}
 		return func() {
-			if err := os.Remove(copyName); err != nil {
-				t.Error(err)
-			}
 			if err := os.WriteFile(name, orig, 0o600); err != nil {
 				t.Error(err)
 			}
@@ -157,14 +179,16 @@ func TestGuardStartsDegradedOnAStoreThatDoesNotOpen(t *testing.T) {
 		name   string
 		damage func(t *testing.T, dir string) (undo func())
 		reason string // in OpenFailed's error
+		// prepare makes the store: closedWithRecords when nil.
+		prepare func(t *testing.T, dir string, n int)
 	}{
-		{"damaged reservation log", damageLog, "reservation log"},
+		{"damaged reservation log", damageLog, "reservation log", cutWithRecords},
 		{"damaged MANIFEST", func(t *testing.T, dir string) func() {
 			return flipFile(t, filepath.Join(dir, "MANIFEST"), -3)
-		}, "manifest"},
+		}, "manifest", nil},
 		{"MANIFEST missing beside tables", func(t *testing.T, dir string) func() {
 			return moveAside(t, filepath.Join(dir, "MANIFEST"))
-		}, "no MANIFEST"},
+		}, "no MANIFEST", nil},
 		{"data directory is a file", func(t *testing.T, dir string) func() {
 			undo := moveAside(t, dir)
 			if err := os.WriteFile(dir, []byte("not a directory"), 0o600); err != nil {
@@ -176,12 +200,16 @@ func TestGuardStartsDegradedOnAStoreThatDoesNotOpen(t *testing.T) {
 				}
 				undo()
 			}
-		}, "not a directory"},
+		}, "not a directory", nil},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "data")
-			closedWithRecords(t, dir, 200)
+			prepare := c.prepare
+			if prepare == nil {
+				prepare = closedWithRecords
+			}
+			prepare(t, dir, 200)
 			files := storeFiles(t, dir)
 			undo := c.damage(t, dir)
 			var logs syncLog
@@ -212,6 +240,11 @@ func TestGuardStartsDegradedOnAStoreThatDoesNotOpen(t *testing.T) {
 			undo()
 			got := storeFiles(t, dir)
 			for name, size := range files {
+				if _, ok := got[name]; strings.HasSuffix(name, ".vlog") && ok {
+					// Badger's own close cuts a value-log file to what it
+					// holds (after a refused log, it was open).
+					continue
+				}
 				if got[name] != size {
 					t.Errorf("%s after the failed opens: %d bytes, want %d, kept as it was (all files now: %v)", name, got[name], size, got)
 				}
@@ -230,7 +263,8 @@ func TestGuardStartsDegradedOnAStoreThatDoesNotOpen(t *testing.T) {
 }
 
 // storeFiles lists the table and value-log files of dir with their sizes:
-// what a failed open must not delete, cut or start over.
+// what a failed open must not delete, cut or start over (a value-log file
+// may be cut to what it holds, by Badger's close).
 func storeFiles(t *testing.T, dir string) map[string]int64 {
 	t.Helper()
 	files := map[string]int64{}

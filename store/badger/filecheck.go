@@ -319,4 +319,3 @@ func LockDir(dir string, wait time.Duration) (unlock func(), err error) {
 		}
 	}
 }
-

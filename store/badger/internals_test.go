@@ -8,7 +8,7 @@ package badger
 //  1. File names. A store's directory holds MANIFEST, LOCK, DISCARD,
 //     KEYREGISTRY, memtable logs NNNNN.mem, value-log files NNNNNN.vlog
 //     and tables NNNNNN.sst, nothing else (beside our idemproxy-wal/).
-//     Relied on by checkManifest (*.sst, MANIFEST), removeEmptyMemtables
+//     Relied on by checkManifest (*.sst, MANIFEST), removeEmptyLogs
 //     (*.mem), createDiscardStats (DISCARD), keepManifestRoom (MANIFEST),
 //     syncBadger (*.mem, *.vlog), dirSizes (*.sst, *.vlog), the trimmer
 //     (*.sst, *.vlog), waitForSpace (*.sst), copyDir in tests (LOCK).
@@ -58,10 +58,10 @@ package badger
 //     refuses such a directory. Changed (Badger refusing it), the check is
 //     redundant. TestBadgerWithoutManifestDeletesTables (and
 //     TestOpenRefusesTablesWithoutManifest).
-//  8. A memtable log of length zero (its ftruncate failed on a full disk)
-//     fails the open. Relied on by removeEmptyMemtables. Changed, that is
+//  8. A memtable log or value-log file of length zero (its ftruncate failed
+//     on a full disk, or a power cut took its size) fails the open. Relied on by removeEmptyLogs. Changed, that is
 //     redundant. TestBadgerEmptyMemtableLogFailsOpen (and
-//     TestOpenWithEmptyMemtableLog).
+//     TestOpenWithEmptyMemtableLog, TestOpenWithEmptyValueLog).
 //  9. The MANIFEST is appended to in place (same file, growing) with
 //     write(2). Relied on by keepManifestRoom (room allocated past its
 //     end, so an append on a full disk is never torn). Changed, a full
@@ -453,7 +453,7 @@ func TestBadgerEmptyMemtableLogFailsOpen(t *testing.T) {
 	db, err := bdg.Open(opts)
 	if err == nil {
 		db.Close()
-		t.Fatal("Badger opens a directory with an empty memtable log: removeEmptyMemtables is redundant")
+		t.Fatal("Badger opens a directory with an empty memtable log: removeEmptyLogs is redundant")
 	}
 }
 

@@ -784,6 +784,13 @@ func openWAL(dir string, nextNum, seq uint64) (*wal, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("create the reservation log: %w", err)
 	}
+	// The log's directory entry is durable before anything is acknowledged
+	// from it: a segment's fsync and its directory's do not make the
+	// directory itself a durable name in the store's (a power cut would
+	// take the whole log).
+	if err := syncDir(filepath.Dir(dir)); err != nil {
+		return nil, fmt.Errorf("create the reservation log: %w", err)
+	}
 	seq = max(seq, 1)
 	l := &wal{dir: dir, nextNum: nextNum, seq: seq, synced: seq - 1, full: make(chan struct{}, 1), half: make(chan struct{}, 1)}
 	seg, err := l.create(walSegmentSize)
