@@ -78,6 +78,7 @@ type History struct {
 	Baseline []Sample         `json:"baseline"`
 	Final    []Sample         `json:"final"`
 	Losses   []Loss           `json:"losses,omitempty"`
+	Cuts     []Cut            `json:"cuts,omitempty"`
 }
 
 // Charge is one charge of the stub's statement, with its JSON as the stub
