@@ -12,7 +12,9 @@ func TestPowerCuts(t *testing.T) {
 		fresh("charges-wait", "W", 200, 300, 201, cW),
 		probe(replay("charges-wait", "W", 2000, 2010, 201, cW)),
 	}
-	inDoubt := func(route string, start int64) Op { return problem(route, "A", start, start+10, 409, "outcome-in-doubt") }
+	inDoubt := func(route string, start int64) Op {
+		return problem(route, "A", start, start+10, 409, "outcome-in-doubt")
+	}
 	tests := []struct {
 		name string
 		ops  []Op
