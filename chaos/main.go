@@ -76,7 +76,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.clients, "clients", 4, "client goroutines (each a retrying client, duplicate deliveries, storms)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the folder when the run passes")
 	var kinds string
-	fs.StringVar(&kinds, "faults", "", "only these fault kinds, comma-separated, e.g. redis-lost-keys,postgres-lost-keys (default: every kind the stores allow)")
+	fs.StringVar(&kinds, "faults", "", "only these fault kinds, comma-separated, e.g. redis-lost-keys,postgres-lost-keys (default: every kind the stores allow, but power-loss, which puts Badger's data directory on a FUSE mount and runs only when named)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -175,11 +175,15 @@ type run struct {
 	proxies   []*proxyProc
 	badgerDir string
 	tmpfs     bool
+	diskDir   string     // where the tmpfs is mounted: badgerDir, or with power-loss the disk under the mount
+	power     *powerDisk // power-loss: badgerDir is its mount
 	reloads   int
 
 	inj    *injector
 	rec    *recorder
 	losses []check.Loss // guarded by mu
+	cuts   []check.Cut  // guarded by mu
+	res    check.Result // the checker's verdict, once the run is over
 	nops   int
 	errs   []string // process faults that did not recover
 	mu     sync.Mutex
@@ -279,6 +283,7 @@ func (r *run) execute(ctx context.Context) (int, error) {
 	r.nops = len(h.Ops)
 	r.mu.Lock()
 	h.Losses = r.losses
+	h.Cuts = r.cuts
 	r.mu.Unlock()
 
 	stmt, raw, err := r.statement(ctx)
@@ -292,6 +297,7 @@ func (r *run) execute(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	res := check.Check(h, stmt, check.Options{Dir: r.out})
+	r.res = res
 	vs := res.Violations
 	for _, e := range r.errs {
 		vs = append(vs, check.Violation{Property: check.PropLiveness, Msg: e})
@@ -317,6 +323,9 @@ func (r *run) execute(ctx context.Context) (int, error) {
 	if len(h.Losses) > 0 {
 		fmt.Fprintf(r.log, "chaos: %d store losses: %d keys sent before a loss, %d of them charged again after it was accepted\n",
 			len(h.Losses), res.Exposed, res.Recharged)
+	}
+	if len(h.Cuts) > 0 {
+		fmt.Fprintf(r.log, "chaos: %v\n", res.Cuts)
 	}
 	return len(vs), nil
 }
@@ -362,6 +371,9 @@ func (r *run) kinds() []string {
 	}
 	if r.tmpfs {
 		k = append(k, kDiskFull)
+	}
+	if r.power != nil {
+		k = append(k, kPowerLoss)
 	}
 	return k
 }
@@ -422,11 +434,19 @@ func (r *run) setup(ctx context.Context) error {
 
 	if slices.Contains(r.opts.stores, "badger") {
 		r.badgerDir = filepath.Join(r.out, "badger")
-		if err := os.MkdirAll(r.badgerDir, 0o755); err != nil {
+		r.diskDir = r.badgerDir
+		size := "128m"
+		power := slices.Contains(r.opts.kinds, kPowerLoss)
+		if power {
+			// The tmpfs is the disk under the power-loss mount, which
+			// keeps beside the live files the copies last synced.
+			r.diskDir, size = filepath.Join(r.out, "badger-disk"), "320m"
+		}
+		if err := os.MkdirAll(r.diskDir, 0o755); err != nil {
 			return err
 		}
 		if os.Geteuid() == 0 {
-			out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=128m", "tmpfs", r.badgerDir).CombinedOutput()
+			out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size, "tmpfs", r.diskDir).CombinedOutput()
 			if err == nil {
 				r.tmpfs = true
 			} else {
@@ -434,6 +454,15 @@ func (r *run) setup(ctx context.Context) error {
 			}
 		} else {
 			fmt.Fprintln(r.log, "chaos: not root: no tmpfs for Badger, no disk-full faults")
+		}
+		if power {
+			data := filepath.Join(r.diskDir, "data")
+			if err := os.MkdirAll(data, 0o755); err != nil {
+				return err
+			}
+			if r.power, err = newPowerDisk(data, r.badgerDir); err != nil {
+				return fmt.Errorf("-faults %s: %w", kPowerLoss, err)
+			}
 		}
 		if err := r.addProxy("b0", "badger"); err != nil {
 			return err
@@ -675,9 +704,21 @@ func (r *run) stopAll() {
 			srv.fault.close()
 		}
 	}
+	if r.power != nil {
+		if err := r.power.close(); err != nil {
+			fmt.Fprintf(r.log, "chaos: unmount the power-loss file system: %v\n", err)
+		}
+	}
 	if r.tmpfs {
-		if out, err := exec.Command("umount", r.badgerDir).CombinedOutput(); err != nil {
-			fmt.Fprintf(r.log, "chaos: umount %s: %v: %s\n", r.badgerDir, err, out)
+		args := []string{r.diskDir}
+		if r.power != nil {
+			// The FUSE server of a mount whose power was cut may still hold
+			// files of its working copy open: detach, the memory goes when
+			// they close.
+			args = []string{"-l", r.diskDir}
+		}
+		if out, err := exec.Command("umount", args...).CombinedOutput(); err != nil {
+			fmt.Fprintf(r.log, "chaos: umount %s: %v: %s\n", r.diskDir, err, out)
 		} else {
 			r.tmpfs = false
 		}

@@ -64,6 +64,17 @@ func (p *proc) start() error {
 	return nil
 }
 
+// note writes a line of the run's into the process's log, such as
+// "--- chaos: power cut at 12.345s of the run".
+func (p *proc) note(msg string) {
+	f, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return
+	}
+	fmt.Fprintf(f, "\n--- chaos: %s at %s\n", msg, time.Now().UTC().Format(time.RFC3339Nano))
+	f.Close()
+}
+
 func (p *proc) running() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
