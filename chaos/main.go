@@ -62,6 +62,7 @@ type options struct {
 	clients  int
 	keep     bool
 	kinds    []string // the fault kinds to draw from; nil: every kind the run can inject
+	interval time.Duration // the mean time between two faults; zero: 2s
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -75,6 +76,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&stores, "stores", "badger,redis,postgres", "the stores to run proxies on: badger (one proxy), redis (three replicas), postgres (two replicas)")
 	fs.IntVar(&o.clients, "clients", 4, "client goroutines (each a retrying client, duplicate deliveries, storms)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the folder when the run passes")
+	fs.DurationVar(&o.interval, "fault-interval", 2*time.Second, "the mean time between the end of a fault and the start of the next (longer lets a Badger proxy reach its 30 s checkpoint between power cuts)")
 	var kinds string
 	fs.StringVar(&kinds, "faults", "", "only these fault kinds, comma-separated, e.g. redis-lost-keys,postgres-lost-keys (default: every kind the stores allow, but power-loss, which puts Badger's data directory on a FUSE mount and runs only when named)")
 	if err := fs.Parse(args); err != nil {
@@ -97,6 +99,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	if o.duration < 5*time.Second {
 		return o, fmt.Errorf("-duration must be at least 5s, got %v", o.duration)
+	}
+	if o.interval <= 0 {
+		return o, fmt.Errorf("-fault-interval must be positive, got %v", o.interval)
 	}
 	if o.clients < 1 || o.clients > 64 {
 		return o, fmt.Errorf("-clients must be between 1 and 64, got %d", o.clients)
@@ -223,7 +228,11 @@ func (r *run) execute(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	sched := schedule(rng, r.opts.duration, 2*time.Second, kinds, len(r.proxies))
+	interval := r.opts.interval
+	if interval <= 0 {
+		interval = 2 * time.Second
+	}
+	sched := schedule(rng, r.opts.duration, interval, kinds, len(r.proxies))
 	var sb strings.Builder
 	for _, f := range sched {
 		fmt.Fprintln(&sb, f)
