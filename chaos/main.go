@@ -61,8 +61,11 @@ type options struct {
 	stores   []string
 	clients  int
 	keep     bool
-	kinds    []string // the fault kinds to draw from; nil: every kind the run can inject
+	kinds    []string      // the fault kinds to draw from; nil: every kind the run can inject
 	interval time.Duration // the mean time between two faults; zero: 2s
+	// writeback is the share of the pages not synced that a power cut
+	// keeps anyway (powerloss.Options.Writeback); zero drops them all.
+	writeback float64
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -77,6 +80,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.clients, "clients", 4, "client goroutines (each a retrying client, duplicate deliveries, storms)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the folder when the run passes")
 	fs.DurationVar(&o.interval, "fault-interval", 2*time.Second, "the mean time between the end of a fault and the start of the next (longer lets a Badger proxy reach its 30 s checkpoint between power cuts)")
+	fs.Float64Var(&o.writeback, "writeback", 0, "power-loss: the share, 0 to 1, of the pages written and not synced that survive a power cut anyway, drawn at random (the kernel's writeback); 0 drops them all")
 	var kinds string
 	fs.StringVar(&kinds, "faults", "", "only these fault kinds, comma-separated, e.g. redis-lost-keys,postgres-lost-keys (default: every kind the stores allow, but power-loss, which puts Badger's data directory on a FUSE mount and runs only when named)")
 	if err := fs.Parse(args); err != nil {
@@ -102,6 +106,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	if o.interval <= 0 {
 		return o, fmt.Errorf("-fault-interval must be positive, got %v", o.interval)
+	}
+	if o.writeback < 0 || o.writeback > 1 {
+		return o, fmt.Errorf("-writeback must be between 0 and 1, got %v", o.writeback)
 	}
 	if o.clients < 1 || o.clients > 64 {
 		return o, fmt.Errorf("-clients must be between 1 and 64, got %d", o.clients)
@@ -469,7 +476,7 @@ func (r *run) setup(ctx context.Context) error {
 			if err := os.MkdirAll(data, 0o755); err != nil {
 				return err
 			}
-			if r.power, err = newPowerDisk(data, r.badgerDir); err != nil {
+			if r.power, err = newPowerDisk(data, r.badgerDir, r.opts.writeback, uint64(r.opts.seed)); err != nil {
 				return fmt.Errorf("-faults %s: %w", kPowerLoss, err)
 			}
 		}

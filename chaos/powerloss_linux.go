@@ -15,19 +15,22 @@ import (
 // The run serves the mount; the proxy, a child process, maps its files.
 type powerDisk struct {
 	dir, mnt string
+	opts     powerloss.Options
 	fs       *powerloss.FS // nil while the power is off
 }
 
 // newPowerDisk mounts the power-loss file system over dir on mnt. It needs
 // root and /dev/fuse.
-func newPowerDisk(dir, mnt string) (*powerDisk, error) {
+// A cut keeps writeback of the pages not synced (powerloss.Options), drawn
+// from seed.
+func newPowerDisk(dir, mnt string, writeback float64, seed uint64) (*powerDisk, error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("power-loss needs root (a FUSE mount)")
 	}
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		return nil, fmt.Errorf("power-loss needs /dev/fuse: %w", err)
 	}
-	d := &powerDisk{dir: dir, mnt: mnt}
+	d := &powerDisk{dir: dir, mnt: mnt, opts: powerloss.Options{Writeback: writeback, Seed: seed}}
 	return d, d.mount()
 }
 
@@ -37,7 +40,8 @@ func (d *powerDisk) mount() error {
 	if d.fs != nil {
 		return nil
 	}
-	fs, err := powerloss.Mount(d.dir, d.mnt, powerloss.Options{})
+	d.opts.Seed++ // each mount draws its own pages
+	fs, err := powerloss.Mount(d.dir, d.mnt, d.opts)
 	if err != nil {
 		return err
 	}

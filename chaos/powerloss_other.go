@@ -8,7 +8,7 @@ import "errors"
 // power-loss fault is refused.
 type powerDisk struct{}
 
-func newPowerDisk(dir, mnt string) (*powerDisk, error) {
+func newPowerDisk(dir, mnt string, writeback float64, seed uint64) (*powerDisk, error) {
 	return nil, errors.New("power-loss needs Linux (a FUSE mount)")
 }
 
