@@ -291,6 +291,8 @@ func (in *injector) cutPower(ctx context.Context, f fault) error {
 	if err := r.power.mount(); err != nil {
 		return err
 	}
+	starts := p.starts
+	defer func() { cut.Starts = p.starts - starts }()
 	if err := r.startProxy(uctx, p); err != nil {
 		return err
 	}

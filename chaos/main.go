@@ -168,6 +168,7 @@ func mainExit(args []string, stdout, stderr io.Writer) int {
 type proxyProc struct {
 	*proc
 	store  string // badger or redis
+	starts int    // the processes startProxy started, the failed included
 	addr   string
 	admin  string
 	config string
@@ -532,6 +533,7 @@ func (r *run) addProxy(name, store string) error {
 // supervisor would, for up to a minute.
 func (r *run) startProxy(ctx context.Context, p *proxyProc) error {
 	deadline := time.Now().Add(time.Minute)
+	p.starts++
 	if err := p.start(); err != nil {
 		return err
 	}
@@ -544,6 +546,7 @@ func (r *run) startProxy(ctx context.Context, p *proxyProc) error {
 			return fmt.Errorf("%s: %w", p.name, err)
 		}
 		if !p.running() {
+			p.starts++
 			if err := p.start(); err != nil {
 				return err
 			}

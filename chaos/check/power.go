@@ -21,6 +21,10 @@ type Cut struct {
 	Off int64 `json:"off"`
 	// Up is when the restarted proxy was ready; 0: it was not.
 	Up int64 `json:"up"`
+	// Starts counts the processes started until one was ready: more than
+	// one means the proxy exited at start on what the cut left (a
+	// supervisor restarts it; the run does the same).
+	Starts int `json:"starts"`
 }
 
 // CutCounts is what the power cuts did to the keys of the proxies they hit.
@@ -51,6 +55,9 @@ type CutCounts struct {
 	// Recharged counts the keys of the cut proxies charged more often than
 	// the outcome table allows (property 1's violations among them).
 	Recharged int
+	// FailedStarts counts the starts after a cut that exited before the
+	// proxy was ready.
+	FailedStarts int
 }
 
 func (c CutCounts) String() string {
@@ -58,10 +65,10 @@ func (c CutCounts) String() string {
 		"(after the cut: %d replayed, %d in doubt, %d forwarded again, %d not asked), "+
 		"%d not yet synced (%d replayed, %d in doubt as allowed, %d forwarded again, %d not asked); "+
 		"sent before a cut without an answer and charged: %d keys (%d replayed, %d in doubt, %d forwarded again, %d not asked); "+
-		"%d keys charged more than once",
+		"%d keys charged more than once; %d starts after a cut exited before ready",
 		c.Cuts, c.Answered, c.Synced, c.SyncedReplayed, c.SyncedInDoubt, c.SyncedForwarded, c.SyncedUnasked,
 		c.Answered-c.Synced, c.UnsyncedReplayed, c.UnsyncedInDoubt, c.UnsyncedForwarded, c.UnsyncedUnasked,
-		c.Reserved, c.ReservedReplayed, c.ReservedInDoubt, c.ReservedForwarded, c.ReservedUnasked, c.Recharged)
+		c.Reserved, c.ReservedReplayed, c.ReservedInDoubt, c.ReservedForwarded, c.ReservedUnasked, c.Recharged, c.FailedStarts)
 }
 
 // cutClient is the porcupine client of the first power cut's operations
@@ -114,6 +121,9 @@ func answered(o Op, r Route) bool {
 // in doubt (docs/operations.md), never forwarded again (property 3).
 func checkCuts(h History, byOrder map[string][]Op, orders []string, charges map[string][]Charge, add func(int, string, string, ...any)) CutCounts {
 	n := CutCounts{Cuts: len(h.Cuts)}
+	for _, c := range h.Cuts {
+		n.FailedStarts += max(c.Starts-1, 0)
+	}
 	if len(h.Cuts) == 0 {
 		return n
 	}
