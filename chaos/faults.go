@@ -272,6 +272,13 @@ func (in *injector) cutPower(ctx context.Context, f fault) error {
 	}
 	cut := check.Cut{Proxy: p.name, At: r.rec.now()}
 	p.signal(syscall.SIGSTOP)
+	// A thread in a FUSE request stops only once it is answered: wait
+	// until every thread has stopped, so that nothing the proxy does
+	// after the cut (answering 201 with a commit the dead disk refused)
+	// reaches a client.
+	if pid := p.pid(); pid > 0 && !waitStopped(pid, 5*time.Second) {
+		r.recordErr(fmt.Sprintf("%s: not every thread stopped within 5s of SIGSTOP; the power is cut anyway", p.name))
+	}
 	err := r.power.cut()
 	p.kill()
 	cut.Off = r.rec.now()

@@ -75,6 +75,49 @@ func (p *proc) note(msg string) {
 	f.Close()
 }
 
+// pid returns the process's id, or 0 if it does not run.
+func (p *proc) pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
+// waitStopped waits up to d until every thread of pid is stopped (state T
+// in /proc), and reports whether they are. A process that is gone counts
+// as stopped.
+func waitStopped(pid int, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for {
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		if err != nil {
+			return true
+		}
+		stopped := true
+		for _, t := range tasks {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, t.Name()))
+			if err != nil {
+				continue
+			}
+			// pid (comm) state ...: comm may hold spaces.
+			i := strings.LastIndexByte(string(b), ')')
+			if f := strings.Fields(string(b[i+1:])); i < 0 || len(f) == 0 || (f[0] != "T" && f[0] != "t" && f[0] != "Z" && f[0] != "X") {
+				stopped = false
+				break
+			}
+		}
+		if stopped {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 func (p *proc) running() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()

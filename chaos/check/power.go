@@ -146,10 +146,14 @@ func checkCuts(h History, byOrder map[string][]Op, orders []string, charges map[
 			}
 		}
 	}
-	// nextCut returns the index of the first cut of proxy p after t, or -1.
-	nextCut := func(p string, t int64) int {
+	// cutAfter returns the index of the first cut of proxy p not complete
+	// when an attempt started at t, or -1: the cut that may undo what the
+	// attempt did (an answer received while the power went, from a proxy
+	// that had not stopped yet, belongs to that cut, and no sync before it
+	// can have covered it).
+	cutAfter := func(p string, t int64) int {
 		for i, c := range cuts {
-			if c.Proxy == p && c.At > t {
+			if c.Proxy == p && c.Off > t {
 				return i
 			}
 		}
@@ -202,7 +206,7 @@ func checkCuts(h History, byOrder map[string][]Op, orders []string, charges map[
 			if !answered(*o, route) {
 				continue
 			}
-			i := nextCut(o.Proxy, o.End)
+			i := cutAfter(o.Proxy, o.Start)
 			if i < 0 {
 				continue
 			}
@@ -254,7 +258,7 @@ func checkCuts(h History, byOrder map[string][]Op, orders []string, charges map[
 			if !(c == cDoubt || (c == cUnknown && len(charges[order]) > 0)) {
 				continue
 			}
-			i := nextCut(o.Proxy, o.Start)
+			i := cutAfter(o.Proxy, o.Start)
 			if i < 0 || (c == cDoubt && o.End >= cuts[i].At) {
 				continue
 			}
