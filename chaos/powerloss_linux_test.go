@@ -45,8 +45,9 @@ func (l *lockedBuffer) String() string {
 // that a later synced reservation covered replayed after every cut, never
 // in doubt (7). It needs root and /dev/fuse, and fails without them.
 //
-// The long form: IDEMPROXY_POWERLOSS_DURATION=5m (30 and more cuts);
-// IDEMPROXY_POWERLOSS_SEED replays a seed, as does
+// The long form: IDEMPROXY_POWERLOSS_DURATION=5m (60 or so cuts), with
+// IDEMPROXY_POWERLOSS_WRITEBACK=0.5 for a disk that kept half the pages
+// not synced; IDEMPROXY_POWERLOSS_SEED replays a seed, as does
 // go run ./chaos -stores badger -faults power-loss -seed S -duration D.
 func TestPowerLoss(t *testing.T) {
 	if os.Geteuid() != 0 {
@@ -71,15 +72,23 @@ func TestPowerLoss(t *testing.T) {
 		}
 		seed = s
 	}
+	var writeback float64
+	if v := os.Getenv("IDEMPROXY_POWERLOSS_WRITEBACK"); v != "" {
+		w, err := strconv.ParseFloat(v, 64)
+		if err != nil || w < 0 || w > 1 {
+			t.Fatalf("IDEMPROXY_POWERLOSS_WRITEBACK: %q is not a share from 0 to 1", v)
+		}
+		writeback = w
+	}
 	out, err := os.MkdirTemp("", "idemproxy-powerloss-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("seed %d, %v of load (again: IDEMPROXY_POWERLOSS_SEED=%d IDEMPROXY_POWERLOSS_DURATION=%v); folder %s",
-		seed, duration, seed, duration, out)
+	t.Logf("seed %d, %v of load, writeback %v (again: IDEMPROXY_POWERLOSS_SEED=%d IDEMPROXY_POWERLOSS_DURATION=%v IDEMPROXY_POWERLOSS_WRITEBACK=%v); folder %s",
+		seed, duration, writeback, seed, duration, writeback, out)
 
 	var log lockedBuffer
-	r := &run{opts: options{seed: seed, duration: duration, out: out, stores: []string{"badger"}, clients: 4, kinds: []string{kPowerLoss}},
+	r := &run{opts: options{seed: seed, duration: duration, out: out, stores: []string{"badger"}, clients: 4, kinds: []string{kPowerLoss}, writeback: writeback},
 		out: out, log: &log}
 	t.Cleanup(r.stopAll)
 	ctx, cancel := context.WithTimeout(context.Background(), duration+6*time.Minute)
