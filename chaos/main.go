@@ -224,7 +224,7 @@ func (r *run) execute(ctx context.Context) (int, error) {
 	}
 	rec := &recorder{start: time.Now()}
 	r.rec = rec
-	h := check.History{Seed: r.opts.seed, Routes: map[string]check.Route{}}
+	h := check.History{Seed: r.opts.seed, Routes: map[string]check.Route{}, StartUnixNano: rec.start.UnixNano()}
 	for _, rt := range routes {
 		h.Routes[rt.name] = rt.check
 	}

@@ -1,8 +1,10 @@
 package check
 
 import (
+	"encoding/json"
 	"fmt"
 	"sort"
+	"time"
 
 	"github.com/anishathalye/porcupine"
 )
@@ -47,10 +49,11 @@ type CutCounts struct {
 	UnsyncedReplayed, UnsyncedInDoubt, UnsyncedForwarded, UnsyncedUnasked int
 	// Reserved counts the keys forwarded before a cut whose client got no
 	// answer (502 upstream-reset, 504 upstream-timeout, or no answer at all
-	// on a key the upstream charged). After the cut they were replayed
-	// (their commit survived, or a lookup reconciled them), were in doubt,
-	// or were forwarded again (a double charge if the upstream charges
-	// again: property 1 counts it).
+	// on a key the upstream charged before the cut: the statement's
+	// createdAt, placed by History.StartUnixNano). After the cut they were
+	// replayed (their commit survived, or a lookup reconciled them), were
+	// in doubt, or were forwarded again (a violation of property 7; a
+	// double charge if the upstream charged again, property 1).
 	Reserved, ReservedReplayed, ReservedInDoubt, ReservedForwarded, ReservedUnasked int
 	// Recharged counts the keys of the cut proxies charged more often than
 	// the outcome table allows (property 1's violations among them).
@@ -255,15 +258,23 @@ func checkCuts(h History, byOrder map[string][]Op, orders []string, charges map[
 		for j := range ops {
 			o := &ops[j]
 			c := classify(*o, route)
-			if !(c == cDoubt || (c == cUnknown && len(charges[order]) > 0)) {
-				continue
-			}
 			i := cutAfter(o.Proxy, o.Start)
-			if i < 0 || (c == cDoubt && o.End >= cuts[i].At) {
+			if i < 0 || !(c == cDoubt && o.End < cuts[i].At || c == cUnknown && chargedBefore(h, charges[order], cuts[i].At)) {
 				continue
 			}
 			n.Reserved++
-			*[4]*int{&n.ReservedReplayed, &n.ReservedInDoubt, &n.ReservedForwarded, &n.ReservedUnasked}[after(i)]++
+			what := after(i)
+			*[4]*int{&n.ReservedReplayed, &n.ReservedInDoubt, &n.ReservedForwarded, &n.ReservedUnasked}[what]++
+			if what == 2 && route.Policy == ReserveThenCommit { // release-on-5xx may have released it
+				for _, a := range ops {
+					if cl := classify(a, route); a.Start > cuts[i].Off && forwarded(cl) {
+						add(PropPowerCut, order, "attempt #%d (%s via %s, %.3fs) was forwarded (%d) after the power cut of %s at %.3fs, "+
+							"yet the key's request #%d (%.3fs) had been forwarded before it (%s)",
+							a.ID, a.Kind, a.Proxy, sec(a.Start), a.Status, cuts[i].Proxy, sec(cuts[i].At), o.ID, sec(o.Start), chargeIDs(charges[order]))
+						break
+					}
+				}
+			}
 			break
 		}
 	}
@@ -271,3 +282,21 @@ func checkCuts(h History, byOrder map[string][]Op, orders []string, charges map[
 }
 
 func sec(ns int64) float64 { return float64(ns) / 1e9 }
+
+// chargedBefore reports whether the upstream recorded one of charges
+// before at (run time), as its createdAt says; false when the history
+// does not know its start.
+func chargedBefore(h History, charges []Charge, at int64) bool {
+	if h.StartUnixNano == 0 {
+		return false
+	}
+	for _, c := range charges {
+		var v struct {
+			CreatedAt time.Time `json:"createdAt"`
+		}
+		if json.Unmarshal(c.Raw, &v) == nil && !v.CreatedAt.IsZero() && v.CreatedAt.UnixNano()-h.StartUnixNano < at {
+			return true
+		}
+	}
+	return false
+}

@@ -1,6 +1,9 @@
 package check
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 // TestPowerCuts pins property 7 and the model's power-cut step: a cut at
 // 500 (complete at 520) of proxy r0. Request W of another key, forwarded
@@ -70,7 +73,7 @@ func TestPowerCuts(t *testing.T) {
 			name:     "a reservation forwarded without an answer is forwarded again",
 			ops:      []Op{{Route: "charges-wait", Order: "A", Start: 450, End: 510, Err: "EOF"}, fresh("charges-wait", "A", 1000, 1100, 201, cA2), probe(replay("charges-wait", "A", 2000, 2010, 201, cA2))},
 			st:       statement([2]string{"ch_1", "A"}, [2]string{"ch_2", "A"}),
-			want:     []int{PropChargedOnce, PropTwoXX},
+			want:     []int{PropChargedOnce, PropTwoXX, PropPowerCut},
 			reserved: 1,
 		},
 		{
@@ -84,6 +87,8 @@ func TestPowerCuts(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			h := hist(append(append([]Op(nil), witness...), tt.ops...)...)
 			h.Cuts = []Cut{cut}
+			// The statement's createdAt (chargeJSON) is at 450 ns of the run.
+			h.StartUnixNano = time.Date(2026, 12, 1, 22, 0, 0, 0, time.UTC).UnixNano() - 450
 			st := append(statement([2]string{"ch_w", "W"}), tt.st...)
 			res := Check(h, st, Options{Dir: t.TempDir()})
 			got := map[int]bool{}
@@ -129,5 +134,23 @@ func TestAnAnswerReceivedDuringACutBelongsToIt(t *testing.T) {
 	}
 	if c := res.Cuts; c.Synced != 0 || c.UnsyncedInDoubt != 1 {
 		t.Errorf("counts: %v; want none synced, A in doubt as allowed", c)
+	}
+}
+
+// TestARequestThatNeverReachedTheUpstreamMayGoAgain: an attempt cut off by
+// the power cut whose key the upstream charged only after the cut was not
+// an acknowledged reservation; forwarding the key after the cut is right.
+func TestARequestThatNeverReachedTheUpstreamMayGoAgain(t *testing.T) {
+	late := `{"chargeId":"ch_2","orderId":"A","amount":5,"createdAt":"2026-12-01T22:00:00.000001Z"}` // 1450 ns into the run
+	h := hist(
+		Op{Route: "charges-wait", Order: "A", Start: 450, End: 510, Err: "EOF"},
+		fresh("charges-wait", "A", 1000, 1100, 201, late),
+		probe(replay("charges-wait", "A", 2000, 2010, 201, late)),
+	)
+	h.Cuts = []Cut{{Proxy: "r0", At: 500, Off: 520, Up: 600}}
+	h.StartUnixNano = time.Date(2026, 12, 1, 22, 0, 0, 0, time.UTC).UnixNano() - 450
+	res := Check(h, Statement{{ChargeID: "ch_2", OrderID: "A", Raw: []byte(late)}}, Options{})
+	if len(res.Violations) != 0 || res.Cuts.Reserved != 0 {
+		t.Errorf("violations %v, %d reserved; want none", res.Violations, res.Cuts.Reserved)
 	}
 }
