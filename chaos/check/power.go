@@ -67,7 +67,7 @@ func (c CutCounts) String() string {
 	return fmt.Sprintf("%d power cuts; answered before a cut: %d keys, %d covered by a later sync "+
 		"(after the cut: %d replayed, %d in doubt, %d forwarded again, %d not asked), "+
 		"%d not yet synced (%d replayed, %d in doubt as allowed, %d forwarded again, %d not asked); "+
-		"sent before a cut without an answer and charged: %d keys (%d replayed, %d in doubt, %d forwarded again, %d not asked); "+
+		"forwarded (charged) before a cut, no answer received: %d keys (%d replayed, %d in doubt, %d forwarded again, %d not asked); "+
 		"%d keys charged more than once; %d starts after a cut exited before ready",
 		c.Cuts, c.Answered, c.Synced, c.SyncedReplayed, c.SyncedInDoubt, c.SyncedForwarded, c.SyncedUnasked,
 		c.Answered-c.Synced, c.UnsyncedReplayed, c.UnsyncedInDoubt, c.UnsyncedForwarded, c.UnsyncedUnasked,
