@@ -66,6 +66,7 @@ type options struct {
 	// writeback is the share of the pages not synced that a power cut
 	// keeps anyway (powerloss.Options.Writeback); zero drops them all.
 	writeback float64
+	harsh     bool // power-loss: only a directory's own fsync makes its names durable
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -81,6 +82,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.keep, "keep", false, "keep the folder when the run passes")
 	fs.DurationVar(&o.interval, "fault-interval", 2*time.Second, "the mean time between the end of a fault and the start of the next (longer lets a Badger proxy reach its 30 s checkpoint between power cuts)")
 	fs.Float64Var(&o.writeback, "writeback", 0, "power-loss: the share, 0 to 1, of the pages written and not synced that survive a power cut anyway, drawn at random (the kernel's writeback); 0 drops them all")
+	fs.BoolVar(&o.harsh, "harsh", false, "power-loss: only a directory's own fsync makes the names in it durable (not any fsync, as ext4's journal does)")
 	var kinds string
 	fs.StringVar(&kinds, "faults", "", "only these fault kinds, comma-separated, e.g. redis-lost-keys,postgres-lost-keys (default: every kind the stores allow, but power-loss, which puts Badger's data directory on a FUSE mount and runs only when named)")
 	if err := fs.Parse(args); err != nil {
@@ -477,7 +479,7 @@ func (r *run) setup(ctx context.Context) error {
 			if err := os.MkdirAll(data, 0o755); err != nil {
 				return err
 			}
-			if r.power, err = newPowerDisk(data, r.badgerDir, r.opts.writeback, uint64(r.opts.seed)); err != nil {
+			if r.power, err = newPowerDisk(data, r.badgerDir, powerOptions(r.opts)); err != nil {
 				return fmt.Errorf("-faults %s: %w", kPowerLoss, err)
 			}
 		}

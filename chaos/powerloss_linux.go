@@ -21,16 +21,20 @@ type powerDisk struct {
 
 // newPowerDisk mounts the power-loss file system over dir on mnt. It needs
 // root and /dev/fuse.
-// A cut keeps writeback of the pages not synced (powerloss.Options), drawn
-// from seed.
-func newPowerDisk(dir, mnt string, writeback float64, seed uint64) (*powerDisk, error) {
+// powerOptions are the power-loss file system's options of a run: -writeback
+// and -harsh, the pages drawn from the seed.
+func powerOptions(o options) powerloss.Options {
+	return powerloss.Options{Writeback: o.writeback, Harsh: o.harsh, Seed: uint64(o.seed)}
+}
+
+func newPowerDisk(dir, mnt string, opts powerloss.Options) (*powerDisk, error) {
 	if os.Geteuid() != 0 {
 		return nil, errors.New("power-loss needs root (a FUSE mount)")
 	}
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		return nil, fmt.Errorf("power-loss needs /dev/fuse: %w", err)
 	}
-	d := &powerDisk{dir: dir, mnt: mnt, opts: powerloss.Options{Writeback: writeback, Seed: seed}}
+	d := &powerDisk{dir: dir, mnt: mnt, opts: opts}
 	return d, d.mount()
 }
 

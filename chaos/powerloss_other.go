@@ -8,7 +8,11 @@ import "errors"
 // power-loss fault is refused.
 type powerDisk struct{}
 
-func newPowerDisk(dir, mnt string, writeback float64, seed uint64) (*powerDisk, error) {
+type powerOpts struct{}
+
+func powerOptions(o options) powerOpts { return powerOpts{} }
+
+func newPowerDisk(dir, mnt string, opts powerOpts) (*powerDisk, error) {
 	return nil, errors.New("power-loss needs Linux (a FUSE mount)")
 }
 
