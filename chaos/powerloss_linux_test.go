@@ -47,7 +47,8 @@ func (l *lockedBuffer) String() string {
 //
 // The long form: IDEMPROXY_POWERLOSS_DURATION=5m (60 or so cuts), with
 // IDEMPROXY_POWERLOSS_WRITEBACK=0.5 for a disk that kept half the pages
-// not synced; IDEMPROXY_POWERLOSS_SEED replays a seed, as does
+// not synced, IDEMPROXY_POWERLOSS_HARSH=1 for names durable only by their
+// directory's fsync; IDEMPROXY_POWERLOSS_SEED replays a seed, as does
 // go run ./chaos -stores badger -faults power-loss -seed S -duration D.
 func TestPowerLoss(t *testing.T) {
 	if os.Geteuid() != 0 {
@@ -80,15 +81,16 @@ func TestPowerLoss(t *testing.T) {
 		}
 		writeback = w
 	}
+	harsh := os.Getenv("IDEMPROXY_POWERLOSS_HARSH") == "1"
 	out, err := os.MkdirTemp("", "idemproxy-powerloss-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("seed %d, %v of load, writeback %v (again: IDEMPROXY_POWERLOSS_SEED=%d IDEMPROXY_POWERLOSS_DURATION=%v IDEMPROXY_POWERLOSS_WRITEBACK=%v); folder %s",
-		seed, duration, writeback, seed, duration, writeback, out)
+	t.Logf("seed %d, %v of load, writeback %v, harsh %v (again: IDEMPROXY_POWERLOSS_SEED=%d IDEMPROXY_POWERLOSS_DURATION=%v IDEMPROXY_POWERLOSS_WRITEBACK=%v); folder %s",
+		seed, duration, writeback, harsh, seed, duration, writeback, out)
 
 	var log lockedBuffer
-	r := &run{opts: options{seed: seed, duration: duration, out: out, stores: []string{"badger"}, clients: 4, kinds: []string{kPowerLoss}, writeback: writeback},
+	r := &run{opts: options{seed: seed, duration: duration, out: out, stores: []string{"badger"}, clients: 4, kinds: []string{kPowerLoss}, writeback: writeback, harsh: harsh},
 		out: out, log: &log}
 	t.Cleanup(r.stopAll)
 	ctx, cancel := context.WithTimeout(context.Background(), duration+6*time.Minute)
