@@ -32,6 +32,7 @@ const (
 	kTerm        = "proxy-sigterm"
 	kHup         = "proxy-sighup-reload"
 	kDiskFull    = "badger-disk-full"
+	kPowerLoss   = "power-loss" // the Badger proxy's disk loses what was not synced
 	// The faults of a shared store server S (redis, postgres) are
 	// net-S-latency, net-S-reset, net-S-blackhole, net-S-stall, S-kill-restart,
 	// S-sigstop and S-lost-keys.
@@ -150,6 +151,8 @@ func (in *injector) apply(ctx context.Context, f fault) error {
 			return err
 		}
 		p.signal(syscall.SIGHUP)
+	case kPowerLoss:
+		return in.cutPower(ctx, f)
 	case kDiskFull:
 		path := filepath.Join(r.badgerDir, "ballast")
 		fillDisk(path)
@@ -250,6 +253,60 @@ func (in *injector) loseKeys(ctx context.Context, s *storeSrv, f fault) error {
 	return nil
 }
 
+// cutPower cuts the power of the Badger proxy's disk: the proxy is frozen
+// (SIGSTOP: it answers nothing more, as a machine without power), the
+// mount's connection is aborted and the disk keeps only what was synced,
+// the proxy is killed (a frozen process does not die of the abort), and,
+// after half the fault's duration, the disk is mounted again and the proxy
+// started on what survived. The cut goes into the history.
+func (in *injector) cutPower(ctx context.Context, f fault) error {
+	r := in.r
+	var p *proxyProc
+	for _, q := range r.proxies {
+		if q.store == "badger" {
+			p = q
+		}
+	}
+	if p == nil || r.power == nil {
+		return fmt.Errorf("%s: no Badger proxy on a power-loss mount", kPowerLoss)
+	}
+	cut := check.Cut{Proxy: p.name, At: r.rec.now()}
+	p.signal(syscall.SIGSTOP)
+	// A thread in a FUSE request stops only once it is answered: wait
+	// until every thread has stopped, so that nothing the proxy does
+	// after the cut (answering 201 with a commit the dead disk refused)
+	// reaches a client.
+	if pid := p.pid(); pid > 0 && !waitStopped(pid, 5*time.Second) {
+		r.recordErr(fmt.Sprintf("%s: not every thread stopped within 5s of SIGSTOP; the power is cut anyway", p.name))
+	}
+	err := r.power.cut()
+	p.kill()
+	cut.Off = r.rec.now()
+	defer func() {
+		r.mu.Lock()
+		r.cuts = append(r.cuts, cut)
+		r.mu.Unlock()
+	}()
+	if err != nil {
+		return err
+	}
+	p.note(fmt.Sprintf("power cut at %.3fs of the run", float64(cut.At)/1e9))
+	sleep(ctx, f.For/2)
+	// The machine comes back even when the load ends meanwhile.
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 90*time.Second)
+	defer cancel()
+	if err := r.power.mount(); err != nil {
+		return err
+	}
+	starts := p.starts
+	defer func() { cut.Starts = p.starts - starts }()
+	if err := r.startProxy(uctx, p); err != nil {
+		return err
+	}
+	cut.Up = r.rec.now()
+	return nil
+}
+
 // fillDisk writes zeros to path until the file system is full.
 func fillDisk(path string) {
 	f, err := os.Create(path)
@@ -270,6 +327,11 @@ func (in *injector) heal(ctx context.Context) error {
 	r := in.r
 	r.upFault.set(0, false, 0)
 	r.upFault.setStall(false)
+	if r.power != nil {
+		if err := r.power.mount(); err != nil {
+			return err
+		}
+	}
 	if r.badgerDir != "" {
 		os.Remove(filepath.Join(r.badgerDir, "ballast"))
 	}

@@ -61,7 +61,12 @@ type options struct {
 	stores   []string
 	clients  int
 	keep     bool
-	kinds    []string // the fault kinds to draw from; nil: every kind the run can inject
+	kinds    []string      // the fault kinds to draw from; nil: every kind the run can inject
+	interval time.Duration // the mean time between two faults; zero: 2s
+	// writeback is the share of the pages not synced that a power cut
+	// keeps anyway (powerloss.Options.Writeback); zero drops them all.
+	writeback float64
+	harsh     bool // power-loss: only a directory's own fsync makes its names durable
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -75,8 +80,11 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&stores, "stores", "badger,redis,postgres", "the stores to run proxies on: badger (one proxy), redis (three replicas), postgres (two replicas)")
 	fs.IntVar(&o.clients, "clients", 4, "client goroutines (each a retrying client, duplicate deliveries, storms)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the folder when the run passes")
+	fs.DurationVar(&o.interval, "fault-interval", 2*time.Second, "the mean time between the end of a fault and the start of the next (longer lets a Badger proxy reach its 30 s checkpoint between power cuts)")
+	fs.Float64Var(&o.writeback, "writeback", 0, "power-loss: the share, 0 to 1, of the pages written and not synced that survive a power cut anyway, drawn at random (the kernel's writeback); 0 drops them all")
+	fs.BoolVar(&o.harsh, "harsh", false, "power-loss: only a directory's own fsync makes the names in it durable (not any fsync, as ext4's journal does)")
 	var kinds string
-	fs.StringVar(&kinds, "faults", "", "only these fault kinds, comma-separated, e.g. redis-lost-keys,postgres-lost-keys (default: every kind the stores allow)")
+	fs.StringVar(&kinds, "faults", "", "only these fault kinds, comma-separated, e.g. redis-lost-keys,postgres-lost-keys (default: every kind the stores allow, but power-loss, which puts Badger's data directory on a FUSE mount and runs only when named)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -97,6 +105,12 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	if o.duration < 5*time.Second {
 		return o, fmt.Errorf("-duration must be at least 5s, got %v", o.duration)
+	}
+	if o.interval <= 0 {
+		return o, fmt.Errorf("-fault-interval must be positive, got %v", o.interval)
+	}
+	if o.writeback < 0 || o.writeback > 1 {
+		return o, fmt.Errorf("-writeback must be between 0 and 1, got %v", o.writeback)
 	}
 	if o.clients < 1 || o.clients > 64 {
 		return o, fmt.Errorf("-clients must be between 1 and 64, got %d", o.clients)
@@ -156,6 +170,7 @@ func mainExit(args []string, stdout, stderr io.Writer) int {
 type proxyProc struct {
 	*proc
 	store  string // badger or redis
+	starts int    // the processes startProxy started, the failed included
 	addr   string
 	admin  string
 	config string
@@ -175,11 +190,15 @@ type run struct {
 	proxies   []*proxyProc
 	badgerDir string
 	tmpfs     bool
+	diskDir   string     // where the tmpfs is mounted: badgerDir, or with power-loss the disk under the mount
+	power     *powerDisk // power-loss: badgerDir is its mount
 	reloads   int
 
 	inj    *injector
 	rec    *recorder
 	losses []check.Loss // guarded by mu
+	cuts   []check.Cut  // guarded by mu
+	res    check.Result // the checker's verdict, once the run is over
 	nops   int
 	errs   []string // process faults that did not recover
 	mu     sync.Mutex
@@ -207,7 +226,7 @@ func (r *run) execute(ctx context.Context) (int, error) {
 	}
 	rec := &recorder{start: time.Now()}
 	r.rec = rec
-	h := check.History{Seed: r.opts.seed, Routes: map[string]check.Route{}}
+	h := check.History{Seed: r.opts.seed, Routes: map[string]check.Route{}, StartUnixNano: rec.start.UnixNano()}
 	for _, rt := range routes {
 		h.Routes[rt.name] = rt.check
 	}
@@ -219,7 +238,11 @@ func (r *run) execute(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	sched := schedule(rng, r.opts.duration, 2*time.Second, kinds, len(r.proxies))
+	interval := r.opts.interval
+	if interval <= 0 {
+		interval = 2 * time.Second
+	}
+	sched := schedule(rng, r.opts.duration, interval, kinds, len(r.proxies))
 	var sb strings.Builder
 	for _, f := range sched {
 		fmt.Fprintln(&sb, f)
@@ -279,6 +302,7 @@ func (r *run) execute(ctx context.Context) (int, error) {
 	r.nops = len(h.Ops)
 	r.mu.Lock()
 	h.Losses = r.losses
+	h.Cuts = r.cuts
 	r.mu.Unlock()
 
 	stmt, raw, err := r.statement(ctx)
@@ -292,6 +316,7 @@ func (r *run) execute(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	res := check.Check(h, stmt, check.Options{Dir: r.out})
+	r.res = res
 	vs := res.Violations
 	for _, e := range r.errs {
 		vs = append(vs, check.Violation{Property: check.PropLiveness, Msg: e})
@@ -317,6 +342,9 @@ func (r *run) execute(ctx context.Context) (int, error) {
 	if len(h.Losses) > 0 {
 		fmt.Fprintf(r.log, "chaos: %d store losses: %d keys sent before a loss, %d of them charged again after it was accepted\n",
 			len(h.Losses), res.Exposed, res.Recharged)
+	}
+	if len(h.Cuts) > 0 {
+		fmt.Fprintf(r.log, "chaos: %v\n", res.Cuts)
 	}
 	return len(vs), nil
 }
@@ -362,6 +390,9 @@ func (r *run) kinds() []string {
 	}
 	if r.tmpfs {
 		k = append(k, kDiskFull)
+	}
+	if r.power != nil {
+		k = append(k, kPowerLoss)
 	}
 	return k
 }
@@ -422,11 +453,19 @@ func (r *run) setup(ctx context.Context) error {
 
 	if slices.Contains(r.opts.stores, "badger") {
 		r.badgerDir = filepath.Join(r.out, "badger")
-		if err := os.MkdirAll(r.badgerDir, 0o755); err != nil {
+		r.diskDir = r.badgerDir
+		size := "128m"
+		power := slices.Contains(r.opts.kinds, kPowerLoss)
+		if power {
+			// The tmpfs is the disk under the power-loss mount, which
+			// keeps beside the live files the copies last synced.
+			r.diskDir, size = filepath.Join(r.out, "badger-disk"), "320m"
+		}
+		if err := os.MkdirAll(r.diskDir, 0o755); err != nil {
 			return err
 		}
 		if os.Geteuid() == 0 {
-			out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=128m", "tmpfs", r.badgerDir).CombinedOutput()
+			out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size, "tmpfs", r.diskDir).CombinedOutput()
 			if err == nil {
 				r.tmpfs = true
 			} else {
@@ -434,6 +473,15 @@ func (r *run) setup(ctx context.Context) error {
 			}
 		} else {
 			fmt.Fprintln(r.log, "chaos: not root: no tmpfs for Badger, no disk-full faults")
+		}
+		if power {
+			data := filepath.Join(r.diskDir, "data")
+			if err := os.MkdirAll(data, 0o755); err != nil {
+				return err
+			}
+			if r.power, err = newPowerDisk(data, r.badgerDir, powerOptions(r.opts)); err != nil {
+				return fmt.Errorf("-faults %s: %w", kPowerLoss, err)
+			}
 		}
 		if err := r.addProxy("b0", "badger"); err != nil {
 			return err
@@ -487,6 +535,7 @@ func (r *run) addProxy(name, store string) error {
 // supervisor would, for up to a minute.
 func (r *run) startProxy(ctx context.Context, p *proxyProc) error {
 	deadline := time.Now().Add(time.Minute)
+	p.starts++
 	if err := p.start(); err != nil {
 		return err
 	}
@@ -499,6 +548,7 @@ func (r *run) startProxy(ctx context.Context, p *proxyProc) error {
 			return fmt.Errorf("%s: %w", p.name, err)
 		}
 		if !p.running() {
+			p.starts++
 			if err := p.start(); err != nil {
 				return err
 			}
@@ -675,9 +725,21 @@ func (r *run) stopAll() {
 			srv.fault.close()
 		}
 	}
+	if r.power != nil {
+		if err := r.power.close(); err != nil {
+			fmt.Fprintf(r.log, "chaos: unmount the power-loss file system: %v\n", err)
+		}
+	}
 	if r.tmpfs {
-		if out, err := exec.Command("umount", r.badgerDir).CombinedOutput(); err != nil {
-			fmt.Fprintf(r.log, "chaos: umount %s: %v: %s\n", r.badgerDir, err, out)
+		args := []string{r.diskDir}
+		if r.power != nil {
+			// The FUSE server of a mount whose power was cut may still hold
+			// files of its working copy open: detach, the memory goes when
+			// they close.
+			args = []string{"-l", r.diskDir}
+		}
+		if out, err := exec.Command("umount", args...).CombinedOutput(); err != nil {
+			fmt.Fprintf(r.log, "chaos: umount %s: %v: %s\n", r.diskDir, err, out)
 		} else {
 			r.tmpfs = false
 		}

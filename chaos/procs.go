@@ -64,6 +64,60 @@ func (p *proc) start() error {
 	return nil
 }
 
+// note writes a line of the run's into the process's log, such as
+// "--- chaos: power cut at 12.345s of the run".
+func (p *proc) note(msg string) {
+	f, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return
+	}
+	fmt.Fprintf(f, "\n--- chaos: %s at %s\n", msg, time.Now().UTC().Format(time.RFC3339Nano))
+	f.Close()
+}
+
+// pid returns the process's id, or 0 if it does not run.
+func (p *proc) pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
+// waitStopped waits up to d until every thread of pid is stopped (state T
+// in /proc), and reports whether they are. A process that is gone counts
+// as stopped.
+func waitStopped(pid int, d time.Duration) bool {
+	deadline := time.Now().Add(d)
+	for {
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		if err != nil {
+			return true
+		}
+		stopped := true
+		for _, t := range tasks {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, t.Name()))
+			if err != nil {
+				continue
+			}
+			// pid (comm) state ...: comm may hold spaces.
+			i := strings.LastIndexByte(string(b), ')')
+			if f := strings.Fields(string(b[i+1:])); i < 0 || len(f) == 0 || (f[0] != "T" && f[0] != "t" && f[0] != "Z" && f[0] != "X") {
+				stopped = false
+				break
+			}
+		}
+		if stopped {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 func (p *proc) running() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -20,6 +20,7 @@ const (
 	PropLinearizable  = 4 // each key's history is linearizable against the key's state machine
 	PropLiveness      = 5 // keys settle, proxies are ready, goroutines and memory come back
 	PropLossRefused   = 6 // a store that forgot its keys forwards nothing until the loss is accepted
+	PropPowerCut      = 7 // an answer a later sync covered survives a power cut: never in doubt, never forwarded again
 	linearizeTimeout  = 20 * time.Second
 	goroutineSlack    = 200
 	heapSlackBytes    = 64 << 20
@@ -50,6 +51,9 @@ type Result struct {
 	// again after the operator accepted the loss, which the acceptance
 	// allows.
 	Exposed, Recharged int
+	// Cuts counts what the power cuts of h.Cuts did to the keys their
+	// proxy held (property 7).
+	Cuts CutCounts
 }
 
 // Options tunes Check.
@@ -122,7 +126,9 @@ func Check(h History, st Statement, opts Options) Result {
 				Metadata: order,
 			})
 		}
+		lin = append(lin, cutOps(h.Cuts, order, ops)...)
 	}
+	res.Cuts = checkCuts(h, byOrder, orders, charges, add)
 
 	model := keyModel.ToModel()
 	model.Partition = func(history []porcupine.Operation) [][]porcupine.Operation {

@@ -78,6 +78,11 @@ type History struct {
 	Baseline []Sample         `json:"baseline"`
 	Final    []Sample         `json:"final"`
 	Losses   []Loss           `json:"losses,omitempty"`
+	Cuts     []Cut            `json:"cuts,omitempty"`
+	// StartUnixNano is the wall-clock time of the run's start (the zero of
+	// the times above), to place the statement's createdAt among them; 0:
+	// unknown.
+	StartUnixNano int64 `json:"startUnixNano,omitempty"`
 }
 
 // Charge is one charge of the stub's statement, with its JSON as the stub

@@ -20,9 +20,10 @@ const (
 	cNoop                  // nothing was stored or sent: a 503, a 408, a connection refused
 	cUnknown               // no answer at all: anything may have happened
 	cIllegal               // an answer the run's requests can never deserve (400, 422, ...)
+	cPowerCut              // not an answer: the power of the key's proxy was cut (History.Cuts)
 )
 
-var classNames = [...]string{"commit", "release", "doubt", "replay", "in-flight", "in-doubt", "noop", "unknown", "illegal"}
+var classNames = [...]string{"commit", "release", "doubt", "replay", "in-flight", "in-doubt", "noop", "unknown", "illegal", "power-cut"}
 
 func (c class) String() string { return classNames[c] }
 
@@ -130,6 +131,21 @@ func step(s state, in input) []state {
 		}
 	case cNoop:
 		return []state{s}
+	case cPowerCut:
+		// What was not synced is gone: a commit, a release or an in-doubt
+		// mark may be undone, and the reservation under it comes back in
+		// doubt (docs/operations.md, "What a power cut costs"); a
+		// reservation never comes back free. Whether the cut may undo a
+		// commit that a later sync covered is property 7's question
+		// (checkCuts), which the model cannot see.
+		switch s.K {
+		case sFree:
+			return []state{s, {sDoubt, ""}}
+		case sPending, sDone:
+			return []state{{sDone, s.A}, {sDoubt, ""}}
+		default:
+			return []state{s}
+		}
 	case cUnknown:
 		out := []state{s}
 		if free {

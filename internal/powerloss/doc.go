@@ -49,8 +49,11 @@
 // Not durability events: close, sync_file_range (the kernel sends only the
 // WRITEs of the range, no FSYNC, and the man page promises nothing after a
 // crash), msync(MS_ASYNC), and writes that stayed in the kernel's page cache
-// (stores to a mapping never written back). Permissions are taken as they
-// were at the commit of a file's name; owners, times and extended attributes
+// (stores to a mapping never written back). With [Options.Writeback] a
+// random share of the pages written and not synced survives the cut
+// anyway, in no order (what the kernel's writeback may have put on the
+// disk before the power went); by default none does. Permissions are taken
+// as they were at the commit of a file's name; owners, times and extended attributes
 // are not modelled. The durable copy is not itself fsynced to the host disk:
 // the simulation survives a crash of the test, not of the machine.
 package powerloss
