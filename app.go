@@ -167,6 +167,9 @@ func (a *app) serve(ctx context.Context) error {
 	log.Info("idemproxy starting", a.startAttrs()...)
 	nofile, nofileKnown := raiseOpenFiles(log)
 	checkDescriptors(log, cfg, nofile, nofileKnown)
+	if err := a.preallocate(); err != nil { // store.badger.preallocate, before the store opens
+		return err
+	}
 	// From the start: an unhandled SIGHUP would kill the process.
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)

@@ -94,9 +94,9 @@ func Waiting() int64 { return waiting.Load() }
 // later calls return the first call's result. A nil error means every
 // ftruncate of the process, on every thread now and later, is preallocated
 // from now on. Otherwise nothing is installed, the process runs as before,
-// and the error says why (seccomp unavailable or refused). The first call
-// logs the outcome to log (nil: no logging), and later the first ftruncate
-// on a file system without fallocate.
+// and the error says why (seccomp unavailable or refused), for the caller
+// to log. Once installed, the first call logs so to log (nil: no logging),
+// and later the first ftruncate on a file system without fallocate.
 //
 // waitForSpace reports whether an ftruncate of the file at path that does
 // not fit on the disk waits until it fits (the allocation is tried again
@@ -113,8 +113,7 @@ func Start(log *slog.Logger, waitForSpace func(path string) bool) error {
 		}
 		startErr = start()
 		if startErr != nil {
-			log.Warn("files are not preallocated: a disk that fills between two free-space checks can crash the store", "err", startErr)
-			return
+			return // the caller says what it means: a warning, or no start
 		}
 		active.Store(true)
 		log.Info("files grown with ftruncate are preallocated: a full disk is an error, not a crash")
