@@ -78,7 +78,7 @@ func registerBadgerMetrics(reg prometheus.Registerer, s *badger.Guard) {
 		}, func() float64 { return float64(s.Reopens()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "idemproxy_badger_preallocation_active",
-			Help: "1 when the files Badger grows are preallocated, so that a full disk is a 503 and not a crash; 0 where seccomp is unavailable.",
+			Help: "1 when the files Badger grows are preallocated, so that a full disk is a 503 and not a crash; 0 where seccomp is unavailable or store.badger.preallocate is off.",
 		}, func() float64 {
 			if prealloc.Active() {
 				return 1
