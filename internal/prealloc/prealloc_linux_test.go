@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // mountTmpfs mounts a tmpfs of size bytes for the test (tests run as root).
@@ -468,5 +470,86 @@ func TestSlowCallbackDoesNotStall(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("the slow file's Truncate did not return 30 s after its callback did")
+	}
+}
+
+// TestTruncateSemantics: the supervisor makes each call itself, on the
+// file the descriptor held; what the caller gets is what ftruncate(2)
+// gives without the filter, for descriptors and lengths it refuses too.
+func TestTruncateSemantics(t *testing.T) {
+	mustStart(t)
+	dir := mountTmpfs(t, 16<<20)
+	open := func(t *testing.T, flag int) int {
+		t.Helper()
+		path := filepath.Join(dir, fmt.Sprint(time.Now().UnixNano()))
+		if err := os.WriteFile(path, make([]byte, 4096), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		fd, err := syscall.Open(path, flag|syscall.O_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { syscall.Close(fd) })
+		return fd
+	}
+	for _, tc := range []struct {
+		name     string
+		fd       func(t *testing.T) int
+		length   int64
+		wantErr  error
+		wantSize int64 // of a regular file, when the call succeeds
+	}{
+		{"grow", func(t *testing.T) int { return open(t, syscall.O_RDWR) }, 1 << 20, nil, 1 << 20},
+		{"grow, opened write-only with O_APPEND", func(t *testing.T) int { return open(t, syscall.O_WRONLY|syscall.O_APPEND) }, 1 << 20, nil, 1 << 20},
+		{"shrink", func(t *testing.T) int { return open(t, syscall.O_RDWR) }, 100, nil, 100},
+		{"to zero", func(t *testing.T) int { return open(t, syscall.O_RDWR) }, 0, nil, 0},
+		{"same size", func(t *testing.T) int { return open(t, syscall.O_RDWR) }, 4096, nil, 4096},
+		{"negative length", func(t *testing.T) int { return open(t, syscall.O_RDWR) }, -1, syscall.EINVAL, 0},
+		{"read-only descriptor", func(t *testing.T) int { return open(t, syscall.O_RDONLY) }, 1 << 20, syscall.EINVAL, 0},
+		{"O_PATH descriptor", func(t *testing.T) int { return open(t, unix.O_PATH) }, 1 << 20, syscall.EBADF, 0},
+		{"directory", func(t *testing.T) int {
+			fd, err := syscall.Open(dir, syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { syscall.Close(fd) })
+			return fd
+		}, 1 << 20, syscall.EINVAL, 0},
+		{"pipe", func(t *testing.T) int {
+			var p [2]int
+			if err := syscall.Pipe2(p[:], syscall.O_CLOEXEC); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { syscall.Close(p[0]); syscall.Close(p[1]) })
+			return p[1]
+		}, 1 << 20, syscall.EINVAL, 0},
+		{"closed number", func(t *testing.T) int {
+			fd := open(t, syscall.O_RDWR)
+			n, err := syscall.Dup(fd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			syscall.Close(n)
+			return n
+		}, 1 << 20, syscall.EBADF, 0},
+		{"number past any table", func(t *testing.T) int { return 1<<31 - 1 }, 1 << 20, syscall.EBADF, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fd := tc.fd(t)
+			err := syscall.Ftruncate(fd, tc.length)
+			if !errors.Is(err, tc.wantErr) && (err != nil || tc.wantErr != nil) {
+				t.Fatalf("ftruncate = %v, want %v", err, tc.wantErr)
+			}
+			if err != nil {
+				return
+			}
+			var st syscall.Stat_t
+			if err := syscall.Fstat(fd, &st); err != nil {
+				t.Fatal(err)
+			}
+			if st.Size != tc.wantSize || st.Blocks*512 < st.Size {
+				t.Errorf("size, allocated = %d, %d; want %d, all of it", st.Size, st.Blocks*512, tc.wantSize)
+			}
+		})
 	}
 }
