@@ -256,13 +256,19 @@ func receive(fd, self int, req *seccompNotif) (resp seccompNotifResp, now bool) 
 // waited out or a slow waitFor callback holds up this call alone.
 func perform(fd int, id uint64, file int, length int64) {
 	defer unix.Close(file)
-	errno, gone := makeCall(fd, id, file, length)
-	if gone {
-		return
-	}
-	resp := seccompNotifResp{id: id, error: -int32(errno)}
-	// ENOENT: the caller left meanwhile.
-	_ = ioctl(fd, unix.SECCOMP_IOCTL_NOTIF_SEND, unsafe.Pointer(&resp))
+	errno, gone := unix.EIO, false
+	defer func() {
+		// Nothing here is expected to panic; should it, the caller gets
+		// an error (EIO) rather than no answer, and the process goes on.
+		recover()
+		if gone {
+			return
+		}
+		resp := seccompNotifResp{id: id, error: -int32(errno)}
+		// ENOENT: the caller left meanwhile.
+		_ = ioctl(fd, unix.SECCOMP_IOCTL_NOTIF_SEND, unsafe.Pointer(&resp))
+	}()
+	errno, gone = makeCall(fd, id, file, length)
 }
 
 // makeCall allocates file's blocks up to length when the call grows a
