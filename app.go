@@ -79,7 +79,7 @@ func registerBadgerMetrics(reg prometheus.Registerer, s *badger.Guard) {
 		}, func() float64 { return float64(s.Reopens()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "idemproxy_badger_preallocation_active",
-			Help: "1 when the files Badger grows are preallocated, so that a full disk is a 503 and not a crash; 0 where seccomp is unavailable.",
+			Help: "1 when the files Badger grows are preallocated, so that a full disk is a 503 and not a crash; 0 where seccomp is unavailable or store.badger.preallocate is off.",
 		}, func() float64 {
 			if prealloc.Active() {
 				return 1
@@ -168,6 +168,9 @@ func (a *app) serve(ctx context.Context) error {
 	log.Info("idemproxy starting", a.startAttrs()...)
 	nofile, nofileKnown := raiseOpenFiles(log)
 	checkDescriptors(log, cfg, nofile, nofileKnown)
+	if err := a.preallocate(); err != nil { // store.badger.preallocate, before the store opens
+		return err
+	}
 	// From the start: an unhandled SIGHUP would kill the process.
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)

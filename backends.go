@@ -119,7 +119,6 @@ func openPostgres(a *app, reg prometheus.Registerer) (storeCloser, error) {
 // failures and a full disk.
 func openBadger(a *app, reg prometheus.Registerer) (storeCloser, error) {
 	b := a.cfg.Store.Badger
-	badger.Preallocate(a.log) // an error is logged: the floor alone protects the store
 	s, err := badger.OpenGuarded(badger.Options{
 		Dir:        b.Dir,
 		SyncWrites: *b.SyncWrites,

@@ -287,8 +287,8 @@ func TestStoreAttrs(t *testing.T) {
 		env   map[string]string
 		want  []any
 	}{
-		{"badger", config.Store{Badger: &config.Badger{Dir: "/var/lib/idemproxy"}}, nil,
-			[]any{"store", "badger", "badger_dir", "/var/lib/idemproxy"}},
+		{"badger", config.Store{Badger: &config.Badger{Dir: "/var/lib/idemproxy", Preallocate: "off"}}, nil,
+			[]any{"store", "badger", "badger_dir", "/var/lib/idemproxy", "badger_preallocate", "off"}},
 		{"redis", config.Store{Redis: &config.Redis{Addrs: []string{"10.0.0.1:6379"}}}, nil,
 			[]any{"store", "redis", "redis_addrs", "10.0.0.1:6379"}},
 		{"redis sentinels", config.Store{Redis: &config.Redis{Addrs: []string{"s1:26379", "s2:26379"}, MasterName: "main"}}, nil,

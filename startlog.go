@@ -57,7 +57,7 @@ func storeAttrs(s config.Store, getenv func(string) string) []any {
 		return []any{"store", "postgres", "postgres", postgresWhere(getenv(s.Postgres.DSNEnv)),
 			"postgres_table", s.Postgres.Schema + "." + s.Postgres.Table}
 	case s.Badger != nil:
-		return []any{"store", "badger", "badger_dir", s.Badger.Dir}
+		return []any{"store", "badger", "badger_dir", s.Badger.Dir, "badger_preallocate", s.Badger.Preallocate}
 	}
 	return []any{"store", "none"}
 }

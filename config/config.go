@@ -44,6 +44,16 @@ const (
 	StoreErrorForward = "forward"
 )
 
+// Preallocation of the Badger store's files (store.badger.preallocate):
+// PreallocateAuto uses the seccomp supervisor when the kernel allows it and
+// runs without otherwise; PreallocateOff never installs it;
+// PreallocateRequired refuses to start without it.
+const (
+	PreallocateAuto     = "auto"
+	PreallocateOff      = "off"
+	PreallocateRequired = "required"
+)
+
 // Route modes: enforce answers duplicates from the store; observe does the
 // bookkeeping but forwards every request, counting what enforce would have
 // done.
@@ -165,6 +175,12 @@ type Badger struct {
 	// system: below it new reservations are refused (503), so that Badger
 	// never writes into a full disk. Default 64 MiB.
 	MinFreeBytes int64 `yaml:"min_free_bytes"`
+	// Preallocate says whether the files Badger grows are preallocated
+	// (a seccomp filter turns its ftruncate into fallocate, so that a full
+	// disk is an error and not a SIGBUS): auto (the default) where the
+	// kernel allows it, off never, required or the process refuses to
+	// start. Empty means auto.
+	Preallocate string `yaml:"preallocate"`
 }
 
 // Redis configures the shared store.

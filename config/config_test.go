@@ -155,8 +155,29 @@ func TestDefaults(t *testing.T) {
 	if b.GCInterval.D() != 5*time.Minute {
 		t.Errorf("store.badger.gc_interval = %v, want 5m", b.GCInterval.D())
 	}
+	if b.Preallocate != "auto" {
+		t.Errorf("store.badger.preallocate = %q, want auto", b.Preallocate)
+	}
 	if got := c.Store.EpochCheckInterval.D(); got != 2*time.Second {
 		t.Errorf("store.epoch_check_interval = %v, want 2s", got)
+	}
+}
+
+// TestBadgerPreallocate: each value of store.badger.preallocate is read as
+// written, YAML 1.1's "off" included (a string, not false); none gives
+// auto.
+func TestBadgerPreallocate(t *testing.T) {
+	for _, tc := range []struct{ yaml, want string }{
+		{"store: {badger: {dir: /d}}\n", "auto"},
+		{"store: {badger: {preallocate: auto}}\n", "auto"},
+		{"store: {badger: {preallocate: off}}\n", "off"},
+		{"store: {badger: {preallocate: \"off\"}}\n", "off"},
+		{"store: {badger: {preallocate: required}}\n", "required"},
+	} {
+		c := mustParse(t, tc.yaml+withRoute(""))
+		if got := c.Store.Badger.Preallocate; got != tc.want {
+			t.Errorf("%q: store.badger.preallocate = %q, want %q", tc.yaml, got, tc.want)
+		}
 	}
 }
 
@@ -394,6 +415,9 @@ func TestValidationProblems(t *testing.T) {
 		{"client resets negative", "server: {max_client_resets_per_second: -1}\n" + withRoute(""), "server.max_client_resets_per_second: must be positive"},
 		{"drain delay negative", "server: {drain_delay: -1s}\n" + withRoute(""), "server.drain_delay: must not be negative"},
 		{"badger gc negative", "store: {badger: {gc_interval: -1m}}\n" + withRoute(""), "store.badger.gc_interval: must be positive"},
+		{"badger preallocate unknown", "store: {badger: {preallocate: always}}\n" + withRoute(""), `store.badger.preallocate: "always" is not one of auto, off, required`},
+		{"badger preallocate as a bool", "store: {badger: {preallocate: false}}\n" + withRoute(""), `store.badger.preallocate: "false" is not one of auto, off, required`},
+		{"badger preallocate in capitals", "store: {badger: {preallocate: Required}}\n" + withRoute(""), `store.badger.preallocate: "Required" is not one of auto, off, required`},
 		{"epoch check negative", "store: {epoch_check_interval: -1s}\n" + withRoute(""), "store.epoch_check_interval: must be positive and at most 1m"},
 		{"epoch check too rare", "store: {epoch_check_interval: 2m}\n" + withRoute(""), "store.epoch_check_interval: must be positive and at most 1m"},
 		{"memory limit too small", "memory_limit: 1048576\n" + withRoute(""), "memory_limit: 1048576 bytes is below the minimum of 16777216 (16 MiB); 0 chooses it, -1 disables it"},

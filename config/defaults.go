@@ -16,6 +16,7 @@ const (
 	DefaultBadgerDir                = "./data"
 	DefaultGCInterval               = 5 * time.Minute
 	DefaultBadgerMinFreeBytes       = 64 << 20
+	DefaultBadgerPreallocate        = PreallocateAuto
 	DefaultRedisKeyPrefix           = "idemproxy:"
 	DefaultRedisDialTimeout         = time.Second
 	DefaultRedisOpTimeout           = 500 * time.Millisecond
@@ -86,6 +87,7 @@ func (c *Config) applyDefaults() {
 		if b.MinFreeBytes == 0 {
 			b.MinFreeBytes = DefaultBadgerMinFreeBytes
 		}
+		setString(&b.Preallocate, DefaultBadgerPreallocate)
 	}
 	if r := c.Store.Redis; r != nil {
 		setString(&r.KeyPrefix, DefaultRedisKeyPrefix)

@@ -184,6 +184,7 @@ func (c *Config) validateStore(p *problems) {
 		if b.MinFreeBytes < 0 {
 			p.add("store.badger.min_free_bytes", "must be positive")
 		}
+		oneOf(p, "store.badger.preallocate", b.Preallocate, PreallocateAuto, PreallocateOff, PreallocateRequired)
 	}
 	if r := st.Redis; r != nil {
 		if len(r.Addrs) == 0 {

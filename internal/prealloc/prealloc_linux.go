@@ -63,7 +63,21 @@ var (
 	waitFor func(path string) bool
 	// waiting counts the ftruncate calls waiting for space.
 	waiting atomic.Int64
+	// delegates holds the thread IDs of the goroutines calling ftruncate
+	// for the supervisor (truncate): their calls are let through.
+	delegates sync.Map // int → struct{}
+	// testHook, set by tests only, is called at the named stages of a
+	// call: "received" on the supervisor's thread before the descriptor
+	// is resolved, "resolved" once its file is allocated, before it is
+	// truncated.
+	testHook atomic.Pointer[func(stage string)]
 )
+
+func hook(stage string) {
+	if h := testHook.Load(); h != nil {
+		(*h)(stage)
+	}
+}
 
 // Active reports whether ftruncate calls of this process are preallocated.
 func Active() bool { return active.Load() }
@@ -80,15 +94,17 @@ func Waiting() int64 { return waiting.Load() }
 // later calls return the first call's result. A nil error means every
 // ftruncate of the process, on every thread now and later, is preallocated
 // from now on. Otherwise nothing is installed, the process runs as before,
-// and the error says why (seccomp unavailable or refused). The first call
-// logs the outcome to log (nil: no logging), and later the first ftruncate
-// on a file system without fallocate.
+// and the error says why (seccomp unavailable or refused), for the caller
+// to log. Once installed, the first call logs so to log (nil: no logging),
+// and later the first ftruncate on a file system without fallocate.
 //
 // waitForSpace reports whether an ftruncate of the file at path that does
 // not fit on the disk waits until it fits (the allocation is tried again
 // every 250 ms) instead of failing with ENOSPC: for a caller that would
 // drop the error (Badger's compactions do); nil means that none waits.
-// Only the first call's waitForSpace is used.
+// Only the first call's waitForSpace is used. It is called on the waiting
+// call's own goroutine, never the supervisor's thread: it may be slow or
+// block, holding up that call only; a panic in it means no.
 func Start(log *slog.Logger, waitForSpace func(path string) bool) error {
 	once.Do(func() {
 		waitFor = waitForSpace
@@ -97,8 +113,7 @@ func Start(log *slog.Logger, waitForSpace func(path string) bool) error {
 		}
 		startErr = start()
 		if startErr != nil {
-			log.Warn("files are not preallocated: a disk that fills between two free-space checks can crash the store", "err", startErr)
-			return
+			return // the caller says what it means: a warning, or no start
 		}
 		active.Store(true)
 		log.Info("files grown with ftruncate are preallocated: a full disk is an error, not a crash")
@@ -126,7 +141,9 @@ func start() error {
 
 // supervise installs the filter from its own locked thread and then
 // answers its notifications for as long as the process lives. Its thread
-// never calls ftruncate: that would wait for itself.
+// never calls ftruncate (that would wait for itself), nor anything that
+// can block for long: each call is handed to a goroutine of its own
+// (perform), which answers it.
 func supervise(installed chan<- error) {
 	// Never unlocked: if this goroutine ended, its thread would end with
 	// it, and with it the no_new_privs it set for a filter that failed.
@@ -160,7 +177,7 @@ func supervise(installed chan<- error) {
 			continue
 		}
 		failures = 0
-		if resp, now := answer(fd, self, &req); now {
+		if resp, now := receive(fd, self, &req); now {
 			// ENOENT: the caller was interrupted meanwhile and will
 			// call again.
 			_ = ioctl(fd, unix.SECCOMP_IOCTL_NOTIF_SEND, unsafe.Pointer(&resp))
@@ -168,77 +185,185 @@ func supervise(installed chan<- error) {
 	}
 }
 
-// waitForSpace answers, once it fits, an ftruncate that did not: it
-// tries the allocation again every 250 ms, for as long as the caller
-// waits. It runs on its own goroutine: the supervisor goes on answering
-// the others meanwhile.
-func waitForSpace(fd int, id uint64, file int, length int64) {
+// receive takes one notified call on the supervisor's thread. It lets
+// through at once what is not this process's own ftruncate (a child's, or
+// a delegate's: see truncate); otherwise it resolves the descriptor the
+// call names to a reference of its own, once, and hands the call to a
+// goroutine that answers it (now false). It only makes system calls that
+// return at once.
+//
+// Why the reference: the number in the call is only a name. Another thread
+// can close it and open another file, which takes the same number, while
+// the call waits here. Resolved once, while the caller is known to be still
+// in its call (the notification is still valid after the reference was
+// taken), the call is made on that file and nothing else: perform grows it
+// with its blocks and answers the caller, and the kernel never looks the
+// number up again (the call is not continued). That is the call as if made
+// at the instant the reference was taken, within the call: whatever the
+// number holds before or after, no other file is allocated or grown.
+func receive(fd, self int, req *seccompNotif) (resp seccompNotifResp, now bool) {
+	cont := seccompNotifResp{id: req.id, flags: unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE}
+	defer func() {
+		if p := recover(); p != nil {
+			resp, now = cont, true
+		}
+	}()
+	if req.data.nr != sysFtruncate || req.data.arch != auditArch {
+		return cont, true
+	}
+	if _, ok := delegates.Load(int(req.pid)); ok {
+		// perform's own call, on the reference it holds.
+		return cont, true
+	}
+	if !ownThread(self, req.pid) {
+		// A child that inherited the filter: its file descriptors are
+		// not ours.
+		return cont, true
+	}
+	hook("received")
+	// The process's threads share one descriptor table (the Go runtime
+	// never unshares it), so the caller's number is looked up here as
+	// its own call would. pidfd_getfd(2) would take the same reference
+	// from the same table, with more ways to fail (ENOSYS before Linux
+	// 5.6, container profiles that refuse it).
+	file, err := unix.FcntlInt(uintptr(uint32(req.data.args[0])), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		errno, ok := err.(unix.Errno)
+		if !ok {
+			errno = unix.EBADF
+		}
+		// EBADF: no file had that number at an instant within the
+		// call, which is what the call itself answers. Otherwise
+		// (EMFILE: no number free for the reference) the call cannot
+		// be made safely, and fails.
+		return seccompNotifResp{id: req.id, error: -int32(errno)}, true
+	}
+	id := req.id
+	if ioctl(fd, notifIDValid, unsafe.Pointer(&id)) != nil {
+		// The caller left its call (it is restarted with a new
+		// notification, or the process is dying): the reference may
+		// have been taken after it left.
+		unix.Close(file)
+		return resp, false
+	}
+	go perform(fd, req.id, file, int64(req.data.args[1]))
+	return resp, false
+}
+
+// perform makes a notified ftruncate on file, the reference receive took,
+// and answers its caller. It runs on a goroutine of its own, locked to its
+// thread while it calls ftruncate, so that a slow file system, a full disk
+// waited out or a slow waitFor callback holds up this call alone.
+func perform(fd int, id uint64, file int, length int64) {
+	defer unix.Close(file)
+	errno, gone := unix.EIO, false
+	defer func() {
+		// Nothing here is expected to panic; should it, the caller gets
+		// an error (EIO) rather than no answer, and the process goes on.
+		recover()
+		if gone {
+			return
+		}
+		resp := seccompNotifResp{id: id, error: -int32(errno)}
+		// ENOENT: the caller left meanwhile.
+		_ = ioctl(fd, unix.SECCOMP_IOCTL_NOTIF_SEND, unsafe.Pointer(&resp))
+	}()
+	errno, gone = makeCall(fd, id, file, length)
+}
+
+// makeCall allocates file's blocks up to length when the call grows a
+// regular file, then truncates it to length, and returns the call's errno
+// (0: done). A disk without room fails it with ENOSPC or EDQUOT, the file
+// unchanged, or makes it wait for room (waitFor). gone reports that the
+// caller left its call meanwhile: nobody is answered, and the file was not
+// truncated.
+func makeCall(fd int, id uint64, file int, length int64) (errno unix.Errno, gone bool) {
+	var st unix.Stat_t
+	if length > 0 && unix.Fstat(file, &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFREG && length > st.Size {
+		if err := fallocate(file, length); err != nil {
+			var e unix.Errno
+			switch {
+			case errors.As(err, &e) && (e == unix.ENOSPC || e == unix.EDQUOT):
+				if !shouldWait(file) {
+					return e, false
+				}
+				if !waitForSpace(fd, id, file, length) {
+					return 0, true
+				}
+			case errors.Is(err, unix.EOPNOTSUPP):
+				if unprotected.Add(1) == 1 {
+					sendEvent("prealloc: the file system has no fallocate: its files are not preallocated, and a full disk can crash the store")
+				}
+			}
+			// Anything else (a descriptor not open for writing, ...):
+			// ftruncate reports it as it would have.
+		}
+	}
+	hook("resolved")
+	valid := id
+	if ioctl(fd, notifIDValid, unsafe.Pointer(&valid)) != nil {
+		return 0, true
+	}
+	return truncate(file, length), false
+}
+
+// shouldWait asks waitFor whether the call on file waits for disk space.
+// A callback that panics is taken for a no.
+func shouldWait(file int) (wait bool) {
+	if waitFor == nil {
+		return false
+	}
+	defer func() {
+		if recover() != nil {
+			wait = false
+		}
+	}()
+	path, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(file))
+	return err == nil && waitFor(path)
+}
+
+// truncate calls ftruncate on file from a thread the supervisor knows
+// (delegates), which lets the call through at once: on the reference,
+// the call has the kernel's own semantics, checks and errors.
+func truncate(file int, length int64) unix.Errno {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	tid := unix.Gettid()
+	delegates.Store(tid, struct{}{})
+	defer delegates.Delete(tid)
+	for {
+		err := unix.Ftruncate(file, length)
+		if err == nil {
+			return 0
+		}
+		if e, ok := err.(unix.Errno); ok && e != unix.EINTR {
+			return e
+		} else if !ok {
+			return unix.EIO
+		}
+	}
+}
+
+// waitForSpace tries the allocation of a call that did not fit again
+// every 250 ms, for as long as its caller waits, and reports whether it
+// now fits (or failed otherwise: ftruncate then reports it); false means
+// the caller left.
+func waitForSpace(fd int, id uint64, file int, length int64) bool {
 	waiting.Add(1)
+	// No longer waiting before the caller is answered: once its
+	// ftruncate returns, Waiting does not count it.
+	defer waiting.Add(-1)
 	for {
 		time.Sleep(250 * time.Millisecond)
 		valid := id
 		if ioctl(fd, notifIDValid, unsafe.Pointer(&valid)) != nil {
-			waiting.Add(-1)
-			return // the caller is gone, or its call was restarted
+			return false // the caller is gone, or its call was restarted
 		}
 		err := fallocate(file, length)
-		if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
-			continue
-		}
-		// No longer waiting before the caller is answered: once its
-		// ftruncate returns, Waiting does not count it.
-		waiting.Add(-1)
-		resp := seccompNotifResp{id: id, flags: unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE}
-		_ = ioctl(fd, unix.SECCOMP_IOCTL_NOTIF_SEND, unsafe.Pointer(&resp))
-		return
-	}
-}
-
-// answer preallocates the file of one notified ftruncate and returns the
-// response: continue with the real call, or fail it with an errno; or
-// now false when a goroutine answers it later (waitForSpace).
-func answer(fd, self int, req *seccompNotif) (resp seccompNotifResp, now bool) {
-	resp, now = seccompNotifResp{id: req.id, flags: unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE}, true
-	defer func() {
-		if p := recover(); p != nil {
-			resp, now = seccompNotifResp{id: req.id, flags: unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE}, true
-		}
-	}()
-	if req.data.nr != sysFtruncate || req.data.arch != auditArch || !ownThread(self, req.pid) {
-		// A child that inherited the filter: its file descriptors are
-		// not ours.
-		return resp, true
-	}
-	id := req.id
-	if ioctl(fd, notifIDValid, unsafe.Pointer(&id)) != nil {
-		return resp, true // the caller is gone
-	}
-	file, length := int(int32(req.data.args[0])), int64(req.data.args[1])
-	if length <= 0 {
-		return resp, true
-	}
-	var st unix.Stat_t
-	if unix.Fstat(file, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return resp, true // the real call reports it
-	}
-	if err := fallocate(file, length); err != nil {
-		var errno unix.Errno
-		switch {
-		case errors.As(err, &errno) && (errno == unix.ENOSPC || errno == unix.EDQUOT):
-			if waitFor != nil {
-				if path, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(file)); err == nil && waitFor(path) {
-					go waitForSpace(fd, req.id, file, length)
-					return resp, false
-				}
-			}
-			return seccompNotifResp{id: req.id, error: -int32(errno)}, true
-		case errors.Is(err, unix.EOPNOTSUPP):
-			if unprotected.Add(1) == 1 {
-				sendEvent("prealloc: the file system has no fallocate: its files are not preallocated, and a full disk can crash the store")
-			}
+		if !errors.Is(err, unix.ENOSPC) && !errors.Is(err, unix.EDQUOT) {
+			return true
 		}
 	}
-	return resp, true
 }
 
 // fallocate allocates file's blocks up to length without changing its

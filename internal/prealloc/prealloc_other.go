@@ -5,22 +5,14 @@ package prealloc
 import (
 	"errors"
 	"log/slog"
-	"sync"
 )
 
 var errUnsupported = errors.New("prealloc: seccomp user notification is only used on linux/amd64 and linux/arm64")
 
-var warnOnce sync.Once
-
 // Start reports that preallocation is not available on this platform; the
-// process runs protected by the store's free-space floor alone. The first
-// call logs a warning to log (nil: none).
+// process runs protected by the store's free-space floor alone. It logs
+// nothing: the caller says what the error means.
 func Start(log *slog.Logger, waitForSpace func(path string) bool) error {
-	warnOnce.Do(func() {
-		if log != nil {
-			log.Warn("files are not preallocated: a disk that fills between two free-space checks can crash the store", "err", errUnsupported)
-		}
-	})
 	return errUnsupported
 }
 

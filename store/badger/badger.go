@@ -878,8 +878,8 @@ func expiry(now time.Time, ttl time.Duration) uint64 {
 // an error from that ftruncate (the store answers 503) instead of a SIGBUS
 // on a later write, which kills the process. The program calls it once,
 // before opening the store; where it returns an error (seccomp user
-// notification unavailable, logged as a warning to log) the store runs as
-// before, protected by the Guard's free-space floor alone.
+// notification unavailable; the caller logs it, or refuses to start) the
+// store runs as before, protected by the Guard's free-space floor alone.
 //
 // It is not done by Open: a process can install only one such filter in
 // its line (the kernel refuses a second listener, EBUSY), and children
