@@ -501,10 +501,17 @@ func (f *FS) commitDir(r *record, in *fs.Inode) (bool, error) {
 }
 
 // syncData makes the data and size of r durable, reading the live file
-// through fd. Call with gate held (shared).
-func (f *FS) syncData(r *record, fd int) error {
+// through fd (reopened for reading: the program may have opened it
+// write-only, and fsync(2) of such a file is fine). Call with gate held
+// (shared).
+func (f *FS) syncData(r *record, wfd int) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	fd, err := unix.Open(fmt.Sprintf("/proc/self/fd/%d", wfd), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		return err

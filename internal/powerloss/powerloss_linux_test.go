@@ -173,6 +173,26 @@ func TestOnlySyncedDataSurvivesAPowerCut(t *testing.T) {
 	}
 }
 
+// TestFsyncOfAWriteOnlyFile: fsync(2) of a file opened write-only makes
+// its data durable, as on a disk (it failed with EBADF: the layer read the
+// data to keep through the program's own descriptor).
+func TestFsyncOfAWriteOnlyFile(t *testing.T) {
+	dir := newDisk(t, map[string]string{"f": "0123456789"})
+	fsys := MountT(t, dir, Options{})
+	f, err := os.OpenFile(filepath.Join(fsys.Mountpoint(), "f"), os.O_WRONLY, 0)
+	must(t, err)
+	defer f.Close()
+	_, err = f.WriteAt([]byte("abc"), 0)
+	must(t, err)
+	if err := f.Sync(); err != nil {
+		t.Fatalf("fsync of a write-only file: %v", err)
+	}
+	powerOff(t, fsys)
+	if got, want := content(t, filepath.Join(dir, "f")), "abc3456789"; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+}
+
 // TestOpenWithTruncIsUndoneWithoutSync: O_TRUNC is a size change like any.
 func TestOpenWithTruncIsUndoneWithoutSync(t *testing.T) {
 	dir := newDisk(t, map[string]string{"f": "0123456789"})
