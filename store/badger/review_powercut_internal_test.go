@@ -199,3 +199,35 @@ func TestReviewPowerCutOlderMemtableTailForgetsSyncedReservation(t *testing.T) {
 		t.Errorf("%d of %d reservations synced (and forwarded) before the power cut are gone after it: their retries would be forwarded again", lost, len(hole))
 	}
 }
+
+// TestReviewOpenOfStoreInUseRemovesNoFile: a second process opening a
+// store directory another one holds (a replica being replaced on the same
+// volume: its Guard tries every second) is refused by Badger's lock, but
+// Open removed the empty memtable logs and value-log files before taking
+// it. Badger creates those files and sizes them after: one the running
+// store has just created is empty for that moment, and removed, its
+// writes go to a file nobody will find (not synced by checkpoints, gone
+// at the next open). Open must leave a directory in use alone.
+func TestReviewOpenOfStoreInUseRemovesNoFile(t *testing.T) {
+	dir := t.TempDir()
+	s, err := Open(Options{Dir: dir, SyncWrites: true, checkpointEvery: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	// Stands for the file the running store just created, not sized yet.
+	fresh := filepath.Join(dir, "000042.vlog")
+	if err := os.WriteFile(fresh, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(fresh)
+	if other, err := Open(Options{Dir: dir, SyncWrites: true}); err == nil {
+		other.Close()
+		t.Fatal("a second Open of a directory in use succeeded")
+	} else if !inUse(err) {
+		t.Errorf("second Open: %v; want an error the Guard reads as in use (tried again every second)", err)
+	}
+	if _, err := os.Stat(fresh); err != nil {
+		t.Errorf("the refused Open changed the running store's directory: %v", err)
+	}
+}
