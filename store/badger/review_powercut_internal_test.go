@@ -2,6 +2,7 @@ package badger
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -229,5 +230,155 @@ func TestReviewOpenOfStoreInUseRemovesNoFile(t *testing.T) {
 	}
 	if _, err := os.Stat(fresh); err != nil {
 		t.Errorf("the refused Open changed the running store's directory: %v", err)
+	}
+}
+
+// copyTree copies the regular files under src to dst, recursively.
+func copyTree(t *testing.T, src, dst string) {
+	t.Helper()
+	err := filepath.WalkDir(src, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		if d.IsDir() {
+			return os.MkdirAll(filepath.Join(dst, rel), 0o700)
+		}
+		if !d.Type().IsRegular() || d.Name() == "LOCK" {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(dst, rel), b, 0o600)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestReviewResumedQuarantineMovesTheNewLog: a quarantine interrupted
+// after it moved the later segments (the CLI killed) leaves the damaged
+// segment whose damage only a later segment proved: the degraded proxy
+// sees the files change and opens the store (a torn tail now), and its new
+// log's first segment takes the number after the damaged one, the name of
+// a segment the quarantine moved. The proxy crashes; `store quarantine`
+// is run again and resumes the old plan blindly: it moves the new log's
+// segment into the quarantine (over the original it had set aside) and
+// puts the old kept records back. The reservations synced since the
+// reopen are gone (retries forwarded again), and the original segment,
+// kept "byte for byte" for the operator, is overwritten.
+func TestReviewResumedQuarantineMovesTheNewLog(t *testing.T) {
+	defer func(size int64) { walSegmentSize = size }(walSegmentSize)
+	walSegmentSize = 16 << 10
+	ctx := context.Background()
+	res := store.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour}
+
+	src := t.TempDir()
+	s, err := Open(Options{Dir: src, SyncWrites: true, checkpointEvery: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	badgerAtOpen := filepath.Join(t.TempDir(), "badger")
+	copyDir(t, src, badgerAtOpen)
+	for i := range 1200 {
+		if _, err := s.Reserve(ctx, fmt.Sprintf("pay/-/old%d", i), res); err != nil {
+			t.Fatal(err)
+		}
+	}
+	logDir := filepath.Join(t.TempDir(), "log")
+	copyDir(t, filepath.Join(src, walDirName), logDir)
+	s.Close()
+	nums, err := walSegments(logDir)
+	if err != nil || len(nums) < 3 {
+		t.Fatalf("segments %v, %v; want at least 3", nums, err)
+	}
+	// Damage the last record of the second segment: only the third
+	// segment's first record proves it was synced.
+	name := filepath.Join(logDir, segmentName(nums[1]))
+	data, err := os.ReadFile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, off := int64(-1), int64(0)
+	for off+walHeader <= int64(len(data)) {
+		n := int64(uint32(data[off]) | uint32(data[off+1])<<8 | uint32(data[off+2])<<16 | uint32(data[off+3])<<24)
+		if n == 0 {
+			break
+		}
+		last, off = off, off+walHeader+n
+	}
+	data[last+walHeader+2] ^= 0x10
+	if err := os.WriteFile(name, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	originals := map[string]string{}
+	for _, n := range nums[1:] {
+		b, _ := os.ReadFile(filepath.Join(logDir, segmentName(n)))
+		originals[segmentName(n)] = string(b)
+	}
+
+	dir := crashCopy(t, badgerAtOpen, logDir)
+	if _, err := Open(Options{Dir: dir, SyncWrites: true}); !errors.Is(err, ErrLogDamaged) {
+		t.Fatalf("Open = %v, want ErrLogDamaged", err)
+	}
+	quarantineStep = func(step string) error {
+		if step == "moved" {
+			return errors.New("killed")
+		}
+		return nil
+	}
+	_, err = Quarantine(dir, time.Now())
+	quarantineStep = nil
+	if err == nil {
+		t.Fatal("the interrupted quarantine did not stop")
+	}
+
+	// The Guard's next try. Opened (the damage reads as a torn tail now),
+	// the store serves, then crashes: Badger as at the reopen, the log as
+	// synced. Refused, the operator finishes the quarantine first.
+	target := dir
+	var fresh []string
+	if r, err := Open(Options{Dir: dir, SyncWrites: true, checkpointEvery: -1}); err == nil {
+		badgerAtReopen := filepath.Join(t.TempDir(), "badger2")
+		copyDir(t, dir, badgerAtReopen) // synced by the replay
+		for i := range 5 {
+			k := fmt.Sprintf("pay/-/new%d", i)
+			if _, err := r.Reserve(ctx, k, res); err != nil {
+				t.Fatal(err)
+			}
+			fresh = append(fresh, k) // forwarded
+		}
+		target = filepath.Join(t.TempDir(), "crashed")
+		copyDir(t, badgerAtReopen, target)
+		copyDir(t, filepath.Join(dir, walDirName), filepath.Join(target, walDirName))
+		copyTree(t, filepath.Join(dir, quarantineDirName), filepath.Join(target, quarantineDirName))
+		r.Close()
+	} else if !strings.Contains(err.Error(), "quarantine") {
+		t.Fatalf("Open after the interrupted quarantine: %v; want it opened, or refused until the quarantine is finished", err)
+	}
+
+	// The operator finishes the quarantine.
+	q, err := Quarantine(target, time.Now())
+	if err != nil {
+		t.Fatalf("Quarantine (resumed): %v", err)
+	}
+	for base, want := range originals {
+		got, err := os.ReadFile(filepath.Join(q.Dir, base))
+		if err != nil || string(got) != want {
+			t.Errorf("quarantined %s: %d bytes, %v; want the original segment byte for byte", base, len(got), err)
+		}
+	}
+	o, err := Open(Options{Dir: target, SyncWrites: true})
+	if err != nil {
+		t.Fatalf("Open after the resumed quarantine: %v", err)
+	}
+	defer o.Close()
+	for _, k := range fresh {
+		got, err := o.Get(ctx, k)
+		if err != nil || got == nil {
+			t.Errorf("%s, reserved (synced, forwarded) after the reopen: %+v, %v; want it kept (in doubt)", k, got, err)
+		}
 	}
 }
