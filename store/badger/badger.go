@@ -221,6 +221,9 @@ func Open(opts Options) (*Store, error) {
 			return nil, err
 		}
 	}
+	if err := checkQuarantineDone(opts.Dir); err != nil {
+		return nil, err
+	}
 	// Not in a directory another process holds (a replica being replaced
 	// on the same volume, whose Guard tries every second): Badger creates
 	// its files and sizes them after, so a file the running store has just
