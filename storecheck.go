@@ -155,13 +155,13 @@ func storeQuarantine(dir, cfgPath, operator, reason string, stdout, stderr io.Wr
 		fmt.Fprintf(stderr, "idemproxy store quarantine: after moving: %v\n", err)
 		return 1
 	}
-	// The valid records before the damage that were in the moved
-	// segments; what followed the damage cannot be counted.
-	setAside := max(before.Records-after.Records, 0)
+	// The valid records after the damage, moved aside with their
+	// segments (Quarantined.SetAside): the records before it are kept.
+	setAside := q.SetAside
 	for _, seg := range q.Segments {
 		fmt.Fprintf(stdout, "moved %s to %s\n", seg, q.Dir)
 	}
-	fmt.Fprintf(stdout, "set aside: %d segments, holding %d valid records before the damage and whatever followed it; %d records kept\n",
+	fmt.Fprintf(stdout, "set aside: %d segments, holding %d valid records after the damage; %d records kept\n",
 		len(q.Segments), setAside, after.Records)
 	fmt.Fprintln(stdout, "requests whose reservations were in the set-aside records are forwarded again when retried: check with the upstream what was charged")
 	log.Warn("reservation log segments quarantined by an operator: requests whose reservations they held are forwarded again when retried",

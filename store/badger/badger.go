@@ -221,10 +221,28 @@ func Open(opts Options) (*Store, error) {
 			return nil, err
 		}
 	}
-	if err := removeEmptyLogs(opts.Dir); err != nil {
+	if err := checkQuarantineDone(opts.Dir); err != nil {
 		return nil, err
 	}
-	if err := createDiscardStats(opts.Dir); err != nil {
+	// Not in a directory another process holds (a replica being replaced
+	// on the same volume, whose Guard tries every second): Badger creates
+	// its files and sizes them after, so a file the running store has just
+	// created is empty for a moment, and removed, its writes would go to a
+	// file nobody finds again. Where the lock is not supported, as before.
+	unlockDir, err := lockStoreDir(opts.Dir)
+	if errors.Is(err, ErrInUse) {
+		return nil, fmt.Errorf("badger: open %s: %w", opts.Dir, err)
+	}
+	if err == nil {
+		err = removeEmptyLogs(opts.Dir)
+		if err == nil {
+			err = createDiscardStats(opts.Dir)
+		}
+		unlockDir()
+	} else if err = removeEmptyLogs(opts.Dir); err == nil {
+		err = createDiscardStats(opts.Dir)
+	}
+	if err != nil {
 		return nil, err
 	}
 	// Badger maps and reads every table as it opens, and the scan below

@@ -242,6 +242,31 @@ func findPartial(qRoot string) (string, *quarantinePlan, error) {
 	return "", nil, nil
 }
 
+// checkQuarantineDone refuses to open a store whose quarantine was
+// interrupted after its plan was written: segments may have been moved
+// aside but the damaged one not yet cut back, so that the damage can read
+// as a torn tail, and a log begun then would take the numbers of the
+// segments moved aside, which finishing the quarantine moves again (over
+// the originals). The quarantine is finished first (`idemproxy store
+// quarantine` resumes it). A partial quarantine without a plan moved
+// nothing.
+func checkQuarantineDone(dir string) error {
+	qRoot := filepath.Join(dir, quarantineDirName)
+	ents, err := os.ReadDir(qRoot)
+	if err != nil {
+		return nil // none, or Quarantine reports it
+	}
+	for _, e := range ents {
+		if !e.IsDir() || !strings.HasSuffix(e.Name(), partialSuffix) {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(qRoot, e.Name(), quarantinePlanName)); err == nil {
+			return fmt.Errorf("badger: open %s: the quarantine %s was interrupted: run idemproxy store quarantine again to finish it", dir, filepath.Join(qRoot, e.Name()))
+		}
+	}
+	return nil
+}
+
 // startQuarantine makes the quarantine's directory (named for now, with
 // the partial suffix until it is done) and writes plan in it, synced.
 func startQuarantine(qRoot string, now time.Time, plan *quarantinePlan) (string, error) {

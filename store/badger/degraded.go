@@ -110,7 +110,7 @@ func (g *Guard) openFailed(err error) {
 // inUse reports whether err is Badger's refusal of a directory another
 // process holds (its flock), which it wraps as text.
 func inUse(err error) bool {
-	return errors.Is(err, syscall.EWOULDBLOCK) || strings.Contains(err.Error(), "Another process is using this Badger database")
+	return errors.Is(err, ErrInUse) || errors.Is(err, syscall.EWOULDBLOCK) || strings.Contains(err.Error(), "Another process is using this Badger database")
 }
 
 // opened records that the store is open.
