@@ -144,6 +144,10 @@ type record struct {
 	NextLookup  int64
 	LookupToken string
 	LookupLease int64
+	// LogSeq is the reservation log sequence number of the batch that
+	// wrote the record (putAt sets it; 0 without a log): a replay does not
+	// write a log entry over a record a later batch wrote.
+	LogSeq uint64
 }
 
 // Open opens (or creates) the store in opts.Dir, turns every reservation
@@ -925,6 +929,11 @@ const valueLogFileSize = 16 << 20
 const valueThreshold = 192
 
 func putAt(txn *wtxn, k []byte, rec *record, expiresAt uint64) error {
+	if txn.rec != nil {
+		stamped := *rec
+		stamped.LogSeq = txn.seq
+		rec = &stamped
+	}
 	v, err := rec.marshal()
 	if err != nil {
 		return fmt.Errorf("encode record: %w", err)

@@ -54,6 +54,7 @@ const (
 	tagLookupLease = 12 // varint, unix ms: the lookup lease's end
 	tagReconciled  = 13 // one byte, 1: the response came from a lookup
 	tagTrailer     = 14 // one per trailer value, encoded as tagHeader
+	tagLogSeq      = 15 // uvarint: the reservation log sequence number of the batch that wrote it
 )
 
 // State codes of tagState.
@@ -98,6 +99,9 @@ func (rec *record) marshal() ([]byte, error) {
 		}
 		if rec.LookupLease != 0 {
 			e.varintField(tagLookupLease, rec.LookupLease)
+		}
+		if rec.LogSeq != 0 {
+			e.uvarintField(tagLogSeq, rec.LogSeq)
 		}
 		if r := rec.Response; r != nil {
 			e.varintField(tagStatus, int64(r.Status))
@@ -174,6 +178,11 @@ func (e *enc) stringField(tag byte, s string) {
 	e.byte(tag)
 	e.uvarint(uint64(len(s)))
 	e.rawString(s)
+}
+
+func (e *enc) uvarintField(tag byte, v uint64) {
+	var b [binary.MaxVarintLen64]byte
+	e.bytesField(tag, b[:binary.PutUvarint(b[:], v)])
 }
 
 func (e *enc) varintField(tag byte, v int64) {
@@ -287,6 +296,12 @@ func (rec *record) unmarshal(v []byte) error {
 			resp.BodyStored = len(p) == 1 && p[0] == 1
 		case tagReconciled:
 			resp.Reconciled = len(p) == 1 && p[0] == 1
+		case tagLogSeq:
+			x, w := binary.Uvarint(p)
+			if w <= 0 || w != len(p) {
+				return fmt.Errorf("%w: field %d: bad integer", errCorrupt, tag)
+			}
+			rec.LogSeq = x
 		default:
 			// A field of a newer release: skipped.
 		}
@@ -335,4 +350,32 @@ func (l legacyRecord) record() record {
 		rec.Response = &r
 	}
 	return rec
+}
+
+// recordLogSeq returns the reservation log sequence number of the batch
+// that wrote the record encoded in v (tagLogSeq), reading no other field;
+// 0 when it has none (written without a log, by an earlier release, or
+// as JSON) or does not decode.
+func recordLogSeq(v []byte) uint64 {
+	if len(v) == 0 || v[0] != recordVersion {
+		return 0
+	}
+	v = v[1:]
+	for len(v) > 0 {
+		tag := v[0]
+		n, w := binary.Uvarint(v[1:])
+		if w <= 0 || n > uint64(len(v)-1-w) {
+			return 0
+		}
+		p := v[1+w : 1+w+int(n)]
+		v = v[1+w+int(n):]
+		if tag == tagLogSeq {
+			x, w := binary.Uvarint(p)
+			if w <= 0 || w != len(p) {
+				return 0
+			}
+			return x
+		}
+	}
+	return 0
 }

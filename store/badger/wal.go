@@ -46,16 +46,25 @@ import (
 // the oldest record still needed written to <log>/checkpoint (fsynced,
 // renamed into place), and only then are the older segments deleted.
 //
-// Replay by applied sequence. Each batch's Badger transaction also sets
-// appliedKey (in Badger only, never in the log) to the sequence number its
-// record carries, and a replay sets it to the last record it applied.
-// Badger's files may reach the disk past the log's synced tail (the kernel
-// writes mapped pages back when it likes; a power loss then keeps Badger's
-// newer state and loses the log's unsynced records): a replay skips every
-// record whose sequence number Badger holds, so that an older reservation
-// is never written over its commit or release. Sequence numbers go on
-// across opens: the log an open starts begins after both the last record
-// replayed and Badger's applied number.
+// Replay by sequence, key by key. Every record a batch writes carries the
+// sequence number of the batch's log record (record.LogSeq, stamped by
+// putAt), and a replay does not write a log entry over a record that a
+// later batch wrote: Badger's files may reach the disk past the log's
+// synced tail (the kernel writes mapped pages back when it likes; a power
+// cut then keeps Badger's newer state and loses the log's unsynced
+// records), and an older reservation must never be written over its
+// commit. Badger's state after a cut is not a prefix of its writes (each
+// memtable has a log of its own, a table's value pointers name value-log
+// data that is synced apart), so nothing Badger holds says "everything
+// before this is here": whatever the key's record cannot show (a key
+// Badger lost, a value it cannot read) is written from the log, and only
+// the checkpoint file (below), written after Badger was synced, says which
+// records need no replay. A released key leaves no record to compare
+// with: an older reservation of it comes back, in doubt (never forwarded
+// again), when its release was not synced. Each batch's transaction also
+// sets appliedKey (Badger only, never logged) to its sequence number, so
+// that numbers go on across opens: the log an open starts begins after
+// the last record replayed, the log's highest and Badger's applied number.
 //
 // The log is a sequence of segments, files named by a number that grows,
 // each created zeroed at its full size and fsynced (file and directory)
@@ -421,9 +430,11 @@ func walSegments(dir string) ([]uint64, error) {
 }
 
 // appliedKey holds, in Badger, the sequence number of the last log record
-// whose batch Badger holds: every batch's transaction sets it to the
+// whose batch Badger applied: every batch's transaction sets it to the
 // sequence number its record gets (the writer), and a replay to the last
-// record it applied. It is written to Badger only, never to the log. It
+// record it applied. It only keeps sequence numbers going on across opens:
+// after a power cut Badger may hold it without the writes before it, so
+// nothing is skipped for it. It is written to Badger only, never to the log. It
 // begins with a zero byte (List passes it by) and carries UserMeta
 // metaApplied, which no scan for records selects.
 const appliedKey = "\x00walseq"
@@ -470,8 +481,9 @@ func readApplied(txn getter) (uint64, error) {
 }
 
 // replayWAL applies the log in dir (if any) to db in commit order, the
-// records Badger does not hold yet (those after its applied sequence
-// number), makes db durable, and deletes the log's segments. It returns
+// records after the checkpoint, each entry unless its key holds a record a
+// later batch wrote (replayer.apply), makes db durable, and deletes the
+// log's segments. It returns
 // the number of records applied, the number the next segment should have
 // and the sequence number the next record should carry (after both what
 // Badger holds and the log). A damaged log (walscan.go) is refused with an
@@ -486,19 +498,23 @@ func replayWAL(db *bdg.DB, dbDir, dir string, now time.Time) (records int, nextN
 	}); err != nil {
 		return 0, 0, 0, fmt.Errorf("read the applied sequence number: %w", err)
 	}
-	floor := applied
+	// Only the checkpoint says what Badger holds durably: its applied
+	// number may have reached the disk in a memtable log or table whose
+	// older writes (another memtable's tail, the value-log data its
+	// pointers name) did not.
+	var floor uint64
 	if c := readCheckpoint(dir); c > 0 {
-		floor = max(floor, c-1)
+		floor = c - 1
 	}
 	nums, err := walSegments(dir)
 	if errors.Is(err, fs.ErrNotExist) {
-		return 0, 0, floor + 1, nil
+		return 0, 0, max(floor, applied) + 1, nil
 	}
 	if err != nil {
 		return 0, 0, 0, fmt.Errorf("read the reservation log: %w", err)
 	}
 	if len(nums) == 0 {
-		return 0, 0, floor + 1, nil
+		return 0, 0, max(floor, applied) + 1, nil
 	}
 	nextNum = nums[len(nums)-1] + 1
 	files, closeAll, err := openSegments(dir, nums)
@@ -518,12 +534,12 @@ func replayWAL(db *bdg.DB, dbDir, dir string, now time.Time) (records int, nextN
 	for _, sp := range scan.spans {
 		sf := files[sp.seg]
 		_, _, _, err := scanReader(io.NewSectionReader(sf.r, sp.from, sp.to-sp.from), sp.to-sp.from, sp.first, func(seq uint64, payload []byte) error {
-			if seq <= applied {
-				return nil // Badger holds it, maybe newer state over it
+			if seq <= floor {
+				return nil // before the checkpoint: durable in Badger
 			}
 			records++
-			last = seq
-			if err := decodeRecord(payload, ap.apply); err != nil {
+			last = max(last, seq)
+			if err := decodeRecord(payload, func(e walEntry) error { return ap.apply(seq, e) }); err != nil {
 				return fmt.Errorf("replay %s: %w", sf.name, err)
 			}
 			return nil
@@ -564,8 +580,8 @@ func replayWAL(db *bdg.DB, dbDir, dir string, now time.Time) (records int, nextN
 // sequence number of the oldest record the log still needs: every record
 // before it is durable in Badger. A checkpoint writes it after syncing
 // Badger and before deleting the segments it emptied, a replay after its
-// sync. Check and Quarantine, which do not open Badger, judge the log with
-// it; Open with Badger's applied sequence number, at least as high.
+// sync. Replay, Check and Quarantine judge the log with it: the records
+// before it need no replay, and damage among them loses nothing.
 const walCheckpointName = "checkpoint"
 
 // writeCheckpoint records seq as the oldest record the log in dir needs:
@@ -658,15 +674,33 @@ type replayer struct {
 	db  *bdg.DB
 	now uint64
 	txn *bdg.Txn
+	// skipped counts the entries not applied because Badger holds the
+	// key's record from a later batch.
+	skipped int
 }
 
 func newReplayer(db *bdg.DB, now time.Time) *replayer {
 	return &replayer{db: db, now: uint64(now.Unix())}
 }
 
-func (r *replayer) apply(e walEntry) error {
+// apply applies e, an entry of the log record with sequence number seq,
+// unless its key holds a record a later batch wrote (recordLogSeq): Badger's
+// files may hold writes the log lost (its unsynced tail), and an older
+// reservation must not be written over its commit or release. Whatever
+// Badger cannot show (a key it lost, a value it cannot read) is written
+// from the log. Keys that are not records (they begin with a zero byte)
+// are written as the log says.
+func (r *replayer) apply(seq uint64, e walEntry) error {
 	if r.txn == nil {
 		r.txn = r.db.NewTransaction(true)
+	}
+	if len(e.key) > 0 && e.key[0] != 0 {
+		if held, err := r.heldSeq(e.key); err != nil {
+			return err
+		} else if held > seq {
+			r.skipped++
+			return nil
+		}
 	}
 	// An expired set is applied as a delete: an older version that Badger
 	// may still hold must not come back.
@@ -690,6 +724,28 @@ func (r *replayer) apply(e walEntry) error {
 		err = set()
 	}
 	return err
+}
+
+// heldSeq returns the log sequence number of the record Badger holds under
+// key, as the replay's transaction sees it (with what it applied): 0 when
+// there is none, it has none, or its value cannot be read (a value-log
+// file whose data a power cut took).
+func (r *replayer) heldSeq(key []byte) (uint64, error) {
+	item, err := r.txn.Get(key)
+	if errors.Is(err, bdg.ErrKeyNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	var seq uint64
+	if err := item.Value(func(v []byte) error {
+		seq = recordLogSeq(v)
+		return nil
+	}); err != nil {
+		return 0, nil
+	}
+	return seq, nil
 }
 
 // setApplied sets appliedKey to seq, in the replay's last transaction.

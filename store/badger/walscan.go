@@ -25,8 +25,8 @@ import (
 // proves it (a segment is synced whole before the next is written to), one
 // in the same segment does not (as before).
 //
-// A missing record whose sequence number Badger already holds (applied,
-// see appliedKey) loses nothing: the proof must reach past it.
+// A missing record from before the checkpoint (durable in Badger) loses
+// nothing: the proof must reach past it.
 //
 // The search follows valid frames by their length and, where none is, moves
 // a byte at a time (zeros skipped at once). A frame found so is believed
@@ -151,7 +151,8 @@ type logScan struct {
 }
 
 // scanLog reads files, the log's segments in order, with applied the
-// sequence number Badger holds (0: none or unknown).
+// last sequence number durable in Badger (the checkpoint's, less one; 0:
+// none or unknown).
 func scanLog(files []segmentFile, applied uint64) (logScan, error) {
 	var res logScan
 	wins := make([]*window, len(files))

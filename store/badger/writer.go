@@ -109,6 +109,9 @@ type writer struct {
 type wtxn struct {
 	*bdg.Txn
 	rec *walRecorder // nil without a log
+	// seq is the sequence number the batch's log record will carry (with
+	// a log): putAt stamps it into every record it writes.
+	seq uint64
 }
 
 // SetEntry sets e in the transaction and records it.
@@ -227,7 +230,7 @@ func (w *writer) applyOnce(batch []*op) []*op {
 		txn := &wtxn{Txn: w.db.NewTransaction(true)}
 		if w.wal != nil {
 			w.rec.reset() // a discarded transaction's entries go with it
-			txn.rec = &w.rec
+			txn.rec, txn.seq = &w.rec, w.wal.seq
 		}
 		n, failed := 0, false
 		for n < len(batch) {
