@@ -11,13 +11,13 @@ import (
 	"github.com/idemproxy/idemproxy/store/badger"
 )
 
-// TestReviewQuarantineCountsRecordsSetAside: the count of records
+// TestQuarantineCountsRecordsSetAside: the count of records
 // `idemproxy store quarantine` sets aside (stdout and the audit line's
 // records_set_aside) is what the operator checks with the upstream: every
 // valid record after the damage, which Check counts (Report.SetAside). It
 // was computed as the records before the damage minus those kept, which
 // are the same records: always 0.
-func TestReviewQuarantineCountsRecordsSetAside(t *testing.T) {
+func TestQuarantineCountsRecordsSetAside(t *testing.T) {
 	dir := t.TempDir()
 	data := filepath.Join(dir, "data")
 	badgerWithCharges(t, data, 300)

@@ -43,7 +43,7 @@ func copyFile(t *testing.T, src, dst string) {
 	}
 }
 
-// TestReviewPowerCutVlogBehindTreeLosesSyncedAnswer: a commit whose
+// TestPowerCutValueLogBehindTreeKeepsSyncedAnswer: a commit whose
 // answer is 192 bytes or more goes to Badger's value log, and only a
 // pointer to it to the memtable's log. Its client gets the 201; a later
 // reservation's fdatasync makes the commit durable in the reservation
@@ -51,7 +51,7 @@ func copyFile(t *testing.T, src, dst string) {
 // (with the pointer and the applied number) was written back, the value
 // log's page was not. The replay skips the commit (Badger "holds" it), so
 // the answer the log held is gone: the docs say it is replayed.
-func TestReviewPowerCutVlogBehindTreeLosesSyncedAnswer(t *testing.T) {
+func TestPowerCutValueLogBehindTreeKeepsSyncedAnswer(t *testing.T) {
 	dir := t.TempDir()
 	s, err := Open(Options{Dir: dir, SyncWrites: true, checkpointEvery: -1})
 	if err != nil {
@@ -116,7 +116,7 @@ func TestReviewPowerCutVlogBehindTreeLosesSyncedAnswer(t *testing.T) {
 	}
 }
 
-// TestReviewPowerCutOlderMemtableTailForgetsSyncedReservation: each
+// TestPowerCutOlderMemtableTailKeepsSyncedReservation: each
 // memtable has its own log (NNNNN.mem). When one fills, the next takes the
 // writes while the full one is flushed into a table; until that table is
 // in the MANIFEST the full one's log is all Badger has of it, unsynced.
@@ -130,7 +130,7 @@ func TestReviewPowerCutVlogBehindTreeLosesSyncedAnswer(t *testing.T) {
 // The window is made wide here by a file in the way of the flush's table
 // (Badger retries the flush every second); the full memtable's log as the
 // disk has it is a copy taken before its last writes.
-func TestReviewPowerCutOlderMemtableTailForgetsSyncedReservation(t *testing.T) {
+func TestPowerCutOlderMemtableTailKeepsSyncedReservation(t *testing.T) {
 	dir := t.TempDir()
 	s, err := Open(Options{Dir: dir, SyncWrites: true, checkpointEvery: -1})
 	if err != nil {
@@ -201,7 +201,7 @@ func TestReviewPowerCutOlderMemtableTailForgetsSyncedReservation(t *testing.T) {
 	}
 }
 
-// TestReviewOpenOfStoreInUseRemovesNoFile: a second process opening a
+// TestOpenOfStoreInUseRemovesNoFile: a second process opening a
 // store directory another one holds (a replica being replaced on the same
 // volume: its Guard tries every second) is refused by Badger's lock, but
 // Open removed the empty memtable logs and value-log files before taking
@@ -209,7 +209,7 @@ func TestReviewPowerCutOlderMemtableTailForgetsSyncedReservation(t *testing.T) {
 // store has just created is empty for that moment, and removed, its
 // writes go to a file nobody will find (not synced by checkpoints, gone
 // at the next open). Open must leave a directory in use alone.
-func TestReviewOpenOfStoreInUseRemovesNoFile(t *testing.T) {
+func TestOpenOfStoreInUseRemovesNoFile(t *testing.T) {
 	dir := t.TempDir()
 	s, err := Open(Options{Dir: dir, SyncWrites: true, checkpointEvery: -1})
 	if err != nil {
@@ -258,7 +258,7 @@ func copyTree(t *testing.T, src, dst string) {
 	}
 }
 
-// TestReviewResumedQuarantineMovesTheNewLog: a quarantine interrupted
+// TestUnfinishedQuarantineRefusesOpen: a quarantine interrupted
 // after it moved the later segments (the CLI killed) leaves the damaged
 // segment whose damage only a later segment proved: the degraded proxy
 // sees the files change and opens the store (a torn tail now), and its new
@@ -269,7 +269,7 @@ func copyTree(t *testing.T, src, dst string) {
 // puts the old kept records back. The reservations synced since the
 // reopen are gone (retries forwarded again), and the original segment,
 // kept "byte for byte" for the operator, is overwritten.
-func TestReviewResumedQuarantineMovesTheNewLog(t *testing.T) {
+func TestUnfinishedQuarantineRefusesOpen(t *testing.T) {
 	defer func(size int64) { walSegmentSize = size }(walSegmentSize)
 	walSegmentSize = 16 << 10
 	ctx := context.Background()
@@ -383,15 +383,15 @@ func TestReviewResumedQuarantineMovesTheNewLog(t *testing.T) {
 	}
 }
 
-// TestReviewPowerCutFlushedTableAheadOfValueLog: the same loss as
-// TestReviewPowerCutVlogBehindTreeLosesSyncedAnswer, without any luck in
+// TestPowerCutFlushedTableAheadOfValueLog: the same loss as
+// TestPowerCutValueLogBehindTreeKeepsSyncedAnswer, without any luck in
 // what the kernel wrote back: Badger syncs each table it flushes a
 // memtable into (msync, then the MANIFEST), and that table holds the
 // applied number and pointers into the value log, which nothing syncs
 // until the next checkpoint. A power cut before it, nothing unsynced
 // surviving, leaves the flushed table: the replay skips the commit, whose
 // answer the value log lost.
-func TestReviewPowerCutFlushedTableAheadOfValueLog(t *testing.T) {
+func TestPowerCutFlushedTableAheadOfValueLog(t *testing.T) {
 	dir := t.TempDir()
 	s, err := Open(Options{Dir: dir, SyncWrites: true, checkpointEvery: -1, noCompactions: true})
 	if err != nil {
