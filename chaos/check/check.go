@@ -253,12 +253,7 @@ func checkOrder(order string, ops []Op, route Route, charges []Charge, add func(
 	}
 
 	// Properties 3 and 5: how the key ended, read from its last probe.
-	var last *Op
-	for i := range ops {
-		if ops[i].Kind == "probe" && (last == nil || ops[i].Start > last.Start) {
-			last = &ops[i]
-		}
-	}
+	last := lastProbe(ops)
 	if last == nil {
 		add(PropLiveness, order, "the key was never probed after the faults stopped")
 		return

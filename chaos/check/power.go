@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/anishathalye/porcupine"
@@ -32,7 +33,13 @@ type Cut struct {
 // CutCounts is what the power cuts did to the keys of the proxies they hit.
 // A key counts once, at the first cut after it was answered (Answered) or
 // after its request was forwarded without an answer (Reserved); "after" is
-// the first answer its clients got once the proxy served again.
+// the first answer its clients got once the power was off that tells
+// (a replay, in doubt, a forward), unless the key's final probe (its last,
+// sent once the faults had stopped and the keys settled) got none of
+// these: then the key counts as unavailable (a 503 or another answer of
+// the proxy's own, or no answer at all, where a replay was due). "Not
+// asked" is left for the keys never probed after the cut with nothing
+// that tells.
 type CutCounts struct {
 	Cuts int `json:"cuts"`
 	// Answered counts the keys whose client received the upstream's answer
@@ -41,20 +48,23 @@ type CutCounts struct {
 	// after the answer was received): their commit was on disk.
 	Answered, Synced int
 	// After the cut, the keys of Synced were replayed, came back in doubt
-	// (a violation), were forwarded again (a violation), or were not asked
-	// again with an answer.
-	SyncedReplayed, SyncedInDoubt, SyncedForwarded, SyncedUnasked int
+	// (a violation), were forwarded again (a violation), were unavailable
+	// at the final probe (a violation), or were not asked again.
+	SyncedReplayed, SyncedInDoubt, SyncedForwarded, SyncedUnavailable, SyncedUnasked int
 	// The same for the answered keys no sync covered: in doubt is allowed
-	// (the commit was not on disk yet), forwarded again is not.
-	UnsyncedReplayed, UnsyncedInDoubt, UnsyncedForwarded, UnsyncedUnasked int
+	// (the commit was not on disk yet), forwarded again or unavailable at
+	// the final probe is not.
+	UnsyncedReplayed, UnsyncedInDoubt, UnsyncedForwarded, UnsyncedUnavailable, UnsyncedUnasked int
 	// Reserved counts the keys forwarded before a cut whose client got no
 	// answer (502 upstream-reset, 504 upstream-timeout, or no answer at all
 	// on a key the upstream charged before the cut: the statement's
 	// createdAt, placed by History.StartUnixNano). After the cut they were
 	// replayed (their commit survived, or a lookup reconciled them), were
-	// in doubt, or were forwarded again (a violation of property 7; a
-	// double charge if the upstream charged again, property 1).
-	Reserved, ReservedReplayed, ReservedInDoubt, ReservedForwarded, ReservedUnasked int
+	// in doubt, were forwarded again (a violation of property 7; a double
+	// charge if the upstream charged again, property 1), were unavailable
+	// at the final probe (a violation of property 7: the reservation
+	// neither survived nor left its key in doubt), or were not asked.
+	Reserved, ReservedReplayed, ReservedInDoubt, ReservedForwarded, ReservedUnavailable, ReservedUnasked int
 	// Recharged counts the keys of the cut proxies charged more often than
 	// the outcome table allows (property 1's violations among them).
 	Recharged int
@@ -65,13 +75,13 @@ type CutCounts struct {
 
 func (c CutCounts) String() string {
 	return fmt.Sprintf("%d power cuts; answered before a cut: %d keys, %d covered by a later sync "+
-		"(after the cut: %d replayed, %d in doubt, %d forwarded again, %d not asked), "+
-		"%d not yet synced (%d replayed, %d in doubt as allowed, %d forwarded again, %d not asked); "+
-		"forwarded (charged) before a cut, no answer received: %d keys (%d replayed, %d in doubt, %d forwarded again, %d not asked); "+
+		"(after the cut: %d replayed, %d in doubt, %d forwarded again, %d unavailable at the final probe, %d not asked), "+
+		"%d not yet synced (%d replayed, %d in doubt as allowed, %d forwarded again, %d unavailable at the final probe, %d not asked); "+
+		"forwarded (charged) before a cut, no answer received: %d keys (%d replayed, %d in doubt, %d forwarded again, %d unavailable at the final probe, %d not asked); "+
 		"%d keys charged more than once; %d starts after a cut exited before ready",
-		c.Cuts, c.Answered, c.Synced, c.SyncedReplayed, c.SyncedInDoubt, c.SyncedForwarded, c.SyncedUnasked,
-		c.Answered-c.Synced, c.UnsyncedReplayed, c.UnsyncedInDoubt, c.UnsyncedForwarded, c.UnsyncedUnasked,
-		c.Reserved, c.ReservedReplayed, c.ReservedInDoubt, c.ReservedForwarded, c.ReservedUnasked, c.Recharged, c.FailedStarts)
+		c.Cuts, c.Answered, c.Synced, c.SyncedReplayed, c.SyncedInDoubt, c.SyncedForwarded, c.SyncedUnavailable, c.SyncedUnasked,
+		c.Answered-c.Synced, c.UnsyncedReplayed, c.UnsyncedInDoubt, c.UnsyncedForwarded, c.UnsyncedUnavailable, c.UnsyncedUnasked,
+		c.Reserved, c.ReservedReplayed, c.ReservedInDoubt, c.ReservedForwarded, c.ReservedUnavailable, c.ReservedUnasked, c.Recharged, c.FailedStarts)
 }
 
 // cutClient is the porcupine client of the first power cut's operations
@@ -113,6 +123,83 @@ func answered(o Op, r Route) bool {
 	return o.Err == "" && (c == cCommit || c == cReplay)
 }
 
+// after-the-cut outcomes of a key, as CutCounts counts them.
+const (
+	aReplayed = iota
+	aInDoubt
+	aForwarded
+	aUnavailable
+	aUnasked
+)
+
+// unavailableAtEnd returns the key's final probe (its last probe, which
+// property 5 reads too) if it started after the cut c was complete and got
+// neither a replay, nor in doubt, nor a forward: a 503 (store-unavailable
+// or another problem of the proxy's own), another answer that is not the
+// key's, or no answer at all. A 503 while the power is off or the proxy
+// restarts is not the final probe; the probe phase asks a key that is not
+// settled again until lease and grace are over, so a 503 there is the
+// key's state for as long as the run watched it.
+func unavailableAtEnd(ops []Op, route Route, c Cut) *Op {
+	last := lastProbe(ops)
+	if last == nil || last.Start <= c.Off {
+		return nil
+	}
+	if cl := classify(*last, route); cl == cReplay || cl == cInDoubt || forwarded(cl) {
+		return nil
+	}
+	return last
+}
+
+// lastProbe returns the latest probe of ops, nil if none.
+func lastProbe(ops []Op) *Op {
+	var last *Op
+	for i := range ops {
+		if ops[i].Kind == "probe" && (last == nil || ops[i].Start > last.Start) {
+			last = &ops[i]
+		}
+	}
+	return last
+}
+
+// since describes what the key's clients got from the start of the cut c
+// on: the first few attempts and the last, with each one's answer.
+func since(ops []Op, c Cut, last *Op) string {
+	const shown = 4
+	var parts []string
+	skipped := 0
+	for i := range ops {
+		o := &ops[i]
+		if o.Start <= c.At || o == last {
+			continue
+		}
+		if len(parts) >= shown {
+			skipped++
+			continue
+		}
+		parts = append(parts, describe(*o))
+	}
+	if skipped > 0 {
+		parts = append(parts, fmt.Sprintf("%d more", skipped))
+	}
+	parts = append(parts, describe(*last)+" (the final probe)")
+	return strings.Join(parts, ", ")
+}
+
+// describe is one attempt and its answer, for a violation's message.
+func describe(o Op) string {
+	what := fmt.Sprintf("%d %s", o.Status, problemType(o))
+	switch {
+	case o.Err != "":
+		what = "no answer: " + o.Err
+	case o.Replay:
+		what = fmt.Sprintf("%d replayed", o.Status)
+	case problemType(o) == "":
+		what = fmt.Sprintf("%d %s", o.Status, trim(o.Body))
+	}
+	return fmt.Sprintf("#%d (%s via %s, %.3fs) %s", o.ID, o.Kind, o.Proxy, sec(o.Start), what)
+}
+
 // checkCuts checks property 7 and counts what the power cuts did. An
 // answer received before a cut is on disk once a reservation the store
 // made after it was synced: the store has one writer and one log, so that
@@ -121,7 +208,12 @@ func answered(o Op, r Route) bool {
 // answer was received and got the upstream's answer before the cut. Such
 // an answer must come back as a replay after every later cut: in doubt or
 // forwarded again is a violation. An answer no sync covered may come back
-// in doubt (docs/operations.md), never forwarded again (property 3).
+// in doubt (docs/operations.md), never forwarded again (property 3). For
+// both, and for a reservation forwarded before the cut, the key's final
+// probe after the cut must replay (or, where allowed, say in doubt): a
+// 503 or no answer there is a key whose answer the store could not read
+// for as long as the run watched it, which is neither replayed nor in
+// doubt (a violation, whatever came earlier after the cut).
 func checkCuts(h History, byOrder map[string][]Op, orders []string, charges map[string][]Charge, add func(int, string, string, ...any)) CutCounts {
 	n := CutCounts{Cuts: len(h.Cuts)}
 	for _, c := range h.Cuts {
@@ -182,23 +274,31 @@ func checkCuts(h History, byOrder map[string][]Op, orders []string, charges map[
 		if len(charges[order]) > chargesAllowed(ops, route) {
 			n.Recharged++
 		}
-		// after returns what the key's clients got first after cut i:
-		// 0 a replay, 1 in doubt, 2 forwarded, 3 nothing that tells.
+		// after returns what cut i did to the key (aReplayed, ...): the
+		// first answer after it that tells, unless the final probe found
+		// the key unavailable (a key forwarded again counts as that).
 		after := func(i int) int {
+			what := aUnasked
 			for _, o := range ops {
 				if o.Start <= cuts[i].Off {
 					continue
 				}
 				switch c := classify(o, route); {
 				case c == cReplay:
-					return 0
+					what = aReplayed
 				case c == cInDoubt:
-					return 1
+					what = aInDoubt
 				case forwarded(c):
-					return 2
+					what = aForwarded
+				default:
+					continue
 				}
+				break
 			}
-			return 3
+			if what != aForwarded && unavailableAtEnd(ops, route, cuts[i]) != nil {
+				return aUnavailable
+			}
+			return what
 		}
 
 		// The earliest answer a sync covered, else the first answer.
@@ -223,8 +323,9 @@ func checkCuts(h History, byOrder map[string][]Op, orders []string, charges map[
 		}
 		if synced != nil {
 			// Property 7: after the cut that followed it, never in doubt,
-			// never forwarded again.
+			// never forwarded again, and replayed at the final probe.
 			c := cuts[syncedCut]
+			reported := false
 			for _, o := range ops {
 				if o.Start <= c.Off {
 					continue
@@ -239,16 +340,32 @@ func checkCuts(h History, byOrder map[string][]Op, orders []string, charges map[
 						"yet attempt #%d (%.3fs) had received %d %s and request #%d, forwarded after it (%.3fs), was synced before the cut",
 						o.ID, o.Kind, o.Proxy, sec(o.Start), o.Status, trim(o.Body+o.Err), what, c.Proxy, sec(c.At),
 						synced.ID, sec(synced.End), synced.Status, trim(synced.Body), witness[syncedCut].id, sec(witness[syncedCut].start))
+					reported = true
 					break
 				}
+			}
+			if last := unavailableAtEnd(ops, route, c); last != nil && !reported {
+				add(PropPowerCut, order, "the key's answer was not replayed after the power cut of %s at %.3fs: attempt #%d (%.3fs) had received %d %s "+
+					"and request #%d, forwarded after it (%.3fs), was synced before the cut; since the cut: %s",
+					c.Proxy, sec(c.At), synced.ID, sec(synced.End), synced.Status, trim(synced.Body),
+					witness[syncedCut].id, sec(witness[syncedCut].start), since(ops, c, last))
+			}
+		} else if first != nil {
+			// An answer no sync covered: in doubt is allowed, a final
+			// probe without the answer is not (a forward is property 3's).
+			c := cuts[cutOf]
+			if last := unavailableAtEnd(ops, route, c); last != nil && !forwardedAfter(ops, route, c) {
+				add(PropPowerCut, order, "the key's answer was neither replayed nor in doubt after the power cut of %s at %.3fs: attempt #%d (%.3fs) had received %d %s "+
+					"(no sync covered it before the cut, so in doubt was allowed); since the cut: %s",
+					c.Proxy, sec(c.At), first.ID, sec(first.End), first.Status, trim(first.Body), since(ops, c, last))
 			}
 		}
 		if first != nil {
 			n.Answered++
-			i, counts := cutOf, [4]*int{&n.UnsyncedReplayed, &n.UnsyncedInDoubt, &n.UnsyncedForwarded, &n.UnsyncedUnasked}
+			i, counts := cutOf, [5]*int{&n.UnsyncedReplayed, &n.UnsyncedInDoubt, &n.UnsyncedForwarded, &n.UnsyncedUnavailable, &n.UnsyncedUnasked}
 			if synced != nil {
 				n.Synced++
-				i, counts = syncedCut, [4]*int{&n.SyncedReplayed, &n.SyncedInDoubt, &n.SyncedForwarded, &n.SyncedUnasked}
+				i, counts = syncedCut, [5]*int{&n.SyncedReplayed, &n.SyncedInDoubt, &n.SyncedForwarded, &n.SyncedUnavailable, &n.SyncedUnasked}
 			}
 			*counts[after(i)]++
 			continue
@@ -264,8 +381,14 @@ func checkCuts(h History, byOrder map[string][]Op, orders []string, charges map[
 			}
 			n.Reserved++
 			what := after(i)
-			*[4]*int{&n.ReservedReplayed, &n.ReservedInDoubt, &n.ReservedForwarded, &n.ReservedUnasked}[what]++
-			if what == 2 && route.Policy == ReserveThenCommit { // release-on-5xx may have released it
+			*[5]*int{&n.ReservedReplayed, &n.ReservedInDoubt, &n.ReservedForwarded, &n.ReservedUnavailable, &n.ReservedUnasked}[what]++
+			if what == aUnavailable {
+				last := unavailableAtEnd(ops, route, cuts[i])
+				add(PropPowerCut, order, "the key was neither replayed nor in doubt after the power cut of %s at %.3fs, "+
+					"yet its request #%d (%.3fs) had been forwarded before it (%s); since the cut: %s",
+					cuts[i].Proxy, sec(cuts[i].At), o.ID, sec(o.Start), chargeIDs(charges[order]), since(ops, cuts[i], last))
+			}
+			if what == aForwarded && route.Policy == ReserveThenCommit { // release-on-5xx may have released it
 				for _, a := range ops {
 					if cl := classify(a, route); a.Start > cuts[i].Off && forwarded(cl) {
 						add(PropPowerCut, order, "attempt #%d (%s via %s, %.3fs) was forwarded (%d) after the power cut of %s at %.3fs, "+
@@ -282,6 +405,17 @@ func checkCuts(h History, byOrder map[string][]Op, orders []string, charges map[
 }
 
 func sec(ns int64) float64 { return float64(ns) / 1e9 }
+
+// forwardedAfter reports whether an attempt of ops that started after the
+// cut c was complete was forwarded.
+func forwardedAfter(ops []Op, route Route, c Cut) bool {
+	for _, o := range ops {
+		if o.Start > c.Off && forwarded(classify(o, route)) {
+			return true
+		}
+	}
+	return false
+}
 
 // chargedBefore reports whether the upstream recorded one of charges
 // before at (run time), as its createdAt says; false when the history

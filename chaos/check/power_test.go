@@ -1,6 +1,7 @@
 package check
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -153,4 +154,168 @@ func TestARequestThatNeverReachedTheUpstreamMayGoAgain(t *testing.T) {
 	if len(res.Violations) != 0 || res.Cuts.Reserved != 0 {
 		t.Errorf("violations %v, %d reserved; want none", res.Violations, res.Cuts.Reserved)
 	}
+}
+
+// TestAFinalProbeWithoutTheAnswerIsAViolation pins property 7's reading
+// of the final probe (the last probe of the key, sent once the faults had
+// stopped and the keys settled, as property 5 reads it): an answer a
+// client received before a cut must be replayed there. A 503 (or another
+// answer of the proxy's own) at the final probe is no "nothing that
+// tells": a store that cannot read the answer's value answers 503 for the
+// key's whole TTL, which docs/operations.md does not allow, whether or
+// not a sync covered the answer (in doubt is allowed for an answer no
+// sync covered, a 503 is not). A 503 while the power is off or the proxy
+// restarts is no violation when the final probe replays. The cut is at
+// 500 (complete at 520, the proxy up at 600) of r0; request W, forwarded
+// from 200 to 300, is the sync that covers an answer received before 200.
+func TestAFinalProbeWithoutTheAnswerIsAViolation(t *testing.T) {
+	cut := Cut{Proxy: "r0", At: 500, Off: 520, Up: 600}
+	cA, cW := chargeJSON("ch_1", "A"), chargeJSON("ch_w", "W")
+	witness := []Op{
+		fresh("charges-wait", "W", 200, 300, 201, cW),
+		probe(replay("charges-wait", "W", 2000, 2010, 201, cW)),
+	}
+	unavailable := func(start int64) Op {
+		return problem("charges-wait", "A", start, start+10, 503, "store-unavailable")
+	}
+	synced := fresh("charges-wait", "A", 0, 100, 201, cA)     // covered by W's sync
+	unsynced := fresh("charges-wait", "A", 250, 400, 201, cA) // after W's sync, before the cut
+	// W: answered before the cut, no sync after it, replayed.
+	base := CutCounts{Cuts: 1, Answered: 1, UnsyncedReplayed: 1}
+	with := func(f func(*CutCounts)) CutCounts { c := base; f(&c); return c }
+	tests := []struct {
+		name string
+		ops  []Op
+		want []int // the properties that must be reported, and no other
+		// msg: what the property-7 violation must say (the answer before,
+		// what came after)
+		msg    []string
+		counts CutCounts
+	}{
+		{
+			name:   "a synced answer, the final probe 503",
+			ops:    []Op{synced, probe(unavailable(1000))},
+			want:   []int{PropPowerCut, PropLiveness},
+			msg:    []string{"#3", "201 " + cA, "#4", "503", "store-unavailable", "final probe", "request #1"},
+			counts: with(func(c *CutCounts) { c.Answered, c.Synced, c.SyncedUnavailable = 2, 1, 1 }),
+		},
+		{
+			name:   "a synced answer, 503s while the power is off and the proxy restarts, every probe 503",
+			ops:    []Op{synced, unavailable(510), unavailable(540), probe(unavailable(1000)), probe(unavailable(3000))},
+			want:   []int{PropPowerCut, PropLiveness},
+			msg:    []string{"#7 (probe", "503", "#4", "#5", "#6"},
+			counts: with(func(c *CutCounts) { c.Answered, c.Synced, c.SyncedUnavailable = 2, 1, 1 }),
+		},
+		{
+			name:   "a synced answer, another 5xx problem at the final probe",
+			ops:    []Op{synced, probe(problem("charges-wait", "A", 1000, 1010, 503, "overloaded"))},
+			want:   []int{PropPowerCut, PropLiveness},
+			msg:    []string{"overloaded"},
+			counts: with(func(c *CutCounts) { c.Answered, c.Synced, c.SyncedUnavailable = 2, 1, 1 }),
+		},
+		{
+			name:   "a synced answer, no answer at all at the final probe",
+			ops:    []Op{synced, probe(Op{Route: "charges-wait", Order: "A", Start: 1000, End: 1010, Err: "connection refused", NotSent: true})},
+			want:   []int{PropPowerCut, PropLiveness},
+			msg:    []string{"connection refused"},
+			counts: with(func(c *CutCounts) { c.Answered, c.Synced, c.SyncedUnavailable = 2, 1, 1 }),
+		},
+		{
+			name:   "a synced answer, 503s during the cut and the restart, the final probe replays",
+			ops:    []Op{synced, unavailable(510), unavailable(540), probe(unavailable(1000)), probe(replay("charges-wait", "A", 3000, 3010, 201, cA))},
+			counts: with(func(c *CutCounts) { c.Answered, c.Synced, c.SyncedReplayed = 2, 1, 1 }),
+		},
+		{
+			// The answer survived the cut, then went (the final probe is
+			// the authority: "replayed after every later cut").
+			name:   "a synced answer replayed after the cut, the final probe 503",
+			ops:    []Op{synced, replay("charges-wait", "A", 700, 710, 201, cA), probe(unavailable(1000))},
+			want:   []int{PropPowerCut, PropLiveness},
+			msg:    []string{"#5", "503", "#4"},
+			counts: with(func(c *CutCounts) { c.Answered, c.Synced, c.SyncedUnavailable = 2, 1, 1 }),
+		},
+		{
+			name:   "an unsynced answer, the final probe 503",
+			ops:    []Op{unsynced, probe(unavailable(1000))},
+			want:   []int{PropPowerCut, PropLiveness},
+			msg:    []string{"#3", "201 " + cA, "#4", "503", "store-unavailable", "no sync covered"},
+			counts: with(func(c *CutCounts) { c.Answered, c.UnsyncedUnavailable = 2, 1 }),
+		},
+		{
+			name:   "an unsynced answer, in doubt after the cut, the final probe 503",
+			ops:    []Op{unsynced, problem("charges-wait", "A", 700, 710, 409, "outcome-in-doubt"), probe(unavailable(1000))},
+			want:   []int{PropPowerCut, PropLiveness},
+			msg:    []string{"#5", "503", "#4"},
+			counts: with(func(c *CutCounts) { c.Answered, c.UnsyncedUnavailable = 2, 1 }),
+		},
+		{
+			name:   "an unsynced answer, a 503 at the restart, in doubt at the final probe",
+			ops:    []Op{unsynced, unavailable(540), probe(problem("charges-wait", "A", 1000, 1010, 409, "outcome-in-doubt"))},
+			counts: with(func(c *CutCounts) { c.Answered, c.UnsyncedInDoubt = 2, 1 }),
+		},
+		{
+			name:   "a reservation forwarded without an answer, the final probe 503",
+			ops:    []Op{{Route: "charges-wait", Order: "A", Start: 450, End: 510, Err: "EOF"}, probe(unavailable(1000))},
+			want:   []int{PropPowerCut, PropLiveness},
+			msg:    []string{"#4", "503", "request #3", "forwarded before"},
+			counts: with(func(c *CutCounts) { c.Reserved, c.ReservedUnavailable = 1, 1 }),
+		},
+		{
+			// Probed only before the cut: nothing after it tells, and a
+			// retry's 503 while the proxy restarts is not the final probe.
+			name:   "a synced answer never probed after the cut",
+			ops:    []Op{synced, probe(replay("charges-wait", "A", 150, 160, 201, cA)), unavailable(540)},
+			counts: with(func(c *CutCounts) { c.Answered, c.Synced, c.SyncedUnasked = 2, 1, 1 }),
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := hist(append(append([]Op(nil), witness...), tt.ops...)...)
+			h.Cuts = []Cut{cut}
+			// The statement's createdAt (chargeJSON) is at 450 ns of the run.
+			h.StartUnixNano = time.Date(2026, 12, 1, 22, 0, 0, 0, time.UTC).UnixNano() - 450
+			res := Check(h, statement([2]string{"ch_w", "W"}, [2]string{"ch_1", "A"}), Options{Dir: t.TempDir()})
+			got := map[int]bool{}
+			for _, v := range res.Violations {
+				got[v.Property] = true
+				if v.Property != PropPowerCut {
+					continue
+				}
+				if v.Order != "A" {
+					t.Errorf("property 7 names order %q, want A: %v", v.Order, v)
+				}
+				for _, s := range tt.msg {
+					if !strings.Contains(v.Msg, s) {
+						t.Errorf("property 7's message does not say %q: %s", s, v.Msg)
+					}
+				}
+			}
+			for _, p := range tt.want {
+				if !got[p] {
+					t.Errorf("property %d not reported; violations: %v", p, res.Violations)
+				}
+			}
+			for p := range got {
+				if !contains(tt.want, p) {
+					t.Errorf("property %d reported, want only %v: %v", p, tt.want, res.Violations)
+				}
+			}
+			if n := countProp(res.Violations, PropPowerCut); n > 1 {
+				t.Errorf("property 7 reported %d times for one key, want once: %v", n, res.Violations)
+			}
+			if res.Cuts != tt.counts {
+				t.Errorf("counts:\n got %v\nwant %v", res.Cuts, tt.counts)
+			}
+		})
+	}
+}
+
+func countProp(vs []Violation, p int) int {
+	n := 0
+	for _, v := range vs {
+		if v.Property == p {
+			n++
+		}
+	}
+	return n
 }
