@@ -3,14 +3,11 @@
 package badger
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -89,48 +86,13 @@ func TestBadgerSyncCoversEveryCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	fsys := powerloss.MountT(t, disk, powerloss.Options{})
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), syncChildEnv+"="+filepath.Join(fsys.Mountpoint(), "db"))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	lines := make(chan string, 16)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-		cmd.Wait()
-		close(exited)
-	}()
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		<-exited
-	})
-	for _, want := range []string{"synced", "written"} {
-		select {
-		case l, ok := <-lines:
-			if !ok || l != want {
-				t.Fatalf("the child said %q (%v), want %q; stderr: %s", l, ok, want, stderr.String())
-			}
-		case <-time.After(time.Minute):
-			t.Fatalf("the child did not say %q within a minute", want)
-		}
-	}
+	child := startMountChild(t, syncChildEnv, filepath.Join(fsys.Mountpoint(), "db"))
+	child.expect(t, "synced")
+	child.expect(t, "written")
 	if err := fsys.PowerOff(); err != nil {
 		t.Fatalf("PowerOff: %v", err)
 	}
-	cmd.Process.Kill() // waiting, it may not have touched the mount since
-	<-exited
+	child.kill() // waiting, it may not have touched the mount since
 	// disk holds what was synced; Badger reads it here, off the mount.
 	db := openRaw(t, storeOptions(t, filepath.Join(disk, "db")))
 	var lost []string

@@ -69,46 +69,12 @@ func TestAcknowledgedReservationsSurviveAPowerCut(t *testing.T) {
 		t.Fatal(err)
 	}
 	fsys := powerloss.MountT(t, disk, powerloss.Options{Harsh: true})
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), reserveChildEnv+"="+filepath.Join(fsys.Mountpoint(), "db"))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	said := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		if sc.Scan() {
-			said <- sc.Text()
-		}
-		close(said)
-		cmd.Wait()
-		close(exited)
-	}()
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		<-exited
-	})
-	select {
-	case l := <-said:
-		if l != "reserved" {
-			t.Fatalf("the child said %q, want reserved; stderr: %s", l, stderr.String())
-		}
-	case <-time.After(time.Minute):
-		t.Fatal("the child did not reserve within a minute")
-	}
+	child := startMountChild(t, reserveChildEnv, filepath.Join(fsys.Mountpoint(), "db"))
+	child.expect(t, "reserved")
 	if err := fsys.PowerOff(); err != nil {
 		t.Fatalf("PowerOff: %v", err)
 	}
-	cmd.Process.Kill()
-	<-exited
+	child.kill()
 
 	s, err := Open(Options{Dir: filepath.Join(disk, "db"), SyncWrites: true})
 	if err != nil {
@@ -130,4 +96,61 @@ func TestAcknowledgedReservationsSurviveAPowerCut(t *testing.T) {
 	if missing > 0 {
 		t.Errorf("%d of %d acknowledged reservations are gone after the power cut: their retries would be forwarded again", missing, cutReservations)
 	}
+}
+
+// mountChild is this test binary run as a child on a power-loss mount: a
+// process that maps files of a FUSE mount must not be the one serving it.
+type mountChild struct {
+	cmd    *exec.Cmd
+	lines  chan string
+	exited chan struct{}
+	stderr bytes.Buffer
+}
+
+// startMountChild starts the test binary with env set to dir (its init
+// runs the child's part and exits), killed when the test ends.
+func startMountChild(t *testing.T, env, dir string) *mountChild {
+	t.Helper()
+	c := &mountChild{lines: make(chan string, 16), exited: make(chan struct{})}
+	c.cmd = exec.Command(os.Args[0], "-test.run=^$")
+	c.cmd.Env = append(os.Environ(), env+"="+dir)
+	c.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	c.cmd.Stderr = &c.stderr
+	out, err := c.cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			c.lines <- sc.Text()
+		}
+		close(c.lines)
+		c.cmd.Wait()
+		close(c.exited)
+	}()
+	t.Cleanup(c.kill)
+	return c
+}
+
+// expect waits up to a minute for the child to say want, its next line.
+func (c *mountChild) expect(t *testing.T, want string) {
+	t.Helper()
+	select {
+	case l, ok := <-c.lines:
+		if !ok || l != want {
+			t.Fatalf("the child said %q (%v), want %q; stderr: %s", l, ok, want, c.stderr.String())
+		}
+	case <-time.After(time.Minute):
+		t.Fatalf("the child did not say %q within a minute", want)
+	}
+}
+
+// kill kills the child and waits for it to end.
+func (c *mountChild) kill() {
+	c.cmd.Process.Kill()
+	<-c.exited
 }
