@@ -21,7 +21,8 @@ import (
 // memtable's log; each memtable its own log), and the kernel writes their
 // pages back in any order, so after a power cut Badger can hold a later
 // batch (its applied number) without an earlier one, which the log holds,
-// synced, and the replay now skips.
+// synced. A replay that skipped every record up to Badger's applied number
+// lost them; the replay decides key by key instead.
 
 func globOne(t *testing.T, dir, pattern string) []string {
 	t.Helper()
@@ -49,8 +50,8 @@ func copyFile(t *testing.T, src, dst string) {
 // reservation's fdatasync makes the commit durable in the reservation
 // log. The power goes before the 30 s checkpoint: the memtable log's page
 // (with the pointer and the applied number) was written back, the value
-// log's page was not. The replay skips the commit (Badger "holds" it), so
-// the answer the log held is gone: the docs say it is replayed.
+// log's page was not. The answer must come back from the log (a replay
+// that skipped the commit, as Badger "held" it, lost it: 503 for its TTL).
 func TestPowerCutValueLogBehindTreeKeepsSyncedAnswer(t *testing.T) {
 	dir := t.TempDir()
 	s, err := Open(Options{Dir: dir, SyncWrites: true, checkpointEvery: -1})
@@ -122,10 +123,10 @@ func TestPowerCutValueLogBehindTreeKeepsSyncedAnswer(t *testing.T) {
 // in the MANIFEST the full one's log is all Badger has of it, unsynced.
 // The power goes in that window, the kernel having written back the new
 // memtable log's pages (holding the newest applied number) and not the
-// last pages of the full one. Badger opens with a hole; the replay skips
-// every record up to the newest applied number, the hole included: the
-// reservations in it, synced and forwarded, are gone, and their retries
-// are forwarded again (charged twice).
+// last pages of the full one. Badger opens with a hole; the reservations
+// in it, synced and forwarded, must come back from the log (a replay that
+// skipped every record up to the newest applied number lost them, and
+// their retries were forwarded again: charged twice).
 //
 // The window is made wide here by a file in the way of the flush's table
 // (Badger retries the flush every second); the full memtable's log as the
@@ -389,8 +390,8 @@ func TestUnfinishedQuarantineRefusesOpen(t *testing.T) {
 // memtable into (msync, then the MANIFEST), and that table holds the
 // applied number and pointers into the value log, which nothing syncs
 // until the next checkpoint. A power cut before it, nothing unsynced
-// surviving, leaves the flushed table: the replay skips the commit, whose
-// answer the value log lost.
+// surviving, leaves the flushed table: the answer the value log lost must
+// come back from the log.
 func TestPowerCutFlushedTableAheadOfValueLog(t *testing.T) {
 	dir := t.TempDir()
 	s, err := Open(Options{Dir: dir, SyncWrites: true, checkpointEvery: -1, noCompactions: true})
