@@ -1,0 +1,465 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"reflect"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/idemproxy/idemproxy/admin"
+	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/epoch"
+	"github.com/idemproxy/idemproxy/internal/prealloc"
+	"github.com/idemproxy/idemproxy/internal/settle"
+	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/store"
+	"github.com/idemproxy/idemproxy/store/badger"
+)
+
+// app is a running idemproxy.
+type app struct {
+	log    *slog.Logger
+	access *proxy.AccessLog // nil: the access log is off
+	// settler retries the writes that settle keys (internal/settle);
+	// made by serve.
+	settler *settle.Settler
+	path    string
+	getenv  func(string) string
+
+	mu       sync.Mutex // serialises reloads
+	cfg      *config.Config
+	p        *proxy.Proxy
+	conns    *connLimiter // the client listener's limits; set by serve
+	reloadOK prometheus.Gauge
+	reloadTS prometheus.Gauge
+
+	// epochSeen is given to the shared stores, which call it with the
+	// epoch marker read on each new connection (epoch.go); nil outside
+	// serve.
+	epochSeen func(m *store.Epoch, read bool) error
+}
+
+// storeCloser is a store the program opens and closes; every backend
+// lists its keys for the admin API.
+type storeCloser interface {
+	store.Store
+	store.Lister
+	Close() error
+}
+
+// registerBadgerMetrics exports Badger's size on disk, the figure an
+// operator watches for a store that grows without bound, and the guard's
+// free space, refusals and reopens.
+func registerBadgerMetrics(reg prometheus.Registerer, s *badger.Guard) {
+	registerStoreOpenMetric(reg, s)
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "idemproxy_badger_disk_free_bytes",
+			Help: "Free space of the Badger data directory's file system, as last measured.",
+		}, func() float64 { return float64(s.FreeBytes()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "idemproxy_badger_low_disk_refusals_total",
+			Help: "Reservations refused because free disk space was below store.badger.min_free_bytes.",
+		}, func() float64 { return float64(s.LowDiskRefusals()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "idemproxy_badger_reopens_total",
+			Help: "Times the Badger store was reopened after it failed.",
+		}, func() float64 { return float64(s.Reopens()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "idemproxy_badger_preallocation_active",
+			Help: "1 when the files Badger grows are preallocated, so that a full disk is a 503 and not a crash; 0 where seccomp is unavailable or store.badger.preallocate is off.",
+		}, func() float64 {
+			if prealloc.Active() {
+				return 1
+			}
+			return 0
+		}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "idemproxy_badger_files_waiting_for_space",
+			Help: "Badger table files whose creation waits for disk space.",
+		}, func() float64 { return float64(prealloc.Waiting()) }),
+	)
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "idemproxy_badger_lsm_size_bytes",
+			Help: "Size of Badger's LSM tree on disk.",
+		}, func() float64 { lsm, _ := s.Sizes(); return float64(lsm) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "idemproxy_badger_vlog_size_bytes",
+			Help: "Size of Badger's value log on disk.",
+		}, func() float64 { _, vlog := s.Sizes(); return float64(vlog) }),
+	)
+}
+
+// registerProbeMetrics exports the verdict of the store's write probe,
+// which /readyz reads.
+func registerProbeMetrics(reg prometheus.Registerer, p *store.WriteProbe) {
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "idemproxy_store_writable",
+			Help: "1 when the store takes writes: the last write probe (a reserve and release of a key of its own, every 2 s) or real reservation since succeeded; 0 when it failed or a probe stalls: /readyz is 503 then.",
+		}, func() float64 {
+			if p.Err() != nil {
+				return 0
+			}
+			return 1
+		}),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "idemproxy_store_write_probe_failures_total",
+			Help: "Write probes of the store that failed or timed out (2 s).",
+		}, func() float64 { return float64(p.Failures()) }),
+	)
+}
+
+// redisLogger sends go-redis' internal log to slog at debug level.
+type redisLogger struct{ log *slog.Logger }
+
+func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	l.log.Debug("redis: " + fmt.Sprintf(format, v...))
+}
+
+// newRegistry returns the registry of the program's own metrics; the
+// store and the proxy add theirs.
+func (a *app) newRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	a.registerMetrics(reg)
+	return reg
+}
+
+// registerMetrics registers the process, build and reload metrics.
+func (a *app) registerMetrics(reg prometheus.Registerer) {
+	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "idemproxy_build_info",
+		Help: "Always 1; the labels name the running build.",
+	}, []string{"version", "goversion"})
+	buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
+	a.reloadOK = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "idemproxy_config_last_reload_successful",
+		Help: "1 if the last configuration (re)load succeeded, 0 if it failed and the previous one is still running.",
+	})
+	a.reloadTS = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "idemproxy_config_last_reload_success_timestamp_seconds",
+		Help: "Unix time of the last successful configuration (re)load.",
+	})
+	reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		buildInfo, a.reloadOK, a.reloadTS,
+	)
+	a.reloadOK.Set(1)
+	a.reloadTS.SetToCurrentTime()
+}
+
+// serve runs the proxy until ctx is cancelled, then shuts down gracefully.
+func (a *app) serve(ctx context.Context) error {
+	cfg, log := a.cfg, a.log
+	log.Info("idemproxy starting", a.startAttrs()...)
+	nofile, nofileKnown := raiseOpenFiles(log)
+	checkDescriptors(log, cfg, nofile, nofileKnown)
+	if err := a.preallocate(); err != nil { // store.badger.preallocate, before the store opens
+		return err
+	}
+	// From the start: an unhandled SIGHUP would kill the process.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	a.applyMemoryLimit(cfg)
+	reg := a.newRegistry()
+	// One settler retries every write that settles a key, the proxy's and
+	// the store's own (a Badger commit whose batch failed): shutdown waits
+	// for them up to its deadline, before the store closes.
+	a.settler = settle.New(log)
+	var watcher atomic.Pointer[epoch.Watcher]
+	a.epochSeen = func(m *store.Epoch, read bool) error { return epochSeen(watcher.Load(), m, read) }
+	st, storeName, err := a.openStore(reg)
+	if err != nil {
+		return fmt.Errorf("open store: %w", err)
+	}
+	defer func() {
+		if err := st.Close(); err != nil {
+			log.Error("close store", "err", err)
+		}
+	}()
+	defer func() { // on an early return: stopped at once; after a shutdown, closed already
+		now, cancel := context.WithCancel(context.Background())
+		cancel()
+		a.settler.Close(now)
+	}()
+	// The epoch watcher gates reservations (a store that forgot its keys
+	// is refused); the write probe's verdict is /readyz's, and the
+	// proxy's reservations report to it between probes.
+	reserveStore, epochReady, stopEpoch := a.watchEpoch(ctx, reg, st, storeName, &watcher)
+	defer stopEpoch() // before the store closes
+	probe := store.NewWriteProbe(st, store.ProbeOptions{})
+	a.p, err = proxy.New(cfg, proxy.Options{
+		Store: probe.Observe(reserveStore), StoreName: storeName, Logger: log, AccessLog: a.access, Metrics: proxy.NewMetrics(reg),
+		Settler: a.settler,
+	})
+	if err != nil {
+		return err
+	}
+	reconciler, stopReconciler, err := a.startReconciler(st)
+	if err != nil {
+		return err
+	}
+	defer stopReconciler() // before the store closes
+	registerProbeMetrics(reg, probe)
+	probeCtx, stopProbe := context.WithCancel(context.Background())
+	probeDone := make(chan struct{})
+	go func() { defer close(probeDone); probe.Run(probeCtx) }()
+	defer func() { stopProbe(); <-probeDone }() // before the store closes
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	conns := newConnLimiter(ln, cfg.Server.MaxConnections, cfg.Server.ReadHeaderTimeout.D())
+	conns.log = log
+	conns.setClientLimits(cfg.Server)
+	a.conns = conns
+	registerConnMetrics(reg, conns)
+	srv := &http.Server{
+		Handler:           conns.guard(withoutH2CUpgrade(a.p)),
+		ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout.D(),
+		ReadTimeout:       cfg.Server.ReadTimeout.D(),
+		IdleTimeout:       cfg.Server.IdleTimeout.D(),
+		MaxHeaderBytes:    maxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		ConnState:         conns.ConnState,
+		ConnContext:       conns.ConnContext,
+		Protocols:         serverProtocols(),
+		HTTP2:             serverHTTP2(),
+	}
+	ln = conns
+	errc := make(chan error, 2)
+	go func() { errc <- srv.Serve(ln) }()
+
+	var adm *admin.Handler
+	var admSrv *http.Server
+	if cfg.Admin.Listen != "" {
+		token := a.getenv(cfg.Admin.TokenEnv)
+		if token == "" {
+			log.Warn("the key API is disabled: " + cfg.Admin.TokenEnv + " is not set")
+		}
+		adm = admin.NewHandler(admin.Options{
+			Store: a.p.Store(), Lister: st, Routes: a, Gatherer: reg, Token: token, TokenEnv: cfg.Admin.TokenEnv,
+			Reload: a.reload, StoreOptional: a.storeOptional, Logger: log, Reconciler: reconciler,
+			AcceptLoss: a.acceptLossFunc(st, &watcher),
+			Pprof:      cfg.Admin.Pprof, ReadyChecks: []func() error{conns.Saturated, a.p.BuffersSaturated, a.storeOpenReady(st), epochReady},
+			StoreProbe: probe, Registerer: reg,
+		})
+		raw, err := net.Listen("tcp", cfg.Admin.Listen)
+		if err != nil {
+			srv.Close()
+			return fmt.Errorf("admin listen: %w", err)
+		}
+		// The admin listener is bounded apart from the main one
+		// (admin.max_connections, fair between client addresses), with
+		// short timeouts of its own: nothing on the admin port can take
+		// the descriptors the charge path needs, or keep a probe out.
+		aln := newAdminLimiter(raw, cfg.Admin.MaxConnections, adminReadHeaderTimeout)
+		registerAdminConnMetrics(reg, aln)
+		admSrv = &http.Server{Handler: aln.guard(adm), ReadHeaderTimeout: adminReadHeaderTimeout, ReadTimeout: adminReadTimeout,
+			WriteTimeout: adminWriteTimeout, IdleTimeout: adminIdleTimeout, MaxHeaderBytes: adminMaxHeaderBytes,
+			ConnState: aln.ConnState, ConnContext: aln.ConnContext,
+			ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+		go func() { errc <- admSrv.Serve(aln) }()
+		log.Info("admin listening", "addr", aln.Addr().String())
+	}
+	log.Info("idemproxy listening", "addr", ln.Addr().String(), "upstream", redactURL(cfg.Upstream),
+		"store", storeName, "routes", len(cfg.Routes), "version", version, "config", a.path)
+
+	for done := false; !done; {
+		select {
+		case err := <-errc:
+			srv.Close()
+			if admSrv != nil {
+				admSrv.Close()
+			}
+			return fmt.Errorf("serve: %w", err)
+		case <-hup:
+			a.reload()
+		case <-ctx.Done():
+			done = true
+		}
+	}
+
+	// Shut down: not ready at once, keep serving for the drain delay while
+	// load balancers notice, then finish what is in flight.
+	if adm != nil {
+		adm.SetStopping()
+	}
+	sc := a.currentServer()
+	log.Info("shutting down", "signal", stopReason(ctx), "drain_delay", sc.DrainDelay.D(), "timeout", sc.ShutdownTimeout.D())
+	time.Sleep(sc.DrainDelay.D())
+	sctx, cancel := context.WithTimeout(context.Background(), sc.ShutdownTimeout.D())
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		log.Warn("shutdown deadline passed: requests still waiting for the upstream leave their keys in doubt")
+		a.p.Abort()
+		srv.Close()
+	}
+	// Settling retries left by a stalled store end at the same deadline
+	// (their keys turn in doubt when their leases end), so that shutdown
+	// stays within shutdown_timeout.
+	defer context.AfterFunc(sctx, a.p.Abort)()
+	a.p.Wait()
+	a.settler.Close(sctx) // the store's retries too
+	if admSrv != nil {
+		actx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		admSrv.Shutdown(actx)
+	}
+	log.Info("idemproxy stopped", "signal", stopReason(ctx))
+	return nil
+}
+
+// startReconciler starts the background reconciliation of in-doubt keys
+// when the store supports it, and returns it (nil otherwise) with the
+// function that stops it and waits for its lookups.
+func (a *app) startReconciler(st storeCloser) (admin.Reconciler, func(), error) {
+	rs, ok := st.(store.ReconcileStore)
+	if !ok {
+		return nil, func() {}, nil
+	}
+	rec, err := a.p.NewReconciler(proxy.ReconcilerOptions{Store: rs})
+	if err != nil {
+		return nil, nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		rec.Run(ctx)
+	}()
+	return rec, func() { cancel(); <-done }, nil
+}
+
+func (a *app) currentServer() config.Server {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.cfg.Server
+}
+
+// RouteScope implements admin.Routes over the running configuration.
+func (a *app) RouteScope(name string) (string, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, r := range a.cfg.Routes {
+		if r.Name == name {
+			return r.Scope.Header, true
+		}
+	}
+	return "", false
+}
+
+// storeOptional reports whether every route of the running configuration
+// forwards when the store fails.
+func (a *app) storeOptional() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, r := range a.cfg.Routes {
+		if r.OnStoreError != config.StoreErrorForward {
+			return false
+		}
+	}
+	return true
+}
+
+// reload re-reads the configuration file and swaps it in; a file that does
+// not load, or that changes what only a restart can change, keeps the
+// running configuration.
+func (a *app) reload() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	cfg, err := config.Load(a.path)
+	if err == nil {
+		err = needsRestart(a.cfg, cfg)
+	}
+	if err == nil {
+		err = a.p.Reload(cfg)
+	}
+	if err != nil {
+		a.reloadOK.Set(0)
+		a.log.Error("configuration reload failed; the running configuration is kept", "config", a.path, "err", err)
+		return err
+	}
+	for _, w := range keysMoved(a.cfg, cfg) {
+		a.log.Warn("route key definition changed: keys stored under the old definition are no longer found, "+
+			"so their duplicates will be forwarded", "route", w)
+	}
+	if cfg.MemoryLimit != a.cfg.MemoryLimit {
+		a.applyMemoryLimit(cfg)
+	}
+	if a.conns != nil {
+		a.conns.setClientLimits(cfg.Server)
+	}
+	a.cfg = cfg
+	a.reloadOK.Set(1)
+	a.reloadTS.SetToCurrentTime()
+	a.log.Info("configuration reloaded", "config", a.path, "routes", len(cfg.Routes))
+	return nil
+}
+
+// keysMoved names the routes of old whose store keys new builds
+// differently (renamed away, or another key source or scope).
+func keysMoved(old, new *config.Config) []string {
+	byName := map[string]config.Route{}
+	for _, r := range new.Routes {
+		byName[r.Name] = r
+	}
+	var moved []string
+	for _, r := range old.Routes {
+		n, ok := byName[r.Name]
+		if !ok || !reflect.DeepEqual(n.Key, r.Key) || n.Scope != r.Scope {
+			moved = append(moved, r.Name)
+		}
+	}
+	return moved
+}
+
+// needsRestart reports the settings that differ between old and new but
+// only take effect at start.
+func needsRestart(old, new *config.Config) error {
+	var changed []string
+	if old.Listen != new.Listen {
+		changed = append(changed, "listen")
+	}
+	if old.UpstreamTLS != new.UpstreamTLS {
+		changed = append(changed, "upstream_tls")
+	}
+	if old.Admin != new.Admin {
+		changed = append(changed, "admin")
+	}
+	if !reflect.DeepEqual(old.Store, new.Store) {
+		changed = append(changed, "store")
+	}
+	oldS, newS := old.Server, new.Server
+	oldS.DrainDelay, newS.DrainDelay = 0, 0
+	oldS.ShutdownTimeout, newS.ShutdownTimeout = 0, 0
+	oldS.PassthroughTimeout, newS.PassthroughTimeout = 0, 0
+	oldS.MaxBufferedBytes, newS.MaxBufferedBytes = 0, 0
+	oldS.MaxBufferedBytesPerClient, newS.MaxBufferedBytesPerClient = 0, 0
+	oldS.BodyTimeout, newS.BodyTimeout = 0, 0
+	oldS.MaxRequestsPerClient, newS.MaxRequestsPerClient = 0, 0
+	oldS.MaxClientResetsPerSecond, newS.MaxClientResetsPerSecond = 0, 0
+	if oldS != newS {
+		changed = append(changed, "server timeouts or max_connections")
+	}
+	if len(changed) > 0 {
+		return fmt.Errorf("%v changed: restart idemproxy to apply", changed)
+	}
+	return nil
+}

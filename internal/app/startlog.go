@@ -1,0 +1,87 @@
+package app
+
+import (
+	"fmt"
+	"net/url"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/idemproxy/idemproxy/config"
+)
+
+// startAttrs are the attributes of the first log line: the version, then
+// the store and where it is, then the routes, so that the first line of a
+// log says what runs against what.
+func (a *app) startAttrs() []any {
+	b := readBuildInfo()
+	attrs := []any{"version", b.Version}
+	if b.Commit != "" {
+		attrs = append(attrs, "commit", b.Commit)
+	}
+	attrs = append(attrs, "config", a.path)
+	attrs = append(attrs, storeAttrs(a.cfg.Store, a.getenv)...)
+	n := min(len(a.cfg.Routes), startLogRoutes)
+	routes := make([]string, n)
+	for i, r := range a.cfg.Routes[:n] {
+		routes[i] = r.Name
+	}
+	attrs = append(attrs, "routes", routes)
+	if more := len(a.cfg.Routes) - n; more > 0 {
+		attrs = append(attrs, "routes_not_listed", more)
+	}
+	return append(attrs, "upstream", redactURL(a.cfg.Upstream))
+}
+
+// startLogRoutes is how many route names the first log line lists; the
+// others are counted (routes_not_listed), so that a configuration of
+// 10,000 routes does not make a line of hundreds of kilobytes, which log
+// pipelines split or drop (Docker at 16 KiB, many shippers at 64 KiB).
+const startLogRoutes = 20
+
+// storeAttrs names the configured store and where it is: Badger's data
+// directory, the Redis addresses, or the PostgreSQL host and database of
+// the DSN, never its credentials.
+func storeAttrs(s config.Store, getenv func(string) string) []any {
+	switch {
+	case s.Redis != nil:
+		attrs := []any{"store", "redis", "redis_addrs", strings.Join(s.Redis.Addrs, ",")}
+		switch {
+		case s.Redis.MasterName != "":
+			attrs = append(attrs, "redis_master_name", s.Redis.MasterName)
+		case s.Redis.Cluster || len(s.Redis.Addrs) > 1:
+			attrs = append(attrs, "redis_cluster", true)
+		}
+		return attrs
+	case s.Postgres != nil:
+		return []any{"store", "postgres", "postgres", postgresWhere(getenv(s.Postgres.DSNEnv)),
+			"postgres_table", s.Postgres.Schema + "." + s.Postgres.Table}
+	case s.Badger != nil:
+		return []any{"store", "badger", "badger_dir", s.Badger.Dir, "badger_preallocate", s.Badger.Preallocate}
+	}
+	return []any{"store", "none"}
+}
+
+// postgresWhere returns the host, port and database a DSN names
+// ("db.internal:5432/orders"), without its user or password; an empty or
+// unreadable DSN says so instead (opening the store reports the error).
+func postgresWhere(dsn string) string {
+	if dsn == "" {
+		return "(empty DSN)"
+	}
+	pc, err := pgconn.ParseConfig(dsn)
+	if err != nil {
+		return "(unreadable DSN)"
+	}
+	return fmt.Sprintf("%s:%d/%s", pc.Host, pc.Port, pc.Database)
+}
+
+// redactURL is u for a log line: a password it carries (upstream
+// "http://user:secret@host") shows as "xxxxx".
+func redactURL(u string) string {
+	p, err := url.Parse(u)
+	if err != nil || p.User == nil {
+		return u
+	}
+	return p.Redacted()
+}

@@ -1,0 +1,68 @@
+package app
+
+import (
+	"fmt"
+	"io"
+	"runtime"
+	"runtime/debug"
+)
+
+// version is set at build time with -ldflags "-X github.com/idemproxy/idemproxy/internal/app.version=...". Left
+// at "dev", it is taken from the build information: the module's version
+// when installed with go install, or the version go build derives from
+// the git checkout.
+var version = "dev"
+
+// buildInfo is what -version prints: where the binary came from.
+type buildInfo struct {
+	Version  string // the module's version, or "dev"
+	Commit   string // vcs.revision: the commit it was built from, "" when unknown
+	Time     string // vcs.time: the time of that commit (RFC 3339)
+	Modified bool   // vcs.modified: built with uncommitted changes
+	Go       string
+}
+
+// readBuildInfo reads the version, commit and date that the Go tool
+// embedded in the binary.
+func readBuildInfo() buildInfo {
+	b := buildInfo{Version: version, Go: runtime.Version()}
+	info, ok := debug.ReadBuildInfo()
+	if !ok {
+		return b
+	}
+	if b.Version == "dev" && info.Main.Version != "" && info.Main.Version != "(devel)" {
+		b.Version = info.Main.Version
+	}
+	for _, s := range info.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			b.Commit = s.Value
+		case "vcs.time":
+			b.Time = s.Value
+		case "vcs.modified":
+			b.Modified = s.Value == "true"
+		}
+	}
+	return b
+}
+
+func init() { version = readBuildInfo().Version }
+
+// printVersion writes -version's answer: the version on the first line,
+// then the commit, its date and the Go release, one per line.
+func printVersion(w io.Writer) {
+	b := readBuildInfo()
+	fmt.Fprintf(w, "idemproxy %s\n", b.Version)
+	commit := b.Commit
+	switch {
+	case commit == "":
+		commit = "unknown (built outside a git checkout)"
+	case b.Modified:
+		commit += " (with uncommitted changes)"
+	}
+	fmt.Fprintf(w, "commit:  %s\n", commit)
+	if b.Time != "" {
+		fmt.Fprintf(w, "date:    %s (of the commit)\n", b.Time)
+	}
+	fmt.Fprintf(w, "go:      %s\n", b.Go)
+}
