@@ -1,7 +1,9 @@
 package app
 
 import (
+	"bytes"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -60,4 +62,22 @@ func TestLogSinkFullBuffer(t *testing.T) {
 	if got := out.String()[before:]; got != huge {
 		t.Errorf("huge line: wrote %d bytes, want %d", len(got), len(huge))
 	}
+}
+
+// syncBuffer collects a process's output while the test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

@@ -1,0 +1,247 @@
+// Package e2e holds the process-level tests: they build the idemproxy
+// binary once (TestMain) and run it for real, against real upstreams and
+// stores, where a crash, a signal, a disk or a connection limit is the
+// point, and they keep the docs in step with what the binary does. Unit
+// tests live beside their code; while working, run them without this
+// package (CONTRIBUTING.md says how).
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/upstream-stub/stub"
+)
+
+// bin is the idemproxy binary built once for the tests that need a real
+// process (crash, signals, the exit status).
+var bin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "idemproxy-test")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	flag.Parse()
+	// The tests build the command at the repository's root and read its
+	// docs, deploy files and example configuration by their paths there.
+	if err := os.Chdir(".."); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "static"), 0o700); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	waitStatic := startStaticBuild(filepath.Join(dir, "static"))
+	bin = filepath.Join(dir, "idemproxy")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	waitStatic()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// syncBuffer collects a process's output while the test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// logLines returns the JSON log lines whose msg is msg.
+func (b *syncBuffer) logLines(msg string) []map[string]any {
+	var out []map[string]any
+	sc := bufio.NewScanner(strings.NewReader(b.String()))
+	for sc.Scan() {
+		var m map[string]any
+		if json.Unmarshal(sc.Bytes(), &m) == nil && m["msg"] == msg {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// proc is a running idemproxy binary.
+type proc struct {
+	t       *testing.T
+	cmd     *exec.Cmd
+	log     *syncBuffer
+	addr    string // proxy address
+	admin   string // admin address
+	exited  chan struct{}
+	exitErr error
+}
+
+// startProxy runs the binary on the configuration file cfgPath, with env
+// added to its environment, and waits until it listens.
+func startProxy(t *testing.T, cfgPath string, env ...string) *proc {
+	t.Helper()
+	return startCmd(t, exec.Command(bin, "-config", cfgPath), env...)
+}
+
+// startCmd runs cmd, which runs the binary, with env added to its
+// environment, and waits until it listens.
+func startCmd(t *testing.T, cmd *exec.Cmd, env ...string) *proc {
+	t.Helper()
+	p := &proc{t: t, log: &syncBuffer{}, exited: make(chan struct{}), cmd: cmd}
+	p.cmd.Env = append(os.Environ(), env...)
+	p.cmd.Stderr = p.log
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		p.exitErr = p.cmd.Wait()
+		close(p.exited)
+	}()
+	t.Cleanup(func() {
+		p.cmd.Process.Kill()
+		<-p.exited
+	})
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if l := p.log.logLines("idemproxy listening"); len(l) > 0 {
+			p.addr = l[0]["addr"].(string)
+			if a := p.log.logLines("admin listening"); len(a) > 0 {
+				p.admin = a[0]["addr"].(string)
+			}
+			return p
+		}
+		select {
+		case <-p.exited:
+			t.Fatalf("idemproxy exited before listening: %v\n%s", p.exitErr, p.log)
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("idemproxy did not listen within 20s:\n%s", p.log)
+		}
+	}
+}
+
+// signal sends sig and returns a channel closed when the process exits.
+func (p *proc) signal(sig syscall.Signal) {
+	p.t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+// wait waits for the process to exit and returns its exit code.
+func (p *proc) wait() int {
+	p.t.Helper()
+	select {
+	case <-p.exited:
+	case <-time.After(30 * time.Second):
+		p.t.Fatalf("idemproxy did not exit within 30s:\n%s", p.log)
+	}
+	return p.cmd.ProcessState.ExitCode()
+}
+
+func (p *proc) url(path string) string      { return "http://" + p.addr + path }
+func (p *proc) adminURL(path string) string { return "http://" + p.admin + path }
+
+// startStub serves the real upstream stub in-process.
+func startStub(t *testing.T) *httptest.Server {
+	s := httptest.NewServer(stub.New(slog.New(slog.DiscardHandler)))
+	t.Cleanup(s.Close)
+	return s
+}
+
+// writeConfig writes a configuration for upstream and the Badger dir, with
+// the given routes and extra top-level YAML, and returns its path.
+func writeConfig(t *testing.T, path, upstream, dir, extra, routes string) string {
+	t.Helper()
+	y := fmt.Sprintf(`listen: 127.0.0.1:0
+upstream: %s
+admin:
+  listen: 127.0.0.1:0
+store:
+  badger:
+    dir: %s
+%s
+routes:
+%s`, upstream, dir, extra, routes)
+	if err := os.WriteFile(path, []byte(y), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+type result struct {
+	status int
+	header http.Header
+	body   string
+	err    error
+}
+
+func do(method, url, body string, hdr ...string) result {
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, url, rd)
+	if err != nil {
+		return result{err: err}
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	c := &http.Client{Timeout: 20 * time.Second}
+	resp, err := c.Do(req)
+	if err != nil {
+		return result{err: err}
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return result{status: resp.StatusCode, header: resp.Header, body: string(b), err: err}
+}
+
+// chargeCount returns how many times the stub charged order.
+func chargeCount(t *testing.T, stubURL, order string) int {
+	t.Helper()
+	r := do("GET", stubURL+"/orders/"+order+"/charges", "")
+	var st struct{ Charges int }
+	if err := json.Unmarshal([]byte(r.body), &st); err != nil {
+		t.Fatalf("statement: %v %s", r.err, r.body)
+	}
+	return st.Charges
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(15 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 15s", what)
+		}
+	}
+}
