@@ -132,7 +132,7 @@ type identity struct {
 }
 
 // badRequest is why a request cannot be identified: the problem enforce
-// mode answers with, which observe mode counts (WouldBadRequest) and
+// mode answers with, which observe mode counts (as OutcomeBadRequest) and
 // forwards instead.
 type badRequest struct {
 	prob   problem
@@ -164,7 +164,7 @@ func (a *attempt) identify(w http.ResponseWriter, body []byte) (identity, bool) 
 	case errors.Is(err, errKeyBodyOverBudget):
 		a.overloaded(w, refusalBudget)
 	case errors.As(err, &bad):
-		if !a.observe(w, body, WouldBadRequest) {
+		if !a.observe(w, body, OutcomeBadRequest) {
 			a.problem(w, OutcomeBadRequest, bad.prob, bad.detail, 0, nil)
 		}
 	}
@@ -611,7 +611,7 @@ func (a *attempt) mismatched(w http.ResponseWriter, body []byte, rec *store.Reco
 	if fp == "" || rec.Fingerprint == "" || rec.Fingerprint == fp || legacyMatch(rec.Fingerprint, a.in.Method, target, body, a.rt.ignore) {
 		return false
 	}
-	if !a.observe(w, body, WouldMismatch) {
+	if !a.observe(w, body, OutcomeMismatch) {
 		a.problem(w, OutcomeMismatch, probMismatch,
 			"this key was first used with another request (method, path or body); a new request needs a new key", 0, nil)
 	}

@@ -31,6 +31,12 @@ const (
 var Outcomes = []Outcome{OutcomeCommitted, OutcomeReplayed, OutcomeReleased, OutcomeInDoubt, OutcomeConflict,
 	OutcomeDuplicate, OutcomeMismatch, OutcomeBadRequest, OutcomeUnprotected, OutcomeStoreError, OutcomeOverloaded, OutcomePassthrough}
 
+// Woulds is the subset of Outcomes that observe mode counts: the outcome
+// enforce mode would have had for a request that a route in observe mode
+// forwarded instead (the would label of idemproxy_observed_total). The
+// request's own outcome is then unprotected, or store_error.
+var Woulds = []Outcome{OutcomeReplayed, OutcomeConflict, OutcomeMismatch, OutcomeDuplicate, OutcomeBadRequest}
+
 // outcomeKind is what happened to a request the proxy forwarded (or was
 // about to forward). A client that goes away is none of them: the
 // upstream request runs on, and its answer is read and settled as if the
