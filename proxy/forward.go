@@ -22,7 +22,7 @@ import (
 // upstream's outcome settles the reservation.
 func (p *Proxy) forward(w http.ResponseWriter, a *attempt, body []byte) {
 	if p.life.Err() != nil { // past the shutdown deadline: do not start now
-		v, prob := classify(upstreamOutcome{kind: shutDown}, nil)
+		v, prob := classify(upstreamResult{kind: shutDown}, nil)
 		if a.token != "" {
 			a.conclude(v)
 		}
@@ -60,11 +60,11 @@ func (p *Proxy) forward(w http.ResponseWriter, a *attempt, body []byte) {
 }
 
 // settleUnknown makes sure a reservation is settled, should the reverse
-// proxy have returned (or panicked) without a verdict: the request may
+// proxy have returned (or panicked) without settling it: the request may
 // have reached the upstream, so the key is in doubt.
 func (a *attempt) settleUnknown() {
 	if a.token != "" && !a.settled {
-		v, _ := classify(upstreamOutcome{kind: unsettled}, nil)
+		v, _ := classify(upstreamResult{kind: unsettled}, nil)
 		a.conclude(v)
 	}
 }
@@ -206,8 +206,8 @@ func (p *Proxy) reverseProxy(up *url.URL, rt *route) *httputil.ReverseProxy {
 // captured while it is passed on, and committed once complete.
 func (p *Proxy) upstreamResponse(resp *http.Response) error {
 	a := resp.Request.Context().Value(attemptKey{}).(*attempt)
-	v, _ := classify(a.answerOutcome(resp), &a.rt.cfg)
-	if v == verdictInDoubt {
+	v, _ := classify(a.answerResult(resp), &a.rt.cfg)
+	if v == OutcomeInDoubt {
 		// 101 Switching Protocols: the connection now speaks another
 		// protocol, which a route never asks for (it does not pass
 		// Upgrade on): there is no answer to store, and the reverse
@@ -220,7 +220,7 @@ func (p *Proxy) upstreamResponse(resp *http.Response) error {
 	}
 	a.upstreamDone(strconv.Itoa(resp.StatusCode))
 	a.status = resp.StatusCode
-	if a.token != "" && v == verdictCommit {
+	if a.token != "" && v == OutcomeCommitted {
 		return a.captureAnswer(resp)
 	}
 	// The answer's body is read from the upstream as fast as the client
@@ -260,7 +260,7 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, out *http.Request, err erro
 		errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
 		kind = timedOut
 	}
-	v, prob := classify(upstreamOutcome{kind: kind}, nil)
+	v, prob := classify(upstreamResult{kind: kind}, nil)
 	p.log.Warn("upstream request failed", "route", a.routeName(), "err", err, "problem", prob.name)
 	outcome := a.outcome
 	if a.token != "" && !a.settled {
@@ -268,7 +268,7 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, out *http.Request, err erro
 		outcome = a.outcome
 	}
 	detail := "the upstream could not be reached; the request was not sent"
-	if v != verdictRelease {
+	if v != OutcomeReleased {
 		detail = "the request may have reached the upstream, but no answer came back"
 		if a.token != "" {
 			detail += "; its key is now in doubt and retries get 409 until it is released"
@@ -306,10 +306,10 @@ func (a *attempt) sentURL() *url.URL {
 	return u
 }
 
-// answerOutcome is the outcome of a's request that the upstream answered
-// with resp.
-func (a *attempt) answerOutcome(resp *http.Response) upstreamOutcome {
-	o := upstreamOutcome{kind: answered, status: resp.StatusCode, cleaned: a.sentURL() != nil}
+// answerResult is what happened upstream to a's request that the
+// upstream answered with resp.
+func (a *attempt) answerResult(resp *http.Response) upstreamResult {
+	o := upstreamResult{kind: answered, status: resp.StatusCode, cleaned: a.sentURL() != nil}
 	if o.cleaned {
 		// Resolved against the request as sent to the upstream, so that
 		// the upstream's base path is on both sides.
