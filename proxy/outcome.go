@@ -165,14 +165,3 @@ func releases(r *config.Route, status int) bool {
 	}
 	return r.Policy == config.PolicyReleaseOn5xx && status >= 500 && status <= 599
 }
-
-// conclude settles a's reservation by an outcome of classify that stores
-// no answer: released, or (any other outcome, which never releases
-// silently) in doubt.
-func (a *attempt) conclude(o Outcome) {
-	if o == OutcomeReleased {
-		a.release()
-		return
-	}
-	a.markInDoubt()
-}
