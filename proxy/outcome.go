@@ -7,8 +7,12 @@ import (
 	"github.com/idemproxy/idemproxy/config"
 )
 
-// Outcome is what the proxy did with a request, the outcome label of
-// idemproxy_requests_total.
+// Outcome is what the proxy did with a request: the proxy's one
+// vocabulary of outcomes. Its values are the outcome label of
+// idemproxy_requests_total and idemproxy_request_duration_seconds and the
+// outcome field of the access log; classify's result (committed, released,
+// in_doubt) is what the upstream's answer does to the key; and Woulds, the
+// would label of idemproxy_observed_total, is a subset.
 type Outcome string
 
 // The outcomes.
