@@ -79,7 +79,7 @@ func (a *attempt) captureAnswer(resp *http.Response) error {
 // answerBrokeOff settles the key of an answer to be committed whose body broke
 // off before it was whole.
 func (a *attempt) answerBrokeOff() {
-	v, _ := classify(upstreamOutcome{kind: brokeOff}, nil)
+	v, _ := classify(upstreamResult{kind: brokeOff}, nil)
 	a.conclude(v)
 }
 

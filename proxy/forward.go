@@ -4,25 +4,23 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/http/httputil"
 	"net/url"
 	"reflect"
 	"strconv"
-	"strings"
 	"time"
-
-	"github.com/idemproxy/idemproxy/internal/settle"
-	"github.com/idemproxy/idemproxy/store"
 )
 
 // forward sends the request to the upstream. With a.token set, the
 // upstream's outcome settles the reservation.
 func (p *Proxy) forward(w http.ResponseWriter, a *attempt, body []byte) {
 	if p.life.Err() != nil { // past the shutdown deadline: do not start now
-		v, prob := classify(upstreamOutcome{kind: shutDown}, nil)
+		v, prob := classify(upstreamResult{kind: shutDown}, nil)
 		if a.token != "" {
 			a.conclude(v)
 		}
@@ -59,94 +57,21 @@ func (p *Proxy) forward(w http.ResponseWriter, a *attempt, body []byte) {
 	a.rt.rp.ServeHTTP(w, out)
 }
 
-// settleUnknown makes sure a reservation is settled, should the reverse
-// proxy have returned (or panicked) without a verdict: the request may
-// have reached the upstream, so the key is in doubt.
-func (a *attempt) settleUnknown() {
-	if a.token != "" && !a.settled {
-		v, _ := classify(upstreamOutcome{kind: unsettled}, nil)
-		a.conclude(v)
-	}
+// errUpstreamTimeout is the cause of an upstream request cancelled by the
+// route's upstream_timeout.
+var errUpstreamTimeout = fmt.Errorf("upstream timeout: %w", context.DeadlineExceeded)
+
+// traced returns ctx with a trace that records when a's request headers
+// have been written.
+func (a *attempt) traced(ctx context.Context) context.Context {
+	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: func() { a.wrote.Store(true) }})
 }
 
-func (a *attempt) commit(status int, header, trailer http.Header, body []byte, stored bool) {
-	a.settled = true
-	a.outcome = OutcomeCommitted
-	resp := store.Response{Status: status, Header: http.Header{}, BodyStored: stored}
-	for _, name := range a.rt.cfg.ReplayHeaders {
-		if vs := header.Values(name); len(vs) > 0 {
-			resp.Header[name] = vs
-		}
-	}
-	if a.in.Method == http.MethodHead {
-		// A HEAD answer has no body, but its Content-Length is the size
-		// of the body a GET would get: a HEAD replay carries it.
-		if cl := header.Get("Content-Length"); validLength(cl) {
-			resp.Header["Content-Length"] = []string{cl}
-		}
-	}
-	if stored {
-		resp.Body = body
-		resp.Trailer = trailer
-	}
-	key, token, ttl := a.storeKey, a.token, a.rt.cfg.TTL.D()
-	a.settle("commit", func(ctx context.Context) error { return a.p.store.Commit(ctx, key, token, resp, ttl) })
-}
-
-// validLength reports whether s is a Content-Length value: decimal digits
-// that fit an int64.
-func validLength(s string) bool {
-	n, err := strconv.ParseInt(s, 10, 64)
-	return err == nil && n >= 0 && s[0] != '+'
-}
-
-// settle runs op, the store operation that settles a's reservation. When
-// it fails (a stalled store, op_timeout), the proxy's settler retries it in
-// the background as long as the reservation's lease holds: giving up at
-// once would leave the key in flight and then in doubt for its whole TTL,
-// although the outcome is known.
-func (a *attempt) settle(opName string, op func(ctx context.Context) error) {
-	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
-	err := op(ctx)
-	cancel()
-	a.settleErr(opName, err, op)
-}
-
-func (a *attempt) release() {
-	a.settled = true
-	a.outcome = OutcomeReleased
-	key, token := a.storeKey, a.token
-	a.settle("release", func(ctx context.Context) error { return a.p.store.Release(ctx, key, token) })
-}
-
-func (a *attempt) markInDoubt() {
-	a.settled = true
-	a.outcome = OutcomeInDoubt
-	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
-	defer cancel()
-	err := a.p.store.MarkInDoubt(ctx, a.storeKey, a.token, a.rt.cfg.TTL.D())
-	a.settleErr("mark_in_doubt", err, nil)
-	if err == nil {
-		a.scheduleLookup()
-	}
-}
-
-// settleErr hands the result err of a settling write to the settler, which
-// retries retry (nil: not retried) while the lease holds and logs how the
-// key was left. A write that failed counts as a store error now, retried
-// or not: the key is not settled yet.
-func (a *attempt) settleErr(op string, err error, retry func(ctx context.Context) error) {
-	if err == nil {
-		return
-	}
-	j := settle.Job{Key: a.storeKey, Operation: op, Attrs: []any{"route", a.routeName()}}
-	if retry != nil {
-		j.Until, j.Attempt = a.reservedAt.Add(a.rt.cfg.Lease.D()), retry
-	}
-	a.p.settling.Settle(j, err)
-	if !errors.Is(err, store.ErrNotOwner) {
-		a.outcome = OutcomeStoreError
-	}
+// sentURL returns the URL the request was sent with when it was matched in
+// cleaned form ("/charges/" for "/charges"), nil when it was matched as sent.
+func (a *attempt) sentURL() *url.URL {
+	u, _ := a.in.Context().Value(sentURLKey{}).(*url.URL)
+	return u
 }
 
 // reverseProxy returns the reverse proxy of a route (nil: passthrough).
@@ -206,8 +131,8 @@ func (p *Proxy) reverseProxy(up *url.URL, rt *route) *httputil.ReverseProxy {
 // captured while it is passed on, and committed once complete.
 func (p *Proxy) upstreamResponse(resp *http.Response) error {
 	a := resp.Request.Context().Value(attemptKey{}).(*attempt)
-	v, _ := classify(a.answerOutcome(resp), &a.rt.cfg)
-	if v == verdictInDoubt {
+	v, _ := classify(a.answerResult(resp), &a.rt.cfg)
+	if v == OutcomeInDoubt {
 		// 101 Switching Protocols: the connection now speaks another
 		// protocol, which a route never asks for (it does not pass
 		// Upgrade on): there is no answer to store, and the reverse
@@ -220,7 +145,7 @@ func (p *Proxy) upstreamResponse(resp *http.Response) error {
 	}
 	a.upstreamDone(strconv.Itoa(resp.StatusCode))
 	a.status = resp.StatusCode
-	if a.token != "" && v == verdictCommit {
+	if a.token != "" && v == OutcomeCommitted {
 		return a.captureAnswer(resp)
 	}
 	// The answer's body is read from the upstream as fast as the client
@@ -260,7 +185,7 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, out *http.Request, err erro
 		errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
 		kind = timedOut
 	}
-	v, prob := classify(upstreamOutcome{kind: kind}, nil)
+	v, prob := classify(upstreamResult{kind: kind}, nil)
 	p.log.Warn("upstream request failed", "route", a.routeName(), "err", err, "problem", prob.name)
 	outcome := a.outcome
 	if a.token != "" && !a.settled {
@@ -268,7 +193,7 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, out *http.Request, err erro
 		outcome = a.outcome
 	}
 	detail := "the upstream could not be reached; the request was not sent"
-	if v != verdictRelease {
+	if v != OutcomeReleased {
 		detail = "the request may have reached the upstream, but no answer came back"
 		if a.token != "" {
 			detail += "; its key is now in doubt and retries get 409 until it is released"
@@ -299,17 +224,15 @@ func refusedByTLS(err error) bool {
 	return false
 }
 
-// sentURL returns the URL the request was sent with when it was matched in
-// cleaned form ("/charges/" for "/charges"), nil when it was matched as sent.
-func (a *attempt) sentURL() *url.URL {
-	u, _ := a.in.Context().Value(sentURLKey{}).(*url.URL)
-	return u
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
-// answerOutcome is the outcome of a's request that the upstream answered
-// with resp.
-func (a *attempt) answerOutcome(resp *http.Response) upstreamOutcome {
-	o := upstreamOutcome{kind: answered, status: resp.StatusCode, cleaned: a.sentURL() != nil}
+// answerResult is what happened upstream to a's request that the
+// upstream answered with resp.
+func (a *attempt) answerResult(resp *http.Response) upstreamResult {
+	o := upstreamResult{kind: answered, status: resp.StatusCode, cleaned: a.sentURL() != nil}
 	if o.cleaned {
 		// Resolved against the request as sent to the upstream, so that
 		// the upstream's base path is on both sides.
@@ -322,34 +245,4 @@ func (a *attempt) answerOutcome(resp *http.Response) upstreamOutcome {
 func (a *attempt) upstreamDone(code string) {
 	a.upstream = time.Since(a.upstreamAt)
 	a.series.upstream.of(code).Observe(a.upstream.Seconds())
-}
-
-// invalidUpgrade reports whether a request asks to switch to a protocol
-// whose name is not printable ASCII (Connection: Upgrade and such an
-// Upgrade header), a request the reverse proxy refuses to forward. That is
-// the client's error: answered before it is reserved or counted against
-// the upstream.
-func invalidUpgrade(h http.Header) bool {
-	upgrade := false
-	for _, v := range h["Connection"] {
-		for tok := range strings.SplitSeq(v, ",") {
-			upgrade = upgrade || strings.EqualFold(strings.Trim(tok, " \t"), "upgrade")
-		}
-	}
-	if !upgrade {
-		return false
-	}
-	for _, c := range []byte(h.Get("Upgrade")) {
-		if c < ' ' || c > '~' {
-			return true
-		}
-	}
-	return false
-}
-
-const upgradeDetail = "the Upgrade header names a protocol that is not printable ASCII; the request was not sent"
-
-func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
 }

@@ -12,30 +12,6 @@ import (
 	"github.com/idemproxy/idemproxy/store"
 )
 
-// Outcome is what the proxy did with a request, the outcome label of
-// idemproxy_requests_total.
-type Outcome string
-
-// The outcomes.
-const (
-	OutcomeCommitted   Outcome = "committed"   // forwarded, answer committed for replay
-	OutcomeReplayed    Outcome = "replayed"    // a duplicate got the stored answer
-	OutcomeReleased    Outcome = "released"    // forwarded, key released (429, release set, not sent)
-	OutcomeInDoubt     Outcome = "in_doubt"    // forwarded, no answer: key in doubt
-	OutcomeConflict    Outcome = "conflict"    // 409: key in flight or in doubt
-	OutcomeDuplicate   Outcome = "duplicate"   // 409 under duplicate: reject (or answer not replayable)
-	OutcomeMismatch    Outcome = "mismatch"    // 422: same key, other request
-	OutcomeBadRequest  Outcome = "bad_request" // 400, 413 or 415
-	OutcomeUnprotected Outcome = "unprotected" // forwarded without a key (on_missing_key: forward)
-	OutcomeStoreError  Outcome = "store_error" // the store failed: 503, or forwarded under on_store_error: forward
-	OutcomeOverloaded  Outcome = "overloaded"  // 503: the body did not fit the buffered-bytes budget
-	OutcomePassthrough Outcome = "passthrough" // no route matched
-)
-
-// Outcomes lists every outcome, in documentation order.
-var Outcomes = []Outcome{OutcomeCommitted, OutcomeReplayed, OutcomeReleased, OutcomeInDoubt, OutcomeConflict,
-	OutcomeDuplicate, OutcomeMismatch, OutcomeBadRequest, OutcomeUnprotected, OutcomeStoreError, OutcomeOverloaded, OutcomePassthrough}
-
 // Metrics are the proxy's Prometheus collectors.
 type Metrics struct {
 	requests         *prometheus.CounterVec

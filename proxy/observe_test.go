@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"context"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,9 +18,9 @@ const observeRoute = `  - name: charges
     mode: observe
 `
 
-func (e *env) observed(would string) int {
+func (e *env) observed(would proxy.Outcome) int {
 	e.t.Helper()
-	return int(counterValue(e.t, e.reg, "idemproxy_observed_total", map[string]string{"route": "charges", "would": would}))
+	return int(counterValue(e.t, e.reg, "idemproxy_observed_total", map[string]string{"route": "charges", "would": string(would)}))
 }
 
 // TestObserveModeForwardsAndCounts: a route in observe mode forwards every
@@ -35,17 +36,17 @@ func TestObserveModeForwardsAndCounts(t *testing.T) {
 		name   string
 		body   string
 		status int
-		would  string // "" : nothing counted
+		would  proxy.Outcome // "" : nothing counted
 	}{
 		{"first request", `{"orderId": "O-1", "amount": 5}`, http.StatusCreated, ""},
-		{"duplicate", `{"orderId": "O-1", "amount": 5}`, http.StatusCreated, proxy.WouldReplayed},
-		{"same key, another body", `{"orderId": "O-1", "amount": 7}`, http.StatusCreated, proxy.WouldMismatch},
-		{"key in flight", `{"orderId": "O-3", "amount": 5}`, http.StatusCreated, proxy.WouldConflict},
-		{"no key: the upstream's own 400", `{"amount": 5}`, http.StatusBadRequest, proxy.WouldBadRequest},
-		{"not JSON: the upstream's own 400", `{"orderId": `, http.StatusBadRequest, proxy.WouldBadRequest},
+		{"duplicate", `{"orderId": "O-1", "amount": 5}`, http.StatusCreated, proxy.OutcomeReplayed},
+		{"same key, another body", `{"orderId": "O-1", "amount": 7}`, http.StatusCreated, proxy.OutcomeMismatch},
+		{"key in flight", `{"orderId": "O-3", "amount": 5}`, http.StatusCreated, proxy.OutcomeConflict},
+		{"no key: the upstream's own 400", `{"amount": 5}`, http.StatusBadRequest, proxy.OutcomeBadRequest},
+		{"not JSON: the upstream's own 400", `{"orderId": `, http.StatusBadRequest, proxy.OutcomeBadRequest},
 	}
 	for _, s := range steps {
-		before := map[string]int{}
+		before := map[proxy.Outcome]int{}
 		for _, w := range proxy.Woulds {
 			before[w] = e.observed(w)
 		}
@@ -102,10 +103,31 @@ func TestObserveModeCountsDuplicateUnderReject(t *testing.T) {
 	for range 2 {
 		wantStatus(t, "charge", e.charge(`"O-5"`, 5), http.StatusCreated, "")
 	}
-	if got, replayed := e.observed(proxy.WouldDuplicate), e.observed(proxy.WouldReplayed); got != 1 || replayed != 0 {
+	if got, replayed := e.observed(proxy.OutcomeDuplicate), e.observed(proxy.OutcomeReplayed); got != 1 || replayed != 0 {
 		t.Errorf("observed duplicate, replayed = %d, %d; want 1, 0", got, replayed)
 	}
 	if got := e.charges("O-5"); got != 2 {
 		t.Errorf("charges of O-5 = %d, want 2", got)
+	}
+}
+
+// TestWouldsAreOutcomes: what observe mode counts (the would label of
+// idemproxy_observed_total) is a subset of the outcomes of
+// idemproxy_requests_total, so that the metrics, the access log and the
+// docs share one vocabulary; and a would is never the outcome of the
+// observed request itself (unprotected, store_error).
+func TestWouldsAreOutcomes(t *testing.T) {
+	seen := map[proxy.Outcome]bool{}
+	for _, w := range proxy.Woulds {
+		if !slices.Contains(proxy.Outcomes, w) {
+			t.Errorf("would %q is not one of proxy.Outcomes", w)
+		}
+		if w == proxy.OutcomeUnprotected || w == proxy.OutcomeStoreError || w == proxy.OutcomePassthrough {
+			t.Errorf("would %q is an outcome observe mode gives the forwarded request itself", w)
+		}
+		if seen[w] {
+			t.Errorf("would %q is listed twice", w)
+		}
+		seen[w] = true
 	}
 }

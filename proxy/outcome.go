@@ -7,17 +7,53 @@ import (
 	"github.com/idemproxy/idemproxy/config"
 )
 
-// outcomeKind is what happened to a request the proxy forwarded (or was
-// about to forward). A client that goes away is none of them: the
+// Outcome is what the proxy did with a request: the proxy's one
+// vocabulary of outcomes. Its values are the outcome label of
+// idemproxy_requests_total and idemproxy_request_duration_seconds and the
+// outcome field of the access log; classify's result (committed, released,
+// in_doubt) is what the upstream's answer does to the key; and Woulds, the
+// would label of idemproxy_observed_total, is a subset.
+type Outcome string
+
+// The outcomes.
+const (
+	OutcomeCommitted   Outcome = "committed"   // forwarded, answer committed for replay
+	OutcomeReplayed    Outcome = "replayed"    // a duplicate got the stored answer
+	OutcomeReleased    Outcome = "released"    // forwarded, key released (429, release set, not sent)
+	OutcomeInDoubt     Outcome = "in_doubt"    // forwarded, no answer: key in doubt
+	OutcomeConflict    Outcome = "conflict"    // 409: key in flight or in doubt
+	OutcomeDuplicate   Outcome = "duplicate"   // 409 under duplicate: reject (or answer not replayable)
+	OutcomeMismatch    Outcome = "mismatch"    // 422: same key, other request
+	OutcomeBadRequest  Outcome = "bad_request" // 400, 413 or 415
+	OutcomeUnprotected Outcome = "unprotected" // forwarded without a key (on_missing_key: forward)
+	OutcomeStoreError  Outcome = "store_error" // the store failed: 503, or forwarded under on_store_error: forward
+	OutcomeOverloaded  Outcome = "overloaded"  // 503: the body did not fit the buffered-bytes budget
+	OutcomePassthrough Outcome = "passthrough" // no route matched
+)
+
+// Outcomes lists every outcome, in documentation order.
+var Outcomes = []Outcome{OutcomeCommitted, OutcomeReplayed, OutcomeReleased, OutcomeInDoubt, OutcomeConflict,
+	OutcomeDuplicate, OutcomeMismatch, OutcomeBadRequest, OutcomeUnprotected, OutcomeStoreError, OutcomeOverloaded, OutcomePassthrough}
+
+// Woulds is the subset of Outcomes that observe mode counts: the outcome
+// enforce mode would have had for a request that a route in observe mode
+// forwarded instead (the would label of idemproxy_observed_total). The
+// request's own outcome is then unprotected, or store_error.
+var Woulds = []Outcome{OutcomeReplayed, OutcomeConflict, OutcomeMismatch, OutcomeDuplicate, OutcomeBadRequest}
+
+// upstreamKind is what happened upstream to a request the proxy forwarded
+// (or was about to forward): with the rest of an upstreamResult, the input
+// of classify, whose output is the request's Outcome. It is not an outcome
+// itself, and never a label. A client that goes away is none of them: the
 // upstream request runs on, and its answer is read and settled as if the
 // client were still there.
-type outcomeKind int
+type upstreamKind int
 
 const (
 	// answered: the upstream answered with a status. An answer that is
 	// committed is committed once its whole body is in; one whose body
 	// breaks off first is brokeOff.
-	answered outcomeKind = iota + 1
+	answered upstreamKind = iota + 1
 	// notSent: the request never reached the upstream: connection
 	// refused, DNS failure, no connection in time, or the upstream's TLS
 	// refusing the proxy (see refusedByTLS).
@@ -33,7 +69,7 @@ const (
 	// answer came.
 	connLost
 	// brokeOff: the answer's body broke off (the connection lost or
-	// upstream_timeout passed) before it was whole. Its own verdict has no
+	// upstream_timeout passed) before it was whole. Classified, it has no
 	// problem: one whose status was passed on to the client cannot be
 	// answered with one any more, and for one whose status was not, the
 	// error handler answers as for a timeout or a lost connection.
@@ -43,10 +79,10 @@ const (
 	unsettled
 )
 
-// upstreamOutcome is what happened to a forwarded request, with what its
-// verdict depends on.
-type upstreamOutcome struct {
-	kind outcomeKind
+// upstreamResult is what happened upstream to a forwarded request, with
+// what its outcome depends on.
+type upstreamResult struct {
+	kind upstreamKind
 	// status is the answer's status (answered).
 	status int
 	// cleaned: the request was matched in cleaned form ("/charges/" for
@@ -57,32 +93,14 @@ type upstreamOutcome struct {
 	toCanonical bool
 }
 
-// verdict is what an outcome does to the request's key.
-type verdict int
-
-const (
-	verdictCommit  verdict = iota + 1 // the answer is stored and replayed to duplicates
-	verdictRelease                    // the key is released: a retry is forwarded
-	verdictInDoubt                    // the key is in doubt: retries get 409 outcome-in-doubt
-)
-
-func (v verdict) String() string {
-	switch v {
-	case verdictCommit:
-		return "commit"
-	case verdictRelease:
-		return "release"
-	case verdictInDoubt:
-		return "in_doubt"
-	}
-	return "none"
-}
-
-// classify is the one place where the outcome of a forwarded request
-// becomes what it does to the request's key, on route r, and the problem
-// the proxy answers instead of the upstream (nil when the upstream's
-// answer is passed on, or when nothing can be answered any more). It is
-// the table of docs/concepts.md "What the upstream's outcome does to the key":
+// classify is the one place where what happened upstream to a forwarded
+// request becomes what it does to the request's key, on route r: its
+// Outcome, one of OutcomeCommitted (the answer is stored and replayed to
+// duplicates), OutcomeReleased (a retry is forwarded) and OutcomeInDoubt
+// (retries get 409 outcome-in-doubt); and the problem the proxy answers
+// instead of the upstream (nil when the upstream's answer is passed on, or
+// when nothing can be answered any more). It is the table of
+// docs/concepts.md "What the upstream's outcome does to the key":
 //
 //   - An answer whose status is in the route's release set is released:
 //     the route's release_statuses when set, otherwise the client errors
@@ -112,31 +130,31 @@ func (v verdict) String() string {
 //     answer's status was passed on.
 //
 // r is read only for answered outcomes; it may be nil for others.
-func classify(o upstreamOutcome, r *config.Route) (verdict, *problem) {
+func classify(o upstreamResult, r *config.Route) (Outcome, *problem) {
 	switch o.kind {
 	case answered:
 		switch s := o.status; {
 		case s == http.StatusSwitchingProtocols:
-			return classify(upstreamOutcome{kind: connLost}, r)
+			return classify(upstreamResult{kind: connLost}, r)
 		case releases(r, s):
-			return verdictRelease, nil
+			return OutcomeReleased, nil
 		case o.cleaned && (s == http.StatusNotFound || s == http.StatusMethodNotAllowed):
-			return verdictRelease, nil
+			return OutcomeReleased, nil
 		case o.cleaned && o.toCanonical && (s == http.StatusMovedPermanently ||
 			s == http.StatusTemporaryRedirect || s == http.StatusPermanentRedirect):
-			return verdictRelease, nil
+			return OutcomeReleased, nil
 		}
-		return verdictCommit, nil
+		return OutcomeCommitted, nil
 	case notSent:
-		return verdictRelease, &probUpstreamDown
+		return OutcomeReleased, &probUpstreamDown
 	case shutDown:
-		return verdictRelease, &probShuttingDown
+		return OutcomeReleased, &probShuttingDown
 	case timedOut:
-		return verdictInDoubt, &probUpstreamTimeout
+		return OutcomeInDoubt, &probUpstreamTimeout
 	case connLost:
-		return verdictInDoubt, &probUpstreamReset
+		return OutcomeInDoubt, &probUpstreamReset
 	}
-	return verdictInDoubt, nil // brokeOff, unsettled
+	return OutcomeInDoubt, nil // brokeOff, unsettled
 }
 
 // releases reports whether an answer with status is in route r's release
@@ -150,15 +168,4 @@ func releases(r *config.Route, status int) bool {
 		return true
 	}
 	return r.Policy == config.PolicyReleaseOn5xx && status >= 500 && status <= 599
-}
-
-// conclude settles a's reservation by a verdict that stores no answer:
-// released, or (any other verdict, which never releases silently) in
-// doubt.
-func (a *attempt) conclude(v verdict) {
-	if v == verdictRelease {
-		a.release()
-		return
-	}
-	a.markInDoubt()
 }

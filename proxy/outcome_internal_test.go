@@ -66,13 +66,13 @@ func readmeOutcomeTable(t *testing.T) (policies []string, rows [][]string) {
 // namedOutcome is an outcome a row of the README's table stands for.
 type namedOutcome struct {
 	name string
-	o    upstreamOutcome
+	o    upstreamResult
 }
 
 func answeredWith(statuses ...int) []namedOutcome {
 	var out []namedOutcome
 	for _, s := range statuses {
-		out = append(out, namedOutcome{strconv.Itoa(s), upstreamOutcome{kind: answered, status: s}})
+		out = append(out, namedOutcome{strconv.Itoa(s), upstreamResult{kind: answered, status: s}})
 	}
 	return out
 }
@@ -90,7 +90,7 @@ func statusRange(from, to int, except []int) []int {
 var threeDigits = regexp.MustCompile(`\b\d{3}\b`)
 
 // TestClassifyIsTheREADMEOutcomeTable checks classify against the README's
-// outcome table, row by row and policy by policy: the verdict each cell
+// outcome table, row by row and policy by policy: the outcome each cell
 // names (commit, release, in_doubt) and the status it answers ("answer
 // 502"; "answer 504 (timeout) or 502": the first for a timeout).
 func TestClassifyIsTheREADMEOutcomeTable(t *testing.T) {
@@ -117,8 +117,8 @@ func TestClassifyIsTheREADMEOutcomeTable(t *testing.T) {
 		"final answer": answeredWith(statusRange(200, 499, refused)...),
 		"refused":      answeredWith(refused...),
 		"server error": answeredWith(statusRange(500, 599, nil)...),
-		"not sent":     {{"not sent", upstreamOutcome{kind: notSent}}},
-		"in doubt":     {{"timeout", upstreamOutcome{kind: timedOut}}, {"connection lost", upstreamOutcome{kind: connLost}}},
+		"not sent":     {{"not sent", upstreamResult{kind: notSent}}},
+		"in doubt":     {{"timeout", upstreamResult{kind: timedOut}}, {"connection lost", upstreamResult{kind: connLost}}},
 	}
 	var seen []string
 	for _, row := range rows {
@@ -132,14 +132,14 @@ func TestClassifyIsTheREADMEOutcomeTable(t *testing.T) {
 			cell := row[2+i]
 			plain := strings.NewReplacer("*", "", "`", "").Replace(cell)
 			word := strings.TrimRight(strings.Fields(plain)[0], ",:")
-			var want verdict
+			var want Outcome
 			switch word {
 			case "commit":
-				want = verdictCommit
+				want = OutcomeCommitted
 			case "release":
-				want = verdictRelease
+				want = OutcomeReleased
 			case "in_doubt":
-				want = verdictInDoubt
+				want = OutcomeInDoubt
 			default:
 				t.Errorf("README outcome table: row %q, %s: no verdict in %q", row[0], policy, cell)
 				continue
@@ -185,39 +185,39 @@ func TestClassifyIsTheREADMEOutcomeTable(t *testing.T) {
 // the cleaned-form rule, release_statuses, 101 Switching Protocols, and the
 // outcomes that are not in the table.
 func TestClassify(t *testing.T) {
-	answer := func(status int) upstreamOutcome { return upstreamOutcome{kind: answered, status: status} }
-	cleaned := func(status int, toCanonical bool) upstreamOutcome {
-		return upstreamOutcome{kind: answered, status: status, cleaned: true, toCanonical: toCanonical}
+	answer := func(status int) upstreamResult { return upstreamResult{kind: answered, status: status} }
+	cleaned := func(status int, toCanonical bool) upstreamResult {
+		return upstreamResult{kind: answered, status: status, cleaned: true, toCanonical: toCanonical}
 	}
 	tests := []struct {
 		name    string
 		route   string // extra route lines
-		o       upstreamOutcome
-		want    verdict
+		o       upstreamResult
+		want    Outcome
 		problem string // the problem's name, "" for none
 	}{
-		{"cleaned form, 404, whatever the release set", "    release_statuses: [503]\n", cleaned(404, false), verdictRelease, ""},
-		{"cleaned form, 405, whatever the release set", "    release_statuses: [503]\n", cleaned(405, false), verdictRelease, ""},
-		{"as sent, 404 outside the release set", "    release_statuses: [503]\n", answer(404), verdictCommit, ""},
-		{"cleaned form, 301 to the canonical path", "", cleaned(301, true), verdictRelease, ""},
-		{"cleaned form, 307 to the canonical path", "", cleaned(307, true), verdictRelease, ""},
-		{"cleaned form, 308 to the canonical path", "", cleaned(308, true), verdictRelease, ""},
-		{"cleaned form, 307 elsewhere", "", cleaned(307, false), verdictCommit, ""},
-		{"cleaned form, 303 to the canonical path", "", cleaned(303, true), verdictCommit, ""},
-		{"cleaned form, 302 to the canonical path", "", cleaned(302, true), verdictCommit, ""},
-		{"cleaned form, 201", "", cleaned(201, false), verdictCommit, ""},
-		{"as sent, 308 (no cleaned form)", "", upstreamOutcome{kind: answered, status: 308, toCanonical: true}, verdictCommit, ""},
-		{"release_statuses: 503 released", "    release_statuses: [429, 503]\n", answer(503), verdictRelease, ""},
-		{"release_statuses: 500 committed", "    release_statuses: [429, 503]\n", answer(500), verdictCommit, ""},
-		{"release_statuses replaces the client errors", "    release_statuses: [429, 503]\n", answer(400), verdictCommit, ""},
-		{"release_statuses replaces the policy", "    policy: release-on-5xx\n    release_statuses: [503]\n", answer(500), verdictCommit, ""},
-		{"101 Switching Protocols", "", answer(101), verdictInDoubt, "upstream-reset"},
-		{"not sent", "", upstreamOutcome{kind: notSent}, verdictRelease, "upstream-unreachable"},
-		{"not sent: shutting down", "", upstreamOutcome{kind: shutDown}, verdictRelease, "shutting-down"},
-		{"timeout", "", upstreamOutcome{kind: timedOut}, verdictInDoubt, "upstream-timeout"},
-		{"connection lost", "", upstreamOutcome{kind: connLost}, verdictInDoubt, "upstream-reset"},
-		{"answer broke off", "", upstreamOutcome{kind: brokeOff}, verdictInDoubt, ""},
-		{"no verdict from the reverse proxy", "", upstreamOutcome{kind: unsettled}, verdictInDoubt, ""},
+		{"cleaned form, 404, whatever the release set", "    release_statuses: [503]\n", cleaned(404, false), OutcomeReleased, ""},
+		{"cleaned form, 405, whatever the release set", "    release_statuses: [503]\n", cleaned(405, false), OutcomeReleased, ""},
+		{"as sent, 404 outside the release set", "    release_statuses: [503]\n", answer(404), OutcomeCommitted, ""},
+		{"cleaned form, 301 to the canonical path", "", cleaned(301, true), OutcomeReleased, ""},
+		{"cleaned form, 307 to the canonical path", "", cleaned(307, true), OutcomeReleased, ""},
+		{"cleaned form, 308 to the canonical path", "", cleaned(308, true), OutcomeReleased, ""},
+		{"cleaned form, 307 elsewhere", "", cleaned(307, false), OutcomeCommitted, ""},
+		{"cleaned form, 303 to the canonical path", "", cleaned(303, true), OutcomeCommitted, ""},
+		{"cleaned form, 302 to the canonical path", "", cleaned(302, true), OutcomeCommitted, ""},
+		{"cleaned form, 201", "", cleaned(201, false), OutcomeCommitted, ""},
+		{"as sent, 308 (no cleaned form)", "", upstreamResult{kind: answered, status: 308, toCanonical: true}, OutcomeCommitted, ""},
+		{"release_statuses: 503 released", "    release_statuses: [429, 503]\n", answer(503), OutcomeReleased, ""},
+		{"release_statuses: 500 committed", "    release_statuses: [429, 503]\n", answer(500), OutcomeCommitted, ""},
+		{"release_statuses replaces the client errors", "    release_statuses: [429, 503]\n", answer(400), OutcomeCommitted, ""},
+		{"release_statuses replaces the policy", "    policy: release-on-5xx\n    release_statuses: [503]\n", answer(500), OutcomeCommitted, ""},
+		{"101 Switching Protocols", "", answer(101), OutcomeInDoubt, "upstream-reset"},
+		{"not sent", "", upstreamResult{kind: notSent}, OutcomeReleased, "upstream-unreachable"},
+		{"not sent: shutting down", "", upstreamResult{kind: shutDown}, OutcomeReleased, "shutting-down"},
+		{"timeout", "", upstreamResult{kind: timedOut}, OutcomeInDoubt, "upstream-timeout"},
+		{"connection lost", "", upstreamResult{kind: connLost}, OutcomeInDoubt, "upstream-reset"},
+		{"answer broke off", "", upstreamResult{kind: brokeOff}, OutcomeInDoubt, ""},
+		{"no verdict from the reverse proxy", "", upstreamResult{kind: unsettled}, OutcomeInDoubt, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -255,11 +255,11 @@ func TestReleaseSet(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r := routeOf(t, tc.route)
 			for _, s := range statuses {
-				want := verdictCommit
+				want := OutcomeCommitted
 				if slices.Contains(tc.releases, s) {
-					want = verdictRelease
+					want = OutcomeReleased
 				}
-				if got, _ := classify(upstreamOutcome{kind: answered, status: s}, r); got != want {
+				if got, _ := classify(upstreamResult{kind: answered, status: s}, r); got != want {
 					t.Errorf("classify(answered %d) = %v, want %v", s, got, want)
 				}
 			}

@@ -68,7 +68,7 @@ func (m *reconcileMetrics) initRoute(rc config.Route) {
 	}
 	if rc.Mode == config.ModeObserve {
 		for _, w := range Woulds {
-			m.observed.WithLabelValues(rc.Name, w)
+			m.observed.WithLabelValues(rc.Name, string(w))
 		}
 	}
 }

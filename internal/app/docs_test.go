@@ -144,12 +144,14 @@ func TestREADMEMetricsTableListsEveryLabelValue(t *testing.T) {
 			}
 		}
 	}
-	var outcomes []string
-	for _, o := range proxy.Outcomes {
-		outcomes = append(outcomes, string(o))
+	labels := func(os []proxy.Outcome) (out []string) {
+		for _, o := range os {
+			out = append(out, string(o))
+		}
+		return out
 	}
-	check("idemproxy_requests_total", outcomes)
-	check("idemproxy_observed_total", proxy.Woulds)
+	check("idemproxy_requests_total", labels(proxy.Outcomes))
+	check("idemproxy_observed_total", labels(proxy.Woulds))
 	check("idemproxy_reconciliations_total", proxy.ReconcileResults)
 }
 

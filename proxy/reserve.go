@@ -1,0 +1,259 @@
+package proxy
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/settle"
+	"github.com/idemproxy/idemproxy/keyextract"
+	"github.com/idemproxy/idemproxy/store"
+)
+
+// earlierRecord returns the record stored under a key that an earlier
+// configuration or version derived for this request, when that key is not
+// key and a record is there, and makes a.storeKey that record's:
+//   - under key.normalize: nfc, the key as sent (the route's rules without
+//     NFC), where a record stored before the option was turned on by a
+//     reload is;
+//   - the key of a version before the key rules of issue 16 (keyextract's
+//     LegacyExtract: a quoted header key with its quotes, a number as
+//     written).
+//
+// Both are looked up in this route's key space and this request's scope
+// only, and each costs one Get only when it differs from key and from the
+// one before (an ASCII key, or one sent in NFC, costs no Get for the
+// first). nil when none is found, a store failure included (the
+// reservation that follows meets it).
+func (a *attempt) earlierRecord(body []byte, scope, key string) *store.Record {
+	tried := key
+	lookup := func(k string, err error) *store.Record {
+		if err != nil || k == key || k == tried {
+			return nil
+		}
+		tried = k
+		storeKey := store.Key(a.rt.cfg.Name, scope, k)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(a.in.Context()), storeTimeout)
+		defer cancel()
+		rec, err := a.p.store.Get(ctx, storeKey)
+		if err != nil || rec == nil {
+			return nil
+		}
+		a.storeKey = storeKey
+		return rec
+	}
+	if a.rt.spec.NFC {
+		asSent := a.rt.spec
+		asSent.NFC = false
+		if rec := lookup(asSent.Extract(a.in, body)); rec != nil {
+			return rec
+		}
+	}
+	return lookup(a.rt.spec.LegacyExtract(a.in, body))
+}
+
+// reserveAndForward reserves the request's key and forwards it. When the
+// key is known, the request is answered from its record (or, under
+// concurrent: wait, waits for the request that holds it to settle, and
+// asks again).
+func (a *attempt) reserveAndForward(w http.ResponseWriter, body []byte, id identity) {
+	cfg := &a.rt.cfg
+	res := store.Reservation{Token: rand.Text(), Fingerprint: id.fp, Lease: cfg.Lease.D(), TTL: cfg.TTL.D()}
+	waitUntil := time.Now().Add(cfg.WaitTimeout.D())
+	for {
+		rec, err := a.reserve(res)
+		if err != nil {
+			// The reservation may have been applied with its reply lost:
+			// take it back, so the key is not left in flight (and then in
+			// doubt) for a request that was never forwarded.
+			if !errors.Is(err, store.ErrKeysLost) { // refused before the store was written
+				a.p.releaseLater(a.storeKey, res.Token, a.reservedAt.Add(cfg.Lease.D()))
+			}
+			a.storeFailed(w, body, "reserve", err)
+			return
+		}
+		if rec == nil {
+			a.token = res.Token
+			a.p.forward(w, a, body)
+			return
+		}
+		if a.mismatched(w, body, rec, id.fp, id.target) || a.observeExisting(w, body, rec) {
+			return
+		}
+		if rec.State != store.StateInFlight || cfg.Concurrent != config.ConcurrentWait || !time.Now().Before(waitUntil) {
+			a.answerExisting(w, rec)
+			return
+		}
+		if !a.awaitSettled(w, body, rec, waitUntil) {
+			return
+		}
+		// Settled, released or still in flight at the deadline: ask
+		// again, so the answer is checked against this request's
+		// fingerprint (another request may have taken the key).
+	}
+}
+
+// reserve asks the store for the reservation res of the request's key: nil
+// when it was reserved, the key's record when it is known.
+func (a *attempt) reserve(res store.Reservation) (*store.Record, error) {
+	// A client that hangs up now does not undo its request: the
+	// reservation and the forward run to the end, and the answer is
+	// stored for its retry.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.in.Context()), storeTimeout)
+	defer cancel()
+	a.reservedAt = time.Now()
+	return a.p.store.Reserve(ctx, a.storeKey, res)
+}
+
+// awaitSettled waits until the record rec, in flight, has settled or the
+// deadline until, and reports whether to ask for the key again; when not,
+// it has answered the request.
+func (a *attempt) awaitSettled(w http.ResponseWriter, body []byte, rec *store.Record, until time.Time) bool {
+	ctx := a.in.Context()
+	_, err := a.p.waitSettled(ctx, a.storeKey, until)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		// The client stopped waiting: answered as without waiting. A
+		// client that went away never reads it; one that only
+		// half-closed its connection, or whose read_timeout passed,
+		// would otherwise get the server's empty 200 OK for a request
+		// still in flight.
+		a.answerExisting(w, rec)
+		return false
+	case err != nil:
+		a.storeFailed(w, body, "get", err)
+		return false
+	}
+	return true
+}
+
+// waitSettled polls the record under key until it is no longer in flight,
+// the deadline passes or the client goes away, and returns it (nil when it
+// was released).
+func (p *Proxy) waitSettled(ctx context.Context, key string, until time.Time) (*store.Record, error) {
+	delay := 5 * time.Millisecond
+	for {
+		t := time.NewTimer(min(delay, time.Until(until)))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+		rec, err := p.store.Get(ctx, key)
+		if err != nil || rec == nil || rec.State != store.StateInFlight || !time.Now().Before(until) {
+			return rec, err
+		}
+		delay = min(delay*2, 100*time.Millisecond)
+	}
+}
+
+// mismatched answers 422 (or, in observe mode, forwards) when rec was
+// stored for another request than this one (fingerprint fp of target and
+// body), and reports whether it did. A fingerprint of a version before
+// the number rule (legacyMatch) is the same request.
+func (a *attempt) mismatched(w http.ResponseWriter, body []byte, rec *store.Record, fp, target string) bool {
+	if fp == "" || rec.Fingerprint == "" || rec.Fingerprint == fp || legacyMatch(rec.Fingerprint, a.in.Method, target, body, a.rt.ignore) {
+		return false
+	}
+	if !a.observe(w, body, OutcomeMismatch) {
+		a.problem(w, OutcomeMismatch, probMismatch,
+			"this key was first used with another request (method, path or body); a new request needs a new key", 0, nil)
+	}
+	return true
+}
+
+// legacyMatch reports whether stored is the fingerprint a version that
+// hashed numbers as written (before issue 16) gave this request: a record
+// it stored is still this request's, for its TTL after an upgrade.
+func legacyMatch(stored, method, target string, body []byte, ignore *keyextract.Ignore) bool {
+	legacy, _ := keyextract.LegacyFingerprintIgnoring(method, target, body, ignore)
+	return stored == legacy
+}
+
+// answerExisting answers a request whose key is already known.
+func (a *attempt) answerExisting(w http.ResponseWriter, rec *store.Record) {
+	switch rec.State {
+	case store.StateInFlight:
+		a.problem(w, OutcomeConflict, probInFlight,
+			"a request with this key is being forwarded now; retry after it has been answered", 1, nil)
+	case store.StateCompleted:
+		resp := rec.Response
+		if resp == nil {
+			resp = &store.Response{}
+		}
+		switch {
+		case a.rt.cfg.Duplicate == config.DuplicateReject:
+			a.problem(w, OutcomeDuplicate, probDuplicate, "this key was already processed", 0,
+				map[string]any{"stored_status": resp.Status})
+		case !resp.BodyStored:
+			a.problem(w, OutcomeDuplicate, probNotReplayable,
+				"this key was already processed, but its answer was larger than the route's max_stored_body_bytes", 0,
+				map[string]any{"stored_status": resp.Status})
+		default:
+			a.replay(w, resp)
+		}
+	default:
+		ext := map[string]any{}
+		if !rec.ExpiresAt.IsZero() {
+			ext["expires_at"] = rec.ExpiresAt.UTC().Format(time.RFC3339)
+		}
+		a.problem(w, OutcomeConflict, probInDoubt,
+			"an earlier request with this key may have reached the upstream, but its answer was lost; "+
+				"check the upstream, then release the key through the admin API, or wait for it to expire", 0, ext)
+	}
+}
+
+// storeFailed answers a store failure: 503, or the request forwarded
+// unprotected under on_store_error: forward (and in mode observe). A store
+// that lost its keys (store.ErrKeysLost: the replica's epoch watcher
+// refused the reservation) is 503 store-lost-keys; it was logged once, at
+// the transition, so each refusal is logged at debug level only.
+func (a *attempt) storeFailed(w http.ResponseWriter, body []byte, op string, err error) {
+	lost := errors.Is(err, store.ErrKeysLost)
+	if lost {
+		a.p.log.Debug("store lost its keys: reservation refused", "route", a.routeName(), "key_hash", store.KeyHash(a.storeKey), "err", err)
+	} else {
+		a.p.log.Error("store failed", "route", a.routeName(), "operation", op, "key_hash", store.KeyHash(a.storeKey), "err", err)
+	}
+	a.outcome = OutcomeStoreError
+	if a.rt.cfg.OnStoreError == config.StoreErrorForward || a.observing() {
+		a.p.forward(w, a, body)
+		return
+	}
+	if lost {
+		a.problem(w, OutcomeStoreError, probStoreLostKeys, "the idempotency store no longer has the keys it had "+
+			"(restarted empty, flushed or truncated), or a new store waits for the other replicas to object: "+
+			"nothing was forwarded; retry later (an operator must accept a loss)", 5, nil)
+		return
+	}
+	a.problem(w, OutcomeStoreError, probStoreUnavailable, "the idempotency store cannot be reached; retry later", 1, nil)
+}
+
+// releaseLater releases a reservation that may or may not exist, in the
+// background; the owner token makes that safe. A release that fails
+// otherwise than by finding no reservation of token is retried by the
+// settler until until (the end of the reservation's lease): the store that
+// lost the reservation's reply is often still unreachable at the first
+// attempt, and a reservation left behind is a key in doubt for its whole
+// TTL, for a request that was never forwarded. Once the proxy is shutting
+// down (its settler takes no more jobs), it releases at once: the store
+// closes soon.
+func (p *Proxy) releaseLater(key, token string, until time.Time) {
+	j := settle.Job{Key: key, Operation: "release", Until: until, Attempt: func(ctx context.Context) error {
+		return p.store.Release(ctx, key, token)
+	}}
+	first := settle.Job{Key: key, Operation: "release", Attempt: func(ctx context.Context) error {
+		err := j.Attempt(ctx)
+		if err != nil && !errors.Is(err, store.ErrNotOwner) {
+			p.settling.Settle(j, err)
+		}
+		return err
+	}}
+	if !p.settling.Go(first) {
+		p.settling.Once(j)
+	}
+}

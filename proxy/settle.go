@@ -1,0 +1,112 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strconv"
+
+	"github.com/idemproxy/idemproxy/internal/settle"
+	"github.com/idemproxy/idemproxy/store"
+)
+
+// conclude settles a's reservation by an outcome of classify that stores
+// no answer: released, or (any other outcome, which never releases
+// silently) in doubt.
+func (a *attempt) conclude(o Outcome) {
+	if o == OutcomeReleased {
+		a.release()
+		return
+	}
+	a.markInDoubt()
+}
+
+func (a *attempt) commit(status int, header, trailer http.Header, body []byte, stored bool) {
+	a.settled = true
+	a.outcome = OutcomeCommitted
+	resp := store.Response{Status: status, Header: http.Header{}, BodyStored: stored}
+	for _, name := range a.rt.cfg.ReplayHeaders {
+		if vs := header.Values(name); len(vs) > 0 {
+			resp.Header[name] = vs
+		}
+	}
+	if a.in.Method == http.MethodHead {
+		// A HEAD answer has no body, but its Content-Length is the size
+		// of the body a GET would get: a HEAD replay carries it.
+		if cl := header.Get("Content-Length"); validLength(cl) {
+			resp.Header["Content-Length"] = []string{cl}
+		}
+	}
+	if stored {
+		resp.Body = body
+		resp.Trailer = trailer
+	}
+	key, token, ttl := a.storeKey, a.token, a.rt.cfg.TTL.D()
+	a.settle("commit", func(ctx context.Context) error { return a.p.store.Commit(ctx, key, token, resp, ttl) })
+}
+
+// validLength reports whether s is a Content-Length value: decimal digits
+// that fit an int64.
+func validLength(s string) bool {
+	n, err := strconv.ParseInt(s, 10, 64)
+	return err == nil && n >= 0 && s[0] != '+'
+}
+
+func (a *attempt) release() {
+	a.settled = true
+	a.outcome = OutcomeReleased
+	key, token := a.storeKey, a.token
+	a.settle("release", func(ctx context.Context) error { return a.p.store.Release(ctx, key, token) })
+}
+
+func (a *attempt) markInDoubt() {
+	a.settled = true
+	a.outcome = OutcomeInDoubt
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	defer cancel()
+	err := a.p.store.MarkInDoubt(ctx, a.storeKey, a.token, a.rt.cfg.TTL.D())
+	a.settleErr("mark_in_doubt", err, nil)
+	if err == nil {
+		a.scheduleLookup()
+	}
+}
+
+// settleUnknown makes sure a reservation is settled, should the reverse
+// proxy have returned (or panicked) without settling it: the request may
+// have reached the upstream, so the key is in doubt.
+func (a *attempt) settleUnknown() {
+	if a.token != "" && !a.settled {
+		v, _ := classify(upstreamResult{kind: unsettled}, nil)
+		a.conclude(v)
+	}
+}
+
+// settle runs op, the store operation that settles a's reservation. When
+// it fails (a stalled store, op_timeout), the proxy's settler retries it in
+// the background as long as the reservation's lease holds: giving up at
+// once would leave the key in flight and then in doubt for its whole TTL,
+// although the outcome is known.
+func (a *attempt) settle(opName string, op func(ctx context.Context) error) {
+	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	err := op(ctx)
+	cancel()
+	a.settleErr(opName, err, op)
+}
+
+// settleErr hands the result err of a settling write to the settler, which
+// retries retry (nil: not retried) while the lease holds and logs how the
+// key was left. A write that failed counts as a store error now, retried
+// or not: the key is not settled yet.
+func (a *attempt) settleErr(op string, err error, retry func(ctx context.Context) error) {
+	if err == nil {
+		return
+	}
+	j := settle.Job{Key: a.storeKey, Operation: op, Attrs: []any{"route", a.routeName()}}
+	if retry != nil {
+		j.Until, j.Attempt = a.reservedAt.Add(a.rt.cfg.Lease.D()), retry
+	}
+	a.p.settling.Settle(j, err)
+	if !errors.Is(err, store.ErrNotOwner) {
+		a.outcome = OutcomeStoreError
+	}
+}
