@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/admission"
 	"github.com/idemproxy/idemproxy/internal/settle"
 	"github.com/idemproxy/idemproxy/keyextract"
 	"github.com/idemproxy/idemproxy/store"
@@ -32,7 +33,7 @@ type attempt struct {
 	held     int64  // bytes of the buffered-bytes budget held by the body and the answer
 	capHeld  int64  // of held, the bytes held by the answer read ahead of the client
 	bodyHeld int64  // bytes of the client's share held by the body
-	clientID string // the client the body is charged to (clientOf)
+	clientID string // the client the body is charged to (admission.ClientOf)
 	body     []byte // the buffered request body, once forwarded
 	storeKey string
 	token    string // empty: the request is not protected by a reservation
@@ -46,7 +47,7 @@ type attempt struct {
 
 	outcome    Outcome
 	status     int
-	reason     string // why the proxy refused the request, for the access log (refusalClient, refusalBudget); empty: none
+	reason     string // why the proxy refused the request, for the access log (admission.RefusalClient, admission.RefusalBudget); empty: none
 	upstreamAt time.Time
 	upstream   time.Duration
 
@@ -92,8 +93,8 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 	}
 	defer p.active.leave()
 	defer func() {
-		p.budget.give(a.held)
-		p.budget.release(a.clientID, a.bodyHeld)
+		p.budget.Give(a.held)
+		p.budget.Release(a.clientID, a.bodyHeld)
 	}()
 
 	body, ok := a.readBody(w, rt.cfg.MaxBodyBytes)
@@ -162,7 +163,7 @@ func (a *attempt) identify(w http.ResponseWriter, body []byte) (identity, bool) 
 		a.outcome = OutcomeUnprotected
 		a.p.forward(w, a, body)
 	case errors.Is(err, errKeyBodyOverBudget):
-		a.overloaded(w, refusalBudget)
+		a.overloaded(w, admission.RefusalBudget)
 	case errors.As(err, &bad):
 		if !a.observe(w, body, WouldBadRequest) {
 			a.problem(w, OutcomeBadRequest, bad.prob, bad.detail, 0, nil)
@@ -401,7 +402,7 @@ func canonicalQuery(raw string) string {
 }
 
 // readBody buffers the request body up to limit bytes. The budget is
-// charged as the bytes arrive, in doubling steps (bodyFirstStep), never for
+// charged as the bytes arrive, in doubling steps (admission.BodyChunk), never for
 // what Content-Length announces alone; the body must arrive within the
 // server's body_timeout. Nothing has been reserved yet: a body refused or
 // cut here leaves no key behind.
@@ -452,7 +453,7 @@ func (a *attempt) readBody(w http.ResponseWriter, limit int64) (_ []byte, ok boo
 	if r.ContentLength >= 0 {
 		end = r.ContentLength
 	}
-	client := clientOf(r.RemoteAddr)
+	client := admission.ClientOf(r.RemoteAddr)
 	// The body arrives into chunks, each taken from the budget when the
 	// one before is full: what a body holds is what arrived, plus at most
 	// one chunk (never past its Content-Length).
@@ -480,8 +481,8 @@ func (a *attempt) readBody(w http.ResponseWriter, limit int64) (_ []byte, ok boo
 				}
 				continue
 			}
-			size := min(end-got, max(bodyFirstStep, min(a.bodyHeld, bodyMaxStep)))
-			if why := a.p.budget.takeFor(client, a.bodyHeld, size); why != "" {
+			size := min(end-got, admission.BodyChunk(a.bodyHeld))
+			if why := a.p.budget.TakeFor(client, a.bodyHeld, size); why != "" {
 				return a.overloaded(w, why)
 			}
 			a.held += size
@@ -528,7 +529,7 @@ func (a *attempt) bodyFailed(w http.ResponseWriter, err error, tooLarge func() (
 		// A stalled or trickling body: cut, and the connection with it
 		// (HTTP/1; an HTTP/2 stream ends alone), so that it holds neither
 		// the budget nor a connection any longer.
-		a.p.m.adm.bodyTimeouts.Inc()
+		a.p.m.adm.BodyTimedOut()
 		a.p.log.Warn("request body not received within body_timeout: cut", "route", a.routeName())
 		if a.in.ProtoMajor == 1 {
 			w.Header().Set("Connection", "close")
@@ -543,13 +544,13 @@ func (a *attempt) bodyFailed(w http.ResponseWriter, err error, tooLarge func() (
 }
 
 // overloaded answers a request whose body does not fit the budget of
-// buffered bytes (why is refusalBudget or refusalClient): nothing was
+// buffered bytes (why is admission.RefusalBudget or admission.RefusalClient): nothing was
 // stored or forwarded, the retry may fit.
 func (a *attempt) overloaded(w http.ResponseWriter, why string) ([]byte, bool) {
 	a.reason = why
-	if why == refusalClient {
-		client := clientOf(a.in.RemoteAddr)
-		share := a.p.budget.perClient.Load()
+	if why == admission.RefusalClient {
+		client := admission.ClientOf(a.in.RemoteAddr)
+		share := a.p.budget.PerClient()
 		a.p.log.Warn("request refused: this client's request bodies hold its share of the buffers",
 			"route", a.routeName(), "reason", why, "client", client,
 			"setting", "server.max_buffered_bytes_per_client", "limit", share)
@@ -560,7 +561,7 @@ func (a *attempt) overloaded(w http.ResponseWriter, why string) ([]byte, bool) {
 			map[string]any{"client": client, "setting": "server.max_buffered_bytes_per_client", "limit": share})
 		return nil, false
 	}
-	limit := a.p.budget.limit.Load()
+	limit := a.p.budget.Limit()
 	a.p.log.Warn("request refused: too many request bytes buffered at once", "route", a.routeName(), "reason", why,
 		"setting", "server.max_buffered_bytes", "limit", limit)
 	a.problem(w, OutcomeOverloaded, probOverloaded, fmt.Sprintf("the proxy is buffering too many requests at once "+
