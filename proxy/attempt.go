@@ -544,8 +544,9 @@ func (a *attempt) bodyFailed(w http.ResponseWriter, err error, tooLarge func() (
 }
 
 // overloaded answers a request whose body does not fit the budget of
-// buffered bytes (why is admission.RefusalBudget or admission.RefusalClient): nothing was
-// stored or forwarded, the retry may fit.
+// buffered bytes (why is admission.RefusalBudget or
+// admission.RefusalClient): nothing was stored or forwarded, the retry may
+// fit.
 func (a *attempt) overloaded(w http.ResponseWriter, why string) ([]byte, bool) {
 	a.reason = why
 	if why == admission.RefusalClient {

@@ -208,6 +208,8 @@ const (
 	AdminMaxHeaderBytes    = 16 << 10
 )
 
+// Close closes the listener: an Accept waiting for a slot returns
+// net.ErrClosed. Connections already admitted stay open.
 func (l *Limiter) Close() error {
 	l.once.Do(func() { close(l.closed) })
 	return l.Listener.Close()
