@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/idemproxy/idemproxy/internal/admission"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store"
 )
@@ -254,7 +255,7 @@ func (h *Handler) reload(w http.ResponseWriter, r *http.Request) {
 // section 11.1).
 func (h *Handler) auth(next http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		client := proxy.ClientOf(r.RemoteAddr)
+		client := admission.ClientOf(r.RemoteAddr)
 		if h.opts.Token != "" {
 			if wait := h.limiter.wait(client, time.Now()); wait > 0 {
 				h.throttled.Inc()

@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/idemproxy/idemproxy/internal/h2attack"
 )
 
 // adminFloodLimit is the open files limit the flooded proxies run with:
@@ -176,7 +178,7 @@ func TestAdminFloodDoesNotStarveCharges(t *testing.T) {
 				for _, path := range []string{"/readyz", "/metrics"} {
 					from := fmt.Sprintf("127.0.0.%d", 2+i)
 					start := time.Now()
-					st, _, err := getFrom(t, from, p.admin, path)
+					st, _, err := h2attack.GetFrom(t, from, p.admin, path)
 					// A Kubernetes probe waits timeoutSeconds (default 1,
 					// 2 in deploy/kubernetes): generous for a loaded machine.
 					took := time.Since(start)
@@ -197,7 +199,7 @@ func TestAdminFloodDoesNotStarveCharges(t *testing.T) {
 			}
 			// Scraped from an address of its own: the flood's take the place
 			// of each other.
-			_, scrape, err := getFrom(t, "127.0.0.9", p.admin, "/metrics")
+			_, scrape, err := h2attack.GetFrom(t, "127.0.0.9", p.admin, "/metrics")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -288,7 +290,7 @@ func TestAdminTokenGuessing(t *testing.T) {
 	if r, _ := doWith(clientFrom("127.0.0.2"), "GET", p.adminURL("/v1/keys/charges/ORD-1"), "", "Authorization", "Bearer s3cret-token"); r.status != 404 || problemType(r) != "no-record" {
 		t.Errorf("the correct token from another address = %d %s, want 404 no-record", r.status, r.body)
 	}
-	_, scrape, err := getFrom(t, "127.0.0.3", p.admin, "/metrics")
+	_, scrape, err := h2attack.GetFrom(t, "127.0.0.3", p.admin, "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/idemproxy/idemproxy/internal/admission"
 )
 
 // rawConn is a client connection that sends requests by hand.
@@ -424,7 +426,7 @@ func TestH2CPriorKnowledge(t *testing.T) {
 	// A header list over the limit never reaches the upstream (Go's client
 	// refuses to send what the proxy's SETTINGS forbid; a client that sent
 	// it would get 431).
-	big := strings.Repeat("x", 64<<10+1024) // over the 64 KiB header list the proxy allows
+	big := strings.Repeat("x", admission.MaxHeaderBytes+1024)
 	if r, _ := doWith(c, "POST", p.url("/charges"), body("ORD-H2-BIG", 10), "X-Big", big); r.err == nil && r.status != 431 {
 		t.Errorf("a %d-byte header over HTTP/2 = %d %s, want refused", len(big), r.status, r.body)
 	}

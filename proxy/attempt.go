@@ -47,7 +47,7 @@ type attempt struct {
 	// serveRoute returns.
 	held     int64  // bytes of the buffered-bytes budget held by the body and the answer
 	bodyHeld int64  // bytes of the client's share held by the body
-	clientID string // the client the body is charged to (clientOf)
+	clientID string // the client the body is charged to (admission.ClientOf)
 
 	// reserve: the key in the store and its reservation.
 	storeKey string
@@ -73,7 +73,7 @@ type attempt struct {
 	// What finish counts and logs, set by the phase that answers.
 	outcome Outcome
 	status  int
-	reason  string // why the proxy refused the request, for the access log (refusalClient, refusalBudget); empty: none
+	reason  string // why the proxy refused the request, for the access log (admission.RefusalClient, admission.RefusalBudget); empty: none
 }
 
 // attemptKey is the context key under which a forwarded request carries
@@ -109,8 +109,8 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 	}
 	defer p.active.leave()
 	defer func() {
-		p.budget.give(a.held)
-		p.budget.release(a.clientID, a.bodyHeld)
+		p.budget.Give(a.held)
+		p.budget.Release(a.clientID, a.bodyHeld)
 	}()
 
 	body, ok := a.readBody(w, rt.cfg.MaxBodyBytes)

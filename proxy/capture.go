@@ -8,6 +8,8 @@ import (
 	"io"
 	"net/http"
 	"time"
+
+	"github.com/idemproxy/idemproxy/internal/admission"
 )
 
 // The answer belongs to the upstream: a protected request's answer is read
@@ -113,7 +115,7 @@ func (a *attempt) fill(buf *bytes.Buffer, r io.Reader, limit int64) (over bool, 
 				// a large one does not touch the shared counter for every
 				// read.
 				step := min((need+captureStep-1)/captureStep*captureStep, limit-a.capHeld)
-				if !a.p.budget.take(step, refusalAnswer) {
+				if !a.p.budget.Take(step, admission.RefusalAnswer) {
 					buf.Write(chunk[:n])
 					return true, notStoredOverBudget, nil
 				}

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/idemproxy/idemproxy/internal/admission"
 )
 
 // decodeBody returns a request body decoded from its Content-Encoding, for
@@ -62,7 +64,7 @@ func (a *attempt) decodeBody(body []byte) ([]byte, *problem, string) {
 			}
 			if need := size - held; need > 0 {
 				step := min(max(need, decodeStep), limit-held)
-				if !a.p.budget.take(step, refusalBudget) {
+				if !a.p.budget.Take(step, admission.RefusalBudget) {
 					return nil, nil, ""
 				}
 				held += step

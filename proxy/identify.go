@@ -13,11 +13,12 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/admission"
 	"github.com/idemproxy/idemproxy/keyextract"
 )
 
 // readBody buffers the request body up to limit bytes. The budget is
-// charged as the bytes arrive, in doubling steps (bodyFirstStep), never for
+// charged as the bytes arrive, in doubling steps (admission.BodyChunk), never for
 // what Content-Length announces alone; the body must arrive within the
 // server's body_timeout. Nothing has been reserved yet: a body refused or
 // cut here leaves no key behind.
@@ -68,7 +69,7 @@ func (a *attempt) readBody(w http.ResponseWriter, limit int64) (_ []byte, ok boo
 	if r.ContentLength >= 0 {
 		end = r.ContentLength
 	}
-	client := clientOf(r.RemoteAddr)
+	client := admission.ClientOf(r.RemoteAddr)
 	// The body arrives into chunks, each taken from the budget when the
 	// one before is full: what a body holds is what arrived, plus at most
 	// one chunk (never past its Content-Length).
@@ -96,8 +97,8 @@ func (a *attempt) readBody(w http.ResponseWriter, limit int64) (_ []byte, ok boo
 				}
 				continue
 			}
-			size := min(end-got, max(bodyFirstStep, min(a.bodyHeld, bodyMaxStep)))
-			if why := a.p.budget.takeFor(client, a.bodyHeld, size); why != "" {
+			size := min(end-got, admission.BodyChunk(a.bodyHeld))
+			if why := a.p.budget.TakeFor(client, a.bodyHeld, size); why != "" {
 				return a.overloaded(w, why)
 			}
 			a.held += size
@@ -144,7 +145,7 @@ func (a *attempt) bodyFailed(w http.ResponseWriter, err error, tooLarge func() (
 		// A stalled or trickling body: cut, and the connection with it
 		// (HTTP/1; an HTTP/2 stream ends alone), so that it holds neither
 		// the budget nor a connection any longer.
-		a.p.m.adm.bodyTimeouts.Inc()
+		a.p.m.adm.BodyTimedOut()
 		a.p.log.Warn("request body not received within body_timeout: cut", "route", a.routeName())
 		if a.in.ProtoMajor == 1 {
 			w.Header().Set("Connection", "close")
@@ -159,13 +160,14 @@ func (a *attempt) bodyFailed(w http.ResponseWriter, err error, tooLarge func() (
 }
 
 // overloaded answers a request whose body does not fit the budget of
-// buffered bytes (why is refusalBudget or refusalClient): nothing was
-// stored or forwarded, the retry may fit.
+// buffered bytes (why is admission.RefusalBudget or
+// admission.RefusalClient): nothing was stored or forwarded, the retry may
+// fit.
 func (a *attempt) overloaded(w http.ResponseWriter, why string) ([]byte, bool) {
 	a.reason = why
-	if why == refusalClient {
-		client := clientOf(a.in.RemoteAddr)
-		share := a.p.budget.perClient.Load()
+	if why == admission.RefusalClient {
+		client := admission.ClientOf(a.in.RemoteAddr)
+		share := a.p.budget.PerClient()
 		a.p.log.Warn("request refused: this client's request bodies hold its share of the buffers",
 			"route", a.routeName(), "reason", why, "client", client,
 			"setting", "server.max_buffered_bytes_per_client", "limit", share)
@@ -176,7 +178,7 @@ func (a *attempt) overloaded(w http.ResponseWriter, why string) ([]byte, bool) {
 			map[string]any{"client": client, "setting": "server.max_buffered_bytes_per_client", "limit": share})
 		return nil, false
 	}
-	limit := a.p.budget.limit.Load()
+	limit := a.p.budget.Limit()
 	a.p.log.Warn("request refused: too many request bytes buffered at once", "route", a.routeName(), "reason", why,
 		"setting", "server.max_buffered_bytes", "limit", limit)
 	a.problem(w, OutcomeOverloaded, probOverloaded, fmt.Sprintf("the proxy is buffering too many requests at once "+
@@ -283,7 +285,7 @@ func (a *attempt) identify(w http.ResponseWriter, body []byte) (identity, bool) 
 		a.outcome = OutcomeUnprotected
 		a.p.forward(w, a, body)
 	case errors.Is(err, errKeyBodyOverBudget):
-		a.overloaded(w, refusalBudget)
+		a.overloaded(w, admission.RefusalBudget)
 	case errors.As(err, &bad):
 		if !a.observe(w, body, OutcomeBadRequest) {
 			a.problem(w, OutcomeBadRequest, bad.prob, bad.detail, 0, nil)

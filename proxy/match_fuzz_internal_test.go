@@ -1,11 +1,12 @@
 package proxy
 
 import (
-	"github.com/idemproxy/idemproxy/config"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/idemproxy/idemproxy/config"
 )
 
 // FuzzHostMatch checks host matching against Go's ServeMux, as ServeHTTP

@@ -3,12 +3,12 @@ package proxy
 import (
 	"context"
 	"errors"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/admission"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -20,8 +20,8 @@ type Metrics struct {
 	storeDuration    *prometheus.HistogramVec
 	storeErrors      *prometheus.CounterVec
 	inFlight         *prometheus.GaugeVec
-	rec              *reconcileMetrics // reconciliation and observe mode
-	adm              *admissionMetrics // the buffer budget and request bodies
+	rec              *reconcileMetrics        // reconciliation and observe mode
+	adm              *admission.BufferMetrics // the buffer budget and request bodies
 	answersNotStored *prometheus.CounterVec
 	// other holds the latency histograms shared by the routes past
 	// metrics.route_histograms (route label config.OtherRoutes).
@@ -61,7 +61,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	reg.MustRegister(m.requests, m.duration, m.upstreamDuration, m.storeDuration, m.storeErrors, m.inFlight)
 	m.rec = newReconcileMetrics(reg)
-	m.adm = newAdmissionMetrics(reg)
+	m.adm = admission.NewBufferMetrics(reg)
 	m.answersNotStored = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "idemproxy_answers_not_stored_total",
 		Help: "Answers committed without their body (duplicates get 409 response-not-replayable), by route and reason: too_large (max_stored_body_bytes), over_budget (server.max_buffered_bytes).",
@@ -175,46 +175,4 @@ func (s instrumented) Ping(ctx context.Context) (err error) {
 	start := time.Now()
 	defer func() { s.observe("ping", start, err) }()
 	return s.Store.Ping(ctx)
-}
-
-// admissionMetrics show the buffer budget (server.max_buffered_bytes) and
-// the request bodies it admits.
-type admissionMetrics struct {
-	budget       atomic.Pointer[budget] // the proxy's; nil: none yet, the gauges read 0
-	refusals     *prometheus.CounterVec
-	bodyTimeouts prometheus.Counter
-}
-
-func newAdmissionMetrics(reg prometheus.Registerer) *admissionMetrics {
-	m := &admissionMetrics{
-		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "idemproxy_buffer_refusals_total",
-			Help: "Buffers refused by server.max_buffered_bytes, by reason: budget (a request body, 503), client (a request body over its client's share, 503), answer (a copy of an answer, not stored).",
-		}, []string{"reason"}),
-		bodyTimeouts: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "idemproxy_request_body_timeouts_total",
-			Help: "Request bodies of protected routes cut by server.body_timeout (408).",
-		}),
-	}
-	held := func(f func(*budget) int64) func() float64 {
-		return func() float64 {
-			if b := m.budget.Load(); b != nil {
-				return float64(f(b))
-			}
-			return 0
-		}
-	}
-	reg.MustRegister(m.refusals, m.bodyTimeouts,
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "idemproxy_buffered_bytes",
-			Help: "Bytes of server.max_buffered_bytes held now by request bodies and copies of answers.",
-		}, held(func(b *budget) int64 { return b.used.Load() })),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "idemproxy_buffered_bytes_limit",
-			Help: "server.max_buffered_bytes, as applied.",
-		}, held(func(b *budget) int64 { return b.limit.Load() })))
-	for _, r := range bufferRefusalReasons {
-		m.refusals.WithLabelValues(r)
-	}
-	return m
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/admission"
 	"github.com/idemproxy/idemproxy/internal/settle"
 	"github.com/idemproxy/idemproxy/keyextract"
 	"github.com/idemproxy/idemproxy/store"
@@ -66,7 +67,7 @@ type Proxy struct {
 	transport http.RoundTripper // passthrough
 	protected http.RoundTripper // routes: never resends
 	table     atomic.Pointer[table]
-	budget    budget // request bytes buffered at once
+	budget    admission.Budget // request bytes buffered at once
 
 	// life is the parent of every upstream request's context: Abort
 	// cancels it, which turns the requests still waiting for an answer in
@@ -195,8 +196,7 @@ func New(cfg *config.Config, opts Options) (*Proxy, error) {
 		opts.Settler = settle.New(opts.Logger)
 	}
 	p.settling = opts.Settler.Group()
-	p.budget.refused = func(reason string) { p.m.adm.refusals.WithLabelValues(reason).Inc() }
-	p.m.adm.budget.Store(&p.budget)
+	p.m.adm.Watch(&p.budget)
 	p.life, p.abort = context.WithCancel(context.Background())
 	if err := p.Reload(cfg); err != nil {
 		return nil, err
@@ -250,8 +250,7 @@ func (p *Proxy) Reload(cfg *config.Config) error {
 	if l := cfg.Server.MaxBufferedBytes; l > 0 {
 		t.bodyReserve = min(t.bodyReserve, l/8)
 	}
-	p.budget.perClient.Store(cfg.Server.MaxBufferedBytesPerClient)
-	p.budget.limit.Store(cfg.Server.MaxBufferedBytes)
+	p.budget.SetLimits(cfg.Server.MaxBufferedBytes, cfg.Server.MaxBufferedBytesPerClient)
 	p.table.Store(t)
 	return nil
 }
@@ -390,10 +389,10 @@ func (p *Proxy) Store() store.Store { return p.store }
 // most an eighth of the budget), for /readyz; nil when it can.
 func (p *Proxy) BuffersSaturated() error {
 	t := p.table.Load()
-	if t == nil || !p.budget.saturated(t.bodyReserve) {
+	if t == nil || !p.budget.Saturated(t.bodyReserve) {
 		return nil
 	}
-	return fmt.Errorf("buffers saturated: %d of server.max_buffered_bytes (%d) in use", p.budget.used.Load(), p.budget.limit.Load())
+	return fmt.Errorf("buffers saturated: %d of server.max_buffered_bytes (%d) in use", p.budget.Used(), p.budget.Limit())
 }
 
 // HasRoute reports whether the current configuration has a route named name.

@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/admin"
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/admission"
 	"github.com/idemproxy/idemproxy/internal/epoch"
 	"github.com/idemproxy/idemproxy/internal/prealloc"
 	"github.com/idemproxy/idemproxy/internal/settle"
@@ -41,7 +42,7 @@ type app struct {
 	mu       sync.Mutex // serialises reloads
 	cfg      *config.Config
 	p        *proxy.Proxy
-	conns    *connLimiter // the client listener's limits; set by serve
+	conns    *admission.Limiter // the client listener's limits; set by serve
 	reloadOK prometheus.Gauge
 	reloadTS prometheus.Gauge
 
@@ -225,22 +226,23 @@ func (a *app) serve(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	conns := newConnLimiter(ln, cfg.Server.MaxConnections, cfg.Server.ReadHeaderTimeout.D())
-	conns.log = log
-	conns.setClientLimits(cfg.Server)
+	// The limits' 503 and 431 answers are the proxy's problem answers.
+	answers := admission.Answers{Overloaded: proxy.WriteOverloaded, HeaderFields: proxy.HeaderFieldsAnswer}
+	conns := admission.NewLimiter(ln, cfg.Server.MaxConnections, cfg.Server.ReadHeaderTimeout.D(), answers, log)
+	conns.SetClientLimits(cfg.Server)
 	a.conns = conns
-	registerConnMetrics(reg, conns)
+	admission.RegisterMetrics(reg, conns)
 	srv := &http.Server{
-		Handler:           conns.guard(withoutH2CUpgrade(a.p)),
+		Handler:           conns.Guard(admission.WithoutH2CUpgrade(a.p)),
 		ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout.D(),
 		ReadTimeout:       cfg.Server.ReadTimeout.D(),
 		IdleTimeout:       cfg.Server.IdleTimeout.D(),
-		MaxHeaderBytes:    maxHeaderBytes,
+		MaxHeaderBytes:    admission.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		ConnState:         conns.ConnState,
 		ConnContext:       conns.ConnContext,
-		Protocols:         serverProtocols(),
-		HTTP2:             serverHTTP2(),
+		Protocols:         admission.ServerProtocols(),
+		HTTP2:             admission.ServerHTTP2(),
 	}
 	ln = conns
 	errc := make(chan error, 2)
@@ -269,10 +271,11 @@ func (a *app) serve(ctx context.Context) error {
 		// (admin.max_connections, fair between client addresses), with
 		// short timeouts of its own: nothing on the admin port can take
 		// the descriptors the charge path needs, or keep a probe out.
-		aln := newAdminLimiter(raw, cfg.Admin.MaxConnections, adminReadHeaderTimeout)
-		registerAdminConnMetrics(reg, aln)
-		admSrv = &http.Server{Handler: aln.guard(adm), ReadHeaderTimeout: adminReadHeaderTimeout, ReadTimeout: adminReadTimeout,
-			WriteTimeout: adminWriteTimeout, IdleTimeout: adminIdleTimeout, MaxHeaderBytes: adminMaxHeaderBytes,
+		aln := admission.NewAdminLimiter(raw, cfg.Admin.MaxConnections, admission.AdminReadHeaderTimeout, answers)
+		admission.RegisterAdminMetrics(reg, aln)
+		admSrv = &http.Server{Handler: aln.Guard(adm), ReadHeaderTimeout: admission.AdminReadHeaderTimeout,
+			ReadTimeout: admission.AdminReadTimeout, WriteTimeout: admission.AdminWriteTimeout,
+			IdleTimeout: admission.AdminIdleTimeout, MaxHeaderBytes: admission.AdminMaxHeaderBytes,
 			ConnState: aln.ConnState, ConnContext: aln.ConnContext,
 			ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 		go func() { errc <- admSrv.Serve(aln) }()
@@ -404,7 +407,7 @@ func (a *app) reload() error {
 		a.applyMemoryLimit(cfg)
 	}
 	if a.conns != nil {
-		a.conns.setClientLimits(cfg.Server)
+		a.conns.SetClientLimits(cfg.Server)
 	}
 	a.cfg = cfg
 	a.reloadOK.Set(1)

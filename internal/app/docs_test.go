@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/admin"
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/admission"
 	"github.com/idemproxy/idemproxy/internal/doctest"
 	"github.com/idemproxy/idemproxy/internal/epoch"
 	"github.com/idemproxy/idemproxy/proxy"
@@ -76,8 +77,8 @@ func registeredMetrics(t *testing.T) map[string][]string {
 	defer st.Close()
 	registerBadgerMetrics(rec, st)
 	postgres.RegisterMetrics(rec, nil) // the names; the values need a database
-	registerConnMetrics(rec, newConnLimiter(nil, 1, 0))
-	registerAdminConnMetrics(rec, newAdminLimiter(nil, 1, 0))
+	admission.RegisterMetrics(rec, admission.NewLimiter(nil, 1, 0, admission.Answers{}, nil))
+	admission.RegisterAdminMetrics(rec, admission.NewAdminLimiter(nil, 1, 0, admission.Answers{}))
 	registerProbeMetrics(rec, store.NewWriteProbe(st, store.ProbeOptions{}))
 	admin.NewHandler(admin.Options{Store: st, Registerer: rec})
 	registerEpochMetrics(rec, epoch.New(epoch.Options{Store: st, Interval: time.Second}))

@@ -1,4 +1,4 @@
-package app
+package admission
 
 import (
 	"math"
@@ -63,7 +63,7 @@ const (
 var clientRefusalReasons = []string{refusedStreams, refusedResets, refusedShed}
 
 // clientTable keeps, per client (one IPv4 address, one IPv6 /64, as the
-// buffer share counts them: proxy.ClientOf), its open connections, its
+// buffer share counts them: ClientOf), its open connections, its
 // requests in flight and how fast it resets HTTP/2 streams. An entry lives
 // while the client holds a connection, and after that only while its
 // reset level has not drained, among at most maxResetClients such

@@ -1,112 +1,14 @@
-package app
+package admission
 
 import (
-	"net/http"
-	"strings"
-	"time"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// maxHeaderBytes bounds a request's header: the request line and header
-// fields in HTTP/1.1, the decoded header list (SETTINGS_MAX_HEADER_LIST_SIZE)
-// in HTTP/2.
-const maxHeaderBytes = 64 << 10
-
-// maxHeaderLines bounds the lines of an HTTP/1 request's header (its
-// request line and header fields): more is answered 431
-// too-many-header-fields. Go's server allocates per field, so the count,
-// not only the bytes, sets what a header costs while it is read; proxies
-// allow about as many (Envoy 100 fields by default, nginx a few KiB).
-// HTTP/2 bounds the decoded list instead, counting 32 bytes a field.
-const maxHeaderLines = 256
-
-// HTTP/2 limits, per connection. A stream is a request: at most
-// h2MaxStreams of them run at once on one connection, and request bytes the
-// proxy has not read yet wait in flow-control windows of h2StreamWindow per
-// stream and h2ConnWindow per connection (so at most h2ConnWindow ×
-// server.max_connections in all).
-const (
-	h2MaxStreams   = 100
-	h2StreamWindow = 64 << 10
-	h2ConnWindow   = 256 << 10
-)
-
-// serverProtocols is what the client-facing listener speaks: HTTP/1.1 and
-// cleartext HTTP/2 with prior knowledge (a connection that opens with the
-// HTTP/2 preface, as service-mesh sidecars and curl --http2-prior-knowledge
-// send). Go's server does not implement the HTTP/1.1 Upgrade to h2c; see
-// withoutH2CUpgrade.
-func serverProtocols() *http.Protocols {
-	p := new(http.Protocols)
-	p.SetHTTP1(true)
-	p.SetUnencryptedHTTP2(true)
-	return p
-}
-
-// serverHTTP2 bounds what one HTTP/2 connection may hold. The idle timeout,
-// the header size (maxHeaderBytes) and the request read timeout are the
-// http.Server's, as for HTTP/1.1.
-func serverHTTP2() *http.HTTP2Config {
-	return &http.HTTP2Config{
-		MaxConcurrentStreams:          h2MaxStreams,
-		MaxReceiveBufferPerStream:     h2StreamWindow,
-		MaxReceiveBufferPerConnection: h2ConnWindow,
-	}
-}
-
-// withoutH2CUpgrade takes "h2c" out of a request's Upgrade header (and
-// drops HTTP2-Settings): the request is served as the HTTP/1.1 request it
-// also is, and never passed on as a protocol switch. Passed on, an
-// upstream that accepts h2c would turn the client's connection into a
-// tunnel to itself, and every later request on it, those of protected
-// routes included, would reach the upstream without the proxy. Other
-// protocols (WebSocket) are left as they are.
-func withoutH2CUpgrade(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if vs, ok := r.Header["Upgrade"]; ok {
-			var keep []string
-			dropped := false
-			for _, v := range vs {
-				for tok := range strings.SplitSeq(v, ",") {
-					name, _, _ := strings.Cut(strings.Trim(tok, " \t"), "/")
-					if strings.EqualFold(name, "h2c") {
-						dropped = true
-						continue
-					}
-					if t := strings.Trim(tok, " \t"); t != "" {
-						keep = append(keep, t)
-					}
-				}
-			}
-			if dropped {
-				r.Header.Del("HTTP2-Settings")
-				if len(keep) == 0 {
-					r.Header.Del("Upgrade")
-				} else {
-					r.Header["Upgrade"] = []string{strings.Join(keep, ", ")}
-				}
-			}
-		}
-		next.ServeHTTP(w, r)
-	})
-}
-
-// The admin listener's own timeouts. Its requests are small and its
-// clients (probes, scrapes, operators) send them at once; an idle
-// keep-alive connection (a Prometheus scrape's between scrapes) may stay,
-// and is the first to go when connections run short.
-const (
-	adminReadHeaderTimeout = 5 * time.Second
-	adminReadTimeout       = 10 * time.Second
-	adminWriteTimeout      = 30 * time.Second
-	adminIdleTimeout       = 2 * time.Minute
-	adminMaxHeaderBytes    = 16 << 10
-)
-
-// registerAdminConnMetrics exports the admin listener's connections and
-// what its bound (admin.max_connections) did to them.
-func registerAdminConnMetrics(reg prometheus.Registerer, l *connLimiter) {
+// RegisterAdminMetrics exports the admin listener's connections and
+// what its bound (admin.max_connections) did to them, on reg.
+func RegisterAdminMetrics(reg prometheus.Registerer, l *Limiter) {
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "idemproxy_admin_connections_open",
@@ -127,9 +29,10 @@ func registerAdminConnMetrics(reg prometheus.Registerer, l *connLimiter) {
 	)
 }
 
-// registerConnMetrics exports the client connections' state and what the
-// limit did to them.
-func registerConnMetrics(reg prometheus.Registerer, l *connLimiter) {
+// RegisterMetrics exports, on reg, the client connections' state and what
+// the limits did to them: server.max_connections, the per-client limits,
+// the HTTP/2 frame guard and the header-line bound.
+func RegisterMetrics(reg prometheus.Registerer, l *Limiter) {
 	for i, reason := range clientRefusalReasons {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name:        "idemproxy_client_streams_refused_total",
@@ -176,3 +79,57 @@ func registerConnMetrics(reg prometheus.Registerer, l *connLimiter) {
 		}, func() float64 { return float64(l.headerRefused.Load()) }),
 	)
 }
+
+// BufferMetrics show the buffer budget (server.max_buffered_bytes) and
+// the request bodies it admits.
+type BufferMetrics struct {
+	budget       atomic.Pointer[Budget] // the proxy's; nil: none yet, the gauges read 0
+	refusals     *prometheus.CounterVec
+	bodyTimeouts prometheus.Counter
+}
+
+// NewBufferMetrics creates the buffer budget's collectors and registers
+// them on reg; their gauges read 0 until Watch names the budget.
+func NewBufferMetrics(reg prometheus.Registerer) *BufferMetrics {
+	m := &BufferMetrics{
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemproxy_buffer_refusals_total",
+			Help: "Buffers refused by server.max_buffered_bytes, by reason: budget (a request body, 503), client (a request body over its client's share, 503), answer (a copy of an answer, not stored).",
+		}, []string{"reason"}),
+		bodyTimeouts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemproxy_request_body_timeouts_total",
+			Help: "Request bodies of protected routes cut by server.body_timeout (408).",
+		}),
+	}
+	held := func(f func(*Budget) int64) func() float64 {
+		return func() float64 {
+			if b := m.budget.Load(); b != nil {
+				return float64(f(b))
+			}
+			return 0
+		}
+	}
+	reg.MustRegister(m.refusals, m.bodyTimeouts,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "idemproxy_buffered_bytes",
+			Help: "Bytes of server.max_buffered_bytes held now by request bodies and copies of answers.",
+		}, held(func(b *Budget) int64 { return b.used.Load() })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "idemproxy_buffered_bytes_limit",
+			Help: "server.max_buffered_bytes, as applied.",
+		}, held(func(b *Budget) int64 { return b.limit.Load() })))
+	for _, r := range bufferRefusalReasons {
+		m.refusals.WithLabelValues(r)
+	}
+	return m
+}
+
+// Watch makes b the budget the gauges read and counts b's refusals. Call
+// it once, before b is used.
+func (m *BufferMetrics) Watch(b *Budget) {
+	b.refused = func(reason string) { m.refusals.WithLabelValues(reason).Inc() }
+	m.budget.Store(b)
+}
+
+// BodyTimedOut counts a request body cut by server.body_timeout.
+func (m *BufferMetrics) BodyTimedOut() { m.bodyTimeouts.Inc() }

@@ -1,4 +1,4 @@
-package app
+package admission
 
 import (
 	"fmt"
@@ -11,15 +11,15 @@ import (
 	"time"
 )
 
-// limitedServer serves h behind a connLimiter of max connections.
-func limitedServer(t *testing.T, max int, headerTimeout time.Duration, h http.Handler) (*connLimiter, string) {
+// limitedServer serves h behind a Limiter of max connections.
+func limitedServer(t *testing.T, max int, headerTimeout time.Duration, h http.Handler) (*Limiter, string) {
 	t.Helper()
 	inner, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := newConnLimiter(inner, max, headerTimeout)
-	srv := &http.Server{Handler: l.guard(h), ConnState: l.ConnState, ConnContext: l.ConnContext,
+	l := newLimiter(inner, max, headerTimeout, testAnswers)
+	srv := &http.Server{Handler: l.Guard(h), ConnState: l.ConnState, ConnContext: l.ConnContext,
 		ReadHeaderTimeout: time.Minute, IdleTimeout: time.Minute}
 	go srv.Serve(l)
 	t.Cleanup(func() { srv.Close() })
@@ -148,9 +148,9 @@ func TestConnLimiterNeverShedsARequestUnderWay(t *testing.T) {
 // TestConnLimiterGuard: a request that starts on a connection the limiter
 // has shed is never handled.
 func TestConnLimiterGuard(t *testing.T) {
-	l := newConnLimiter(nil, 1, 0)
+	l := newLimiter(nil, 1, 0, testAnswers)
 	handled := false
-	h := l.guard(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { handled = true }))
+	h := l.Guard(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { handled = true }))
 	c := &trackedConn{Conn: nopConn{}, l: l}
 	c.shed.Store(true)
 	r, _ := http.NewRequestWithContext(l.ConnContext(t.Context(), c), "POST", "/charges", nil)

@@ -1,4 +1,4 @@
-package app
+package admission
 
 import (
 	"bufio"
@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/h2attack"
 )
 
 // frames returns the preface followed by the frames each call of add
@@ -20,7 +21,7 @@ func frames(add func(w *bufio.Writer)) []byte {
 	var b bytes.Buffer
 	w := bufio.NewWriter(&b)
 	w.WriteString("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
-	writeFrame(w, frameSettings, 0, 0, nil)
+	h2attack.WriteFrame(w, h2attack.FrameSettings, 0, 0, nil)
 	add(w)
 	w.Flush()
 	return b.Bytes()
@@ -32,7 +33,7 @@ func frames(add func(w *bufio.Writer)) []byte {
 // over CONTINUATION frames, and frames whose payload looks like a frame
 // header, pass.
 func TestH2FramesScan(t *testing.T) {
-	block := hpackLiteral(get("/x")...)
+	block := h2attack.HPACKLiteral(h2attack.GetFields("/x")...)
 	var rst [4]byte
 	for _, tc := range []struct {
 		name   string
@@ -41,50 +42,50 @@ func TestH2FramesScan(t *testing.T) {
 		resets int
 	}{
 		{"16 empty CONTINUATION frames", frames(func(w *bufio.Writer) {
-			writeFrame(w, frameHeaders, 0, 1, block)
+			h2attack.WriteFrame(w, h2attack.FrameHeaders, 0, 1, block)
 			for range maxEmptyContinuations {
-				writeFrame(w, frameContinuation, 0, 1, nil)
+				h2attack.WriteFrame(w, h2attack.FrameContinuation, 0, 1, nil)
 			}
 		}), true, 0},
 		{"17 empty CONTINUATION frames", frames(func(w *bufio.Writer) {
-			writeFrame(w, frameHeaders, 0, 1, block)
+			h2attack.WriteFrame(w, h2attack.FrameHeaders, 0, 1, block)
 			for range maxEmptyContinuations + 1 {
-				writeFrame(w, frameContinuation, 0, 1, nil)
+				h2attack.WriteFrame(w, h2attack.FrameContinuation, 0, 1, nil)
 			}
 		}), false, 0},
 		{"empty runs broken by other frames", frames(func(w *bufio.Writer) {
 			for i := range uint32(40) {
-				writeFrame(w, frameHeaders, 0, 2*i+1, block)
+				h2attack.WriteFrame(w, h2attack.FrameHeaders, 0, 2*i+1, block)
 				for range maxEmptyContinuations - 1 {
-					writeFrame(w, frameContinuation, 0, 2*i+1, nil)
+					h2attack.WriteFrame(w, h2attack.FrameContinuation, 0, 2*i+1, nil)
 				}
-				writeFrame(w, frameContinuation, flagEndHeaders, 2*i+1, nil)
+				h2attack.WriteFrame(w, h2attack.FrameContinuation, h2attack.FlagEndHeaders, 2*i+1, nil)
 			}
 		}), true, 0}, // 40 runs of 16 empty frames each
 		{"513 one-byte CONTINUATION frames", frames(func(w *bufio.Writer) {
-			writeFrame(w, frameHeaders, 0, 1, block)
+			h2attack.WriteFrame(w, h2attack.FrameHeaders, 0, 1, block)
 			for range maxContinuations + 1 {
-				writeFrame(w, frameContinuation, 0, 1, []byte{0x20})
+				h2attack.WriteFrame(w, h2attack.FrameContinuation, 0, 1, []byte{0x20})
 			}
 		}), false, 0},
 		{"a header block over CONTINUATION frames", frames(func(w *bufio.Writer) {
-			writeFrame(w, frameHeaders, 0, 1, block[:4])
-			writeFrame(w, frameContinuation, 0, 1, block[4:8])
-			writeFrame(w, frameContinuation, flagEndHeaders, 1, block[8:])
+			h2attack.WriteFrame(w, h2attack.FrameHeaders, 0, 1, block[:4])
+			h2attack.WriteFrame(w, h2attack.FrameContinuation, 0, 1, block[4:8])
+			h2attack.WriteFrame(w, h2attack.FrameContinuation, h2attack.FlagEndHeaders, 1, block[8:])
 		}), true, 0},
 		{"a payload that looks like CONTINUATION headers", frames(func(w *bufio.Writer) {
 			var fake bytes.Buffer
 			fw := bufio.NewWriter(&fake)
 			for range 100 {
-				writeFrame(fw, frameContinuation, 0, 1, nil)
+				h2attack.WriteFrame(fw, h2attack.FrameContinuation, 0, 1, nil)
 			}
 			fw.Flush()
-			writeFrame(w, 0x0 /* DATA */, 0, 1, fake.Bytes())
+			h2attack.WriteFrame(w, 0x0 /* DATA */, 0, 1, fake.Bytes())
 		}), true, 0},
 		{"RST_STREAM frames", frames(func(w *bufio.Writer) {
 			for i := range uint32(7) {
-				writeFrame(w, frameHeaders, flagEndHeaders, 2*i+1, block)
-				writeFrame(w, frameRSTStream, 0, 2*i+1, rst[:])
+				h2attack.WriteFrame(w, h2attack.FrameHeaders, h2attack.FlagEndHeaders, 2*i+1, block)
+				h2attack.WriteFrame(w, h2attack.FrameRSTStream, 0, 2*i+1, rst[:])
 			}
 		}), true, 7},
 	} {
@@ -114,7 +115,7 @@ func TestClientTableBounded(t *testing.T) {
 	tab := newClientTable(func() time.Time { return now })
 	tab.resetRate.Store(100)
 	tab.maxRequests.Store(2)
-	l := &connLimiter{clients: tab}
+	l := &Limiter{clients: tab}
 	for i := range 5 * maxResetClients {
 		client := net.IPv4(10, byte(i>>16), byte(i>>8), byte(i)).String()
 		c := &trackedConn{l: l}
@@ -159,7 +160,7 @@ func TestClientTableResetRate(t *testing.T) {
 	now := time.Unix(1e9, 0)
 	tab := newClientTable(func() time.Time { return now })
 	tab.resetRate.Store(10)
-	l := &connLimiter{clients: tab}
+	l := &Limiter{clients: tab}
 	a, b := &trackedConn{l: l}, &trackedConn{l: l}
 	tab.admit("192.0.2.7", a)
 	tab.admit("192.0.2.7", b)
@@ -183,42 +184,50 @@ func TestClientTableResetRate(t *testing.T) {
 }
 
 // TestClientLimitsInProcess runs the listener's limits in this process
-// (so that the race detector sees them) under a short rapid-reset attack
-// from one address while another address is served.
+// (so that the race detector sees them) under a rapid-reset attack from
+// one address while another address is served. The attacker is refused
+// once its resets pass ten seconds' worth of the rate: the test waits for
+// that (as long as the attack lasts), not for the probes, which may end
+// first on a loaded machine.
 func TestClientLimitsInProcess(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := newConnLimiter(ln, 64, time.Second)
-	l.setClientLimits(config.Server{MaxRequestsPerClient: 16, MaxClientResetsPerSecond: 50})
+	l := newLimiter(ln, 64, time.Second, testAnswers)
+	l.SetClientLimits(config.Server{MaxRequestsPerClient: 16, MaxClientResetsPerSecond: 50})
 	srv := &http.Server{
-		Handler: l.guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		Handler: l.Guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			io.Copy(io.Discard, r.Body)
 			io.WriteString(w, "ok")
 		})),
 		ConnState: l.ConnState, ConnContext: l.ConnContext,
-		Protocols: serverProtocols(), HTTP2: serverHTTP2(),
+		Protocols: ServerProtocols(), HTTP2: ServerHTTP2(),
 	}
 	go srv.Serve(l)
 	t.Cleanup(func() { srv.Close() })
-	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+	// The attack lasts until the attacker is refused, at most this long.
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	a := &h2Attacker{addr: ln.Addr().String(), from: []string{"127.0.0.1"}}
-	wg := a.run(ctx, 4)
+	a := &h2attack.Attacker{Addr: ln.Addr().String(), From: []string{"127.0.0.1"}}
+	wg := a.Run(ctx, 4)
 	defer wg.Wait()
 	defer cancel()
-	h1, h2 := probeClients("127.0.0.2")
+	refused := func() uint64 { return l.clients.refused[1].Load() } // reason resets
+	h1, h2 := h2attack.ProbeClients("127.0.0.2")
 	for i := range 10 {
 		for _, c := range []*http.Client{h1, h2} {
-			r, _ := doWith(c, "POST", "http://"+ln.Addr().String()+"/charges", `{}`)
-			if r.status != 200 {
-				t.Errorf("probe %d = %d %v, want 200", i, r.status, r.err)
+			r, _ := h2attack.Do(c, "POST", "http://"+ln.Addr().String()+"/charges", `{}`)
+			if r.Status != 200 {
+				t.Errorf("probe %d = %d %v, want 200", i, r.Status, r.Err)
 			}
 		}
 	}
-	if got := l.clients.refused[1].Load(); got == 0 {
-		t.Errorf("the resetting client was never refused")
+	for refused() == 0 && ctx.Err() == nil {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if refused() == 0 {
+		t.Errorf("the resetting client was never refused (%d streams reset on %d connections)", a.Streams.Load(), a.Conns.Load())
 	}
 }
 
@@ -231,7 +240,7 @@ func TestClientLimitsInProcess(t *testing.T) {
 // a request or connection refused for its resets), or 0 if it never was.
 func clientLoad(t *testing.T, tab *clientTable, now *time.Time, client string, secs, served, resets, opened int) int {
 	t.Helper()
-	c := &trackedConn{l: &connLimiter{clients: tab}}
+	c := &trackedConn{l: &Limiter{clients: tab}}
 	if !tab.admit(client, c) {
 		return -1
 	}
@@ -327,7 +336,7 @@ func TestVictimIsAResettingClient(t *testing.T) {
 			now := time.Unix(1e9, 0)
 			tab := newClientTable(func() time.Time { return now })
 			tab.resetRate.Store(100)
-			l := &connLimiter{clients: tab}
+			l := &Limiter{clients: tab}
 			holder := &trackedConn{l: l}
 			tab.admit("10.0.0.7", holder)
 			for range 10 {

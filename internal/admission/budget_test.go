@@ -1,4 +1,4 @@
-package proxy
+package admission
 
 import "testing"
 
@@ -7,10 +7,10 @@ import "testing"
 // grow it; answers take the whole budget only.
 func TestBudgetTakeFor(t *testing.T) {
 	type step struct {
-		op     string // "body": takeFor; "answer": take; "release"; "give"
+		op     string // "body": TakeFor; "answer": Take; "release"; "give"
 		client string
 		own, n int64
-		want   string // takeFor's answer; for take, "" or refusalAnswer
+		want   string // TakeFor's answer; for Take, "" or RefusalAnswer
 	}
 	tests := []struct {
 		name         string
@@ -26,9 +26,9 @@ func TestBudgetTakeFor(t *testing.T) {
 		}, 40, map[string]int64{"a": 40}, nil},
 		{"over the share: refused, the whole budget untouched", 100, 40, []step{
 			{"body", "a", 0, 30, ""},
-			{"body", "a", 0, 20, refusalClient},
+			{"body", "a", 0, 20, RefusalClient},
 			{"body", "b", 0, 30, ""},
-		}, 60, map[string]int64{"a": 30, "b": 30}, map[string]int{refusalClient: 1}},
+		}, 60, map[string]int64{"a": 30, "b": 30}, map[string]int{RefusalClient: 1}},
 		{"one body grows past the share", 100, 40, []step{
 			{"body", "a", 0, 30, ""},
 			{"body", "a", 30, 30, ""},
@@ -37,26 +37,26 @@ func TestBudgetTakeFor(t *testing.T) {
 		{"a second body of the client is held to the share", 100, 40, []step{
 			{"body", "a", 0, 30, ""},
 			{"body", "a", 30, 30, ""},
-			{"body", "a", 0, 4, refusalClient},
-		}, 60, map[string]int64{"a": 60}, map[string]int{refusalClient: 1}},
+			{"body", "a", 0, 4, RefusalClient},
+		}, 60, map[string]int64{"a": 60}, map[string]int{RefusalClient: 1}},
 		{"the whole budget full: refused, the share untouched", 100, 80, []step{
 			{"body", "a", 0, 70, ""},
-			{"body", "b", 0, 40, refusalBudget},
-		}, 70, map[string]int64{"a": 70}, map[string]int{refusalBudget: 1}},
+			{"body", "b", 0, 40, RefusalBudget},
+		}, 70, map[string]int64{"a": 70}, map[string]int{RefusalBudget: 1}},
 		{"answers fill the budget, bodies are refused", 100, 50, []step{
 			{"answer", "", 0, 90, ""},
-			{"body", "a", 0, 20, refusalBudget},
-			{"answer", "", 0, 20, refusalAnswer},
-		}, 90, map[string]int64{}, map[string]int{refusalBudget: 1, refusalAnswer: 1}},
+			{"body", "a", 0, 20, RefusalBudget},
+			{"answer", "", 0, 20, RefusalAnswer},
+		}, 90, map[string]int64{}, map[string]int{RefusalBudget: 1, RefusalAnswer: 1}},
 		{"released bytes are free again; an empty client leaves the map", 100, 40, []step{
 			{"body", "a", 0, 40, ""},
-			{"body", "a", 0, 4, refusalClient},
+			{"body", "a", 0, 4, RefusalClient},
 			{"release", "a", 0, 40, ""},
 			{"give", "", 0, 40, ""},
 			{"body", "a", 0, 4, ""},
 			{"release", "a", 0, 4, ""},
 			{"give", "", 0, 4, ""},
-		}, 0, map[string]int64{}, map[string]int{refusalClient: 1}},
+		}, 0, map[string]int64{}, map[string]int{RefusalClient: 1}},
 		{"no share configured", 100, 0, []step{
 			{"body", "a", 0, 60, ""},
 			{"body", "a", 0, 40, ""},
@@ -65,22 +65,22 @@ func TestBudgetTakeFor(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			refusals := map[string]int{}
-			b := &budget{refused: func(r string) { refusals[r]++ }}
+			b := &Budget{refused: func(r string) { refusals[r]++ }}
 			b.limit.Store(tt.limit)
 			b.perClient.Store(tt.share)
 			for i, s := range tt.steps {
 				var got string
 				switch s.op {
 				case "body":
-					got = b.takeFor(s.client, s.own, s.n)
+					got = b.TakeFor(s.client, s.own, s.n)
 				case "answer":
-					if !b.take(s.n, refusalAnswer) {
-						got = refusalAnswer
+					if !b.Take(s.n, RefusalAnswer) {
+						got = RefusalAnswer
 					}
 				case "release":
-					b.release(s.client, s.n)
+					b.Release(s.client, s.n)
 				case "give":
-					b.give(s.n)
+					b.Give(s.n)
 				}
 				if got != s.want {
 					t.Errorf("step %d (%s %s %d): got %q, want %q", i, s.op, s.client, s.n, got, s.want)
@@ -121,8 +121,8 @@ func TestClientOf(t *testing.T) {
 		{"pipe", "pipe"},
 	}
 	for _, tt := range tests {
-		if got := clientOf(tt.remote); got != tt.want {
-			t.Errorf("clientOf(%q) = %q, want %q", tt.remote, got, tt.want)
+		if got := ClientOf(tt.remote); got != tt.want {
+			t.Errorf("ClientOf(%q) = %q, want %q", tt.remote, got, tt.want)
 		}
 	}
 }
@@ -139,10 +139,10 @@ func TestBudgetSaturated(t *testing.T) {
 		{0, 1000, 10, false}, // no limit
 	}
 	for _, tt := range tests {
-		b := &budget{}
+		b := &Budget{}
 		b.limit.Store(tt.limit)
 		b.used.Store(tt.used)
-		if got := b.saturated(tt.reserve); got != tt.want {
+		if got := b.Saturated(tt.reserve); got != tt.want {
 			t.Errorf("limit %d used %d reserve %d: saturated = %v, want %v", tt.limit, tt.used, tt.reserve, got, tt.want)
 		}
 	}
@@ -152,17 +152,17 @@ func TestBudgetSaturated(t *testing.T) {
 // body: one charge to the budget and the client's share, and its return.
 // Old, one atomic take and give, for comparison.
 func BenchmarkBudgetBody(b *testing.B) {
-	bud := &budget{}
+	bud := &Budget{}
 	bud.limit.Store(64 << 20)
 	bud.perClient.Store(8 << 20)
 	b.Run("take-for-client", func(b *testing.B) {
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				if bud.takeFor("127.0.0.1", 0, 100) != "" {
+				if bud.TakeFor("127.0.0.1", 0, 100) != "" {
 					b.Fatal("refused")
 				}
-				bud.give(100)
-				bud.release("127.0.0.1", 100)
+				bud.Give(100)
+				bud.Release("127.0.0.1", 100)
 			}
 		})
 	})
@@ -172,13 +172,13 @@ func BenchmarkBudgetBody(b *testing.B) {
 				if !bud.reserve(100) {
 					b.Fatal("refused")
 				}
-				bud.give(100)
+				bud.Give(100)
 			}
 		})
 	})
 	b.Run("client-of", func(b *testing.B) {
 		for b.Loop() {
-			clientOf("127.0.0.1:54321")
+			ClientOf("127.0.0.1:54321")
 		}
 	})
 }

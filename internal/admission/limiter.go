@@ -1,4 +1,4 @@
-package app
+package admission
 
 import (
 	"bytes"
@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/config"
-	"github.com/idemproxy/idemproxy/proxy"
 )
 
 // newConnGrace is how long a new connection may stay silent before it can
@@ -32,7 +31,7 @@ const recheckEvery = 100 * time.Millisecond
 // h2Preface starts every HTTP/2 connection made with prior knowledge.
 var h2Preface = []byte("PRI * HTTP/2.0")
 
-// connLimiter bounds the client connections open at once and, when the
+// Limiter bounds the client connections open at once and, when the
 // bound is reached, makes room for a new client by closing the connection
 // that has waited longest for a request (as nginx and Envoy do):
 //
@@ -53,10 +52,14 @@ var h2Preface = []byte("PRI * HTTP/2.0")
 // closes or turns idle. Meanwhile further clients wait in the listen
 // backlog, as before. A connection's state comes from http.Server's
 // ConnState hook (ConnState) and from its reads.
-type connLimiter struct {
+//
+// The server that serves it must use its hooks: Guard around the handler,
+// ConnState and ConnContext.
+type Limiter struct {
 	net.Listener
 	max           int           // <= 0: no bound
 	headerTimeout time.Duration // read_header_timeout; 0: a started header never makes a connection sheddable
+	answers       Answers       // the 503 and 431 answers it gives
 
 	mu        sync.Mutex
 	open      int          // admitted and not yet closed
@@ -90,7 +93,7 @@ type connLimiter struct {
 
 	emptyContinuations atomic.Uint64 // connections closed for a run of empty CONTINUATION frames
 	// fair makes admission at the bound fair between clients (the admin
-	// listener's; see newAdminLimiter): groups counts the open
+	// listener's; see NewAdminLimiter): groups counts the open
 	// connections of each network of each level, refused the newcomers
 	// closed at once.
 	fair    bool
@@ -98,20 +101,49 @@ type connLimiter struct {
 	refused atomic.Uint64
 }
 
-// newConnLimiter limits ln to max connections at once (max <= 0: no
-// bound, connections are still tracked).
-func newConnLimiter(ln net.Listener, max int, headerTimeout time.Duration) *connLimiter {
-	return &connLimiter{
-		Listener: ln, max: max, headerTimeout: headerTimeout,
+// Answers writes the answers the limits give a client. The program wires
+// the proxy's RFC 9457 writers; admission does not import the proxy (the
+// proxy imports admission for its buffer budget).
+type Answers struct {
+	// Overloaded answers 503 overloaded, with Retry-After: 1, to a
+	// request refused before it was read (an HTTP/2 stream beyond
+	// server.max_connections requests in flight, or its client's
+	// server.max_requests_per_client); detail names the bound, ext adds
+	// extension members.
+	Overloaded func(w http.ResponseWriter, r *http.Request, detail string, ext map[string]any)
+	// HeaderFields returns the whole HTTP/1.1 answer, 431
+	// too-many-header-fields with Connection: close, to a request whose
+	// header was cut after max lines, before any handler saw it.
+	HeaderFields func(max int) []byte
+}
+
+// NewLimiter limits ln, the client-facing listener, to max connections
+// at once (max <= 0: no bound, connections are still tracked), a header
+// that started taking at most headerTimeout (server.read_header_timeout;
+// 0: a started header never makes a connection sheddable) before its
+// connection may be shed. Its refusals are logged on log (nil: not
+// logged), which should be rate-limited; both fields of answers must be
+// set. SetClientLimits applies the per-client limits.
+func NewLimiter(ln net.Listener, max int, headerTimeout time.Duration, answers Answers, log *slog.Logger) *Limiter {
+	l := newLimiter(ln, max, headerTimeout, answers)
+	if log != nil {
+		l.log = log
+	}
+	return l
+}
+
+func newLimiter(ln net.Listener, max int, headerTimeout time.Duration, answers Answers) *Limiter {
+	return &Limiter{
+		Listener: ln, max: max, headerTimeout: headerTimeout, answers: answers,
 		freed: make(chan struct{}, 1), closed: make(chan struct{}),
 		clients: newClientTable(time.Now), log: slog.New(slog.DiscardHandler),
 	}
 }
 
-// setClientLimits applies the per-client limits of s; a reload applies
+// SetClientLimits applies the per-client limits of s; a reload applies
 // them to requests and resets from then on. A per-client cap of
 // max_connections is no cap: the bound over all clients decides.
-func (l *connLimiter) setClientLimits(s config.Server) {
+func (l *Limiter) SetClientLimits(s config.Server) {
 	maxRequests := int64(s.MaxRequestsPerClient)
 	if l.max > 0 && maxRequests >= int64(l.max) {
 		maxRequests = 0
@@ -120,7 +152,7 @@ func (l *connLimiter) setClientLimits(s config.Server) {
 	l.clients.resetRate.Store(int64(s.MaxClientResetsPerSecond))
 }
 
-// newAdminLimiter limits the admin listener ln to max connections at
+// NewAdminLimiter limits the admin listener ln to max connections at
 // once (max <= 0: no bound), fairly between clients: a slowloris on the
 // admin port, from one address or from many, holds at most max
 // descriptors and never keeps a probe from another network out.
@@ -138,7 +170,7 @@ func (l *connLimiter) setClientLimits(s config.Server) {
 //     probe whose previous connection is still being closed holds one, as
 //     each address of a flood may);
 //  2. otherwise takes the place of one of its own address's connections
-//     that can be shed by the rules of connLimiter (a client replacing its
+//     that can be shed by the rules of Limiter (a client replacing its
 //     own idle connection);
 //  3. otherwise is closed at once: it is never held, so the listen backlog
 //     drains at the pace of Accept and a probe behind a flood of
@@ -152,19 +184,38 @@ func (l *connLimiter) setClientLimits(s config.Server) {
 // time. Within one /24 (IPv6 /48), addresses share as fairly, but a flood
 // from many addresses of the probe's own /24 can displace the probe's
 // connection before its request is read.
-func newAdminLimiter(ln net.Listener, max int, headerTimeout time.Duration) *connLimiter {
-	l := newConnLimiter(ln, max, headerTimeout)
+//
+// Its connections get no HTTP/2 and no per-client limits; a header of more
+// than 256 lines is answered by answers.HeaderFields, as on the
+// client-facing listener. The admin server uses the Admin* settings below.
+func NewAdminLimiter(ln net.Listener, max int, headerTimeout time.Duration, answers Answers) *Limiter {
+	l := newLimiter(ln, max, headerTimeout, answers)
 	l.fair = true
 	l.groups = map[string]int{}
 	return l
 }
 
-func (l *connLimiter) Close() error {
+// The admin listener's own settings, for its http.Server (with
+// NewAdminLimiter). Its requests are small and its
+// clients (probes, scrapes, operators) send them at once; an idle
+// keep-alive connection (a Prometheus scrape's between scrapes) may stay,
+// and is the first to go when connections run short.
+const (
+	AdminReadHeaderTimeout = 5 * time.Second
+	AdminReadTimeout       = 10 * time.Second
+	AdminWriteTimeout      = 30 * time.Second
+	AdminIdleTimeout       = 2 * time.Minute
+	AdminMaxHeaderBytes    = 16 << 10
+)
+
+// Close closes the listener: an Accept waiting for a slot returns
+// net.ErrClosed. Connections already admitted stay open.
+func (l *Limiter) Close() error {
 	l.once.Do(func() { close(l.closed) })
 	return l.Listener.Close()
 }
 
-func (l *connLimiter) signal() {
+func (l *Limiter) signal() {
 	select {
 	case l.freed <- struct{}{}:
 	default:
@@ -174,7 +225,7 @@ func (l *connLimiter) signal() {
 // Accept returns the next client connection once it has a slot. A
 // connection from a client that resets HTTP/2 streams too fast is closed
 // at once, before it takes a slot.
-func (l *connLimiter) Accept() (net.Conn, error) {
+func (l *Limiter) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil {
@@ -184,7 +235,7 @@ func (l *connLimiter) Accept() (net.Conn, error) {
 			// The admin listener: fair between networks, and no HTTP/2.
 			return l.acceptFair(c)
 		}
-		client := proxy.ClientOf(c.RemoteAddr().String())
+		client := ClientOf(c.RemoteAddr().String())
 		if l.clients.refusing(client) {
 			l.clients.countRefused(refusedResets)
 			c.Close()
@@ -204,7 +255,7 @@ func (l *connLimiter) Accept() (net.Conn, error) {
 }
 
 // admit holds c until it has a slot.
-func (l *connLimiter) admit(c net.Conn) (*trackedConn, error) {
+func (l *Limiter) admit(c net.Conn) (*trackedConn, error) {
 	counted := false
 	var tick *time.Ticker
 	defer func() {
@@ -245,8 +296,8 @@ func (l *connLimiter) admit(c net.Conn) (*trackedConn, error) {
 }
 
 // acceptFair admits c, or the next connection, by the rules of
-// newAdminLimiter.
-func (l *connLimiter) acceptFair(c net.Conn) (net.Conn, error) {
+// NewAdminLimiter.
+func (l *Limiter) acceptFair(c net.Conn) (net.Conn, error) {
 	for {
 		path := connClient(c.RemoteAddr())
 		now := time.Now()
@@ -283,9 +334,9 @@ func (l *connLimiter) acceptFair(c net.Conn) (net.Conn, error) {
 }
 
 // displaceable returns the connection a newcomer from path may take the
-// place of (see newAdminLimiter), taken off the idle list; nil if none.
+// place of (see NewAdminLimiter), taken off the idle list; nil if none.
 // l.mu is held.
-func (l *connLimiter) displaceable(path clientPath, now time.Time) *trackedConn {
+func (l *Limiter) displaceable(path clientPath, now time.Time) *trackedConn {
 	var victim *trackedConn
 	for lvl := 0; lvl < fairLevels && victim == nil; lvl++ {
 		// The largest other network at this level, among the connections
@@ -323,7 +374,7 @@ func (l *connLimiter) displaceable(path clientPath, now time.Time) *trackedConn 
 // largestPart returns, among the idle connections in top's network of
 // level lvl, the oldest of its largest part at each narrower level.
 // l.mu is held.
-func (l *connLimiter) largestPart(top *trackedConn, lvl int) *trackedConn {
+func (l *Limiter) largestPart(top *trackedConn, lvl int) *trackedConn {
 	var cands []*trackedConn
 	for c := l.idleHead; c != nil; c = c.next {
 		if c.networks[lvl] == top.networks[lvl] {
@@ -377,7 +428,7 @@ func connClient(addr net.Addr) clientPath {
 
 // sheddable returns the oldest connection that may be closed now, and
 // takes it off the idle list; nil if none. l.mu is held.
-func (l *connLimiter) sheddable(now time.Time) *trackedConn {
+func (l *Limiter) sheddable(now time.Time) *trackedConn {
 	for c := l.idleHead; c != nil; c = c.next {
 		if c.sheddable(now, l.headerTimeout) {
 			l.removeIdle(c)
@@ -392,7 +443,7 @@ func (l *connLimiter) sheddable(now time.Time) *trackedConn {
 // connection waiting for a request (a new client would wait until a
 // request finishes), or max requests are in flight (a new HTTP/2 stream
 // would be refused).
-func (l *connLimiter) Saturated() error {
+func (l *Limiter) Saturated() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch {
@@ -408,13 +459,13 @@ func (l *connLimiter) Saturated() error {
 
 // Counts returns the connections waiting for a request (idle) and the
 // others (active: reading or serving a request, or hijacked).
-func (l *connLimiter) Counts() (active, idle int) {
+func (l *Limiter) Counts() (active, idle int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.open - l.idleCount, l.idleCount
 }
 
-func (l *connLimiter) pushIdle(c *trackedConn) {
+func (l *Limiter) pushIdle(c *trackedConn) {
 	c.prev, c.next = l.idleTail, nil
 	if l.idleTail != nil {
 		l.idleTail.next = c
@@ -426,7 +477,7 @@ func (l *connLimiter) pushIdle(c *trackedConn) {
 	l.idleCount++
 }
 
-func (l *connLimiter) removeIdle(c *trackedConn) {
+func (l *Limiter) removeIdle(c *trackedConn) {
 	if !c.inIdle {
 		return
 	}
@@ -447,7 +498,7 @@ func (l *connLimiter) removeIdle(c *trackedConn) {
 // ConnState is http.Server's ConnState hook: it keeps each connection on
 // the idle list while it waits for a request, and off it while a request
 // is served (HTTP/2: while a stream is open) or once hijacked.
-func (l *connLimiter) ConnState(nc net.Conn, st http.ConnState) {
+func (l *Limiter) ConnState(nc net.Conn, st http.ConnState) {
 	c, ok := nc.(*trackedConn)
 	if !ok {
 		return
@@ -475,7 +526,7 @@ func (l *connLimiter) ConnState(nc net.Conn, st http.ConnState) {
 }
 
 // release gives c's slot back.
-func (l *connLimiter) release(c *trackedConn) {
+func (l *Limiter) release(c *trackedConn) {
 	l.clients.closed(c)
 	l.mu.Lock()
 	l.removeIdle(c)
@@ -496,7 +547,7 @@ func (l *connLimiter) release(c *trackedConn) {
 // are guarded by the limiter's mu.
 type trackedConn struct {
 	net.Conn
-	l          *connLimiter
+	l          *Limiter
 	prev, next *trackedConn
 	inIdle     bool
 	released   bool
@@ -525,7 +576,7 @@ func (c *trackedConn) sheddable(now time.Time, headerTimeout time.Duration) bool
 	if c.state == http.StateIdle && c.h2.Load() {
 		// No stream open: frames still come (SETTINGS, PING), but no
 		// request is under way; one that starts finds the connection shed
-		// and is never handled (see guard).
+		// and is never handled (see Guard).
 		return true
 	}
 	if at := c.readAt.Load(); at != 0 {
@@ -589,7 +640,7 @@ func (c *trackedConn) Read(p []byte) (int, error) {
 func (c *trackedConn) refuseHeader() error {
 	c.l.headerRefused.Add(1)
 	c.Conn.SetWriteDeadline(time.Now().Add(time.Second))
-	c.Conn.Write(proxy.HeaderFieldsAnswer(maxHeaderLines))
+	c.Conn.Write(c.l.answers.HeaderFields(maxHeaderLines))
 	c.Close()
 	return &net.OpError{Op: "read", Net: "tcp", Err: errTooManyHeaderLines}
 }
@@ -653,16 +704,16 @@ func (c *trackedConn) Close() error {
 
 type connKey struct{}
 
-// ConnContext is http.Server's ConnContext hook: it lets guard find a
+// ConnContext is http.Server's ConnContext hook: it lets Guard find a
 // request's connection.
-func (l *connLimiter) ConnContext(ctx context.Context, c net.Conn) context.Context {
+func (l *Limiter) ConnContext(ctx context.Context, c net.Conn) context.Context {
 	if tc, ok := c.(*trackedConn); ok {
 		return context.WithValue(ctx, connKey{}, tc)
 	}
 	return ctx
 }
 
-// guard drops a request that started on a connection the limiter has just
+// Guard drops a request that started on a connection the limiter has just
 // shed (the request's header was read as the connection was closed): it is
 // never handled, so nothing is reserved or forwarded for a client that
 // cannot get the answer. A connection being served is never shed, so this
@@ -676,7 +727,7 @@ func (l *connLimiter) ConnContext(ctx context.Context, c net.Conn) context.Conte
 // requests in flight, a new HTTP/2 stream is refused, unless another
 // client has reset more streams lately than this one and has a request in
 // flight: that client's connections are closed and the stream is served.
-func (l *connLimiter) guard(next http.Handler) http.Handler {
+func (l *Limiter) Guard(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		c, _ := r.Context().Value(connKey{}).(*trackedConn)
 		if c != nil && c.shed.Load() {
@@ -703,7 +754,7 @@ func (l *connLimiter) guard(next http.Handler) http.Handler {
 			}
 			if victims == nil {
 				l.h2Refused.Add(1)
-				proxy.WriteOverloaded(w, r, fmt.Sprintf("%d requests are in flight (server.max_connections): "+
+				l.answers.Overloaded(w, r, fmt.Sprintf("%d requests are in flight (server.max_connections): "+
 					"this HTTP/2 stream was refused before it was read; retry it", l.max),
 					map[string]any{"setting": "server.max_connections", "limit": l.max})
 				return
@@ -722,7 +773,7 @@ func (l *connLimiter) guard(next http.Handler) http.Handler {
 
 // refuseClient refuses a request of c's client for why (refusedStreams,
 // refusedResets), before it takes a slot or touches the store.
-func (l *connLimiter) refuseClient(w http.ResponseWriter, r *http.Request, c *trackedConn, why string) {
+func (l *Limiter) refuseClient(w http.ResponseWriter, r *http.Request, c *trackedConn, why string) {
 	l.clients.countRefused(why)
 	if why == refusedResets {
 		// A client that resets streams at this rate reads no answer:
@@ -739,7 +790,7 @@ func (l *connLimiter) refuseClient(w http.ResponseWriter, r *http.Request, c *tr
 	max := l.clients.maxRequests.Load()
 	l.log.Warn("request refused: this client has server.max_requests_per_client requests in flight",
 		"reason", refusedStreams, "client", c.client.id, "setting", "server.max_requests_per_client", "limit", max)
-	proxy.WriteOverloaded(w, r, fmt.Sprintf("this client (%s) has %d requests in flight (server.max_requests_per_client): "+
+	l.answers.Overloaded(w, r, fmt.Sprintf("this client (%s) has %d requests in flight (server.max_requests_per_client): "+
 		"this request was refused before it was read; retry it", c.client.id, max),
 		map[string]any{"client": c.client.id, "setting": "server.max_requests_per_client", "limit": max})
 }
@@ -747,7 +798,7 @@ func (l *connLimiter) refuseClient(w http.ResponseWriter, r *http.Request, c *tr
 // drop closes conns, connections of a client that resets streams too fast
 // or that gave way to another client's request, marked shed so that the
 // requests they end are not counted as resets.
-func (l *connLimiter) drop(conns []*trackedConn) {
+func (l *Limiter) drop(conns []*trackedConn) {
 	for _, c := range conns {
 		c.shed.Store(true)
 		c.Close()

@@ -1,62 +1,30 @@
-package app
+package admission
 
 import (
-	"bufio"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"testing"
 	"time"
+
+	"github.com/idemproxy/idemproxy/internal/h2attack"
 )
 
 // adminServer serves h behind the admin listener's limiter of max
 // connections, with a header timeout of a minute (so that only the
 // limiter's fairness, not a timeout, lets a newcomer in).
-func adminServer(t *testing.T, max int, h http.Handler) (*connLimiter, string) {
+func adminServer(t *testing.T, max int, h http.Handler) (*Limiter, string) {
 	t.Helper()
 	inner, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := newAdminLimiter(inner, max, time.Minute)
-	srv := &http.Server{Handler: l.guard(h), ConnState: l.ConnState, ConnContext: l.ConnContext,
+	l := NewAdminLimiter(inner, max, time.Minute, testAnswers)
+	srv := &http.Server{Handler: l.Guard(h), ConnState: l.ConnState, ConnContext: l.ConnContext,
 		ReadHeaderTimeout: time.Minute, IdleTimeout: time.Minute}
 	go srv.Serve(l)
 	t.Cleanup(func() { srv.Close() })
 	return l, inner.Addr().String()
-}
-
-// dialFrom connects to addr from the loopback address from (127.0.0.x).
-func dialFrom(t *testing.T, from, addr string) net.Conn {
-	t.Helper()
-	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 10 * time.Second}
-	c, err := d.Dial("tcp", addr)
-	if err != nil {
-		t.Fatalf("dial from %s: %v", from, err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
-// getFrom sends GET path on a new connection from the address from, and
-// returns the status and body, or 0 with the error.
-func getFrom(t *testing.T, from, addr, path string) (int, string, error) {
-	t.Helper()
-	c := dialFrom(t, from, addr)
-	c.SetDeadline(time.Now().Add(20 * time.Second))
-	// As a Kubernetes probe: one request, then the connection is closed.
-	if _, err := fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n", path); err != nil {
-		return 0, "", err
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		return 0, "", err
-	}
-	b, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	c.Close()
-	return resp.StatusCode, string(b), err
 }
 
 // TestAdminLimiterIsFair: connections that never finish their header
@@ -80,7 +48,7 @@ func TestAdminLimiterIsFair(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			l, addr := adminServer(t, max, http.HandlerFunc(okHandler))
 			for i := range tt.n {
-				c := dialFrom(t, tt.sources(i), addr)
+				c := h2attack.DialFrom(t, tt.sources(i), addr)
 				c.Write([]byte("GET /metrics HTTP/1.1\r\nHost: a")) // and never the rest
 				if a, i := l.Counts(); a+i > max {
 					t.Fatalf("%d connections admitted, want at most %d", a+i, max)
@@ -88,7 +56,7 @@ func TestAdminLimiterIsFair(t *testing.T) {
 			}
 			for probe := range 3 {
 				from := fmt.Sprintf("127.0.3.%d", 1+probe)
-				st, _, err := getFrom(t, from, addr, "/readyz")
+				st, _, err := h2attack.GetFrom(t, from, addr, "/readyz")
 				if err != nil || st != 200 {
 					t.Fatalf("probe %d from %s with %d slow connections open: %d %v, want 200", probe, from, tt.n, st, err)
 				}

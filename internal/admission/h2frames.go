@@ -1,10 +1,8 @@
-package app
+package admission
 
 import (
 	"errors"
 	"net"
-
-	"github.com/idemproxy/idemproxy/proxy"
 )
 
 // Bounds on runs of HTTP/2 CONTINUATION frames. A header block is one
@@ -14,7 +12,7 @@ import (
 // the frames: empty CONTINUATION frames, or frames holding only an HPACK
 // table-size update, add nothing and are read for ever, each a frame's
 // work for the server. A legitimate client sends a header block of at most
-// 64 KiB (maxHeaderBytes) in frames of up to 16 KiB: a few CONTINUATION
+// 64 KiB (MaxHeaderBytes) in frames of up to 16 KiB: a few CONTINUATION
 // frames, none empty.
 const (
 	// maxEmptyContinuations is the most CONTINUATION frames without
@@ -106,7 +104,7 @@ var errContinuationFlood = errors.New("http2: a run of CONTINUATION frames addin
 func (c *trackedConn) refuseContinuations() error {
 	c.l.emptyContinuations.Add(1)
 	c.l.log.Warn("HTTP/2 connection closed: a run of CONTINUATION frames adding no header bytes",
-		"client", proxy.ClientOf(c.RemoteAddr().String()), "max_empty", maxEmptyContinuations, "max_frames", maxContinuations)
+		"client", ClientOf(c.RemoteAddr().String()), "max_empty", maxEmptyContinuations, "max_frames", maxContinuations)
 	c.Close()
 	return &net.OpError{Op: "read", Net: "tcp", Err: errContinuationFlood}
 }
