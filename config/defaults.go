@@ -73,36 +73,7 @@ func (c *Config) applyDefaults() {
 	if c.Admin.MaxConnections == 0 {
 		c.Admin.MaxConnections = DefaultAdminMaxConnections
 	}
-	if c.Store.Badger == nil && c.Store.Redis == nil && c.Store.Postgres == nil {
-		c.Store.Badger = &Badger{}
-	}
-	setDuration(&c.Store.EpochCheckInterval, DefaultEpochCheckInterval)
-	if b := c.Store.Badger; b != nil {
-		setString(&b.Dir, DefaultBadgerDir)
-		if b.SyncWrites == nil {
-			t := true
-			b.SyncWrites = &t
-		}
-		setDuration(&b.GCInterval, DefaultGCInterval)
-		if b.MinFreeBytes == 0 {
-			b.MinFreeBytes = DefaultBadgerMinFreeBytes
-		}
-		setString(&b.Preallocate, DefaultBadgerPreallocate)
-	}
-	if r := c.Store.Redis; r != nil {
-		setString(&r.KeyPrefix, DefaultRedisKeyPrefix)
-		setDuration(&r.DialTimeout, DefaultRedisDialTimeout)
-		setDuration(&r.OpTimeout, DefaultRedisOpTimeout)
-	}
-	if pg := c.Store.Postgres; pg != nil {
-		if pg.MaxConns == 0 {
-			pg.MaxConns = DefaultPostgresMaxConns
-		}
-		setDuration(&pg.ConnectTimeout, DefaultPostgresConnectTimeout)
-		setDuration(&pg.StatementTimeout, DefaultPostgresStatementTimeout)
-		setString(&pg.Schema, DefaultPostgresSchema)
-		setString(&pg.Table, DefaultPostgresTable)
-	}
+	c.Store.applyDefaults()
 	s := &c.Server
 	setDuration(&s.ReadHeaderTimeout, DefaultReadHeaderTimeout)
 	setDuration(&s.ReadTimeout, DefaultReadTimeout)
@@ -160,6 +131,56 @@ func (c *Config) applyDefaults() {
 			setDuration(&rc.Interval, DefaultReconcileInterval)
 		}
 	}
+}
+
+// DefaultStore is the kind of store used when the configuration sets none:
+// Badger, in DefaultBadgerDir.
+const DefaultStore = StoreBadger
+
+// applyDefaults selects DefaultStore when no kind of store is set, and
+// fills the unset fields of the selected section (of every section set:
+// Validate refuses more than one).
+func (s *Store) applyDefaults() {
+	if s.Kind() == "" {
+		for _, k := range storeKinds {
+			if k.name == DefaultStore {
+				k.add(s)
+			}
+		}
+	}
+	setDuration(&s.EpochCheckInterval, DefaultEpochCheckInterval)
+	for _, k := range s.kindsSet() {
+		k.section(s).applyDefaults()
+	}
+}
+
+func (b *Badger) applyDefaults() {
+	setString(&b.Dir, DefaultBadgerDir)
+	if b.SyncWrites == nil {
+		t := true
+		b.SyncWrites = &t
+	}
+	setDuration(&b.GCInterval, DefaultGCInterval)
+	if b.MinFreeBytes == 0 {
+		b.MinFreeBytes = DefaultBadgerMinFreeBytes
+	}
+	setString(&b.Preallocate, DefaultBadgerPreallocate)
+}
+
+func (r *Redis) applyDefaults() {
+	setString(&r.KeyPrefix, DefaultRedisKeyPrefix)
+	setDuration(&r.DialTimeout, DefaultRedisDialTimeout)
+	setDuration(&r.OpTimeout, DefaultRedisOpTimeout)
+}
+
+func (pg *Postgres) applyDefaults() {
+	if pg.MaxConns == 0 {
+		pg.MaxConns = DefaultPostgresMaxConns
+	}
+	setDuration(&pg.ConnectTimeout, DefaultPostgresConnectTimeout)
+	setDuration(&pg.StatementTimeout, DefaultPostgresStatementTimeout)
+	setString(&pg.Schema, DefaultPostgresSchema)
+	setString(&pg.Table, DefaultPostgresTable)
 }
 
 func setString(s *string, def string) {

@@ -167,81 +167,72 @@ func samePort(a, b string) bool {
 }
 
 func (c *Config) validateStore(p *problems) {
-	st := c.Store
-	if n := countSet(st.Badger != nil, st.Redis != nil, st.Postgres != nil); n > 1 {
-		p.add("store", "set exactly one of badger, redis and postgres")
-	}
-	if pg := st.Postgres; pg != nil {
-		pg.validate(p)
+	st := &c.Store
+	if len(st.kindsSet()) > 1 {
+		p.add("store", "set exactly one of %s", sayList(StoreKinds()))
 	}
 	if st.EpochCheckInterval < 0 || st.EpochCheckInterval.D() > time.Minute {
 		p.add("store.epoch_check_interval", "must be positive and at most 1m: a store that forgot its keys is found within it")
 	}
-	if b := st.Badger; b != nil {
-		if b.GCInterval <= 0 {
-			p.add("store.badger.gc_interval", "must be positive")
-		}
-		if b.MinFreeBytes < 0 {
-			p.add("store.badger.min_free_bytes", "must be positive")
-		}
-		oneOf(p, "store.badger.preallocate", b.Preallocate, PreallocateAuto, PreallocateOff, PreallocateRequired)
-	}
-	if r := st.Redis; r != nil {
-		if len(r.Addrs) == 0 {
-			p.add("store.redis.addrs", "at least one host:port is required")
-		}
-		for i, a := range r.Addrs {
-			checkAddr(p, fmt.Sprintf("store.redis.addrs[%d]", i), a, true)
-		}
-		if r.MasterName != "" && len(r.Addrs) == 0 {
-			p.add("store.redis.master_name", "needs the Sentinel addresses in addrs")
-		}
-		for _, e := range []struct{ field, name string }{
-			{"username_env", r.UsernameEnv}, {"password_env", r.PasswordEnv},
-			{"sentinel_username_env", r.SentinelUsernameEnv}, {"sentinel_password_env", r.SentinelPasswordEnv},
-		} {
-			if e.name == "" {
-				continue
-			}
-			if !headerToken.MatchString(e.name) {
-				p.add("store.redis."+e.field, "%q is not an environment variable name", e.name)
-			} else if _, ok := os.LookupEnv(e.name); !ok {
-				p.add("store.redis."+e.field, "environment variable %s is not set", e.name)
-			}
-		}
-		if r.DB < 0 {
-			p.add("store.redis.db", "must not be negative")
-		}
-		if (r.SentinelUsernameEnv != "" || r.SentinelPasswordEnv != "") && r.MasterName == "" {
-			p.add("store.redis.sentinel_password_env", "Sentinel credentials need master_name")
-		}
-		if r.Cluster && r.MasterName != "" {
-			p.add("store.redis.cluster", "a Redis Cluster has no master_name (that is Sentinel)")
-		}
-		// Read as the store reads it when it opens: a file without a
-		// certificate would otherwise pass -check and stop the start.
-		r.loadTLS(p)
-		if r.DB != 0 && (len(r.Addrs) > 1 || r.Cluster) && r.MasterName == "" {
-			p.add("store.redis.db", "a Redis Cluster has only database 0")
-		}
-		if r.DialTimeout <= 0 {
-			p.add("store.redis.dial_timeout", "must be positive")
-		}
-		if r.OpTimeout <= 0 {
-			p.add("store.redis.op_timeout", "must be positive")
-		}
+	for _, k := range st.kindsSet() {
+		k.section(st).validate(p)
 	}
 }
 
-// countSet returns how many of set are true.
-func countSet(set ...bool) int {
-	n := 0
-	for _, b := range set {
-		if b {
-			n++
+func (b *Badger) validate(p *problems) {
+	if b.GCInterval <= 0 {
+		p.add("store.badger.gc_interval", "must be positive")
+	}
+	if b.MinFreeBytes < 0 {
+		p.add("store.badger.min_free_bytes", "must be positive")
+	}
+	oneOf(p, "store.badger.preallocate", b.Preallocate, PreallocateAuto, PreallocateOff, PreallocateRequired)
+}
+
+func (r *Redis) validate(p *problems) {
+	if len(r.Addrs) == 0 {
+		p.add("store.redis.addrs", "at least one host:port is required")
+	}
+	for i, a := range r.Addrs {
+		checkAddr(p, fmt.Sprintf("store.redis.addrs[%d]", i), a, true)
+	}
+	if r.MasterName != "" && len(r.Addrs) == 0 {
+		p.add("store.redis.master_name", "needs the Sentinel addresses in addrs")
+	}
+	for _, e := range []struct{ field, name string }{
+		{"username_env", r.UsernameEnv}, {"password_env", r.PasswordEnv},
+		{"sentinel_username_env", r.SentinelUsernameEnv}, {"sentinel_password_env", r.SentinelPasswordEnv},
+	} {
+		if e.name == "" {
+			continue
+		}
+		if !headerToken.MatchString(e.name) {
+			p.add("store.redis."+e.field, "%q is not an environment variable name", e.name)
+		} else if _, ok := os.LookupEnv(e.name); !ok {
+			p.add("store.redis."+e.field, "environment variable %s is not set", e.name)
 		}
 	}
-	return n
+	if r.DB < 0 {
+		p.add("store.redis.db", "must not be negative")
+	}
+	if (r.SentinelUsernameEnv != "" || r.SentinelPasswordEnv != "") && r.MasterName == "" {
+		p.add("store.redis.sentinel_password_env", "Sentinel credentials need master_name")
+	}
+	if r.Cluster && r.MasterName != "" {
+		p.add("store.redis.cluster", "a Redis Cluster has no master_name (that is Sentinel)")
+	}
+	// Read as the store reads it when it opens: a file without a
+	// certificate would otherwise pass -check and stop the start.
+	r.loadTLS(p)
+	if r.DB != 0 && (len(r.Addrs) > 1 || r.Cluster) && r.MasterName == "" {
+		p.add("store.redis.db", "a Redis Cluster has only database 0")
+	}
+	if r.DialTimeout <= 0 {
+		p.add("store.redis.dial_timeout", "must be positive")
+	}
+	if r.OpTimeout <= 0 {
+		p.add("store.redis.op_timeout", "must be positive")
+	}
 }
 
 // pgIdentifier is a schema or table name the store accepts: an unquoted

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // ProbeRoute is the route part of the write probe's keys. Route names are
@@ -224,3 +226,24 @@ func (p *WriteProbe) Ready() bool {
 
 // Failures returns the probes that failed so far.
 func (p *WriteProbe) Failures() uint64 { return p.failures.Load() }
+
+// RegisterProbeMetrics registers the verdict of the write probe p on reg
+// (idemproxy_store_writable, which /readyz agrees with, and its failures),
+// read from p when scraped.
+func RegisterProbeMetrics(reg prometheus.Registerer, p *WriteProbe) {
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "idemproxy_store_writable",
+			Help: "1 when the store takes writes: the last write probe (a reserve and release of a key of its own, every 2 s) or real reservation since succeeded; 0 when it failed or a probe stalls: /readyz is 503 then.",
+		}, func() float64 {
+			if p.Err() != nil {
+				return 0
+			}
+			return 1
+		}),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "idemproxy_store_write_probe_failures_total",
+			Help: "Write probes of the store that failed or timed out (2 s).",
+		}, func() float64 { return float64(p.Failures()) }),
+	)
+}

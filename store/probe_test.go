@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/badger"
 )
@@ -125,5 +127,51 @@ func TestWriteProbeKeepsTheLatestWrite(t *testing.T) {
 	}
 	if err := p.Probe(ctx); err != nil || p.Err() != nil {
 		t.Errorf("a probe after both: %v, Err %v; want the store writable", err, p.Err())
+	}
+}
+
+// TestRegisterProbeMetrics: idemproxy_store_writable is the probe's
+// verdict, 1 while the store takes writes and 0 once a probe failed, and
+// idemproxy_store_write_probe_failures_total counts the failed probes.
+func TestRegisterProbeMetrics(t *testing.T) {
+	ctx := context.Background()
+	read := func(reg *prometheus.Registry) (writable, failures float64) {
+		t.Helper()
+		families, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		writable, failures = -1, -1
+		for _, f := range families {
+			switch f.GetName() {
+			case "idemproxy_store_writable":
+				writable = f.GetMetric()[0].GetGauge().GetValue()
+			case "idemproxy_store_write_probe_failures_total":
+				failures = f.GetMetric()[0].GetCounter().GetValue()
+			}
+		}
+		return writable, failures
+	}
+
+	ok := store.NewWriteProbe(openBadger(t), store.ProbeOptions{})
+	reg := prometheus.NewRegistry()
+	store.RegisterProbeMetrics(reg, ok)
+	if err := ok.Probe(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if w, f := read(reg); w != 1 || f != 0 {
+		t.Errorf("after a probe that wrote: writable %v, failures %v; want 1, 0", w, f)
+	}
+
+	closed := openBadger(t)
+	closed.Close()
+	failing := store.NewWriteProbe(closed, store.ProbeOptions{})
+	reg = prometheus.NewRegistry()
+	store.RegisterProbeMetrics(reg, failing)
+	for range 2 {
+		failing.Probe(ctx)
+	}
+	if w, f := read(reg); w != 0 || f != 2 {
+		t.Errorf("after two failed probes: writable %v, failures %v; want 0, 2", w, f)
 	}
 }

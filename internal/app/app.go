@@ -22,11 +22,9 @@ import (
 	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/internal/admission"
 	"github.com/idemproxy/idemproxy/internal/epoch"
-	"github.com/idemproxy/idemproxy/internal/prealloc"
 	"github.com/idemproxy/idemproxy/internal/settle"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store"
-	"github.com/idemproxy/idemproxy/store/badger"
 )
 
 // app is a running idemproxy.
@@ -58,77 +56,6 @@ type storeCloser interface {
 	store.Store
 	store.Lister
 	Close() error
-}
-
-// registerBadgerMetrics exports Badger's size on disk, the figure an
-// operator watches for a store that grows without bound, and the guard's
-// free space, refusals and reopens.
-func registerBadgerMetrics(reg prometheus.Registerer, s *badger.Guard) {
-	registerStoreOpenMetric(reg, s)
-	reg.MustRegister(
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "idemproxy_badger_disk_free_bytes",
-			Help: "Free space of the Badger data directory's file system, as last measured.",
-		}, func() float64 { return float64(s.FreeBytes()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "idemproxy_badger_low_disk_refusals_total",
-			Help: "Reservations refused because free disk space was below store.badger.min_free_bytes.",
-		}, func() float64 { return float64(s.LowDiskRefusals()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "idemproxy_badger_reopens_total",
-			Help: "Times the Badger store was reopened after it failed.",
-		}, func() float64 { return float64(s.Reopens()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "idemproxy_badger_preallocation_active",
-			Help: "1 when the files Badger grows are preallocated, so that a full disk is a 503 and not a crash; 0 where seccomp is unavailable or store.badger.preallocate is off.",
-		}, func() float64 {
-			if prealloc.Active() {
-				return 1
-			}
-			return 0
-		}),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "idemproxy_badger_files_waiting_for_space",
-			Help: "Badger table files whose creation waits for disk space.",
-		}, func() float64 { return float64(prealloc.Waiting()) }),
-	)
-	reg.MustRegister(
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "idemproxy_badger_lsm_size_bytes",
-			Help: "Size of Badger's LSM tree on disk.",
-		}, func() float64 { lsm, _ := s.Sizes(); return float64(lsm) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "idemproxy_badger_vlog_size_bytes",
-			Help: "Size of Badger's value log on disk.",
-		}, func() float64 { _, vlog := s.Sizes(); return float64(vlog) }),
-	)
-}
-
-// registerProbeMetrics exports the verdict of the store's write probe,
-// which /readyz reads.
-func registerProbeMetrics(reg prometheus.Registerer, p *store.WriteProbe) {
-	reg.MustRegister(
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "idemproxy_store_writable",
-			Help: "1 when the store takes writes: the last write probe (a reserve and release of a key of its own, every 2 s) or real reservation since succeeded; 0 when it failed or a probe stalls: /readyz is 503 then.",
-		}, func() float64 {
-			if p.Err() != nil {
-				return 0
-			}
-			return 1
-		}),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "idemproxy_store_write_probe_failures_total",
-			Help: "Write probes of the store that failed or timed out (2 s).",
-		}, func() float64 { return float64(p.Failures()) }),
-	)
-}
-
-// redisLogger sends go-redis' internal log to slog at debug level.
-type redisLogger struct{ log *slog.Logger }
-
-func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
-	l.log.Debug("redis: " + fmt.Sprintf(format, v...))
 }
 
 // newRegistry returns the registry of the program's own metrics; the
@@ -216,7 +143,7 @@ func (a *app) serve(ctx context.Context) error {
 		return err
 	}
 	defer stopReconciler() // before the store closes
-	registerProbeMetrics(reg, probe)
+	store.RegisterProbeMetrics(reg, probe)
 	probeCtx, stopProbe := context.WithCancel(context.Background())
 	probeDone := make(chan struct{})
 	go func() { defer close(probeDone); probe.Run(probeCtx) }()

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/store/badger"
@@ -14,37 +13,70 @@ import (
 	"github.com/idemproxy/idemproxy/store/redis"
 )
 
-// A backend is one store the program can open: its name in metrics and
-// logs, whether the configuration selects it, and how to open it. Adding a
-// store means adding it here, its configuration in package config, and its
-// package under store/, which passes store/storetest.
+// A backend is one kind of store as the program runs it. The table
+// backends below is, with config's table of store kinds (config/stores.go:
+// each kind's section, its defaults and checks, which kind is selected and
+// the default one), the one place that says what a kind of store is: how
+// it opens, what it adds to the first log line, and which metrics it
+// registers. Adding a store is its package under store/, which passes
+// store/storetest, and one line here; TestBackendsAreDeclaredEverywhere
+// and config's tests name what else is missing (its configuration section
+// and its docs).
 type backend struct {
-	name     string
-	selected func(config.Store) bool
-	open     func(a *app, reg prometheus.Registerer) (storeCloser, error)
+	// kind is the store's kind in config (config.StoreKinds): the section
+	// of store that selects it, and its name in metrics and logs.
+	kind string
+	// shared says that replicas share the store: a new epoch marker waits
+	// for the objections of replicas that remember an older one.
+	shared bool
+	// open opens the store of the configuration's section.
+	open func(a *app) (storeCloser, error)
+	// startAttrs are what the first log line says after store=kind: where
+	// the store is, never a credential (startlog.go).
+	startAttrs func(s config.Store, getenv func(string) string) []any
+	// metrics registers the store's own collectors on reg, read from st
+	// when scraped; a nil st registers them for listing (they read as
+	// zero). Nil: the store has none.
+	metrics func(reg prometheus.Registerer, st storeCloser)
 }
 
-// backends lists every store backend. config.Validate allows one to be
-// selected at a time, and config's defaults select Badger when none is.
+// backends is the table of store backends, one line each.
 var backends = []backend{
-	{name: "redis", selected: func(s config.Store) bool { return s.Redis != nil }, open: openRedis},
-	{name: "postgres", selected: func(s config.Store) bool { return s.Postgres != nil }, open: openPostgres},
-	{name: "badger", selected: func(s config.Store) bool { return s.Badger != nil }, open: openBadger},
+	{kind: config.StoreBadger, open: openBadger, startAttrs: badgerAttrs, metrics: badgerMetrics},
+	{kind: config.StoreRedis, shared: true, open: openRedis, startAttrs: redisAttrs},
+	{kind: config.StorePostgres, shared: true, open: openPostgres, startAttrs: postgresAttrs, metrics: postgresMetrics},
 }
 
-// openStore opens the configured store and names it for the metrics.
-func (a *app) openStore(reg prometheus.Registerer) (storeCloser, string, error) {
+// backendOf returns the backend of a kind of store; false when there is
+// none.
+func backendOf(kind string) (backend, bool) {
 	for _, b := range backends {
-		if b.selected(a.cfg.Store) {
-			s, err := b.open(a, reg)
-			return s, b.name, err
+		if b.kind == kind {
+			return b, true
 		}
 	}
-	return nil, "", fmt.Errorf("no store configured")
+	return backend{}, false
+}
+
+// openStore opens the configured store, registers its metrics on reg, and
+// names it for the metrics.
+func (a *app) openStore(reg prometheus.Registerer) (storeCloser, string, error) {
+	b, ok := backendOf(a.cfg.Store.Kind())
+	if !ok {
+		return nil, "", fmt.Errorf("no store configured")
+	}
+	s, err := b.open(a)
+	if err != nil {
+		return nil, b.kind, err
+	}
+	if b.metrics != nil {
+		b.metrics(reg, s)
+	}
+	return s, b.kind, nil
 }
 
 // openRedis opens the shared Redis store of store.redis.
-func openRedis(a *app, _ prometheus.Registerer) (storeCloser, error) {
+func openRedis(a *app) (storeCloser, error) {
 	r := a.cfg.Store.Redis
 	opts := redis.Options{
 		Addrs:             r.Addrs,
@@ -79,7 +111,7 @@ func openRedis(a *app, _ prometheus.Registerer) (storeCloser, error) {
 	}
 	// go-redis logs every failed dial; the store's errors already reach
 	// the log and the metrics, so its own lines go to debug.
-	goredis.SetLogger(redisLogger{a.log})
+	redis.SetLogger(a.log)
 	return s, nil
 }
 
@@ -88,8 +120,8 @@ func openRedis(a *app, _ prometheus.Registerer) (storeCloser, error) {
 const postgresSetUpTimeout = 30 * time.Second
 
 // openPostgres opens the PostgreSQL store of store.postgres, creating its
-// table when missing, and exports its pool's metrics.
-func openPostgres(a *app, reg prometheus.Registerer) (storeCloser, error) {
+// table when missing.
+func openPostgres(a *app) (storeCloser, error) {
 	pg := a.cfg.Store.Postgres
 	dsn := a.getenv(pg.DSNEnv)
 	if dsn == "" {
@@ -111,13 +143,18 @@ func openPostgres(a *app, reg prometheus.Registerer) (storeCloser, error) {
 	if err != nil {
 		return nil, err
 	}
-	postgres.RegisterMetrics(reg, s)
 	return s, nil
+}
+
+// postgresMetrics registers the pool's and the sweeper's metrics.
+func postgresMetrics(reg prometheus.Registerer, st storeCloser) {
+	s, _ := st.(*postgres.Store)
+	postgres.RegisterMetrics(reg, s)
 }
 
 // openBadger opens the embedded store of store.badger, guarded against
 // failures and a full disk.
-func openBadger(a *app, reg prometheus.Registerer) (storeCloser, error) {
+func openBadger(a *app) (storeCloser, error) {
 	b := a.cfg.Store.Badger
 	s, err := badger.OpenGuarded(badger.Options{
 		Dir:        b.Dir,
@@ -129,29 +166,21 @@ func openBadger(a *app, reg prometheus.Registerer) (storeCloser, error) {
 	if err != nil {
 		return nil, err
 	}
-	registerBadgerMetrics(reg, s)
 	return s, nil
+}
+
+// badgerMetrics registers the store's size on disk, the guard's free space,
+// refusals and reopens, whether it could be opened, and the preallocation
+// of its files.
+func badgerMetrics(reg prometheus.Registerer, st storeCloser) {
+	g, _ := st.(*badger.Guard)
+	badger.RegisterMetrics(reg, g)
 }
 
 // storeCheckRemedy is what the log tells an operator to run when the
 // Badger store does not open.
 func (a *app) storeCheckRemedy() string {
 	return "run `idemproxy store check -config " + a.path + "` to see what is wrong, then follow docs/operations.md, \"Runbook: the store does not open\""
-}
-
-// registerStoreOpenMetric exports idemproxy_store_open_failed: 1 while the
-// Badger store could not be opened (the process serves degraded: 503 on
-// protected routes, passthrough routes served).
-func registerStoreOpenMetric(reg prometheus.Registerer, s *badger.Guard) {
-	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "idemproxy_store_open_failed",
-		Help: "1 while the embedded (Badger) store could not be opened (a damaged reservation log, a missing or unreadable MANIFEST, a permission error): protected routes answer 503 store-unavailable and /readyz says why; 0 once it is open.",
-	}, func() float64 {
-		if s.OpenFailed() != nil {
-			return 1
-		}
-		return 0
-	}))
 }
 
 // storeOpenReady is the readiness check of a store that could not be

@@ -17,7 +17,6 @@ import (
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/badger"
-	"github.com/idemproxy/idemproxy/store/postgres"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -63,8 +62,7 @@ func (m *metricLabels) MustRegister(cs ...prometheus.Collector) {
 }
 
 // registeredMetrics returns the name and variable labels of every metric
-// the binary registers: the app's, the proxy's and the Badger and
-// PostgreSQL stores'.
+// the binary registers: the app's, the proxy's and every store backend's.
 func registeredMetrics(t *testing.T) map[string][]string {
 	t.Helper()
 	rec := &metricLabels{Registerer: prometheus.NewRegistry(), labels: map[string][]string{}}
@@ -75,11 +73,14 @@ func registeredMetrics(t *testing.T) map[string][]string {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	registerBadgerMetrics(rec, st)
-	postgres.RegisterMetrics(rec, nil) // the names; the values need a database
+	for _, b := range backends { // every store's own, by name: their values need the store
+		if b.metrics != nil {
+			b.metrics(rec, nil)
+		}
+	}
 	admission.RegisterMetrics(rec, admission.NewLimiter(nil, 1, 0, admission.Answers{}, nil))
 	admission.RegisterAdminMetrics(rec, admission.NewAdminLimiter(nil, 1, 0, admission.Answers{}))
-	registerProbeMetrics(rec, store.NewWriteProbe(st, store.ProbeOptions{}))
+	store.RegisterProbeMetrics(rec, store.NewWriteProbe(st, store.ProbeOptions{}))
 	admin.NewHandler(admin.Options{Store: st, Registerer: rec})
 	registerEpochMetrics(rec, epoch.New(epoch.Options{Store: st, Interval: time.Second}))
 	registerStoreRisk(rec)

@@ -39,27 +39,39 @@ func (a *app) startAttrs() []any {
 // pipelines split or drop (Docker at 16 KiB, many shippers at 64 KiB).
 const startLogRoutes = 20
 
-// storeAttrs names the configured store and where it is: Badger's data
-// directory, the Redis addresses, or the PostgreSQL host and database of
-// the DSN, never its credentials.
+// storeAttrs names the configured store and where it is (its backend's
+// startAttrs): Badger's data directory, the Redis addresses, or the
+// PostgreSQL host and database of the DSN, never its credentials.
 func storeAttrs(s config.Store, getenv func(string) string) []any {
-	switch {
-	case s.Redis != nil:
-		attrs := []any{"store", "redis", "redis_addrs", strings.Join(s.Redis.Addrs, ",")}
-		switch {
-		case s.Redis.MasterName != "":
-			attrs = append(attrs, "redis_master_name", s.Redis.MasterName)
-		case s.Redis.Cluster || len(s.Redis.Addrs) > 1:
-			attrs = append(attrs, "redis_cluster", true)
-		}
-		return attrs
-	case s.Postgres != nil:
-		return []any{"store", "postgres", "postgres", postgresWhere(getenv(s.Postgres.DSNEnv)),
-			"postgres_table", s.Postgres.Schema + "." + s.Postgres.Table}
-	case s.Badger != nil:
-		return []any{"store", "badger", "badger_dir", s.Badger.Dir, "badger_preallocate", s.Badger.Preallocate}
+	b, ok := backendOf(s.Kind())
+	if !ok {
+		return []any{"store", "none"}
 	}
-	return []any{"store", "none"}
+	return append([]any{"store", b.kind}, b.startAttrs(s, getenv)...)
+}
+
+// badgerAttrs: the data directory, and whether its files are preallocated.
+func badgerAttrs(s config.Store, _ func(string) string) []any {
+	return []any{"badger_dir", s.Badger.Dir, "badger_preallocate", s.Badger.Preallocate}
+}
+
+// redisAttrs: the addresses, and the Sentinel master or the Cluster they
+// lead to.
+func redisAttrs(s config.Store, _ func(string) string) []any {
+	attrs := []any{"redis_addrs", strings.Join(s.Redis.Addrs, ",")}
+	switch {
+	case s.Redis.MasterName != "":
+		attrs = append(attrs, "redis_master_name", s.Redis.MasterName)
+	case s.Redis.Cluster || len(s.Redis.Addrs) > 1:
+		attrs = append(attrs, "redis_cluster", true)
+	}
+	return attrs
+}
+
+// postgresAttrs: the host, port and database of the DSN, and the table.
+func postgresAttrs(s config.Store, getenv func(string) string) []any {
+	return []any{"postgres", postgresWhere(getenv(s.Postgres.DSNEnv)),
+		"postgres_table", s.Postgres.Schema + "." + s.Postgres.Table}
 }
 
 // postgresWhere returns the host, port and database a DSN names
