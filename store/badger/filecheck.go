@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"syscall"
 	"time"
 
 	bdg "github.com/dgraph-io/badger/v4"
@@ -190,11 +189,16 @@ func (p FileProblem) String() string { return p.Path + ": " + p.Detail }
 // that are missing, files this process cannot read or write, and the
 // directory held by another process (a running idemproxy: ErrInUse). A
 // directory that does not exist is no problem (a new store is created
-// there). The reservation log is Check's.
+// there). The reservation log is Check's. Off Unix (Windows) its one
+// problem is that the store is not supported there (platform_other.go).
 func CheckFiles(dir string) []FileProblem {
 	var probs []FileProblem
 	add := func(path, format string, args ...any) {
 		probs = append(probs, FileProblem{Path: path, Detail: fmt.Sprintf(format, args...)})
+	}
+	if err := supported(); err != nil {
+		add(dir, "%v", err)
+		return probs
 	}
 	fi, err := os.Stat(dir)
 	switch {
@@ -275,19 +279,6 @@ func manifestTables(path string) ([]uint64, error) {
 	}
 	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
 	return ids, nil
-}
-
-// accessible reports whether this process may read and write path (and
-// search it, for a directory): access(2), which also answers for root.
-func accessible(path string, dir bool) error {
-	mode := uint32(0x4 | 0x2) // R_OK | W_OK
-	if dir {
-		mode |= 0x1 // X_OK
-	}
-	if err := syscall.Access(path, mode); err != nil {
-		return fmt.Errorf("not accessible: %w", err)
-	}
-	return nil
 }
 
 // probeLock reports ErrInUse when another process holds the directory's
