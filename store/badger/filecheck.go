@@ -301,8 +301,12 @@ const probeLockWait = 2 * time.Second
 // idemproxy opens the store meanwhile, and returns the function that
 // releases it. A process that holds it (a running idemproxy) makes it fail
 // with ErrInUse once wait has passed: a proxy whose store does not open
-// takes the lock for a moment each time it tries again.
+// takes the lock for a moment each time it tries again. Off Unix
+// (Windows) it refuses, naming the system (platform_other.go).
 func LockDir(dir string, wait time.Duration) (unlock func(), err error) {
+	if err := supported(); err != nil {
+		return nil, err
+	}
 	for end := time.Now().Add(wait); ; time.Sleep(100 * time.Millisecond) {
 		unlock, err = lockStoreDir(dir)
 		if !errors.Is(err, ErrInUse) || time.Now().After(end) {
