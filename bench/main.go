@@ -1,3 +1,5 @@
+//go:build unix
+
 // Command bench measures idemproxy against a bare reverse proxy, side by
 // side, on loopback: the upstream stub, a tuned httputil.ReverseProxy (the
 // baseline), and the real idemproxy binary with synced Badger, unsynced

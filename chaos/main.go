@@ -1,3 +1,5 @@
+//go:build linux
+
 // Command chaos drives the real idemproxy binaries through random faults and
 // checks what happened with a checker that trusts only the upstream's
 // statement and the recorded history (issue 18, docs/chaos.md).

@@ -61,7 +61,7 @@ type Server struct {
 	dir      string // root of the server's files, removed at cleanup
 	port     int
 	settings []string
-	cred     *syscall.Credential // nil: run as the current user
+	cred     *runAs // nil: run as the current user
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -370,10 +370,7 @@ func (s *Server) asServerUser(cmd *exec.Cmd) {
 	if s.cred == nil {
 		return
 	}
-	if cmd.SysProcAttr == nil {
-		cmd.SysProcAttr = &syscall.SysProcAttr{}
-	}
-	cmd.SysProcAttr.Credential = s.cred
+	setRunAs(cmd, s.cred)
 	cmd.Env = append(os.Environ(), "HOME="+s.dir, "USER="+User, "LOGNAME="+User)
 }
 
@@ -445,7 +442,7 @@ func version(binDir string) int {
 
 // credential returns the postgres user's credential when the tests run as
 // root (initdb and postgres refuse root), nil otherwise.
-func credential(tb testing.TB) *syscall.Credential {
+func credential(tb testing.TB) *runAs {
 	tb.Helper()
 	if os.Geteuid() != 0 {
 		return nil
@@ -460,7 +457,7 @@ func credential(tb testing.TB) *syscall.Credential {
 	if err1 != nil || err2 != nil {
 		tb.Fatalf("pgtest: user %q has a non-numeric uid %q or gid %q", User, u.Uid, u.Gid)
 	}
-	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+	return &runAs{Uid: uint32(uid), Gid: uint32(gid)}
 }
 
 // freePort returns a loopback TCP port that was free a moment ago, outside

@@ -153,8 +153,12 @@ type record struct {
 // Open opens (or creates) the store in opts.Dir, turns every reservation
 // left in flight by a previous process into in doubt (no request of that
 // process can still be running, and it may have reached the upstream), and
-// starts value-log garbage collection in the background.
+// starts value-log garbage collection in the background. Off Unix
+// (Windows) it refuses with an error naming the system (platform_other.go).
 func Open(opts Options) (*Store, error) {
+	if err := supported(); err != nil {
+		return nil, err
+	}
 	if opts.Dir == "" {
 		return nil, errors.New("badger: a data directory is required")
 	}

@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
-	"syscall"
 	"time"
 
 	bdg "github.com/dgraph-io/badger/v4"
@@ -190,11 +189,16 @@ func (p FileProblem) String() string { return p.Path + ": " + p.Detail }
 // that are missing, files this process cannot read or write, and the
 // directory held by another process (a running idemproxy: ErrInUse). A
 // directory that does not exist is no problem (a new store is created
-// there). The reservation log is Check's.
+// there). The reservation log is Check's. Off Unix (Windows) its one
+// problem is that the store is not supported there (platform_other.go).
 func CheckFiles(dir string) []FileProblem {
 	var probs []FileProblem
 	add := func(path, format string, args ...any) {
 		probs = append(probs, FileProblem{Path: path, Detail: fmt.Sprintf(format, args...)})
+	}
+	if err := supported(); err != nil {
+		add(dir, "%v", err)
+		return probs
 	}
 	fi, err := os.Stat(dir)
 	switch {
@@ -277,19 +281,6 @@ func manifestTables(path string) ([]uint64, error) {
 	return ids, nil
 }
 
-// accessible reports whether this process may read and write path (and
-// search it, for a directory): access(2), which also answers for root.
-func accessible(path string, dir bool) error {
-	mode := uint32(0x4 | 0x2) // R_OK | W_OK
-	if dir {
-		mode |= 0x1 // X_OK
-	}
-	if err := syscall.Access(path, mode); err != nil {
-		return fmt.Errorf("not accessible: %w", err)
-	}
-	return nil
-}
-
 // probeLock reports ErrInUse when another process holds the directory's
 // lock (Badger's flock of the directory), and nil when it is free. It
 // waits up to probeLockWait: a proxy whose store does not open holds the
@@ -310,8 +301,12 @@ const probeLockWait = 2 * time.Second
 // idemproxy opens the store meanwhile, and returns the function that
 // releases it. A process that holds it (a running idemproxy) makes it fail
 // with ErrInUse once wait has passed: a proxy whose store does not open
-// takes the lock for a moment each time it tries again.
+// takes the lock for a moment each time it tries again. Off Unix
+// (Windows) it refuses, naming the system (platform_other.go).
 func LockDir(dir string, wait time.Duration) (unlock func(), err error) {
+	if err := supported(); err != nil {
+		return nil, err
+	}
 	for end := time.Now().Add(wait); ; time.Sleep(100 * time.Millisecond) {
 		unlock, err = lockStoreDir(dir)
 		if !errors.Is(err, ErrInUse) || time.Now().After(end) {

@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -141,9 +140,13 @@ const guardRetry = time.Second
 // store cannot be opened for another reason (a damaged reservation log, a
 // MANIFEST missing or unreadable, a permission error), it returns a Guard
 // that is not open either, says why (OpenFailed) and tries again
-// (degraded.go). Only options that are invalid whatever the files hold
+// (degraded.go). Only options that are invalid whatever the files hold,
+// and a system the store does not run on (Windows: platform_other.go),
 // are returned as errors.
 func OpenGuarded(opts Options, g GuardOptions) (*Guard, error) {
+	if err := supported(); err != nil {
+		return nil, err
+	}
 	if err := checkOptions(opts); err != nil {
 		return nil, err
 	}
@@ -194,24 +197,6 @@ func isNoRoom(err error) bool {
 		}
 	}
 	return false
-}
-
-// statfsFree is the space available to unprivileged users on dir's file
-// system; a directory not created yet (or removed) is measured on its
-// nearest existing parent, where it will be created.
-func statfsFree(dir string) (uint64, error) {
-	var st syscall.Statfs_t
-	for {
-		err := syscall.Statfs(dir, &st)
-		if err == nil {
-			return st.Bavail * uint64(st.Bsize), nil
-		}
-		parent := filepath.Dir(dir)
-		if !errors.Is(err, syscall.ENOENT) || parent == dir {
-			return 0, err
-		}
-		dir = parent
-	}
 }
 
 // belowFloor reports whether the data directory's free space is below the

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -16,8 +17,8 @@ import (
 	"github.com/idemproxy/idemproxy/internal/powerloss"
 )
 
-// Entry 11 of internals_test.go's list, on Linux (the power-loss file
-// system is Linux's).
+// Entries 4 and 11 of internals_test.go's list, on Linux (preallocation
+// and the power-loss file system are Linux's).
 
 // syncChildEnv, when set, makes the test binary run syncChild on that
 // directory instead of the tests: Badger maps its files, and a process
@@ -114,4 +115,57 @@ func TestBadgerSyncCoversEveryCommit(t *testing.T) {
 		t.Errorf("the %d keys committed after the sync all survived the power cut: the test cannot tell a sync from none (or Badger syncs itself now)", unsyncedKeys)
 	}
 	t.Logf("%d keys committed and synced, all kept; %d of %d committed after the sync lost", syncedKeys, unsynced, unsyncedKeys)
+}
+
+// allocated returns the bytes of path's blocks.
+func allocated(t *testing.T, path string) int64 {
+	t.Helper()
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return int64(st.Blocks) * 512
+}
+
+// 4.
+func TestBadgerSizesItsMappedFiles(t *testing.T) {
+	dir := t.TempDir()
+	opts := storeOptions(t, dir)
+	if err := createDiscardStats(dir); err != nil {
+		t.Fatal(err)
+	}
+	db := openRaw(t, opts)
+	mems, vlogs := glob(t, dir, "*.mem"), glob(t, dir, "*.vlog")
+	if len(mems) != 1 || len(vlogs) != 1 {
+		t.Fatalf("a new Badger: memtable logs %v, value-log files %v; want one of each", mems, vlogs)
+	}
+	if got, want := size(t, mems[0]), 2*opts.MemTableSize; got != want {
+		t.Errorf("memtable log: %d bytes, want 2 x MemTableSize = %d", got, want)
+	}
+	if got, want := size(t, vlogs[0]), 2*opts.ValueLogFileSize; got != want {
+		t.Errorf("value-log file: %d bytes, want 2 x ValueLogFileSize = %d", got, want)
+	}
+	if got := size(t, filepath.Join(dir, "DISCARD")); got != discardStatsSize {
+		t.Errorf("DISCARD: %d bytes, want the zeroed %d that createDiscardStats made", got, discardStatsSize)
+	}
+	set(t, db, []byte("big"), big)
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got := size(t, vlogs[0]); got <= 0 || got >= opts.ValueLogFileSize {
+		t.Errorf("value-log file after Close: %d bytes, want it cut to what it holds", got)
+	}
+
+	// Sized by ftruncate, the one call internal/prealloc backs: under it,
+	// every mapped file Badger makes has its blocks when it is made.
+	if err := Preallocate(nil); err != nil {
+		t.Fatalf("Preallocate: %v (this kernel has seccomp user notification)", err)
+	}
+	dir2 := t.TempDir()
+	openRaw(t, storeOptions(t, dir2))
+	for _, f := range append(glob(t, dir2, "*.mem"), glob(t, dir2, "*.vlog")...) {
+		if a, sz := allocated(t, f), size(t, f); a < sz {
+			t.Errorf("%s under internal/prealloc: %d of %d bytes allocated; want all (Badger sizes it by ftruncate)", filepath.Base(f), a, sz)
+		}
+	}
 }

@@ -38,7 +38,8 @@ package badger
 //     again), createDiscardStats (discardStatsSize), and the disk figures
 //     of docs/operations.md (37 MiB for a new store). Changed, the store
 //     may crash on a full disk, or take another amount of disk.
-//     TestBadgerSizesItsMappedFiles.
+//     TestBadgerSizesItsMappedFiles (internals_linux_test.go:
+//     preallocation is Linux's).
 //  5. A table is created at its full size and written through its
 //     mapping; it ends with its index, the index's length (uint32,
 //     big-endian), a checksum and the checksum's length. Relied on by the
@@ -115,7 +116,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
-	"syscall"
 	"testing"
 	"time"
 
@@ -268,59 +268,6 @@ func TestBadgerCommitIsInItsFilesUnsynced(t *testing.T) {
 	}
 	if v := value(t, db2, []byte("small")); !bytes.Equal(v, small) {
 		t.Errorf("a small value committed, in the files as a crash leaves them: %q, want it", v)
-	}
-}
-
-// allocated returns the bytes of path's blocks.
-func allocated(t *testing.T, path string) int64 {
-	t.Helper()
-	var st syscall.Stat_t
-	if err := syscall.Stat(path, &st); err != nil {
-		t.Fatal(err)
-	}
-	return int64(st.Blocks) * 512
-}
-
-// 4.
-func TestBadgerSizesItsMappedFiles(t *testing.T) {
-	dir := t.TempDir()
-	opts := storeOptions(t, dir)
-	if err := createDiscardStats(dir); err != nil {
-		t.Fatal(err)
-	}
-	db := openRaw(t, opts)
-	mems, vlogs := glob(t, dir, "*.mem"), glob(t, dir, "*.vlog")
-	if len(mems) != 1 || len(vlogs) != 1 {
-		t.Fatalf("a new Badger: memtable logs %v, value-log files %v; want one of each", mems, vlogs)
-	}
-	if got, want := size(t, mems[0]), 2*opts.MemTableSize; got != want {
-		t.Errorf("memtable log: %d bytes, want 2 x MemTableSize = %d", got, want)
-	}
-	if got, want := size(t, vlogs[0]), 2*opts.ValueLogFileSize; got != want {
-		t.Errorf("value-log file: %d bytes, want 2 x ValueLogFileSize = %d", got, want)
-	}
-	if got := size(t, filepath.Join(dir, "DISCARD")); got != discardStatsSize {
-		t.Errorf("DISCARD: %d bytes, want the zeroed %d that createDiscardStats made", got, discardStatsSize)
-	}
-	set(t, db, []byte("big"), big)
-	if err := db.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if got := size(t, vlogs[0]); got <= 0 || got >= opts.ValueLogFileSize {
-		t.Errorf("value-log file after Close: %d bytes, want it cut to what it holds", got)
-	}
-
-	// Sized by ftruncate, the one call internal/prealloc backs: under it,
-	// every mapped file Badger makes has its blocks when it is made.
-	if err := Preallocate(nil); err != nil {
-		t.Fatalf("Preallocate: %v (this kernel has seccomp user notification)", err)
-	}
-	dir2 := t.TempDir()
-	openRaw(t, storeOptions(t, dir2))
-	for _, f := range append(glob(t, dir2, "*.mem"), glob(t, dir2, "*.vlog")...) {
-		if a, sz := allocated(t, f), size(t, f); a < sz {
-			t.Errorf("%s under internal/prealloc: %d of %d bytes allocated; want all (Badger sizes it by ftruncate)", filepath.Base(f), a, sz)
-		}
 	}
 }
 
