@@ -12,7 +12,8 @@
 //	idemproxy store quarantine -config FILE     move its damaged log segments aside
 //	idemproxy -version                     print the version, the commit and its date
 //
-// What it does lives in packages named for their jobs; CONTRIBUTING.md
+// What it does lives in packages named for their jobs: internal/cli
+// parses the command line, internal/app runs the proxy; CONTRIBUTING.md
 // has the map.
 package main
 
@@ -23,6 +24,7 @@ import (
 	"syscall"
 
 	"github.com/idemproxy/idemproxy/internal/app"
+	"github.com/idemproxy/idemproxy/internal/cli"
 )
 
 func main() {
@@ -32,5 +34,5 @@ func main() {
 	// the line.
 	signal.Ignore(syscall.SIGPIPE)
 	ctx, _ := app.StopOnSignal(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	os.Exit(app.Run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv))
+	os.Exit(cli.Run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv))
 }

@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/idemproxy/idemproxy/admin"
-	"github.com/idemproxy/idemproxy/internal/app"
+	"github.com/idemproxy/idemproxy/internal/cli"
 	"github.com/idemproxy/idemproxy/internal/doctest"
 	"github.com/idemproxy/idemproxy/proxy"
 )
@@ -202,7 +202,7 @@ func TestRedisTLSCAFile(t *testing.T) {
 		"  redis:\n    addrs: [127.0.0.1:1]\n    tls: true\n    tls_ca_file: "+ca+"\n", 1)
 	os.WriteFile(cfg, []byte(y), 0o600)
 	var out strings.Builder
-	code := app.Run(t.Context(), []string{"-config", cfg}, &out, &out, func(string) string { return "" })
+	code := cli.Run(t.Context(), []string{"-config", cfg}, &out, &out, func(string) string { return "" })
 	if code != 1 || !strings.Contains(out.String(), "tls_ca_file: no PEM certificate") {
 		t.Errorf("exit %d, output %q; want 1 naming tls_ca_file", code, out.String())
 	}

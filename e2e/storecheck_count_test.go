@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemproxy/idemproxy/internal/app"
+	"github.com/idemproxy/idemproxy/internal/cli"
 	"github.com/idemproxy/idemproxy/store/badger"
 )
 
@@ -30,7 +30,7 @@ func TestQuarantineCountsRecordsSetAside(t *testing.T) {
 	}
 	var stdout, stderr bytes.Buffer
 	getenv := func(string) string { return "" }
-	if code := app.Run(context.Background(), []string{"store", "quarantine", "-config", cfg, "-operator", "o", "-reason", "r"}, &stdout, &stderr, getenv); code != 0 {
+	if code := cli.Run(context.Background(), []string{"store", "quarantine", "-config", cfg, "-operator", "o", "-reason", "r"}, &stdout, &stderr, getenv); code != 0 {
 		t.Fatalf("exit %d; stdout:\n%s\nstderr: %s", code, stdout.String(), stderr.String())
 	}
 	var audit map[string]any

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/internal/app"
+	"github.com/idemproxy/idemproxy/internal/cli"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/badger"
 )
@@ -180,7 +180,7 @@ func TestStoreCheckCommand(t *testing.T) {
 			cfg := writeConfig(t, filepath.Join(dir, "c.yaml"), "http://127.0.0.1:9", data, "", chargesRoute)
 			c.damage(t, data)
 			var stdout, stderr bytes.Buffer
-			code := app.Run(context.Background(), []string{"store", "check", "-config", cfg}, &stdout, &stderr, getenv)
+			code := cli.Run(context.Background(), []string{"store", "check", "-config", cfg}, &stdout, &stderr, getenv)
 			if code != c.code {
 				t.Errorf("exit %d, want %d; stdout:\n%s\nstderr: %s", code, c.code, stdout.String(), stderr.String())
 			}
@@ -210,7 +210,7 @@ func TestStoreCheckCommand(t *testing.T) {
 		{[]string{"store", "check", "-config", filepath.Join(dir, "none.yaml")}, 1, "none.yaml"},
 	} {
 		var stdout, stderr bytes.Buffer
-		if code := app.Run(context.Background(), c.args, &stdout, &stderr, getenv); code != c.code || !strings.Contains(stderr.String(), c.inStderr) {
+		if code := cli.Run(context.Background(), c.args, &stdout, &stderr, getenv); code != c.code || !strings.Contains(stderr.String(), c.inStderr) {
 			t.Errorf("%v: exit %d, stderr %q; want %d and %q", c.args, code, stderr.String(), c.code, c.inStderr)
 		}
 	}
@@ -234,7 +234,7 @@ func TestStoreQuarantineCommand(t *testing.T) {
 	cfg := writeConfig(t, filepath.Join(dir, "c.yaml"), "http://127.0.0.1:9", data, "", chargesRoute)
 
 	var stdout, stderr bytes.Buffer
-	if code := app.Run(context.Background(), []string{"store", "quarantine", "-config", cfg}, &stdout, &stderr, getenv); code != 0 ||
+	if code := cli.Run(context.Background(), []string{"store", "quarantine", "-config", cfg}, &stdout, &stderr, getenv); code != 0 ||
 		!strings.Contains(stdout.String(), "nothing to quarantine") {
 		t.Errorf("sound log: exit %d, stdout %q; want 0, nothing to quarantine", code, stdout.String())
 	}
@@ -242,7 +242,7 @@ func TestStoreQuarantineCommand(t *testing.T) {
 	damageStoreLog(t, data)
 	stdout.Reset()
 	stderr.Reset()
-	code := app.Run(context.Background(), []string{"store", "quarantine", "-config", cfg, "-reason", "bit rot"}, &stdout, &stderr, getenv)
+	code := cli.Run(context.Background(), []string{"store", "quarantine", "-config", cfg, "-reason", "bit rot"}, &stdout, &stderr, getenv)
 	if code != 0 {
 		t.Fatalf("exit %d, want 0; stdout:\n%s\nstderr: %s", code, stdout.String(), stderr.String())
 	}
@@ -268,7 +268,7 @@ func TestStoreQuarantineCommand(t *testing.T) {
 	// Damage that is not in the log is not quarantine's to repair.
 	flipManifest(t, data)
 	stdout.Reset()
-	if code := app.Run(context.Background(), []string{"store", "quarantine", "-config", cfg}, &stdout, &stderr, getenv); code != 1 ||
+	if code := cli.Run(context.Background(), []string{"store", "quarantine", "-config", cfg}, &stdout, &stderr, getenv); code != 1 ||
 		!strings.Contains(stdout.String(), "MANIFEST") {
 		t.Errorf("damaged MANIFEST: exit %d, stdout %q; want 1, naming the MANIFEST", code, stdout.String())
 	}

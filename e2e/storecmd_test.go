@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemproxy/idemproxy/internal/app"
+	"github.com/idemproxy/idemproxy/internal/cli"
 	"github.com/idemproxy/idemproxy/store/badger"
 )
 
@@ -40,7 +40,7 @@ func TestStoreAcceptLossCommand(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
-			code := app.Run(context.Background(), c.args, &stdout, &stderr, getenv)
+			code := cli.Run(context.Background(), c.args, &stdout, &stderr, getenv)
 			if code != c.code || !strings.Contains(stderr.String(), c.inStderr) {
 				t.Fatalf("exit %d, stderr %q; want %d and %q", code, stderr.String(), c.code, c.inStderr)
 			}
@@ -62,7 +62,7 @@ func TestStoreAcceptLossCommand(t *testing.T) {
 	// A directory a running proxy holds cannot be opened: 1, naming why.
 	startProxy(t, cfg)
 	var stdout, stderr bytes.Buffer
-	if code := app.Run(context.Background(), []string{"store", "accept-loss", "-config", cfg}, &stdout, &stderr, getenv); code != 1 {
+	if code := cli.Run(context.Background(), []string{"store", "accept-loss", "-config", cfg}, &stdout, &stderr, getenv); code != 1 {
 		t.Errorf("with the directory held: exit %d, want 1; stderr %s", code, stderr.String())
 	}
 	if stdout.Len() != 0 {

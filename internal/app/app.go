@@ -21,6 +21,7 @@ import (
 	"github.com/idemproxy/idemproxy/admin"
 	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/internal/admission"
+	"github.com/idemproxy/idemproxy/internal/buildinfo"
 	"github.com/idemproxy/idemproxy/internal/epoch"
 	"github.com/idemproxy/idemproxy/internal/settle"
 	"github.com/idemproxy/idemproxy/proxy"
@@ -72,7 +73,7 @@ func (a *app) registerMetrics(reg prometheus.Registerer) {
 		Name: "idemproxy_build_info",
 		Help: "Always 1; the labels name the running build.",
 	}, []string{"version", "goversion"})
-	buildInfo.WithLabelValues(version, runtime.Version()).Set(1)
+	buildInfo.WithLabelValues(buildinfo.Version(), runtime.Version()).Set(1)
 	a.reloadOK = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "idemproxy_config_last_reload_successful",
 		Help: "1 if the last configuration (re)load succeeded, 0 if it failed and the previous one is still running.",
@@ -88,6 +89,23 @@ func (a *app) registerMetrics(reg prometheus.Registerer) {
 	)
 	a.reloadOK.Set(1)
 	a.reloadTS.SetToCurrentTime()
+}
+
+// Options is what Serve runs: a loaded configuration and where its lines
+// go.
+type Options struct {
+	Log    *slog.Logger     // required
+	Access *proxy.AccessLog // nil: the access log is off
+	Path   string           // the configuration file, read again on reload
+	Config *config.Config   // the configuration loaded from Path
+	Getenv func(string) string
+}
+
+// Serve runs the proxy until ctx is cancelled, then shuts down gracefully;
+// it returns why it could not start or serve, nil after a clean stop.
+func Serve(ctx context.Context, o Options) error {
+	a := &app{log: o.Log, access: o.Access, path: o.Path, cfg: o.Config, getenv: o.Getenv}
+	return a.serve(ctx)
 }
 
 // serve runs the proxy until ctx is cancelled, then shuts down gracefully.
@@ -209,7 +227,7 @@ func (a *app) serve(ctx context.Context) error {
 		log.Info("admin listening", "addr", aln.Addr().String())
 	}
 	log.Info("idemproxy listening", "addr", ln.Addr().String(), "upstream", redactURL(cfg.Upstream),
-		"store", storeName, "routes", len(cfg.Routes), "version", version, "config", a.path)
+		"store", storeName, "routes", len(cfg.Routes), "version", buildinfo.Version(), "config", a.path)
 
 	for done := false; !done; {
 		select {

@@ -8,13 +8,14 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/buildinfo"
 )
 
 // startAttrs are the attributes of the first log line: the version, then
 // the store and where it is, then the routes, so that the first line of a
 // log says what runs against what.
 func (a *app) startAttrs() []any {
-	b := readBuildInfo()
+	b := buildinfo.Read()
 	attrs := []any{"version", b.Version}
 	if b.Commit != "" {
 		attrs = append(attrs, "commit", b.Commit)

@@ -29,7 +29,7 @@ func runStoreFiles(sub string, args []string, stdout, stderr io.Writer, getenv f
 		fmt.Fprint(stderr, storeUsage)
 		fs.PrintDefaults()
 	}
-	configFlag := fs.String("config", "", "configuration `file` (default $"+configEnv+", else ./config.yaml)")
+	configFlag := fs.String("config", "", "configuration `file` (default $"+config.PathEnv+", else ./config.yaml)")
 	var operator, reason *string
 	if sub == "quarantine" {
 		operator = fs.String("operator", getenv("USER"), "who moves the segments aside, for the audit log line")
@@ -45,7 +45,7 @@ func runStoreFiles(sub string, args []string, stdout, stderr io.Writer, getenv f
 		fmt.Fprintf(stderr, "idemproxy store %s: unexpected arguments: %v (see idemproxy store -h)\n", sub, fs.Args())
 		return 2
 	}
-	path, _ := configPathOf(*configFlag, getenv)
+	path, _ := config.PathOf(*configFlag, getenv)
 	cfg, err := config.Load(path)
 	if err != nil {
 		fmt.Fprintf(stderr, "idemproxy store %s: %s: %v\n", sub, path, err)

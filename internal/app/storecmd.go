@@ -60,8 +60,9 @@ Flags:
 // storeAcceptTimeout bounds opening the store and writing the marker.
 const storeAcceptTimeout = time.Minute
 
-// runStore runs "idemproxy store ..." and returns the exit status.
-func runStore(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+// RunStore runs "idemproxy store ..." with args (after "store") and
+// returns the exit status: 0 on success, 1 on a failure, 2 on bad usage.
+func RunStore(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
 	fs := flag.NewFlagSet("idemproxy store", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -79,7 +80,7 @@ func runStore(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 		fmt.Fprintf(stderr, "idemproxy store: want the subcommand accept-loss, check or quarantine (see idemproxy store -h)\n")
 		return 2
 	}
-	configFlag := fs.String("config", "", "configuration `file` (default $"+configEnv+", else ./config.yaml)")
+	configFlag := fs.String("config", "", "configuration `file` (default $"+config.PathEnv+", else ./config.yaml)")
 	operator := fs.String("operator", getenv("USER"), "who accepts the loss, for the audit log line")
 	reason := fs.String("reason", "", "why, for the audit log line")
 	if err := fs.Parse(args[1:]); err != nil {
@@ -92,7 +93,7 @@ func runStore(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 		fmt.Fprintf(stderr, "idemproxy store accept-loss: unexpected arguments: %v (see idemproxy store -h)\n", fs.Args())
 		return 2
 	}
-	path, _ := configPathOf(*configFlag, getenv)
+	path, _ := config.PathOf(*configFlag, getenv)
 	cfg, err := config.Load(path)
 	if err != nil {
 		fmt.Fprintf(stderr, "idemproxy store accept-loss: %s: %v\n", path, err)

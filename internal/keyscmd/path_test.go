@@ -1,4 +1,4 @@
-package app
+package keyscmd
 
 import (
 	"context"
@@ -33,7 +33,7 @@ func TestKeysDotSegmentKeys(t *testing.T) {
 	for _, sub := range []string{"show", "release"} {
 		for _, key := range []string{"..", ".", "a/../b", "x/./y", "../../../-/reload"} {
 			var out, errOut strings.Builder
-			code := runKeys(context.Background(), []string{sub, "-admin", srv.URL, "-o", "json", "charges", key}, &out, &errOut, getenv)
+			code := Run(context.Background(), []string{sub, "-admin", srv.URL, "-o", "json", "charges", key}, &out, &errOut, getenv)
 			var got map[string]string
 			json.Unmarshal([]byte(out.String()), &got)
 			want := map[string]string{"route": "charges", "key": key, "method": map[string]string{"show": "GET", "release": "DELETE"}[sub]}

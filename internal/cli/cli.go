@@ -1,4 +1,6 @@
-package app
+// Package cli is idemproxy's command line: it parses the flags, runs a
+// subcommand (keys, store) or the proxy, and returns the exit status.
+package cli
 
 import (
 	"context"
@@ -12,7 +14,11 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/app"
+	"github.com/idemproxy/idemproxy/internal/buildinfo"
+	"github.com/idemproxy/idemproxy/internal/keyscmd"
 	"github.com/idemproxy/idemproxy/internal/lograte"
+	"github.com/idemproxy/idemproxy/internal/logsink"
 	"github.com/idemproxy/idemproxy/proxy"
 )
 
@@ -20,15 +26,15 @@ import (
 // stop, 1 on a failure, 2 on bad usage.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
 	if len(args) > 0 && args[0] == "keys" {
-		return runKeys(ctx, args[1:], stdout, stderr, getenv)
+		return keyscmd.Run(ctx, args[1:], stdout, stderr, getenv)
 	}
 	if len(args) > 0 && args[0] == "store" {
-		return runStore(ctx, args[1:], stdout, stderr, getenv)
+		return app.RunStore(ctx, args[1:], stdout, stderr, getenv)
 	}
 	fs := flag.NewFlagSet("idemproxy", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() { usage(fs) }
-	configFlag := fs.String("config", "", "configuration `file` (default $"+configEnv+", else ./config.yaml)")
+	configFlag := fs.String("config", "", "configuration `file` (default $"+config.PathEnv+", else ./config.yaml)")
 	check := fs.Bool("check", false, "validate the configuration, print every problem, and exit")
 	healthURL := fs.String("healthcheck", "", "probe `URL` (e.g. http://127.0.0.1:9091/livez) and exit 0 if it answers 200, 1 otherwise")
 	logFormat := fs.String("log-format", "json", "log format: json or text")
@@ -46,12 +52,12 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	}
 	switch {
 	case *showVersion:
-		printVersion(stdout)
+		buildinfo.Print(stdout)
 		return 0
 	case *healthURL != "":
 		return healthcheck(*healthURL, stderr)
 	}
-	sink := newLogSink(stderr)
+	sink := logsink.New(stderr)
 	defer sink.Flush()
 	log, err := newLogger(sink, *logFormat, *logLevel)
 	if err != nil {
@@ -61,9 +67,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	defer log.Handler().(*lograte.Handler).Flush() // the counts of the last interval, before the sink's last lines
 	var access *proxy.AccessLog
 	if log.Enabled(ctx, slog.LevelInfo) {
-		access, _ = proxy.NewAccessLog(sink.lines(), *logFormat) // the format was checked by newLogger
+		access, _ = proxy.NewAccessLog(sink.Lines(), *logFormat) // the format was checked by newLogger
 	}
-	configPath, from := configPathOf(*configFlag, getenv)
+	configPath, from := config.PathOf(*configFlag, getenv)
 	cfg, err := config.Load(configPath)
 	if err != nil {
 		fmt.Fprintf(stderr, "idemproxy: %s: %v\n", configPath, err)
@@ -79,8 +85,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		fmt.Fprintf(stdout, "%s: ok (%d routes)\n", configPath, len(cfg.Routes))
 		return 0
 	}
-	a := &app{log: log, access: access, path: configPath, cfg: cfg, getenv: getenv}
-	if err := a.serve(ctx); err != nil {
+	if err := app.Serve(ctx, app.Options{Log: log, Access: access, Path: configPath, Config: cfg, Getenv: getenv}); err != nil {
 		log.Error("idemproxy failed", "err", err)
 		return 1
 	}

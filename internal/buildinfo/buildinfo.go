@@ -1,4 +1,6 @@
-package app
+// Package buildinfo says where the binary came from: its version, the
+// commit it was built from and that commit's date.
+package buildinfo
 
 import (
 	"fmt"
@@ -7,14 +9,14 @@ import (
 	"runtime/debug"
 )
 
-// version is set at build time with -ldflags "-X github.com/idemproxy/idemproxy/internal/app.version=...". Left
+// version is set at build time with -ldflags "-X github.com/idemproxy/idemproxy/internal/buildinfo.version=...". Left
 // at "dev", it is taken from the build information: the module's version
 // when installed with go install, or the version go build derives from
 // the git checkout.
 var version = "dev"
 
-// buildInfo is what -version prints: where the binary came from.
-type buildInfo struct {
+// Info is what -version prints: where the binary came from.
+type Info struct {
 	Version  string // the module's version, or "dev"
 	Commit   string // vcs.revision: the commit it was built from, "" when unknown
 	Time     string // vcs.time: the time of that commit (RFC 3339)
@@ -22,10 +24,10 @@ type buildInfo struct {
 	Go       string
 }
 
-// readBuildInfo reads the version, commit and date that the Go tool
+// Read returns the version, commit and date that the Go tool
 // embedded in the binary.
-func readBuildInfo() buildInfo {
-	b := buildInfo{Version: version, Go: runtime.Version()}
+func Read() Info {
+	b := Info{Version: version, Go: runtime.Version()}
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
 		return b
@@ -46,12 +48,17 @@ func readBuildInfo() buildInfo {
 	return b
 }
 
-func init() { version = readBuildInfo().Version }
+func init() { version = Read().Version }
 
-// printVersion writes -version's answer: the version on the first line,
+// Version is the binary's version: the one set at build time, else the
+// module's, else the one go build derived from the git checkout, else
+// "dev".
+func Version() string { return version }
+
+// Print writes -version's answer: the version on the first line,
 // then the commit, its date and the Go release, one per line.
-func printVersion(w io.Writer) {
-	b := readBuildInfo()
+func Print(w io.Writer) {
+	b := Read()
 	fmt.Fprintf(w, "idemproxy %s\n", b.Version)
 	commit := b.Commit
 	switch {

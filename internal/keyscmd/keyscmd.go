@@ -1,4 +1,6 @@
-package app
+// Package keyscmd is "idemproxy keys": the command-line client of the
+// admin API's key endpoints (list, show, release, reconcile).
+package keyscmd
 
 import (
 	"bytes"
@@ -62,8 +64,9 @@ type keysCmd struct {
 	client   *http.Client
 }
 
-// runKeys runs "idemproxy keys ..." and returns the exit status.
-func runKeys(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+// Run runs "idemproxy keys ..." with args (after "keys") and returns the
+// exit status: 0 on success, 1 on a failure, 2 on bad usage.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
 	fs := flag.NewFlagSet("idemproxy keys", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {

@@ -1,4 +1,6 @@
-package app
+// Package logsink is the process's one writer to stderr: log lines and
+// access-log lines go through it in order, the access log buffered.
+package logsink
 
 import (
 	"io"
@@ -14,28 +16,28 @@ const accessFlushDelay = 50 * time.Millisecond
 // written at once.
 const accessBufferSize = 32 << 10
 
-// logSink is the process's log output. Lines written through it go out at
+// Sink is the process's log output. Lines written through it go out at
 // once, after any access log lines still buffered (so the order holds);
 // access log lines, written through lines(), are buffered and written
 // together at most accessFlushDelay later, saving a write system call per
 // request. A process killed (kill -9, OOM) loses the access lines of its
 // last accessFlushDelay, never another line.
-type logSink struct {
+type Sink struct {
 	mu    sync.Mutex
 	w     io.Writer
 	buf   []byte
 	timer *time.Timer // armed while buf holds lines
 }
 
-func newLogSink(w io.Writer) *logSink {
-	s := &logSink{w: w, buf: make([]byte, 0, accessBufferSize)}
+func New(w io.Writer) *Sink {
+	s := &Sink{w: w, buf: make([]byte, 0, accessBufferSize)}
 	s.timer = time.AfterFunc(time.Hour, s.Flush)
 	s.timer.Stop()
 	return s
 }
 
 // Write writes p at once, after the buffered access lines.
-func (s *logSink) Write(p []byte) (int, error) {
+func (s *Sink) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.flushLocked()
@@ -44,9 +46,9 @@ func (s *logSink) Write(p []byte) (int, error) {
 
 // lines returns the writer of the access log: each Write is one whole
 // line, buffered.
-func (s *logSink) lines() io.Writer { return bufferedLines{s} }
+func (s *Sink) Lines() io.Writer { return bufferedLines{s} }
 
-type bufferedLines struct{ s *logSink }
+type bufferedLines struct{ s *Sink }
 
 func (b bufferedLines) Write(p []byte) (int, error) {
 	s := b.s
@@ -66,13 +68,13 @@ func (b bufferedLines) Write(p []byte) (int, error) {
 }
 
 // Flush writes the buffered access lines.
-func (s *logSink) Flush() {
+func (s *Sink) Flush() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.flushLocked()
 }
 
-func (s *logSink) flushLocked() {
+func (s *Sink) flushLocked() {
 	if len(s.buf) == 0 {
 		return
 	}

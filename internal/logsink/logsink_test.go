@@ -1,4 +1,4 @@
-package app
+package logsink
 
 import (
 	"bytes"
@@ -10,8 +10,8 @@ import (
 
 func TestLogSinkOrderAndFlush(t *testing.T) {
 	var out syncBuffer
-	s := newLogSink(&out)
-	access := s.lines()
+	s := New(&out)
+	access := s.Lines()
 	access.Write([]byte("access 1\n"))
 	access.Write([]byte("access 2\n"))
 	if got := out.String(); got != "" {
@@ -41,11 +41,11 @@ func TestLogSinkOrderAndFlush(t *testing.T) {
 
 func TestLogSinkFullBuffer(t *testing.T) {
 	var out syncBuffer
-	s := newLogSink(&out)
+	s := New(&out)
 	line := strings.Repeat("x", 1000) + "\n"
 	n := 0
 	for len(out.String()) == 0 {
-		s.lines().Write([]byte(line))
+		s.Lines().Write([]byte(line))
 		n++
 		if n > accessBufferSize {
 			t.Fatal("a full buffer was never written")
@@ -58,7 +58,7 @@ func TestLogSinkFullBuffer(t *testing.T) {
 	s.Flush()
 	before := len(out.String())
 	huge := strings.Repeat("y", 2*accessBufferSize) + "\n"
-	s.lines().Write([]byte(huge))
+	s.Lines().Write([]byte(huge))
 	if got := out.String()[before:]; got != huge {
 		t.Errorf("huge line: wrote %d bytes, want %d", len(got), len(huge))
 	}
