@@ -22,6 +22,7 @@ import (
 	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/internal/epoch"
 	"github.com/idemproxy/idemproxy/internal/prealloc"
+	"github.com/idemproxy/idemproxy/internal/reconcile"
 	"github.com/idemproxy/idemproxy/internal/settle"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store"
@@ -334,7 +335,7 @@ func (a *app) startReconciler(st storeCloser) (admin.Reconciler, func(), error) 
 	if !ok {
 		return nil, func() {}, nil
 	}
-	rec, err := a.p.NewReconciler(proxy.ReconcilerOptions{Store: rs})
+	rec, err := reconcile.New(a.p.ReconcileHost(), reconcile.Options{Store: rs})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/idemproxy/idemproxy/admin"
 	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/internal/epoch"
+	"github.com/idemproxy/idemproxy/internal/reconcile"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/badger"
@@ -170,7 +171,7 @@ func TestREADMEMetricsTableListsEveryLabelValue(t *testing.T) {
 	}
 	check("idemproxy_requests_total", outcomes)
 	check("idemproxy_observed_total", proxy.Woulds)
-	check("idemproxy_reconciliations_total", proxy.ReconcileResults)
+	check("idemproxy_reconciliations_total", reconcile.Results)
 }
 
 // TestDeployConfigsCheck: every configuration under deploy/, the ones in

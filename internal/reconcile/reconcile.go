@@ -1,4 +1,16 @@
-package proxy
+// Package reconcile resolves in-doubt keys by asking the upstream: a
+// route's reconcile lookup (GET of its lookup path with the key) answers
+// whether the request whose outcome is unknown was applied. 2xx completes
+// the key with the lookup's answer, 404 or 410 releases it, anything else
+// leaves it in doubt until the next lookup.
+//
+// The reconciler works for a proxy, its Host (proxy.ReconcileHost): the
+// proxy's running routes, its transport to the upstream, its logger and
+// its metrics. The proxy schedules the first lookup of a key it leaves in
+// doubt; the reconciler finds the keys left without one (discovery). This
+// package does not import the proxy, so that the admin API can use its
+// Outcome and errors without it.
+package reconcile
 
 import (
 	"context"
@@ -6,13 +18,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/store"
@@ -20,61 +31,40 @@ import (
 
 // Reconcile results, the result label of idemproxy_reconciliations_total.
 const (
-	ReconcileApplied    = "applied"     // the lookup found the effect: completed
-	ReconcileNotApplied = "not_applied" // 404 or 410: released
-	ReconcileError      = "error"       // anything else: still in doubt
+	ResultApplied    = "applied"     // the lookup found the effect: completed
+	ResultNotApplied = "not_applied" // 404 or 410: released
+	ResultError      = "error"       // anything else: still in doubt
 )
 
-// ReconcileResults lists every result.
-var ReconcileResults = []string{ReconcileApplied, ReconcileNotApplied, ReconcileError}
+// Results lists every result.
+var Results = []string{ResultApplied, ResultNotApplied, ResultError}
 
-// reconcileMetrics are the collectors of reconciliation and observe mode.
-type reconcileMetrics struct {
-	reconciliations *prometheus.CounterVec
-	due             prometheus.Gauge
-	discovered      *prometheus.CounterVec
-	observed        *prometheus.CounterVec
+// Host is what the reconciler needs of the proxy it works for:
+// proxy.ReconcileHost.
+type Host interface {
+	// Routes returns the running routes that have a reconcile section,
+	// none when no route has one.
+	Routes() []config.Route
+	// Route returns the running route name; false when there is none.
+	Route(name string) (config.Route, bool)
+	// Upstream returns the upstream's base URL, without a trailing '/'.
+	Upstream() string
+	// Transport carries the lookups to the upstream.
+	Transport() http.RoundTripper
+	// Logger receives the reconciler's errors and warnings.
+	Logger() *slog.Logger
+	// Store returns rs measured as the proxy's store is.
+	Store(rs store.ReconcileStore) store.ReconcileStore
+	// Reconciled counts a lookup of a key of route by its result (one of
+	// Results); Due reports the keys due at a pass; Discovered counts an
+	// in-doubt key of route found without a schedule and scheduled.
+	Reconciled(route, result string)
+	Due(n int)
+	Discovered(route string)
 }
 
-func newReconcileMetrics(reg prometheus.Registerer) *reconcileMetrics {
-	m := &reconcileMetrics{
-		reconciliations: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "idemproxy_reconciliations_total",
-			Help: "Lookups of in-doubt keys, by route and result (applied: completed with the lookup's answer; not_applied: released; error: still in doubt).",
-		}, []string{"route", "result"}),
-		due: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "idemproxy_reconcile_due_keys",
-			Help: "In-doubt keys whose lookup was due at the reconciler's last pass (at most one batch).",
-		}),
-		discovered: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "idemproxy_reconcile_discovered_total",
-			Help: "In-doubt keys found without a scheduled lookup (left by a crash, or a lease that lapsed) and scheduled, by route.",
-		}, []string{"route"}),
-		observed: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "idemproxy_observed_total",
-			Help: "Requests forwarded by routes in observe mode that enforce mode would have answered itself, by route and what it would have done.",
-		}, []string{"route", "would"}),
-	}
-	reg.MustRegister(m.reconciliations, m.due, m.discovered, m.observed)
-	return m
-}
-
-func (m *reconcileMetrics) initRoute(rc config.Route) {
-	if rc.Reconcile != nil {
-		for _, r := range ReconcileResults {
-			m.reconciliations.WithLabelValues(rc.Name, r)
-		}
-		m.discovered.WithLabelValues(rc.Name)
-	}
-	if rc.Mode == config.ModeObserve {
-		for _, w := range Woulds {
-			m.observed.WithLabelValues(rc.Name, w)
-		}
-	}
-}
-
-// ReconcilerOptions configures Proxy.NewReconciler.
-type ReconcilerOptions struct {
+// Options configures New.
+type Options struct {
 	// Store is the proxy's store seen as a ReconcileStore (its operations
 	// are measured like the proxy's). Required.
 	Store store.ReconcileStore
@@ -92,16 +82,16 @@ type ReconcilerOptions struct {
 // Reconciler resolves in-doubt keys by asking the upstream, in the
 // background: Run it, cancel its context to stop it.
 type Reconciler struct {
-	p    *Proxy
+	p    Host
 	st   store.ReconcileStore
-	opts ReconcilerOptions
+	opts Options
 	sem  chan struct{}
 	wg   sync.WaitGroup
 }
 
-// NewReconciler returns the proxy's reconciler. It needs Run to work in
-// the background; Reconcile works without.
-func (p *Proxy) NewReconciler(opts ReconcilerOptions) (*Reconciler, error) {
+// New returns the reconciler of the proxy p (proxy.Proxy.ReconcileHost).
+// It needs Run to work in the background; Reconcile works without.
+func New(p Host, opts Options) (*Reconciler, error) {
 	if opts.Store == nil {
 		return nil, errors.New("reconciler: a store is required")
 	}
@@ -117,11 +107,7 @@ func (p *Proxy) NewReconciler(opts ReconcilerOptions) (*Reconciler, error) {
 	if opts.Batch <= 0 {
 		opts.Batch = 100
 	}
-	st := opts.Store
-	if _, measured := st.(instrumentedReconcile); !measured {
-		st = instrumentedReconcile{ReconcileStore: st, s: p.store.(instrumented)}
-	}
-	r := &Reconciler{p: p, st: st, opts: opts, sem: make(chan struct{}, opts.Concurrency)}
+	r := &Reconciler{p: p, st: p.Store(opts.Store), opts: opts, sem: make(chan struct{}, opts.Concurrency)}
 	return r, nil
 }
 
@@ -155,14 +141,11 @@ func (r *Reconciler) Run(ctx context.Context) {
 // of scoped keys, which are never scheduled, cannot hide an unscoped one
 // from every discovery.
 func (r *Reconciler) Discover(ctx context.Context) {
-	for _, rt := range r.p.table.Load().routes {
-		if rt.cfg.Reconcile == nil {
-			continue
-		}
-		keys, err := r.st.Unscheduled(ctx, store.Key(rt.cfg.Name, "", ""), r.opts.Batch)
+	for _, rc := range r.p.Routes() {
+		keys, err := r.st.Unscheduled(ctx, store.Key(rc.Name, "", ""), r.opts.Batch)
 		if err != nil {
 			if ctx.Err() == nil {
-				r.p.log.Error("reconciler: find unscheduled in-doubt keys", "route", rt.cfg.Name, "err", err)
+				r.p.Logger().Error("reconciler: find unscheduled in-doubt keys", "route", rc.Name, "err", err)
 			}
 			continue
 		}
@@ -170,14 +153,14 @@ func (r *Reconciler) Discover(ctx context.Context) {
 			if _, scope, _, _ := splitStoreKey(k); scope != "-" {
 				continue // see reconcile
 			}
-			if err := r.st.ScheduleLookup(ctx, k, rt.cfg.Reconcile.Grace.D()); err != nil {
-				r.p.log.Error("reconciler: schedule a lookup", "route", rt.cfg.Name, "key_hash", store.KeyHash(k), "err", err)
+			if err := r.st.ScheduleLookup(ctx, k, rc.Reconcile.Grace.D()); err != nil {
+				r.p.Logger().Error("reconciler: schedule a lookup", "route", rc.Name, "key_hash", store.KeyHash(k), "err", err)
 				continue
 			}
-			r.p.m.rec.discovered.WithLabelValues(rt.cfg.Name).Inc()
+			r.p.Discovered(rc.Name)
 		}
 		if len(keys) > 0 {
-			r.p.log.Warn("in-doubt keys without a lookup found", "route", rt.cfg.Name, "keys", len(keys))
+			r.p.Logger().Warn("in-doubt keys without a lookup found", "route", rc.Name, "keys", len(keys))
 		}
 	}
 }
@@ -185,18 +168,18 @@ func (r *Reconciler) Discover(ctx context.Context) {
 // pass starts the lookups that are due, at most Concurrency at a time, and
 // returns once every one has started.
 func (r *Reconciler) pass(ctx context.Context) {
-	if !r.p.table.Load().reconciles {
-		r.p.m.rec.due.Set(0) // no route reconciles (any more): nothing is due
+	if len(r.p.Routes()) == 0 {
+		r.p.Due(0) // no route reconciles (any more): nothing is due
 		return
 	}
 	keys, err := r.st.DueLookups(ctx, r.opts.Batch)
 	if err != nil {
 		if ctx.Err() == nil {
-			r.p.log.Error("reconciler: find due lookups", "err", err)
+			r.p.Logger().Error("reconciler: find due lookups", "err", err)
 		}
 		return
 	}
-	r.p.m.rec.due.Set(float64(len(keys)))
+	r.p.Due(len(keys))
 	for _, k := range keys {
 		select {
 		case r.sem <- struct{}{}:
@@ -208,7 +191,7 @@ func (r *Reconciler) pass(ctx context.Context) {
 			defer func() { <-r.sem; r.wg.Done() }()
 			defer func() {
 				if e := recover(); e != nil { // a store used without its guard
-					r.p.log.Error("reconciler: lookup panicked; the key stays in doubt", "key_hash", store.KeyHash(k), "panic", e)
+					r.p.Logger().Error("reconciler: lookup panicked; the key stays in doubt", "key_hash", store.KeyHash(k), "panic", e)
 				}
 			}()
 			r.reconcile(ctx, k, false)
@@ -223,9 +206,9 @@ func (r *Reconciler) RunOnce(ctx context.Context) {
 	r.wg.Wait()
 }
 
-// ReconcileOutcome is the result of one lookup.
-type ReconcileOutcome struct {
-	// Result is applied, not_applied or error.
+// Outcome is the result of one lookup.
+type Outcome struct {
+	// Result is applied, not_applied or error (Results).
 	Result string `json:"result"`
 	// LookupStatus is the status the lookup answered; 0 when none came.
 	LookupStatus int `json:"lookup_status,omitempty"`
@@ -235,57 +218,57 @@ type ReconcileOutcome struct {
 
 // Reconcile looks up the in-doubt key under storeKey now, whether or not
 // its lookup is due (the admin API's POST .../reconcile). It returns
-// ErrNotInDoubt, ErrLookupBusy, or an error naming a route without
-// reconcile.
-func (r *Reconciler) Reconcile(ctx context.Context, storeKey string) (ReconcileOutcome, error) {
+// store.ErrNotInDoubt, store.ErrLookupBusy, ErrNoLookup, or the store's
+// error.
+func (r *Reconciler) Reconcile(ctx context.Context, storeKey string) (Outcome, error) {
 	return r.reconcile(ctx, storeKey, true)
 }
 
-// ErrNoReconcile is returned by Reconcile for a key of a route without a
+// ErrNoLookup is returned by Reconcile for a key of a route without a
 // reconcile section, or a scoped key.
-var ErrNoReconcile = errors.New("the route has no reconcile lookup")
+var ErrNoLookup = errors.New("the route has no reconcile lookup")
 
-func (r *Reconciler) reconcile(ctx context.Context, key string, force bool) (ReconcileOutcome, error) {
-	rt := r.p.routeOf(key)
+func (r *Reconciler) reconcile(ctx context.Context, key string, force bool) (Outcome, error) {
+	name, scope, _, ok := splitStoreKey(key)
+	rc, found := r.p.Route(name)
 	// A scoped key (left by the route's earlier, scoped definition) is
 	// never looked up: the answer could be another client's.
-	if _, scope, _, _ := splitStoreKey(key); rt == nil || rt.cfg.Reconcile == nil || scope != "-" {
+	if !ok || !found || rc.Reconcile == nil || scope != "-" {
 		if !force {
 			r.st.UnscheduleLookup(ctx, key)
 		}
-		return ReconcileOutcome{}, ErrNoReconcile
+		return Outcome{}, ErrNoLookup
 	}
-	cfg := &rt.cfg
+	cfg := &rc
 	token := rand.Text()
 	if err := r.st.ClaimLookup(ctx, key, token, cfg.Lease.D(), force); err != nil {
-		return ReconcileOutcome{}, err
+		return Outcome{}, err
 	}
-	out, res := r.lookup(ctx, rt, key)
+	out, res := r.lookup(ctx, cfg, key)
 	if err := r.st.ResolveLookup(context.WithoutCancel(ctx), key, token, res); err != nil {
 		if errors.Is(err, store.ErrNotOwner) {
-			return ReconcileOutcome{}, store.ErrNotInDoubt // settled meanwhile
+			return Outcome{}, store.ErrNotInDoubt // settled meanwhile
 		}
-		r.p.log.Error("reconciler: settle a lookup", "route", cfg.Name, "key_hash", store.KeyHash(key), "err", err)
-		return ReconcileOutcome{}, err
+		r.p.Logger().Error("reconciler: settle a lookup", "route", cfg.Name, "key_hash", store.KeyHash(key), "err", err)
+		return Outcome{}, err
 	}
-	r.p.m.rec.reconciliations.WithLabelValues(cfg.Name, out.Result).Inc()
-	r.p.log.Warn("in-doubt key reconciled", "route", cfg.Name, "key_hash", store.KeyHash(key),
+	r.p.Reconciled(cfg.Name, out.Result)
+	r.p.Logger().Warn("in-doubt key reconciled", "route", cfg.Name, "key_hash", store.KeyHash(key),
 		"result", out.Result, "lookup_status", out.LookupStatus, "err", out.Error)
 	return out, nil
 }
 
 // lookup asks the upstream whether the key's request was applied.
-func (r *Reconciler) lookup(ctx context.Context, rt *route, key string) (ReconcileOutcome, store.LookupResult) {
-	cfg := &rt.cfg
+func (r *Reconciler) lookup(ctx context.Context, cfg *config.Route, key string) (Outcome, store.LookupResult) {
 	retry := store.LookupResult{RetryAfter: cfg.Reconcile.Interval.D()}
-	fail := func(err error) (ReconcileOutcome, store.LookupResult) {
-		return ReconcileOutcome{Result: ReconcileError, Error: err.Error()}, retry
+	fail := func(err error) (Outcome, store.LookupResult) {
+		return Outcome{Result: ResultError, Error: err.Error()}, retry
 	}
 	_, _, idemKey, ok := splitStoreKey(key)
 	if !ok {
 		return fail(fmt.Errorf("store key %q has no route, scope and key", store.KeyHash(key)))
 	}
-	target, err := lookupURL(r.p.table.Load().upstream, cfg.Reconcile.LookupPath(), idemKey)
+	target, err := lookupURL(r.p.Upstream(), cfg.Reconcile.LookupPath(), idemKey)
 	if err != nil {
 		return fail(err)
 	}
@@ -296,21 +279,21 @@ func (r *Reconciler) lookup(ctx context.Context, rt *route, key string) (Reconci
 		return fail(fmt.Errorf("lookup request: %w", err))
 	}
 	req.Header.Set("Idempotent-Lookup", "true")
-	resp, err := r.p.transport.RoundTrip(req)
+	resp, err := r.p.Transport().RoundTrip(req)
 	if err != nil {
 		return fail(fmt.Errorf("lookup: %w", err))
 	}
 	defer resp.Body.Close()
-	out := ReconcileOutcome{LookupStatus: resp.StatusCode}
+	out := Outcome{LookupStatus: resp.StatusCode}
 	switch {
 	case resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusGone:
-		out.Result = ReconcileNotApplied
+		out.Result = ResultNotApplied
 		return out, store.LookupResult{Release: true}
 	case resp.StatusCode >= 200 && resp.StatusCode <= 299:
 		limit := cfg.MaxStoredBodyBytes
 		body, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
 		if err != nil {
-			out.Result, out.Error = ReconcileError, fmt.Sprintf("read lookup answer: %v", err)
+			out.Result, out.Error = ResultError, fmt.Sprintf("read lookup answer: %v", err)
 			return out, retry
 		}
 		stored := int64(len(body)) <= limit
@@ -323,10 +306,10 @@ func (r *Reconciler) lookup(ctx context.Context, rt *route, key string) (Reconci
 		if stored {
 			ans.Body = body
 		}
-		out.Result = ReconcileApplied
+		out.Result = ResultApplied
 		return out, store.LookupResult{Applied: &ans}
 	default:
-		out.Result, out.Error = ReconcileError, "the lookup answered "+resp.Status
+		out.Result, out.Error = ResultError, "the lookup answered "+resp.Status
 		return out, retry
 	}
 }
@@ -352,82 +335,10 @@ func lookupURL(base, lookupPath, key string) (*url.URL, error) {
 	return u, nil
 }
 
-// scheduleLookup schedules the first lookup of a key that just turned in
-// doubt, on a route that reconciles.
-func (a *attempt) scheduleLookup() {
-	rc := a.rt.cfg.Reconcile
-	st := a.p.rstore
-	if rc == nil || st == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
-	defer cancel()
-	if err := st.ScheduleLookup(ctx, a.storeKey, rc.Grace.D()); err != nil {
-		// Discovery finds it later.
-		a.p.log.Error("schedule the lookup of an in-doubt key", "route", a.routeName(), "key_hash", store.KeyHash(a.storeKey), "err", err)
-	}
-}
-
-// routeOf returns the current route of a store key, or nil.
-func (p *Proxy) routeOf(storeKey string) *route {
-	name, _, _, ok := splitStoreKey(storeKey)
-	if !ok {
-		return nil
-	}
-	return p.table.Load().routes[name]
-}
-
 // splitStoreKey undoes store.Key: route names and the scope part hold no
 // '/', the key may.
 func splitStoreKey(k string) (route, scope, key string, ok bool) {
 	route, rest, ok1 := strings.Cut(k, "/")
 	scope, key, ok2 := strings.Cut(rest, "/")
 	return route, scope, key, ok1 && ok2 && key != ""
-}
-
-// instrumentedReconcile adds the store metrics to a ReconcileStore, as
-// instrumented does for Store; the refusals of ClaimLookup and
-// ResolveLookup are answers, not errors.
-type instrumentedReconcile struct {
-	store.ReconcileStore
-	s instrumented
-}
-
-func (r instrumentedReconcile) observe(op string, start time.Time, err error) {
-	for _, answer := range []error{store.ErrNotInDoubt, store.ErrLookupBusy, store.ErrNotDue} {
-		if errors.Is(err, answer) {
-			err = nil
-		}
-	}
-	r.s.observe(op, start, err)
-}
-
-func (r instrumentedReconcile) ScheduleLookup(ctx context.Context, key string, after time.Duration) (err error) {
-	defer func(start time.Time) { r.observe("schedule_lookup", start, err) }(time.Now())
-	return r.ReconcileStore.ScheduleLookup(ctx, key, after)
-}
-
-func (r instrumentedReconcile) Unscheduled(ctx context.Context, prefix string, limit int) (keys []string, err error) {
-	defer func(start time.Time) { r.observe("unscheduled", start, err) }(time.Now())
-	return r.ReconcileStore.Unscheduled(ctx, prefix, limit)
-}
-
-func (r instrumentedReconcile) DueLookups(ctx context.Context, limit int) (keys []string, err error) {
-	defer func(start time.Time) { r.observe("due_lookups", start, err) }(time.Now())
-	return r.ReconcileStore.DueLookups(ctx, limit)
-}
-
-func (r instrumentedReconcile) ClaimLookup(ctx context.Context, key, token string, lease time.Duration, force bool) (err error) {
-	defer func(start time.Time) { r.observe("claim_lookup", start, err) }(time.Now())
-	return r.ReconcileStore.ClaimLookup(ctx, key, token, lease, force)
-}
-
-func (r instrumentedReconcile) ResolveLookup(ctx context.Context, key, token string, res store.LookupResult) (err error) {
-	defer func(start time.Time) { r.observe("resolve_lookup", start, err) }(time.Now())
-	return r.ReconcileStore.ResolveLookup(ctx, key, token, res)
-}
-
-func (r instrumentedReconcile) UnscheduleLookup(ctx context.Context, key string) (err error) {
-	defer func(start time.Time) { r.observe("unschedule_lookup", start, err) }(time.Now())
-	return r.ReconcileStore.UnscheduleLookup(ctx, key)
 }
