@@ -7,8 +7,9 @@ import (
 	rfc9457 "github.com/idemproxy/idemproxy/internal/problem"
 )
 
-// problem is a kind of proxy-made error answer: an rfc9457.Type with the
-// field names the proxy's code reads.
+// problem is a kind of proxy-made error answer: an rfc9457.Type under
+// the field names the request code reads (name, status). rfc9457.Write
+// writes it (writeProblem).
 type problem struct {
 	name   string
 	status int
@@ -18,12 +19,14 @@ type problem struct {
 // of is the proxy's problem of a type declared in internal/problem.
 func of(t rfc9457.Type) problem { return problem{t.Name, t.Status, t.Title} }
 
+// typ is p as rfc9457 takes it.
 func (p problem) typ() rfc9457.Type {
 	return rfc9457.Type{Name: p.name, Status: p.status, Title: p.title}
 }
 
 // The proxy's own error answers. This table is the one place where a
-// domain error becomes an HTTP status.
+// domain error becomes an HTTP status; the problems others answer with
+// too are declared in internal/problem.
 var (
 	probMissingKey        = problem{"missing-key", http.StatusBadRequest, "Idempotency key missing"}
 	probInvalidKey        = problem{"invalid-key", http.StatusBadRequest, "Idempotency key invalid"}
