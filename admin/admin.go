@@ -26,7 +26,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/idemproxy/idemproxy/internal/admission"
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/internal/problem"
+	"github.com/idemproxy/idemproxy/internal/reconcile"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -41,7 +42,7 @@ type Store interface {
 
 // Reconciler runs the reconcile lookup of an in-doubt key now.
 type Reconciler interface {
-	Reconcile(ctx context.Context, storeKey string) (proxy.ReconcileOutcome, error)
+	Reconcile(ctx context.Context, storeKey string) (reconcile.Outcome, error)
 }
 
 // Routes tells the admin API which routes exist and which header scopes
@@ -179,12 +180,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		handler.ServeHTTP(rec, r)
 		switch rec.status {
 		case http.StatusNotFound:
-			writeProblem(w, r, probNotFound, "", nil)
+			problem.Write(w, r, probNotFound, "", 0, nil)
 			return
 		case http.StatusMethodNotAllowed:
 			allow := rec.header.Get("Allow")
 			w.Header().Set("Allow", allow)
-			writeProblem(w, r, probMethod, r.Method+" is not allowed here; allowed: "+allow, nil)
+			problem.Write(w, r, probMethod, r.Method+" is not allowed here; allowed: "+allow, 0, nil)
 			return
 		}
 	}
@@ -237,11 +238,11 @@ func (h *Handler) readyz(w http.ResponseWriter, r *http.Request) {
 
 func (h *Handler) reload(w http.ResponseWriter, r *http.Request) {
 	if h.opts.Reload == nil {
-		writeProblem(w, r, probNoReload, "this admin listener does not reload the configuration", nil)
+		problem.Write(w, r, probNoReload, "this admin listener does not reload the configuration", 0, nil)
 		return
 	}
 	if err := h.opts.Reload(); err != nil {
-		writeProblem(w, r, probReloadFailed, err.Error(), nil)
+		problem.Write(w, r, probReloadFailed, err.Error(), 0, nil)
 		return
 	}
 	writeText(w, http.StatusOK, "reloaded")
@@ -260,9 +261,8 @@ func (h *Handler) auth(next http.HandlerFunc) http.Handler {
 			if wait := h.limiter.wait(client, time.Now()); wait > 0 {
 				h.throttled.Inc()
 				secs := int((wait + time.Second - 1) / time.Second)
-				w.Header().Set("Retry-After", strconv.Itoa(secs))
-				writeProblem(w, r, probAuthThrottled, "too many failed authentications from this address: retry in "+
-					strconv.Itoa(secs)+" s; until then every request that needs the token is refused, a correct one included", nil)
+				problem.Write(w, r, probAuthThrottled, "too many failed authentications from this address: retry in "+
+					strconv.Itoa(secs)+" s; until then every request that needs the token is refused, a correct one included", secs, nil)
 				return
 			}
 		}
@@ -271,7 +271,7 @@ func (h *Handler) auth(next http.HandlerFunc) http.Handler {
 			if h.opts.TokenEnv != "" {
 				detail = "the key API is disabled: set the environment variable " + h.opts.TokenEnv + " to enable it"
 			}
-			writeProblem(w, r, probDisabled, detail, nil)
+			problem.Write(w, r, probDisabled, detail, 0, nil)
 			return
 		}
 		const prefix = "Bearer "
@@ -284,7 +284,7 @@ func (h *Handler) auth(next http.HandlerFunc) http.Handler {
 			h.opts.Logger.Warn("admin authentication failed", "remote_addr", r.RemoteAddr, "endpoint", r.Pattern,
 				"token_sent", got != "", "throttled", penalty)
 			w.Header().Set("WWW-Authenticate", `Bearer realm="idemproxy admin"`)
-			writeProblem(w, r, probUnauthorized, "a valid bearer token is required", nil)
+			problem.Write(w, r, probUnauthorized, "a valid bearer token is required", 0, nil)
 			return
 		}
 		h.limiter.succeed(client)
@@ -297,16 +297,16 @@ func (h *Handler) storeKey(w http.ResponseWriter, r *http.Request) (string, bool
 	route, key := r.PathValue("route"), r.PathValue("key")
 	header, ok := h.opts.Routes.RouteScope(route)
 	if !ok {
-		writeProblem(w, r, probUnknownRoute, "no route named "+strconv.Quote(route), nil)
+		problem.Write(w, r, probUnknownRoute, "no route named "+strconv.Quote(route), 0, nil)
 		return "", false
 	}
 	scope := r.URL.Query().Get("scope")
 	if header != "" && scope == "" {
-		writeProblem(w, r, probScopeRequired, "route "+route+" is scoped by the "+header+" header: pass its value as ?scope=", nil)
+		problem.Write(w, r, probScopeRequired, "route "+route+" is scoped by the "+header+" header: pass its value as ?scope=", 0, nil)
 		return "", false
 	}
 	if header == "" && scope != "" {
-		writeProblem(w, r, probScopeNotAllowed, "route "+route+" is not scoped: drop ?scope=", nil)
+		problem.Write(w, r, probScopeNotAllowed, "route "+route+" is not scoped: drop ?scope=", 0, nil)
 		return "", false
 	}
 	return store.Key(route, scope, key), true
@@ -336,11 +336,11 @@ func (h *Handler) record(w http.ResponseWriter, r *http.Request) (string, *store
 	}
 	rec, err := h.opts.Store.Get(r.Context(), sk)
 	if err != nil {
-		writeProblem(w, r, problemFor(err), err.Error(), nil)
+		problem.Write(w, r, problemFor(err), err.Error(), 0, nil)
 		return "", nil, false
 	}
 	if rec == nil {
-		writeProblem(w, r, probNoRecord, noRecord, nil)
+		problem.Write(w, r, probNoRecord, noRecord, 0, nil)
 		return "", nil, false
 	}
 	return sk, rec, true
@@ -384,8 +384,8 @@ func (h *Handler) deleteKey(w http.ResponseWriter, r *http.Request) {
 	if prev.State == store.StateInFlight && r.URL.Query().Get("force") != "true" {
 		// Its request is at the upstream right now: a retry let through
 		// by a release would be forwarded a second time.
-		writeProblem(w, r, probKeyInFlight,
-			"the key is in flight: its request is being forwarded now; wait for it to settle, or add ?force=true", nil)
+		problem.Write(w, r, probKeyInFlight,
+			"the key is in flight: its request is being forwarded now; wait for it to settle, or add ?force=true", 0, nil)
 		return
 	}
 	// Only the record read above is released, fenced by its owner token:
@@ -398,7 +398,7 @@ func (h *Handler) deleteKey(w http.ResponseWriter, r *http.Request) {
 		if errors.Is(err, store.ErrNotOwner) {
 			detail = "the key changed while it was being released (settled, expired or reserved again); look at it again"
 		}
-		writeProblem(w, r, problemFor(err), detail, nil)
+		problem.Write(w, r, problemFor(err), detail, 0, nil)
 		return
 	}
 	sum := sha256.Sum256([]byte(sk))
@@ -420,7 +420,7 @@ func (h *Handler) deleteKey(w http.ResponseWriter, r *http.Request) {
 // it is running, 400 for a route without reconcile.
 func (h *Handler) reconcileKey(w http.ResponseWriter, r *http.Request) {
 	if h.opts.Reconciler == nil {
-		writeProblem(w, r, probNoReconciler, "reconciliation is not available with this store", nil)
+		problem.Write(w, r, probNoReconciler, "reconciliation is not available with this store", 0, nil)
 		return
 	}
 	sk, rec, ok := h.record(w, r)
@@ -430,10 +430,10 @@ func (h *Handler) reconcileKey(w http.ResponseWriter, r *http.Request) {
 	out, err := h.opts.Reconciler.Reconcile(r.Context(), sk)
 	if err != nil {
 		detail := err.Error()
-		if errors.Is(err, proxy.ErrNoReconcile) {
+		if errors.Is(err, reconcile.ErrNoLookup) {
 			detail = "route " + r.PathValue("route") + " has no reconcile lookup"
 		}
-		writeProblem(w, r, problemFor(err), detail, map[string]string{"state": string(rec.State)})
+		problem.Write(w, r, problemFor(err), detail, 0, map[string]any{"state": string(rec.State)})
 		return
 	}
 	sum := sha256.Sum256([]byte(sk))
@@ -449,7 +449,7 @@ func (h *Handler) acceptLoss(w http.ResponseWriter, r *http.Request) {
 	operator, reason := r.Header.Get("X-Operator"), r.URL.Query().Get("reason")
 	old, acc, err := h.opts.AcceptLoss(r.Context(), operator, reason)
 	if err != nil {
-		writeProblem(w, r, problemFor(err), err.Error(), nil)
+		problem.Write(w, r, problemFor(err), err.Error(), 0, nil)
 		return
 	}
 	prevID, prevState := "none", "none"
@@ -488,7 +488,7 @@ const noRecord = "no record for this key (never seen, released or expired)"
 func writeJSON(w http.ResponseWriter, r *http.Request, status int, v any) {
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
-		writeProblem(w, r, probInternal, "encode answer: "+err.Error(), nil)
+		problem.Write(w, r, probInternal, "encode answer: "+err.Error(), 0, nil)
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")

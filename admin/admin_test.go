@@ -23,6 +23,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemproxy/idemproxy/admin"
+	"github.com/idemproxy/idemproxy/internal/problem"
+	"github.com/idemproxy/idemproxy/internal/reconcile"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/badger"
@@ -178,7 +180,7 @@ func checkProblem(t testing.TB, rec *httptest.ResponseRecorder, target string, s
 		}
 	}
 	u, _ := url.Parse(target)
-	if want := proxy.ProblemTypePrefix + name; p.Type != want || p.Status != status || p.Title != title || p.Instance != u.Path {
+	if want := problem.TypePrefix + name; p.Type != want || p.Status != status || p.Title != title || p.Instance != u.Path {
 		t.Errorf("problem = %+v; want type %s, status %d, title %q, instance %q", p, want, status, title, u.Path)
 	}
 	return p
@@ -977,8 +979,8 @@ func TestProblems(t *testing.T) {
 // reconcileErr is a Reconciler whose every lookup fails with err.
 type reconcileErr struct{ err error }
 
-func (r reconcileErr) Reconcile(context.Context, string) (proxy.ReconcileOutcome, error) {
-	return proxy.ReconcileOutcome{}, r.err
+func (r reconcileErr) Reconcile(context.Context, string) (reconcile.Outcome, error) {
+	return reconcile.Outcome{}, r.err
 }
 
 // TestReconcileErrors: each error of a reconcile request is its own
@@ -995,7 +997,7 @@ func TestReconcileErrors(t *testing.T) {
 		wantState  string
 	}{
 		{"no reconciler", nil, http.StatusNotFound, "reconcile-unavailable", ""},
-		{"route without reconcile", reconcileErr{proxy.ErrNoReconcile}, http.StatusBadRequest, "no-reconcile-lookup", "completed"},
+		{"route without reconcile", reconcileErr{reconcile.ErrNoLookup}, http.StatusBadRequest, "no-reconcile-lookup", "completed"},
 		{"not in doubt", reconcileErr{fmt.Errorf("reconcile: %w", store.ErrNotInDoubt)}, http.StatusConflict, "key-not-in-doubt", "completed"},
 		{"lookup running", reconcileErr{store.ErrLookupBusy}, http.StatusConflict, "lookup-running", "completed"},
 		{"store failed", reconcileErr{errors.New("connection refused")}, http.StatusServiceUnavailable, "store-unavailable", "completed"},

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemproxy/idemproxy/internal/problem"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -60,20 +61,20 @@ func (h *Handler) listKeys(w http.ResponseWriter, r *http.Request) {
 		lister, _ = h.opts.Store.(store.Lister)
 	}
 	if lister == nil {
-		writeProblem(w, r, probNoLister, "this store cannot list its keys", nil)
+		problem.Write(w, r, probNoLister, "this store cannot list its keys", 0, nil)
 		return
 	}
 	route := r.PathValue("route")
 	header, ok := h.opts.Routes.RouteScope(route)
 	if !ok {
-		writeProblem(w, r, probUnknownRoute, "no route named "+strconv.Quote(route), nil)
+		problem.Write(w, r, probUnknownRoute, "no route named "+strconv.Quote(route), 0, nil)
 		return
 	}
 	qv := r.URL.Query()
 	q := store.ListQuery{Prefix: route + "/", Limit: DefaultListLimit, Cursor: qv.Get("cursor")}
 	if scope := qv.Get("scope"); scope != "" {
 		if header == "" {
-			writeProblem(w, r, probScopeNotAllowed, "route "+route+" is not scoped: drop ?scope=", nil)
+			problem.Write(w, r, probScopeNotAllowed, "route "+route+" is not scoped: drop ?scope=", 0, nil)
 			return
 		}
 		q.Prefix = store.Key(route, scope, "") // "route/<scope hash>/"
@@ -82,20 +83,20 @@ func (h *Handler) listKeys(w http.ResponseWriter, r *http.Request) {
 	case "", store.StateInFlight, store.StateCompleted, store.StateInDoubt:
 		q.State = st
 	default:
-		writeProblem(w, r, probBadParameter, "state "+strconv.Quote(string(st))+" is not one of in_flight, completed, in_doubt", nil)
+		problem.Write(w, r, probBadParameter, "state "+strconv.Quote(string(st))+" is not one of in_flight, completed, in_doubt", 0, nil)
 		return
 	}
 	if s := qv.Get("limit"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 || n > MaxListLimit {
-			writeProblem(w, r, probBadParameter, "limit "+strconv.Quote(s)+" is not a number from 1 to "+strconv.Itoa(MaxListLimit), nil)
+			problem.Write(w, r, probBadParameter, "limit "+strconv.Quote(s)+" is not a number from 1 to "+strconv.Itoa(MaxListLimit), 0, nil)
 			return
 		}
 		q.Limit = n
 	}
 	if kh := qv.Get("key_hash"); kh != "" {
 		if !keyHashPattern.MatchString(kh) {
-			writeProblem(w, r, probBadParameter, "key_hash "+strconv.Quote(kh)+" is not 12 lower-case hex digits (the key_hash of a log line)", nil)
+			problem.Write(w, r, probBadParameter, "key_hash "+strconv.Quote(kh)+" is not 12 lower-case hex digits (the key_hash of a log line)", 0, nil)
 			return
 		}
 		q.KeyHash = kh
@@ -108,7 +109,7 @@ func (h *Handler) listKeys(w http.ResponseWriter, r *http.Request) {
 			if errors.Is(err, store.ErrBadCursor) {
 				detail = "cursor is not one this listing returned: start again without ?cursor="
 			}
-			writeProblem(w, r, problemFor(err), detail, nil)
+			problem.Write(w, r, problemFor(err), detail, 0, nil)
 			return
 		}
 		for _, l := range recs {

@@ -1,54 +1,47 @@
 package admin
 
 import (
-	"encoding/json"
 	"errors"
 	"net/http"
-	"strconv"
+	"slices"
 
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/internal/problem"
+	"github.com/idemproxy/idemproxy/internal/reconcile"
 	"github.com/idemproxy/idemproxy/store"
 )
 
-// problem is a kind of admin error answer: an RFC 9457 problem whose type
-// is proxy.ProblemTypePrefix followed by name, as the proxy's own.
-type problem struct {
-	name   string
-	status int
-	title  string
-}
-
-// The admin API's error answers. This table is the one place where an
-// admin error gets its HTTP status, and problemFor the one place where an
-// error of the store or the reconciler becomes one of them.
+// The admin API's error answers, written by problem.Write as the proxy's
+// are. This table is the one place where an admin error gets its HTTP
+// status, and problemFor the one place where an error of the store or the
+// reconciler becomes one of them.
 var (
-	probUnauthorized    = problem{"unauthorized", http.StatusUnauthorized, "Bearer token missing or wrong"}
-	probDisabled        = problem{"admin-api-disabled", http.StatusForbidden, "Admin API disabled: no token configured"}
-	probAuthThrottled   = problem{"too-many-auth-failures", http.StatusTooManyRequests, "Too many failed authentications from this address"}
-	probNotFound        = problem{"not-found", http.StatusNotFound, "No such admin endpoint"}
-	probMethod          = problem{"method-not-allowed", http.StatusMethodNotAllowed, "Method not allowed"}
-	probUnknownRoute    = problem{"unknown-route", http.StatusNotFound, "No route with this name"}
-	probScopeRequired   = problem{"scope-required", http.StatusBadRequest, "Scope parameter required"}
-	probScopeNotAllowed = problem{"scope-not-allowed", http.StatusBadRequest, "Route is not scoped"}
-	probNoRecord        = problem{"no-record", http.StatusNotFound, "No record for this key"}
-	probKeyInFlight     = problem{"key-in-flight", http.StatusConflict, "Key in flight"}
-	probKeyChanged      = problem{"key-changed", http.StatusConflict, "Key changed while it was being released"}
-	probNotInDoubt      = problem{"key-not-in-doubt", http.StatusConflict, "Key not in doubt"}
-	probLookupBusy      = problem{"lookup-running", http.StatusConflict, "Another lookup of this key is running"}
-	probNoReconcile     = problem{"no-reconcile-lookup", http.StatusBadRequest, "Route has no reconcile lookup"}
-	probNoReconciler    = problem{"reconcile-unavailable", http.StatusNotFound, "Reconciliation not available"}
-	probBadParameter    = problem{"invalid-parameter", http.StatusBadRequest, "Invalid query parameter"}
-	probNoLister        = problem{"listing-unavailable", http.StatusNotFound, "Listing keys not available"}
-	probNoReload        = problem{"reload-unavailable", http.StatusNotFound, "Reload not available"}
-	probReloadFailed    = problem{"reload-failed", http.StatusBadRequest, "Reload failed; the running configuration is kept"}
+	probUnauthorized    = problem.Type{Name: "unauthorized", Status: http.StatusUnauthorized, Title: "Bearer token missing or wrong"}
+	probDisabled        = problem.Type{Name: "admin-api-disabled", Status: http.StatusForbidden, Title: "Admin API disabled: no token configured"}
+	probAuthThrottled   = problem.Type{Name: "too-many-auth-failures", Status: http.StatusTooManyRequests, Title: "Too many failed authentications from this address"}
+	probNotFound        = problem.Type{Name: "not-found", Status: http.StatusNotFound, Title: "No such admin endpoint"}
+	probMethod          = problem.Type{Name: "method-not-allowed", Status: http.StatusMethodNotAllowed, Title: "Method not allowed"}
+	probUnknownRoute    = problem.Type{Name: "unknown-route", Status: http.StatusNotFound, Title: "No route with this name"}
+	probScopeRequired   = problem.Type{Name: "scope-required", Status: http.StatusBadRequest, Title: "Scope parameter required"}
+	probScopeNotAllowed = problem.Type{Name: "scope-not-allowed", Status: http.StatusBadRequest, Title: "Route is not scoped"}
+	probNoRecord        = problem.Type{Name: "no-record", Status: http.StatusNotFound, Title: "No record for this key"}
+	probKeyInFlight     = problem.Type{Name: "key-in-flight", Status: http.StatusConflict, Title: "Key in flight"}
+	probKeyChanged      = problem.Type{Name: "key-changed", Status: http.StatusConflict, Title: "Key changed while it was being released"}
+	probNotInDoubt      = problem.Type{Name: "key-not-in-doubt", Status: http.StatusConflict, Title: "Key not in doubt"}
+	probLookupBusy      = problem.Type{Name: "lookup-running", Status: http.StatusConflict, Title: "Another lookup of this key is running"}
+	probNoReconcile     = problem.Type{Name: "no-reconcile-lookup", Status: http.StatusBadRequest, Title: "Route has no reconcile lookup"}
+	probNoReconciler    = problem.Type{Name: "reconcile-unavailable", Status: http.StatusNotFound, Title: "Reconciliation not available"}
+	probBadParameter    = problem.Type{Name: "invalid-parameter", Status: http.StatusBadRequest, Title: "Invalid query parameter"}
+	probNoLister        = problem.Type{Name: "listing-unavailable", Status: http.StatusNotFound, Title: "Listing keys not available"}
+	probNoReload        = problem.Type{Name: "reload-unavailable", Status: http.StatusNotFound, Title: "Reload not available"}
+	probReloadFailed    = problem.Type{Name: "reload-failed", Status: http.StatusBadRequest, Title: "Reload failed; the running configuration is kept"}
 	// The proxy's problem of the same name: the store did not answer.
-	probStoreUnavailable = problem{"store-unavailable", http.StatusServiceUnavailable, "Idempotency store unavailable"}
-	probInternal         = problem{"internal-error", http.StatusInternalServerError, "Answer could not be encoded"}
+	probStoreUnavailable = problem.StoreUnavailable
+	probInternal         = problem.Type{Name: "internal-error", Status: http.StatusInternalServerError, Title: "Answer could not be encoded"}
 )
 
 // problemFor maps an error of the store or the reconciler to its problem;
 // an error it does not know is the store's failure.
-func problemFor(err error) problem {
+func problemFor(err error) problem.Type {
 	switch {
 	case errors.Is(err, store.ErrNotOwner):
 		return probKeyChanged
@@ -58,55 +51,18 @@ func problemFor(err error) problem {
 		return probLookupBusy
 	case errors.Is(err, store.ErrBadCursor):
 		return probBadParameter
-	case errors.Is(err, proxy.ErrNoReconcile):
+	case errors.Is(err, reconcile.ErrNoLookup):
 		return probNoReconcile
 	default:
 		return probStoreUnavailable
 	}
 }
 
+// problems is every problem the admin API can answer with.
+var problems = []problem.Type{probUnauthorized, probDisabled, probAuthThrottled, probNotFound, probMethod, probUnknownRoute, probScopeRequired,
+	probScopeNotAllowed, probNoRecord, probKeyInFlight, probKeyChanged, probNotInDoubt, probLookupBusy,
+	probNoReconcile, probNoReconciler, probBadParameter, probNoLister, probNoReload, probReloadFailed, probStoreUnavailable, probInternal}
+
 // Problems lists every problem the admin API can answer with, for the docs
 // and tests: name, status and title.
-func Problems() []struct {
-	Name   string
-	Status int
-	Title  string
-} {
-	all := []problem{probUnauthorized, probDisabled, probAuthThrottled, probNotFound, probMethod, probUnknownRoute, probScopeRequired,
-		probScopeNotAllowed, probNoRecord, probKeyInFlight, probKeyChanged, probNotInDoubt, probLookupBusy,
-		probNoReconcile, probNoReconciler, probBadParameter, probNoLister, probNoReload, probReloadFailed, probStoreUnavailable, probInternal}
-	out := make([]struct {
-		Name   string
-		Status int
-		Title  string
-	}, len(all))
-	for i, p := range all {
-		out[i].Name, out[i].Status, out[i].Title = p.name, p.status, p.title
-	}
-	return out
-}
-
-// writeProblem answers with an RFC 9457 problem body, in the proxy's form:
-// type, title, status, the request's path as instance, detail when not
-// empty, and the extension members of ext.
-func writeProblem(w http.ResponseWriter, r *http.Request, p problem, detail string, ext map[string]string) {
-	body := map[string]any{
-		"type":     proxy.ProblemTypePrefix + p.name,
-		"title":    p.title,
-		"status":   p.status,
-		"instance": r.URL.Path,
-	}
-	if detail != "" {
-		body["detail"] = detail
-	}
-	for k, v := range ext {
-		body[k] = v
-	}
-	b, _ := json.Marshal(body) // only strings and numbers: cannot fail
-	h := w.Header()
-	h.Set("Content-Type", "application/problem+json")
-	h.Set("Content-Length", strconv.Itoa(len(b)))
-	h.Set("Cache-Control", "no-store")
-	w.WriteHeader(p.status)
-	w.Write(b)
-}
+func Problems() []problem.Type { return slices.Clone(problems) }

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/internal/problem"
 )
 
 // TestWriteJSONEncodeError: a value that does not encode answers 500 with
@@ -41,7 +41,7 @@ func TestWriteJSONEncodeError(t *testing.T) {
 			if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil {
 				t.Fatalf("body %q: %v", rec.Body, err)
 			}
-			if want := proxy.ProblemTypePrefix + "internal-error"; got.Type != want || got.Status != 500 || got.Detail == "" {
+			if want := problem.TypePrefix + "internal-error"; got.Type != want || got.Status != 500 || got.Detail == "" {
 				t.Errorf("problem = %+v, want type %s, status 500 and a detail", got, want)
 			}
 		})

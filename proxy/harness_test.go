@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/problem"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/badger"
@@ -104,7 +105,7 @@ func (a answer) problemType() string {
 	if err := json.Unmarshal(a.body, &p); err != nil {
 		return "unparsable problem: " + err.Error()
 	}
-	name, ours := strings.CutPrefix(p.Type, proxy.ProblemTypePrefix)
+	name, ours := strings.CutPrefix(p.Type, problem.TypePrefix)
 	if !ours {
 		return ""
 	}

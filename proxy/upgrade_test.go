@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/internal/problem"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -49,7 +49,7 @@ func TestInvalidUpgradeIsABadRequest(t *testing.T) {
 	e := newEnv(t, chargesByOrder)
 	resp := upgradeCharge(t, e, "ORD-U1", "w\xe9bsocket")
 	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 400 || !strings.Contains(string(b), proxy.ProblemTypePrefix+"invalid-upgrade") {
+	if resp.StatusCode != 400 || !strings.Contains(string(b), problem.TypePrefix+"invalid-upgrade") {
 		t.Errorf("got %d %s, want 400 invalid-upgrade", resp.StatusCode, b)
 	}
 	if got := upstreamCodes(t, e, "charges"); len(got) != 0 {
@@ -60,7 +60,7 @@ func TestInvalidUpgradeIsABadRequest(t *testing.T) {
 	}
 	resp = rawRequest(t, e.srv.Listener.Addr().String(), "GET /page HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: w\xe9bsocket\r\n\r\n")
 	b, _ = io.ReadAll(resp.Body)
-	if resp.StatusCode != 400 || !strings.Contains(string(b), proxy.ProblemTypePrefix+"invalid-upgrade") {
+	if resp.StatusCode != 400 || !strings.Contains(string(b), problem.TypePrefix+"invalid-upgrade") {
 		t.Errorf("passthrough: got %d %s, want 400 invalid-upgrade", resp.StatusCode, b)
 	}
 }
@@ -75,7 +75,7 @@ func TestSwitchingProtocolsOnAProtectedRoute(t *testing.T) {
 	e.start("http://"+ln.Addr().String(), chargesByOrder)
 	resp := upgradeCharge(t, e, "ORD-S1", "websocket")
 	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 502 || !strings.Contains(string(b), proxy.ProblemTypePrefix+"upstream-reset") {
+	if resp.StatusCode != 502 || !strings.Contains(string(b), problem.TypePrefix+"upstream-reset") {
 		t.Errorf("got %d %s, want 502 upstream-reset", resp.StatusCode, b)
 	}
 	if got := e.state("charges", "", "ORD-S1"); got != store.StateInDoubt {

@@ -23,6 +23,7 @@ import (
 	"github.com/idemproxy/idemproxy/internal/admission"
 	"github.com/idemproxy/idemproxy/internal/buildinfo"
 	"github.com/idemproxy/idemproxy/internal/epoch"
+	"github.com/idemproxy/idemproxy/internal/reconcile"
 	"github.com/idemproxy/idemproxy/internal/settle"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store"
@@ -282,7 +283,7 @@ func (a *app) startReconciler(st storeCloser) (admin.Reconciler, func(), error) 
 	if !ok {
 		return nil, func() {}, nil
 	}
-	rec, err := a.p.NewReconciler(proxy.ReconcilerOptions{Store: rs})
+	rec, err := reconcile.New(a.p.ReconcileHost(), reconcile.Options{Store: rs})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/idemproxy/idemproxy/internal/admission"
 	"github.com/idemproxy/idemproxy/internal/doctest"
 	"github.com/idemproxy/idemproxy/internal/epoch"
+	"github.com/idemproxy/idemproxy/internal/reconcile"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/badger"
@@ -154,7 +155,7 @@ func TestREADMEMetricsTableListsEveryLabelValue(t *testing.T) {
 	}
 	check("idemproxy_requests_total", labels(proxy.Outcomes))
 	check("idemproxy_observed_total", labels(proxy.Woulds))
-	check("idemproxy_reconciliations_total", proxy.ReconcileResults)
+	check("idemproxy_reconciliations_total", reconcile.Results)
 }
 
 // TestREADMEReloadNamesWhatARestartNeeds: each server setting,

@@ -1,4 +1,4 @@
-package proxy_test
+package reconcile_test
 
 import (
 	"context"
@@ -16,6 +16,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemproxy/idemproxy/admin"
+	"github.com/idemproxy/idemproxy/internal/problem"
+	"github.com/idemproxy/idemproxy/internal/reconcile"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store"
@@ -71,13 +73,13 @@ const reconcileRoute = `  - name: charges
 
 // newReconcileEnv is newEnv with the gate in front of the stub, and the
 // proxy's reconciler.
-func newReconcileEnv(t *testing.T, g *lookupGate, routes string) (*env, *proxy.Reconciler) {
+func newReconcileEnv(t *testing.T, g *lookupGate, routes string) (*env, *reconcile.Reconciler) {
 	t.Helper()
 	e := &env{t: t}
 	e.stub = httptest.NewServer(g)
 	t.Cleanup(e.stub.Close)
 	e.start(e.stub.URL, routes)
-	rec, err := e.p.NewReconciler(proxy.ReconcilerOptions{Store: e.store})
+	rec, err := reconcile.New(e.p.ReconcileHost(), reconcile.Options{Store: e.store})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +113,7 @@ func (e *env) reconciliations(route, result string) int {
 }
 
 // reconcileUntil runs passes of rec until cond holds.
-func reconcileUntil(t *testing.T, rec *proxy.Reconciler, what string, cond func() bool) {
+func reconcileUntil(t *testing.T, rec *reconcile.Reconciler, what string, cond func() bool) {
 	t.Helper()
 	eventually(t, what, func() bool {
 		rec.RunOnce(context.Background())
@@ -137,7 +139,7 @@ func TestReconcileAppliedBecomesReplayOfTheLookup(t *testing.T) {
 	if got := e.charges(`R-1`); got != 1 {
 		t.Errorf("charges of R-1 = %d, want 1", got)
 	}
-	if got := e.reconciliations("charges", proxy.ReconcileApplied); got != 1 {
+	if got := e.reconciliations("charges", reconcile.ResultApplied); got != 1 {
 		t.Errorf("reconciliations applied = %d, want 1", got)
 	}
 	if got := g.lookups.Load(); got != 1 {
@@ -165,7 +167,7 @@ func TestReconcileNotAppliedReleasesAndTheRetryIsChargedOnce(t *testing.T) {
 	if got := e.charges("R-2"); got != 1 {
 		t.Errorf("charges of R-2 = %d, want 1", got)
 	}
-	if got := e.reconciliations("charges", proxy.ReconcileNotApplied); got != 1 {
+	if got := e.reconciliations("charges", reconcile.ResultNotApplied); got != 1 {
 		t.Errorf("reconciliations not_applied = %d, want 1", got)
 	}
 	if got := counterValue(t, e.reg, "idemproxy_reconcile_discovered_total", map[string]string{"route": "charges"}); got != 1 {
@@ -182,7 +184,7 @@ func TestReconcileDiscoveryIsPerRoute(t *testing.T) {
 	e.stub = httptest.NewServer(g)
 	t.Cleanup(e.stub.Close)
 	e.start(e.stub.URL, reconcileRoute+"  - name: aaa\n    match: POST /aaa\n    key: {json: orderId}\n")
-	rec, err := e.p.NewReconciler(proxy.ReconcilerOptions{Store: e.store, Batch: 2})
+	rec, err := reconcile.New(e.p.ReconcileHost(), reconcile.Options{Store: e.store, Batch: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,8 +219,8 @@ func TestReconcileDiscoveryIsPerRoute(t *testing.T) {
 		t.Errorf("discovered went from %v to %v: the scoped key was scheduled", discovered, got)
 	}
 	before := g.lookups.Load()
-	if _, err := rec.Reconcile(context.Background(), scoped); !errors.Is(err, proxy.ErrNoReconcile) {
-		t.Errorf("Reconcile of a scoped key = %v, want ErrNoReconcile", err)
+	if _, err := rec.Reconcile(context.Background(), scoped); !errors.Is(err, reconcile.ErrNoLookup) {
+		t.Errorf("Reconcile of a scoped key = %v, want ErrNoLookup", err)
 	}
 	if n := g.lookups.Load() - before; n != 0 {
 		t.Errorf("lookups of a scoped key = %d, want 0", n)
@@ -231,14 +233,14 @@ func TestReconcileFailingLookupStaysInDoubtAndIsRetried(t *testing.T) {
 	e, rec := newReconcileEnv(t, g, reconcileRoute)
 	e.inDoubtCharged(`"R-3"`)
 
-	reconcileUntil(t, rec, "a first lookup fails", func() bool { return e.reconciliations("charges", proxy.ReconcileError) >= 1 })
+	reconcileUntil(t, rec, "a first lookup fails", func() bool { return e.reconciliations("charges", reconcile.ResultError) >= 1 })
 	if st := e.state("charges", "", "R-3"); st != store.StateInDoubt {
 		t.Errorf("state after a failed lookup = %q, want in_doubt", st)
 	}
 	wantStatus(t, "retry after a failed lookup", e.charge(`"R-3"`, 5), http.StatusConflict, "outcome-in-doubt")
 
 	reconcileUntil(t, rec, "the key is completed", func() bool { return e.state("charges", "", "R-3") == store.StateCompleted })
-	if got := e.reconciliations("charges", proxy.ReconcileError); got != 2 {
+	if got := e.reconciliations("charges", reconcile.ResultError); got != 2 {
 		t.Errorf("reconciliations error = %d, want 2", got)
 	}
 	if got := g.lookups.Load(); got != 3 {
@@ -279,7 +281,7 @@ func TestReconcileScheduleSurvivesRestart(t *testing.T) {
 	if err != nil || len(keys) != 0 {
 		t.Fatalf("Unscheduled after the restart = %q, %v; want none: the schedule was lost", keys, err)
 	}
-	rec, err := p.NewReconciler(proxy.ReconcilerOptions{Store: st})
+	rec, err := reconcile.New(p.ReconcileHost(), reconcile.Options{Store: st})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -301,7 +303,7 @@ func TestReconcileTwoReplicasOneRedisSendOneLookup(t *testing.T) {
 		"grace: 600ms", "grace: 3s").Replace(reconcileRoute)
 	type replica struct {
 		p   *proxy.Proxy
-		rec *proxy.Reconciler
+		rec *reconcile.Reconciler
 		e   *env
 	}
 	var rs []replica
@@ -318,7 +320,7 @@ func TestReconcileTwoReplicasOneRedisSendOneLookup(t *testing.T) {
 		}
 		hs := httptest.NewServer(p)
 		t.Cleanup(hs.Close)
-		rec, err := p.NewReconciler(proxy.ReconcilerOptions{Store: st})
+		rec, err := reconcile.New(p.ReconcileHost(), reconcile.Options{Store: st})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -330,7 +332,7 @@ func TestReconcileTwoReplicasOneRedisSendOneLookup(t *testing.T) {
 
 	g.entered, g.block = make(chan struct{}, 4), make(chan struct{})
 	sk := store.Key("charges", "", "R-5")
-	done := make(chan proxy.ReconcileOutcome, 1)
+	done := make(chan reconcile.Outcome, 1)
 	go func() {
 		out, err := a.rec.Reconcile(context.Background(), sk)
 		if err != nil {
@@ -343,7 +345,7 @@ func TestReconcileTwoReplicasOneRedisSendOneLookup(t *testing.T) {
 		t.Errorf("replica B: Reconcile during A's lookup = %v, want ErrLookupBusy", err)
 	}
 	close(g.block)
-	if out := <-done; out.Result != proxy.ReconcileApplied {
+	if out := <-done; out.Result != reconcile.ResultApplied {
 		t.Errorf("replica A: result = %+v, want applied", out)
 	}
 	b.rec.RunOnce(context.Background())
@@ -384,7 +386,7 @@ func TestAdminReconcileNow(t *testing.T) {
 		typ    string // the problem's type, for an error
 	}{
 		{"no record", func() {}, "A-0", http.StatusNotFound, "", "no-record"},
-		{"in doubt, charged: applied at once, before the grace", func() { e.inDoubtCharged(`"A-1"`) }, "A-1", http.StatusOK, proxy.ReconcileApplied, ""},
+		{"in doubt, charged: applied at once, before the grace", func() { e.inDoubtCharged(`"A-1"`) }, "A-1", http.StatusOK, reconcile.ResultApplied, ""},
 		{"completed: not in doubt", func() {}, "A-1", http.StatusConflict, "", "key-not-in-doubt"},
 	}
 	for _, tt := range tests {
@@ -393,8 +395,8 @@ func TestAdminReconcileNow(t *testing.T) {
 		if code != tt.status || (tt.result != "" && body["result"] != tt.result) {
 			t.Errorf("%s: POST = %d %v, want %d result %q", tt.name, code, body, tt.status, tt.result)
 		}
-		if tt.typ != "" && body["type"] != proxy.ProblemTypePrefix+tt.typ {
-			t.Errorf("%s: POST answered type %v, want %s", tt.name, body["type"], proxy.ProblemTypePrefix+tt.typ)
+		if tt.typ != "" && body["type"] != problem.TypePrefix+tt.typ {
+			t.Errorf("%s: POST answered type %v, want %s", tt.name, body["type"], problem.TypePrefix+tt.typ)
 		}
 	}
 	req := httptest.NewRequest("GET", "/v1/keys/charges/A-1", nil)
@@ -432,7 +434,7 @@ func TestReconcileScheduleSurvivesRestartRedis(t *testing.T) {
 	if keys, err := st.Unscheduled(context.Background(), "charges/", 10); err != nil || len(keys) != 0 {
 		t.Fatalf("Unscheduled after the restart = %q, %v; want none: the schedule was lost", keys, err)
 	}
-	rec, err := p.NewReconciler(proxy.ReconcilerOptions{Store: st})
+	rec, err := reconcile.New(p.ReconcileHost(), reconcile.Options{Store: st})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -454,7 +456,7 @@ func TestReconcilerRunStopsOnCancel(t *testing.T) {
 	e.stub = httptest.NewServer(g)
 	t.Cleanup(e.stub.Close)
 	e.start(e.stub.URL, reconcileRoute)
-	rec, err := e.p.NewReconciler(proxy.ReconcilerOptions{Store: e.store, Tick: 10 * time.Millisecond, DiscoverEvery: 10 * time.Millisecond})
+	rec, err := reconcile.New(e.p.ReconcileHost(), reconcile.Options{Store: e.store, Tick: 10 * time.Millisecond, DiscoverEvery: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -560,7 +562,7 @@ func TestReconcileDiscoveryIsNotStarvedByScopedKeys(t *testing.T) {
 		orphan(store.Key("charges", "tenant-a", fmt.Sprintf("S-%d", i)))
 	}
 	orphan(store.Key("charges", "", "U-1"))
-	rec, err := p.NewReconciler(proxy.ReconcilerOptions{Store: st, Batch: 1})
+	rec, err := reconcile.New(p.ReconcileHost(), reconcile.Options{Store: st, Batch: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
