@@ -91,7 +91,7 @@ func (a *attempt) routeName() string {
 
 // problem answers with a proxy-made error and records the outcome.
 func (a *attempt) problem(w http.ResponseWriter, o Outcome, p problem, detail string, retryAfter int, ext map[string]any) {
-	a.outcome, a.status = o, p.status
+	a.outcome, a.status = o, p.Status
 	writeProblem(w, a.in, p, detail, retryAfter, ext)
 }
 

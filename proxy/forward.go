@@ -186,7 +186,7 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, out *http.Request, err erro
 		kind = timedOut
 	}
 	v, prob := classify(upstreamResult{kind: kind}, nil)
-	p.log.Warn("upstream request failed", "route", a.routeName(), "err", err, "problem", prob.name)
+	p.log.Warn("upstream request failed", "route", a.routeName(), "err", err, "problem", prob.Name)
 	outcome := a.outcome
 	if a.token != "" && !a.settled {
 		a.conclude(v)

@@ -165,7 +165,7 @@ func TestClassifyIsTheREADMEOutcomeTable(t *testing.T) {
 				v, prob := classify(o.o, r)
 				gotStatus := 0
 				if prob != nil {
-					gotStatus = prob.status
+					gotStatus = prob.Status
 				}
 				if v != want || gotStatus != wantStatus {
 					t.Errorf("row %q (%s), %s: classify = %v, answer %d; want %v, answer %d (README: %q)",
@@ -224,7 +224,7 @@ func TestClassify(t *testing.T) {
 			v, prob := classify(tc.o, routeOf(t, tc.route))
 			got := ""
 			if prob != nil {
-				got = prob.name
+				got = prob.Name
 			}
 			if v != tc.want || got != tc.problem {
 				t.Errorf("classify(%+v) = %v, %q; want %v, %q", tc.o, v, got, tc.want, tc.problem)

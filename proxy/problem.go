@@ -7,51 +7,37 @@ import (
 	rfc9457 "github.com/idemproxy/idemproxy/internal/problem"
 )
 
-// problem is a kind of proxy-made error answer: an rfc9457.Type under
-// the field names the request code reads (name, status). rfc9457.Write
-// writes it (writeProblem).
-type problem struct {
-	name   string
-	status int
-	title  string
-}
-
-// of is the proxy's problem of a type declared in internal/problem.
-func of(t rfc9457.Type) problem { return problem{t.Name, t.Status, t.Title} }
-
-// typ is p as rfc9457 takes it.
-func (p problem) typ() rfc9457.Type {
-	return rfc9457.Type{Name: p.name, Status: p.status, Title: p.title}
-}
+// problem is a kind of proxy-made error answer: the one problem type,
+// declared in internal/problem.
+type problem = rfc9457.Type
 
 // The proxy's own error answers. This table is the one place where a
 // domain error becomes an HTTP status; the problems others answer with
 // too are declared in internal/problem.
 var (
-	probMissingKey        = problem{"missing-key", http.StatusBadRequest, "Idempotency key missing"}
-	probInvalidKey        = problem{"invalid-key", http.StatusBadRequest, "Idempotency key invalid"}
-	probInvalidJSON       = problem{"invalid-json", http.StatusBadRequest, "Request body is not valid JSON"}
-	probMissingScope      = problem{"missing-scope", http.StatusBadRequest, "Scope header missing"}
-	probInvalidScope      = problem{"invalid-scope", http.StatusBadRequest, "Scope header invalid"}
-	probUnreadableBody    = problem{"unreadable-body", http.StatusBadRequest, "Request body could not be read"}
-	probInvalidUpgrade    = problem{"invalid-upgrade", http.StatusBadRequest, "Upgrade protocol invalid"}
-	probBodyTooLarge      = problem{"body-too-large", http.StatusRequestEntityTooLarge, "Request body too large"}
-	probUnsupportedCoding = problem{"unsupported-content-encoding", http.StatusUnsupportedMediaType,
-		"Request content encoding not supported"}
-	probHeaderFields     = of(rfc9457.TooManyHeaderFields)
-	probBodyTimeout      = problem{"body-timeout", http.StatusRequestTimeout, "Request body not received in time"}
-	probInFlight         = problem{"request-in-flight", http.StatusConflict, "A request with this key is being processed"}
-	probInDoubt          = problem{"outcome-in-doubt", http.StatusConflict, "The outcome of an earlier request with this key is unknown"}
-	probDuplicate        = problem{"duplicate-request", http.StatusConflict, "Duplicate request"}
-	probNotReplayable    = problem{"response-not-replayable", http.StatusConflict, "Duplicate request whose answer was too large to store"}
-	probMismatch         = problem{"fingerprint-mismatch", http.StatusUnprocessableEntity, "Idempotency key reused with a different request"}
-	probUpstreamDown     = problem{"upstream-unreachable", http.StatusBadGateway, "Upstream not reached"}
-	probUpstreamReset    = problem{"upstream-reset", http.StatusBadGateway, "Upstream connection lost before an answer"}
-	probUpstreamTimeout  = problem{"upstream-timeout", http.StatusGatewayTimeout, "Upstream did not answer in time"}
-	probStoreUnavailable = of(rfc9457.StoreUnavailable)
-	probStoreLostKeys    = problem{"store-lost-keys", http.StatusServiceUnavailable, "Idempotency store lost its keys"}
-	probOverloaded       = of(rfc9457.Overloaded)
-	probShuttingDown     = problem{"shutting-down", http.StatusServiceUnavailable, "Proxy shutting down"}
+	probMissingKey        = problem{Name: "missing-key", Status: http.StatusBadRequest, Title: "Idempotency key missing"}
+	probInvalidKey        = problem{Name: "invalid-key", Status: http.StatusBadRequest, Title: "Idempotency key invalid"}
+	probInvalidJSON       = problem{Name: "invalid-json", Status: http.StatusBadRequest, Title: "Request body is not valid JSON"}
+	probMissingScope      = problem{Name: "missing-scope", Status: http.StatusBadRequest, Title: "Scope header missing"}
+	probInvalidScope      = problem{Name: "invalid-scope", Status: http.StatusBadRequest, Title: "Scope header invalid"}
+	probUnreadableBody    = problem{Name: "unreadable-body", Status: http.StatusBadRequest, Title: "Request body could not be read"}
+	probInvalidUpgrade    = problem{Name: "invalid-upgrade", Status: http.StatusBadRequest, Title: "Upgrade protocol invalid"}
+	probBodyTooLarge      = problem{Name: "body-too-large", Status: http.StatusRequestEntityTooLarge, Title: "Request body too large"}
+	probUnsupportedCoding = problem{Name: "unsupported-content-encoding", Status: http.StatusUnsupportedMediaType, Title: "Request content encoding not supported"}
+	probHeaderFields      = rfc9457.TooManyHeaderFields
+	probBodyTimeout       = problem{Name: "body-timeout", Status: http.StatusRequestTimeout, Title: "Request body not received in time"}
+	probInFlight          = problem{Name: "request-in-flight", Status: http.StatusConflict, Title: "A request with this key is being processed"}
+	probInDoubt           = problem{Name: "outcome-in-doubt", Status: http.StatusConflict, Title: "The outcome of an earlier request with this key is unknown"}
+	probDuplicate         = problem{Name: "duplicate-request", Status: http.StatusConflict, Title: "Duplicate request"}
+	probNotReplayable     = problem{Name: "response-not-replayable", Status: http.StatusConflict, Title: "Duplicate request whose answer was too large to store"}
+	probMismatch          = problem{Name: "fingerprint-mismatch", Status: http.StatusUnprocessableEntity, Title: "Idempotency key reused with a different request"}
+	probUpstreamDown      = problem{Name: "upstream-unreachable", Status: http.StatusBadGateway, Title: "Upstream not reached"}
+	probUpstreamReset     = problem{Name: "upstream-reset", Status: http.StatusBadGateway, Title: "Upstream connection lost before an answer"}
+	probUpstreamTimeout   = problem{Name: "upstream-timeout", Status: http.StatusGatewayTimeout, Title: "Upstream did not answer in time"}
+	probStoreUnavailable  = rfc9457.StoreUnavailable
+	probStoreLostKeys     = problem{Name: "store-lost-keys", Status: http.StatusServiceUnavailable, Title: "Idempotency store lost its keys"}
+	probOverloaded        = rfc9457.Overloaded
+	probShuttingDown      = problem{Name: "shutting-down", Status: http.StatusServiceUnavailable, Title: "Proxy shutting down"}
 )
 
 // Problems lists every problem the proxy can answer with, for the docs and
@@ -61,17 +47,13 @@ func Problems() []rfc9457.Type {
 		probInvalidUpgrade, probBodyTooLarge, probHeaderFields, probBodyTimeout, probInFlight, probInDoubt, probDuplicate, probNotReplayable, probMismatch,
 		probUpstreamDown, probUpstreamReset, probUpstreamTimeout, probStoreUnavailable, probStoreLostKeys, probOverloaded, probShuttingDown,
 		probUnsupportedCoding}
-	out := make([]rfc9457.Type, len(all))
-	for i, p := range all {
-		out[i] = p.typ()
-	}
-	return out
+	return all
 }
 
 // writeProblem answers with an RFC 9457 problem body (rfc9457.Write). ext
 // adds extension members; retryAfter > 0 sets Retry-After in seconds.
 func writeProblem(w http.ResponseWriter, r *http.Request, p problem, detail string, retryAfter int, ext map[string]any) {
-	rfc9457.Write(w, r, p.typ(), detail, retryAfter, ext)
+	rfc9457.Write(w, r, p, detail, retryAfter, ext)
 }
 
 // WriteOverloaded answers 503 overloaded, with Retry-After: 1, for a
