@@ -2,7 +2,8 @@
 // PostgreSQL: the PostgreSQL tests are required, so a machine without the
 // server binaries fails them with a clear message instead of skipping.
 //
-// Each Server is its own cluster: initdb into a fresh directory, then the
+// Each Server is its own cluster: a copy of a freshly initialised one (the
+// template, below) in a fresh directory, then the
 // postgres process as a child of the test binary on a free loopback port,
 // with trust authentication for the "postgres" role over 127.0.0.1 and its
 // Unix socket in the same directory. fsync is off unless the caller turns it
@@ -13,6 +14,13 @@
 // harness runs them as the "postgres" user (created by Debian's postgresql
 // package) in a directory it owns; otherwise they run as the current user.
 //
+// initdb costs a second or two of CPU, paid once: the first Start on a
+// machine initialises a template cluster in the temporary directory,
+// named for the server binaries, its owner and initdb's arguments
+// (pgtest-template-...), and every Start copies it (cp -a). The template
+// is never started; it is kept, as a build cache is, for the next test
+// process, and made again if removed.
+//
 // The harness drives the server with the PostgreSQL binaries only (psql for
 // readiness and Exec), so that it does not depend on the client library
 // under test.
@@ -22,6 +30,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"os"
 	"os/exec"
 	"os/user"
@@ -280,16 +289,69 @@ func (s *Server) psql(timeout time.Duration, sql string) (string, error) {
 	return strings.TrimSuffix(stdout.String(), "\n"), nil
 }
 
+// initdbArgs are initdb's arguments after -D: what every cluster the
+// harness starts is made with.
+var initdbArgs = []string{"-U", User, "--auth=trust", "--no-sync", "--encoding=UTF8", "--locale=C", "--no-instructions"}
+
+// templates serialises the making of the template clusters in this
+// process; other processes race on the final rename, which one wins.
+var templates sync.Mutex
+
+// initdb makes s's data directory: a copy of the template cluster, made
+// first if there is none.
 func (s *Server) initdb() {
 	s.tb.Helper()
-	cmd := exec.Command(filepath.Join(s.bin, "initdb"),
-		"-D", s.Dir(), "-U", User, "--auth=trust", "--no-sync",
-		"--encoding=UTF8", "--locale=C", "--no-instructions")
-	cmd.Dir = s.dir
+	tpl, err := s.template()
+	if err != nil {
+		s.tb.Fatalf("pgtest: %v", err)
+	}
+	if out, err := exec.Command("cp", "-a", tpl, s.Dir()).CombinedOutput(); err != nil {
+		s.tb.Fatalf("pgtest: copy the template cluster %s: %v\n%s", tpl, err, out)
+	}
+}
+
+// template returns the directory of the template cluster for s's binaries
+// and owner, initialising it (initdb into a directory of its own, then a
+// rename, so that no process ever sees half a template) when there is
+// none.
+func (s *Server) template() (string, error) {
+	templates.Lock()
+	defer templates.Unlock()
+	owner := os.Getuid()
+	if s.cred != nil {
+		owner = int(s.cred.Uid)
+	}
+	h := fnv.New32a()
+	h.Write([]byte(s.bin + "\x00" + strings.Join(initdbArgs, "\x00")))
+	name := fmt.Sprintf("pgtest-template-%d-%x", owner, h.Sum32())
+	tpl := filepath.Join(os.TempDir(), name)
+	if _, err := os.Stat(filepath.Join(tpl, "PG_VERSION")); err == nil {
+		return tpl, nil
+	}
+	work, err := os.MkdirTemp("", name+".new-")
+	if err != nil {
+		return "", fmt.Errorf("template cluster: %w", err)
+	}
+	defer os.RemoveAll(work) // what is left when the rename did not happen
+	if s.cred != nil {
+		if err := os.Chown(work, int(s.cred.Uid), int(s.cred.Gid)); err != nil {
+			return "", fmt.Errorf("give %s to the postgres user: %w", work, err)
+		}
+	}
+	data := filepath.Join(work, "data")
+	cmd := exec.Command(filepath.Join(s.bin, "initdb"), append([]string{"-D", data}, initdbArgs...)...)
+	cmd.Dir = work
 	s.asServerUser(cmd)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		s.tb.Fatalf("pgtest: initdb: %v\n%s", err, out)
+		return "", fmt.Errorf("initdb: %w\n%s", err, out)
 	}
+	if err := os.Rename(data, tpl); err != nil {
+		if _, statErr := os.Stat(filepath.Join(tpl, "PG_VERSION")); statErr == nil {
+			return tpl, nil // another process made it first
+		}
+		return "", fmt.Errorf("template cluster: %w", err)
+	}
+	return tpl, nil
 }
 
 func (s *Server) start() error {
