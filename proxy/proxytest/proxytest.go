@@ -1,4 +1,13 @@
-package proxy_test
+// Package proxytest is the harness of the proxy's tests and of the tests of
+// the packages built on it (internal/reconcile): a real proxy.Proxy in front
+// of the real upstream stub (upstream-stub/stub), on a real Badger store in a
+// temporary directory, and helpers to send requests through it and read what
+// the stub, the store and the metrics saw. It is a normal package imported
+// only by tests; it fakes nothing.
+//
+// The proxy's own internal tests (package proxy) cannot use it, since it
+// imports proxy.
+package proxytest
 
 import (
 	"bytes"
@@ -23,59 +32,80 @@ import (
 	"github.com/idemproxy/idemproxy/upstream-stub/stub"
 )
 
-// env is a proxy in front of the real upstream stub, on a real Badger
-// store in a temporary directory.
-type env struct {
-	t     *testing.T
-	stub  *httptest.Server
-	srv   *httptest.Server
-	p     *proxy.Proxy
-	store *badger.Store
-	reg   *prometheus.Registry
-	// log, when set before start, receives the proxy's log (JSON).
-	log io.Writer
+// Env is a proxy in front of the real upstream stub, on a real Badger
+// store in a temporary directory. New builds a whole one; a test that needs
+// another upstream sets T (and Stub) itself and calls Start or StartConfig,
+// and a test that builds its own proxy may fill in only the fields the
+// methods it calls read.
+type Env struct {
+	// T is the test; the helpers fail it.
+	T testing.TB
+	// Stub is the upstream: the stub's helpers (Charges, TotalCharges,
+	// Fault) talk to it.
+	Stub *httptest.Server
+	// Server serves Proxy; Do and Charge send to it.
+	Server *httptest.Server
+	// Proxy is the proxy under test, set by Start and StartConfig.
+	Proxy *proxy.Proxy
+	// Store is the Badger store of Proxy, set by Start and StartConfig;
+	// State reads it.
+	Store *badger.Store
+	// Registry holds Proxy's metrics, set by Start and StartConfig;
+	// Outcomes reads it.
+	Registry *prometheus.Registry
+	// Log, when set before Start, receives the proxy's log (JSON); nil
+	// discards it.
+	Log io.Writer
 }
 
-// newEnv starts the stub and a proxy whose configuration is routes (the
-// YAML of the routes list), with the stub as upstream.
-func newEnv(t *testing.T, routes string) *env {
+// New starts the stub and a proxy whose configuration is routes (the
+// YAML of the routes list), with the stub as upstream. Everything stops
+// when the test ends.
+func New(t testing.TB, routes string) *Env {
 	t.Helper()
-	e := &env{t: t}
-	e.stub = httptest.NewServer(stub.New(slog.New(slog.DiscardHandler)))
-	t.Cleanup(e.stub.Close)
-	e.start(e.stub.URL, routes)
+	e := &Env{T: t}
+	e.Stub = httptest.NewServer(stub.New(slog.New(slog.DiscardHandler)))
+	t.Cleanup(e.Stub.Close)
+	e.Start(e.Stub.URL, routes)
 	return e
 }
 
-func (e *env) start(upstream, routes string) {
-	e.t.Helper()
-	e.startConfig(parseConfig(e.t, upstream, routes))
+// Start starts a proxy in front of upstream whose routes are routes (see
+// ParseConfig), on a new Badger store.
+func (e *Env) Start(upstream, routes string) {
+	e.T.Helper()
+	e.StartConfig(ParseConfig(e.T, upstream, routes))
 }
 
-// startConfig starts a proxy serving cfg on a new Badger store.
-func (e *env) startConfig(cfg *config.Config) {
-	t := e.t
+// StartConfig starts a proxy serving cfg on a new Badger store, and sets
+// Proxy, Store, Registry and Server.
+func (e *Env) StartConfig(cfg *config.Config) {
+	t := e.T
 	t.Helper()
 	st, err := badger.Open(badger.Options{Dir: t.TempDir(), SyncWrites: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.store = st
+	e.Store = st
 	t.Cleanup(func() { st.Close() })
-	e.reg = prometheus.NewRegistry()
+	e.Registry = prometheus.NewRegistry()
 	logger := slog.New(slog.DiscardHandler)
-	if e.log != nil {
-		logger = slog.New(slog.NewJSONHandler(e.log, nil))
+	if e.Log != nil {
+		logger = slog.New(slog.NewJSONHandler(e.Log, nil))
 	}
-	e.p, err = proxy.New(cfg, proxy.Options{Store: st, StoreName: "badger", Metrics: proxy.NewMetrics(e.reg), Logger: logger})
+	e.Proxy, err = proxy.New(cfg, proxy.Options{Store: st, StoreName: "badger", Metrics: proxy.NewMetrics(e.Registry), Logger: logger})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.srv = httptest.NewServer(e.p)
-	t.Cleanup(e.srv.Close)
+	e.Server = httptest.NewServer(e.Proxy)
+	t.Cleanup(e.Server.Close)
 }
 
-func parseConfig(t *testing.T, upstream, routes string) *config.Config {
+// ParseConfig returns the configuration of a proxy in front of upstream
+// whose routes list is routes (YAML, indented as an item of the routes
+// list), with a Badger store; it fails the test if the configuration does
+// not parse.
+func ParseConfig(t testing.TB, upstream, routes string) *config.Config {
 	t.Helper()
 	y := fmt.Sprintf("listen: 127.0.0.1:0\nupstream: %s\nstore: {badger: {dir: unused}}\nroutes:\n%s", upstream, routes)
 	cfg, err := config.Parse([]byte(y))
@@ -85,24 +115,28 @@ func parseConfig(t *testing.T, upstream, routes string) *config.Config {
 	return cfg
 }
 
-// answer is a response as the client saw it.
-type answer struct {
-	status int
-	header http.Header
-	body   []byte
-	err    error
+// Answer is a response as the client saw it. Err is the error of the
+// request or of reading the body; the other fields are zero when the
+// request failed.
+type Answer struct {
+	Status int
+	Header http.Header
+	Body   []byte
+	Err    error
 }
 
-func (a answer) replayed() bool { return a.header.Get("Idempotent-Replayed") == "true" }
+// Replayed reports whether the proxy answered with a stored response
+// (Idempotent-Replayed: true).
+func (a Answer) Replayed() bool { return a.Header.Get("Idempotent-Replayed") == "true" }
 
-// problemType returns the name of a problem made by the proxy, "" for any
+// ProblemType returns the name of a problem made by the proxy, "" for any
 // other answer (the upstream's own problems included).
-func (a answer) problemType() string {
-	if a.header.Get("Content-Type") != "application/problem+json" {
+func (a Answer) ProblemType() string {
+	if a.Header.Get("Content-Type") != "application/problem+json" {
 		return ""
 	}
 	var p struct{ Type string }
-	if err := json.Unmarshal(a.body, &p); err != nil {
+	if err := json.Unmarshal(a.Body, &p); err != nil {
 		return "unparsable problem: " + err.Error()
 	}
 	name, ours := strings.CutPrefix(p.Type, problem.TypePrefix)
@@ -112,33 +146,39 @@ func (a answer) problemType() string {
 	return name
 }
 
-func (a answer) field(name string) any {
+// Field returns the top-level member name of the JSON body, nil when the
+// body has none or is not a JSON object.
+func (a Answer) Field(name string) any {
 	var m map[string]any
-	json.Unmarshal(a.body, &m)
+	json.Unmarshal(a.Body, &m)
 	return m[name]
 }
 
-func (a answer) String() string {
-	if a.err != nil {
-		return "error: " + a.err.Error()
+// String returns the status and the body, or the error.
+func (a Answer) String() string {
+	if a.Err != nil {
+		return "error: " + a.Err.Error()
 	}
-	return fmt.Sprintf("%d %s", a.status, a.body)
+	return fmt.Sprintf("%d %s", a.Status, a.Body)
 }
 
-// do sends one request through the proxy. hdr alternates names and values.
-func (e *env) do(method, path, body string, hdr ...string) answer {
-	e.t.Helper()
-	return send(e.srv.Client(), method, e.srv.URL+path, body, hdr...)
+// Do sends one request through the proxy. hdr alternates names and values.
+func (e *Env) Do(method, path, body string, hdr ...string) Answer {
+	e.T.Helper()
+	return Send(e.Server.Client(), method, e.Server.URL+path, body, hdr...)
 }
 
-func send(c *http.Client, method, url, body string, hdr ...string) answer {
+// Send sends one request to url with c and reads the whole answer. A
+// non-empty body is sent as application/json; hdr alternates names and
+// values.
+func Send(c *http.Client, method, url, body string, hdr ...string) Answer {
 	var rd io.Reader
 	if body != "" {
 		rd = strings.NewReader(body)
 	}
 	req, err := http.NewRequest(method, url, rd)
 	if err != nil {
-		return answer{err: err}
+		return Answer{Err: err}
 	}
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")
@@ -148,69 +188,68 @@ func send(c *http.Client, method, url, body string, hdr ...string) answer {
 	}
 	resp, err := c.Do(req)
 	if err != nil {
-		return answer{err: err}
+		return Answer{Err: err}
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
-	return answer{status: resp.StatusCode, header: resp.Header, body: b, err: err}
+	return Answer{Status: resp.StatusCode, Header: resp.Header, Body: b, Err: err}
 }
 
-// charge posts a charge for order.
-func (e *env) charge(order string, amount int, hdr ...string) answer {
-	e.t.Helper()
-	return e.do("POST", "/charges", fmt.Sprintf(`{"orderId": %s, "amount": %d}`, order, amount), hdr...)
+// Charge posts a charge for order (a JSON value: `"A-1"` is a string,
+// `7` a number) through the proxy.
+func (e *Env) Charge(order string, amount int, hdr ...string) Answer {
+	e.T.Helper()
+	return e.Do("POST", "/charges", fmt.Sprintf(`{"orderId": %s, "amount": %d}`, order, amount), hdr...)
 }
 
-// charges returns how many times the stub charged order.
-func (e *env) charges(order string) int {
-	e.t.Helper()
-	resp, err := http.Get(e.stub.URL + "/orders/" + order + "/charges")
+// Charges returns how many times the stub charged order.
+func (e *Env) Charges(order string) int {
+	e.T.Helper()
+	return e.stubCharges("/orders/" + order + "/charges")
+}
+
+// TotalCharges returns how many charges the stub recorded in all.
+func (e *Env) TotalCharges() int {
+	e.T.Helper()
+	return e.stubCharges("/charges")
+}
+
+// stubCharges returns the charges count the stub answers at path.
+func (e *Env) stubCharges(path string) int {
+	e.T.Helper()
+	resp, err := http.Get(e.Stub.URL + path)
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	defer resp.Body.Close()
 	var st struct{ Charges int }
 	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	return st.Charges
 }
 
-// totalCharges returns how many charges the stub recorded in all.
-func (e *env) totalCharges() int {
-	e.t.Helper()
-	resp, err := http.Get(e.stub.URL + "/charges")
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var st struct{ Charges int }
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
-		e.t.Fatal(err)
-	}
-	return st.Charges
-}
-
-// fault queues a stub fault for the next count charge requests.
-func (e *env) fault(name string, count int, delay string) {
-	e.t.Helper()
+// Fault queues a stub fault for the next count charge requests; delay is
+// a duration ("1s"), "" for none.
+func (e *Env) Fault(name string, count int, delay string) {
+	e.T.Helper()
 	body := fmt.Sprintf(`{"fault": %q, "count": %d, "delay": %q}`, name, count, delay)
-	resp, err := http.Post(e.stub.URL+"/faults", "application/json", strings.NewReader(body))
+	resp, err := http.Post(e.Stub.URL+"/faults", "application/json", strings.NewReader(body))
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusCreated {
-		e.t.Fatalf("queue fault %s: %s", body, resp.Status)
+		e.T.Fatalf("queue fault %s: %s", body, resp.Status)
 	}
 }
 
-// state returns the state of a key on a route ("" when there is no record).
-func (e *env) state(route, scope, key string) store.State {
-	e.t.Helper()
-	rec, err := e.store.Get(context.Background(), store.Key(route, scope, key))
+// State returns the state of a key on a route ("" when there is no record).
+func (e *Env) State(route, scope, key string) store.State {
+	e.T.Helper()
+	rec, err := e.Store.Get(context.Background(), store.Key(route, scope, key))
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	if rec == nil {
 		return ""
@@ -218,15 +257,15 @@ func (e *env) state(route, scope, key string) store.State {
 	return rec.State
 }
 
-// outcomes returns idemproxy_requests_total{route, outcome}.
-func (e *env) outcomes(route string, o proxy.Outcome) int {
-	e.t.Helper()
-	return int(counterValue(e.t, e.reg, "idemproxy_requests_total", map[string]string{"route": route, "outcome": string(o)}))
+// Outcomes returns idemproxy_requests_total{route, outcome}.
+func (e *Env) Outcomes(route string, o proxy.Outcome) int {
+	e.T.Helper()
+	return int(CounterValue(e.T, e.Registry, "idemproxy_requests_total", map[string]string{"route": route, "outcome": string(o)}))
 }
 
-// counterValue returns the value of the counter (or gauge) name with
-// exactly labels.
-func counterValue(t *testing.T, reg prometheus.Gatherer, name string, labels map[string]string) float64 {
+// CounterValue returns the value of the counter (or gauge) name with
+// exactly labels (nil for none), 0 when reg has no such series.
+func CounterValue(t testing.TB, reg prometheus.Gatherer, name string, labels map[string]string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -255,8 +294,9 @@ func counterValue(t *testing.T, reg prometheus.Gatherer, name string, labels map
 	return 0
 }
 
-// eventually polls cond for up to 10 s.
-func eventually(t *testing.T, what string, cond func() bool) {
+// Eventually polls cond for up to 10 s, and fails the test with what if it
+// never holds.
+func Eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
@@ -265,12 +305,15 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func wantStatus(t *testing.T, what string, a answer, status int, problemType string) {
+// WantStatus fails the test (named what) if a is not an answer with status
+// and the proxy's problem problemType ("" for an answer that is not one of
+// the proxy's problems). A request that failed stops the test.
+func WantStatus(t testing.TB, what string, a Answer, status int, problemType string) {
 	t.Helper()
-	if a.err != nil {
-		t.Fatalf("%s: %v", what, a.err)
+	if a.Err != nil {
+		t.Fatalf("%s: %v", what, a.Err)
 	}
-	if a.status != status || a.problemType() != problemType {
-		t.Errorf("%s: got %d %q (%s), want %d %q", what, a.status, a.problemType(), bytes.TrimSpace(a.body), status, problemType)
+	if a.Status != status || a.ProblemType() != problemType {
+		t.Errorf("%s: got %d %q (%s), want %d %q", what, a.Status, a.ProblemType(), bytes.TrimSpace(a.Body), status, problemType)
 	}
 }
