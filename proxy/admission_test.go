@@ -11,21 +11,22 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/proxy/proxytest"
 	"github.com/idemproxy/idemproxy/upstream-stub/stub"
 )
 
-// h2env is env's proxy also served over cleartext HTTP/2 (prior
-// knowledge), with a client that speaks only that: every request is a
-// stream of one connection.
-func h2env(t *testing.T, cfg func(*config.Config)) (*env, *httptest.Server, *http.Client) {
+// h2env is a proxytest.Env whose proxy is also served over cleartext
+// HTTP/2 (prior knowledge), with a client that speaks only that: every
+// request is a stream of one connection.
+func h2env(t *testing.T, cfg func(*config.Config)) (*proxytest.Env, *httptest.Server, *http.Client) {
 	t.Helper()
-	e := &env{t: t}
-	e.stub = httptest.NewServer(stub.New(slog.New(slog.DiscardHandler)))
-	t.Cleanup(e.stub.Close)
-	c := parseConfig(t, e.stub.URL, chargesByOrder)
+	e := &proxytest.Env{T: t}
+	e.Stub = httptest.NewServer(stub.New(slog.New(slog.DiscardHandler)))
+	t.Cleanup(e.Stub.Close)
+	c := proxytest.ParseConfig(t, e.Stub.URL, chargesByOrder)
 	cfg(c)
-	e.startConfig(c)
-	srv := httptest.NewUnstartedServer(e.p)
+	e.StartConfig(c)
+	srv := httptest.NewUnstartedServer(e.Proxy)
 	srv.Config.Protocols = new(http.Protocols)
 	srv.Config.Protocols.SetHTTP1(true)
 	srv.Config.Protocols.SetUnencryptedHTTP2(true)
@@ -39,28 +40,28 @@ func h2env(t *testing.T, cfg func(*config.Config)) (*env, *httptest.Server, *htt
 
 // stalledStream starts a request whose body sends prefix and then stalls
 // until the test ends; its answer arrives on the channel.
-func stalledStream(t *testing.T, c *http.Client, url, prefix string) <-chan answer {
+func stalledStream(t *testing.T, c *http.Client, url, prefix string) <-chan proxytest.Answer {
 	pr, pw := io.Pipe()
 	t.Cleanup(func() { pw.CloseWithError(io.ErrClosedPipe) })
 	go pw.Write([]byte(prefix))
-	out := make(chan answer, 1)
+	out := make(chan proxytest.Answer, 1)
 	go func() {
 		req, _ := http.NewRequest("POST", url+"/charges", pr)
 		req.Header.Set("Content-Type", "application/json")
 		resp, err := c.Do(req)
 		if err != nil {
-			out <- answer{err: err}
+			out <- proxytest.Answer{Err: err}
 			return
 		}
 		defer resp.Body.Close()
 		b, err := io.ReadAll(resp.Body)
-		out <- answer{status: resp.StatusCode, header: resp.Header, body: b, err: err}
+		out <- proxytest.Answer{Status: resp.StatusCode, Header: resp.Header, Body: b, Err: err}
 	}()
 	return out
 }
 
-func (e *env) bufferedBytes() float64 {
-	return counterValue(e.t, e.reg, "idemproxy_buffered_bytes", nil)
+func bufferedBytes(e *proxytest.Env) float64 {
+	return proxytest.CounterValue(e.T, e.Registry, "idemproxy_buffered_bytes", nil)
 }
 
 // TestHTTP2StreamsShareTheClientsBuffers: HTTP/2 streams of one connection
@@ -75,21 +76,21 @@ func TestHTTP2StreamsShareTheClientsBuffers(t *testing.T) {
 	})
 	// 100 KiB arrive into chunks of 4, 4, 8, 16, 32 and 64 KiB.
 	first := stalledStream(t, c, srv.URL, `{"orderId": "ORD-H2", "note": "`+strings.Repeat("x", 100<<10))
-	eventually(t, "the first stream's body held", func() bool { return e.bufferedBytes() == 128<<10 })
+	proxytest.Eventually(t, "the first stream's body held", func() bool { return bufferedBytes(e) == 128<<10 })
 	second := stalledStream(t, c, srv.URL, `{"note": "`+strings.Repeat("x", 10<<10))
 	a := <-second
-	wantStatus(t, "a second stream over the client's share", a, 503, "overloaded")
-	a = send(c, "POST", srv.URL+"/charges", `{"orderId": "ORD-H2-OTHER", "amount": 1}`)
-	wantStatus(t, "a charge from the client holding its share", a, 503, "overloaded")
-	if got := counterValue(t, e.reg, "idemproxy_buffer_refusals_total", map[string]string{"reason": "client"}); got != 2 {
+	proxytest.WantStatus(t, "a second stream over the client's share", a, 503, "overloaded")
+	a = proxytest.Send(c, "POST", srv.URL+"/charges", `{"orderId": "ORD-H2-OTHER", "amount": 1}`)
+	proxytest.WantStatus(t, "a charge from the client holding its share", a, 503, "overloaded")
+	if got := proxytest.CounterValue(t, e.Registry, "idemproxy_buffer_refusals_total", map[string]string{"reason": "client"}); got != 2 {
 		t.Errorf(`idemproxy_buffer_refusals_total{reason="client"} = %v, want 2`, got)
 	}
 	a = <-first
-	wantStatus(t, "the stalled stream", a, 408, "body-timeout")
-	if got := counterValue(t, e.reg, "idemproxy_request_body_timeouts_total", nil); got != 1 {
+	proxytest.WantStatus(t, "the stalled stream", a, 408, "body-timeout")
+	if got := proxytest.CounterValue(t, e.Registry, "idemproxy_request_body_timeouts_total", nil); got != 1 {
 		t.Errorf("idemproxy_request_body_timeouts_total = %v, want 1", got)
 	}
-	eventually(t, "the budget given back", func() bool { return e.bufferedBytes() == 0 })
+	proxytest.Eventually(t, "the budget given back", func() bool { return bufferedBytes(e) == 0 })
 	// The same connection (the transport keeps one) serves on; the cut
 	// request's key was never reserved.
 	req, _ := http.NewRequest("POST", srv.URL+"/charges", strings.NewReader(`{"orderId": "ORD-H2", "amount": 1}`))
@@ -127,26 +128,26 @@ func TestBodyCharges(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			e := &env{t: t}
-			e.stub = httptest.NewServer(stub.New(slog.New(slog.DiscardHandler)))
-			t.Cleanup(e.stub.Close)
-			e.startConfig(parseConfig(t, e.stub.URL, chargesByOrder))
+			e := &proxytest.Env{T: t}
+			e.Stub = httptest.NewServer(stub.New(slog.New(slog.DiscardHandler)))
+			t.Cleanup(e.Stub.Close)
+			e.StartConfig(proxytest.ParseConfig(t, e.Stub.URL, chargesByOrder))
 			pr, pw := io.Pipe()
 			t.Cleanup(func() { pw.CloseWithError(io.ErrClosedPipe) })
 			go pw.Write([]byte(strings.Repeat(" ", tt.sent)))
-			req, _ := http.NewRequest("POST", e.srv.URL+"/charges", pr)
+			req, _ := http.NewRequest("POST", e.Server.URL+"/charges", pr)
 			req.ContentLength = tt.length
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
-				if resp, err := e.srv.Client().Do(req); err == nil {
+				if resp, err := e.Server.Client().Do(req); err == nil {
 					resp.Body.Close()
 				}
 			}()
-			eventually(t, fmt.Sprintf("%v bytes held", tt.wantHeld), func() bool { return e.bufferedBytes() == tt.wantHeld })
+			proxytest.Eventually(t, fmt.Sprintf("%v bytes held", tt.wantHeld), func() bool { return bufferedBytes(e) == tt.wantHeld })
 			pw.CloseWithError(io.ErrClosedPipe) // the client goes away
 			<-done
-			eventually(t, "the budget given back", func() bool { return e.bufferedBytes() == 0 })
+			proxytest.Eventually(t, "the budget given back", func() bool { return bufferedBytes(e) == 0 })
 		})
 	}
 }

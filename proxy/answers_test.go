@@ -9,14 +9,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemproxy/idemproxy/proxy/proxytest"
 	"github.com/idemproxy/idemproxy/store"
 )
 
 // upstreamCodes returns the code labels of
 // idemproxy_upstream_request_duration_seconds observed for route.
-func upstreamCodes(t *testing.T, e *env, route string) map[string]uint64 {
+func upstreamCodes(t *testing.T, e *proxytest.Env, route string) map[string]uint64 {
 	t.Helper()
-	mfs, err := e.reg.Gather()
+	mfs, err := e.Registry.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,9 +54,9 @@ func TestPassthroughEarlyHintsStatus(t *testing.T) {
 		w.Write([]byte("ok"))
 	}))
 	defer up.Close()
-	e := &env{t: t}
-	e.start(up.URL, chargesByOrder)
-	wantStatus(t, "passthrough", e.do("GET", "/page", ""), 200, "")
+	e := &proxytest.Env{T: t}
+	e.Start(up.URL, chargesByOrder)
+	proxytest.WantStatus(t, "passthrough", e.Do("GET", "/page", ""), 200, "")
 	if got := upstreamCodes(t, e, ""); got["200"] != 1 || len(got) != 1 {
 		t.Errorf("upstream codes of the passthrough = %v, want one 200", got)
 	}
@@ -83,39 +84,39 @@ func TestClientThatStopsReading(t *testing.T) {
 		}
 	}))
 	defer up.Close()
-	e := &env{t: t}
-	e.start(up.URL, `
+	e := &proxytest.Env{T: t}
+	e.Start(up.URL, `
   - name: charges
     match: POST /charges
     key: {header: Idempotency-Key}
     upstream_timeout: 3s
     lease: 1h
 `)
-	conn, err := net.Dial("tcp", e.srv.Listener.Addr().String())
+	conn, err := net.Dial("tcp", e.Server.Listener.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
 	conn.(*net.TCPConn).SetReadBuffer(4 << 10)
 	fmt.Fprintf(conn, "POST /charges HTTP/1.1\r\nHost: x\r\nIdempotency-Key: k1\r\nContent-Length: 2\r\n\r\n{}")
-	eventually(t, "the charge is reserved", func() bool { return e.state("charges", "", "k1") != "" })
-	eventually(t, "the key settles although the client stopped reading", func() bool {
-		return e.state("charges", "", "k1") != store.StateInFlight
+	proxytest.Eventually(t, "the charge is reserved", func() bool { return e.State("charges", "", "k1") != "" })
+	proxytest.Eventually(t, "the key settles although the client stopped reading", func() bool {
+		return e.State("charges", "", "k1") != store.StateInFlight
 	})
 	// The answer, too large to store, was streamed: the client, too slow
 	// for it, was cut off a quarter of upstream_timeout before its end,
 	// and the rest of the upstream's answer read in that time. The upstream
 	// finished, so the key is completed (not replayable), not in doubt.
-	if got := e.state("charges", "", "k1"); got != store.StateCompleted {
+	if got := e.State("charges", "", "k1"); got != store.StateCompleted {
 		t.Errorf("the key is %q, want completed: the upstream's answer ended", got)
 	}
-	wantStatus(t, "retry", send(e.srv.Client(), "POST", e.srv.URL+"/charges", "{}", "Idempotency-Key", "k1"), 409, "response-not-replayable")
+	proxytest.WantStatus(t, "retry", proxytest.Send(e.Server.Client(), "POST", e.Server.URL+"/charges", "{}", "Idempotency-Key", "k1"), 409, "response-not-replayable")
 	// The deadline is the answer's, not the connection's: the next
 	// request on a kept-alive connection, after it, is answered.
-	c := e.srv.Client()
-	wantStatus(t, "first on the connection", send(c, "POST", e.srv.URL+"/charges", "{}", "Idempotency-Key", "k2"), 200, "")
+	c := e.Server.Client()
+	proxytest.WantStatus(t, "first on the connection", proxytest.Send(c, "POST", e.Server.URL+"/charges", "{}", "Idempotency-Key", "k2"), 200, "")
 	time.Sleep(3500 * time.Millisecond) // past the first request's upstream_timeout
-	wantStatus(t, "next on the connection", send(c, "POST", e.srv.URL+"/charges", "{}", "Idempotency-Key", "k3"), 200, "")
+	proxytest.WantStatus(t, "next on the connection", proxytest.Send(c, "POST", e.Server.URL+"/charges", "{}", "Idempotency-Key", "k3"), 200, "")
 }
 
 // TestPassthroughUpstreamDurationEndsAtHeaders: the upstream duration of a
@@ -132,14 +133,14 @@ func TestPassthroughUpstreamDurationEndsAtHeaders(t *testing.T) {
 	}))
 	defer up.Close()
 	defer close(release)
-	e := &env{t: t}
-	e.start(up.URL, chargesByOrder)
-	resp, err := http.Get(e.srv.URL + "/stream")
+	e := &proxytest.Env{T: t}
+	e.Start(up.URL, chargesByOrder)
+	resp, err := http.Get(e.Server.URL + "/stream")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	eventually(t, "the passthrough's upstream duration observed once its headers came", func() bool {
+	proxytest.Eventually(t, "the passthrough's upstream duration observed once its headers came", func() bool {
 		return upstreamCodes(t, e, "")["200"] == 1
 	})
 }

@@ -1,6 +1,8 @@
 package proxy_test
 
 import (
+	"github.com/idemproxy/idemproxy/proxy/proxytest"
+
 	"fmt"
 	"net/http"
 	"testing"
@@ -49,12 +51,12 @@ func TestArticleThreeOrdersOneCorrelationID(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			e := newEnv(t, tt.routes)
+			e := proxytest.New(t, tt.routes)
 			for i, order := range []string{`"ORD-2101"`, `"ORD-2102"`, `"ORD-2103"`} {
-				a := e.charge(order, 10*(i+1), "X-Correlation-ID", "BATCH-1")
-				wantStatus(t, fmt.Sprintf("order %d", i+1), a, tt.want[i], tt.wantType[i])
+				a := e.Charge(order, 10*(i+1), "X-Correlation-ID", "BATCH-1")
+				proxytest.WantStatus(t, fmt.Sprintf("order %d", i+1), a, tt.want[i], tt.wantType[i])
 			}
-			if got := e.totalCharges(); got != tt.wantCharge {
+			if got := e.TotalCharges(); got != tt.wantCharge {
 				t.Errorf("charges = %d, want %d", got, tt.wantCharge)
 			}
 		})
@@ -65,25 +67,25 @@ func TestArticleThreeOrdersOneCorrelationID(t *testing.T) {
 // with a new correlation ID.
 func TestArticleSameOrderTwoCorrelationIDs(t *testing.T) {
 	t.Run("keyed by correlation ID: charged twice", func(t *testing.T) {
-		e := newEnv(t, byCorrelationID)
-		first := e.charge(`"ORD-IR-B-100"`, 100, "X-Correlation-ID", "CLIENT-TRY-1")
-		second := e.charge(`"ORD-IR-B-100"`, 100, "X-Correlation-ID", "CLIENT-TRY-2")
-		wantStatus(t, "first", first, 201, "")
-		wantStatus(t, "second", second, 201, "")
-		if got := e.charges("ORD-IR-B-100"); got != 2 {
+		e := proxytest.New(t, byCorrelationID)
+		first := e.Charge(`"ORD-IR-B-100"`, 100, "X-Correlation-ID", "CLIENT-TRY-1")
+		second := e.Charge(`"ORD-IR-B-100"`, 100, "X-Correlation-ID", "CLIENT-TRY-2")
+		proxytest.WantStatus(t, "first", first, 201, "")
+		proxytest.WantStatus(t, "second", second, 201, "")
+		if got := e.Charges("ORD-IR-B-100"); got != 2 {
 			t.Errorf("charges = %d, want 2", got)
 		}
 	})
 	t.Run("keyed by orderId: charged once, the retry replayed", func(t *testing.T) {
-		e := newEnv(t, byOrderID)
-		first := e.charge(`"ORD-IR-A-100"`, 100, "X-Correlation-ID", "CLIENT-TRY-1")
-		second := e.charge(`"ORD-IR-A-100"`, 100, "X-Correlation-ID", "CLIENT-TRY-2")
-		wantStatus(t, "first", first, 201, "")
-		wantStatus(t, "second", second, 201, "")
-		if !second.replayed() || string(second.body) != string(first.body) {
-			t.Errorf("second answer = %s (replayed %v), want the first answer %s replayed", second.body, second.replayed(), first.body)
+		e := proxytest.New(t, byOrderID)
+		first := e.Charge(`"ORD-IR-A-100"`, 100, "X-Correlation-ID", "CLIENT-TRY-1")
+		second := e.Charge(`"ORD-IR-A-100"`, 100, "X-Correlation-ID", "CLIENT-TRY-2")
+		proxytest.WantStatus(t, "first", first, 201, "")
+		proxytest.WantStatus(t, "second", second, 201, "")
+		if !second.Replayed() || string(second.Body) != string(first.Body) {
+			t.Errorf("second answer = %s (replayed %v), want the first answer %s replayed", second.Body, second.Replayed(), first.Body)
 		}
-		if got := e.charges("ORD-IR-A-100"); got != 1 {
+		if got := e.Charges("ORD-IR-A-100"); got != 1 {
 			t.Errorf("charges = %d, want 1", got)
 		}
 	})
@@ -104,14 +106,14 @@ func TestArticleSameRequestRepeated(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			e := newEnv(t, tt.routes)
-			wantStatus(t, "first", e.charge(`"ORD-1"`, 5, "X-Correlation-ID", "C-1"), 201, "")
-			second := e.charge(`"ORD-1"`, 5, "X-Correlation-ID", "C-1")
-			wantStatus(t, "second", second, tt.wantStatus, tt.wantType)
-			if second.replayed() != tt.replayed {
-				t.Errorf("replayed = %v, want %v", second.replayed(), tt.replayed)
+			e := proxytest.New(t, tt.routes)
+			proxytest.WantStatus(t, "first", e.Charge(`"ORD-1"`, 5, "X-Correlation-ID", "C-1"), 201, "")
+			second := e.Charge(`"ORD-1"`, 5, "X-Correlation-ID", "C-1")
+			proxytest.WantStatus(t, "second", second, tt.wantStatus, tt.wantType)
+			if second.Replayed() != tt.replayed {
+				t.Errorf("replayed = %v, want %v", second.Replayed(), tt.replayed)
 			}
-			if got := e.charges("ORD-1"); got != 1 {
+			if got := e.Charges("ORD-1"); got != 1 {
 				t.Errorf("charges = %d, want 1", got)
 			}
 		})
@@ -151,24 +153,24 @@ func TestTrap(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			e := newEnv(t, fmt.Sprintf(`
+			e := proxytest.New(t, fmt.Sprintf(`
   - name: charges
     match: POST /charges
     key: {json: orderId}
     policy: %s
 `, tt.policy))
-			e.fault(tt.fault, 1, "")
-			first := e.charge(`"ORD-T"`, 10)
-			wantStatus(t, "first attempt", first, tt.first, tt.firstType)
-			if got := e.state("charges", "", "ORD-T"); string(got) != tt.state {
+			e.Fault(tt.fault, 1, "")
+			first := e.Charge(`"ORD-T"`, 10)
+			proxytest.WantStatus(t, "first attempt", first, tt.first, tt.firstType)
+			if got := e.State("charges", "", "ORD-T"); string(got) != tt.state {
 				t.Errorf("key state after the first attempt = %q, want %q", got, tt.state)
 			}
-			retry := e.charge(`"ORD-T"`, 10)
-			wantStatus(t, "retry", retry, tt.retry, tt.retryType)
-			if retry.replayed() != tt.retryReplay {
-				t.Errorf("retry replayed = %v, want %v", retry.replayed(), tt.retryReplay)
+			retry := e.Charge(`"ORD-T"`, 10)
+			proxytest.WantStatus(t, "retry", retry, tt.retry, tt.retryType)
+			if retry.Replayed() != tt.retryReplay {
+				t.Errorf("retry replayed = %v, want %v", retry.Replayed(), tt.retryReplay)
 			}
-			if got := e.charges("ORD-T"); got != tt.charges {
+			if got := e.Charges("ORD-T"); got != tt.charges {
 				t.Errorf("charges = %d, want %d", got, tt.charges)
 			}
 		})
@@ -179,17 +181,17 @@ func TestTrap(t *testing.T) {
 // behaviour) the retry of a failed charge is a 409 that at least names the
 // stored 500.
 func TestTrapRejectShowsStoredStatus(t *testing.T) {
-	e := newEnv(t, `
+	e := proxytest.New(t, `
   - name: charges
     match: POST /charges
     key: {json: orderId}
     duplicate: reject
 `)
-	e.fault("fail-before-charge", 1, "")
-	wantStatus(t, "first", e.charge(`"ORD-R"`, 1), 500, "")
-	retry := e.charge(`"ORD-R"`, 1)
-	wantStatus(t, "retry", retry, 409, "duplicate-request")
-	if got := retry.field("stored_status"); got != float64(500) {
+	e.Fault("fail-before-charge", 1, "")
+	proxytest.WantStatus(t, "first", e.Charge(`"ORD-R"`, 1), 500, "")
+	retry := e.Charge(`"ORD-R"`, 1)
+	proxytest.WantStatus(t, "retry", retry, 409, "duplicate-request")
+	if got := retry.Field("stored_status"); got != float64(500) {
 		t.Errorf("stored_status = %v, want 500", got)
 	}
 }
@@ -197,29 +199,29 @@ func TestTrapRejectShowsStoredStatus(t *testing.T) {
 // TestLateAnswer: an answer that comes after the upstream timeout is a
 // 504, the key is in doubt, the retry gets 409 and the order is charged once.
 func TestLateAnswer(t *testing.T) {
-	e := newEnv(t, `
+	e := proxytest.New(t, `
   - name: charges
     match: POST /charges
     key: {json: orderId}
     upstream_timeout: 200ms
     lease: 1s
 `)
-	e.fault("delay", 1, "700ms")
-	wantStatus(t, "first", e.charge(`"ORD-L"`, 1), http.StatusGatewayTimeout, "upstream-timeout")
-	if got := e.state("charges", "", "ORD-L"); got != "in_doubt" {
+	e.Fault("delay", 1, "700ms")
+	proxytest.WantStatus(t, "first", e.Charge(`"ORD-L"`, 1), http.StatusGatewayTimeout, "upstream-timeout")
+	if got := e.State("charges", "", "ORD-L"); got != "in_doubt" {
 		t.Errorf("state = %q, want in_doubt", got)
 	}
-	retry := e.charge(`"ORD-L"`, 1)
-	wantStatus(t, "retry", retry, http.StatusConflict, "outcome-in-doubt")
-	if retry.field("expires_at") == nil {
-		t.Errorf("the in-doubt problem does not say when the key expires: %s", retry.body)
+	retry := e.Charge(`"ORD-L"`, 1)
+	proxytest.WantStatus(t, "retry", retry, http.StatusConflict, "outcome-in-doubt")
+	if retry.Field("expires_at") == nil {
+		t.Errorf("the in-doubt problem does not say when the key expires: %s", retry.Body)
 	}
-	eventually(t, "the late charge is recorded", func() bool { return e.charges("ORD-L") == 1 })
-	wantStatus(t, "retry after the late answer", e.charge(`"ORD-L"`, 1), http.StatusConflict, "outcome-in-doubt")
-	if got := e.charges("ORD-L"); got != 1 {
+	proxytest.Eventually(t, "the late charge is recorded", func() bool { return e.Charges("ORD-L") == 1 })
+	proxytest.WantStatus(t, "retry after the late answer", e.Charge(`"ORD-L"`, 1), http.StatusConflict, "outcome-in-doubt")
+	if got := e.Charges("ORD-L"); got != 1 {
 		t.Errorf("charges = %d, want 1", got)
 	}
-	if got := e.outcomes("charges", "in_doubt"); got != 1 {
+	if got := e.Outcomes("charges", "in_doubt"); got != 1 {
 		t.Errorf("in_doubt outcomes = %d, want 1", got)
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/proxy/proxytest"
 	"github.com/idemproxy/idemproxy/store/badger"
 	"github.com/idemproxy/idemproxy/store/redis"
 )
@@ -32,7 +33,7 @@ func BenchmarkProxiedRequest(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		cfg := parseConfig(&testing.T{}, up.URL, chargesByOrder)
+		cfg := proxytest.ParseConfig(&testing.T{}, up.URL, chargesByOrder)
 		p, err := proxy.New(cfg, proxy.Options{Store: st})
 		if err != nil {
 			b.Fatal(err)
@@ -85,7 +86,7 @@ func BenchmarkProxiedRequestRedis(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer st.Close()
-	p, err := proxy.New(parseConfig(&testing.T{}, up.URL, chargesByOrder), proxy.Options{Store: st})
+	p, err := proxy.New(proxytest.ParseConfig(&testing.T{}, up.URL, chargesByOrder), proxy.Options{Store: st})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -1,6 +1,8 @@
 package proxy_test
 
 import (
+	"github.com/idemproxy/idemproxy/proxy/proxytest"
+
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -38,21 +40,21 @@ func TestAnswerBrokenOffIsNotPassedAsComplete(t *testing.T) {
 				panic(http.ErrAbortHandler) // connection reset mid-body
 			}))
 			defer up.Close()
-			e := &env{t: t}
-			e.start(up.URL, fmt.Sprintf(`
+			e := &proxytest.Env{T: t}
+			e.Start(up.URL, fmt.Sprintf(`
   - name: charges
     match: POST /charges
     key: {header: Idempotency-Key}
     max_stored_body_bytes: %d
 `, tc.maxStore))
-			a := e.do("POST", "/charges", `{"amount":1}`, "Idempotency-Key", "k1")
+			a := e.Do("POST", "/charges", `{"amount":1}`, "Idempotency-Key", "k1")
 			switch {
-			case tc.want == 0 && a.err == nil:
-				t.Errorf("the client received a truncated upstream body as a complete %d answer", a.status)
+			case tc.want == 0 && a.Err == nil:
+				t.Errorf("the client received a truncated upstream body as a complete %d answer", a.Status)
 			case tc.want != 0:
-				wantStatus(t, "the broken answer", a, tc.want, "upstream-reset")
+				proxytest.WantStatus(t, "the broken answer", a, tc.want, "upstream-reset")
 			}
-			wantStatus(t, "retry", e.do("POST", "/charges", `{"amount":1}`, "Idempotency-Key", "k1"), 409, "outcome-in-doubt")
+			proxytest.WantStatus(t, "retry", e.Do("POST", "/charges", `{"amount":1}`, "Idempotency-Key", "k1"), 409, "outcome-in-doubt")
 		})
 	}
 }
@@ -71,13 +73,13 @@ func TestAnswerBodyThatStalls(t *testing.T) {
 	}))
 	defer up.Close()
 	defer close(release)
-	e := &env{t: t}
-	e.start(up.URL, `
+	e := &proxytest.Env{T: t}
+	e.Start(up.URL, `
   - name: charges
     match: POST /charges
     key: {header: Idempotency-Key}
     upstream_timeout: 300ms
 `)
-	wantStatus(t, "stalled answer", e.do("POST", "/charges", `{}`, "Idempotency-Key", "k1"), 504, "upstream-timeout")
-	wantStatus(t, "retry", e.do("POST", "/charges", `{}`, "Idempotency-Key", "k1"), 409, "outcome-in-doubt")
+	proxytest.WantStatus(t, "stalled answer", e.Do("POST", "/charges", `{}`, "Idempotency-Key", "k1"), 504, "upstream-timeout")
+	proxytest.WantStatus(t, "retry", e.Do("POST", "/charges", `{}`, "Idempotency-Key", "k1"), 409, "outcome-in-doubt")
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/proxy/proxytest"
 	"github.com/idemproxy/idemproxy/upstream-stub/stub"
 )
 
@@ -22,31 +23,31 @@ import (
 // reason.
 func TestClientShareAnswerNamesTheSetting(t *testing.T) {
 	var log syncBuffer
-	e := &env{t: t, log: &log}
-	e.stub = httptest.NewServer(stub.New(slog.New(slog.DiscardHandler)))
-	t.Cleanup(e.stub.Close)
-	c := parseConfig(t, e.stub.URL, chargesByOrder)
+	e := &proxytest.Env{T: t, Log: &log}
+	e.Stub = httptest.NewServer(stub.New(slog.New(slog.DiscardHandler)))
+	t.Cleanup(e.Stub.Close)
+	c := proxytest.ParseConfig(t, e.Stub.URL, chargesByOrder)
 	c.Server.MaxBufferedBytes = 1 << 20
 	c.Server.MaxBufferedBytesPerClient = 16 << 10
 	c.Server.BodyTimeout = config.Duration(3 * time.Second)
-	e.startConfig(c)
+	e.StartConfig(c)
 	client := &http.Client{Timeout: 20 * time.Second}
-	first := stalledStream(t, client, e.srv.URL, `{"orderId": "ORD-MESH", "note": "`+strings.Repeat("x", 16<<10))
-	eventually(t, "the first body holds the share", func() bool { return e.bufferedBytes() >= 16<<10 })
-	a := send(client, "POST", e.srv.URL+"/charges", `{"orderId": "ORD-MESH-2", "amount": 1}`)
-	wantStatus(t, "a charge over the client's share", a, 503, "overloaded")
+	first := stalledStream(t, client, e.Server.URL, `{"orderId": "ORD-MESH", "note": "`+strings.Repeat("x", 16<<10))
+	proxytest.Eventually(t, "the first body holds the share", func() bool { return bufferedBytes(e) >= 16<<10 })
+	a := proxytest.Send(client, "POST", e.Server.URL+"/charges", `{"orderId": "ORD-MESH-2", "amount": 1}`)
+	proxytest.WantStatus(t, "a charge over the client's share", a, 503, "overloaded")
 	var p struct {
 		Detail  string
 		Setting string
 		Client  string
 		Limit   int64
 	}
-	if err := json.Unmarshal(a.body, &p); err != nil {
+	if err := json.Unmarshal(a.Body, &p); err != nil {
 		t.Fatal(err)
 	}
 	if p.Setting != "server.max_buffered_bytes_per_client" || p.Client != "127.0.0.1" || p.Limit != 16<<10 ||
 		!strings.Contains(p.Detail, "server.max_buffered_bytes_per_client") || !strings.Contains(p.Detail, "127.0.0.1") {
-		t.Errorf("the problem = %s, want the setting server.max_buffered_bytes_per_client, its limit 16384 and client 127.0.0.1 named", a.body)
+		t.Errorf("the problem = %s, want the setting server.max_buffered_bytes_per_client, its limit 16384 and client 127.0.0.1 named", a.Body)
 	}
 	<-first
 	var access, warn map[string]any

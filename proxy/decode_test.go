@@ -1,6 +1,8 @@
 package proxy_test
 
 import (
+	"github.com/idemproxy/idemproxy/proxy/proxytest"
+
 	"bytes"
 	"compress/gzip"
 	"compress/zlib"
@@ -56,9 +58,9 @@ func (rc *recorder) calls() int {
 }
 
 // sendBody posts body as sent, with the given Content-Encoding.
-func sendBody(t *testing.T, e *env, body []byte, coding string, hdr ...string) answer {
+func sendBody(t *testing.T, e *proxytest.Env, body []byte, coding string, hdr ...string) proxytest.Answer {
 	t.Helper()
-	req, _ := http.NewRequest("POST", e.srv.URL+"/charges", bytes.NewReader(body))
+	req, _ := http.NewRequest("POST", e.Server.URL+"/charges", bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	if coding != "" {
 		req.Header.Set("Content-Encoding", coding)
@@ -66,13 +68,13 @@ func sendBody(t *testing.T, e *env, body []byte, coding string, hdr ...string) a
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Set(hdr[i], hdr[i+1])
 	}
-	resp, err := e.srv.Client().Do(req)
+	resp, err := e.Server.Client().Do(req)
 	if err != nil {
-		return answer{err: err}
+		return proxytest.Answer{Err: err}
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
-	return answer{status: resp.StatusCode, header: resp.Header, body: b, err: err}
+	return proxytest.Answer{Status: resp.StatusCode, Header: resp.Header, Body: b, Err: err}
 }
 
 // TestCompressedRequestBody: a gzip or deflate body on a route that reads
@@ -86,10 +88,10 @@ func TestCompressedRequestBody(t *testing.T) {
 	for _, route := range []string{chargesByOrder, chargesByHeader} {
 		up := &recorder{}
 		srv := httptest.NewServer(up)
-		e := &env{t: t}
-		e.start(srv.URL, route)
+		e := &proxytest.Env{T: t}
+		e.Start(srv.URL, route)
 		key := []string{"Idempotency-Key", "ORD-Z1"}
-		wantStatus(t, "gzip", sendBody(t, e, first, "gzip", key...), 201, "")
+		proxytest.WantStatus(t, "gzip", sendBody(t, e, first, "gzip", key...), 201, "")
 		for _, retry := range []struct {
 			name   string
 			body   []byte
@@ -102,7 +104,7 @@ func TestCompressedRequestBody(t *testing.T) {
 			{"not compressed", order, ""},
 		} {
 			a := sendBody(t, e, retry.body, retry.coding, key...)
-			if a.status != 201 || !a.replayed() {
+			if a.Status != 201 || !a.Replayed() {
 				t.Errorf("retry %s: %s, want the 201 replayed", retry.name, a)
 			}
 		}
@@ -130,8 +132,8 @@ func TestCompressedRequestBodyRefused(t *testing.T) {
 	up := &recorder{}
 	srv := httptest.NewServer(up)
 	defer srv.Close()
-	e := &env{t: t}
-	e.start(srv.URL, chargesByOrder)
+	e := &proxytest.Env{T: t}
+	e.Start(srv.URL, chargesByOrder)
 	for _, tc := range []struct {
 		name, coding string
 		body         []byte
@@ -146,32 +148,32 @@ func TestCompressedRequestBodyRefused(t *testing.T) {
 		{"not deflate", "deflate", order, 400, "unreadable-body"},
 		{"gzip bomb", "gzip", bomb, 413, "body-too-large"},
 	} {
-		wantStatus(t, tc.name, sendBody(t, e, tc.body, tc.coding), tc.status, tc.problem)
+		proxytest.WantStatus(t, tc.name, sendBody(t, e, tc.body, tc.coding), tc.status, tc.problem)
 	}
 	if up.calls() != 0 {
 		t.Errorf("the upstream got %d requests, want none", up.calls())
 	}
-	if got := e.state("charges", "", "ORD-Z2"); got != "" {
+	if got := e.State("charges", "", "ORD-Z2"); got != "" {
 		t.Errorf("the key is %q, want no record", got)
 	}
 
-	e2 := &env{t: t}
-	e2.start(srv.URL, chargesByHeader+"    fingerprint: {disabled: true}\n")
-	wantStatus(t, "br, nothing read from the body", sendBody(t, e2, order, "br", "Idempotency-Key", "k1"), 201, "")
+	e2 := &proxytest.Env{T: t}
+	e2.Start(srv.URL, chargesByHeader+"    fingerprint: {disabled: true}\n")
+	proxytest.WantStatus(t, "br, nothing read from the body", sendBody(t, e2, order, "br", "Idempotency-Key", "k1"), 201, "")
 
 	// The decoded copy counts in server.max_buffered_bytes too: with room
 	// for one body of max_body_bytes, a compressed body that decodes to
 	// nearly that much does not fit beside its compressed bytes.
-	e4 := &env{t: t}
-	cfg := parseConfig(t, srv.URL, chargesByOrder+"    max_body_bytes: 65536\n")
+	e4 := &proxytest.Env{T: t}
+	cfg := proxytest.ParseConfig(t, srv.URL, chargesByOrder+"    max_body_bytes: 65536\n")
 	cfg.Server.MaxBufferedBytes = 65536
-	e4.startConfig(cfg)
+	e4.StartConfig(cfg)
 	big := []byte(`{"orderId": "ORD-Z3", "pad": "` + strings.Repeat("x", 60<<10) + `"}`)
-	wantStatus(t, "decoded past the budget", sendBody(t, e4, gzipWith(big, time.Time{}, 9), "gzip"), 503, "overloaded")
-	wantStatus(t, "the same, not compressed", sendBody(t, e4, big, ""), 201, "")
-	e3 := &env{t: t}
-	e3.start(srv.URL, chargesByOrder+"    mode: observe\n")
-	wantStatus(t, "br, in observe mode", sendBody(t, e3, order, "br"), 201, "")
+	proxytest.WantStatus(t, "decoded past the budget", sendBody(t, e4, gzipWith(big, time.Time{}, 9), "gzip"), 503, "overloaded")
+	proxytest.WantStatus(t, "the same, not compressed", sendBody(t, e4, big, ""), 201, "")
+	e3 := &proxytest.Env{T: t}
+	e3.Start(srv.URL, chargesByOrder+"    mode: observe\n")
+	proxytest.WantStatus(t, "br, in observe mode", sendBody(t, e3, order, "br"), 201, "")
 }
 
 // TestCompressedEmptyBody: a gzip body that decodes to nothing (clients
@@ -181,12 +183,12 @@ func TestCompressedEmptyBody(t *testing.T) {
 	up := &recorder{}
 	srv := httptest.NewServer(up)
 	defer srv.Close()
-	e := &env{t: t}
-	e.start(srv.URL, chargesByHeader)
+	e := &proxytest.Env{T: t}
+	e.Start(srv.URL, chargesByHeader)
 	empty := gzipWith(nil, time.Time{}, gzip.DefaultCompression)
-	wantStatus(t, "gzip of nothing", sendBody(t, e, empty, "gzip", "Idempotency-Key", "k-empty"), 201, "")
+	proxytest.WantStatus(t, "gzip of nothing", sendBody(t, e, empty, "gzip", "Idempotency-Key", "k-empty"), 201, "")
 	a := sendBody(t, e, nil, "", "Idempotency-Key", "k-empty")
-	if a.status != 201 || !a.replayed() {
+	if a.Status != 201 || !a.Replayed() {
 		t.Errorf("the retry without a body: %s, want the 201 replayed", a)
 	}
 	if up.calls() != 1 {

@@ -1,6 +1,8 @@
 package proxy_test
 
 import (
+	"github.com/idemproxy/idemproxy/proxy/proxytest"
+
 	"fmt"
 	"net"
 	"syscall"
@@ -25,16 +27,16 @@ func TestNoConnectionInTimeIsNotSent(t *testing.T) {
 			defer c.Close()
 		}
 	}
-	e := &env{t: t}
-	e.start("http://"+addr, `
+	e := &proxytest.Env{T: t}
+	e.Start("http://"+addr, `
   - name: charges
     match: POST /charges
     key: {header: Idempotency-Key}
     upstream_timeout: 1s
     lease: 2s
 `)
-	a := e.do("POST", "/charges", `{}`, "Idempotency-Key", "k")
-	b := e.do("POST", "/charges", `{}`, "Idempotency-Key", "k")
-	wantStatus(t, "no connection", a, 502, "upstream-unreachable")
-	wantStatus(t, "retry", b, 502, "upstream-unreachable")
+	a := e.Do("POST", "/charges", `{}`, "Idempotency-Key", "k")
+	b := e.Do("POST", "/charges", `{}`, "Idempotency-Key", "k")
+	proxytest.WantStatus(t, "no connection", a, 502, "upstream-unreachable")
+	proxytest.WantStatus(t, "retry", b, 502, "upstream-unreachable")
 }

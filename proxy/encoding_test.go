@@ -1,6 +1,8 @@
 package proxy_test
 
 import (
+	"github.com/idemproxy/idemproxy/proxy/proxytest"
+
 	"bytes"
 	"compress/flate"
 	"compress/gzip"
@@ -44,17 +46,17 @@ func TestAnswerAskedUnencoded(t *testing.T) {
 		w.Write(plain)
 	}))
 	defer up.Close()
-	e := &env{t: t}
-	e.start(up.URL, chargesByHeader)
-	first := send(noDecode, "POST", e.srv.URL+"/charges", "{}", "Idempotency-Key", "k1", "Accept-Encoding", "gzip")
-	retry := send(noDecode, "POST", e.srv.URL+"/charges", "{}", "Idempotency-Key", "k1")
-	for _, a := range []answer{first, retry} {
-		if a.status != 200 || !bytes.Equal(a.body, plain) || a.header.Get("Content-Encoding") != "" {
+	e := &proxytest.Env{T: t}
+	e.Start(up.URL, chargesByHeader)
+	first := proxytest.Send(noDecode, "POST", e.Server.URL+"/charges", "{}", "Idempotency-Key", "k1", "Accept-Encoding", "gzip")
+	retry := proxytest.Send(noDecode, "POST", e.Server.URL+"/charges", "{}", "Idempotency-Key", "k1")
+	for _, a := range []proxytest.Answer{first, retry} {
+		if a.Status != 200 || !bytes.Equal(a.Body, plain) || a.Header.Get("Content-Encoding") != "" {
 			t.Errorf("got %d Content-Encoding %q, %d bytes; want 200 and the unencoded answer",
-				a.status, a.header.Get("Content-Encoding"), len(a.body))
+				a.Status, a.Header.Get("Content-Encoding"), len(a.Body))
 		}
 	}
-	if !retry.replayed() {
+	if !retry.Replayed() {
 		t.Error("the retry was not replayed")
 	}
 	if len(asked) != 1 || asked[0] != "identity" {
@@ -97,9 +99,9 @@ func TestReplayFitsAcceptEncoding(t *testing.T) {
 			w.Header().Set("ETag", `"v1"`)
 			w.Write(enc.body)
 		}))
-		e := &env{t: t}
-		e.start(up.URL, chargesByHeader)
-		wantStatus(t, "first", send(noDecode, "POST", e.srv.URL+"/charges", "{}", "Idempotency-Key", "k1", "Accept-Encoding", "gzip, deflate"), 200, "")
+		e := &proxytest.Env{T: t}
+		e.Start(up.URL, chargesByHeader)
+		proxytest.WantStatus(t, "first", proxytest.Send(noDecode, "POST", e.Server.URL+"/charges", "{}", "Idempotency-Key", "k1", "Accept-Encoding", "gzip, deflate"), 200, "")
 		for _, tc := range []struct {
 			accept  string // "-": none sent
 			decoded bool
@@ -118,18 +120,18 @@ func TestReplayFitsAcceptEncoding(t *testing.T) {
 			if tc.accept != "-" {
 				hdr = append(hdr, "Accept-Encoding", tc.accept)
 			}
-			a := send(noDecode, "POST", e.srv.URL+"/charges", "{}", hdr...)
+			a := proxytest.Send(noDecode, "POST", e.Server.URL+"/charges", "{}", hdr...)
 			want, wantCE, wantETag := enc.body, enc.coding, `"v1"`
 			if tc.decoded {
 				want, wantCE, wantETag = plain, "", `W/"v1"`
 			}
-			if a.status != 200 || !a.replayed() || !bytes.Equal(a.body, want) || a.header.Get("Content-Encoding") != wantCE ||
-				a.header.Get("Content-Length") != strconv.Itoa(len(want)) || a.header.Get("ETag") != wantETag ||
-				a.header.Get("Vary") != "Accept-Encoding" {
+			if a.Status != 200 || !a.Replayed() || !bytes.Equal(a.Body, want) || a.Header.Get("Content-Encoding") != wantCE ||
+				a.Header.Get("Content-Length") != strconv.Itoa(len(want)) || a.Header.Get("ETag") != wantETag ||
+				a.Header.Get("Vary") != "Accept-Encoding" {
 				t.Errorf("%s stored, Accept-Encoding %q: got %d replayed=%v, %d bytes, Content-Encoding %q, Content-Length %q, ETag %q, Vary %q; "+
-					"want %d bytes, Content-Encoding %q, ETag %q, Vary Accept-Encoding", enc.coding, tc.accept, a.status, a.replayed(),
-					len(a.body), a.header.Get("Content-Encoding"), a.header.Get("Content-Length"), a.header.Get("ETag"),
-					a.header.Get("Vary"), len(want), wantCE, wantETag)
+					"want %d bytes, Content-Encoding %q, ETag %q, Vary Accept-Encoding", enc.coding, tc.accept, a.Status, a.Replayed(),
+					len(a.Body), a.Header.Get("Content-Encoding"), a.Header.Get("Content-Length"), a.Header.Get("ETag"),
+					a.Header.Get("Vary"), len(want), wantCE, wantETag)
 			}
 		}
 		up.Close()
@@ -149,13 +151,13 @@ func TestReplayOfAGzipBomb(t *testing.T) {
 			w.Header().Set("Content-Encoding", "gzip")
 			w.Write(body)
 		}))
-		e := &env{t: t}
-		e.start(up.URL, chargesByHeader)
-		wantStatus(t, name+": first", send(noDecode, "POST", e.srv.URL+"/charges", "{}", "Idempotency-Key", "k1", "Accept-Encoding", "gzip"), 200, "")
-		a := send(noDecode, "POST", e.srv.URL+"/charges", "{}", "Idempotency-Key", "k1")
-		if a.status != 200 || !a.replayed() || !bytes.Equal(a.body, body) || a.header.Get("Content-Encoding") != "gzip" {
+		e := &proxytest.Env{T: t}
+		e.Start(up.URL, chargesByHeader)
+		proxytest.WantStatus(t, name+": first", proxytest.Send(noDecode, "POST", e.Server.URL+"/charges", "{}", "Idempotency-Key", "k1", "Accept-Encoding", "gzip"), 200, "")
+		a := proxytest.Send(noDecode, "POST", e.Server.URL+"/charges", "{}", "Idempotency-Key", "k1")
+		if a.Status != 200 || !a.Replayed() || !bytes.Equal(a.Body, body) || a.Header.Get("Content-Encoding") != "gzip" {
 			t.Errorf("%s: got %d replayed=%v, %d bytes, Content-Encoding %q; want the stored gzip body as stored",
-				name, a.status, a.replayed(), len(a.body), a.header.Get("Content-Encoding"))
+				name, a.Status, a.Replayed(), len(a.Body), a.Header.Get("Content-Encoding"))
 		}
 		up.Close()
 	}

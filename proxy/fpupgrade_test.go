@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/keyextract"
+	"github.com/idemproxy/idemproxy/proxy/proxytest"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -16,7 +17,7 @@ import (
 // replay, not 422 fingerprint-mismatch; a retry with another body is still
 // a mismatch.
 func TestRecordsFromBeforeTheNumberRuleStillReplay(t *testing.T) {
-	e := newEnv(t, chargesByOrder)
+	e := proxytest.New(t, chargesByOrder)
 	const body = `{"orderId": "ORD-LEGACY", "amount": 12.50}`
 	// Fingerprint("POST", "/charges", body, nil) as computed by 33f5b72,
 	// before the key rules of issue 16.
@@ -24,22 +25,22 @@ func TestRecordsFromBeforeTheNumberRuleStillReplay(t *testing.T) {
 	ctx := context.Background()
 	key := store.Key("charges", "", "ORD-LEGACY")
 	res := store.Reservation{Token: "t-old", Fingerprint: oldFP, Lease: time.Minute, TTL: time.Hour}
-	if rec, err := e.store.Reserve(ctx, key, res); err != nil || rec != nil {
+	if rec, err := e.Store.Reserve(ctx, key, res); err != nil || rec != nil {
 		t.Fatalf("Reserve = %v, %v", rec, err)
 	}
 	resp := store.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}},
 		Body: []byte(`{"id":"ch_old"}`), BodyStored: true}
-	if err := e.store.Commit(ctx, key, "t-old", resp, time.Hour); err != nil {
+	if err := e.Store.Commit(ctx, key, "t-old", resp, time.Hour); err != nil {
 		t.Fatal(err)
 	}
 
-	a := e.do("POST", "/charges", body, "Content-Type", "application/json")
-	if a.status != 201 || !a.replayed() || string(a.body) != `{"id":"ch_old"}` {
-		t.Errorf("the identical retry after the upgrade: %v (replayed %v), want the stored 201 replayed", a, a.replayed())
+	a := e.Do("POST", "/charges", body, "Content-Type", "application/json")
+	if a.Status != 201 || !a.Replayed() || string(a.Body) != `{"id":"ch_old"}` {
+		t.Errorf("the identical retry after the upgrade: %v (replayed %v), want the stored 201 replayed", a, a.Replayed())
 	}
-	a = e.do("POST", "/charges", `{"orderId": "ORD-LEGACY", "amount": 12.51}`, "Content-Type", "application/json")
-	wantStatus(t, "a retry with another amount", a, 422, "fingerprint-mismatch")
-	if n := e.charges("ORD-LEGACY"); n != 0 {
+	a = e.Do("POST", "/charges", `{"orderId": "ORD-LEGACY", "amount": 12.51}`, "Content-Type", "application/json")
+	proxytest.WantStatus(t, "a retry with another amount", a, 422, "fingerprint-mismatch")
+	if n := e.Charges("ORD-LEGACY"); n != 0 {
 		t.Errorf("upstream charges = %d, want 0", n)
 	}
 }
@@ -61,24 +62,24 @@ func TestRecordsUnderKeysFromBeforeTheKeyRulesStillAnswer(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			e := newEnv(t, tt.routes)
+			e := proxytest.New(t, tt.routes)
 			ctx := context.Background()
 			key := store.Key("charges", "", tt.oldKey)
 			fp, _ := keyextract.LegacyFingerprintIgnoring("POST", "/charges", []byte(tt.body), nil)
 			res := store.Reservation{Token: "t-old", Fingerprint: fp, Lease: time.Minute, TTL: time.Hour}
-			if rec, err := e.store.Reserve(ctx, key, res); err != nil || rec != nil {
+			if rec, err := e.Store.Reserve(ctx, key, res); err != nil || rec != nil {
 				t.Fatalf("Reserve = %v, %v", rec, err)
 			}
 			resp := store.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}},
 				Body: []byte(`{"id":"ch_old"}`), BodyStored: true}
-			if err := e.store.Commit(ctx, key, "t-old", resp, time.Hour); err != nil {
+			if err := e.Store.Commit(ctx, key, "t-old", resp, time.Hour); err != nil {
 				t.Fatal(err)
 			}
-			a := e.do("POST", "/charges", tt.body, append([]string{"Content-Type", "application/json"}, tt.hdr...)...)
-			if a.status != 201 || !a.replayed() || string(a.body) != `{"id":"ch_old"}` {
-				t.Errorf("the identical retry after the upgrade: %v (replayed %v), want the stored 201 replayed", a, a.replayed())
+			a := e.Do("POST", "/charges", tt.body, append([]string{"Content-Type", "application/json"}, tt.hdr...)...)
+			if a.Status != 201 || !a.Replayed() || string(a.Body) != `{"id":"ch_old"}` {
+				t.Errorf("the identical retry after the upgrade: %v (replayed %v), want the stored 201 replayed", a, a.Replayed())
 			}
-			if n := e.totalCharges(); n != 0 {
+			if n := e.TotalCharges(); n != 0 {
 				t.Errorf("upstream charges = %d, want 0", n)
 			}
 		})

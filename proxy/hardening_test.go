@@ -19,26 +19,27 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/proxy/proxytest"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/badger"
 	"github.com/idemproxy/idemproxy/upstream-stub/stub"
 )
 
 // hostPost sends a charge with the given Host header.
-func (e *env) hostPost(host, body string) answer {
-	e.t.Helper()
-	req, err := http.NewRequest("POST", e.srv.URL+"/charges", strings.NewReader(body))
+func hostPost(e *proxytest.Env, host, body string) proxytest.Answer {
+	e.T.Helper()
+	req, err := http.NewRequest("POST", e.Server.URL+"/charges", strings.NewReader(body))
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	req.Host = host
-	resp, err := e.srv.Client().Do(req)
+	resp, err := e.Server.Client().Do(req)
 	if err != nil {
-		return answer{err: err}
+		return proxytest.Answer{Err: err}
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
-	return answer{status: resp.StatusCode, header: resp.Header, body: b, err: err}
+	return proxytest.Answer{Status: resp.StatusCode, Header: resp.Header, Body: b, Err: err}
 }
 
 // TestHostPatternsMatchAsDNSNames: a host-bound route protects its host
@@ -46,7 +47,7 @@ func (e *env) hostPost(host, body string) answer {
 // "api.example.com." passed through unprotected and were charged each time.
 func TestHostPatternsMatchAsDNSNames(t *testing.T) {
 	for _, pattern := range []string{"POST api.example.com/charges", "POST API.Example.com./charges"} {
-		e := newEnv(t, fmt.Sprintf(`
+		e := proxytest.New(t, fmt.Sprintf(`
   - name: charges
     match: %s
     key: {json: orderId}
@@ -54,19 +55,19 @@ func TestHostPatternsMatchAsDNSNames(t *testing.T) {
 		for i, host := range []string{"api.example.com", "API.EXAMPLE.COM", "api.example.com.", "api.example.com:8080", "Api.Example.Com.:443"} {
 			order := fmt.Sprintf("ORD-H%d", i)
 			for range 3 {
-				a := e.hostPost(host, fmt.Sprintf(`{"orderId": %q, "amount": 1}`, order))
-				if a.status != 201 {
+				a := hostPost(e, host, fmt.Sprintf(`{"orderId": %q, "amount": 1}`, order))
+				if a.Status != 201 {
 					t.Fatalf("%s, Host %s: %s", pattern, host, a)
 				}
 			}
-			if got := e.charges(order); got != 1 {
+			if got := e.Charges(order); got != 1 {
 				t.Errorf("%s, Host %q: charged %d times, want 1", pattern, host, got)
 			}
 		}
 		// Another host is not this route's.
-		e.hostPost("other.example.com", `{"orderId": "ORD-OTHER", "amount": 1}`)
-		e.hostPost("other.example.com", `{"orderId": "ORD-OTHER", "amount": 1}`)
-		if got := e.charges("ORD-OTHER"); got != 2 {
+		hostPost(e, "other.example.com", `{"orderId": "ORD-OTHER", "amount": 1}`)
+		hostPost(e, "other.example.com", `{"orderId": "ORD-OTHER", "amount": 1}`)
+		if got := e.Charges("ORD-OTHER"); got != 2 {
 			t.Errorf("%s: another host charged %d times, want 2 (passthrough)", pattern, got)
 		}
 	}
@@ -75,35 +76,35 @@ func TestHostPatternsMatchAsDNSNames(t *testing.T) {
 // TestRepeatedScopeHeader: two scope values are a 400, never scoped by
 // the first (eve's request in alice's key space, or the reverse).
 func TestRepeatedScopeHeader(t *testing.T) {
-	e := newEnv(t, `
+	e := proxytest.New(t, `
   - name: charges
     match: POST /charges
     key: {json: orderId}
     scope: {header: X-Api-Key}
 `)
-	a := e.charge(`"ORD-S"`, 1, "X-Api-Key", "eve", "X-Api-Key", "alice")
-	wantStatus(t, "repeated scope", a, 400, "invalid-scope")
-	if got := e.charges("ORD-S"); got != 0 {
+	a := e.Charge(`"ORD-S"`, 1, "X-Api-Key", "eve", "X-Api-Key", "alice")
+	proxytest.WantStatus(t, "repeated scope", a, 400, "invalid-scope")
+	if got := e.Charges("ORD-S"); got != 0 {
 		t.Errorf("charged %d times, want 0", got)
 	}
-	wantStatus(t, "one scope", e.charge(`"ORD-S"`, 1, "X-Api-Key", "alice"), 201, "")
+	proxytest.WantStatus(t, "one scope", e.Charge(`"ORD-S"`, 1, "X-Api-Key", "alice"), 201, "")
 }
 
 // TestValidationErrorIsReleased: an upstream 400 ("amount must be greater
 // than zero") keeps nothing, so the corrected request under the same key
 // is charged, not a 422 for the key's whole TTL.
 func TestValidationErrorIsReleased(t *testing.T) {
-	e := newEnv(t, chargesByOrder)
-	wantStatus(t, "amount 0", e.charge(`"ORD-V"`, 0), 400, "")
-	if st := e.state("charges", "", "ORD-V"); st != "" {
+	e := proxytest.New(t, chargesByOrder)
+	proxytest.WantStatus(t, "amount 0", e.Charge(`"ORD-V"`, 0), 400, "")
+	if st := e.State("charges", "", "ORD-V"); st != "" {
 		t.Errorf("after the upstream's 400 the key is %q, want released", st)
 	}
-	wantStatus(t, "corrected", e.charge(`"ORD-V"`, 10), 201, "")
-	wantStatus(t, "retry", e.charge(`"ORD-V"`, 10), 201, "")
-	if got := e.charges("ORD-V"); got != 1 {
+	proxytest.WantStatus(t, "corrected", e.Charge(`"ORD-V"`, 10), 201, "")
+	proxytest.WantStatus(t, "retry", e.Charge(`"ORD-V"`, 10), 201, "")
+	if got := e.Charges("ORD-V"); got != 1 {
 		t.Errorf("charged %d times, want 1", got)
 	}
-	if got := e.outcomes("charges", proxy.OutcomeReleased); got != 1 {
+	if got := e.Outcomes("charges", proxy.OutcomeReleased); got != 1 {
 		t.Errorf("released = %d, want 1", got)
 	}
 }
@@ -112,21 +113,21 @@ func TestValidationErrorIsReleased(t *testing.T) {
 // is read as the key (a Go upstream decodes it as orderId), not forwarded
 // unprotected on every retry.
 func TestKeyNameInAnotherCase(t *testing.T) {
-	e := newEnv(t, `
+	e := proxytest.New(t, `
   - name: charges
     match: POST /charges
     key: {json: orderId}
     on_missing_key: forward
 `)
 	for range 3 {
-		e.do("POST", "/charges", `{"OrderId": "ORD-C", "amount": 5}`)
+		e.Do("POST", "/charges", `{"OrderId": "ORD-C", "amount": 5}`)
 	}
-	if got := e.charges("ORD-C"); got != 1 {
+	if got := e.Charges("ORD-C"); got != 1 {
 		t.Errorf("charged %d times, want 1", got)
 	}
-	a := e.do("POST", "/charges", `{"orderId": "ORD-D", "OrderId": "ORD-E", "amount": 5}`)
-	wantStatus(t, "two cases", a, 400, "invalid-json")
-	if got := e.totalCharges(); got != 1 {
+	a := e.Do("POST", "/charges", `{"orderId": "ORD-D", "OrderId": "ORD-E", "amount": 5}`)
+	proxytest.WantStatus(t, "two cases", a, 400, "invalid-json")
+	if got := e.TotalCharges(); got != 1 {
 		t.Errorf("total charges %d, want 1", got)
 	}
 }
@@ -158,27 +159,27 @@ func TestRewrittenPathAnswerIsNotKept(t *testing.T) {
 	for i, raw := range []string{"/charges/", "//charges", "/./charges", "/charges%2F"} {
 		t.Run(raw, func(t *testing.T) {
 			var log syncBuffer
-			e := &env{t: t, log: &log}
-			e.stub = httptest.NewServer(stub.New(slog.New(slog.DiscardHandler)))
-			t.Cleanup(e.stub.Close)
+			e := &proxytest.Env{T: t, Log: &log}
+			e.Stub = httptest.NewServer(stub.New(slog.New(slog.DiscardHandler)))
+			t.Cleanup(e.Stub.Close)
 			// release_statuses without 404: the rule holds whatever the set.
-			e.start(e.stub.URL, chargesByOrder+"    release_statuses: [429]\n")
+			e.Start(e.Stub.URL, chargesByOrder+"    release_statuses: [429]\n")
 			order := fmt.Sprintf("ORD-P%d", i)
 			body := fmt.Sprintf(`{"orderId": %q, "amount": 1}`, order)
-			resp := rawExchange(t, e.srv.Listener.Addr().String(), fmt.Sprintf(
+			resp := rawExchange(t, e.Server.Listener.Addr().String(), fmt.Sprintf(
 				"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
 				raw, len(body), body))
 			if resp.StatusCode != 404 && resp.StatusCode/100 != 3 {
 				t.Fatalf("the stub answered %s for %s; the test needs a 404 or a redirect", resp.Status, raw)
 			}
-			if st := e.state("charges", "", order); st != "" {
+			if st := e.State("charges", "", order); st != "" {
 				t.Errorf("after %d for %s the key is %q, want released", resp.StatusCode, raw, st)
 			}
-			a := e.do("POST", "/charges", body)
-			if a.status != 201 || a.replayed() {
-				t.Errorf("the correct request after %s: got %s (replayed %v), want a fresh 201", raw, a, a.replayed())
+			a := e.Do("POST", "/charges", body)
+			if a.Status != 201 || a.Replayed() {
+				t.Errorf("the correct request after %s: got %s (replayed %v), want a fresh 201", raw, a, a.Replayed())
 			}
-			if got := e.charges(order); got != 1 {
+			if got := e.Charges(order); got != 1 {
 				t.Errorf("charged %d times, want 1", got)
 			}
 			if !strings.Contains(log.String(), fmt.Sprintf(`"path":%q`, raw)) {
@@ -223,12 +224,12 @@ func TestRedirectAfterProcessingIsKept(t *testing.T) {
 		}
 	}))
 	t.Cleanup(up.Close)
-	e := &env{t: t}
-	e.start(up.URL, chargesByOrder)
+	e := &proxytest.Env{T: t}
+	e.Start(up.URL, chargesByOrder)
 	for _, order := range []string{"ORD-R303", "ORD-R-302", "ORD-R-index"} {
 		body := fmt.Sprintf(`{"orderId": %q, "amount": 1}`, order)
 		for i := range 2 {
-			resp := rawExchange(t, e.srv.Listener.Addr().String(), fmt.Sprintf(
+			resp := rawExchange(t, e.Server.Listener.Addr().String(), fmt.Sprintf(
 				"POST /charges/ HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s",
 				len(body), body))
 			want := "/charges/" + order + "-1"
@@ -248,7 +249,7 @@ func TestRedirectAfterProcessingIsKept(t *testing.T) {
 		if got != 1 {
 			t.Errorf("%s: charged %d times, want 1", order, got)
 		}
-		if st := e.state("charges", "", order); st != store.StateCompleted {
+		if st := e.State("charges", "", order); st != store.StateCompleted {
 			t.Errorf("%s: the key is %q, want completed", order, st)
 		}
 	}
@@ -278,8 +279,8 @@ func rawExchange(t *testing.T, addr, req string) *http.Response {
 // TestExpectContinueOnce: the client gets exactly one 100 Continue, the
 // proxy's; before, the upstream's was passed on as a second one.
 func TestExpectContinueOnce(t *testing.T) {
-	e := newEnv(t, chargesByOrder)
-	conn, err := net.Dial("tcp", e.srv.Listener.Addr().String())
+	e := proxytest.New(t, chargesByOrder)
+	conn, err := net.Dial("tcp", e.Server.Listener.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -343,53 +344,53 @@ func TestBufferedBytesBudget(t *testing.T) {
 	for _, chunked := range []bool{false, true} {
 		t.Run(fmt.Sprintf("chunked=%v", chunked), func(t *testing.T) {
 			g, up := newHoldGate(t)
-			e := &env{t: t, stub: up}
-			cfg := parseConfig(t, up.URL, chargesByOrder)
+			e := &proxytest.Env{T: t, Stub: up}
+			cfg := proxytest.ParseConfig(t, up.URL, chargesByOrder)
 			cfg.Server.MaxBufferedBytes = 1536 << 10
-			e.startConfig(cfg)
-			post := func(order string, hold bool) answer {
+			e.StartConfig(cfg)
+			post := func(order string, hold bool) proxytest.Answer {
 				body := bigCharge(order, 600<<10)
 				var rd io.Reader = strings.NewReader(body)
 				if chunked {
 					rd = io.MultiReader(rd) // no length: sent chunked
 				}
-				req, _ := http.NewRequest("POST", e.srv.URL+"/charges", rd)
+				req, _ := http.NewRequest("POST", e.Server.URL+"/charges", rd)
 				if hold {
 					req.Header.Set("X-Hold", "1")
 				}
-				resp, err := e.srv.Client().Do(req)
+				resp, err := e.Server.Client().Do(req)
 				if err != nil {
-					return answer{err: err}
+					return proxytest.Answer{Err: err}
 				}
 				defer resp.Body.Close()
 				b, _ := io.ReadAll(resp.Body)
-				return answer{status: resp.StatusCode, header: resp.Header, body: b}
+				return proxytest.Answer{Status: resp.StatusCode, Header: resp.Header, Body: b}
 			}
-			held := make(chan answer, 2)
+			held := make(chan proxytest.Answer, 2)
 			for _, o := range []string{"ORD-B1", "ORD-B2"} {
 				go func() { held <- post(o, true) }()
 			}
 			<-g.arrived
 			<-g.arrived
 			a := post("ORD-B3", false)
-			wantStatus(t, "third body", a, 503, "overloaded")
-			if a.header.Get("Retry-After") == "" {
+			proxytest.WantStatus(t, "third body", a, 503, "overloaded")
+			if a.Header.Get("Retry-After") == "" {
 				t.Errorf("503 overloaded without Retry-After")
 			}
-			if st := e.state("charges", "", "ORD-B3"); st != "" {
+			if st := e.State("charges", "", "ORD-B3"); st != "" {
 				t.Errorf("refused request left its key %q", st)
 			}
 			close(g.open)
 			for range 2 {
-				if a := <-held; a.status != 201 {
+				if a := <-held; a.Status != 201 {
 					t.Errorf("held request: %s", a)
 				}
 			}
-			wantStatus(t, "third body, retried", post("ORD-B3", false), 201, "")
-			if got := e.totalCharges(); got != 3 {
+			proxytest.WantStatus(t, "third body, retried", post("ORD-B3", false), 201, "")
+			if got := e.TotalCharges(); got != 3 {
 				t.Errorf("charges = %d, want 3", got)
 			}
-			if got := e.outcomes("charges", proxy.OutcomeOverloaded); got != 1 {
+			if got := e.Outcomes("charges", proxy.OutcomeOverloaded); got != 1 {
 				t.Errorf("overloaded = %d, want 1", got)
 			}
 		})
@@ -402,24 +403,24 @@ func TestBufferedBytesBudget(t *testing.T) {
 // route's max_body_bytes) refused every chunked request with 503 overloaded,
 // with nothing else buffered.
 func TestChunkedBodyFitsASmallBudget(t *testing.T) {
-	e := &env{t: t}
-	e.stub = httptest.NewServer(stub.New(slog.New(slog.DiscardHandler)))
-	t.Cleanup(e.stub.Close)
-	cfg := parseConfig(t, e.stub.URL, chargesByOrder+"    max_body_bytes: 1024\n")
+	e := &proxytest.Env{T: t}
+	e.Stub = httptest.NewServer(stub.New(slog.New(slog.DiscardHandler)))
+	t.Cleanup(e.Stub.Close)
+	cfg := proxytest.ParseConfig(t, e.Stub.URL, chargesByOrder+"    max_body_bytes: 1024\n")
 	cfg.Server.MaxBufferedBytes = 16 << 10
-	e.startConfig(cfg)
+	e.StartConfig(cfg)
 	for i := range 2 {
 		body := strings.NewReader(`{"orderId": "ORD-SMALL", "amount": 1}`)
-		req, _ := http.NewRequest("POST", e.srv.URL+"/charges", struct{ *strings.Reader }{body}) // hides the length
-		resp, err := e.srv.Client().Do(req)
+		req, _ := http.NewRequest("POST", e.Server.URL+"/charges", struct{ *strings.Reader }{body}) // hides the length
+		resp, err := e.Server.Client().Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		wantStatus(t, fmt.Sprintf("chunked request %d", i+1), answer{status: resp.StatusCode, header: resp.Header, body: b}, 201, "")
+		proxytest.WantStatus(t, fmt.Sprintf("chunked request %d", i+1), proxytest.Answer{Status: resp.StatusCode, Header: resp.Header, Body: b}, 201, "")
 	}
-	if got := e.charges("ORD-SMALL"); got != 1 {
+	if got := e.Charges("ORD-SMALL"); got != 1 {
 		t.Errorf("charged %d times, want 1", got)
 	}
 }
@@ -437,27 +438,27 @@ func TestBrokenStoreDoesNotCrash(t *testing.T) {
 		w.Write(make([]byte, 8<<10)) // stored in Badger's memtable: fills it fast
 	}))
 	t.Cleanup(up.Close)
-	e := &env{t: t, stub: up}
-	cfg := parseConfig(t, up.URL, chargesByOrder)
+	e := &proxytest.Env{T: t, Stub: up}
+	cfg := proxytest.ParseConfig(t, up.URL, chargesByOrder)
 	dir := t.TempDir()
 	st, err := badger.Open(badger.Options{Dir: dir, SyncWrites: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// Not closed: a Badger that lost its directory hangs in Close.
-	e.p, err = proxy.New(cfg, proxy.Options{Store: st, StoreName: "badger"})
+	e.Proxy, err = proxy.New(cfg, proxy.Options{Store: st, StoreName: "badger"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.srv = httptest.NewServer(e.p)
-	t.Cleanup(e.srv.Close)
+	e.Server = httptest.NewServer(e.Proxy)
+	t.Cleanup(e.Server.Close)
 	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)
 	}
 	failed := 0
 	for i := 0; i < 3000 && failed < 30; i++ {
-		a := e.charge(fmt.Sprintf(`"ORD-BROKEN-%d"`, i), 1)
-		if a.err != nil || a.status != 201 {
+		a := e.Charge(fmt.Sprintf(`"ORD-BROKEN-%d"`, i), 1)
+		if a.Err != nil || a.Status != 201 {
 			failed++
 		}
 	}
@@ -466,8 +467,8 @@ func TestBrokenStoreDoesNotCrash(t *testing.T) {
 	}
 	// Still alive and answering: the background releases have run.
 	time.Sleep(100 * time.Millisecond)
-	a := e.charge(`"ORD-BROKEN-LAST"`, 1)
-	if a.err == nil && a.status != 503 && a.status != 201 {
+	a := e.Charge(`"ORD-BROKEN-LAST"`, 1)
+	if a.Err == nil && a.Status != 503 && a.Status != 201 {
 		t.Errorf("after the store broke: %s, want 503 store-unavailable", a)
 	}
 }
@@ -483,15 +484,15 @@ func TestForwardedHostAsSent(t *testing.T) {
 		w.WriteHeader(201)
 	}))
 	t.Cleanup(up.Close)
-	e := &env{t: t}
-	e.start(up.URL, `
+	e := &proxytest.Env{T: t}
+	e.Start(up.URL, `
   - name: charges
     match: POST api.example.com/charges
     key: {json: orderId}
 `)
 	for i, host := range []string{"api.example.com", "API.Example.com:8443", "api.example.com."} {
-		a := e.hostPost(host, fmt.Sprintf(`{"orderId": "ORD-XF%d", "amount": 1}`, i))
-		if a.status != 201 {
+		a := hostPost(e, host, fmt.Sprintf(`{"orderId": "ORD-XF%d", "amount": 1}`, i))
+		if a.Status != 201 {
 			t.Fatalf("Host %s: %s", host, a)
 		}
 		if got := <-seen; got != host {
@@ -504,7 +505,7 @@ func TestForwardedHostAsSent(t *testing.T) {
 // appended from route) before an upstream that answers 201 with as many
 // bytes as the request's X-Answer-Bytes asks; budget, when not 0, is
 // server.max_buffered_bytes. post sends a charge for order.
-func sizedAnswers(t *testing.T, route string, budget int64) (post func(order string, answerBytes int) answer, e *env) {
+func sizedAnswers(t *testing.T, route string, budget int64) (post func(order string, answerBytes int) proxytest.Answer, e *proxytest.Env) {
 	t.Helper()
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
@@ -514,17 +515,17 @@ func sizedAnswers(t *testing.T, route string, budget int64) (post func(order str
 		w.Write(bytes.Repeat([]byte("a"), n))
 	}))
 	t.Cleanup(up.Close)
-	e = &env{t: t, stub: up}
-	cfg := parseConfig(t, up.URL, `
+	e = &proxytest.Env{T: t, Stub: up}
+	cfg := proxytest.ParseConfig(t, up.URL, `
   - name: charges
     match: POST /charges
     key: {json: orderId}`+route)
 	if budget != 0 {
 		cfg.Server.MaxBufferedBytes = budget
 	}
-	e.startConfig(cfg)
-	return func(order string, answerBytes int) answer {
-		return e.do("POST", "/charges", `{"orderId":"`+order+`"}`, "X-Answer-Bytes", strconv.Itoa(answerBytes))
+	e.StartConfig(cfg)
+	return func(order string, answerBytes int) proxytest.Answer {
+		return e.Do("POST", "/charges", `{"orderId":"`+order+`"}`, "X-Answer-Bytes", strconv.Itoa(answerBytes))
 	}, e
 }
 
@@ -549,25 +550,25 @@ func TestCapturedAnswersCountInTheBudget(t *testing.T) {
 	}
 	for _, tt := range tests {
 		// Bodies of megabytes: compare statuses only, not whole answers.
-		status := func(what string, a answer, code int, problemType string) {
+		status := func(what string, a proxytest.Answer, code int, problemType string) {
 			t.Helper()
-			if a.err != nil {
-				t.Fatalf("%s: %v", what, a.err)
+			if a.Err != nil {
+				t.Fatalf("%s: %v", what, a.Err)
 			}
-			if a.status != code || a.problemType() != problemType {
-				t.Errorf("%s: got %d %q, want %d %q", what, a.status, a.problemType(), code, problemType)
+			if a.Status != code || a.ProblemType() != problemType {
+				t.Errorf("%s: got %d %q, want %d %q", what, a.Status, a.ProblemType(), code, problemType)
 			}
 		}
 		a := post(tt.order, tt.bytes)
 		status(tt.order, a, 201, "")
-		if len(a.body) != tt.bytes {
-			t.Errorf("%s: client got %d bytes, want %d", tt.order, len(a.body), tt.bytes)
+		if len(a.Body) != tt.bytes {
+			t.Errorf("%s: client got %d bytes, want %d", tt.order, len(a.Body), tt.bytes)
 		}
 		dup := post(tt.order, tt.bytes)
 		if tt.replayable {
 			status(tt.order+" retried", dup, 201, "")
-			if dup.header.Get("Idempotent-Replayed") != "true" || len(dup.body) != tt.bytes {
-				t.Errorf("%s retried: replayed=%q, %d bytes, want the stored answer", tt.order, dup.header.Get("Idempotent-Replayed"), len(dup.body))
+			if dup.Header.Get("Idempotent-Replayed") != "true" || len(dup.Body) != tt.bytes {
+				t.Errorf("%s retried: replayed=%q, %d bytes, want the stored answer", tt.order, dup.Header.Get("Idempotent-Replayed"), len(dup.Body))
 			}
 		} else {
 			status(tt.order+" retried", dup, 409, "response-not-replayable")
@@ -595,19 +596,19 @@ func TestAnswerLargerThanBadgerHolds(t *testing.T) {
 	}
 	for _, tt := range tests {
 		a := post(tt.order, tt.bytes)
-		if a.err != nil || a.status != 201 || len(a.body) != tt.bytes {
-			t.Fatalf("%s: %d, %d bytes, %v; want 201 with %d bytes", tt.order, a.status, len(a.body), a.err, tt.bytes)
+		if a.Err != nil || a.Status != 201 || len(a.Body) != tt.bytes {
+			t.Fatalf("%s: %d, %d bytes, %v; want 201 with %d bytes", tt.order, a.Status, len(a.Body), a.Err, tt.bytes)
 		}
 		dup := post(tt.order, tt.bytes)
 		switch {
-		case dup.err != nil:
-			t.Fatalf("%s retried: %v", tt.order, dup.err)
-		case tt.replayable && (dup.status != 201 || dup.header.Get("Idempotent-Replayed") != "true" || len(dup.body) != tt.bytes):
-			t.Errorf("%s retried: %d, replayed=%q, %d bytes; want the stored answer", tt.order, dup.status, dup.header.Get("Idempotent-Replayed"), len(dup.body))
-		case !tt.replayable && (dup.status != 409 || dup.problemType() != "response-not-replayable"):
-			t.Errorf("%s retried: got %d %q, want 409 %q", tt.order, dup.status, dup.problemType(), "response-not-replayable")
+		case dup.Err != nil:
+			t.Fatalf("%s retried: %v", tt.order, dup.Err)
+		case tt.replayable && (dup.Status != 201 || dup.Header.Get("Idempotent-Replayed") != "true" || len(dup.Body) != tt.bytes):
+			t.Errorf("%s retried: %d, replayed=%q, %d bytes; want the stored answer", tt.order, dup.Status, dup.Header.Get("Idempotent-Replayed"), len(dup.Body))
+		case !tt.replayable && (dup.Status != 409 || dup.ProblemType() != "response-not-replayable"):
+			t.Errorf("%s retried: got %d %q, want 409 %q", tt.order, dup.Status, dup.ProblemType(), "response-not-replayable")
 		}
-		if rec, err := e.store.Get(context.Background(), store.Key("charges", "", tt.order)); err != nil || rec == nil || rec.State != store.StateCompleted {
+		if rec, err := e.Store.Get(context.Background(), store.Key("charges", "", tt.order)); err != nil || rec == nil || rec.State != store.StateCompleted {
 			t.Errorf("%s: stored %+v, %v; want completed", tt.order, rec, err)
 		}
 	}
@@ -635,33 +636,33 @@ func TestSmallAnswersTakeLittleBudget(t *testing.T) {
 		io.WriteString(w, `"ch_1"}`)
 	}))
 	t.Cleanup(up.Close)
-	e := &env{t: t, stub: up}
-	cfg := parseConfig(t, up.URL, `
+	e := &proxytest.Env{T: t, Stub: up}
+	cfg := proxytest.ParseConfig(t, up.URL, `
   - name: charges
     match: POST /charges
     key: {json: orderId}
     max_body_bytes: 4096
 `)
 	cfg.Server.MaxBufferedBytes = 128 << 10
-	e.startConfig(cfg)
-	done := make(chan answer, n)
+	e.StartConfig(cfg)
+	done := make(chan proxytest.Answer, n)
 	for i := range n {
 		go func() {
-			done <- e.do("POST", "/charges", fmt.Sprintf(`{"orderId":"S-%d","amount":1}`, i), "X-Hold", "1")
+			done <- e.Do("POST", "/charges", fmt.Sprintf(`{"orderId":"S-%d","amount":1}`, i), "X-Hold", "1")
 		}()
 	}
 	started.Wait()
 	time.Sleep(50 * time.Millisecond) // the first parts reach the proxy
 	close(open)
 	for range n {
-		if a := <-done; a.status != 201 {
+		if a := <-done; a.Status != 201 {
 			t.Errorf("held request: %s", a)
 		}
 	}
 	for i := range n {
-		a := e.do("POST", "/charges", fmt.Sprintf(`{"orderId":"S-%d","amount":1}`, i))
-		if a.status != 201 || a.header.Get("Idempotent-Replayed") != "true" {
-			t.Errorf("S-%d retried: %d replayed=%q, want the stored answer", i, a.status, a.header.Get("Idempotent-Replayed"))
+		a := e.Do("POST", "/charges", fmt.Sprintf(`{"orderId":"S-%d","amount":1}`, i))
+		if a.Status != 201 || a.Header.Get("Idempotent-Replayed") != "true" {
+			t.Errorf("S-%d retried: %d replayed=%q, want the stored answer", i, a.Status, a.Header.Get("Idempotent-Replayed"))
 		}
 	}
 }

@@ -1,6 +1,8 @@
 package proxy_test
 
 import (
+	"github.com/idemproxy/idemproxy/proxy/proxytest"
+
 	"bufio"
 	"fmt"
 	"io"
@@ -49,12 +51,12 @@ func rawAnswers(t *testing.T, addr, raw string) []*http.Response {
 // other), or refuse the whole: each attack is sent twice, and the hidden
 // order is charged at most once.
 func TestSmuggledRequestsAreNeverForwarded(t *testing.T) {
-	e := newEnv(t, `
+	e := proxytest.New(t, `
   - name: charges
     match: POST /charges
     key: {json: orderId}
 `)
-	addr := strings.TrimPrefix(e.srv.URL, "http://")
+	addr := strings.TrimPrefix(e.Server.URL, "http://")
 	hidden := `{"orderId":"SMUGGLED","amount":1}`
 	inner := fmt.Sprintf("POST /charges HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(hidden), hidden)
 	outer := `{"orderId":"OUTER-%d","amount":1}`
@@ -99,10 +101,10 @@ func TestSmuggledRequestsAreNeverForwarded(t *testing.T) {
 					}
 				}
 			}
-			if got := e.charges("SMUGGLED"); got > 1 {
+			if got := e.Charges("SMUGGLED"); got > 1 {
 				t.Fatalf("the request hidden in the body was charged %d times, want at most 1", got)
 			}
-			if got := e.charges(fmt.Sprintf("OUTER-%d", i)); got > 1 {
+			if got := e.Charges(fmt.Sprintf("OUTER-%d", i)); got > 1 {
 				t.Fatalf("the outer request was charged %d times, want at most 1", got)
 			}
 		})
@@ -110,11 +112,11 @@ func TestSmuggledRequestsAreNeverForwarded(t *testing.T) {
 	// The hidden request, sent on its own, is served once: the checks
 	// above could not pass because nothing reached the stub.
 	for range 2 {
-		if a := e.do("POST", "/charges", hidden); a.status != 201 {
+		if a := e.Do("POST", "/charges", hidden); a.Status != 201 {
 			t.Fatalf("the plain request: %s", a)
 		}
 	}
-	if got := e.charges("SMUGGLED"); got != 1 {
+	if got := e.Charges("SMUGGLED"); got != 1 {
 		t.Fatalf("charged %d times, want 1", got)
 	}
 }
@@ -123,7 +125,7 @@ func TestSmuggledRequestsAreNeverForwarded(t *testing.T) {
 // header, and a JSON body nested 100,000 deep get a problem answer, never
 // reach the upstream, and leave the proxy serving.
 func TestOversizedAndDeepKeysAreRefused(t *testing.T) {
-	e := newEnv(t, `
+	e := proxytest.New(t, `
   - name: charges
     match: POST /charges
     key: {json: orderId}
@@ -151,22 +153,22 @@ func TestOversizedAndDeepKeysAreRefused(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			a := e.do("POST", tt.path, tt.body, tt.hdr...)
-			if a.err != nil {
-				t.Fatalf("no answer: %v", a.err)
+			a := e.Do("POST", tt.path, tt.body, tt.hdr...)
+			if a.Err != nil {
+				t.Fatalf("no answer: %v", a.Err)
 			}
-			if a.status != tt.status {
-				t.Fatalf("status = %d, want %d: %.200s", a.status, tt.status, a.body)
+			if a.Status != tt.status {
+				t.Fatalf("status = %d, want %d: %.200s", a.Status, tt.status, a.Body)
 			}
-			if got := a.problemType(); got != tt.problem {
+			if got := a.ProblemType(); got != tt.problem {
 				t.Errorf("problem = %q, want %q", got, tt.problem)
 			}
 		})
 	}
-	if n := e.totalCharges(); n != 0 {
+	if n := e.TotalCharges(); n != 0 {
 		t.Errorf("the upstream charged %d times, want 0", n)
 	}
-	if a := e.charge(`"ORD-AFTER"`, 1); a.status != 201 {
+	if a := e.Charge(`"ORD-AFTER"`, 1); a.Status != 201 {
 		t.Fatalf("a charge after the attacks: %s", a)
 	}
 }

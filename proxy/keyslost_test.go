@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/internal/epoch"
 	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/proxy/proxytest"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/badger"
 	"github.com/idemproxy/idemproxy/upstream-stub/stub"
@@ -44,15 +45,15 @@ func TestStoreLostKeys(t *testing.T) {
     key: {path: orderId}
     on_store_error: forward
 `
-	p, err := proxy.New(parseConfig(t, up.URL, routes), proxy.Options{Store: epoch.Gate(st, w), StoreName: "badger",
+	p, err := proxy.New(proxytest.ParseConfig(t, up.URL, routes), proxy.Options{Store: epoch.Gate(st, w), StoreName: "badger",
 		Metrics: proxy.NewMetrics(prometheus.NewRegistry()), Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(p)
 	t.Cleanup(srv.Close)
-	post := func(path, order string) answer {
-		return send(srv.Client(), "POST", srv.URL+path, `{"orderId": "`+order+`", "amount": 10}`)
+	post := func(path, order string) proxytest.Answer {
+		return proxytest.Send(srv.Client(), "POST", srv.URL+path, `{"orderId": "`+order+`", "amount": 10}`)
 	}
 	// Lost: another replica's lost marker.
 	cur, _ := st.Epoch(ctx)
@@ -62,32 +63,32 @@ func TestStoreLostKeys(t *testing.T) {
 	w.Check(ctx)
 
 	a := post("/charges", "L-1")
-	wantStatus(t, "enforcing route", a, 503, "store-lost-keys")
-	if a.header.Get("Retry-After") == "" {
+	proxytest.WantStatus(t, "enforcing route", a, 503, "store-lost-keys")
+	if a.Header.Get("Retry-After") == "" {
 		t.Error("store-lost-keys without Retry-After")
 	}
 	if rec, _ := st.Get(ctx, store.Key("charges", "", "L-1")); rec != nil {
 		t.Errorf("the refused request left a record: %+v", rec)
 	}
-	if a := post("/orders/L-2/charges", "L-2"); a.status != 201 || a.replayed() {
+	if a := post("/orders/L-2/charges", "L-2"); a.Status != 201 || a.Replayed() {
 		t.Errorf("on_store_error: forward = %s, want a forwarded 201", a)
 	}
 	observe := strings.Replace(routes, "    key: {json: orderId}\n", "    key: {json: orderId}\n    mode: observe\n", 1)
-	if err := p.Reload(parseConfig(t, up.URL, observe)); err != nil {
+	if err := p.Reload(proxytest.ParseConfig(t, up.URL, observe)); err != nil {
 		t.Fatal(err)
 	}
-	if a := post("/charges", "L-3"); a.status != 201 || a.replayed() {
+	if a := post("/charges", "L-3"); a.Status != 201 || a.Replayed() {
 		t.Errorf("mode: observe = %s, want a forwarded 201", a)
 	}
-	if err := p.Reload(parseConfig(t, up.URL, routes)); err != nil {
+	if err := p.Reload(proxytest.ParseConfig(t, up.URL, routes)); err != nil {
 		t.Fatal(err)
 	}
-	if a := send(srv.Client(), "GET", srv.URL+"/orders/L-2/charges", ""); a.status != 200 {
+	if a := proxytest.Send(srv.Client(), "GET", srv.URL+"/orders/L-2/charges", ""); a.Status != 200 {
 		t.Errorf("unmatched request = %s, want it passed through", a)
 	}
 	statement := func(order string) int {
-		a := send(up.Client(), "GET", up.URL+"/orders/"+order+"/charges", "")
-		n, _ := a.field("charges").(float64)
+		a := proxytest.Send(up.Client(), "GET", up.URL+"/orders/"+order+"/charges", "")
+		n, _ := a.Field("charges").(float64)
 		return int(n)
 	}
 	for order, want := range map[string]int{"L-1": 0, "L-2": 1, "L-3": 1} {
@@ -100,7 +101,7 @@ func TestStoreLostKeys(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.Check(ctx)
-	if a := post("/charges", "L-1"); a.status != 201 || a.replayed() {
+	if a := post("/charges", "L-1"); a.Status != 201 || a.Replayed() {
 		t.Errorf("after the acceptance = %s, want a forwarded 201", a)
 	}
 }

@@ -1,6 +1,8 @@
 package proxy_test
 
 import (
+	"github.com/idemproxy/idemproxy/proxy/proxytest"
+
 	"bytes"
 	"fmt"
 	"net/url"
@@ -20,7 +22,7 @@ const (
 type normalizeCase struct {
 	name  string
 	route string // the route's YAML, without key.normalize
-	send  func(e *env, order string) answer
+	send  func(e *proxytest.Env, order string) proxytest.Answer
 	// withNFC is what the other spelling gets under normalize: nfc: a
 	// replay (one key, one request), or 422 fingerprint-mismatch (one key,
 	// but the path, query or body the fingerprint covers holds the other
@@ -29,23 +31,23 @@ type normalizeCase struct {
 }
 
 var normalizeCases = []normalizeCase{
-	{"header", "match: POST /charges\n    key: {header: Idempotency-Key%s}", func(e *env, o string) answer {
-		return e.do("POST", "/charges", `{"orderId":"ORD-1","amount":10}`, "Idempotency-Key", o)
+	{"header", "match: POST /charges\n    key: {header: Idempotency-Key%s}", func(e *proxytest.Env, o string) proxytest.Answer {
+		return e.Do("POST", "/charges", `{"orderId":"ORD-1","amount":10}`, "Idempotency-Key", o)
 	}, "replayed"},
-	{"json", "match: POST /charges\n    key: {json: orderId%s}", func(e *env, o string) answer {
-		return e.do("POST", "/charges", fmt.Sprintf(`{"orderId":%q,"amount":10}`, o))
+	{"json", "match: POST /charges\n    key: {json: orderId%s}", func(e *proxytest.Env, o string) proxytest.Answer {
+		return e.Do("POST", "/charges", fmt.Sprintf(`{"orderId":%q,"amount":10}`, o))
 	}, "fingerprint-mismatch"},
-	{"json, the key's field out of the fingerprint", "match: POST /charges\n    key: {json: orderId%s}\n    fingerprint: {ignore: [orderId]}", func(e *env, o string) answer {
-		return e.do("POST", "/charges", fmt.Sprintf(`{"orderId":%q,"amount":10}`, o))
+	{"json, the key's field out of the fingerprint", "match: POST /charges\n    key: {json: orderId%s}\n    fingerprint: {ignore: [orderId]}", func(e *proxytest.Env, o string) proxytest.Answer {
+		return e.Do("POST", "/charges", fmt.Sprintf(`{"orderId":%q,"amount":10}`, o))
 	}, "replayed"},
-	{"query", "match: POST /charges\n    key: {query: id%s}", func(e *env, o string) answer {
-		return e.do("POST", "/charges?id="+url.QueryEscape(o), `{"orderId":"ORD-1","amount":10}`)
+	{"query", "match: POST /charges\n    key: {query: id%s}", func(e *proxytest.Env, o string) proxytest.Answer {
+		return e.Do("POST", "/charges?id="+url.QueryEscape(o), `{"orderId":"ORD-1","amount":10}`)
 	}, "fingerprint-mismatch"},
-	{"path", "match: POST /orders/{orderId}/charges\n    key: {path: orderId%s}", func(e *env, o string) answer {
-		return e.do("POST", "/orders/"+url.PathEscape(o)+"/charges", `{"amount":10}`)
+	{"path", "match: POST /orders/{orderId}/charges\n    key: {path: orderId%s}", func(e *proxytest.Env, o string) proxytest.Answer {
+		return e.Do("POST", "/orders/"+url.PathEscape(o)+"/charges", `{"amount":10}`)
 	}, "fingerprint-mismatch"},
-	{"composite", "match: POST /charges\n    key: {parts: [{header: Idempotency-Key}, {header: X-Tenant}]%s}", func(e *env, o string) answer {
-		return e.do("POST", "/charges", `{"orderId":"ORD-1","amount":10}`, "Idempotency-Key", o, "X-Tenant", "T-"+o)
+	{"composite", "match: POST /charges\n    key: {parts: [{header: Idempotency-Key}, {header: X-Tenant}]%s}", func(e *proxytest.Env, o string) proxytest.Answer {
+		return e.Do("POST", "/charges", `{"orderId":"ORD-1","amount":10}`, "Idempotency-Key", o, "X-Tenant", "T-"+o)
 	}, "replayed"},
 }
 
@@ -59,31 +61,31 @@ func TestKeyNormalize(t *testing.T) {
 		for _, normalize := range []string{"", ", normalize: none", ", normalize: nfc"} {
 			t.Run(c.name+normalize, func(t *testing.T) {
 				route := fmt.Sprintf(c.route, normalize)
-				e := newEnv(t, "  - name: charges\n    "+route+"\n")
+				e := proxytest.New(t, "  - name: charges\n    "+route+"\n")
 				first := c.send(e, orderNFC)
-				if first.status != 201 || first.replayed() {
+				if first.Status != 201 || first.Replayed() {
 					t.Fatalf("first spelling: %v, want 201 forwarded", first)
 				}
 				second := c.send(e, orderNFD)
-				charges := e.totalCharges()
+				charges := e.TotalCharges()
 				if !strings.Contains(normalize, "nfc") {
-					if second.status != 201 || second.replayed() || charges != 2 {
+					if second.Status != 201 || second.Replayed() || charges != 2 {
 						t.Errorf("byte for byte: the other spelling got %v, %d charges; want 201 forwarded, 2 charges (two keys)", second, charges)
 					}
 					return
 				}
 				switch c.withNFC {
 				case "replayed":
-					if second.status != 201 || !second.replayed() {
+					if second.Status != 201 || !second.Replayed() {
 						t.Errorf("nfc: the other spelling got %v, want the first answer replayed", second)
 					}
 				default:
-					wantStatus(t, "nfc: the other spelling", second, 422, c.withNFC)
+					proxytest.WantStatus(t, "nfc: the other spelling", second, 422, c.withNFC)
 				}
 				if charges != 1 {
 					t.Errorf("nfc: %d charges at the upstream, want 1", charges)
 				}
-				if third := c.send(e, orderNFD); third.status != second.status || third.replayed() != second.replayed() {
+				if third := c.send(e, orderNFD); third.Status != second.Status || third.Replayed() != second.Replayed() {
 					t.Errorf("nfc: the other spelling again got %v, want %v as the first time", third, second)
 				}
 			})
@@ -95,7 +97,7 @@ func TestKeyNormalize(t *testing.T) {
 // is still a 400 invalid-key and nothing is forwarded, from the header,
 // the query string and the JSON body.
 func TestKeyNormalizeRefusals(t *testing.T) {
-	e := newEnv(t, `  - name: header
+	e := proxytest.New(t, `  - name: header
     match: POST /charges
     key: {header: Idempotency-Key, normalize: nfc}
   - name: query
@@ -107,18 +109,20 @@ func TestKeyNormalizeRefusals(t *testing.T) {
 `)
 	for _, tc := range []struct {
 		name string
-		send func() answer
+		send func() proxytest.Answer
 	}{
-		{"header", func() answer {
-			return e.do("POST", "/charges", `{"orderId":"ORD-1","amount":10}`, "Idempotency-Key", "CAF\xc3-1")
+		{"header", func() proxytest.Answer {
+			return e.Do("POST", "/charges", `{"orderId":"ORD-1","amount":10}`, "Idempotency-Key", "CAF\xc3-1")
 		}},
-		{"query", func() answer { return e.do("POST", "/q/charges?id=CAF%C3-1", `{"amount":10}`) }},
-		{"json", func() answer { return e.do("POST", "/j/charges", "{\"orderId\":\"CAF\xc3-1\",\"amount\":10}") }},
+		{"query", func() proxytest.Answer { return e.Do("POST", "/q/charges?id=CAF%C3-1", `{"amount":10}`) }},
+		{"json", func() proxytest.Answer {
+			return e.Do("POST", "/j/charges", "{\"orderId\":\"CAF\xc3-1\",\"amount\":10}")
+		}},
 	} {
 		a := tc.send()
-		wantStatus(t, tc.name+": a key that is not UTF-8", a, 400, "invalid-key")
+		proxytest.WantStatus(t, tc.name+": a key that is not UTF-8", a, 400, "invalid-key")
 	}
-	if n := e.totalCharges(); n != 0 {
+	if n := e.TotalCharges(); n != 0 {
 		t.Errorf("%d charges at the upstream, want 0", n)
 	}
 }
@@ -129,33 +133,33 @@ func TestKeyNormalizeRefusals(t *testing.T) {
 var turnedOnCases = []struct {
 	name  string
 	route string
-	send  func(e *env) answer
+	send  func(e *proxytest.Env) proxytest.Answer
 }{
-	{"header", "match: POST /charges\n    key: {header: Idempotency-Key%s}", func(e *env) answer {
-		return e.do("POST", "/charges", `{"orderId":"ORD-1","amount":10}`, "Idempotency-Key", orderNFD)
+	{"header", "match: POST /charges\n    key: {header: Idempotency-Key%s}", func(e *proxytest.Env) proxytest.Answer {
+		return e.Do("POST", "/charges", `{"orderId":"ORD-1","amount":10}`, "Idempotency-Key", orderNFD)
 	}},
-	{"json", "match: POST /charges\n    key: {json: orderId%s}", func(e *env) answer {
-		return e.do("POST", "/charges", fmt.Sprintf(`{"orderId":%q,"amount":10}`, orderNFD))
+	{"json", "match: POST /charges\n    key: {json: orderId%s}", func(e *proxytest.Env) proxytest.Answer {
+		return e.Do("POST", "/charges", fmt.Sprintf(`{"orderId":%q,"amount":10}`, orderNFD))
 	}},
-	{"query", "match: POST /charges\n    key: {query: id%s}", func(e *env) answer {
-		return e.do("POST", "/charges?id="+url.QueryEscape(orderNFD), `{"orderId":"ORD-1","amount":10}`)
+	{"query", "match: POST /charges\n    key: {query: id%s}", func(e *proxytest.Env) proxytest.Answer {
+		return e.Do("POST", "/charges?id="+url.QueryEscape(orderNFD), `{"orderId":"ORD-1","amount":10}`)
 	}},
-	{"path", "match: POST /orders/{orderId}/charges\n    key: {path: orderId%s}", func(e *env) answer {
-		return e.do("POST", "/orders/"+url.PathEscape(orderNFD)+"/charges", `{"amount":10}`)
+	{"path", "match: POST /orders/{orderId}/charges\n    key: {path: orderId%s}", func(e *proxytest.Env) proxytest.Answer {
+		return e.Do("POST", "/orders/"+url.PathEscape(orderNFD)+"/charges", `{"amount":10}`)
 	}},
 	// The header part a quoted structured string (the IETF draft's form):
 	// the legacy key keeps its quotes, so it is neither the NFC key nor
 	// the key as sent.
-	{"composite quoted header and json", "match: POST /charges\n    key: {parts: [{header: Idempotency-Key}, {json: orderId}]%s}", func(e *env) answer {
-		return e.do("POST", "/charges", fmt.Sprintf(`{"orderId":%q,"amount":10}`, orderNFD), "Idempotency-Key", `"tok-1"`)
+	{"composite quoted header and json", "match: POST /charges\n    key: {parts: [{header: Idempotency-Key}, {json: orderId}]%s}", func(e *proxytest.Env) proxytest.Answer {
+		return e.Do("POST", "/charges", fmt.Sprintf(`{"orderId":%q,"amount":10}`, orderNFD), "Idempotency-Key", `"tok-1"`)
 	}},
-	{"composite header and header", "match: POST /charges\n    key: {parts: [{header: Idempotency-Key}, {header: X-Tenant}]%s}", func(e *env) answer {
-		return e.do("POST", "/charges", `{"orderId":"ORD-1","amount":10}`, "Idempotency-Key", orderNFD, "X-Tenant", "T-"+orderNFD)
+	{"composite header and header", "match: POST /charges\n    key: {parts: [{header: Idempotency-Key}, {header: X-Tenant}]%s}", func(e *proxytest.Env) proxytest.Answer {
+		return e.Do("POST", "/charges", `{"orderId":"ORD-1","amount":10}`, "Idempotency-Key", orderNFD, "X-Tenant", "T-"+orderNFD)
 	}},
 	// A number written as 4200.0: the legacy key keeps it so, the key as
 	// sent reads 4200.
-	{"composite json and json", "match: POST /charges\n    key: {parts: [{json: customer}, {json: orderId}]%s}", func(e *env) answer {
-		return e.do("POST", "/charges", fmt.Sprintf(`{"customer":4200.0,"orderId":%q,"amount":10}`, orderNFD))
+	{"composite json and json", "match: POST /charges\n    key: {parts: [{json: customer}, {json: orderId}]%s}", func(e *proxytest.Env) proxytest.Answer {
+		return e.Do("POST", "/charges", fmt.Sprintf(`{"customer":4200.0,"orderId":%q,"amount":10}`, orderNFD))
 	}},
 }
 
@@ -168,21 +172,21 @@ func TestKeyNormalizeTurnedOn(t *testing.T) {
 	for _, c := range turnedOnCases {
 		t.Run(c.name, func(t *testing.T) {
 			route := "  - name: charges\n    " + c.route + "\n"
-			e := newEnv(t, fmt.Sprintf(route, ""))
+			e := proxytest.New(t, fmt.Sprintf(route, ""))
 			first := c.send(e)
-			if first.status != 201 || first.replayed() {
+			if first.Status != 201 || first.Replayed() {
 				t.Fatalf("before the reload: %v, want 201 forwarded", first)
 			}
-			if err := e.p.Reload(parseConfig(t, e.stub.URL, fmt.Sprintf(route, ", normalize: nfc"))); err != nil {
+			if err := e.Proxy.Reload(proxytest.ParseConfig(t, e.Stub.URL, fmt.Sprintf(route, ", normalize: nfc"))); err != nil {
 				t.Fatal(err)
 			}
 			for i := range 2 {
 				a := c.send(e)
-				if a.status != 201 || !a.replayed() || !bytes.Equal(a.body, first.body) {
-					t.Errorf("identical retry %d after the reload: got %v (replayed %t), want the stored answer replayed: %v", i+1, a, a.replayed(), first)
+				if a.Status != 201 || !a.Replayed() || !bytes.Equal(a.Body, first.Body) {
+					t.Errorf("identical retry %d after the reload: got %v (replayed %t), want the stored answer replayed: %v", i+1, a, a.Replayed(), first)
 				}
 			}
-			if n := e.totalCharges(); n != 1 {
+			if n := e.TotalCharges(); n != 1 {
 				t.Errorf("%d charges at the upstream, want 1", n)
 			}
 		})
@@ -203,27 +207,27 @@ func TestKeyNormalizeTurnedOnKeySpace(t *testing.T) {
     key: {header: Idempotency-Key%[1]s}
     scope: {header: X-Api-Key}
 `
-	e := newEnv(t, fmt.Sprintf(routes, ""))
+	e := proxytest.New(t, fmt.Sprintf(routes, ""))
 	body := `{"orderId":"ORD-1","amount":10}`
-	if a := e.do("POST", "/charges", body, "Idempotency-Key", orderNFD, "X-Api-Key", "client-a"); a.status != 201 {
+	if a := e.Do("POST", "/charges", body, "Idempotency-Key", orderNFD, "X-Api-Key", "client-a"); a.Status != 201 {
 		t.Fatalf("before the reload: %v", a)
 	}
-	if err := e.p.Reload(parseConfig(t, e.stub.URL, fmt.Sprintf(routes, ", normalize: nfc"))); err != nil {
+	if err := e.Proxy.Reload(proxytest.ParseConfig(t, e.Stub.URL, fmt.Sprintf(routes, ", normalize: nfc"))); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct{ name, path, client string }{
 		{"another scope", "/charges", "client-b"},
 		{"another route", "/orders/ORD-1/charges", "client-a"},
 	} {
-		a := e.do("POST", tc.path, body, "Idempotency-Key", orderNFD, "X-Api-Key", tc.client)
-		if a.status != 201 || a.replayed() {
-			t.Errorf("%s, same NFD key after the reload: got %v (replayed %t), want 201 forwarded", tc.name, a, a.replayed())
+		a := e.Do("POST", tc.path, body, "Idempotency-Key", orderNFD, "X-Api-Key", tc.client)
+		if a.Status != 201 || a.Replayed() {
+			t.Errorf("%s, same NFD key after the reload: got %v (replayed %t), want 201 forwarded", tc.name, a, a.Replayed())
 		}
 	}
-	if a := e.do("POST", "/charges", body, "Idempotency-Key", orderNFD, "X-Api-Key", "client-a"); !a.replayed() {
+	if a := e.Do("POST", "/charges", body, "Idempotency-Key", orderNFD, "X-Api-Key", "client-a"); !a.Replayed() {
 		t.Errorf("the first client's retry after the reload: got %v, want it replayed", a)
 	}
-	if n := e.totalCharges(); n != 3 {
+	if n := e.TotalCharges(); n != 3 {
 		t.Errorf("%d charges at the upstream, want 3 (one per client and route)", n)
 	}
 }
@@ -234,17 +238,17 @@ func TestKeyNormalizeTurnedOnKeySpace(t *testing.T) {
 // sent.
 func TestKeyNormalizeLookupCost(t *testing.T) {
 	route := "  - name: charges\n    match: POST /charges\n    key: {header: Idempotency-Key%s}\n"
-	gets := func(e *env, key string) uint64 {
+	gets := func(e *proxytest.Env, key string) uint64 {
 		t.Helper()
 		before := storeGets(t, e)
-		if a := e.do("POST", "/charges", `{"orderId":"ORD-1","amount":10}`, "Idempotency-Key", key); a.status != 201 || a.replayed() {
+		if a := e.Do("POST", "/charges", `{"orderId":"ORD-1","amount":10}`, "Idempotency-Key", key); a.Status != 201 || a.Replayed() {
 			t.Fatalf("key %q: %v, want 201 forwarded", key, a)
 		}
 		return storeGets(t, e) - before
 	}
-	off := newEnv(t, fmt.Sprintf(route, ""))
+	off := proxytest.New(t, fmt.Sprintf(route, ""))
 	base := gets(off, "ORD-1")
-	on := newEnv(t, fmt.Sprintf(route, ", normalize: nfc"))
+	on := proxytest.New(t, fmt.Sprintf(route, ", normalize: nfc"))
 	for _, tc := range []struct {
 		key  string
 		want uint64
@@ -260,9 +264,9 @@ func TestKeyNormalizeLookupCost(t *testing.T) {
 }
 
 // storeGets counts the store's Get operations observed so far.
-func storeGets(t *testing.T, e *env) uint64 {
+func storeGets(t *testing.T, e *proxytest.Env) uint64 {
 	t.Helper()
-	mfs, err := e.reg.Gather()
+	mfs, err := e.Registry.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/proxy/proxytest"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -18,18 +19,18 @@ const observeRoute = `  - name: charges
     mode: observe
 `
 
-func (e *env) observed(would proxy.Outcome) int {
-	e.t.Helper()
-	return int(counterValue(e.t, e.reg, "idemproxy_observed_total", map[string]string{"route": "charges", "would": string(would)}))
+func observed(e *proxytest.Env, would proxy.Outcome) int {
+	e.T.Helper()
+	return int(proxytest.CounterValue(e.T, e.Registry, "idemproxy_observed_total", map[string]string{"route": "charges", "would": string(would)}))
 }
 
 // TestObserveModeForwardsAndCounts: a route in observe mode forwards every
 // request, duplicates and mismatches included, and counts what enforce
 // would have answered; a reload to enforce then protects the same keys.
 func TestObserveModeForwardsAndCounts(t *testing.T) {
-	e := newEnv(t, observeRoute)
+	e := proxytest.New(t, observeRoute)
 	sk := store.Key("charges", "", "O-3")
-	if r, err := e.store.Reserve(context.Background(), sk, store.Reservation{Token: "busy", Lease: time.Minute, TTL: time.Hour}); err != nil || r != nil {
+	if r, err := e.Store.Reserve(context.Background(), sk, store.Reservation{Token: "busy", Lease: time.Minute, TTL: time.Hour}); err != nil || r != nil {
 		t.Fatalf("Reserve = %v, %v", r, err)
 	}
 	steps := []struct {
@@ -48,50 +49,50 @@ func TestObserveModeForwardsAndCounts(t *testing.T) {
 	for _, s := range steps {
 		before := map[proxy.Outcome]int{}
 		for _, w := range proxy.Woulds {
-			before[w] = e.observed(w)
+			before[w] = observed(e, w)
 		}
-		a := e.do("POST", "/charges", s.body)
-		if a.status != s.status || a.problemType() != "" || a.replayed() {
-			t.Errorf("%s: got %v (replayed %v), want the upstream's %d", s.name, a, a.replayed(), s.status)
+		a := e.Do("POST", "/charges", s.body)
+		if a.Status != s.status || a.ProblemType() != "" || a.Replayed() {
+			t.Errorf("%s: got %v (replayed %v), want the upstream's %d", s.name, a, a.Replayed(), s.status)
 		}
 		for _, w := range proxy.Woulds {
 			want := before[w]
 			if w == s.would {
 				want++
 			}
-			if got := e.observed(w); got != want {
+			if got := observed(e, w); got != want {
 				t.Errorf("%s: observed{would=%s} = %d, want %d", s.name, w, got, want)
 			}
 		}
 	}
-	if got := e.charges("O-1"); got != 3 {
+	if got := e.Charges("O-1"); got != 3 {
 		t.Errorf("charges of O-1 = %d, want 3: observe mode forwards everything", got)
 	}
-	if st := e.state("charges", "", "O-1"); st != store.StateCompleted {
+	if st := e.State("charges", "", "O-1"); st != store.StateCompleted {
 		t.Errorf("state of O-1 = %q, want completed: observe mode keeps the bookkeeping", st)
 	}
 
 	// The rollout: switch to enforce by a reload; the recorded key is now
 	// protected.
-	if err := e.p.Reload(parseConfig(t, e.stub.URL, strings.Replace(observeRoute, "mode: observe", "mode: enforce", 1))); err != nil {
+	if err := e.Proxy.Reload(proxytest.ParseConfig(t, e.Stub.URL, strings.Replace(observeRoute, "mode: observe", "mode: enforce", 1))); err != nil {
 		t.Fatal(err)
 	}
-	if a := e.charge(`"O-1"`, 5); !a.replayed() || e.charges("O-1") != 3 {
-		t.Errorf("after the switch to enforce: %v, charges %d; want the first answer replayed, no new charge", a, e.charges("O-1"))
+	if a := e.Charge(`"O-1"`, 5); !a.Replayed() || e.Charges("O-1") != 3 {
+		t.Errorf("after the switch to enforce: %v, charges %d; want the first answer replayed, no new charge", a, e.Charges("O-1"))
 	}
-	wantStatus(t, "mismatch under enforce", e.charge(`"O-1"`, 9), http.StatusUnprocessableEntity, "fingerprint-mismatch")
+	proxytest.WantStatus(t, "mismatch under enforce", e.Charge(`"O-1"`, 9), http.StatusUnprocessableEntity, "fingerprint-mismatch")
 }
 
 // TestObserveModeForwardsOnStoreFailure: a store failure in observe mode
 // forwards the request and counts it as a store error.
 func TestObserveModeForwardsOnStoreFailure(t *testing.T) {
-	e := newEnv(t, observeRoute)
-	e.store.Close()
-	wantStatus(t, "store closed", e.charge(`"O-9"`, 5), http.StatusCreated, "")
-	if got := e.outcomes("charges", proxy.OutcomeStoreError); got != 1 {
+	e := proxytest.New(t, observeRoute)
+	e.Store.Close()
+	proxytest.WantStatus(t, "store closed", e.Charge(`"O-9"`, 5), http.StatusCreated, "")
+	if got := e.Outcomes("charges", proxy.OutcomeStoreError); got != 1 {
 		t.Errorf("outcome store_error = %d, want 1", got)
 	}
-	if got := e.charges("O-9"); got != 1 {
+	if got := e.Charges("O-9"); got != 1 {
 		t.Errorf("charges of O-9 = %d, want 1", got)
 	}
 }
@@ -99,14 +100,14 @@ func TestObserveModeForwardsOnStoreFailure(t *testing.T) {
 // TestObserveModeCountsDuplicateUnderReject: under duplicate: reject,
 // enforce would have answered a known key with 409 duplicate-request.
 func TestObserveModeCountsDuplicateUnderReject(t *testing.T) {
-	e := newEnv(t, observeRoute+"    duplicate: reject\n")
+	e := proxytest.New(t, observeRoute+"    duplicate: reject\n")
 	for range 2 {
-		wantStatus(t, "charge", e.charge(`"O-5"`, 5), http.StatusCreated, "")
+		proxytest.WantStatus(t, "charge", e.Charge(`"O-5"`, 5), http.StatusCreated, "")
 	}
-	if got, replayed := e.observed(proxy.OutcomeDuplicate), e.observed(proxy.OutcomeReplayed); got != 1 || replayed != 0 {
+	if got, replayed := observed(e, proxy.OutcomeDuplicate), observed(e, proxy.OutcomeReplayed); got != 1 || replayed != 0 {
 		t.Errorf("observed duplicate, replayed = %d, %d; want 1, 0", got, replayed)
 	}
-	if got := e.charges("O-5"); got != 2 {
+	if got := e.Charges("O-5"); got != 2 {
 		t.Errorf("charges of O-5 = %d, want 2", got)
 	}
 }

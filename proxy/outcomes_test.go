@@ -4,12 +4,13 @@ import (
 	"testing"
 
 	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/proxy/proxytest"
 )
 
 // TestEveryOutcomeIsCounted drives one request to each outcome and checks
 // that exactly the right series of idemproxy_requests_total moved.
 func TestEveryOutcomeIsCounted(t *testing.T) {
-	e := newEnv(t, `
+	e := proxytest.New(t, `
   - name: charges
     match: POST /charges
     key: {json: orderId}
@@ -22,39 +23,39 @@ func TestEveryOutcomeIsCounted(t *testing.T) {
 `)
 	steps := []struct {
 		name    string
-		send    func() answer
+		send    func() proxytest.Answer
 		route   string
 		outcome proxy.Outcome
 	}{
-		{"first charge", func() answer { return e.charge(`"O-1"`, 1) }, "charges", proxy.OutcomeCommitted},
-		{"duplicate", func() answer { return e.charge(`"O-1"`, 1) }, "charges", proxy.OutcomeReplayed},
-		{"other request under the key", func() answer { return e.charge(`"O-1"`, 2) }, "charges", proxy.OutcomeMismatch},
-		{"429", func() answer { return e.charge(`"O-2"`, 1, "X-Stub-Fault", "reject-429") }, "charges", proxy.OutcomeReleased},
-		{"dropped connection", func() answer { return e.charge(`"O-3"`, 1, "X-Stub-Fault", "drop-after-charge") }, "charges", proxy.OutcomeInDoubt},
-		{"retry of the dropped one", func() answer { return e.charge(`"O-3"`, 1) }, "charges", proxy.OutcomeConflict},
-		{"bad JSON", func() answer { return e.do("POST", "/charges", "{") }, "charges", proxy.OutcomeBadRequest},
-		{"no route", func() answer { return e.do("GET", "/charges", "") }, "", proxy.OutcomePassthrough},
-		{"first under reject", func() answer {
-			return e.do("POST", "/orders/O-4/charges", `{"amount": 1}`, "Idempotency-Key", "k4")
+		{"first charge", func() proxytest.Answer { return e.Charge(`"O-1"`, 1) }, "charges", proxy.OutcomeCommitted},
+		{"duplicate", func() proxytest.Answer { return e.Charge(`"O-1"`, 1) }, "charges", proxy.OutcomeReplayed},
+		{"other request under the key", func() proxytest.Answer { return e.Charge(`"O-1"`, 2) }, "charges", proxy.OutcomeMismatch},
+		{"429", func() proxytest.Answer { return e.Charge(`"O-2"`, 1, "X-Stub-Fault", "reject-429") }, "charges", proxy.OutcomeReleased},
+		{"dropped connection", func() proxytest.Answer { return e.Charge(`"O-3"`, 1, "X-Stub-Fault", "drop-after-charge") }, "charges", proxy.OutcomeInDoubt},
+		{"retry of the dropped one", func() proxytest.Answer { return e.Charge(`"O-3"`, 1) }, "charges", proxy.OutcomeConflict},
+		{"bad JSON", func() proxytest.Answer { return e.Do("POST", "/charges", "{") }, "charges", proxy.OutcomeBadRequest},
+		{"no route", func() proxytest.Answer { return e.Do("GET", "/charges", "") }, "", proxy.OutcomePassthrough},
+		{"first under reject", func() proxytest.Answer {
+			return e.Do("POST", "/orders/O-4/charges", `{"amount": 1}`, "Idempotency-Key", "k4")
 		}, "strict", proxy.OutcomeCommitted},
-		{"duplicate under reject", func() answer {
-			return e.do("POST", "/orders/O-4/charges", `{"amount": 1}`, "Idempotency-Key", "k4")
+		{"duplicate under reject", func() proxytest.Answer {
+			return e.Do("POST", "/orders/O-4/charges", `{"amount": 1}`, "Idempotency-Key", "k4")
 		}, "strict", proxy.OutcomeDuplicate},
-		{"no key, forwarded", func() answer { return e.do("POST", "/orders/O-5/charges", `{"amount": 1}`) }, "strict", proxy.OutcomeUnprotected},
+		{"no key, forwarded", func() proxytest.Answer { return e.Do("POST", "/orders/O-5/charges", `{"amount": 1}`) }, "strict", proxy.OutcomeUnprotected},
 	}
 	counts := func() map[[2]string]int {
 		m := map[[2]string]int{}
 		for _, route := range []string{"", "charges", "strict"} {
 			for _, o := range proxy.Outcomes {
-				m[[2]string{route, string(o)}] = e.outcomes(route, o)
+				m[[2]string{route, string(o)}] = e.Outcomes(route, o)
 			}
 		}
 		return m
 	}
 	before := counts()
 	for _, st := range steps {
-		if a := st.send(); a.err != nil {
-			t.Fatalf("%s: %v", st.name, a.err)
+		if a := st.send(); a.Err != nil {
+			t.Fatalf("%s: %v", st.name, a.Err)
 		}
 		after := counts()
 		for k, v := range after {
@@ -68,9 +69,9 @@ func TestEveryOutcomeIsCounted(t *testing.T) {
 		}
 		before = after
 	}
-	e.store.Close()
-	e.charge(`"O-6"`, 1)
-	if got := e.outcomes("charges", proxy.OutcomeStoreError); got != 1 {
+	e.Store.Close()
+	e.Charge(`"O-6"`, 1)
+	if got := e.Outcomes("charges", proxy.OutcomeStoreError); got != 1 {
 		t.Errorf("store_error = %d, want 1", got)
 	}
 }

@@ -1,6 +1,8 @@
 package proxy_test
 
 import (
+	"github.com/idemproxy/idemproxy/proxy/proxytest"
+
 	"net/http"
 	"net/http/httptest"
 	"path"
@@ -23,11 +25,11 @@ func decodedPathUpstream(t *testing.T, endpoint string, n *atomic.Int32) string 
 	return up.URL
 }
 
-func rawPost(t *testing.T, e *env, rawPath, key string) int {
-	req, _ := http.NewRequest("POST", e.srv.URL+"/", strings.NewReader(`{}`))
+func rawPost(t *testing.T, e *proxytest.Env, rawPath, key string) int {
+	req, _ := http.NewRequest("POST", e.Server.URL+"/", strings.NewReader(`{}`))
 	req.URL.Opaque = rawPath // sent byte for byte
 	req.Header.Set("Idempotency-Key", key)
-	resp, err := e.srv.Client().Do(req)
+	resp, err := e.Server.Client().Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,8 +41,8 @@ func rawPost(t *testing.T, e *env, rawPath, key string) int {
 // that route on the decoded path; it must not pass through unprotected.
 func TestEncodedSlashIsProtected(t *testing.T) {
 	var n atomic.Int32
-	e := &env{t: t}
-	e.start(decodedPathUpstream(t, "/v1/charges", &n), `
+	e := &proxytest.Env{T: t}
+	e.Start(decodedPathUpstream(t, "/v1/charges", &n), `
   - name: charges
     match: POST /v1/charges
     key: {header: Idempotency-Key}
@@ -57,8 +59,8 @@ func TestEncodedSlashIsProtected(t *testing.T) {
 func TestTrailingSlashPatternIsProtected(t *testing.T) {
 	for _, p := range []string{"/charges", "/charges//", "/charges/."} {
 		var n atomic.Int32
-		e := &env{t: t}
-		e.start(decodedPathUpstream(t, "/charges", &n), `
+		e := &proxytest.Env{T: t}
+		e.Start(decodedPathUpstream(t, "/charges", &n), `
   - name: charges
     match: POST /charges/{$}
     key: {header: Idempotency-Key}
@@ -86,8 +88,8 @@ func TestEscapedSlashInWildcardWithTrailingSlashIsProtected(t *testing.T) {
 		w.WriteHeader(201)
 	}))
 	t.Cleanup(up.Close)
-	e := &env{t: t}
-	e.start(up.URL, `
+	e := &proxytest.Env{T: t}
+	e.Start(up.URL, `
   - name: order-charges
     match: POST /orders/{id}/charges
     key: {path: id}
@@ -100,7 +102,7 @@ func TestEscapedSlashInWildcardWithTrailingSlashIsProtected(t *testing.T) {
 	if n.Load() != 1 {
 		t.Errorf("order A/B charged %d times, want once", n.Load())
 	}
-	if got := e.state("order-charges", "", "A/B"); got != "completed" {
+	if got := e.State("order-charges", "", "A/B"); got != "completed" {
 		t.Errorf("key A/B is %q, want completed", got)
 	}
 }
@@ -118,15 +120,15 @@ func TestQueryKeyGoCannotParseIsNotForwardedUnprotected(t *testing.T) {
 			n.Add(1)
 			w.WriteHeader(201)
 		}))
-		e := &env{t: t}
-		e.start(up.URL, `
+		e := &proxytest.Env{T: t}
+		e.Start(up.URL, `
   - name: charges
     match: POST /charges
     key: {query: id}
     on_missing_key: forward
 `)
 		for range 2 {
-			wantStatus(t, query, e.do("POST", "/charges?"+query, `{}`), 400, "invalid-key")
+			proxytest.WantStatus(t, query, e.Do("POST", "/charges?"+query, `{}`), 400, "invalid-key")
 		}
 		if n.Load() != 0 {
 			t.Errorf("%s: forwarded %d times, want none", query, n.Load())

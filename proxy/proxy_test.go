@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/proxy/proxytest"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -22,16 +23,16 @@ const chargesByOrder = `
 `
 
 // storm sends n identical charges at once and returns their answers.
-func (e *env) storm(n int, order string, hdr ...string) []answer {
+func storm(e *proxytest.Env, n int, order string, hdr ...string) []proxytest.Answer {
 	var wg sync.WaitGroup
-	answers := make([]answer, n)
+	answers := make([]proxytest.Answer, n)
 	start := make(chan struct{})
 	for i := range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			<-start
-			answers[i] = send(e.srv.Client(), "POST", e.srv.URL+"/charges",
+			answers[i] = proxytest.Send(e.Server.Client(), "POST", e.Server.URL+"/charges",
 				fmt.Sprintf(`{"orderId": %q, "amount": 10}`, order), hdr...)
 		}()
 	}
@@ -53,7 +54,7 @@ func TestConcurrentDuplicatesChargeOnce(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			e := newEnv(t, fmt.Sprintf(`
+			e := proxytest.New(t, fmt.Sprintf(`
   - name: charges
     match: POST /charges
     key: {json: orderId}
@@ -62,19 +63,19 @@ func TestConcurrentDuplicatesChargeOnce(t *testing.T) {
 `, tt.concurrent))
 			const n = 50
 			// The stub holds the first answer long enough for every copy to arrive.
-			answers := e.storm(n, "ORD-STORM", "X-Stub-Fault", "delay", "X-Stub-Delay", "300ms")
+			answers := storm(e, n, "ORD-STORM", "X-Stub-Fault", "delay", "X-Stub-Delay", "300ms")
 			var created, replayed, inFlight int
 			for _, a := range answers {
 				switch {
-				case a.err != nil:
-					t.Fatalf("request failed: %v", a.err)
-				case a.status == 201 && a.replayed():
+				case a.Err != nil:
+					t.Fatalf("request failed: %v", a.Err)
+				case a.Status == 201 && a.Replayed():
 					replayed++
-				case a.status == 201:
+				case a.Status == 201:
 					created++
-				case a.status == 409 && a.problemType() == "request-in-flight":
+				case a.Status == 409 && a.ProblemType() == "request-in-flight":
 					inFlight++
-					if a.header.Get("Retry-After") == "" {
+					if a.Header.Get("Retry-After") == "" {
 						t.Errorf("409 in flight without Retry-After")
 					}
 				default:
@@ -84,7 +85,7 @@ func TestConcurrentDuplicatesChargeOnce(t *testing.T) {
 			if created != 1 {
 				t.Errorf("first answers = %d, want exactly 1", created)
 			}
-			if got := e.charges("ORD-STORM"); got != 1 {
+			if got := e.Charges("ORD-STORM"); got != 1 {
 				t.Errorf("charges = %d, want 1", got)
 			}
 			if tt.want409 && inFlight == 0 {
@@ -99,31 +100,31 @@ func TestConcurrentDuplicatesChargeOnce(t *testing.T) {
 
 // TestConcurrentDistinctKeys: a storm over many keys charges each once.
 func TestConcurrentDistinctKeys(t *testing.T) {
-	e := newEnv(t, chargesByOrder)
+	e := proxytest.New(t, chargesByOrder)
 	const orders, copies = 40, 5
 	var wg sync.WaitGroup
 	for i := range orders * copies {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			send(e.srv.Client(), "POST", e.srv.URL+"/charges", fmt.Sprintf(`{"orderId": "K-%d", "amount": 1}`, i%orders))
+			proxytest.Send(e.Server.Client(), "POST", e.Server.URL+"/charges", fmt.Sprintf(`{"orderId": "K-%d", "amount": 1}`, i%orders))
 		}()
 	}
 	wg.Wait()
-	if got := e.totalCharges(); got != orders {
+	if got := e.TotalCharges(); got != orders {
 		t.Errorf("charges = %d, want %d (one per order)", got, orders)
 	}
 }
 
 func TestFingerprintAndKeyCanonicalisation(t *testing.T) {
-	e := newEnv(t, `
+	e := proxytest.New(t, `
   - name: charges
     match: POST /charges
     key: {json: order.id}
     fingerprint: {ignore: [sentAt]}
 `)
-	first := e.do("POST", "/charges", `{"order": {"id": 1001}, "orderId": "1001", "amount": 10, "sentAt": "10:00"}`)
-	wantStatus(t, "first", first, 201, "")
+	first := e.Do("POST", "/charges", `{"order": {"id": 1001}, "orderId": "1001", "amount": 10, "sentAt": "10:00"}`)
+	proxytest.WantStatus(t, "first", first, 201, "")
 	tests := []struct {
 		name, body string
 		status     int
@@ -137,13 +138,13 @@ func TestFingerprintAndKeyCanonicalisation(t *testing.T) {
 		{"another amount under the same key", `{"order": {"id": 1001}, "orderId": "1001", "amount": 11, "sentAt": "10:00"}`, 422, "fingerprint-mismatch", false},
 	}
 	for _, tt := range tests {
-		a := e.do("POST", "/charges", tt.body)
-		wantStatus(t, tt.name, a, tt.status, tt.problem)
-		if a.replayed() != tt.replayed {
-			t.Errorf("%s: replayed = %v, want %v", tt.name, a.replayed(), tt.replayed)
+		a := e.Do("POST", "/charges", tt.body)
+		proxytest.WantStatus(t, tt.name, a, tt.status, tt.problem)
+		if a.Replayed() != tt.replayed {
+			t.Errorf("%s: replayed = %v, want %v", tt.name, a.Replayed(), tt.replayed)
 		}
 	}
-	if got := e.charges("1001"); got != 1 {
+	if got := e.Charges("1001"); got != 1 {
 		t.Errorf("charges = %d, want 1", got)
 	}
 }
@@ -151,25 +152,25 @@ func TestFingerprintAndKeyCanonicalisation(t *testing.T) {
 // TestNumberAndStringAreOneKey: 1001 and "1001" are the same key; with the
 // fingerprint off (the body differs), the second is a replay.
 func TestNumberAndStringAreOneKey(t *testing.T) {
-	e := newEnv(t, `
+	e := proxytest.New(t, `
   - name: charges
     match: POST /charges
     key: {json: orderId}
     fingerprint: {disabled: true}
 `)
-	wantStatus(t, "number", e.charge(`1001`, 10), 201, "")
-	second := e.charge(`"1001"`, 10)
-	wantStatus(t, "string", second, 201, "")
-	if !second.replayed() {
+	proxytest.WantStatus(t, "number", e.Charge(`1001`, 10), 201, "")
+	second := e.Charge(`"1001"`, 10)
+	proxytest.WantStatus(t, "string", second, 201, "")
+	if !second.Replayed() {
 		t.Errorf("the string key was not a replay of the number key")
 	}
-	if got := e.charges("1001"); got != 1 {
+	if got := e.Charges("1001"); got != 1 {
 		t.Errorf("charges = %d, want 1", got)
 	}
 }
 
 func TestBadInput(t *testing.T) {
-	e := newEnv(t, `
+	e := proxytest.New(t, `
   - name: charges
     match: POST /charges
     key: {json: orderId}
@@ -203,31 +204,31 @@ func TestBadInput(t *testing.T) {
 		{"missing scope", "/orders/A/charges", `{"amount": 1}`, []string{"Idempotency-Key", "k"}, 400, "missing-scope"},
 	}
 	for _, tt := range tests {
-		a := e.do("POST", tt.path, tt.body, tt.hdr...)
-		wantStatus(t, tt.name, a, tt.status, tt.problem)
-		if got := a.field("status"); got != float64(tt.status) {
+		a := e.Do("POST", tt.path, tt.body, tt.hdr...)
+		proxytest.WantStatus(t, tt.name, a, tt.status, tt.problem)
+		if got := a.Field("status"); got != float64(tt.status) {
 			t.Errorf("%s: problem status member = %v, want %d", tt.name, got, tt.status)
 		}
 	}
-	if got := e.totalCharges(); got != 0 {
+	if got := e.TotalCharges(); got != 0 {
 		t.Errorf("charges = %d, want 0: bad input must never reach the upstream", got)
 	}
-	if got := e.outcomes("charges", proxy.OutcomeBadRequest); got != 11 {
+	if got := e.Outcomes("charges", proxy.OutcomeBadRequest); got != 11 {
 		t.Errorf("bad_request outcomes = %d, want 11", got)
 	}
 }
 
 // TestChunkedBodyTooLarge: a body without Content-Length is cut at the limit.
 func TestChunkedBodyTooLarge(t *testing.T) {
-	e := newEnv(t, `
+	e := proxytest.New(t, `
   - name: charges
     match: POST /charges
     key: {json: orderId}
     max_body_bytes: 64
 `)
 	pr := strings.NewReader(`{"orderId": "A", "amount": 1, "pad": "` + strings.Repeat("x", 200) + `"}`)
-	req, _ := http.NewRequest("POST", e.srv.URL+"/charges", struct{ *strings.Reader }{pr}) // hides the length
-	resp, err := e.srv.Client().Do(req)
+	req, _ := http.NewRequest("POST", e.Server.URL+"/charges", struct{ *strings.Reader }{pr}) // hides the length
+	resp, err := e.Server.Client().Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,69 +239,69 @@ func TestChunkedBodyTooLarge(t *testing.T) {
 }
 
 func TestMissingKeyForward(t *testing.T) {
-	e := newEnv(t, `
+	e := proxytest.New(t, `
   - name: charges
     match: POST /charges
     key: {header: Idempotency-Key}
     on_missing_key: forward
 `)
 	for range 2 {
-		wantStatus(t, "no key", e.charge(`"ORD-U"`, 1), 201, "")
+		proxytest.WantStatus(t, "no key", e.Charge(`"ORD-U"`, 1), 201, "")
 	}
-	if got := e.charges("ORD-U"); got != 2 {
+	if got := e.Charges("ORD-U"); got != 2 {
 		t.Errorf("charges = %d, want 2 (forwarded unprotected)", got)
 	}
-	if got := e.outcomes("charges", proxy.OutcomeUnprotected); got != 2 {
+	if got := e.Outcomes("charges", proxy.OutcomeUnprotected); got != 2 {
 		t.Errorf("unprotected outcomes = %d, want 2", got)
 	}
-	wantStatus(t, "with key", e.charge(`"ORD-U"`, 1, "Idempotency-Key", "k1"), 201, "")
-	if a := e.charge(`"ORD-U"`, 1, "Idempotency-Key", "k1"); !a.replayed() {
+	proxytest.WantStatus(t, "with key", e.Charge(`"ORD-U"`, 1, "Idempotency-Key", "k1"), 201, "")
+	if a := e.Charge(`"ORD-U"`, 1, "Idempotency-Key", "k1"); !a.Replayed() {
 		t.Errorf("a keyed request on a forward route was not protected: %s", a)
 	}
 }
 
 func TestPathAndCompositeKeys(t *testing.T) {
-	e := newEnv(t, `
+	e := proxytest.New(t, `
   - name: by-path
     match: POST /orders/{orderId}/charges
     key:
       parts: [{path: orderId}, {json: kind}]
 `)
-	charge := func(order, kind string) answer {
-		return e.do("POST", "/orders/"+order+"/charges", fmt.Sprintf(`{"amount": 5, "kind": %q}`, kind))
+	charge := func(order, kind string) proxytest.Answer {
+		return e.Do("POST", "/orders/"+order+"/charges", fmt.Sprintf(`{"amount": 5, "kind": %q}`, kind))
 	}
-	wantStatus(t, "first charge", charge("ORD-P", "deposit"), 201, "")
-	wantStatus(t, "second kind of charge", charge("ORD-P", "balance"), 201, "")
-	if a := charge("ORD-P", "deposit"); !a.replayed() {
+	proxytest.WantStatus(t, "first charge", charge("ORD-P", "deposit"), 201, "")
+	proxytest.WantStatus(t, "second kind of charge", charge("ORD-P", "balance"), 201, "")
+	if a := charge("ORD-P", "deposit"); !a.Replayed() {
 		t.Errorf("repeated deposit not replayed: %s", a)
 	}
-	if got := e.charges("ORD-P"); got != 2 {
+	if got := e.Charges("ORD-P"); got != 2 {
 		t.Errorf("charges = %d, want 2 (one per kind)", got)
 	}
-	if got := e.state("by-path", "", "ORD-P|deposit"); got != store.StateCompleted {
+	if got := e.State("by-path", "", "ORD-P|deposit"); got != store.StateCompleted {
 		t.Errorf("state of ORD-P|deposit = %q, want completed", got)
 	}
 }
 
 func TestScopeIsolation(t *testing.T) {
-	e := newEnv(t, `
+	e := proxytest.New(t, `
   - name: payments
     match: POST /orders/{orderId}/charges
     key: {header: Idempotency-Key}
     scope: {header: X-Api-Key}
 `)
-	alice := e.do("POST", "/orders/A-1/charges", `{"amount": 5}`, "Idempotency-Key", "same", "X-Api-Key", "alice")
-	bob := e.do("POST", "/orders/B-1/charges", `{"amount": 7}`, "Idempotency-Key", "same", "X-Api-Key", "bob")
-	wantStatus(t, "alice", alice, 201, "")
-	wantStatus(t, "bob", bob, 201, "")
-	if bob.replayed() || strings.Contains(string(bob.body), "A-1") {
-		t.Fatalf("bob received alice's stored answer: %s", bob.body)
+	alice := e.Do("POST", "/orders/A-1/charges", `{"amount": 5}`, "Idempotency-Key", "same", "X-Api-Key", "alice")
+	bob := e.Do("POST", "/orders/B-1/charges", `{"amount": 7}`, "Idempotency-Key", "same", "X-Api-Key", "bob")
+	proxytest.WantStatus(t, "alice", alice, 201, "")
+	proxytest.WantStatus(t, "bob", bob, 201, "")
+	if bob.Replayed() || strings.Contains(string(bob.Body), "A-1") {
+		t.Fatalf("bob received alice's stored answer: %s", bob.Body)
 	}
-	again := e.do("POST", "/orders/A-1/charges", `{"amount": 5}`, "Idempotency-Key", "same", "X-Api-Key", "alice")
-	if !again.replayed() || string(again.body) != string(alice.body) {
+	again := e.Do("POST", "/orders/A-1/charges", `{"amount": 5}`, "Idempotency-Key", "same", "X-Api-Key", "alice")
+	if !again.Replayed() || string(again.Body) != string(alice.Body) {
 		t.Errorf("alice's retry = %s, want her own answer replayed", again)
 	}
-	if e.state("payments", "alice", "same") != store.StateCompleted || e.state("payments", "", "same") != "" {
+	if e.State("payments", "alice", "same") != store.StateCompleted || e.State("payments", "", "same") != "" {
 		t.Errorf("the scope is not part of the store key")
 	}
 }
@@ -312,14 +313,14 @@ func TestUpstreamDown(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close() // nothing listens there now
-	e := &env{t: t}
-	e.start("http://"+addr, chargesByOrder)
-	a := e.charge(`"ORD-D"`, 1)
-	wantStatus(t, "upstream down", a, http.StatusBadGateway, "upstream-unreachable")
-	if got := e.state("charges", "", "ORD-D"); got != "" {
+	e := &proxytest.Env{T: t}
+	e.Start("http://"+addr, chargesByOrder)
+	a := e.Charge(`"ORD-D"`, 1)
+	proxytest.WantStatus(t, "upstream down", a, http.StatusBadGateway, "upstream-unreachable")
+	if got := e.State("charges", "", "ORD-D"); got != "" {
 		t.Errorf("state = %q, want no record: a request that was never sent releases its key", got)
 	}
-	if got := e.outcomes("charges", proxy.OutcomeReleased); got != 1 {
+	if got := e.Outcomes("charges", proxy.OutcomeReleased); got != 1 {
 		t.Errorf("released outcomes = %d, want 1", got)
 	}
 }
@@ -336,21 +337,21 @@ func TestStoreUnavailable(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			e := newEnv(t, fmt.Sprintf(`
+			e := proxytest.New(t, fmt.Sprintf(`
   - name: charges
     match: POST /charges
     key: {json: orderId}
     on_store_error: %s
 `, tt.onStoreError))
-			e.store.Close()
-			wantStatus(t, "store closed", e.charge(`"ORD-S"`, 1), tt.status, tt.problem)
-			if got := e.charges("ORD-S"); got != tt.charges {
+			e.Store.Close()
+			proxytest.WantStatus(t, "store closed", e.Charge(`"ORD-S"`, 1), tt.status, tt.problem)
+			if got := e.Charges("ORD-S"); got != tt.charges {
 				t.Errorf("charges = %d, want %d", got, tt.charges)
 			}
-			if got := e.outcomes("charges", proxy.OutcomeStoreError); got != 1 {
+			if got := e.Outcomes("charges", proxy.OutcomeStoreError); got != 1 {
 				t.Errorf("store_error outcomes = %d, want 1", got)
 			}
-			if got := counterValue(t, e.reg, "idemproxy_store_errors_total", map[string]string{"store": "badger", "operation": "reserve"}); got != 1 {
+			if got := proxytest.CounterValue(t, e.Registry, "idemproxy_store_errors_total", map[string]string{"store": "badger", "operation": "reserve"}); got != 1 {
 				t.Errorf("store errors = %v, want 1", got)
 			}
 		})
@@ -360,26 +361,26 @@ func TestStoreUnavailable(t *testing.T) {
 // TestPassthrough: requests that match no route reach the upstream
 // untouched and never touch the store.
 func TestPassthrough(t *testing.T) {
-	e := newEnv(t, chargesByOrder)
-	wantStatus(t, "charge", e.charge(`"ORD-X"`, 3), 201, "")
+	e := proxytest.New(t, chargesByOrder)
+	proxytest.WantStatus(t, "charge", e.Charge(`"ORD-X"`, 3), 201, "")
 	before := storeOps(t, e)
-	a := e.do("GET", "/orders/ORD-X/charges", "")
-	wantStatus(t, "statement", a, 200, "")
-	if !strings.Contains(string(a.body), `"charges":1`) {
-		t.Errorf("statement = %s", a.body)
+	a := e.Do("GET", "/orders/ORD-X/charges", "")
+	proxytest.WantStatus(t, "statement", a, 200, "")
+	if !strings.Contains(string(a.Body), `"charges":1`) {
+		t.Errorf("statement = %s", a.Body)
 	}
-	wantStatus(t, "unknown path", e.do("GET", "/nope", ""), 404, "")
+	proxytest.WantStatus(t, "unknown path", e.Do("GET", "/nope", ""), 404, "")
 	if got := storeOps(t, e); got != before {
 		t.Errorf("store operations went from %d to %d: passthrough must not touch the store", before, got)
 	}
-	if got := e.outcomes("", proxy.OutcomePassthrough); got != 2 {
+	if got := e.Outcomes("", proxy.OutcomePassthrough); got != 2 {
 		t.Errorf("passthrough outcomes = %d, want 2", got)
 	}
 }
 
 // storeOps counts the store operations observed so far.
-func storeOps(t *testing.T, e *env) uint64 {
-	mfs, err := e.reg.Gather()
+func storeOps(t *testing.T, e *proxytest.Env) uint64 {
+	mfs, err := e.Registry.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -405,23 +406,23 @@ func TestReplayHeaders(t *testing.T) {
 		w.Write([]byte(`{"ok": true}`))
 	}))
 	defer up.Close()
-	e := &env{t: t}
-	e.start(up.URL, chargesByOrder)
-	first := e.charge(`"ORD-H"`, 1)
-	replay := e.charge(`"ORD-H"`, 1)
-	if first.header.Get("Set-Cookie") == "" {
+	e := &proxytest.Env{T: t}
+	e.Start(up.URL, chargesByOrder)
+	first := e.Charge(`"ORD-H"`, 1)
+	replay := e.Charge(`"ORD-H"`, 1)
+	if first.Header.Get("Set-Cookie") == "" {
 		t.Errorf("the first answer lost its Set-Cookie: the proxy must pass the real answer through")
 	}
-	if !replay.replayed() || replay.status != 201 || string(replay.body) != `{"ok": true}` {
+	if !replay.Replayed() || replay.Status != 201 || string(replay.Body) != `{"ok": true}` {
 		t.Fatalf("replay = %s", replay)
 	}
 	for _, h := range []string{"Content-Type", "Location"} {
-		if replay.header.Get(h) != first.header.Get(h) {
-			t.Errorf("replayed %s = %q, want %q", h, replay.header.Get(h), first.header.Get(h))
+		if replay.Header.Get(h) != first.Header.Get(h) {
+			t.Errorf("replayed %s = %q, want %q", h, replay.Header.Get(h), first.Header.Get(h))
 		}
 	}
 	for _, h := range []string{"Set-Cookie", "X-Internal"} {
-		if v := replay.header.Get(h); v != "" {
+		if v := replay.Header.Get(h); v != "" {
 			t.Errorf("replay carries %s: %q", h, v)
 		}
 	}
@@ -430,23 +431,23 @@ func TestReplayHeaders(t *testing.T) {
 // TestAnswerTooLargeToStore: the first client gets the whole answer; a
 // duplicate gets 409, never a second charge.
 func TestAnswerTooLargeToStore(t *testing.T) {
-	e := newEnv(t, `
+	e := proxytest.New(t, `
   - name: charges
     match: POST /charges
     key: {json: orderId}
     max_stored_body_bytes: 16
 `)
-	first := e.charge(`"ORD-BIG"`, 1)
-	wantStatus(t, "first", first, 201, "")
-	if !strings.Contains(string(first.body), "ORD-BIG") {
-		t.Errorf("first answer truncated: %s", first.body)
+	first := e.Charge(`"ORD-BIG"`, 1)
+	proxytest.WantStatus(t, "first", first, 201, "")
+	if !strings.Contains(string(first.Body), "ORD-BIG") {
+		t.Errorf("first answer truncated: %s", first.Body)
 	}
-	dup := e.charge(`"ORD-BIG"`, 1)
-	wantStatus(t, "duplicate", dup, 409, "response-not-replayable")
-	if got := dup.field("stored_status"); got != float64(201) {
+	dup := e.Charge(`"ORD-BIG"`, 1)
+	proxytest.WantStatus(t, "duplicate", dup, 409, "response-not-replayable")
+	if got := dup.Field("stored_status"); got != float64(201) {
 		t.Errorf("stored_status = %v, want 201", got)
 	}
-	if got := e.charges("ORD-BIG"); got != 1 {
+	if got := e.Charges("ORD-BIG"); got != 1 {
 		t.Errorf("charges = %d, want 1", got)
 	}
 }
@@ -454,76 +455,76 @@ func TestAnswerTooLargeToStore(t *testing.T) {
 // TestClientGivesUp: a client that disconnects while the upstream works
 // does not cancel the charge; its retry gets the answer replayed.
 func TestClientGivesUp(t *testing.T) {
-	e := newEnv(t, chargesByOrder)
-	e.fault("delay", 1, "400ms")
+	e := proxytest.New(t, chargesByOrder)
+	e.Fault("delay", 1, "400ms")
 	impatient := &http.Client{Timeout: 100 * time.Millisecond}
-	if a := send(impatient, "POST", e.srv.URL+"/charges", `{"orderId": "ORD-G", "amount": 1}`); a.err == nil {
+	if a := proxytest.Send(impatient, "POST", e.Server.URL+"/charges", `{"orderId": "ORD-G", "amount": 1}`); a.Err == nil {
 		t.Fatalf("the impatient client got an answer: %s", a)
 	}
-	wantStatus(t, "retry while in flight", e.charge(`"ORD-G"`, 1), 409, "request-in-flight")
-	eventually(t, "the answer is committed", func() bool { return e.state("charges", "", "ORD-G") == store.StateCompleted })
-	retry := e.charge(`"ORD-G"`, 1)
-	if retry.status != 201 || !retry.replayed() {
+	proxytest.WantStatus(t, "retry while in flight", e.Charge(`"ORD-G"`, 1), 409, "request-in-flight")
+	proxytest.Eventually(t, "the answer is committed", func() bool { return e.State("charges", "", "ORD-G") == store.StateCompleted })
+	retry := e.Charge(`"ORD-G"`, 1)
+	if retry.Status != 201 || !retry.Replayed() {
 		t.Errorf("retry = %s, want the committed 201 replayed", retry)
 	}
-	if got := e.charges("ORD-G"); got != 1 {
+	if got := e.Charges("ORD-G"); got != 1 {
 		t.Errorf("charges = %d, want 1", got)
 	}
 }
 
 // TestLeaseRunsOut: a reservation whose lease ran out is in doubt.
 func TestLeaseRunsOut(t *testing.T) {
-	e := newEnv(t, chargesByOrder)
+	e := proxytest.New(t, chargesByOrder)
 	ctx := context.Background()
 	key := store.Key("charges", "", "ORD-O")
-	if rec, err := e.store.Reserve(ctx, key, store.Reservation{Token: "orphan", Lease: 100 * time.Millisecond, TTL: time.Hour}); err != nil || rec != nil {
+	if rec, err := e.Store.Reserve(ctx, key, store.Reservation{Token: "orphan", Lease: 100 * time.Millisecond, TTL: time.Hour}); err != nil || rec != nil {
 		t.Fatalf("reserve: %v %v", rec, err)
 	}
-	wantStatus(t, "while leased", e.charge(`"ORD-O"`, 1), 409, "request-in-flight")
+	proxytest.WantStatus(t, "while leased", e.Charge(`"ORD-O"`, 1), 409, "request-in-flight")
 	time.Sleep(150 * time.Millisecond)
-	wantStatus(t, "lease ran out", e.charge(`"ORD-O"`, 1), 409, "outcome-in-doubt")
-	if got := e.charges("ORD-O"); got != 0 {
+	proxytest.WantStatus(t, "lease ran out", e.Charge(`"ORD-O"`, 1), 409, "outcome-in-doubt")
+	if got := e.Charges("ORD-O"); got != 0 {
 		t.Errorf("charges = %d, want 0", got)
 	}
 }
 
 // TestReload: a reload swaps routes atomically.
 func TestReload(t *testing.T) {
-	e := newEnv(t, chargesByOrder)
-	if !e.p.HasRoute("charges") {
+	e := proxytest.New(t, chargesByOrder)
+	if !e.Proxy.HasRoute("charges") {
 		t.Fatal("route charges missing")
 	}
-	cfg := parseConfig(t, e.stub.URL, `
+	cfg := proxytest.ParseConfig(t, e.Stub.URL, `
   - name: charges-v2
     match: POST /charges
     key: {header: Idempotency-Key}
 `)
-	if err := e.p.Reload(cfg); err != nil {
+	if err := e.Proxy.Reload(cfg); err != nil {
 		t.Fatal(err)
 	}
-	if e.p.HasRoute("charges") || !e.p.HasRoute("charges-v2") {
+	if e.Proxy.HasRoute("charges") || !e.Proxy.HasRoute("charges-v2") {
 		t.Errorf("routes not swapped")
 	}
-	wantStatus(t, "old key source", e.charge(`"ORD-RL"`, 1), 400, "missing-key")
+	proxytest.WantStatus(t, "old key source", e.Charge(`"ORD-RL"`, 1), 400, "missing-key")
 }
 
 // TestAfterShutdown: once the upstream requests were aborted, a new
 // request is not sent and leaves its key free; once the proxy waited for
 // its requests, new ones do not touch the store.
 func TestAfterShutdown(t *testing.T) {
-	e := newEnv(t, chargesByOrder)
-	e.p.Abort()
-	wantStatus(t, "after abort", e.charge(`"ORD-SD"`, 1), 503, "shutting-down")
-	if got := e.state("charges", "", "ORD-SD"); got != "" {
+	e := proxytest.New(t, chargesByOrder)
+	e.Proxy.Abort()
+	proxytest.WantStatus(t, "after abort", e.Charge(`"ORD-SD"`, 1), 503, "shutting-down")
+	if got := e.State("charges", "", "ORD-SD"); got != "" {
 		t.Errorf("state = %q, want the key left free", got)
 	}
-	e.p.Wait()
+	e.Proxy.Wait()
 	before := storeOps(t, e)
-	wantStatus(t, "after wait", e.charge(`"ORD-SD"`, 1), 503, "shutting-down")
+	proxytest.WantStatus(t, "after wait", e.Charge(`"ORD-SD"`, 1), 503, "shutting-down")
 	if got := storeOps(t, e); got != before {
 		t.Errorf("a request after Wait touched the store (%d -> %d operations)", before, got)
 	}
-	if got := e.totalCharges(); got != 0 {
+	if got := e.TotalCharges(); got != 0 {
 		t.Errorf("charges = %d, want 0", got)
 	}
 }
@@ -541,14 +542,14 @@ func TestPathVariantsAreProtected(t *testing.T) {
 		w.WriteHeader(201)
 	}))
 	defer up.Close()
-	e := &env{t: t}
-	e.start(up.URL, chargesByOrder)
+	e := &proxytest.Env{T: t}
+	e.Start(up.URL, chargesByOrder)
 	body := `{"orderId": "ORD-V", "amount": 1}`
-	wantStatus(t, "canonical path", e.do("POST", "/charges", body), 201, "")
+	proxytest.WantStatus(t, "canonical path", e.Do("POST", "/charges", body), 201, "")
 	for _, p := range []string{"/charges/", "//charges", "/x/../charges"} {
-		req, _ := http.NewRequest("POST", e.srv.URL+"/", strings.NewReader(body))
+		req, _ := http.NewRequest("POST", e.Server.URL+"/", strings.NewReader(body))
 		req.URL.Path = p // sent as is, not cleaned by the client
-		resp, err := e.srv.Client().Do(req)
+		resp, err := e.Server.Client().Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -557,7 +558,7 @@ func TestPathVariantsAreProtected(t *testing.T) {
 			t.Errorf("POST %s = %d (replayed %q), want the stored answer replayed", p, resp.StatusCode, resp.Header.Get("Idempotent-Replayed"))
 		}
 	}
-	wantStatus(t, "first time through a variant", e.do("POST", "/charges/", `{"orderId": "ORD-W", "amount": 1}`), 201, "")
+	proxytest.WantStatus(t, "first time through a variant", e.Do("POST", "/charges/", `{"orderId": "ORD-W", "amount": 1}`), 201, "")
 	mu.Lock()
 	defer mu.Unlock()
 	if want := []string{"/charges", "/charges/"}; fmt.Sprint(paths) != fmt.Sprint(want) {
@@ -568,20 +569,20 @@ func TestPathVariantsAreProtected(t *testing.T) {
 // TestQueryIsPartOfTheRequest: the same key with another query string is
 // another request (422), the same query in another order is not.
 func TestQueryIsPartOfTheRequest(t *testing.T) {
-	e := newEnv(t, `
+	e := proxytest.New(t, `
   - name: refunds
     match: POST /orders/{orderId}/charges
     key: {header: Idempotency-Key}
 `)
-	wantStatus(t, "first", e.do("POST", "/orders/O-Q/charges?amount=100&currency=EUR", `{"amount": 1}`, "Idempotency-Key", "k"), 201, "")
-	if a := e.do("POST", "/orders/O-Q/charges?currency=EUR&amount=100", `{"amount": 1}`, "Idempotency-Key", "k"); !a.replayed() {
+	proxytest.WantStatus(t, "first", e.Do("POST", "/orders/O-Q/charges?amount=100&currency=EUR", `{"amount": 1}`, "Idempotency-Key", "k"), 201, "")
+	if a := e.Do("POST", "/orders/O-Q/charges?currency=EUR&amount=100", `{"amount": 1}`, "Idempotency-Key", "k"); !a.Replayed() {
 		t.Errorf("same query, other order: %s, want a replay", a)
 	}
-	wantStatus(t, "other query", e.do("POST", "/orders/O-Q/charges?amount=900&currency=EUR", `{"amount": 1}`, "Idempotency-Key", "k"), 422, "fingerprint-mismatch")
+	proxytest.WantStatus(t, "other query", e.Do("POST", "/orders/O-Q/charges?amount=900&currency=EUR", `{"amount": 1}`, "Idempotency-Key", "k"), 422, "fingerprint-mismatch")
 	// Queries Go cannot parse are fingerprinted too.
-	wantStatus(t, "unparsable", e.do("POST", "/orders/O-Q/charges?amount=100;", `{"amount": 1}`, "Idempotency-Key", "k2"), 201, "")
-	wantStatus(t, "other unparsable", e.do("POST", "/orders/O-Q/charges?amount=900;", `{"amount": 1}`, "Idempotency-Key", "k2"), 422, "fingerprint-mismatch")
-	wantStatus(t, "bad escape", e.do("POST", "/orders/O-Q/charges?amount=%zz9", `{"amount": 1}`, "Idempotency-Key", "k2"), 422, "fingerprint-mismatch")
+	proxytest.WantStatus(t, "unparsable", e.Do("POST", "/orders/O-Q/charges?amount=100;", `{"amount": 1}`, "Idempotency-Key", "k2"), 201, "")
+	proxytest.WantStatus(t, "other unparsable", e.Do("POST", "/orders/O-Q/charges?amount=900;", `{"amount": 1}`, "Idempotency-Key", "k2"), 422, "fingerprint-mismatch")
+	proxytest.WantStatus(t, "bad escape", e.Do("POST", "/orders/O-Q/charges?amount=%zz9", `{"amount": 1}`, "Idempotency-Key", "k2"), 422, "fingerprint-mismatch")
 }
 
 // TestReplayNeverCarriesCredentials: even when validation is bypassed (a
@@ -603,7 +604,7 @@ func TestReplayNeverCarriesCredentials(t *testing.T) {
 		w.Write([]byte(`{"ok": true}`))
 	}))
 	defer up.Close()
-	cfg := parseConfig(t, up.URL, `
+	cfg := proxytest.ParseConfig(t, up.URL, `
   - name: charges
     match: POST /charges
     key: {json: orderId}
@@ -613,23 +614,23 @@ func TestReplayNeverCarriesCredentials(t *testing.T) {
 	// Bypass validation, in any letter case.
 	cfg.Routes[0].ReplayHeaders = []string{"Content-Type", "Authorization", "x-api-key", "Set-Cookie", "X-Tenant",
 		"X-Csrf-Token", "Www-Authenticate"}
-	e := &env{t: t}
-	e.startConfig(cfg)
+	e := &proxytest.Env{T: t}
+	e.StartConfig(cfg)
 
-	first := e.charge(`"ORD-CRED"`, 1, "X-Tenant", "tenant-a")
-	replay := e.charge(`"ORD-CRED"`, 1, "X-Tenant", "tenant-a")
-	if first.status != 201 || first.header.Get("Authorization") == "" {
+	first := e.Charge(`"ORD-CRED"`, 1, "X-Tenant", "tenant-a")
+	replay := e.Charge(`"ORD-CRED"`, 1, "X-Tenant", "tenant-a")
+	if first.Status != 201 || first.Header.Get("Authorization") == "" {
 		t.Fatalf("first = %s: the first client must get the upstream's real answer", first)
 	}
-	if !replay.replayed() || replay.header.Get("Content-Type") != "application/json" {
+	if !replay.Replayed() || replay.Header.Get("Content-Type") != "application/json" {
 		t.Fatalf("replay = %s, want a replay with its Content-Type", replay)
 	}
 	for k := range secrets {
-		if v := replay.header.Get(k); v != "" {
+		if v := replay.Header.Get(k); v != "" {
 			t.Errorf("replay carries %s: %q", k, v)
 		}
 	}
-	rec, err := e.store.Get(context.Background(), store.Key("charges", "tenant-a", "ORD-CRED"))
+	rec, err := e.Store.Get(context.Background(), store.Key("charges", "tenant-a", "ORD-CRED"))
 	if err != nil || rec == nil || rec.Response == nil {
 		t.Fatalf("stored record = %+v, %v", rec, err)
 	}
@@ -642,22 +643,22 @@ func TestReplayNeverCarriesCredentials(t *testing.T) {
 	// A record stored with credentials, as an earlier release allowed.
 	key := store.Key("charges", "tenant-a", "ORD-OLD")
 	ctx := context.Background()
-	if _, err := e.store.Reserve(ctx, key, store.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour}); err != nil {
+	if _, err := e.Store.Reserve(ctx, key, store.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 	old := store.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{}`), BodyStored: true}
 	for k, v := range secrets {
 		old.Header.Set(k, v)
 	}
-	if err := e.store.Commit(ctx, key, "t", old, time.Hour); err != nil {
+	if err := e.Store.Commit(ctx, key, "t", old, time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	replay = e.charge(`"ORD-OLD"`, 1, "X-Tenant", "tenant-a")
-	if !replay.replayed() || replay.header.Get("Content-Type") != "application/json" {
+	replay = e.Charge(`"ORD-OLD"`, 1, "X-Tenant", "tenant-a")
+	if !replay.Replayed() || replay.Header.Get("Content-Type") != "application/json" {
 		t.Fatalf("replay of the old record = %s", replay)
 	}
 	for k := range secrets {
-		if v := replay.header.Get(k); v != "" {
+		if v := replay.Header.Get(k); v != "" {
 			t.Errorf("replay of the old record carries %s: %q", k, v)
 		}
 	}

@@ -1,6 +1,8 @@
 package proxy_test
 
 import (
+	"github.com/idemproxy/idemproxy/proxy/proxytest"
+
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -55,7 +57,7 @@ func TestHeadReplayCarriesTheOriginalsLength(t *testing.T) {
 		{"GET then GET", "GET", "GET", true, "11", "hello world"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := &env{t: t}
+			e := &proxytest.Env{T: t}
 			routes := `
   - name: things
     match: GET /things/{id}
@@ -64,15 +66,15 @@ func TestHeadReplayCarriesTheOriginalsLength(t *testing.T) {
 			if !tc.fingerprintOn {
 				routes += "    fingerprint: {disabled: true}\n"
 			}
-			e.start(thingsUpstream(t).URL, routes)
-			first := e.do(tc.first, "/things/1", "")
-			wantStatus(t, "first", first, 200, "")
-			a := e.do(tc.retry, "/things/1", "")
-			if a.status != 200 || !a.replayed() || a.header.Get("Content-Length") != tc.wantLength || string(a.body) != tc.wantBody {
+			e.Start(thingsUpstream(t).URL, routes)
+			first := e.Do(tc.first, "/things/1", "")
+			proxytest.WantStatus(t, "first", first, 200, "")
+			a := e.Do(tc.retry, "/things/1", "")
+			if a.Status != 200 || !a.Replayed() || a.Header.Get("Content-Length") != tc.wantLength || string(a.Body) != tc.wantBody {
 				t.Errorf("retry: %d replayed=%v, Content-Length %q, body %q; want the replay with Content-Length %q, body %q",
-					a.status, a.replayed(), a.header.Get("Content-Length"), a.body, tc.wantLength, tc.wantBody)
+					a.Status, a.Replayed(), a.Header.Get("Content-Length"), a.Body, tc.wantLength, tc.wantBody)
 			}
-			if got, want := a.header.Get("Content-Length"), first.header.Get("Content-Length"); tc.first == tc.retry && got != want {
+			if got, want := a.Header.Get("Content-Length"), first.Header.Get("Content-Length"); tc.first == tc.retry && got != want {
 				t.Errorf("retry's Content-Length %q, the original's %q", got, want)
 			}
 		})
@@ -86,8 +88,8 @@ func TestHeadReplayCarriesTheOriginalsLength(t *testing.T) {
 // transport refuses trailers past 4 KiB: an answer with one is broken off,
 // and its key in doubt.
 func TestReplayCarriesTrailers(t *testing.T) {
-	e := &env{t: t}
-	e.start(thingsUpstream(t).URL, `
+	e := &proxytest.Env{T: t}
+	e.Start(thingsUpstream(t).URL, `
   - name: things
     match: GET /things/{id}
     key: {path: id}
@@ -96,7 +98,7 @@ func TestReplayCarriesTrailers(t *testing.T) {
 `)
 	get := func(path string) (*http.Response, []byte) {
 		t.Helper()
-		resp, err := e.srv.Client().Get(e.srv.URL + path)
+		resp, err := e.Server.Client().Get(e.Server.URL + path)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -123,9 +125,9 @@ func TestReplayCarriesTrailers(t *testing.T) {
 	if resp.StatusCode != 200 || string(b) != "hello world" || len(resp.Trailer.Get("X-Checksum")) != 3<<10 {
 		t.Errorf("large trailer, first: %d %q, %d bytes of X-Checksum; want the whole answer", resp.StatusCode, b, len(resp.Trailer.Get("X-Checksum")))
 	}
-	wantStatus(t, "large trailer, retry", e.do("GET", "/things/2?trailers&huge", ""), 409, "response-not-replayable")
-	wantStatus(t, "giant trailer", e.do("GET", "/things/3?trailers&giant", ""), 502, "upstream-reset")
-	wantStatus(t, "giant trailer, retry", e.do("GET", "/things/3?trailers&giant", ""), 409, "outcome-in-doubt")
+	proxytest.WantStatus(t, "large trailer, retry", e.Do("GET", "/things/2?trailers&huge", ""), 409, "response-not-replayable")
+	proxytest.WantStatus(t, "giant trailer", e.Do("GET", "/things/3?trailers&giant", ""), 502, "upstream-reset")
+	proxytest.WantStatus(t, "giant trailer, retry", e.Do("GET", "/things/3?trailers&giant", ""), 409, "outcome-in-doubt")
 }
 
 // TestHeadReplayWithoutLength: a HEAD whose original answer carried no
@@ -133,21 +135,21 @@ func TestReplayCarriesTrailers(t *testing.T) {
 // without one, not with the 0 of the stored empty body, which tells the
 // client the resource is empty.
 func TestHeadReplayWithoutLength(t *testing.T) {
-	e := &env{t: t}
-	e.start(thingsUpstream(t).URL, `
+	e := &proxytest.Env{T: t}
+	e.Start(thingsUpstream(t).URL, `
   - name: things
     match: GET /things/{id}
     key: {path: id}
 `)
-	first := e.do("HEAD", "/things/1?trailers", "")
-	wantStatus(t, "first", first, 200, "")
-	if cl := first.header.Get("Content-Length"); cl != "" {
+	first := e.Do("HEAD", "/things/1?trailers", "")
+	proxytest.WantStatus(t, "first", first, 200, "")
+	if cl := first.Header.Get("Content-Length"); cl != "" {
 		t.Fatalf("the original HEAD answer has Content-Length %q; the test needs one without", cl)
 	}
-	a := e.do("HEAD", "/things/1?trailers", "")
-	if a.status != 200 || !a.replayed() || a.header.Get("Content-Length") != "" {
+	a := e.Do("HEAD", "/things/1?trailers", "")
+	if a.Status != 200 || !a.Replayed() || a.Header.Get("Content-Length") != "" {
 		t.Errorf("retry: %d replayed=%v, Content-Length %q; want the replay without Content-Length",
-			a.status, a.replayed(), a.header.Get("Content-Length"))
+			a.Status, a.Replayed(), a.Header.Get("Content-Length"))
 	}
 }
 
@@ -164,17 +166,17 @@ func TestHeadReplayOfALargeResource(t *testing.T) {
 		}
 	}))
 	defer up.Close()
-	e := &env{t: t}
-	e.start(up.URL, `
+	e := &proxytest.Env{T: t}
+	e.Start(up.URL, `
   - name: things
     match: GET /things/{id}
     key: {path: id}
 `)
-	wantStatus(t, "first", e.do("HEAD", "/things/big", ""), 200, "")
-	a := e.do("HEAD", "/things/big", "")
-	if a.status != 200 || !a.replayed() || a.header.Get("Content-Length") != "104857600" {
+	proxytest.WantStatus(t, "first", e.Do("HEAD", "/things/big", ""), 200, "")
+	a := e.Do("HEAD", "/things/big", "")
+	if a.Status != 200 || !a.Replayed() || a.Header.Get("Content-Length") != "104857600" {
 		t.Errorf("retry: %d replayed=%v, Content-Length %q; want the replay with Content-Length 104857600",
-			a.status, a.replayed(), a.header.Get("Content-Length"))
+			a.Status, a.Replayed(), a.Header.Get("Content-Length"))
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/proxy/proxytest"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/badger"
 	"github.com/idemproxy/idemproxy/upstream-stub/stub"
@@ -60,7 +61,7 @@ func (s *lostReplyStore) Release(ctx context.Context, key, token string) error {
 func TestReserveWithLostReplyIsReleasedWhenTheStoreComesBack(t *testing.T) {
 	up := httptest.NewServer(stub.New(slog.New(slog.DiscardHandler)))
 	defer up.Close()
-	cfg := parseConfig(t, up.URL, `  - name: charges
+	cfg := proxytest.ParseConfig(t, up.URL, `  - name: charges
     match: POST /charges
     key: {json: orderId}
     lease: 30s
@@ -79,23 +80,23 @@ func TestReserveWithLostReplyIsReleasedWhenTheStoreComesBack(t *testing.T) {
 	}
 	srv := httptest.NewServer(p)
 	defer srv.Close()
-	e := &env{t: t, stub: up, srv: srv, p: p, store: bs}
+	e := &proxytest.Env{T: t, Stub: up, Server: srv, Proxy: p, Store: bs}
 
-	if a := e.charge(`"ORD-LOST"`, 5); a.status != 503 {
+	if a := e.Charge(`"ORD-LOST"`, 5); a.Status != 503 {
 		t.Fatalf("charge with the reservation's reply lost = %v, want 503 store-unavailable", a)
 	}
 	deadline := time.Now().Add(20 * time.Second)
-	for e.state("charges", "", "ORD-LOST") != "" {
+	for e.State("charges", "", "ORD-LOST") != "" {
 		if time.Now().After(deadline) {
 			t.Fatalf("the key of a request answered 503 is still %q once the store answers again: "+
-				"its retries get 409 until the key expires, for an order never sent", e.state("charges", "", "ORD-LOST"))
+				"its retries get 409 until the key expires, for an order never sent", e.State("charges", "", "ORD-LOST"))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if a := e.charge(`"ORD-LOST"`, 5); a.status != 201 {
+	if a := e.Charge(`"ORD-LOST"`, 5); a.Status != 201 {
 		t.Fatalf("retry = %v, want 201: forwarded, the first was never sent", a)
 	}
-	if n := e.charges("ORD-LOST"); n != 1 {
+	if n := e.Charges("ORD-LOST"); n != 1 {
 		t.Errorf("ORD-LOST charged %d times, want 1", n)
 	}
 }

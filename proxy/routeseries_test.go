@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/proxy/proxytest"
 )
 
 // threeRoutes are three routes with distinct patterns, in this order.
@@ -85,12 +86,12 @@ func TestRouteHistograms(t *testing.T) {
 		{"metrics: {route_histograms: -1}", nil},
 	} {
 		t.Run(tc.extra, func(t *testing.T) {
-			e := &env{t: t}
-			e.startConfig(threeRoutesConfig(t, up.URL, tc.extra))
-			durations := series(t, e.reg, "idemproxy_request_duration_seconds")
-			requests := series(t, e.reg, "idemproxy_requests_total")
-			notStored := series(t, e.reg, "idemproxy_answers_not_stored_total")
-			inFlight := series(t, e.reg, "idemproxy_requests_in_flight")
+			e := &proxytest.Env{T: t}
+			e.StartConfig(threeRoutesConfig(t, up.URL, tc.extra))
+			durations := series(t, e.Registry, "idemproxy_request_duration_seconds")
+			requests := series(t, e.Registry, "idemproxy_requests_total")
+			notStored := series(t, e.Registry, "idemproxy_answers_not_stored_total")
+			inFlight := series(t, e.Registry, "idemproxy_requests_in_flight")
 			for _, r := range append(slices.Clone(threeRoutes), config.OtherRoutes) {
 				own := slices.Contains(tc.own, r)
 				shared := r == config.OtherRoutes && len(tc.own) < len(threeRoutes)
@@ -117,13 +118,13 @@ func TestRouteHistograms(t *testing.T) {
 			}
 
 			for _, r := range threeRoutes {
-				if a := e.do("POST", "/"+r+"/charges", `{"orderId":"ORD-1","amount":1}`); a.status != 201 {
+				if a := e.Do("POST", "/"+r+"/charges", `{"orderId":"ORD-1","amount":1}`); a.Status != 201 {
 					t.Fatalf("charge on %s: %v", r, a)
 				}
 			}
-			durations = series(t, e.reg, "idemproxy_request_duration_seconds")
-			upstream := series(t, e.reg, "idemproxy_upstream_request_duration_seconds")
-			requests = series(t, e.reg, "idemproxy_requests_total")
+			durations = series(t, e.Registry, "idemproxy_request_duration_seconds")
+			upstream := series(t, e.Registry, "idemproxy_upstream_request_duration_seconds")
+			requests = series(t, e.Registry, "idemproxy_requests_total")
 			for _, r := range threeRoutes {
 				if got := requests["outcome=committed,route="+r]; got != 1 {
 					t.Errorf("requests_total{committed,%s} = %d, want 1: counters are per route", r, got)
@@ -150,16 +151,16 @@ func TestRouteHistograms(t *testing.T) {
 	}
 
 	t.Run("reload", func(t *testing.T) {
-		e := &env{t: t}
-		e.startConfig(threeRoutesConfig(t, up.URL, "metrics: {route_histograms: 1}"))
-		if err := e.p.Reload(threeRoutesConfig(t, up.URL, "metrics: {route_histograms: 2}")); err != nil {
+		e := &proxytest.Env{T: t}
+		e.StartConfig(threeRoutesConfig(t, up.URL, "metrics: {route_histograms: 1}"))
+		if err := e.Proxy.Reload(threeRoutesConfig(t, up.URL, "metrics: {route_histograms: 2}")); err != nil {
 			t.Fatal(err)
 		}
-		if _, ok := series(t, e.reg, "idemproxy_request_duration_seconds")["outcome=replayed,route=second"]; !ok {
+		if _, ok := series(t, e.Registry, "idemproxy_request_duration_seconds")["outcome=replayed,route=second"]; !ok {
 			t.Errorf("after a reload to route_histograms 2, the second route has no histograms of its own")
 		}
-		e.do("POST", "/second/charges", `{"orderId":"ORD-1","amount":1}`)
-		if got := series(t, e.reg, "idemproxy_request_duration_seconds")["outcome=committed,route=second"]; got != 1 {
+		e.Do("POST", "/second/charges", `{"orderId":"ORD-1","amount":1}`)
+		if got := series(t, e.Registry, "idemproxy_request_duration_seconds")["outcome=committed,route=second"]; got != 1 {
 			t.Errorf("after the reload, request_duration_seconds{committed,second} count = %d, want 1", got)
 		}
 	})

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/proxy/proxytest"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/badger"
 	"github.com/idemproxy/idemproxy/upstream-stub/stub"
@@ -33,27 +34,27 @@ func (f *failingCommits) Commit(ctx context.Context, key, token string, resp sto
 }
 
 // settleEnv is a proxy on a Badger store whose first failures commits fail.
-func settleEnv(t *testing.T, failures int32) *env {
+func settleEnv(t *testing.T, failures int32) *proxytest.Env {
 	t.Helper()
-	e := &env{t: t}
-	e.stub = httptest.NewServer(stub.New(slog.New(slog.DiscardHandler)))
-	t.Cleanup(e.stub.Close)
+	e := &proxytest.Env{T: t}
+	e.Stub = httptest.NewServer(stub.New(slog.New(slog.DiscardHandler)))
+	t.Cleanup(e.Stub.Close)
 	st, err := badger.Open(badger.Options{Dir: t.TempDir(), SyncWrites: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	e.store = st
+	e.Store = st
 	fc := &failingCommits{Store: st}
 	fc.failures.Store(failures)
-	e.reg = prometheus.NewRegistry()
-	e.p, err = proxy.New(parseConfig(t, e.stub.URL, chargesByOrder+"    lease: 10m\n"),
-		proxy.Options{Store: fc, StoreName: "badger", Metrics: proxy.NewMetrics(e.reg)})
+	e.Registry = prometheus.NewRegistry()
+	e.Proxy, err = proxy.New(proxytest.ParseConfig(t, e.Stub.URL, chargesByOrder+"    lease: 10m\n"),
+		proxy.Options{Store: fc, StoreName: "badger", Metrics: proxy.NewMetrics(e.Registry)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.srv = httptest.NewServer(e.p)
-	t.Cleanup(e.srv.Close)
+	e.Server = httptest.NewServer(e.Proxy)
+	t.Cleanup(e.Server.Close)
 	return e
 }
 
@@ -63,14 +64,14 @@ func settleEnv(t *testing.T, failures int32) *env {
 // the request replayed, not charged again.
 func TestWaitWaitsForSettling(t *testing.T) {
 	e := settleEnv(t, 3)
-	wantStatus(t, "the charge whose commit fails", e.charge(`"ORD-S1"`, 1), 201, "")
+	proxytest.WantStatus(t, "the charge whose commit fails", e.Charge(`"ORD-S1"`, 1), 201, "")
 	// Counted once its handler has returned (the client may have its answer
 	// before the commit is tried): the commit did not settle at once.
-	eventually(t, "the request is counted as a store error", func() bool {
-		return e.outcomes("charges", proxy.OutcomeStoreError) == 1
+	proxytest.Eventually(t, "the request is counted as a store error", func() bool {
+		return e.Outcomes("charges", proxy.OutcomeStoreError) == 1
 	})
-	e.p.Wait()
-	if got := e.state("charges", "", "ORD-S1"); got != store.StateCompleted {
+	e.Proxy.Wait()
+	if got := e.State("charges", "", "ORD-S1"); got != store.StateCompleted {
 		t.Errorf("after Wait, the key is %q, want %q", got, store.StateCompleted)
 	}
 }
@@ -81,13 +82,13 @@ func TestWaitWaitsForSettling(t *testing.T) {
 // retry is never charged again.
 func TestAbortStopsSettling(t *testing.T) {
 	e := settleEnv(t, 1<<30)
-	wantStatus(t, "the charge whose commit fails", e.charge(`"ORD-S2"`, 1), 201, "")
-	e.p.Abort()
-	e.p.Wait() // would wait for the lease (10m) if Abort did not stop the retry
-	if got := e.state("charges", "", "ORD-S2"); got != store.StateInFlight {
+	proxytest.WantStatus(t, "the charge whose commit fails", e.Charge(`"ORD-S2"`, 1), 201, "")
+	e.Proxy.Abort()
+	e.Proxy.Wait() // would wait for the lease (10m) if Abort did not stop the retry
+	if got := e.State("charges", "", "ORD-S2"); got != store.StateInFlight {
 		t.Errorf("after Abort, the key is %q, want %q (left for its lease, never released)", got, store.StateInFlight)
 	}
-	if got := e.charges("ORD-S2"); got != 1 {
+	if got := e.Charges("ORD-S2"); got != 1 {
 		t.Errorf("ORD-S2 charged %d times, want 1", got)
 	}
 }
@@ -99,26 +100,26 @@ func TestAbortStopsSettling(t *testing.T) {
 // program closes once Wait returns.
 func TestWaitRefusesRequestsWhileSettling(t *testing.T) {
 	e := settleEnv(t, 1<<30)
-	wantStatus(t, "the charge whose commit fails", e.charge(`"ORD-W1"`, 1), 201, "")
-	eventually(t, "the commit is being retried", func() bool {
-		return e.outcomes("charges", proxy.OutcomeStoreError) == 1
+	proxytest.WantStatus(t, "the charge whose commit fails", e.Charge(`"ORD-W1"`, 1), 201, "")
+	proxytest.Eventually(t, "the commit is being retried", func() bool {
+		return e.Outcomes("charges", proxy.OutcomeStoreError) == 1
 	})
 	waited := make(chan struct{})
 	go func() {
 		defer close(waited)
-		e.p.Wait() // until Abort: the retry holds for the lease (10m)
+		e.Proxy.Wait() // until Abort: the retry holds for the lease (10m)
 	}()
 	defer func() {
-		e.p.Abort()
+		e.Proxy.Abort()
 		<-waited
 	}()
 	n := 0
-	eventually(t, "a charge after Wait began is answered 503 shutting-down", func() bool {
+	proxytest.Eventually(t, "a charge after Wait began is answered 503 shutting-down", func() bool {
 		n++
-		a := e.charge(fmt.Sprintf(`"ORD-W2-%d"`, n), 1)
-		return a.err == nil && a.status == 503 && a.problemType() == "shutting-down"
+		a := e.Charge(fmt.Sprintf(`"ORD-W2-%d"`, n), 1)
+		return a.Err == nil && a.Status == 503 && a.ProblemType() == "shutting-down"
 	})
-	if got := e.charges(fmt.Sprintf("ORD-W2-%d", n)); got != 0 {
+	if got := e.Charges(fmt.Sprintf("ORD-W2-%d", n)); got != 0 {
 		t.Errorf("the refused charge was forwarded %d times, want 0", got)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemproxy/idemproxy/proxy/proxytest"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -42,9 +43,9 @@ const slowRoutes = `
 
 // rawCharge sends a charge on a new connection with a receive buffer of
 // rcvbuf bytes and returns the connection, unread.
-func rawCharge(t *testing.T, e *env, key string, rcvbuf int) net.Conn {
+func rawCharge(t *testing.T, e *proxytest.Env, key string, rcvbuf int) net.Conn {
 	t.Helper()
-	conn, err := net.Dial("tcp", e.srv.Listener.Addr().String())
+	conn, err := net.Dial("tcp", e.Server.Listener.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,8 +66,8 @@ func rawCharge(t *testing.T, e *env, key string, rcvbuf int) net.Conn {
 // replayed without charging again.
 func TestSlowClientOfAStoredAnswer(t *testing.T) {
 	calls := 0
-	e := &env{t: t}
-	e.start(bigUpstream(t, &calls).URL, slowRoutes)
+	e := &proxytest.Env{T: t}
+	e.Start(bigUpstream(t, &calls).URL, slowRoutes)
 	conn := rawCharge(t, e, "k-slow", 64<<10)
 	conn.SetReadDeadline(time.Now().Add(time.Minute))
 	resp, err := http.ReadResponse(bufio.NewReaderSize(&pacedReader{r: conn, chunk: 32 << 10, every: 20 * time.Millisecond}, 32<<10), nil)
@@ -77,7 +78,7 @@ func TestSlowClientOfAStoredAnswer(t *testing.T) {
 	if err != nil || resp.StatusCode != http.StatusOK || !bytes.Equal(got, bigAnswer) {
 		t.Fatalf("the slow client got %d, %d bytes (%v), want 200 and the whole answer of %d", resp.StatusCode, len(got), err, len(bigAnswer))
 	}
-	if got := e.state("charges", "", "k-slow"); got != store.StateCompleted {
+	if got := e.State("charges", "", "k-slow"); got != store.StateCompleted {
 		t.Errorf("the key is %q, want completed", got)
 	}
 	wantReplayedOnce(t, e, "k-slow", &calls)
@@ -111,19 +112,19 @@ func TestClientThatNeverReadsAStoredAnswer(t *testing.T) {
 	}{{"stalls", false}, {"vanishes mid-answer", true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			calls := 0
-			e := &env{t: t}
-			e.start(bigUpstream(t, &calls).URL, slowRoutes)
+			e := &proxytest.Env{T: t}
+			e.Start(bigUpstream(t, &calls).URL, slowRoutes)
 			conn := rawCharge(t, e, "k-stall", 4<<10)
 			conn.SetReadDeadline(time.Now().Add(time.Minute))
 			if tc.vanish {
 				io.ReadFull(conn, make([]byte, 64<<10))
 				conn.Close()
 			}
-			eventually(t, "the key is settled", func() bool {
-				s := e.state("charges", "", "k-stall")
+			proxytest.Eventually(t, "the key is settled", func() bool {
+				s := e.State("charges", "", "k-stall")
 				return s != "" && s != store.StateInFlight
 			})
-			if got := e.state("charges", "", "k-stall"); got != store.StateCompleted {
+			if got := e.State("charges", "", "k-stall"); got != store.StateCompleted {
 				t.Fatalf("the key is %q, want completed", got)
 			}
 			wantReplayedOnce(t, e, "k-stall", &calls)
@@ -139,25 +140,25 @@ func TestClientThatNeverReadsAStoredAnswer(t *testing.T) {
 func TestAnswerOverTheBudget(t *testing.T) {
 	calls := 0
 	up := bigUpstream(t, &calls)
-	e := &env{t: t}
-	cfg := parseConfig(t, up.URL, slowRoutes+"    max_body_bytes: 1024\n")
+	e := &proxytest.Env{T: t}
+	cfg := proxytest.ParseConfig(t, up.URL, slowRoutes+"    max_body_bytes: 1024\n")
 	cfg.Server.MaxBufferedBytes = 4 << 20
-	e.startConfig(cfg)
-	a := e.do("POST", "/charges", "{}", "Idempotency-Key", "k-budget")
-	if a.status != 200 || !bytes.Equal(a.body, bigAnswer) {
-		t.Fatalf("first: %d, %d bytes (%v); want the whole answer", a.status, len(a.body), a.err)
+	e.StartConfig(cfg)
+	a := e.Do("POST", "/charges", "{}", "Idempotency-Key", "k-budget")
+	if a.Status != 200 || !bytes.Equal(a.Body, bigAnswer) {
+		t.Fatalf("first: %d, %d bytes (%v); want the whole answer", a.Status, len(a.Body), a.Err)
 	}
-	wantStatus(t, "retry", e.do("POST", "/charges", "{}", "Idempotency-Key", "k-budget"), 409, "response-not-replayable")
+	proxytest.WantStatus(t, "retry", e.Do("POST", "/charges", "{}", "Idempotency-Key", "k-budget"), 409, "response-not-replayable")
 	if calls != 1 {
 		t.Errorf("the upstream was called %d times, want 1", &calls)
 	}
 	for reason, want := range map[string]float64{"over_budget": 1, "too_large": 0} {
-		if got := counterValue(t, e.reg, "idemproxy_answers_not_stored_total", map[string]string{"route": "charges", "reason": reason}); got != want {
+		if got := proxytest.CounterValue(t, e.Registry, "idemproxy_answers_not_stored_total", map[string]string{"route": "charges", "reason": reason}); got != want {
 			t.Errorf("idemproxy_answers_not_stored_total{reason=%q} = %v, want %v", reason, got, want)
 		}
 	}
 	// The budget was given back: a small answer is stored again.
-	wantStatus(t, "a small body", e.do("POST", "/charges", "{}", "Idempotency-Key", "k-2"), 200, "")
+	proxytest.WantStatus(t, "a small body", e.Do("POST", "/charges", "{}", "Idempotency-Key", "k-2"), 200, "")
 }
 
 // TestClientThatClosesMidReplay: a retry that goes away in the middle of
@@ -165,10 +166,10 @@ func TestAnswerOverTheBudget(t *testing.T) {
 // retry gets the whole answer.
 func TestClientThatClosesMidReplay(t *testing.T) {
 	calls := 0
-	e := &env{t: t}
-	e.start(bigUpstream(t, &calls).URL, slowRoutes)
-	if a := e.do("POST", "/charges", "{}", "Idempotency-Key", "k-mid"); a.status != 200 || len(a.body) != len(bigAnswer) {
-		t.Fatalf("first: %d, %d bytes (%v)", a.status, len(a.body), a.err)
+	e := &proxytest.Env{T: t}
+	e.Start(bigUpstream(t, &calls).URL, slowRoutes)
+	if a := e.Do("POST", "/charges", "{}", "Idempotency-Key", "k-mid"); a.Status != 200 || len(a.Body) != len(bigAnswer) {
+		t.Fatalf("first: %d, %d bytes (%v)", a.Status, len(a.Body), a.Err)
 	}
 	for range 3 {
 		conn := rawCharge(t, e, "k-mid", 4<<10)
@@ -185,8 +186,8 @@ func TestClientThatClosesMidReplay(t *testing.T) {
 // before the route's upstream_timeout (1h here).
 func TestShutdownCutsOffADelivery(t *testing.T) {
 	calls := 0
-	e := &env{t: t}
-	e.start(bigUpstream(t, &calls).URL, `
+	e := &proxytest.Env{T: t}
+	e.Start(bigUpstream(t, &calls).URL, `
   - name: charges
     match: POST /charges
     key: {header: Idempotency-Key}
@@ -195,11 +196,11 @@ func TestShutdownCutsOffADelivery(t *testing.T) {
     max_stored_body_bytes: 16777216
 `)
 	rawCharge(t, e, "k-shut", 4<<10)
-	eventually(t, "the answer is committed", func() bool { return e.state("charges", "", "k-shut") == store.StateCompleted })
-	e.p.Abort()
+	proxytest.Eventually(t, "the answer is committed", func() bool { return e.State("charges", "", "k-shut") == store.StateCompleted })
+	e.Proxy.Abort()
 	done := make(chan struct{})
-	go func() { e.p.Wait(); close(done) }()
-	eventually(t, "Wait returns after Abort", func() bool {
+	go func() { e.Proxy.Wait(); close(done) }()
+	proxytest.Eventually(t, "Wait returns after Abort", func() bool {
 		select {
 		case <-done:
 			return true
@@ -212,11 +213,11 @@ func TestShutdownCutsOffADelivery(t *testing.T) {
 // wantReplayedOnce checks that a retry of key gets bigAnswer whole,
 // replayed, and that the upstream was called once (*calls, read after the
 // retry) in all.
-func wantReplayedOnce(t *testing.T, e *env, key string, calls *int) {
+func wantReplayedOnce(t *testing.T, e *proxytest.Env, key string, calls *int) {
 	t.Helper()
-	a := e.do("POST", "/charges", "{}", "Idempotency-Key", key)
-	if a.status != 200 || !a.replayed() || !bytes.Equal(a.body, bigAnswer) {
-		t.Errorf("retry: %d replayed=%v, %d bytes; want the whole answer replayed", a.status, a.replayed(), len(a.body))
+	a := e.Do("POST", "/charges", "{}", "Idempotency-Key", key)
+	if a.Status != 200 || !a.Replayed() || !bytes.Equal(a.Body, bigAnswer) {
+		t.Errorf("retry: %d replayed=%v, %d bytes; want the whole answer replayed", a.Status, a.Replayed(), len(a.Body))
 	}
 	if *calls != 1 {
 		t.Errorf("the upstream was called %d times, want 1", *calls)

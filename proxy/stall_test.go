@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/proxy/proxytest"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/redis"
 )
@@ -23,28 +24,28 @@ func TestRedisStall(t *testing.T) {
 	e, srv, st, g, reg := stallEnv(t)
 	state := func(key string) store.State { return stallState(t, st, key) }
 
-	wantStatus(t, "warm-up", e.charge(`"ORD-W"`, 1), 201, "")
-	first := make(chan answer, 1)
-	go func() { first <- e.charge(`"ORD-R1"`, 1, "X-Hold", "1") }()
+	proxytest.WantStatus(t, "warm-up", e.Charge(`"ORD-W"`, 1), 201, "")
+	first := make(chan proxytest.Answer, 1)
+	go func() { first <- e.Charge(`"ORD-R1"`, 1, "X-Hold", "1") }()
 	<-g.arrived
 	srv.Pause()
-	wantStatus(t, "during the stall", e.charge(`"ORD-R2"`, 1), 503, "store-unavailable")
+	proxytest.WantStatus(t, "during the stall", e.Charge(`"ORD-R2"`, 1), 503, "store-unavailable")
 	close(g.open)
-	wantStatus(t, "answered during the stall", <-first, 201, "")
-	eventually(t, "the commit fails while Redis is frozen", func() bool { return settleErrors(t, reg, "commit") })
+	proxytest.WantStatus(t, "answered during the stall", <-first, 201, "")
+	proxytest.Eventually(t, "the commit fails while Redis is frozen", func() bool { return settleErrors(t, reg, "commit") })
 	srv.Resume()
 
-	eventually(t, "the commit is retried and ORD-R1 completed", func() bool { return state("ORD-R1") == store.StateCompleted })
+	proxytest.Eventually(t, "the commit is retried and ORD-R1 completed", func() bool { return state("ORD-R1") == store.StateCompleted })
 	if got := state("ORD-R2"); got != "" {
 		t.Errorf("the request answered 503 left its key %q", got)
 	}
-	a := e.charge(`"ORD-R1"`, 1)
-	if a.status != 201 || !a.replayed() {
+	a := e.Charge(`"ORD-R1"`, 1)
+	if a.Status != 201 || !a.Replayed() {
 		t.Errorf("retry of ORD-R1: %s, want the 201 replayed", a)
 	}
-	wantStatus(t, "ORD-R2 after the stall", e.charge(`"ORD-R2"`, 1), 201, "")
+	proxytest.WantStatus(t, "ORD-R2 after the stall", e.Charge(`"ORD-R2"`, 1), 201, "")
 	for _, o := range []string{"ORD-R1", "ORD-R2"} {
-		if got := e.charges(o); got != 1 {
+		if got := e.Charges(o); got != 1 {
 			t.Errorf("%s charged %d times, want 1", o, got)
 		}
 	}
@@ -56,26 +57,26 @@ func TestRedisStall(t *testing.T) {
 // getting 409 for the lease and then the key's whole TTL in doubt.
 func TestRedisStallRelease(t *testing.T) {
 	e, srv, st, g, reg := stallEnv(t)
-	wantStatus(t, "warm-up", e.charge(`"ORD-W"`, 1), 201, "")
-	first := make(chan answer, 1)
-	go func() { first <- e.charge(`"ORD-L1"`, 1, "X-Hold", "1", "X-Stub-Fault", "reject-429") }()
+	proxytest.WantStatus(t, "warm-up", e.Charge(`"ORD-W"`, 1), 201, "")
+	first := make(chan proxytest.Answer, 1)
+	go func() { first <- e.Charge(`"ORD-L1"`, 1, "X-Hold", "1", "X-Stub-Fault", "reject-429") }()
 	<-g.arrived
 	srv.Pause()
 	close(g.open)
-	wantStatus(t, "refused during the stall", <-first, 429, "")
-	eventually(t, "the release fails while Redis is frozen", func() bool { return settleErrors(t, reg, "release") })
+	proxytest.WantStatus(t, "refused during the stall", <-first, 429, "")
+	proxytest.Eventually(t, "the release fails while Redis is frozen", func() bool { return settleErrors(t, reg, "release") })
 	srv.Resume()
 
-	eventually(t, "the release is retried and ORD-L1 has no record", func() bool { return stallState(t, st, "ORD-L1") == "" })
-	wantStatus(t, "the client's retry of ORD-L1", e.charge(`"ORD-L1"`, 1), 201, "")
-	if got := e.charges("ORD-L1"); got != 1 {
+	proxytest.Eventually(t, "the release is retried and ORD-L1 has no record", func() bool { return stallState(t, st, "ORD-L1") == "" })
+	proxytest.WantStatus(t, "the client's retry of ORD-L1", e.Charge(`"ORD-L1"`, 1), 201, "")
+	if got := e.Charges("ORD-L1"); got != 1 {
 		t.Errorf("ORD-L1 charged %d times, want 1", got)
 	}
 }
 
 // settleErrors reports whether the Redis store has failed op at least once.
 func settleErrors(t *testing.T, reg *prometheus.Registry, op string) bool {
-	return counterValue(t, reg, "idemproxy_store_errors_total", map[string]string{"store": "redis", "operation": op}) > 0
+	return proxytest.CounterValue(t, reg, "idemproxy_store_errors_total", map[string]string{"store": "redis", "operation": op}) > 0
 }
 
 func stallState(t *testing.T, st *redis.Store, key string) store.State {
@@ -92,7 +93,7 @@ func stallState(t *testing.T, st *redis.Store, key string) store.State {
 
 // stallEnv is a proxy on a real Redis with a short op timeout, in front of
 // the stub behind a gate that holds requests sent with X-Hold.
-func stallEnv(t *testing.T) (*env, *redistest.Server, *redis.Store, *holdGate, *prometheus.Registry) {
+func stallEnv(t *testing.T) (*proxytest.Env, *redistest.Server, *redis.Store, *holdGate, *prometheus.Registry) {
 	srv := redistest.Start(t)
 	st, err := redis.New(redis.Options{Addrs: []string{srv.Addr()}, KeyPrefix: "idemproxy:", DialTimeout: time.Second, OpTimeout: 200 * time.Millisecond})
 	if err != nil {
@@ -100,14 +101,14 @@ func stallEnv(t *testing.T) (*env, *redistest.Server, *redis.Store, *holdGate, *
 	}
 	t.Cleanup(func() { st.Close() })
 	g, up := newHoldGate(t)
-	cfg := parseConfig(t, up.URL, chargesByOrder+"    upstream_timeout: 5s\n    lease: 15s\n")
+	cfg := proxytest.ParseConfig(t, up.URL, chargesByOrder+"    upstream_timeout: 5s\n    lease: 15s\n")
 	reg := prometheus.NewRegistry()
 	p, err := proxy.New(cfg, proxy.Options{Store: st, StoreName: "redis", Metrics: proxy.NewMetrics(reg)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{t: t, stub: up, p: p, reg: reg}
-	e.srv = httptest.NewServer(p)
-	t.Cleanup(e.srv.Close)
+	e := &proxytest.Env{T: t, Stub: up, Proxy: p, Registry: reg}
+	e.Server = httptest.NewServer(p)
+	t.Cleanup(e.Server.Close)
 	return e, srv, st, g, reg
 }

@@ -1,6 +1,8 @@
 package proxy_test
 
 import (
+	"github.com/idemproxy/idemproxy/proxy/proxytest"
+
 	"bufio"
 	"net"
 	"net/http"
@@ -43,17 +45,17 @@ func TestTransportNeverResendsAProtectedRequest(t *testing.T) {
 			}(c)
 		}
 	}()
-	e := &env{t: t}
-	e.start("http://"+ln.Addr().String(), `
+	e := &proxytest.Env{T: t}
+	e.Start("http://"+ln.Addr().String(), `
   - name: capture
     match: POST /capture/{id}
     key: {header: Idempotency-Key}
 `)
-	if a := e.do("GET", "/warm", ""); a.status != 200 { // passthrough: leaves an idle upstream conn
+	if a := e.Do("GET", "/warm", ""); a.Status != 200 { // passthrough: leaves an idle upstream conn
 		t.Fatal(a)
 	}
-	a := e.do("POST", "/capture/1", "", "Idempotency-Key", "k1")
-	wantStatus(t, "dropped after the charge", a, 502, "upstream-reset")
+	a := e.Do("POST", "/capture/1", "", "Idempotency-Key", "k1")
+	proxytest.WantStatus(t, "dropped after the charge", a, 502, "upstream-reset")
 	if charges.Load() != 1 {
 		t.Errorf("one client request with one key was processed %d times by the upstream", charges.Load())
 	}

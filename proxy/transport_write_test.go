@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/proxy/proxytest"
 	"github.com/idemproxy/idemproxy/store/badger"
 )
 
@@ -51,7 +52,7 @@ func TestBufferedBodyOneWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	p, err := proxy.New(parseConfig(t, up.URL, chargesByOrder), proxy.Options{Store: st, Transport: tr})
+	p, err := proxy.New(proxytest.ParseConfig(t, up.URL, chargesByOrder), proxy.Options{Store: st, Transport: tr})
 	if err != nil {
 		t.Fatal(err)
 	}

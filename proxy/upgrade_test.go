@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/idemproxy/idemproxy/internal/problem"
+	"github.com/idemproxy/idemproxy/proxy/proxytest"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -35,10 +36,10 @@ func rawRequest(t *testing.T, addr, req string) *http.Response {
 // upgradeCharge sends a charge for order that asks to switch to the
 // protocol upgrade (Connection: Upgrade), as raw bytes: net/http's client
 // would refuse a protocol that is not printable ASCII.
-func upgradeCharge(t *testing.T, e *env, order, upgrade string) *http.Response {
+func upgradeCharge(t *testing.T, e *proxytest.Env, order, upgrade string) *http.Response {
 	t.Helper()
 	body := fmt.Sprintf(`{"orderId": %q, "amount": 1}`, order)
-	return rawRequest(t, e.srv.Listener.Addr().String(), fmt.Sprintf("POST /charges HTTP/1.1\r\nHost: x\r\n"+
+	return rawRequest(t, e.Server.Listener.Addr().String(), fmt.Sprintf("POST /charges HTTP/1.1\r\nHost: x\r\n"+
 		"Content-Type: application/json\r\nContent-Length: %d\r\nConnection: Upgrade\r\nUpgrade: %s\r\n\r\n%s", len(body), upgrade, body))
 }
 
@@ -46,7 +47,7 @@ func upgradeCharge(t *testing.T, e *env, order, upgrade string) *http.Response {
 // printable ASCII cannot be forwarded. That is the client's error, a 400:
 // not a 502 upstream-unreachable counted against the upstream.
 func TestInvalidUpgradeIsABadRequest(t *testing.T) {
-	e := newEnv(t, chargesByOrder)
+	e := proxytest.New(t, chargesByOrder)
 	resp := upgradeCharge(t, e, "ORD-U1", "w\xe9bsocket")
 	b, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != 400 || !strings.Contains(string(b), problem.TypePrefix+"invalid-upgrade") {
@@ -55,10 +56,10 @@ func TestInvalidUpgradeIsABadRequest(t *testing.T) {
 	if got := upstreamCodes(t, e, "charges"); len(got) != 0 {
 		t.Errorf("upstream codes = %v, want none: nothing was sent", got)
 	}
-	if got := e.state("charges", "", "ORD-U1"); got != "" {
+	if got := e.State("charges", "", "ORD-U1"); got != "" {
 		t.Errorf("the key is %q, want no record", got)
 	}
-	resp = rawRequest(t, e.srv.Listener.Addr().String(), "GET /page HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: w\xe9bsocket\r\n\r\n")
+	resp = rawRequest(t, e.Server.Listener.Addr().String(), "GET /page HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: w\xe9bsocket\r\n\r\n")
 	b, _ = io.ReadAll(resp.Body)
 	if resp.StatusCode != 400 || !strings.Contains(string(b), problem.TypePrefix+"invalid-upgrade") {
 		t.Errorf("passthrough: got %d %s, want 400 invalid-upgrade", resp.StatusCode, b)
@@ -71,17 +72,17 @@ func TestInvalidUpgradeIsABadRequest(t *testing.T) {
 // switched connection must be closed, not left open forever.
 func TestSwitchingProtocolsOnAProtectedRoute(t *testing.T) {
 	ln, closed := switchingUpstream(t)
-	e := &env{t: t}
-	e.start("http://"+ln.Addr().String(), chargesByOrder)
+	e := &proxytest.Env{T: t}
+	e.Start("http://"+ln.Addr().String(), chargesByOrder)
 	resp := upgradeCharge(t, e, "ORD-S1", "websocket")
 	b, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != 502 || !strings.Contains(string(b), problem.TypePrefix+"upstream-reset") {
 		t.Errorf("got %d %s, want 502 upstream-reset", resp.StatusCode, b)
 	}
-	if got := e.state("charges", "", "ORD-S1"); got != store.StateInDoubt {
+	if got := e.State("charges", "", "ORD-S1"); got != store.StateInDoubt {
 		t.Errorf("the key is %q, want in doubt: the upstream took the request", got)
 	}
-	eventually(t, "the proxy closes the upstream's switched connection", func() bool {
+	proxytest.Eventually(t, "the proxy closes the upstream's switched connection", func() bool {
 		select {
 		case <-closed:
 			return true
@@ -128,21 +129,21 @@ func TestUpgradeIsNotAskedOfTheUpstream(t *testing.T) {
 			}()
 		}
 	}()
-	e := &env{t: t}
-	e.start("http://"+ln.Addr().String(), chargesByOrder)
+	e := &proxytest.Env{T: t}
+	e.Start("http://"+ln.Addr().String(), chargesByOrder)
 	body := `{"orderId": "ORD-H1", "amount": 1}`
 	req := fmt.Sprintf("POST /charges HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"+
 		"Connection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n\r\n%s", len(body), body)
-	resp := rawRequest(t, e.srv.Listener.Addr().String(), req)
+	resp := rawRequest(t, e.Server.Listener.Addr().String(), req)
 	b, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != 201 || string(b) != `{"charged":1}` {
 		t.Errorf("got %d %s, want the upstream's 201", resp.StatusCode, b)
 	}
-	if got := e.state("charges", "", "ORD-H1"); got != store.StateCompleted {
+	if got := e.State("charges", "", "ORD-H1"); got != store.StateCompleted {
 		t.Errorf("the key is %q, want completed", got)
 	}
-	a := e.do("POST", "/charges", body)
-	if a.status != 201 || !a.replayed() {
+	a := e.Do("POST", "/charges", body)
+	if a.Status != 201 || !a.Replayed() {
 		t.Errorf("retry: %s, want the 201 replayed", a)
 	}
 }
@@ -153,15 +154,15 @@ func TestUpgradeIsNotAskedOfTheUpstream(t *testing.T) {
 // Upgrade on). The upstream's switched connection must be closed too.
 func TestSwitchingProtocolsUnprotected(t *testing.T) {
 	ln, closed := switchingUpstream(t)
-	e := &env{t: t}
-	e.start("http://"+ln.Addr().String(), `
+	e := &proxytest.Env{T: t}
+	e.Start("http://"+ln.Addr().String(), `
   - name: charges
     match: POST /charges
     key: {header: Idempotency-Key}
     on_missing_key: forward
 `)
-	wantStatus(t, "unprotected", e.do("POST", "/charges", `{"amount":1}`), 502, "upstream-reset")
-	eventually(t, "the proxy closes the upstream's switched connection", func() bool {
+	proxytest.WantStatus(t, "unprotected", e.Do("POST", "/charges", `{"amount":1}`), 502, "upstream-reset")
+	proxytest.Eventually(t, "the proxy closes the upstream's switched connection", func() bool {
 		select {
 		case <-closed:
 			return true

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/internal/testpki"
+	"github.com/idemproxy/idemproxy/proxy/proxytest"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -101,16 +102,16 @@ func TestUpstreamTLS(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			e := &env{t: t}
-			e.startConfig(cfg)
+			e := &proxytest.Env{T: t}
+			e.StartConfig(cfg)
 			order := fmt.Sprintf("ORD-TLS-%d", i)
-			first := e.charge(`"`+order+`"`, 1)
+			first := e.Charge(`"`+order+`"`, 1)
 			if tt.want == http.StatusCreated {
-				wantStatus(t, "charge", first, http.StatusCreated, "")
-				if replay := e.charge(`"`+order+`"`, 1); !replay.replayed() || replay.status != http.StatusCreated {
+				proxytest.WantStatus(t, "charge", first, http.StatusCreated, "")
+				if replay := e.Charge(`"`+order+`"`, 1); !replay.Replayed() || replay.Status != http.StatusCreated {
 					t.Errorf("retry = %s, want the answer replayed", replay)
 				}
-				if got := e.state("charges", "", order); got != store.StateCompleted {
+				if got := e.State("charges", "", order); got != store.StateCompleted {
 					t.Errorf("key state = %q, want %q", got, store.StateCompleted)
 				}
 				if got := hits.Load(); got != 1 {
@@ -118,8 +119,8 @@ func TestUpstreamTLS(t *testing.T) {
 				}
 				return
 			}
-			wantStatus(t, "charge", first, http.StatusBadGateway, "upstream-unreachable")
-			if got := e.state("charges", "", order); got != "" {
+			proxytest.WantStatus(t, "charge", first, http.StatusBadGateway, "upstream-unreachable")
+			if got := e.State("charges", "", order); got != "" {
 				t.Errorf("key state = %q, want released", got)
 			}
 			if got := hits.Load(); got != 0 {

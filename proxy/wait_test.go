@@ -1,6 +1,8 @@
 package proxy_test
 
 import (
+	"github.com/idemproxy/idemproxy/proxy/proxytest"
+
 	"bufio"
 	"fmt"
 	"io"
@@ -28,28 +30,28 @@ func TestWaiterIsNotGivenAnotherRequestsAnswer(t *testing.T) {
 		}
 	}))
 	defer up.Close()
-	e := &env{t: t}
-	e.start(up.URL, `
+	e := &proxytest.Env{T: t}
+	e.Start(up.URL, `
   - name: charges
     match: POST /charges
     key: {header: Idempotency-Key}
     concurrent: wait
     wait_timeout: 5s
 `)
-	go e.do("POST", "/charges", `{"amount":1}`, "Idempotency-Key", "k") // A
+	go e.Do("POST", "/charges", `{"amount":1}`, "Idempotency-Key", "k") // A
 	time.Sleep(50 * time.Millisecond)
-	bc := make(chan answer)
-	go func() { bc <- e.do("POST", "/charges", `{"amount":1}`, "Idempotency-Key", "k") }() // B waits
+	bc := make(chan proxytest.Answer)
+	go func() { bc <- e.Do("POST", "/charges", `{"amount":1}`, "Idempotency-Key", "k") }() // B waits
 	time.Sleep(100 * time.Millisecond)
 	for { // C: a different request under the same key, 422 until A releases
-		c := e.do("POST", "/charges", `{"amount":999}`, "Idempotency-Key", "k")
-		if c.status != 422 {
+		c := e.Do("POST", "/charges", `{"amount":999}`, "Idempotency-Key", "k")
+		if c.Status != 422 {
 			break
 		}
 		time.Sleep(time.Millisecond)
 	}
 	b := <-bc
-	if b.replayed() || string(b.body) == "charged 999 for C" {
+	if b.Replayed() || string(b.Body) == "charged 999 for C" {
 		t.Errorf("B was answered with C's stored answer although its fingerprint differs")
 	}
 }
@@ -69,24 +71,24 @@ func TestWaiterThatStopsWaitingIsNotToldOK(t *testing.T) {
 		w.Write([]byte("charged"))
 	}))
 	defer up.Close()
-	e := &env{t: t}
-	e.start(up.URL, `
+	e := &proxytest.Env{T: t}
+	e.Start(up.URL, `
   - name: charges
     match: POST /charges
     key: {header: Idempotency-Key}
     concurrent: wait
     wait_timeout: 5s
 `)
-	first := make(chan answer)
-	go func() { first <- e.do("POST", "/charges", `{"amount":1}`, "Idempotency-Key", "k") }()
+	first := make(chan proxytest.Answer)
+	go func() { first <- e.Do("POST", "/charges", `{"amount":1}`, "Idempotency-Key", "k") }()
 	defer func() {
 		close(release)
-		if a := <-first; a.status != 201 {
+		if a := <-first; a.Status != 201 {
 			t.Errorf("first request: %s, want 201", a)
 		}
 	}()
-	eventually(t, "the first request holds the key", func() bool { return e.state("charges", "", "k") == "in_flight" })
-	conn, err := net.Dial("tcp", e.srv.Listener.Addr().String())
+	proxytest.Eventually(t, "the first request holds the key", func() bool { return e.State("charges", "", "k") == "in_flight" })
+	conn, err := net.Dial("tcp", e.Server.Listener.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,6 +102,6 @@ func TestWaiterThatStopsWaitingIsNotToldOK(t *testing.T) {
 	}
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	a := answer{status: resp.StatusCode, header: resp.Header, body: b}
-	wantStatus(t, "the waiter that stopped waiting", a, 409, "request-in-flight")
+	a := proxytest.Answer{Status: resp.StatusCode, Header: resp.Header, Body: b}
+	proxytest.WantStatus(t, "the waiter that stopped waiting", a, 409, "request-in-flight")
 }

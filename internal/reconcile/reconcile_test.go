@@ -20,6 +20,7 @@ import (
 	"github.com/idemproxy/idemproxy/internal/reconcile"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/idemproxy/idemproxy/proxy"
+	"github.com/idemproxy/idemproxy/proxy/proxytest"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/badger"
 	"github.com/idemproxy/idemproxy/store/redis"
@@ -71,15 +72,15 @@ const reconcileRoute = `  - name: charges
     reconcile: {lookup: "GET /orders/{key}/charge", grace: 600ms, interval: 100ms}
 `
 
-// newReconcileEnv is newEnv with the gate in front of the stub, and the
+// newReconcileEnv is proxytest.New with the gate in front of the stub, and the
 // proxy's reconciler.
-func newReconcileEnv(t *testing.T, g *lookupGate, routes string) (*env, *reconcile.Reconciler) {
+func newReconcileEnv(t *testing.T, g *lookupGate, routes string) (*proxytest.Env, *reconcile.Reconciler) {
 	t.Helper()
-	e := &env{t: t}
-	e.stub = httptest.NewServer(g)
-	t.Cleanup(e.stub.Close)
-	e.start(e.stub.URL, routes)
-	rec, err := reconcile.New(e.p.ReconcileHost(), reconcile.Options{Store: e.store})
+	e := &proxytest.Env{T: t}
+	e.Stub = httptest.NewServer(g)
+	t.Cleanup(e.Stub.Close)
+	e.Start(e.Stub.URL, routes)
+	rec, err := reconcile.New(e.Proxy.ReconcileHost(), reconcile.Options{Store: e.Store})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +90,7 @@ func newReconcileEnv(t *testing.T, g *lookupGate, routes string) (*env, *reconci
 // serveReconcileRoute serves reconcileRoute on st, in front of upstream.
 func serveReconcileRoute(t *testing.T, upstream string, st store.Store) (*proxy.Proxy, *httptest.Server) {
 	t.Helper()
-	p, err := proxy.New(parseConfig(t, upstream, reconcileRoute), proxy.Options{Store: st, Metrics: proxy.NewMetrics(prometheus.NewRegistry())})
+	p, err := proxy.New(proxytest.ParseConfig(t, upstream, reconcileRoute), proxy.Options{Store: st, Metrics: proxy.NewMetrics(prometheus.NewRegistry())})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,24 +99,24 @@ func serveReconcileRoute(t *testing.T, upstream string, st store.Store) (*proxy.
 
 // inDoubtCharged leaves order's key in doubt after the stub charged it: the
 // answer comes after the upstream timeout.
-func (e *env) inDoubtCharged(order string) {
-	e.t.Helper()
-	e.fault("delay", 1, "1s")
-	wantStatus(e.t, "charge answered too late", e.charge(order, 5), http.StatusGatewayTimeout, "upstream-timeout")
-	if st := e.state("charges", "", strings.Trim(order, `"`)); st != store.StateInDoubt {
-		e.t.Fatalf("state after the timeout = %q, want in_doubt", st)
+func inDoubtCharged(e *proxytest.Env, order string) {
+	e.T.Helper()
+	e.Fault("delay", 1, "1s")
+	proxytest.WantStatus(e.T, "charge answered too late", e.Charge(order, 5), http.StatusGatewayTimeout, "upstream-timeout")
+	if st := e.State("charges", "", strings.Trim(order, `"`)); st != store.StateInDoubt {
+		e.T.Fatalf("state after the timeout = %q, want in_doubt", st)
 	}
 }
 
-func (e *env) reconciliations(route, result string) int {
-	e.t.Helper()
-	return int(counterValue(e.t, e.reg, "idemproxy_reconciliations_total", map[string]string{"route": route, "result": result}))
+func reconciliations(e *proxytest.Env, route, result string) int {
+	e.T.Helper()
+	return int(proxytest.CounterValue(e.T, e.Registry, "idemproxy_reconciliations_total", map[string]string{"route": route, "result": result}))
 }
 
 // reconcileUntil runs passes of rec until cond holds.
 func reconcileUntil(t *testing.T, rec *reconcile.Reconciler, what string, cond func() bool) {
 	t.Helper()
-	eventually(t, what, func() bool {
+	proxytest.Eventually(t, what, func() bool {
 		rec.RunOnce(context.Background())
 		return cond()
 	})
@@ -124,22 +125,22 @@ func reconcileUntil(t *testing.T, rec *reconcile.Reconciler, what string, cond f
 func TestReconcileAppliedBecomesReplayOfTheLookup(t *testing.T) {
 	g := newGate()
 	e, rec := newReconcileEnv(t, g, reconcileRoute)
-	e.inDoubtCharged(`"R-1"`)
-	wantStatus(t, "retry while in doubt", e.charge(`"R-1"`, 5), http.StatusConflict, "outcome-in-doubt")
+	inDoubtCharged(e, `"R-1"`)
+	proxytest.WantStatus(t, "retry while in doubt", e.Charge(`"R-1"`, 5), http.StatusConflict, "outcome-in-doubt")
 
-	reconcileUntil(t, rec, "the key is completed", func() bool { return e.state("charges", "", "R-1") == store.StateCompleted })
-	a := e.charge(`"R-1"`, 5)
-	wantStatus(t, "retry after reconciliation", a, http.StatusOK, "")
-	if !a.replayed() || a.header.Get("Idempotent-Reconciled") != "true" {
-		t.Errorf("retry headers = %v, want Idempotent-Replayed and Idempotent-Reconciled true", a.header)
+	reconcileUntil(t, rec, "the key is completed", func() bool { return e.State("charges", "", "R-1") == store.StateCompleted })
+	a := e.Charge(`"R-1"`, 5)
+	proxytest.WantStatus(t, "retry after reconciliation", a, http.StatusOK, "")
+	if !a.Replayed() || a.Header.Get("Idempotent-Reconciled") != "true" {
+		t.Errorf("retry headers = %v, want Idempotent-Replayed and Idempotent-Reconciled true", a.Header)
 	}
-	if a.field("orderId") != "R-1" || a.field("chargeId") == nil {
-		t.Errorf("retry body = %s, want the lookup's charge of R-1", a.body)
+	if a.Field("orderId") != "R-1" || a.Field("chargeId") == nil {
+		t.Errorf("retry body = %s, want the lookup's charge of R-1", a.Body)
 	}
-	if got := e.charges(`R-1`); got != 1 {
+	if got := e.Charges(`R-1`); got != 1 {
 		t.Errorf("charges of R-1 = %d, want 1", got)
 	}
-	if got := e.reconciliations("charges", reconcile.ResultApplied); got != 1 {
+	if got := reconciliations(e, "charges", reconcile.ResultApplied); got != 1 {
 		t.Errorf("reconciliations applied = %d, want 1", got)
 	}
 	if got := g.lookups.Load(); got != 1 {
@@ -153,24 +154,24 @@ func TestReconcileNotAppliedReleasesAndTheRetryIsChargedOnce(t *testing.T) {
 	// A crash: a reservation whose request never reached the upstream, its
 	// lease lapsed with nobody left to settle it.
 	sk := store.Key("charges", "", "R-2")
-	if r, err := e.store.Reserve(context.Background(), sk, store.Reservation{Token: "crashed", Lease: 50 * time.Millisecond, TTL: time.Hour}); err != nil || r != nil {
+	if r, err := e.Store.Reserve(context.Background(), sk, store.Reservation{Token: "crashed", Lease: 50 * time.Millisecond, TTL: time.Hour}); err != nil || r != nil {
 		t.Fatalf("Reserve = %v, %v", r, err)
 	}
-	eventually(t, "the lease lapses", func() bool { return e.state("charges", "", "R-2") == store.StateInDoubt })
-	wantStatus(t, "retry while in doubt", e.charge(`"R-2"`, 5), http.StatusConflict, "outcome-in-doubt")
+	proxytest.Eventually(t, "the lease lapses", func() bool { return e.State("charges", "", "R-2") == store.StateInDoubt })
+	proxytest.WantStatus(t, "retry while in doubt", e.Charge(`"R-2"`, 5), http.StatusConflict, "outcome-in-doubt")
 
-	reconcileUntil(t, rec, "the key is released", func() bool { return e.state("charges", "", "R-2") == "" })
-	wantStatus(t, "retry after the release", e.charge(`"R-2"`, 5), http.StatusCreated, "")
-	if a := e.charge(`"R-2"`, 5); !a.replayed() || a.header.Get("Idempotent-Reconciled") != "" {
-		t.Errorf("second retry = %v %v, want a plain replay", a, a.header)
+	reconcileUntil(t, rec, "the key is released", func() bool { return e.State("charges", "", "R-2") == "" })
+	proxytest.WantStatus(t, "retry after the release", e.Charge(`"R-2"`, 5), http.StatusCreated, "")
+	if a := e.Charge(`"R-2"`, 5); !a.Replayed() || a.Header.Get("Idempotent-Reconciled") != "" {
+		t.Errorf("second retry = %v %v, want a plain replay", a, a.Header)
 	}
-	if got := e.charges("R-2"); got != 1 {
+	if got := e.Charges("R-2"); got != 1 {
 		t.Errorf("charges of R-2 = %d, want 1", got)
 	}
-	if got := e.reconciliations("charges", reconcile.ResultNotApplied); got != 1 {
+	if got := reconciliations(e, "charges", reconcile.ResultNotApplied); got != 1 {
 		t.Errorf("reconciliations not_applied = %d, want 1", got)
 	}
-	if got := counterValue(t, e.reg, "idemproxy_reconcile_discovered_total", map[string]string{"route": "charges"}); got != 1 {
+	if got := proxytest.CounterValue(t, e.Registry, "idemproxy_reconcile_discovered_total", map[string]string{"route": "charges"}); got != 1 {
 		t.Errorf("discovered = %v, want 1 (the crash's reservation)", got)
 	}
 }
@@ -180,18 +181,18 @@ func TestReconcileNotAppliedReleasesAndTheRetryIsChargedOnce(t *testing.T) {
 // finding those of a route that reconciles.
 func TestReconcileDiscoveryIsPerRoute(t *testing.T) {
 	g := newGate()
-	e := &env{t: t}
-	e.stub = httptest.NewServer(g)
-	t.Cleanup(e.stub.Close)
-	e.start(e.stub.URL, reconcileRoute+"  - name: aaa\n    match: POST /aaa\n    key: {json: orderId}\n")
-	rec, err := reconcile.New(e.p.ReconcileHost(), reconcile.Options{Store: e.store, Batch: 2})
+	e := &proxytest.Env{T: t}
+	e.Stub = httptest.NewServer(g)
+	t.Cleanup(e.Stub.Close)
+	e.Start(e.Stub.URL, reconcileRoute+"  - name: aaa\n    match: POST /aaa\n    key: {json: orderId}\n")
+	rec, err := reconcile.New(e.Proxy.ReconcileHost(), reconcile.Options{Store: e.Store, Batch: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
 	lapse := func(route, key string) {
 		t.Helper()
 		res := store.Reservation{Token: "crashed", Lease: time.Millisecond, TTL: time.Hour}
-		if r, err := e.store.Reserve(context.Background(), store.Key(route, "", key), res); err != nil || r != nil {
+		if r, err := e.Store.Reserve(context.Background(), store.Key(route, "", key), res); err != nil || r != nil {
 			t.Fatalf("Reserve = %v, %v", r, err)
 		}
 	}
@@ -199,9 +200,9 @@ func TestReconcileDiscoveryIsPerRoute(t *testing.T) {
 		lapse("aaa", k)
 	}
 	lapse("charges", "R-6")
-	eventually(t, "the leases lapse", func() bool { return e.state("charges", "", "R-6") == store.StateInDoubt })
-	reconcileUntil(t, rec, "R-6 is released", func() bool { return e.state("charges", "", "R-6") == "" })
-	if st := e.state("aaa", "", "A-1"); st != store.StateInDoubt {
+	proxytest.Eventually(t, "the leases lapse", func() bool { return e.State("charges", "", "R-6") == store.StateInDoubt })
+	reconcileUntil(t, rec, "R-6 is released", func() bool { return e.State("charges", "", "R-6") == "" })
+	if st := e.State("aaa", "", "A-1"); st != store.StateInDoubt {
 		t.Errorf("a key of the route without reconcile is %q, want still in_doubt", st)
 	}
 	// A scoped key under the route (from an earlier, scoped definition of
@@ -209,13 +210,13 @@ func TestReconcileDiscoveryIsPerRoute(t *testing.T) {
 	// client's.
 	scoped := store.Key("charges", "alice", "R-6")
 	res := store.Reservation{Token: "crashed", Lease: time.Millisecond, TTL: time.Hour}
-	if r, err := e.store.Reserve(context.Background(), scoped, res); err != nil || r != nil {
+	if r, err := e.Store.Reserve(context.Background(), scoped, res); err != nil || r != nil {
 		t.Fatalf("Reserve = %v, %v", r, err)
 	}
-	eventually(t, "the scoped key's lease lapses", func() bool { return e.state("charges", "alice", "R-6") == store.StateInDoubt })
-	discovered := counterValue(t, e.reg, "idemproxy_reconcile_discovered_total", map[string]string{"route": "charges"})
+	proxytest.Eventually(t, "the scoped key's lease lapses", func() bool { return e.State("charges", "alice", "R-6") == store.StateInDoubt })
+	discovered := proxytest.CounterValue(t, e.Registry, "idemproxy_reconcile_discovered_total", map[string]string{"route": "charges"})
 	rec.RunOnce(context.Background())
-	if got := counterValue(t, e.reg, "idemproxy_reconcile_discovered_total", map[string]string{"route": "charges"}); got != discovered {
+	if got := proxytest.CounterValue(t, e.Registry, "idemproxy_reconcile_discovered_total", map[string]string{"route": "charges"}); got != discovered {
 		t.Errorf("discovered went from %v to %v: the scoped key was scheduled", discovered, got)
 	}
 	before := g.lookups.Load()
@@ -231,23 +232,23 @@ func TestReconcileFailingLookupStaysInDoubtAndIsRetried(t *testing.T) {
 	g := newGate()
 	g.fail.Store(2)
 	e, rec := newReconcileEnv(t, g, reconcileRoute)
-	e.inDoubtCharged(`"R-3"`)
+	inDoubtCharged(e, `"R-3"`)
 
-	reconcileUntil(t, rec, "a first lookup fails", func() bool { return e.reconciliations("charges", reconcile.ResultError) >= 1 })
-	if st := e.state("charges", "", "R-3"); st != store.StateInDoubt {
+	reconcileUntil(t, rec, "a first lookup fails", func() bool { return reconciliations(e, "charges", reconcile.ResultError) >= 1 })
+	if st := e.State("charges", "", "R-3"); st != store.StateInDoubt {
 		t.Errorf("state after a failed lookup = %q, want in_doubt", st)
 	}
-	wantStatus(t, "retry after a failed lookup", e.charge(`"R-3"`, 5), http.StatusConflict, "outcome-in-doubt")
+	proxytest.WantStatus(t, "retry after a failed lookup", e.Charge(`"R-3"`, 5), http.StatusConflict, "outcome-in-doubt")
 
-	reconcileUntil(t, rec, "the key is completed", func() bool { return e.state("charges", "", "R-3") == store.StateCompleted })
-	if got := e.reconciliations("charges", reconcile.ResultError); got != 2 {
+	reconcileUntil(t, rec, "the key is completed", func() bool { return e.State("charges", "", "R-3") == store.StateCompleted })
+	if got := reconciliations(e, "charges", reconcile.ResultError); got != 2 {
 		t.Errorf("reconciliations error = %d, want 2", got)
 	}
 	if got := g.lookups.Load(); got != 3 {
 		t.Errorf("lookups = %d, want 3 (two failed, one applied)", got)
 	}
-	if a := e.charge(`"R-3"`, 5); !a.replayed() || e.charges("R-3") != 1 {
-		t.Errorf("retry = %v, charges %d; want a replay and one charge", a, e.charges("R-3"))
+	if a := e.Charge(`"R-3"`, 5); !a.Replayed() || e.Charges("R-3") != 1 {
+		t.Errorf("retry = %v, charges %d; want a replay and one charge", a, e.Charges("R-3"))
 	}
 }
 
@@ -268,8 +269,8 @@ func TestReconcileScheduleSurvivesRestart(t *testing.T) {
 		return st, p, hs
 	}
 	st, _, srv := open()
-	ev := &env{t: t, stub: up, srv: srv, store: st}
-	ev.inDoubtCharged(`"R-4"`)
+	ev := &proxytest.Env{T: t, Stub: up, Server: srv, Store: st}
+	inDoubtCharged(ev, `"R-4"`)
 	srv.Close()
 	if err := st.Close(); err != nil {
 		t.Fatal(err)
@@ -285,10 +286,10 @@ func TestReconcileScheduleSurvivesRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ev = &env{t: t, stub: up, srv: srv, store: st}
-	reconcileUntil(t, rec, "the key is completed after the restart", func() bool { return ev.state("charges", "", "R-4") == store.StateCompleted })
-	if a := ev.charge(`"R-4"`, 5); !a.replayed() || ev.charges("R-4") != 1 {
-		t.Errorf("retry = %v, charges %d; want a replay and one charge", a, ev.charges("R-4"))
+	ev = &proxytest.Env{T: t, Stub: up, Server: srv, Store: st}
+	reconcileUntil(t, rec, "the key is completed after the restart", func() bool { return ev.State("charges", "", "R-4") == store.StateCompleted })
+	if a := ev.Charge(`"R-4"`, 5); !a.Replayed() || ev.Charges("R-4") != 1 {
+		t.Errorf("retry = %v, charges %d; want a replay and one charge", a, ev.Charges("R-4"))
 	}
 }
 
@@ -304,7 +305,7 @@ func TestReconcileTwoReplicasOneRedisSendOneLookup(t *testing.T) {
 	type replica struct {
 		p   *proxy.Proxy
 		rec *reconcile.Reconciler
-		e   *env
+		e   *proxytest.Env
 	}
 	var rs []replica
 	for range 2 {
@@ -314,7 +315,7 @@ func TestReconcileTwoReplicasOneRedisSendOneLookup(t *testing.T) {
 		}
 		t.Cleanup(func() { st.Close() })
 		reg := prometheus.NewRegistry()
-		p, err := proxy.New(parseConfig(t, up.URL, routes), proxy.Options{Store: st, Metrics: proxy.NewMetrics(reg)})
+		p, err := proxy.New(proxytest.ParseConfig(t, up.URL, routes), proxy.Options{Store: st, Metrics: proxy.NewMetrics(reg)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -324,11 +325,11 @@ func TestReconcileTwoReplicasOneRedisSendOneLookup(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		rs = append(rs, replica{p, rec, &env{t: t, stub: up, srv: hs, reg: reg}})
+		rs = append(rs, replica{p, rec, &proxytest.Env{T: t, Stub: up, Server: hs, Registry: reg}})
 	}
 	a, b := rs[0], rs[1]
-	a.e.fault("delay", 1, "3s")
-	wantStatus(t, "charge answered too late", a.e.charge(`"R-5"`, 5), http.StatusGatewayTimeout, "upstream-timeout")
+	a.e.Fault("delay", 1, "3s")
+	proxytest.WantStatus(t, "charge answered too late", a.e.Charge(`"R-5"`, 5), http.StatusGatewayTimeout, "upstream-timeout")
 
 	g.entered, g.block = make(chan struct{}, 4), make(chan struct{})
 	sk := store.Key("charges", "", "R-5")
@@ -352,10 +353,10 @@ func TestReconcileTwoReplicasOneRedisSendOneLookup(t *testing.T) {
 	if got := g.lookups.Load(); got != 1 {
 		t.Errorf("lookups = %d, want 1", got)
 	}
-	if ans := b.e.charge(`"R-5"`, 5); !ans.replayed() || ans.header.Get("Idempotent-Reconciled") != "true" {
-		t.Errorf("retry on replica B = %v %v, want the reconciled replay", ans, ans.header)
+	if ans := b.e.Charge(`"R-5"`, 5); !ans.Replayed() || ans.Header.Get("Idempotent-Reconciled") != "true" {
+		t.Errorf("retry on replica B = %v %v, want the reconciled replay", ans, ans.Header)
 	}
-	if got := a.e.charges("R-5"); got != 1 {
+	if got := a.e.Charges("R-5"); got != 1 {
 		t.Errorf("charges of R-5 = %d, want 1", got)
 	}
 }
@@ -367,7 +368,7 @@ func (oneRoute) RouteScope(name string) (string, bool) { return "", name == "cha
 func TestAdminReconcileNow(t *testing.T) {
 	g := newGate()
 	e, rec := newReconcileEnv(t, g, reconcileRoute)
-	h := admin.NewHandler(admin.Options{Store: e.p.Store(), Routes: oneRoute{}, Token: "tok", Reconciler: rec})
+	h := admin.NewHandler(admin.Options{Store: e.Proxy.Store(), Routes: oneRoute{}, Token: "tok", Reconciler: rec})
 	post := func(key string) (int, map[string]any) {
 		req := httptest.NewRequest("POST", "/v1/keys/charges/"+key+"/reconcile", nil)
 		req.Header.Set("Authorization", "Bearer tok")
@@ -386,7 +387,7 @@ func TestAdminReconcileNow(t *testing.T) {
 		typ    string // the problem's type, for an error
 	}{
 		{"no record", func() {}, "A-0", http.StatusNotFound, "", "no-record"},
-		{"in doubt, charged: applied at once, before the grace", func() { e.inDoubtCharged(`"A-1"`) }, "A-1", http.StatusOK, reconcile.ResultApplied, ""},
+		{"in doubt, charged: applied at once, before the grace", func() { inDoubtCharged(e, `"A-1"`) }, "A-1", http.StatusOK, reconcile.ResultApplied, ""},
 		{"completed: not in doubt", func() {}, "A-1", http.StatusConflict, "", "key-not-in-doubt"},
 	}
 	for _, tt := range tests {
@@ -424,8 +425,8 @@ func TestReconcileScheduleSurvivesRestartRedis(t *testing.T) {
 		return st, p, hs
 	}
 	st, _, hs := open()
-	(&env{t: t, stub: up, srv: hs}).fault("delay", 1, "1s")
-	wantStatus(t, "charge answered too late", send(hs.Client(), "POST", hs.URL+"/charges", `{"orderId": "R-7", "amount": 5}`), http.StatusGatewayTimeout, "upstream-timeout")
+	(&proxytest.Env{T: t, Stub: up, Server: hs}).Fault("delay", 1, "1s")
+	proxytest.WantStatus(t, "charge answered too late", proxytest.Send(hs.Client(), "POST", hs.URL+"/charges", `{"orderId": "R-7", "amount": 5}`), http.StatusGatewayTimeout, "upstream-timeout")
 	hs.Close()
 	st.Close()
 
@@ -443,8 +444,8 @@ func TestReconcileScheduleSurvivesRestartRedis(t *testing.T) {
 		r, err := st.Get(context.Background(), sk)
 		return err == nil && r != nil && r.State == store.StateCompleted
 	})
-	if a := send(hs.Client(), "POST", hs.URL+"/charges", `{"orderId": "R-7", "amount": 5}`); !a.replayed() || a.header.Get("Idempotent-Reconciled") != "true" {
-		t.Errorf("retry after the restart = %v %v, want the reconciled replay", a, a.header)
+	if a := proxytest.Send(hs.Client(), "POST", hs.URL+"/charges", `{"orderId": "R-7", "amount": 5}`); !a.Replayed() || a.Header.Get("Idempotent-Reconciled") != "true" {
+		t.Errorf("retry after the restart = %v %v, want the reconciled replay", a, a.Header)
 	}
 }
 
@@ -452,23 +453,23 @@ func TestReconcileScheduleSurvivesRestartRedis(t *testing.T) {
 // returns once its context is cancelled, with no lookup left running.
 func TestReconcilerRunStopsOnCancel(t *testing.T) {
 	g := newGate()
-	e := &env{t: t}
-	e.stub = httptest.NewServer(g)
-	t.Cleanup(e.stub.Close)
-	e.start(e.stub.URL, reconcileRoute)
-	rec, err := reconcile.New(e.p.ReconcileHost(), reconcile.Options{Store: e.store, Tick: 10 * time.Millisecond, DiscoverEvery: 10 * time.Millisecond})
+	e := &proxytest.Env{T: t}
+	e.Stub = httptest.NewServer(g)
+	t.Cleanup(e.Stub.Close)
+	e.Start(e.Stub.URL, reconcileRoute)
+	rec, err := reconcile.New(e.Proxy.ReconcileHost(), reconcile.Options{Store: e.Store, Tick: 10 * time.Millisecond, DiscoverEvery: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	stopped := make(chan struct{})
 	go func() { rec.Run(ctx); close(stopped) }()
-	e.inDoubtCharged(`"R-8"`)
-	eventually(t, "the background reconciler completes the key", func() bool { return e.state("charges", "", "R-8") == store.StateCompleted })
+	inDoubtCharged(e, `"R-8"`)
+	proxytest.Eventually(t, "the background reconciler completes the key", func() bool { return e.State("charges", "", "R-8") == store.StateCompleted })
 	// A lookup held at the upstream when the reconciler stops: Run waits
 	// for it, and the key stays in doubt.
 	g.entered, g.block = make(chan struct{}, 4), make(chan struct{})
-	e.inDoubtCharged(`"R-9"`)
+	inDoubtCharged(e, `"R-9"`)
 	<-g.entered
 	cancel()
 	select {
@@ -476,7 +477,7 @@ func TestReconcilerRunStopsOnCancel(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Run did not return after its context was cancelled")
 	}
-	if st := e.state("charges", "", "R-9"); st != store.StateInDoubt {
+	if st := e.State("charges", "", "R-9"); st != store.StateInDoubt {
 		t.Errorf("state of R-9 after the stop = %q, want in_doubt", st)
 	}
 }
@@ -489,27 +490,27 @@ func TestReconcileFollowsReload(t *testing.T) {
 	other := "  - name: other\n    match: POST /other\n    key: {json: orderId}\n    upstream_timeout: 300ms\n    lease: 500ms\n" +
 		"    reconcile: {lookup: \"GET /orders/{key}/charge\", grace: 600ms, interval: 100ms}\n"
 	e, rec := newReconcileEnv(t, g, reconcileRoute+other)
-	e.inDoubtCharged(`"R-10"`)
+	inDoubtCharged(e, `"R-10"`)
 	without := strings.Replace(reconcileRoute, "    reconcile: {lookup: \"GET /orders/{key}/charge\", grace: 600ms, interval: 100ms}\n", "", 1)
-	if err := e.p.Reload(parseConfig(t, e.stub.URL, without+other)); err != nil {
+	if err := e.Proxy.Reload(proxytest.ParseConfig(t, e.Stub.URL, without+other)); err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	eventually(t, "the key is taken off the schedule", func() bool {
+	proxytest.Eventually(t, "the key is taken off the schedule", func() bool {
 		rec.RunOnce(ctx)
-		keys, err := e.store.Unscheduled(ctx, "charges/", 10)
+		keys, err := e.Store.Unscheduled(ctx, "charges/", 10)
 		return err == nil && len(keys) == 1
 	})
 	if got := g.lookups.Load(); got != 0 {
 		t.Errorf("lookups on a route without reconcile = %d, want 0", got)
 	}
-	if st := e.state("charges", "", "R-10"); st != store.StateInDoubt {
+	if st := e.State("charges", "", "R-10"); st != store.StateInDoubt {
 		t.Errorf("state = %q, want in_doubt", st)
 	}
-	if err := e.p.Reload(parseConfig(t, e.stub.URL, reconcileRoute+other)); err != nil {
+	if err := e.Proxy.Reload(proxytest.ParseConfig(t, e.Stub.URL, reconcileRoute+other)); err != nil {
 		t.Fatal(err)
 	}
-	reconcileUntil(t, rec, "the key is completed once reconcile is back", func() bool { return e.state("charges", "", "R-10") == store.StateCompleted })
+	reconcileUntil(t, rec, "the key is completed once reconcile is back", func() bool { return e.State("charges", "", "R-10") == store.StateCompleted })
 }
 
 // TestReconcileDueGaugeFollowsReload: idemproxy_reconcile_due_keys counts
@@ -520,11 +521,11 @@ func TestReconcileDueGaugeFollowsReload(t *testing.T) {
 	g := newGate()
 	g.fail.Store(1 << 20) // every lookup fails: the key stays due
 	e, rec := newReconcileEnv(t, g, reconcileRoute)
-	e.inDoubtCharged(`"R-20"`)
-	due := func() float64 { return counterValue(t, e.reg, "idemproxy_reconcile_due_keys", nil) }
+	inDoubtCharged(e, `"R-20"`)
+	due := func() float64 { return proxytest.CounterValue(t, e.Registry, "idemproxy_reconcile_due_keys", nil) }
 	reconcileUntil(t, rec, "the key is due", func() bool { return due() == 1 })
 	without := strings.Replace(reconcileRoute, "    reconcile: {lookup: \"GET /orders/{key}/charge\", grace: 600ms, interval: 100ms}\n", "", 1)
-	if err := e.p.Reload(parseConfig(t, e.stub.URL, without)); err != nil {
+	if err := e.Proxy.Reload(proxytest.ParseConfig(t, e.Stub.URL, without)); err != nil {
 		t.Fatal(err)
 	}
 	rec.RunOnce(context.Background())
