@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,6 +16,48 @@ import (
 // copyDir copies the regular files of src into dst: what a crash would
 // leave on disk (the writer synced, so the page cache is the disk).
 func copyDir(t *testing.T, src, dst string) {
+	t.Helper()
+	// Badger may compact while the files are copied (a new table, the
+	// MANIFEST that names it, an old table removed): a copy taken across
+	// such a change is no state the disk ever held. Copy again until the
+	// directory did not change meanwhile, as a crash would find it.
+	for range 50 {
+		before := dirState(t, src)
+		if err := os.RemoveAll(dst); err != nil {
+			t.Fatal(err)
+		}
+		copyFilesOnce(t, src, dst)
+		if dirState(t, src) == before {
+			return
+		}
+	}
+	t.Fatalf("%s kept changing while it was copied", src)
+}
+
+// dirState names the regular files of dir with their sizes and times.
+func dirState(t *testing.T, dir string) string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, e := range ents {
+		info, err := e.Info()
+		if err != nil {
+			if os.IsNotExist(err) {
+				fmt.Fprintf(&b, "%s gone\n", e.Name())
+				continue
+			}
+			t.Fatal(err)
+		}
+		fmt.Fprintf(&b, "%s %d %d\n", e.Name(), info.Size(), info.ModTime().UnixNano())
+	}
+	return b.String()
+}
+
+// copyFilesOnce copies the regular files of src but LOCK into dst.
+func copyFilesOnce(t *testing.T, src, dst string) {
 	t.Helper()
 	if err := os.MkdirAll(dst, 0o700); err != nil {
 		t.Fatal(err)
@@ -28,6 +71,9 @@ func copyDir(t *testing.T, src, dst string) {
 			continue
 		}
 		in, err := os.Open(filepath.Join(src, e.Name()))
+		if os.IsNotExist(err) {
+			continue // removed since listed: the state check copies again
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
