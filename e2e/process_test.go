@@ -25,6 +25,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemproxy/idemproxy/internal/h2attack"
 	"github.com/idemproxy/idemproxy/upstream-stub/stub"
 )
 
@@ -226,6 +227,13 @@ func do(method, url, body string, hdr ...string) result {
 	return result{status: resp.StatusCode, header: resp.Header, body: string(b), err: err}
 }
 
+// doWith sends one request with c, as h2attack.Do does, and returns its
+// answer as a result, and the protocol's major version.
+func doWith(c *http.Client, method, url, body string, hdr ...string) (result, int) {
+	r, proto := h2attack.Do(c, method, url, body, hdr...)
+	return result{status: r.Status, header: r.Header, body: r.Body, err: r.Err}, proto
+}
+
 // chargeCount returns how many times the stub charged order.
 func chargeCount(t *testing.T, stubURL, order string) int {
 	t.Helper()
@@ -237,11 +245,5 @@ func chargeCount(t *testing.T, stubURL, order string) int {
 	return st.Charges
 }
 
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(15 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 15s", what)
-		}
-	}
-}
+// eventually waits, at most 15 s, for cond (h2attack.Eventually).
+var eventually = h2attack.Eventually
