@@ -1,3 +1,5 @@
+//go:build linux
+
 package e2e
 
 import (
@@ -6,12 +8,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,20 +18,6 @@ import (
 	"github.com/idemproxy/idemproxy/internal/admission"
 	"github.com/idemproxy/idemproxy/internal/h2attack"
 )
-
-// scrapeValue reads one series of the proxy's /metrics as a number.
-func scrapeValue(t *testing.T, p *proc, series string) float64 {
-	t.Helper()
-	v, ok := metricValue(do("GET", p.adminURL("/metrics"), "").body, series)
-	if !ok {
-		t.Fatalf("/metrics has no %s", series)
-	}
-	f, err := strconv.ParseFloat(v, 64)
-	if err != nil {
-		t.Fatalf("%s = %q: %v", series, v, err)
-	}
-	return f
-}
 
 // socketsOf counts the open sockets of process pid.
 func socketsOf(pid int) int {
@@ -44,17 +29,6 @@ func socketsOf(pid int) int {
 		}
 	}
 	return n
-}
-
-func serverLimits(max int, more ...string) string {
-	s := "server:\n"
-	if max > 0 {
-		s += fmt.Sprintf("  max_connections: %d\n", max)
-	}
-	for _, m := range more {
-		s += "  " + m + "\n"
-	}
-	return s
 }
 
 // TestIdleConnectionsDoNotLockOutNewClients is the case: more
@@ -148,40 +122,6 @@ func TestIdleConnectionsDoNotLockOutNewClients(t *testing.T) {
 			}
 		})
 	}
-}
-
-// holdingUpstream answers GET /hold once release is closed, counting the
-// requests it holds; anything else at once, echoing what it saw of the
-// Upgrade headers.
-type holdingUpstream struct {
-	*httptest.Server
-	held    atomic.Int32
-	release chan struct{}
-	mu      sync.Mutex
-	seen    []http.Header
-}
-
-func startHoldingUpstream(t *testing.T) *holdingUpstream {
-	u := &holdingUpstream{release: make(chan struct{})}
-	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		u.mu.Lock()
-		u.seen = append(u.seen, r.Header.Clone())
-		u.mu.Unlock()
-		if r.URL.Path == "/hold" {
-			u.held.Add(1)
-			<-u.release
-		}
-		io.WriteString(w, "upstream "+r.URL.Path)
-	}))
-	t.Cleanup(func() {
-		select {
-		case <-u.release:
-		default:
-			close(u.release)
-		}
-		u.Close()
-	})
-	return u
 }
 
 // TestEveryConnectionBusy: when every connection serves a request (an
