@@ -1,9 +1,9 @@
+//go:build linux
+
 package e2e
 
 import (
-	"bufio"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os/exec"
@@ -306,36 +306,4 @@ func TestAdminTokenGuessing(t *testing.T) {
 	if strings.Contains(p.log.String(), "guess-") {
 		t.Errorf("the log holds a guessed token")
 	}
-}
-
-// getFrom sends GET path on a new connection from the address from, and
-// returns the status and body, or 0 with the error.
-func getFrom(t *testing.T, from, addr, path string) (int, string, error) {
-	t.Helper()
-	c := dialFrom(t, from, addr)
-	c.SetDeadline(time.Now().Add(20 * time.Second))
-	// As a Kubernetes probe: one request, then the connection is closed.
-	if _, err := fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: admin\r\nConnection: close\r\n\r\n", path); err != nil {
-		return 0, "", err
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		return 0, "", err
-	}
-	b, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	c.Close()
-	return resp.StatusCode, string(b), err
-}
-
-// dialFrom connects to addr from the loopback address from (127.0.0.x).
-func dialFrom(t *testing.T, from, addr string) net.Conn {
-	t.Helper()
-	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 10 * time.Second}
-	c, err := d.Dial("tcp", addr)
-	if err != nil {
-		t.Fatalf("dial from %s: %v", from, err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
 }

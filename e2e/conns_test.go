@@ -1,86 +1,23 @@
+//go:build linux
+
 package e2e
 
 import (
 	"bufio"
 	"bytes"
-	"encoding/binary"
-	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idemproxy/idemproxy/internal/admission"
+	"github.com/idemproxy/idemproxy/internal/h2attack"
 )
-
-// rawConn is a client connection that sends requests by hand.
-type rawConn struct {
-	net.Conn
-	br *bufio.Reader
-}
-
-func dialRaw(t *testing.T, addr string) *rawConn {
-	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return &rawConn{Conn: c, br: bufio.NewReader(c)}
-}
-
-// get sends GET path and reads its answer; the connection stays open.
-func (c *rawConn) get(path string) (int, string, error) {
-	c.SetDeadline(time.Now().Add(20 * time.Second))
-	defer c.SetDeadline(time.Time{})
-	if _, err := fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: test\r\n\r\n", path); err != nil {
-		return 0, "", err
-	}
-	return c.readAnswer()
-}
-
-func (c *rawConn) readAnswer() (int, string, error) {
-	resp, err := http.ReadResponse(c.br, nil)
-	if err != nil {
-		return 0, "", err
-	}
-	b, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	return resp.StatusCode, string(b), err
-}
-
-// closedByPeer reports whether the other end closed c (EOF or reset),
-// waiting at most a moment for a connection that stays open.
-func (c *rawConn) closedByPeer() bool {
-	c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
-	defer c.SetReadDeadline(time.Time{})
-	_, err := c.br.Peek(1)
-	var ne net.Error
-	return err != nil && !(errors.As(err, &ne) && ne.Timeout())
-}
-
-// scrapeValue reads one series of the proxy's /metrics as a number.
-func scrapeValue(t *testing.T, p *proc, series string) float64 {
-	t.Helper()
-	v, ok := metricValue(do("GET", p.adminURL("/metrics"), "").body, series)
-	if !ok {
-		t.Fatalf("/metrics has no %s", series)
-	}
-	f, err := strconv.ParseFloat(v, 64)
-	if err != nil {
-		t.Fatalf("%s = %q: %v", series, v, err)
-	}
-	return f
-}
 
 // socketsOf counts the open sockets of process pid.
 func socketsOf(pid int) int {
@@ -92,17 +29,6 @@ func socketsOf(pid int) int {
 		}
 	}
 	return n
-}
-
-func serverLimits(max int, more ...string) string {
-	s := "server:\n"
-	if max > 0 {
-		s += fmt.Sprintf("  max_connections: %d\n", max)
-	}
-	for _, m := range more {
-		s += "  " + m + "\n"
-	}
-	return s
 }
 
 // TestIdleConnectionsDoNotLockOutNewClients is the issue's case: more
@@ -150,14 +76,14 @@ func TestIdleConnectionsDoNotLockOutNewClients(t *testing.T) {
 				}
 			}()
 
-			conns := make([]*rawConn, tt.idle)
+			conns := make([]*h2attack.RawConn, tt.idle)
 			admitted := func() float64 { // idle now, or idle once and shed since
 				return scrapeValue(t, p, "idemproxy_connections_idle") + scrapeValue(t, p, "idemproxy_connections_shed_total")
 			}
 			for i := range conns {
 				before := admitted()
-				conns[i] = dialRaw(t, p.addr)
-				if st, body, err := conns[i].get("/charges"); err != nil || st != 200 {
+				conns[i] = h2attack.DialRaw(t, p.addr)
+				if st, body, err := conns[i].Get("/charges"); err != nil || st != 200 {
 					t.Fatalf("idle client %d of %d (limit %d): %d %q %v", i+1, tt.idle, limit, st, body, err)
 				}
 				// The server marks a connection idle after its answer is
@@ -187,49 +113,15 @@ func TestIdleConnectionsDoNotLockOutNewClients(t *testing.T) {
 			}
 			// The oldest were closed; the newest are still open.
 			for i := range wantShed - 2 {
-				eventually(t, fmt.Sprintf("idle client %d closed", i+1), conns[i].closedByPeer)
+				eventually(t, fmt.Sprintf("idle client %d closed", i+1), conns[i].ClosedByPeer)
 			}
 			for i := tt.idle - 5; i < tt.idle; i++ {
-				if conns[i].closedByPeer() {
+				if conns[i].ClosedByPeer() {
 					t.Errorf("idle client %d of %d was closed, not one of the oldest", i+1, tt.idle)
 				}
 			}
 		})
 	}
-}
-
-// holdingUpstream answers GET /hold once release is closed, counting the
-// requests it holds; anything else at once, echoing what it saw of the
-// Upgrade headers.
-type holdingUpstream struct {
-	*httptest.Server
-	held    atomic.Int32
-	release chan struct{}
-	mu      sync.Mutex
-	seen    []http.Header
-}
-
-func startHoldingUpstream(t *testing.T) *holdingUpstream {
-	u := &holdingUpstream{release: make(chan struct{})}
-	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		u.mu.Lock()
-		u.seen = append(u.seen, r.Header.Clone())
-		u.mu.Unlock()
-		if r.URL.Path == "/hold" {
-			u.held.Add(1)
-			<-u.release
-		}
-		io.WriteString(w, "upstream "+r.URL.Path)
-	}))
-	t.Cleanup(func() {
-		select {
-		case <-u.release:
-		default:
-			close(u.release)
-		}
-		u.Close()
-	})
-	return u
 }
 
 // TestEveryConnectionBusy: when every connection serves a request (an
@@ -295,13 +187,6 @@ func everyConnectionBusy(t *testing.T, client func() *http.Client) {
 	}
 }
 
-// h2Frame writes one HTTP/2 frame.
-func h2Frame(typ, flags byte, stream uint32, payload []byte) []byte {
-	b := []byte{byte(len(payload) >> 16), byte(len(payload) >> 8), byte(len(payload)), typ, flags, 0, 0, 0, 0}
-	binary.BigEndian.PutUint32(b[5:], stream)
-	return append(b, payload...)
-}
-
 // TestConnectionAttacksDoNotLockOutNewClients: the variants an attacker
 // tries after idle keep-alive connections all lose their place to a new
 // client: connections that send nothing, connections whose next request's
@@ -311,25 +196,28 @@ func TestConnectionAttacksDoNotLockOutNewClients(t *testing.T) {
 	for _, tt := range []struct {
 		name  string
 		extra string
-		hold  func(t *testing.T, c *rawConn)
+		hold  func(t *testing.T, c *h2attack.RawConn)
 	}{
-		{"silent connections", "read_header_timeout: 60s", func(t *testing.T, c *rawConn) {}},
-		{"a header trickling after a request", "read_header_timeout: 1s", func(t *testing.T, c *rawConn) {
-			if st, _, err := c.get("/charges"); err != nil || st != 200 {
+		{"silent connections", "read_header_timeout: 60s", func(t *testing.T, c *h2attack.RawConn) {}},
+		{"a header trickling after a request", "read_header_timeout: 1s", func(t *testing.T, c *h2attack.RawConn) {
+			if st, _, err := c.Get("/charges"); err != nil || st != 200 {
 				t.Fatalf("first request: %d %v", st, err)
 			}
 			c.Write([]byte("GE")) // and no more: Go waits for idle_timeout
 		}},
-		{"HTTP/2 connections without a stream", "read_header_timeout: 60s", func(t *testing.T, c *rawConn) {
-			c.Write([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"))
-			c.Write(h2Frame(0x4, 0, 0, nil)) // SETTINGS
+		{"HTTP/2 connections without a stream", "read_header_timeout: 60s", func(t *testing.T, c *h2attack.RawConn) {
+			w := bufio.NewWriter(c)
+			w.WriteString(h2attack.Preface)
+			h2attack.WriteFrame(w, h2attack.FrameSettings, 0, 0, nil)
+			w.Flush()
 			c.SetReadDeadline(time.Now().Add(10 * time.Second))
 			hdr := make([]byte, 9)
-			if _, err := io.ReadFull(c.br, hdr); err != nil || hdr[3] != 0x4 {
+			if _, err := io.ReadFull(c.R, hdr); err != nil || hdr[3] != h2attack.FrameSettings {
 				t.Fatalf("the proxy did not answer the HTTP/2 preface with SETTINGS: % x %v", hdr, err)
 			}
 			c.SetReadDeadline(time.Time{})
-			c.Write(h2Frame(0x6, 0, 0, make([]byte, 8))) // PING: frames, but no request
+			h2attack.WriteFrame(w, h2attack.FramePing, 0, 0, make([]byte, 8)) // frames, but no request
+			w.Flush()
 		}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -338,7 +226,7 @@ func TestConnectionAttacksDoNotLockOutNewClients(t *testing.T) {
 			p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"),
 				serverLimits(limit, tt.extra, "idle_timeout: 120s"), chargesRoute))
 			for range limit {
-				tt.hold(t, dialRaw(t, p.addr))
+				tt.hold(t, h2attack.DialRaw(t, p.addr))
 			}
 			if r := charge(p, "ORD-ATTACK"); r.status != 201 {
 				t.Fatalf("new client = %d %s %v, want 201", r.status, r.body, r.err)
@@ -355,23 +243,6 @@ func h2cClient() *http.Client {
 	var protos http.Protocols
 	protos.SetUnencryptedHTTP2(true)
 	return &http.Client{Transport: &http.Transport{Protocols: &protos}, Timeout: 30 * time.Second}
-}
-
-func doWith(c *http.Client, method, url, body string, hdr ...string) (result, int) {
-	req, err := http.NewRequest(method, url, strings.NewReader(body))
-	if err != nil {
-		return result{err: err}, 0
-	}
-	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return result{err: err}, 0
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return result{status: resp.StatusCode, header: resp.Header, body: string(b), err: err}, resp.ProtoMajor
 }
 
 // TestH2CPriorKnowledge: a client that speaks cleartext HTTP/2 from the
@@ -461,14 +332,14 @@ func TestH2CUpgradeIsNotPassedOn(t *testing.T) {
 			up.mu.Lock()
 			up.seen = nil
 			up.mu.Unlock()
-			c := dialRaw(t, p.addr)
+			c := h2attack.DialRaw(t, p.addr)
 			c.SetDeadline(time.Now().Add(20 * time.Second))
 			req := "GET /status HTTP/1.1\r\nHost: test\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: " + tt.upgrade + "\r\n"
 			if tt.settings != "" {
 				req += "HTTP2-Settings: " + tt.settings + "\r\n"
 			}
 			fmt.Fprint(c, req+"\r\n")
-			st, body, err := c.readAnswer()
+			st, body, err := c.ReadAnswer()
 			if err != nil || st != 200 || body != "upstream /status" {
 				t.Fatalf("answer = %d %q %v, want the upstream's 200 over HTTP/1.1", st, body, err)
 			}
@@ -486,12 +357,12 @@ func TestH2CUpgradeIsNotPassedOn(t *testing.T) {
 		})
 	}
 	// And on a protected route, the charge is made once, over HTTP/1.1.
-	c := dialRaw(t, p.addr)
+	c := h2attack.DialRaw(t, p.addr)
 	c.SetDeadline(time.Now().Add(20 * time.Second))
 	b := `{"orderId": "ORD-UPG", "amount": 1}`
 	fmt.Fprintf(c, "POST /charges HTTP/1.1\r\nHost: test\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"+
 		"HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(b), b)
-	if st, body, err := c.readAnswer(); err != nil || st != 200 || !bytes.Contains([]byte(body), []byte("upstream /charges")) {
+	if st, body, err := c.ReadAnswer(); err != nil || st != 200 || !bytes.Contains([]byte(body), []byte("upstream /charges")) {
 		t.Errorf("protected request with Upgrade: h2c = %d %q %v", st, body, err)
 	}
 }

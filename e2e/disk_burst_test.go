@@ -1,3 +1,5 @@
+//go:build linux
+
 package e2e
 
 import (
@@ -313,13 +315,4 @@ func withoutAccessLog(log string) string {
 		}
 	}
 	return b.String()
-}
-
-// tail returns the last n lines of s.
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }

@@ -17,9 +17,11 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/idemproxy/idemproxy/internal/h2attack"
 )
 
-// rawH2 is a hand-driven HTTP/2 connection (see h2Attacker for why by
+// rawH2 is a hand-driven HTTP/2 connection (see h2attack for why by
 // hand).
 type rawH2 struct {
 	net.Conn
@@ -38,8 +40,8 @@ func dialH2(t *testing.T, addr, from string) *rawH2 {
 	}
 	t.Cleanup(func() { c.Close() })
 	h := &rawH2{Conn: c, w: bufio.NewWriter(c), r: bufio.NewReader(c)}
-	h.w.WriteString("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
-	writeFrame(h.w, frameSettings, 0, 0, nil)
+	h.w.WriteString(h2attack.Preface)
+	h2attack.WriteFrame(h.w, h2attack.FrameSettings, 0, 0, nil)
 	return h
 }
 
@@ -51,17 +53,17 @@ func (h *rawH2) flush() error {
 // request opens stream id with the given fields (pseudo-header fields
 // included); endStream ends it without a body.
 func (h *rawH2) request(id uint32, endStream bool, fields ...string) {
-	flags := byte(flagEndHeaders)
+	flags := byte(h2attack.FlagEndHeaders)
 	if endStream {
-		flags |= flagEndStream
+		flags |= h2attack.FlagEndStream
 	}
-	writeFrame(h.w, frameHeaders, flags, id, hpackLiteral(fields...))
+	h2attack.WriteFrame(h.w, h2attack.FrameHeaders, flags, id, h2attack.HPACKLiteral(fields...))
 }
 
 func (h *rawH2) reset(id uint32) {
 	var code [4]byte
-	binary.BigEndian.PutUint32(code[:], errCodeCancel)
-	writeFrame(h.w, frameRSTStream, 0, id, code[:])
+	binary.BigEndian.PutUint32(code[:], h2attack.ErrCodeCancel)
+	h2attack.WriteFrame(h.w, h2attack.FrameRSTStream, 0, id, code[:])
 }
 
 // next reads the next frame's type, flags and stream, skipping its
@@ -89,7 +91,7 @@ func (h *rawH2) answered(id uint32) error {
 		if err != nil {
 			return err
 		}
-		if typ == frameHeaders && stream == id {
+		if typ == h2attack.FrameHeaders && stream == id {
 			return nil
 		}
 	}
@@ -109,11 +111,6 @@ func (h *rawH2) closedWithin(d time.Duration) (bool, error) {
 			return true, err
 		}
 	}
-}
-
-// get is a GET of path as HPACK literal fields.
-func get(path string) []string {
-	return []string{":method", "GET", ":scheme", "http", ":path", path, ":authority", "proxy"}
 }
 
 // postAwaitingBody is a POST /charges whose body is announced, not sent.
@@ -143,11 +140,11 @@ func TestEmptyContinuationFloodClosesTheConnection(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := dialH2(t, p.addr, "127.0.0.1")
-			block := hpackLiteral(get("/orders/ORD-CONT/charges")...)
+			block := h2attack.HPACKLiteral(h2attack.GetFields("/orders/ORD-CONT/charges")...)
 			if tc.closed {
-				writeFrame(h.w, frameHeaders, flagEndStream, 1, block)
+				h2attack.WriteFrame(h.w, h2attack.FrameHeaders, h2attack.FlagEndStream, 1, block)
 				for range tc.frames {
-					writeFrame(h.w, frameContinuation, 0, 1, tc.frag)
+					h2attack.WriteFrame(h.w, h2attack.FrameContinuation, 0, 1, tc.frag)
 				}
 				h.flush() // the proxy may close the connection before all is written
 				closed, err := h.closedWithin(10 * time.Second)
@@ -162,10 +159,10 @@ func TestEmptyContinuationFloodClosesTheConnection(t *testing.T) {
 			}
 			// HEADERS and three CONTINUATION frames, each a part of the block.
 			third := len(block) / 4
-			writeFrame(h.w, frameHeaders, flagEndStream, 1, block[:third])
-			writeFrame(h.w, frameContinuation, 0, 1, block[third:2*third])
-			writeFrame(h.w, frameContinuation, 0, 1, block[2*third:3*third])
-			writeFrame(h.w, frameContinuation, flagEndHeaders, 1, block[3*third:])
+			h2attack.WriteFrame(h.w, h2attack.FrameHeaders, h2attack.FlagEndStream, 1, block[:third])
+			h2attack.WriteFrame(h.w, h2attack.FrameContinuation, 0, 1, block[third:2*third])
+			h2attack.WriteFrame(h.w, h2attack.FrameContinuation, 0, 1, block[2*third:3*third])
+			h2attack.WriteFrame(h.w, h2attack.FrameContinuation, h2attack.FlagEndHeaders, 1, block[3*third:])
 			if err := h.flush(); err != nil {
 				t.Fatal(err)
 			}
@@ -186,7 +183,7 @@ func TestClientStreamCap(t *testing.T) {
 	dir := t.TempDir()
 	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"),
 		serverLimits(0, "max_requests_per_client: 2"), chargesRoute))
-	h1, h2 := probeClients("127.0.0.1")
+	h1, h2 := h2attack.ProbeClients("127.0.0.1")
 	held := make(chan result, 2)
 	for _, c := range []*http.Client{h1, h2} {
 		go func() {
@@ -220,7 +217,7 @@ func TestClientStreamCap(t *testing.T) {
 	if seen != 2 {
 		t.Errorf("the upstream saw %d requests, want the 2 held (the refused ones never reach it)", seen)
 	}
-	o1, o2 := probeClients("127.0.0.2")
+	o1, o2 := h2attack.ProbeClients("127.0.0.2")
 	for _, c := range []*http.Client{o1, o2} {
 		if r, _ := doWith(c, "POST", p.url("/charges"), `{"orderId": "ORD-OTHER", "amount": 1}`); r.status != 200 {
 			t.Errorf("another client = %d %q %v, want its answer", r.status, r.body, r.err)
@@ -249,7 +246,7 @@ func TestClientStreamCapReload(t *testing.T) {
 	path, data := filepath.Join(dir, "c.yaml"), filepath.Join(dir, "data")
 	writeConfig(t, path, up.URL, data, serverLimits(0, "max_requests_per_client: 1"), chargesRoute)
 	p := startProxy(t, path)
-	h1, _ := probeClients("127.0.0.1")
+	h1, _ := h2attack.ProbeClients("127.0.0.1")
 	held := make(chan result, 1)
 	go func() {
 		r, _ := doWith(h1, "GET", p.url("/hold"), "")
@@ -292,12 +289,12 @@ func TestResettingClientIsRefused(t *testing.T) {
 		t.Fatalf("the resetting client's connection is still open (%v), want it closed", err)
 	}
 	again := dialH2(t, p.addr, "127.0.0.1")
-	again.request(1, true, get("/orders/ORD-R/charges")...)
+	again.request(1, true, h2attack.GetFields("/orders/ORD-R/charges")...)
 	again.flush()
 	if closed, err := again.closedWithin(10 * time.Second); !closed {
 		t.Errorf("a new connection from the resetting client is open (%v), want it closed at once", err)
 	}
-	o1, o2 := probeClients("127.0.0.2")
+	o1, o2 := h2attack.ProbeClients("127.0.0.2")
 	for _, c := range []*http.Client{o1, o2} {
 		if r, _ := doWith(c, "POST", p.url("/charges"), `{"orderId": "ORD-R-OTHER", "amount": 1}`); r.status != 201 {
 			t.Errorf("another client = %d %q %v, want 201", r.status, r.body, r.err)
@@ -310,7 +307,7 @@ func TestResettingClientIsRefused(t *testing.T) {
 		t.Errorf("idemproxy_client_stream_resets_total = %v, want at least 100", got)
 	}
 	// Served again once its resets drained.
-	c1, _ := probeClients("127.0.0.1")
+	c1, _ := h2attack.ProbeClients("127.0.0.1")
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		r, _ := doWith(c1, "POST", p.url("/charges"), `{"orderId": "ORD-R-LATER", "amount": 1}`)
@@ -358,12 +355,12 @@ func TestGlobalLimitShedsTheResettingClient(t *testing.T) {
 				return scrapeValue(t, p, "idemproxy_client_stream_resets_total") == float64(tc.resets)
 			})
 			for range 8 {
-				h.request(id, true, get("/hold")...)
+				h.request(id, true, h2attack.GetFields("/hold")...)
 				id += 2
 			}
 			h.flush()
 			eventually(t, "eight streams held at the upstream", func() bool { return up.held.Load() == 8 })
-			_, h2 := probeClients("127.0.0.2")
+			_, h2 := h2attack.ProbeClients("127.0.0.2")
 			r, _ := doWith(h2, "POST", p.url("/charges"), `{"orderId": "ORD-SHED", "amount": 1}`)
 			if r.status != tc.want {
 				t.Errorf("a stream from another client at the limit = %d %q %v, want %d", r.status, r.body, r.err, tc.want)
@@ -392,7 +389,7 @@ func TestGatewayCancellationsAreServed(t *testing.T) {
 	dir := t.TempDir()
 	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"),
 		serverLimits(0, "max_client_resets_per_second: 1", "max_requests_per_client: 1024"), chargesRoute))
-	_, gw := probeClients("127.0.0.1")
+	_, gw := h2attack.ProbeClients("127.0.0.1")
 	const workers, each = 8, 150 // 1,200 requests, 120 of them cancelled
 	var failed atomic.Int64
 	var wg sync.WaitGroup

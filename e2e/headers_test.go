@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemproxy/idemproxy/internal/h2attack"
 )
 
 // headerOf returns a request header of n lines in all: the request line,
@@ -42,13 +44,13 @@ func TestHeaderLinesAreBounded(t *testing.T) {
 	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), "", chargesRoute))
 
 	body := func(order string) string { return fmt.Sprintf(`{"orderId": %q, "amount": 1}`, order) }
-	send := func(c *rawConn, lines int, distinct bool, order string) (int, string, error) {
+	send := func(c *h2attack.RawConn, lines int, distinct bool, order string) (int, string, error) {
 		c.SetDeadline(time.Now().Add(20 * time.Second))
 		b := body(order)
 		if _, err := fmt.Fprint(c, headerOf(lines, distinct, len(b))+"\r\n"+b); err != nil {
 			return 0, "", err
 		}
-		return c.readAnswer()
+		return c.ReadAnswer()
 	}
 	for _, tt := range []struct {
 		name     string
@@ -64,7 +66,7 @@ func TestHeaderLinesAreBounded(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			before := len(up.seenCopy())
 			order := "ORD-HDR-" + strings.ReplaceAll(tt.name, " ", "-")
-			st, got, err := send(dialRaw(t, p.addr), tt.lines, tt.distinct, order)
+			st, got, err := send(h2attack.DialRaw(t, p.addr), tt.lines, tt.distinct, order)
 			if err != nil || st != tt.want {
 				t.Fatalf("answer = %d %v, want %d", st, err, tt.want)
 			}
@@ -90,7 +92,7 @@ func TestHeaderLinesAreBounded(t *testing.T) {
 
 	// The count is per request: a keep-alive connection whose requests are
 	// each under the bound is served, however many lines they add up to.
-	c := dialRaw(t, p.addr)
+	c := h2attack.DialRaw(t, p.addr)
 	for i := range 4 {
 		if st, _, err := send(c, 200, true, fmt.Sprintf("ORD-HDR-KA-%d", i)); err != nil || st != 200 {
 			t.Fatalf("request %d on one connection = %d %v, want 200", i, st, err)
@@ -101,17 +103,17 @@ func TestHeaderLinesAreBounded(t *testing.T) {
 	// fields and holding its connection: every one is answered 431 and a
 	// normal charge is served meanwhile.
 	const n = 200
-	conns := make([]*rawConn, n)
+	conns := make([]*h2attack.RawConn, n)
 	for i := range conns {
-		conns[i] = dialRaw(t, p.addr)
+		conns[i] = h2attack.DialRaw(t, p.addr)
 		conns[i].SetDeadline(time.Now().Add(20 * time.Second))
 		fmt.Fprint(conns[i], headerOf(6000, true, 10)+"\r\n{")
 	}
-	if st, _, err := send(dialRaw(t, p.addr), 10, false, "ORD-HDR-MEANWHILE"); err != nil || st != 200 {
+	if st, _, err := send(h2attack.DialRaw(t, p.addr), 10, false, "ORD-HDR-MEANWHILE"); err != nil || st != 200 {
 		t.Errorf("a charge during the header flood = %d %v, want 200", st, err)
 	}
 	for i, c := range conns {
-		if st, _, err := c.readAnswer(); err != nil || st != 431 {
+		if st, _, err := c.ReadAnswer(); err != nil || st != 431 {
 			t.Fatalf("flood connection %d = %d %v, want 431", i, st, err)
 		}
 	}

@@ -19,12 +19,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/idemproxy/idemproxy/internal/h2attack"
 	"github.com/idemproxy/idemproxy/upstream-stub/stub"
 )
 
@@ -226,6 +229,13 @@ func do(method, url, body string, hdr ...string) result {
 	return result{status: resp.StatusCode, header: resp.Header, body: string(b), err: err}
 }
 
+// doWith sends one request with c, as h2attack.Do does, and returns its
+// answer as a result, and the protocol's major version.
+func doWith(c *http.Client, method, url, body string, hdr ...string) (result, int) {
+	r, proto := h2attack.Do(c, method, url, body, hdr...)
+	return result{status: r.Status, header: r.Header, body: r.Body, err: r.Err}, proto
+}
+
 // chargeCount returns how many times the stub charged order.
 func chargeCount(t *testing.T, stubURL, order string) int {
 	t.Helper()
@@ -237,11 +247,95 @@ func chargeCount(t *testing.T, stubURL, order string) int {
 	return st.Charges
 }
 
-func eventually(t *testing.T, what string, cond func() bool) {
+// eventually waits, at most 15 s, for cond (h2attack.Eventually).
+var eventually = h2attack.Eventually
+
+// scrapeValue reads one series of the proxy's /metrics as a number.
+func scrapeValue(t *testing.T, p *proc, series string) float64 {
 	t.Helper()
-	for deadline := time.Now().Add(15 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 15s", what)
-		}
+	v, ok := metricValue(do("GET", p.adminURL("/metrics"), "").body, series)
+	if !ok {
+		t.Fatalf("/metrics has no %s", series)
 	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil {
+		t.Fatalf("%s = %q: %v", series, v, err)
+	}
+	return f
+}
+
+// serverLimits is a server: section of a configuration with
+// max_connections max (none when 0) and the further fields more, each a
+// "name: value" line.
+func serverLimits(max int, more ...string) string {
+	s := "server:\n"
+	if max > 0 {
+		s += fmt.Sprintf("  max_connections: %d\n", max)
+	}
+	for _, m := range more {
+		s += "  " + m + "\n"
+	}
+	return s
+}
+
+// holdingUpstream answers GET /hold once release is closed, counting the
+// requests it holds; anything else at once, echoing what it saw of the
+// Upgrade headers.
+type holdingUpstream struct {
+	*httptest.Server
+	held    atomic.Int32
+	release chan struct{}
+	mu      sync.Mutex
+	seen    []http.Header
+}
+
+// startHoldingUpstream starts one; it releases what it holds and closes
+// when the test ends.
+func startHoldingUpstream(t *testing.T) *holdingUpstream {
+	u := &holdingUpstream{release: make(chan struct{})}
+	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u.mu.Lock()
+		u.seen = append(u.seen, r.Header.Clone())
+		u.mu.Unlock()
+		if r.URL.Path == "/hold" {
+			u.held.Add(1)
+			<-u.release
+		}
+		io.WriteString(w, "upstream "+r.URL.Path)
+	}))
+	t.Cleanup(func() {
+		select {
+		case <-u.release:
+		default:
+			close(u.release)
+		}
+		u.Close()
+	})
+	return u
+}
+
+// procCPU returns the CPU time a process has used (user and system), read
+// from /proc; zero where there is none (on systems other than Linux).
+func procCPU(pid int) time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The fields after the command name, which is in parentheses.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond // USER_HZ is 100 on Linux
+}
+
+// tail returns the last n lines of s.
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
 }

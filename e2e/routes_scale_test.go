@@ -1,3 +1,5 @@
+//go:build linux
+
 package e2e
 
 import (
@@ -50,23 +52,6 @@ func procMemory(t *testing.T, pid int) (rss, hwm int64) {
 		}
 	}
 	return rss, hwm
-}
-
-// procCPU returns the CPU time a process has used (user and system), read
-// from /proc; zero where there is none.
-func procCPU(pid int) time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// The fields after the command name, which is in parentheses.
-	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
-	if len(f) < 13 {
-		return 0
-	}
-	utime, _ := strconv.ParseInt(f[11], 10, 64)
-	stime, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(utime+stime) * 10 * time.Millisecond // USER_HZ is 100 on Linux
 }
 
 // scrape fetches /metrics in the text format and returns its size, its

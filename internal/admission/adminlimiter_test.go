@@ -79,22 +79,22 @@ func TestAdminLimiterIsFair(t *testing.T) {
 func TestAdminLimiterOneClientReplacesItsOwn(t *testing.T) {
 	l, addr := adminServer(t, 2, http.HandlerFunc(okHandler))
 	for i := range 4 {
-		c := dialRaw(t, addr)
-		if st, _, err := c.get("/metrics"); err != nil || st != 200 {
+		c := h2attack.DialRaw(t, addr)
+		if st, _, err := c.Get("/metrics"); err != nil || st != 200 {
 			t.Fatalf("keep-alive client %d: %d %v", i, st, err)
 		}
-		eventually(t, "the connection is idle", func() bool { a, _ := l.Counts(); return a == 0 })
+		h2attack.Eventually(t, "the connection is idle", func() bool { a, _ := l.Counts(); return a == 0 })
 	}
 	if got := l.shed.Load(); got != 2 {
 		t.Errorf("shed = %d, want 2 (the two oldest idle connections)", got)
 	}
 	l2, addr2 := adminServer(t, 2, http.HandlerFunc(okHandler))
 	for range 2 {
-		dialRaw(t, addr2).Write([]byte("GET / HTTP/1.1\r\n"))
+		h2attack.DialRaw(t, addr2).Write([]byte("GET / HTTP/1.1\r\n"))
 	}
-	eventually(t, "both slow connections are reading", func() bool { _, i := l2.Counts(); return i == 2 })
-	late := dialRaw(t, addr2)
-	eventually(t, "the newcomer of the same client is closed", late.closedByPeer)
+	h2attack.Eventually(t, "both slow connections are reading", func() bool { _, i := l2.Counts(); return i == 2 })
+	late := h2attack.DialRaw(t, addr2)
+	h2attack.Eventually(t, "the newcomer of the same client is closed", late.ClosedByPeer)
 	if l2.refused.Load() != 1 || l2.shed.Load() != 0 {
 		t.Errorf("refused %d, shed %d; want 1 and 0", l2.refused.Load(), l2.shed.Load())
 	}

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/idemproxy/idemproxy/internal/h2attack"
 )
 
 // limitedServer serves h behind a Limiter of max connections.
@@ -32,23 +34,23 @@ func okHandler(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok "
 // admitted by closing the connection idle the longest; the others stay.
 func TestConnLimiterShedsOldestIdle(t *testing.T) {
 	l, addr := limitedServer(t, 3, time.Minute, http.HandlerFunc(okHandler))
-	var conns []*rawConn
+	var conns []*h2attack.RawConn
 	for i := range 6 {
-		c := dialRaw(t, addr)
-		if st, body, err := c.get(fmt.Sprintf("/%d", i)); err != nil || st != 200 {
+		c := h2attack.DialRaw(t, addr)
+		if st, body, err := c.Get(fmt.Sprintf("/%d", i)); err != nil || st != 200 {
 			t.Fatalf("client %d: %d %q %v, want 200", i, st, body, err)
 		}
 		// The client may read its answer before the server has marked
 		// the connection idle: wait, so that the idle order is the
 		// clients' order.
-		eventually(t, "the connection is idle", func() bool { a, _ := l.Counts(); return a == 0 })
+		h2attack.Eventually(t, "the connection is idle", func() bool { a, _ := l.Counts(); return a == 0 })
 		conns = append(conns, c)
 	}
 	for i, c := range conns {
 		want := i < 3 // the three oldest made room for the three newest
 		if i < 3 {
-			eventually(t, fmt.Sprintf("client %d closed", i), c.closedByPeer)
-		} else if c.closedByPeer() != want {
+			h2attack.Eventually(t, fmt.Sprintf("client %d closed", i), c.ClosedByPeer)
+		} else if c.ClosedByPeer() != want {
 			t.Errorf("client %d closed = %v, want %v", i, !want, want)
 		}
 	}
@@ -59,7 +61,7 @@ func TestConnLimiterShedsOldestIdle(t *testing.T) {
 		t.Errorf("active, idle = %d, %d, want 0, 3", a, i)
 	}
 	// The survivors still serve.
-	if st, _, err := conns[5].get("/again"); err != nil || st != 200 {
+	if st, _, err := conns[5].Get("/again"); err != nil || st != 200 {
 		t.Errorf("newest connection after the sheds: %d %v", st, err)
 	}
 }
@@ -81,16 +83,16 @@ func TestConnLimiterNeverShedsARequestUnderWay(t *testing.T) {
 	l, addr := limitedServer(t, 3, time.Minute, h)
 
 	// A: a request held by the handler.
-	a := dialRaw(t, addr)
+	a := h2attack.DialRaw(t, addr)
 	fmt.Fprintf(a, "GET /hold HTTP/1.1\r\nHost: test\r\n\r\n")
-	eventually(t, "A's request is being served", func() bool { return held.Load() == 1 })
+	h2attack.Eventually(t, "A's request is being served", func() bool { return held.Load() == 1 })
 	// B: served, then half of its next request's header.
-	b := dialRaw(t, addr)
-	if st, _, err := b.get("/b"); err != nil || st != 200 {
+	b := h2attack.DialRaw(t, addr)
+	if st, _, err := b.Get("/b"); err != nil || st != 200 {
 		t.Fatalf("B: %d %v", st, err)
 	}
 	fmt.Fprintf(b, "GET /b2 HTTP/1.1\r\n")
-	eventually(t, "B's next request is being read", func() bool {
+	h2attack.Eventually(t, "B's next request is being read", func() bool {
 		l.mu.Lock()
 		defer l.mu.Unlock()
 		for c := l.idleHead; c != nil; c = c.next {
@@ -101,40 +103,40 @@ func TestConnLimiterNeverShedsARequestUnderWay(t *testing.T) {
 		return false
 	})
 	// C: served and idle, the youngest.
-	c := dialRaw(t, addr)
-	if st, _, err := c.get("/c"); err != nil || st != 200 {
+	c := h2attack.DialRaw(t, addr)
+	if st, _, err := c.Get("/c"); err != nil || st != 200 {
 		t.Fatalf("C: %d %v", st, err)
 	}
 	if err := l.Saturated(); err != nil {
 		t.Errorf("Saturated with an idle connection: %v", err)
 	}
 	// D sheds C, the only one that is truly idle.
-	d := dialRaw(t, addr)
-	if st, _, err := d.get("/d"); err != nil || st != 200 {
+	d := h2attack.DialRaw(t, addr)
+	if st, _, err := d.Get("/d"); err != nil || st != 200 {
 		t.Fatalf("D: %d %v", st, err)
 	}
-	eventually(t, "C closed", c.closedByPeer)
+	h2attack.Eventually(t, "C closed", c.ClosedByPeer)
 	// B finishes its request on its connection.
 	fmt.Fprintf(b, "Host: test\r\n\r\n")
-	if st, body, err := b.readAnswer(); err != nil || st != 200 || body != "ok /b2" {
+	if st, body, err := b.ReadAnswer(); err != nil || st != 200 || body != "ok /b2" {
 		t.Fatalf("B's second request: %d %q %v", st, body, err)
 	}
 
 	// Now hold B and D too: every connection is busy.
 	fmt.Fprintf(b, "GET /hold HTTP/1.1\r\nHost: test\r\n\r\n")
 	fmt.Fprintf(d, "GET /hold HTTP/1.1\r\nHost: test\r\n\r\n")
-	eventually(t, "three requests held", func() bool { return held.Load() == 3 })
+	h2attack.Eventually(t, "three requests held", func() bool { return held.Load() == 3 })
 	if err := l.Saturated(); err == nil || !strings.Contains(err.Error(), "connection limit reached") {
 		t.Errorf("Saturated = %v, want the limit reached", err)
 	}
 	waited := l.waited.Load() // D may have waited a moment for C to turn idle
-	e := dialRaw(t, addr)
+	e := h2attack.DialRaw(t, addr)
 	fmt.Fprintf(e, "GET /e HTTP/1.1\r\nHost: test\r\n\r\n")
-	eventually(t, "E waits", func() bool { return l.waited.Load() == waited+1 })
+	h2attack.Eventually(t, "E waits", func() bool { return l.waited.Load() == waited+1 })
 	close(release)
-	for name, conn := range map[string]*rawConn{"A": a, "B": b, "D": d, "E": e} {
+	for name, conn := range map[string]*h2attack.RawConn{"A": a, "B": b, "D": d, "E": e} {
 		conn.SetDeadline(time.Now().Add(20 * time.Second))
-		if st, _, err := conn.readAnswer(); err != nil || st != 200 {
+		if st, _, err := conn.ReadAnswer(); err != nil || st != 200 {
 			t.Errorf("%s: %d %v, want 200", name, st, err)
 		}
 	}

@@ -1,9 +1,10 @@
 // Package h2attack is test support for the listener's limits
 // (internal/admission): a rapid-reset attacker that writes HTTP/2 frames by
-// hand over raw TCP connections, and probe clients that speak HTTP/1.1 or
-// cleartext HTTP/2 from a chosen loopback address. It is a normal package
-// so that the admission unit tests and the process-level tests share it;
-// only tests import it.
+// hand over raw TCP connections, probe clients that speak HTTP/1.1 or
+// cleartext HTTP/2 from a chosen loopback address, raw HTTP/1.1
+// connections (RawConn) and a wait for a condition (Eventually). It is a
+// normal package so that the admission unit tests and the process-level
+// tests share it; only tests import it.
 //
 // The attacker writes frames by hand: golang.org/x/net is not a dependency
 // of this module (the standard library's HTTP/2 is not exported), and the
@@ -37,6 +38,7 @@ const (
 	FrameHeaders      = 0x1
 	FrameRSTStream    = 0x3
 	FrameSettings     = 0x4
+	FramePing         = 0x6
 	FrameContinuation = 0x9
 
 	FlagEndStream  = 0x1

@@ -82,3 +82,28 @@ func TestAttackerOpensAndResetsStreams(t *testing.T) {
 			a.Streams.Load(), a.Conns.Load(), handled.Load())
 	}
 }
+
+// TestRawConn: a raw connection reads its answers in order and stays open
+// between them, ClosedByPeer tells an open connection from one the server
+// closed, and Eventually returns once its condition holds.
+func TestRawConn(t *testing.T) {
+	addr := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/close" {
+			w.Header().Set("Connection", "close")
+		}
+		io.WriteString(w, r.URL.Path)
+	}))
+	c := DialRaw(t, addr)
+	for _, path := range []string{"/a", "/b"} {
+		if st, body, err := c.Get(path); err != nil || st != 200 || body != path {
+			t.Fatalf("Get(%q) = %d %q %v, want 200 %q", path, st, body, err, path)
+		}
+	}
+	if c.ClosedByPeer() {
+		t.Fatal("ClosedByPeer = true on a kept-alive connection, want false")
+	}
+	if st, _, err := c.Get("/close"); err != nil || st != 200 {
+		t.Fatalf("Get(/close) = %d %v, want 200", st, err)
+	}
+	Eventually(t, "the server closes the connection", c.ClosedByPeer)
+}
