@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"net/http"
-	"strconv"
 
 	rfc9457 "github.com/idemproxy/idemproxy/internal/problem"
 )
@@ -54,20 +53,4 @@ func Problems() []rfc9457.Type {
 // adds extension members; retryAfter > 0 sets Retry-After in seconds.
 func writeProblem(w http.ResponseWriter, r *http.Request, p problem, detail string, retryAfter int, ext map[string]any) {
 	rfc9457.Write(w, r, p, detail, retryAfter, ext)
-}
-
-// WriteOverloaded answers 503 overloaded, with Retry-After: 1, for a
-// request refused before it reaches the proxy (an HTTP/2 stream beyond the
-// server's bound on requests in flight, or its client's); detail names the
-// bound, ext (nil: none) adds extension members.
-func WriteOverloaded(w http.ResponseWriter, r *http.Request, detail string, ext map[string]any) {
-	rfc9457.Write(w, r, rfc9457.Overloaded, detail, 1, ext)
-}
-
-// HeaderFieldsAnswer is the whole HTTP/1.1 answer, 431
-// too-many-header-fields with Connection: close, to a request whose header
-// was cut after max lines, before any handler saw it.
-func HeaderFieldsAnswer(max int) []byte {
-	return rfc9457.Raw(rfc9457.TooManyHeaderFields,
-		"the request header has more than "+strconv.Itoa(max)+" lines (request line and fields); send fewer header fields")
 }

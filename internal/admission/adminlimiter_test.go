@@ -19,7 +19,7 @@ func adminServer(t *testing.T, max int, h http.Handler) (*Limiter, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := NewAdminLimiter(inner, max, time.Minute, testAnswers)
+	l := NewAdminLimiter(inner, max, time.Minute)
 	srv := &http.Server{Handler: l.Guard(h), ConnState: l.ConnState, ConnContext: l.ConnContext,
 		ReadHeaderTimeout: time.Minute, IdleTimeout: time.Minute}
 	go srv.Serve(l)

@@ -194,7 +194,7 @@ func TestClientLimitsInProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := newLimiter(ln, 64, time.Second, testAnswers)
+	l := newLimiter(ln, 64, time.Second)
 	l.SetClientLimits(config.Server{MaxRequestsPerClient: 16, MaxClientResetsPerSecond: 50})
 	srv := &http.Server{
 		Handler: l.Guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

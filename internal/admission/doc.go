@@ -26,7 +26,7 @@
 //     charges request bodies and copies of answers to it.
 //   - metrics.go: the metrics of all of the above ("Metrics and alerts").
 //
-// The answers the limits give (503 overloaded, 431) are written by the
-// functions in Answers, which the program wires to the proxy's RFC 9457
-// writers: the proxy imports this package, never the reverse.
+// The answers the limits give (503 overloaded, 431) are RFC 9457 problems
+// written by internal/problem, the proxy's and the admin API's writer too.
+// The proxy imports this package, never the reverse.
 package admission

@@ -9,11 +9,13 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/problem"
 )
 
 // newConnGrace is how long a new connection may stay silent before it can
@@ -59,7 +61,6 @@ type Limiter struct {
 	net.Listener
 	max           int           // <= 0: no bound
 	headerTimeout time.Duration // read_header_timeout; 0: a started header never makes a connection sheddable
-	answers       Answers       // the 503 and 431 answers it gives
 
 	mu        sync.Mutex
 	open      int          // admitted and not yet closed
@@ -101,40 +102,24 @@ type Limiter struct {
 	refused atomic.Uint64
 }
 
-// Answers writes the answers the limits give a client. The program wires
-// the proxy's RFC 9457 writers; admission does not import the proxy (the
-// proxy imports admission for its buffer budget).
-type Answers struct {
-	// Overloaded answers 503 overloaded, with Retry-After: 1, to a
-	// request refused before it was read (an HTTP/2 stream beyond
-	// server.max_connections requests in flight, or its client's
-	// server.max_requests_per_client); detail names the bound, ext adds
-	// extension members.
-	Overloaded func(w http.ResponseWriter, r *http.Request, detail string, ext map[string]any)
-	// HeaderFields returns the whole HTTP/1.1 answer, 431
-	// too-many-header-fields with Connection: close, to a request whose
-	// header was cut after max lines, before any handler saw it.
-	HeaderFields func(max int) []byte
-}
-
 // NewLimiter limits ln, the client-facing listener, to max connections
 // at once (max <= 0: no bound, connections are still tracked), a header
 // that started taking at most headerTimeout (server.read_header_timeout;
 // 0: a started header never makes a connection sheddable) before its
 // connection may be shed. Its refusals are logged on log (nil: not
-// logged), which should be rate-limited; both fields of answers must be
-// set. SetClientLimits applies the per-client limits.
-func NewLimiter(ln net.Listener, max int, headerTimeout time.Duration, answers Answers, log *slog.Logger) *Limiter {
-	l := newLimiter(ln, max, headerTimeout, answers)
+// logged), which should be rate-limited. SetClientLimits applies the
+// per-client limits.
+func NewLimiter(ln net.Listener, max int, headerTimeout time.Duration, log *slog.Logger) *Limiter {
+	l := newLimiter(ln, max, headerTimeout)
 	if log != nil {
 		l.log = log
 	}
 	return l
 }
 
-func newLimiter(ln net.Listener, max int, headerTimeout time.Duration, answers Answers) *Limiter {
+func newLimiter(ln net.Listener, max int, headerTimeout time.Duration) *Limiter {
 	return &Limiter{
-		Listener: ln, max: max, headerTimeout: headerTimeout, answers: answers,
+		Listener: ln, max: max, headerTimeout: headerTimeout,
 		freed: make(chan struct{}, 1), closed: make(chan struct{}),
 		clients: newClientTable(time.Now), log: slog.New(slog.DiscardHandler),
 	}
@@ -186,10 +171,10 @@ func (l *Limiter) SetClientLimits(s config.Server) {
 // connection before its request is read.
 //
 // Its connections get no HTTP/2 and no per-client limits; a header of more
-// than 256 lines is answered by answers.HeaderFields, as on the
+// than 256 lines is answered 431, as on the
 // client-facing listener. The admin server uses the Admin* settings below.
-func NewAdminLimiter(ln net.Listener, max int, headerTimeout time.Duration, answers Answers) *Limiter {
-	l := newLimiter(ln, max, headerTimeout, answers)
+func NewAdminLimiter(ln net.Listener, max int, headerTimeout time.Duration) *Limiter {
+	l := newLimiter(ln, max, headerTimeout)
 	l.fair = true
 	l.groups = map[string]int{}
 	return l
@@ -640,7 +625,8 @@ func (c *trackedConn) Read(p []byte) (int, error) {
 func (c *trackedConn) refuseHeader() error {
 	c.l.headerRefused.Add(1)
 	c.Conn.SetWriteDeadline(time.Now().Add(time.Second))
-	c.Conn.Write(c.l.answers.HeaderFields(maxHeaderLines))
+	c.Conn.Write(problem.Raw(problem.TooManyHeaderFields, "the request header has more than "+strconv.Itoa(maxHeaderLines)+
+		" lines (request line and fields); send fewer header fields"))
 	c.Close()
 	return &net.OpError{Op: "read", Net: "tcp", Err: errTooManyHeaderLines}
 }
@@ -754,7 +740,7 @@ func (l *Limiter) Guard(next http.Handler) http.Handler {
 			}
 			if victims == nil {
 				l.h2Refused.Add(1)
-				l.answers.Overloaded(w, r, fmt.Sprintf("%d requests are in flight (server.max_connections): "+
+				writeOverloaded(w, r, fmt.Sprintf("%d requests are in flight (server.max_connections): "+
 					"this HTTP/2 stream was refused before it was read; retry it", l.max),
 					map[string]any{"setting": "server.max_connections", "limit": l.max})
 				return
@@ -790,7 +776,7 @@ func (l *Limiter) refuseClient(w http.ResponseWriter, r *http.Request, c *tracke
 	max := l.clients.maxRequests.Load()
 	l.log.Warn("request refused: this client has server.max_requests_per_client requests in flight",
 		"reason", refusedStreams, "client", c.client.id, "setting", "server.max_requests_per_client", "limit", max)
-	l.answers.Overloaded(w, r, fmt.Sprintf("this client (%s) has %d requests in flight (server.max_requests_per_client): "+
+	writeOverloaded(w, r, fmt.Sprintf("this client (%s) has %d requests in flight (server.max_requests_per_client): "+
 		"this request was refused before it was read; retry it", c.client.id, max),
 		map[string]any{"client": c.client.id, "setting": "server.max_requests_per_client", "limit": max})
 }
@@ -803,4 +789,13 @@ func (l *Limiter) drop(conns []*trackedConn) {
 		c.shed.Store(true)
 		c.Close()
 	}
+}
+
+// writeOverloaded answers 503 overloaded, with Retry-After: 1, a request
+// refused before it was read (an HTTP/2 stream beyond
+// server.max_connections requests in flight, or beyond its client's
+// server.max_requests_per_client); detail names the bound, ext adds
+// extension members.
+func writeOverloaded(w http.ResponseWriter, r *http.Request, detail string, ext map[string]any) {
+	problem.Write(w, r, problem.Overloaded, detail, 1, ext)
 }

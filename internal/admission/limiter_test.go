@@ -20,7 +20,7 @@ func limitedServer(t *testing.T, max int, headerTimeout time.Duration, h http.Ha
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := newLimiter(inner, max, headerTimeout, testAnswers)
+	l := newLimiter(inner, max, headerTimeout)
 	srv := &http.Server{Handler: l.Guard(h), ConnState: l.ConnState, ConnContext: l.ConnContext,
 		ReadHeaderTimeout: time.Minute, IdleTimeout: time.Minute}
 	go srv.Serve(l)
@@ -150,7 +150,7 @@ func TestConnLimiterNeverShedsARequestUnderWay(t *testing.T) {
 // TestConnLimiterGuard: a request that starts on a connection the limiter
 // has shed is never handled.
 func TestConnLimiterGuard(t *testing.T) {
-	l := newLimiter(nil, 1, 0, testAnswers)
+	l := newLimiter(nil, 1, 0)
 	handled := false
 	h := l.Guard(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { handled = true }))
 	c := &trackedConn{Conn: nopConn{}, l: l}

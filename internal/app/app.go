@@ -172,9 +172,7 @@ func (a *app) serve(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	// The limits' 503 and 431 answers are the proxy's problem answers.
-	answers := admission.Answers{Overloaded: proxy.WriteOverloaded, HeaderFields: proxy.HeaderFieldsAnswer}
-	conns := admission.NewLimiter(ln, cfg.Server.MaxConnections, cfg.Server.ReadHeaderTimeout.D(), answers, log)
+	conns := admission.NewLimiter(ln, cfg.Server.MaxConnections, cfg.Server.ReadHeaderTimeout.D(), log)
 	conns.SetClientLimits(cfg.Server)
 	a.conns = conns
 	admission.RegisterMetrics(reg, conns)
@@ -217,7 +215,7 @@ func (a *app) serve(ctx context.Context) error {
 		// (admin.max_connections, fair between client addresses), with
 		// short timeouts of its own: nothing on the admin port can take
 		// the descriptors the charge path needs, or keep a probe out.
-		aln := admission.NewAdminLimiter(raw, cfg.Admin.MaxConnections, admission.AdminReadHeaderTimeout, answers)
+		aln := admission.NewAdminLimiter(raw, cfg.Admin.MaxConnections, admission.AdminReadHeaderTimeout)
 		admission.RegisterAdminMetrics(reg, aln)
 		admSrv = &http.Server{Handler: aln.Guard(adm), ReadHeaderTimeout: admission.AdminReadHeaderTimeout,
 			ReadTimeout: admission.AdminReadTimeout, WriteTimeout: admission.AdminWriteTimeout,

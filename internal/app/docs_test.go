@@ -79,8 +79,8 @@ func registeredMetrics(t *testing.T) map[string][]string {
 			b.metrics(rec, nil)
 		}
 	}
-	admission.RegisterMetrics(rec, admission.NewLimiter(nil, 1, 0, admission.Answers{}, nil))
-	admission.RegisterAdminMetrics(rec, admission.NewAdminLimiter(nil, 1, 0, admission.Answers{}))
+	admission.RegisterMetrics(rec, admission.NewLimiter(nil, 1, 0, nil))
+	admission.RegisterAdminMetrics(rec, admission.NewAdminLimiter(nil, 1, 0))
 	store.RegisterProbeMetrics(rec, store.NewWriteProbe(st, store.ProbeOptions{}))
 	admin.NewHandler(admin.Options{Store: st, Registerer: rec})
 	registerEpochMetrics(rec, epoch.New(epoch.Options{Store: st, Interval: time.Second}))
