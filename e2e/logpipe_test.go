@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/idemproxy/idemproxy/internal/logsink"
 )
 
 // TestLogReaderGoneDoesNotKill: a proxy whose log reader goes away (the
@@ -51,7 +53,7 @@ func TestLogReaderGoneDoesNotKill(t *testing.T) {
 		if res.err != nil || (res.status != 201 && res.status != 200) {
 			t.Fatalf("charge %d after the log reader went away: %v %d", i, res.err, res.status)
 		}
-		time.Sleep(100 * time.Millisecond) // the access line is written (twice the access log's 50 ms flush delay)
+		time.Sleep(2 * logsink.AccessFlushDelay) // the access line is written
 	}
 	select {
 	case <-exited:

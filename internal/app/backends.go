@@ -26,9 +26,11 @@ type backend struct {
 	// kind is the store's kind in config (config.StoreKinds): the section
 	// of store that selects it, and its name in metrics and logs.
 	kind string
-	// shared says that replicas share the store: a new epoch marker waits
-	// for the objections of replicas that remember an older one.
-	shared bool
+	// local says that only this process uses the store (Badger's files):
+	// a new epoch marker is trusted at once. False, the safe default, is
+	// a store replicas share: a new marker waits for the objections of
+	// replicas that remember an older one.
+	local bool
 	// open opens the store of the configuration's section.
 	open func(a *app) (storeCloser, error)
 	// startAttrs are what the first log line says after store=kind: where
@@ -42,9 +44,9 @@ type backend struct {
 
 // backends is the table of store backends, one line each.
 var backends = []backend{
-	{kind: config.StoreBadger, open: openBadger, startAttrs: badgerAttrs, metrics: badgerMetrics},
-	{kind: config.StoreRedis, shared: true, open: openRedis, startAttrs: redisAttrs},
-	{kind: config.StorePostgres, shared: true, open: openPostgres, startAttrs: postgresAttrs, metrics: postgresMetrics},
+	{kind: config.StoreBadger, local: true, open: openBadger, startAttrs: badgerAttrs, metrics: badgerMetrics},
+	{kind: config.StoreRedis, open: openRedis, startAttrs: redisAttrs},
+	{kind: config.StorePostgres, open: openPostgres, startAttrs: postgresAttrs, metrics: postgresMetrics},
 }
 
 // backendOf returns the backend of a kind of store; false when there is

@@ -48,7 +48,7 @@ func (a *app) watchEpoch(ctx context.Context, reg prometheus.Registerer, st stor
 	}
 	interval := a.cfg.Store.EpochCheckInterval.D()
 	opts := epoch.Options{Store: es, Interval: interval, Grace: 3 * interval, Logger: a.log.With("store", name)}
-	if b, _ := backendOf(name); !b.shared {
+	if b, _ := backendOf(name); b.local {
 		opts.Grace = 0
 	}
 	if inc, ok := st.(interface {

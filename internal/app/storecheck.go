@@ -52,10 +52,7 @@ func runStoreFiles(sub string, args []string, stdout, stderr io.Writer, getenv f
 		return 1
 	}
 	if cfg.Store.Badger == nil {
-		name := "redis"
-		if cfg.Store.Postgres != nil {
-			name = "postgres"
-		}
+		name := cfg.Store.Kind()
 		fmt.Fprintf(stderr, "idemproxy store %s: %s configures the %s store; check and quarantine are for the embedded Badger store only (a %s store that fails is the server's: see docs/%s.md)\n", sub, path, name, name, name)
 		return 2
 	}

@@ -8,9 +8,9 @@ import (
 	"time"
 )
 
-// accessFlushDelay bounds how long an access log line waits in the sink's
+// AccessFlushDelay bounds how long an access log line waits in the sink's
 // buffer before it is written.
-const accessFlushDelay = 50 * time.Millisecond
+const AccessFlushDelay = 50 * time.Millisecond
 
 // accessBufferSize is the buffer of access log lines; a full one is
 // written at once.
@@ -19,9 +19,9 @@ const accessBufferSize = 32 << 10
 // Sink is the process's log output. Lines written through it go out at
 // once, after any access log lines still buffered (so the order holds);
 // access log lines, written through lines(), are buffered and written
-// together at most accessFlushDelay later, saving a write system call per
+// together at most AccessFlushDelay later, saving a write system call per
 // request. A process killed (kill -9, OOM) loses the access lines of its
-// last accessFlushDelay, never another line.
+// last AccessFlushDelay, never another line.
 type Sink struct {
 	mu    sync.Mutex
 	w     io.Writer
@@ -61,7 +61,7 @@ func (b bufferedLines) Write(p []byte) (int, error) {
 		}
 	}
 	if len(s.buf) == 0 {
-		s.timer.Reset(accessFlushDelay)
+		s.timer.Reset(AccessFlushDelay)
 	}
 	s.buf = append(s.buf, p...)
 	return len(p), nil

@@ -16,8 +16,9 @@
 //
 // initdb costs a second or two of CPU, paid once: the first Start on a
 // machine initialises a template cluster in the temporary directory,
-// named for the server binaries, its owner and initdb's arguments
-// (pgtest-template-...), and every Start copies it (cp -a). The template
+// named for the server binaries and their version, its owner and
+// initdb's arguments (pgtest-template-...), and every Start copies it
+// (cp -a). The template
 // is never started; it is kept, as a build cache is, for the next test
 // process, and made again if removed.
 //
@@ -321,8 +322,14 @@ func (s *Server) template() (string, error) {
 	if s.cred != nil {
 		owner = int(s.cred.Uid)
 	}
+	// The server's own version names the template too: binaries upgraded
+	// in place get a template of their own.
+	ver, err := exec.Command(filepath.Join(s.bin, "postgres"), "--version").Output()
+	if err != nil {
+		return "", fmt.Errorf("postgres --version: %w", err)
+	}
 	h := fnv.New32a()
-	h.Write([]byte(s.bin + "\x00" + strings.Join(initdbArgs, "\x00")))
+	h.Write([]byte(s.bin + "\x00" + string(ver) + "\x00" + strings.Join(initdbArgs, "\x00")))
 	name := fmt.Sprintf("pgtest-template-%d-%x", owner, h.Sum32())
 	tpl := filepath.Join(os.TempDir(), name)
 	if _, err := os.Stat(filepath.Join(tpl, "PG_VERSION")); err == nil {
