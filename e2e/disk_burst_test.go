@@ -43,6 +43,7 @@ var diskRepeats = flag.Int("disk.repeats", 20, "times TestDiskFillsInOneBurst fi
 // charges sent right after the disk filled are written to the store
 // until the next statfs sees the disk full.
 func TestDiskFillsInOneBurst(t *testing.T) {
+	t.Parallel()
 	for _, fs := range []struct {
 		name  string
 		mount func(t *testing.T) string

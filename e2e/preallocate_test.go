@@ -50,6 +50,7 @@ func seccompStatus(t *testing.T, pid int) (noNewPrivs, filters string) {
 // which says so at start and serves. The test process itself has no
 // filter, so the binary's filters are its own.
 func TestPreallocateModes(t *testing.T) {
+	t.Parallel()
 	if nnp, filters := seccompStatus(t, os.Getpid()); nnp != "0" || filters != "0" {
 		t.Fatalf("the test process has no_new_privs %s and %s seccomp filters, want none: a child would inherit them", nnp, filters)
 	}
@@ -100,6 +101,7 @@ func TestPreallocateModes(t *testing.T) {
 // naming the field and the reason, nothing served and no store opened;
 // auto starts without it (TestSeccompRefused).
 func TestPreallocateRequiredWithoutSeccomp(t *testing.T) {
+	t.Parallel()
 	up := startStub(t)
 	dir := t.TempDir()
 	data := filepath.Join(dir, "data")
@@ -180,6 +182,7 @@ func mountBtrfs(t *testing.T) string {
 // is nothing to warn about (off warns that nothing is preallocated). The
 // proxy serves either way.
 func TestCopyOnWriteWarning(t *testing.T) {
+	t.Parallel()
 	up := startStub(t)
 	mnt := mountBtrfs(t)
 	const msg = "the data directory is on a copy-on-write file system: preallocation does not reserve the space of overwrites there, and a disk that fills can still crash the store"
