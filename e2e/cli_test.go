@@ -32,6 +32,7 @@ func gitCmd(t *testing.T, dir string, args ...string) string {
 // directory (not in a git worktree), and the environment may set
 // -buildvcs=false.
 func TestVersionNamesTheCommit(t *testing.T) {
+	t.Parallel()
 	src := t.TempDir()
 	files := strings.Split(gitCmd(t, ".", "ls-files", "-co", "--exclude-standard"), "\n")
 	for _, f := range files {
@@ -103,6 +104,7 @@ func must[T any](v T, err error) T {
 // TestHelp: -h starts with what the binary does, then an example, where
 // the example configuration is, and the flags and subcommands.
 func TestHelp(t *testing.T) {
+	t.Parallel()
 	out, errOut, code := runBin(t, nil, "-h")
 	help := out + errOut
 	if code != 0 {
@@ -126,6 +128,7 @@ func TestHelp(t *testing.T) {
 // IDEMPROXY_CONFIG, then ./config.yaml; a missing file points to
 // config.example.yaml.
 func TestConfigPath(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	for _, name := range []string{"flag.yaml", "env.yaml", "config.yaml"} {
 		writeConfig(t, filepath.Join(dir, name), "http://127.0.0.1:9000", filepath.Join(dir, "data"), "", chargesRoute)
@@ -180,6 +183,7 @@ func TestConfigPath(t *testing.T) {
 // signal and "idemproxy stopped" with exit 0, a fatal error logs
 // "idemproxy failed" with exit 1 and never "idemproxy stopped".
 func TestStartAndStopLogLines(t *testing.T) {
+	t.Parallel()
 	up := startStub(t)
 	dir := t.TempDir()
 	data := filepath.Join(dir, "data")

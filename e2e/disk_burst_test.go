@@ -42,7 +42,15 @@ var diskRepeats = flag.Int("disk.repeats", 20, "times TestDiskFillsInOneBurst fi
 // start. With a floor of one byte the burst meets Badger itself: the
 // charges sent right after the disk filled are written to the store
 // until the next statfs sees the disk full.
+//
+// The two file systems are filled at the same time, each in its own
+// subtest started from its own goroutine rather than with t.Parallel: a
+// parallel subtest of a parallel test waits for a free slot again, behind
+// every other parallel test of the package, and this minute-long test
+// then ran last, alone.
 func TestDiskFillsInOneBurst(t *testing.T) {
+	t.Parallel()
+	var wg sync.WaitGroup
 	for _, fs := range []struct {
 		name  string
 		mount func(t *testing.T) string
@@ -50,11 +58,13 @@ func TestDiskFillsInOneBurst(t *testing.T) {
 		{"tmpfs", func(t *testing.T) string { return mountTmpfs(t, 96<<20) }},
 		{"ext4", func(t *testing.T) string { return mountExt4(t, 96<<20) }},
 	} {
-		t.Run(fs.name, func(t *testing.T) {
-			t.Parallel()
-			fillAndFree(t, fs.mount(t), *diskRepeats)
+		wg.Go(func() {
+			t.Run(fs.name, func(t *testing.T) {
+				fillAndFree(t, fs.mount(t), *diskRepeats)
+			})
 		})
 	}
+	wg.Wait()
 }
 
 // mountTmpfs mounts a tmpfs of size bytes (tests run as root).

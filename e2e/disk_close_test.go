@@ -17,6 +17,7 @@ import (
 // compactions that would drop the error): on a disk that stays full the
 // proxy used to hang in Close until it was killed.
 func TestStopOnFullDisk(t *testing.T) {
+	t.Parallel()
 	mnt := mountTmpfs(t, 64<<20)
 	up := startStub(t)
 	cfg := writeConfig(t, filepath.Join(t.TempDir(), "c.yaml"), up.URL, filepath.Join(mnt, "data"),

@@ -19,6 +19,7 @@ import (
 // file descriptor (and more) of every Open that fails; retried every
 // second, a disk that stayed full for a day leaked 86,400 descriptors.
 func TestOpenOnFullDiskLeaksNothing(t *testing.T) {
+	t.Parallel()
 	mnt := mountTmpfs(t, 64<<20)
 	up := startStub(t)
 	cfg := writeConfig(t, filepath.Join(t.TempDir(), "c.yaml"), up.URL, filepath.Join(mnt, "data"),
@@ -80,6 +81,7 @@ func countFDs(t *testing.T, p *proc, name string) int {
 // with y.Check: preallocated, its ENOSPC was a log.Fatalf, and the proxy
 // exited at start (or at the reopen of a removed directory).
 func TestNewStoreOnANearlyFullDisk(t *testing.T) {
+	t.Parallel()
 	mnt := mountTmpfs(t, 64<<20)
 	up := startStub(t)
 	cfg := writeConfig(t, filepath.Join(t.TempDir(), "c.yaml"), up.URL, filepath.Join(mnt, "data"),

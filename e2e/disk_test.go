@@ -18,6 +18,7 @@ import (
 // protected requests 503 store-unavailable without forwarding them, and
 // serves once space is back, without a restart.
 func TestFullDisk(t *testing.T) {
+	t.Parallel()
 	mnt := t.TempDir()
 	// Room for Badger's files once the filler is gone (they take about
 	// 52 MiB, allocated when space comes back) above the 32 MiB floor:
@@ -67,6 +68,7 @@ func TestFullDisk(t *testing.T) {
 // the reason within a few seconds, though no request has come (the write
 // probe finds it), and ready again once there is room.
 func TestReadyzBadgerBelowFloor(t *testing.T) {
+	t.Parallel()
 	mnt := t.TempDir()
 	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=128m", "tmpfs", mnt).CombinedOutput(); err != nil {
 		t.Fatalf("this test needs to mount a tmpfs (run as root): %v: %s", err, out)

@@ -136,8 +136,8 @@ func startStaticBuild(dir string) (wait func()) {
 // by hand (no Docker engine here) and checks that the binary it copies into
 // the distroless image is static and reports the build's version.
 //
-// It is parallel so that it runs after the package's other tests, by which
-// time the build is done.
+// It is parallel so that it runs after the package's serial tests, by
+// which time the build is done or nearly.
 func TestDockerfileBuildsAStaticBinary(t *testing.T) {
 	t.Parallel()
 	b := &staticBuild
@@ -171,6 +171,7 @@ func TestDockerfileBuildsAStaticBinary(t *testing.T) {
 // TestDockerfileRuntime checks the runtime image: non-root, both ports, the
 // data volume, and a health check that uses the binary itself.
 func TestDockerfileRuntime(t *testing.T) {
+	t.Parallel()
 	d := readDockerfile(t)
 	if d.last != "idemproxy" {
 		t.Errorf("the default target is %q, want idemproxy", d.last)

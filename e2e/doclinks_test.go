@@ -66,6 +66,7 @@ func anchors(text string) map[string]bool {
 // so that a page moved or a heading renamed cannot leave a reader at a
 // dead end.
 func TestDocLinksResolve(t *testing.T) {
+	t.Parallel()
 	for _, file := range docFiles(t) {
 		b, err := os.ReadFile(file)
 		if err != nil {

@@ -154,6 +154,7 @@ func acceptLossCLI(t *testing.T, cfg string, env ...string) string {
 // both serve again, and a retry of an order answered before the loss is
 // forwarded again: that is what accepting means.
 func TestRedisRestartedEmptyUnderLoad(t *testing.T) {
+	t.Parallel()
 	rd := redistest.Start(t)
 	up := startStub(t)
 	cfg := writeEpochRedisConfig(t, up.URL, rd.Addr())
@@ -269,6 +270,7 @@ func TestRedisRestartedEmptyUnderLoad(t *testing.T) {
 // loss refuses at once, and the acceptance through its admin API (audited,
 // behind the token) puts every replica back in service.
 func TestRedisFlushallAndANewReplica(t *testing.T) {
+	t.Parallel()
 	rd := redistest.Start(t)
 	up := startStub(t)
 	cfg := writeEpochRedisConfig(t, up.URL, rd.Addr())
@@ -332,6 +334,7 @@ func TestRedisFlushallAndANewReplica(t *testing.T) {
 // (append-only file) is no loss: its marker came back with them. The
 // replicas replay the answered order and raise no alarm.
 func TestRedisRestartedFromItsAppendOnlyFile(t *testing.T) {
+	t.Parallel()
 	rd := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always")
 	up := startStub(t)
 	cfg := writeEpochRedisConfig(t, up.URL, rd.Addr())
@@ -382,6 +385,7 @@ func TestRedisRestartedFromItsAppendOnlyFile(t *testing.T) {
 // reservation checks the marker in its statement), and the loss is
 // accepted with the CLI.
 func TestPostgresTableTruncated(t *testing.T) {
+	t.Parallel()
 	pg := pgtest.Start(t)
 	up := startStub(t)
 	cfg := writePostgresConfig(t, filepath.Join(t.TempDir(), "c.yaml"), up.URL, chargesRoute,
@@ -414,6 +418,7 @@ func TestPostgresTableTruncated(t *testing.T) {
 // running proxy holds) puts it back in service. A first start on an empty
 // directory and a normal restart raise no alarm.
 func TestBadgerDirectoryReplaced(t *testing.T) {
+	t.Parallel()
 	up := startStub(t)
 	dir := filepath.Join(t.TempDir(), "data")
 	cfg := writeConfig(t, filepath.Join(t.TempDir(), "c.yaml"), up.URL, dir,

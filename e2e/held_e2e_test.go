@@ -22,6 +22,7 @@ import (
 // that were answered 503 do not keep their keys: each order is charged
 // once, and an order charged before the sleep is replayed.
 func TestRedisDebugSleepFailsClosed(t *testing.T) {
+	t.Parallel()
 	rd := redistest.Start(t, "--enable-debug-command", "yes")
 	up := startStub(t)
 	p := startProxy(t, writeRedisConfig(t, filepath.Join(t.TempDir(), "c.yaml"), up.URL, []string{rd.Addr()}, chargesRoute))
@@ -69,6 +70,7 @@ func TestRedisDebugSleepFailsClosed(t *testing.T) {
 // reload applies, every order is charged once, and no client gets an
 // error.
 func TestReloadsUnderLoad(t *testing.T) {
+	t.Parallel()
 	up := startStub(t)
 	dir := t.TempDir()
 	path := filepath.Join(dir, "c.yaml")

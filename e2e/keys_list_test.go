@@ -29,6 +29,7 @@ type keysPage struct {
 // names their raw keys, page by page, and the key_hash of an access log
 // line leads to its key.
 func TestListInDoubtKeysAfterTimeouts(t *testing.T) {
+	t.Parallel()
 	up := startStub(t)
 	dir := t.TempDir()
 	route := `  - name: charges

@@ -49,6 +49,7 @@ func cleanEnv() []string {
 // the JSON say what the admin API says, and the retry is charged after the
 // release.
 func TestKeysShowAndRelease(t *testing.T) {
+	t.Parallel()
 	up := startStub(t)
 	dir := t.TempDir()
 	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), "", chargesRoute),
@@ -137,6 +138,7 @@ func closedAddr(t *testing.T) string {
 // TestKeysUsage: bad usage exits 2 and says what is expected, before any
 // request.
 func TestKeysUsage(t *testing.T) {
+	t.Parallel()
 	tok := []string{"IDEMPROXY_ADMIN_TOKEN=t", "IDEMPROXY_ADMIN_URL=http://" + closedAddr(t)}
 	tests := []struct {
 		name string
@@ -170,6 +172,7 @@ func TestKeysUsage(t *testing.T) {
 // operator with keys reconcile: the route's lookup finds the charge, and
 // the retry is replayed, not charged again.
 func TestKeysReconcile(t *testing.T) {
+	t.Parallel()
 	up := startStub(t)
 	dir := t.TempDir()
 	route := `  - name: charges
@@ -221,6 +224,7 @@ func TestKeysReconcile(t *testing.T) {
 // prints, -o json is the API's answer, -key-hash finds a log line's key,
 // and a bad state is the API's problem.
 func TestKeysList(t *testing.T) {
+	t.Parallel()
 	up := startStub(t)
 	dir := t.TempDir()
 	route := `  - name: charges

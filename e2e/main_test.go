@@ -34,6 +34,7 @@ func problemType(r result) string {
 }
 
 func TestCheck(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	good := writeConfig(t, filepath.Join(dir, "good.yaml"), "http://127.0.0.1:9000", dir, "", chargesRoute)
 	bad := filepath.Join(dir, "bad.yaml")
@@ -99,6 +100,7 @@ routes:
 // committed answers are still replayed and a request that was in flight is
 // in doubt: never forwarded twice.
 func TestCrashAndRestart(t *testing.T) {
+	t.Parallel()
 	up := startStub(t)
 	dir := t.TempDir()
 	cfg := writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), "", chargesRoute)
@@ -138,6 +140,7 @@ func TestCrashAndRestart(t *testing.T) {
 // TestGracefulShutdown: SIGTERM turns /readyz 503 at once, a request in
 // flight finishes, and the exit status is 0.
 func TestGracefulShutdown(t *testing.T) {
+	t.Parallel()
 	up := startStub(t)
 	dir := t.TempDir()
 	cfg := writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"),
@@ -166,6 +169,7 @@ func TestGracefulShutdown(t *testing.T) {
 // TestShutdownDeadline: a request still waiting for the upstream when the
 // shutdown deadline passes leaves its key in doubt.
 func TestShutdownDeadline(t *testing.T) {
+	t.Parallel()
 	up := startStub(t)
 	dir := t.TempDir()
 	cfg := writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"),
@@ -192,6 +196,7 @@ func TestShutdownDeadline(t *testing.T) {
 }
 
 func TestHealthcheckFlag(t *testing.T) {
+	t.Parallel()
 	up := startStub(t)
 	dir := t.TempDir()
 	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), "", chargesRoute))

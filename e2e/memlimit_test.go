@@ -10,6 +10,7 @@ import (
 // memory_limit gives the limit back to GOMEMLIMIT, the one the process was
 // started with, not to whatever the configuration had set meanwhile.
 func TestMemoryLimitReloadBackToGOMEMLIMIT(t *testing.T) {
+	t.Parallel()
 	up := startStub(t)
 	dir := t.TempDir()
 	path, data := filepath.Join(dir, "c.yaml"), filepath.Join(dir, "data")

@@ -28,6 +28,7 @@ func metricValue(scrape, series string) (string, bool) {
 // TestMetricsScrape: outcomes of real traffic show up on /metrics with the
 // documented names, next to the Go, process and build series.
 func TestMetricsScrape(t *testing.T) {
+	t.Parallel()
 	up := startStub(t)
 	dir := t.TempDir()
 	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), "", chargesRoute))
@@ -67,6 +68,7 @@ func TestMetricsScrape(t *testing.T) {
 // TestReload: SIGHUP and POST /-/reload apply a good file; a bad file keeps
 // the running configuration and is reported.
 func TestReload(t *testing.T) {
+	t.Parallel()
 	up := startStub(t)
 	dir := t.TempDir()
 	path := filepath.Join(dir, "c.yaml")
@@ -135,6 +137,7 @@ func TestReload(t *testing.T) {
 // incident: a key in doubt is inspected and released by an operator, and
 // the order can then be charged.
 func TestAdminReleaseAfterIncident(t *testing.T) {
+	t.Parallel()
 	up := startStub(t)
 	dir := t.TempDir()
 	cfg := writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), "", chargesRoute)
@@ -178,6 +181,7 @@ func TestAdminReleaseAfterIncident(t *testing.T) {
 
 // TestAdminKeyAPIDisabledWithoutToken: no token, no key API; never open.
 func TestAdminKeyAPIDisabledWithoutToken(t *testing.T) {
+	t.Parallel()
 	up := startStub(t)
 	dir := t.TempDir()
 	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), "", chargesRoute),
@@ -193,6 +197,7 @@ func TestAdminKeyAPIDisabledWithoutToken(t *testing.T) {
 // TestRedisTLSCAFile: a CA bundle without a certificate is refused when the
 // store opens, naming the field.
 func TestRedisTLSCAFile(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	ca := filepath.Join(dir, "ca.pem")
 	os.WriteFile(ca, []byte("not a certificate"), 0o600)
@@ -211,6 +216,7 @@ func TestRedisTLSCAFile(t *testing.T) {
 // TestREADMEListsEveryProblem keeps the table of problem types in
 // docs/http-api.md in step with the problems the proxy can answer with.
 func TestREADMEListsEveryProblem(t *testing.T) {
+	t.Parallel()
 	b, err := os.ReadFile(httpAPIDoc)
 	if err != nil {
 		t.Fatal(err)
@@ -227,6 +233,7 @@ func TestREADMEListsEveryProblem(t *testing.T) {
 // problems in step with those the admin API can answer with: a row for
 // each, and none for a problem it does not have.
 func TestREADMEListsEveryAdminProblem(t *testing.T) {
+	t.Parallel()
 	section := doctest.Section(t, httpAPIDoc, "## Admin API")
 	want := map[string]bool{}
 	for _, p := range admin.Problems() {

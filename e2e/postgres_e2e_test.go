@@ -67,6 +67,7 @@ const waitChargesRoute = chargesRoute + `    concurrent: wait
 // charge byte for byte. Then an order charged through A and retried
 // through B is replayed by B, byte-identical, without a second charge.
 func TestPostgresReplicasChargeOnce(t *testing.T) {
+	t.Parallel()
 	pg := pgtest.Start(t)
 	up := startStub(t)
 	dir := t.TempDir()
@@ -129,6 +130,7 @@ func TestPostgresReplicasChargeOnce(t *testing.T) {
 // concurrent: reject, a storm over two replicas gets one charge, the others
 // 409 request-in-flight or the charge replayed; never a second charge.
 func TestPostgresReplicasRejectDuplicatesInFlight(t *testing.T) {
+	t.Parallel()
 	pg := pgtest.Start(t)
 	up := startStub(t)
 	dir := t.TempDir()
@@ -179,6 +181,7 @@ func postgresMetricNames(t *testing.T, p *proc) []string {
 // before the stop is still replayed; so are the answers committed before
 // PostgreSQL crashed (killed, then recovered on its next start).
 func TestPostgresDownFailsClosedAndRecovers(t *testing.T) {
+	t.Parallel()
 	pg := pgtest.Start(t)
 	up := startStub(t)
 	dir := t.TempDir()
@@ -289,6 +292,7 @@ const killRoute = `
 // outcome-in-doubt; it never forwards the order again, nor does A started
 // again, and the admin API shows the key in doubt.
 func TestPostgresReplicaKilledMidFlight(t *testing.T) {
+	t.Parallel()
 	pg := pgtest.Start(t)
 	up := startStub(t)
 	dir := t.TempDir()
@@ -348,6 +352,7 @@ func TestPostgresReplicaKilledMidFlight(t *testing.T) {
 // lifted, requests are served again, and the order that got 503s is
 // charged at most once.
 func TestPostgresSynchronousStandbyMissingFailsClosed(t *testing.T) {
+	t.Parallel()
 	pg := pgtest.Start(t)
 	up := startStub(t)
 	dir := t.TempDir()
@@ -401,6 +406,7 @@ func TestPostgresSynchronousStandbyMissingFailsClosed(t *testing.T) {
 // that create the table, as the store runs them, for administrators who
 // create it themselves.
 func TestPostgresDocsShowTheSchema(t *testing.T) {
+	t.Parallel()
 	b, err := os.ReadFile("docs/postgres.md")
 	if err != nil {
 		t.Fatal(err)
@@ -419,6 +425,7 @@ func TestPostgresDocsShowTheSchema(t *testing.T) {
 // by its replica on the new primary and replayed too; nothing is charged
 // twice, and neither proxy is restarted.
 func TestPostgresFailoverToSynchronousStandby(t *testing.T) {
+	t.Parallel()
 	primary := pgtest.Start(t, "synchronous_standby_names="+pgtest.ApplicationName)
 	standby := pgtest.StartStandby(t, primary)
 	eventually(t, "the standby is synchronous", func() bool {
@@ -480,6 +487,7 @@ func TestPostgresFailoverToSynchronousStandby(t *testing.T) {
 // turns 503 with the reason within a few seconds, answering at once, and
 // ready again when the standby is no longer required.
 func TestReadyzPostgresSynchronousStandbyMissing(t *testing.T) {
+	t.Parallel()
 	pg := pgtest.Start(t)
 	up := startStub(t)
 	dir := t.TempDir()

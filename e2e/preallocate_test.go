@@ -50,6 +50,7 @@ func seccompStatus(t *testing.T, pid int) (noNewPrivs, filters string) {
 // which says so at start and serves. The test process itself has no
 // filter, so the binary's filters are its own.
 func TestPreallocateModes(t *testing.T) {
+	t.Parallel()
 	if nnp, filters := seccompStatus(t, os.Getpid()); nnp != "0" || filters != "0" {
 		t.Fatalf("the test process has no_new_privs %s and %s seccomp filters, want none: a child would inherit them", nnp, filters)
 	}
@@ -100,6 +101,7 @@ func TestPreallocateModes(t *testing.T) {
 // naming the field and the reason, nothing served and no store opened;
 // auto starts without it (TestSeccompRefused).
 func TestPreallocateRequiredWithoutSeccomp(t *testing.T) {
+	t.Parallel()
 	up := startStub(t)
 	dir := t.TempDir()
 	data := filepath.Join(dir, "data")
@@ -179,6 +181,10 @@ func mountBtrfs(t *testing.T) string {
 // file system, whether preallocation is auto or required; with off there
 // is nothing to warn about (off warns that nothing is preallocated). The
 // proxy serves either way.
+//
+// It stays serial: its btrfs image is small, and in parallel with the
+// tests that fill disks its last store once answered 503
+// store-unavailable instead of serving.
 func TestCopyOnWriteWarning(t *testing.T) {
 	up := startStub(t)
 	mnt := mountBtrfs(t)

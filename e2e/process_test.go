@@ -4,6 +4,14 @@
 // point, and they keep the docs in step with what the binary does. Unit
 // tests live beside their code; while working, run them without this
 // package (CONTRIBUTING.md says how).
+//
+// A test that uses only its own resources (free ports, its t.TempDir, its
+// own stub, Redis, PostgreSQL, mounts and proxy processes) and measures
+// nothing calls t.Parallel: TestMain runs up to six of them at once. A
+// test that asserts on latency, load, timeouts under load, CPU, memory,
+// socket counts or limits, or that changes the test process (its rlimits,
+// environment or working directory), stays serial: Go runs the serial
+// tests first, one at a time, and the parallel ones only after them.
 package e2e
 
 import (
@@ -42,6 +50,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	flag.Parse()
+	raiseParallel(6)
 	// The tests build the command at the repository's root and read its
 	// docs, deploy files and example configuration by their paths there.
 	if err := os.Chdir(".."); err != nil {
@@ -62,6 +71,27 @@ func TestMain(m *testing.M) {
 	waitStatic()
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// raiseParallel sets -test.parallel to n unless the command line set it.
+// The parallel tests here mostly wait (on the processes they started, on
+// timeouts and sleeps) and use little CPU, so the default, GOMAXPROCS (2
+// on a small machine), would leave the machine idle while they run one
+// or two at a time. The tests that measure latency, CPU, sockets or
+// limits do not call t.Parallel: they run first, alone, and never
+// overlap these. A -parallel given to go test still wins.
+func raiseParallel(n int) {
+	f := flag.Lookup("test.parallel")
+	if f == nil {
+		return
+	}
+	set := false
+	flag.Visit(func(v *flag.Flag) { set = set || v.Name == f.Name })
+	if !set {
+		if err := f.Value.Set(strconv.Itoa(n)); err != nil {
+			panic(err)
+		}
+	}
 }
 
 // syncBuffer collects a process's output while the test reads it.

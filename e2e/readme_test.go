@@ -21,6 +21,7 @@ const (
 // TestDeployConfigsCheck: every configuration under deploy/, the ones in
 // the Kubernetes ConfigMaps included, passes -check.
 func TestDeployConfigsCheck(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	files := []string{"config.example.yaml", "deploy/compose-config.yaml", "deploy/container-config.yaml"}
 	for _, f := range []string{"deploy/kubernetes/configmap.yaml", "deploy/kubernetes/redis/redis-store.patch.yaml",

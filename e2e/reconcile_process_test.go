@@ -14,6 +14,7 @@ import (
 // and the retry gets the charge replayed instead of charging again. The
 // process then stops cleanly on SIGTERM.
 func TestReconcileAfterCrash(t *testing.T) {
+	t.Parallel()
 	up := startStub(t)
 	dir := t.TempDir()
 	route := `  - name: charges

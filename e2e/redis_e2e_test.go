@@ -169,6 +169,7 @@ func metricSum(t *testing.T, p *proc, metric string, labels ...string) float64 {
 // replay of it or a 409; and an answer committed on one replica is
 // replayed by the other.
 func TestRedisReplicasChargeOnce(t *testing.T) {
+	t.Parallel()
 	rd := redistest.Start(t)
 	up := startStub(t)
 	dir := t.TempDir()
@@ -213,6 +214,7 @@ func TestRedisReplicasChargeOnce(t *testing.T) {
 // stores each accept the same order once, so the burst is charged twice.
 // Replicas that can receive the same key must share Redis.
 func TestBadgerReplicasEachChargeOnce(t *testing.T) {
+	t.Parallel()
 	up := startStub(t)
 	dir := t.TempDir()
 	var procs []*proc
@@ -254,6 +256,7 @@ const redisDownRoutes = chargesRoute + `
 // the same process recovers by itself and the answer committed before the
 // crash is still replayed.
 func TestRedisDownFailsClosedAndRecovers(t *testing.T) {
+	t.Parallel()
 	rd := redistest.Start(t, "--appendonly", "yes", "--appendfsync", "always")
 	up := startStub(t)
 	dir := t.TempDir()
@@ -333,6 +336,7 @@ func TestRedisDownFailsClosedAndRecovers(t *testing.T) {
 // the marker gone and refuses it (503 store-lost-keys) instead, and says
 // so on /readyz, until an operator accepts the loss.
 func TestRedisRestartWithoutPersistenceFailsClosed(t *testing.T) {
+	t.Parallel()
 	rd := redistest.Start(t) // --save "" --appendonly no
 	up := startStub(t)
 	dir := t.TempDir()
@@ -364,6 +368,7 @@ func TestRedisRestartWithoutPersistenceFailsClosed(t *testing.T) {
 // storm of duplicates over many orders: every order is charged once, and
 // the keys really live on different nodes.
 func TestRedisClusterStorm(t *testing.T) {
+	t.Parallel()
 	cl := redistest.StartCluster(t, 3)
 	up := startStub(t)
 	dir := t.TempDir()
@@ -465,6 +470,7 @@ func waitNotWritable(t *testing.T, p *proc, what string) {
 // the reason within a few seconds, without waiting on Redis itself, and
 // ready again after CLIENT UNPAUSE.
 func TestReadyzWhenRedisPausesWrites(t *testing.T) {
+	t.Parallel()
 	rd := redistest.Start(t)
 	up := startStub(t)
 	dir := t.TempDir()

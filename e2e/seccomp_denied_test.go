@@ -59,6 +59,7 @@ func init() {
 // the proxy does not preallocate but runs as before: it says so once at
 // start, idemproxy_badger_preallocation_active is 0, and it serves.
 func TestSeccompRefused(t *testing.T) {
+	t.Parallel()
 	up := startStub(t)
 	dir := t.TempDir()
 	cfg := writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), "", chargesRoute)
@@ -83,6 +84,7 @@ func TestSeccompRefused(t *testing.T) {
 // TestPreallocationActive: with seccomp available (this machine, CI), the
 // proxy preallocates and says so.
 func TestPreallocationActive(t *testing.T) {
+	t.Parallel()
 	up := startStub(t)
 	dir := t.TempDir()
 	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), "", chargesRoute))

@@ -114,6 +114,7 @@ func scrapedSeries(t *testing.T, scrape string) []struct {
 // once the upstream has answered. The PostgreSQL store's series are looked
 // for on a second proxy that uses it.
 func TestHealthyProxyExportsEverySeriesTheAlertsAndDashboardUse(t *testing.T) {
+	t.Parallel()
 	up := startStub(t)
 	dir := t.TempDir()
 	// One route of each kind the alerts and panels watch: enforcing,

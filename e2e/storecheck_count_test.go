@@ -19,6 +19,7 @@ import (
 // was computed as the records before the damage minus those kept, which
 // are the same records: always 0.
 func TestQuarantineCountsRecordsSetAside(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	data := filepath.Join(dir, "data")
 	badgerWithCharges(t, data, 300)

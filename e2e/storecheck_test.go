@@ -147,6 +147,7 @@ func flipManifest(t *testing.T, dir string) (undo func()) {
 // Badger store from opening, with its exit status: 0 sound, 1 damaged or
 // unreadable, 2 bad usage or not a Badger store.
 func TestStoreCheckCommand(t *testing.T) {
+	t.Parallel()
 	getenv := func(string) string { return "" }
 	cases := []struct {
 		name   string
@@ -222,6 +223,7 @@ func TestStoreCheckCommand(t *testing.T) {
 // (0), and a store whose damage is not in the log is not "repaired" (1).
 // It needs badger.Quarantine (helper A's branch of issue 26).
 func TestStoreQuarantineCommand(t *testing.T) {
+	t.Parallel()
 	getenv := func(k string) string {
 		if k == "USER" {
 			return "carol"
@@ -291,6 +293,7 @@ func copyTree(t *testing.T, src, dst string) {
 // passthrough routes from the upstream; and once the store is repaired it
 // opens without a restart, with the answers it held.
 func TestDamagedStoreServesDegraded(t *testing.T) {
+	t.Parallel()
 	up := startStub(t)
 	base := t.TempDir()
 	data := filepath.Join(base, "data")
@@ -400,6 +403,7 @@ func grepLines(s, sub string) string {
 // start says a quarantine directory exists. It needs badger.Quarantine
 // (helper A's branch of issue 26).
 func TestQuarantinedStoreOpensWithoutRestart(t *testing.T) {
+	t.Parallel()
 	up := startStub(t)
 	base := t.TempDir()
 	data := filepath.Join(base, "data")

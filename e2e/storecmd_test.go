@@ -15,6 +15,7 @@ import (
 // accept-loss, and what it writes: the new epoch's ID on stdout, the audit
 // line on stderr, the accepted marker in the store.
 func TestStoreAcceptLossCommand(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	data := filepath.Join(dir, "data")
 	cfg := writeConfig(t, filepath.Join(dir, "c.yaml"), "http://127.0.0.1:9", data, "", chargesRoute)

@@ -179,6 +179,7 @@ var walkThrough = []walkStep{
 // The upstream timeout and the injected delay are shortened (30s and 40s
 // in the README), the addresses are free ports; nothing else differs.
 func TestREADMEWalkThroughTwice(t *testing.T) {
+	t.Parallel()
 	setup := docBlock(t, "README.md", "## Set up")[0]
 	// The set-up command: its parts, as sh runs them.
 	var removes []string
