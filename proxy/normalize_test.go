@@ -57,6 +57,7 @@ var normalizeCases = []normalizeCase{
 // the second spelling is replayed, or, when the path, query string or body
 // that the fingerprint covers holds it, a 422 (never a second charge).
 func TestKeyNormalize(t *testing.T) {
+	t.Parallel()
 	for _, c := range normalizeCases {
 		for _, normalize := range []string{"", ", normalize: none", ", normalize: nfc"} {
 			t.Run(c.name+normalize, func(t *testing.T) {
