@@ -285,6 +285,7 @@ func TestPathAndCompositeKeys(t *testing.T) {
 }
 
 func TestScopeIsolation(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, `
   - name: payments
     match: POST /orders/{orderId}/charges
