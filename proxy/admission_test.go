@@ -109,6 +109,7 @@ func TestHTTP2StreamsShareTheClientsBuffers(t *testing.T) {
 // next chunk is taken when the one before is full), never more than its
 // Content-Length; not what it announces.
 func TestBodyCharges(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name     string
 		length   int64 // announced; -1: none (chunked)

@@ -70,6 +70,7 @@ func TestAnswerAskedUnencoded(t *testing.T) {
 // decoded, with the decoded length and no Content-Encoding; both vary on
 // Accept-Encoding.
 func TestReplayFitsAcceptEncoding(t *testing.T) {
+	t.Parallel()
 	deflated := func(b []byte) []byte {
 		var buf bytes.Buffer
 		w := zlib.NewWriter(&buf)

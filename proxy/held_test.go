@@ -51,6 +51,7 @@ func rawAnswers(t *testing.T, addr, raw string) []*http.Response {
 // other), or refuse the whole: each attack is sent twice, and the hidden
 // order is charged at most once.
 func TestSmuggledRequestsAreNeverForwarded(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, `
   - name: charges
     match: POST /charges
@@ -125,6 +126,7 @@ func TestSmuggledRequestsAreNeverForwarded(t *testing.T) {
 // header, and a JSON body nested 100,000 deep get a problem answer, never
 // reach the upstream, and leave the proxy serving.
 func TestOversizedAndDeepKeysAreRefused(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, `
   - name: charges
     match: POST /charges

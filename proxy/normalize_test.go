@@ -57,6 +57,7 @@ var normalizeCases = []normalizeCase{
 // the second spelling is replayed, or, when the path, query string or body
 // that the fingerprint covers holds it, a 422 (never a second charge).
 func TestKeyNormalize(t *testing.T) {
+	t.Parallel()
 	for _, c := range normalizeCases {
 		for _, normalize := range []string{"", ", normalize: none", ", normalize: nfc"} {
 			t.Run(c.name+normalize, func(t *testing.T) {
@@ -97,6 +98,7 @@ func TestKeyNormalize(t *testing.T) {
 // is still a 400 invalid-key and nothing is forwarded, from the header,
 // the query string and the JSON body.
 func TestKeyNormalizeRefusals(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, `  - name: header
     match: POST /charges
     key: {header: Idempotency-Key, normalize: nfc}
@@ -169,6 +171,7 @@ var turnedOnCases = []struct {
 // in NFD before the reload gets the stored answer replayed, again and
 // again, and is never charged a second time.
 func TestKeyNormalizeTurnedOn(t *testing.T) {
+	t.Parallel()
 	for _, c := range turnedOnCases {
 		t.Run(c.name, func(t *testing.T) {
 			route := "  - name: charges\n    " + c.route + "\n"
@@ -198,6 +201,7 @@ func TestKeyNormalizeTurnedOn(t *testing.T) {
 // another route sending the same NFD key are forwarded, never answered
 // with the record stored before the reload.
 func TestKeyNormalizeTurnedOnKeySpace(t *testing.T) {
+	t.Parallel()
 	const routes = `  - name: charges
     match: POST /charges
     key: {header: Idempotency-Key%[1]s}

@@ -40,6 +40,7 @@ func rawPost(t *testing.T, e *proxytest.Env, rawPath, key string) int {
 // TestEncodedSlashIsProtected: "/v1%2Fcharges" is /v1/charges to upstreams
 // that route on the decoded path; it must not pass through unprotected.
 func TestEncodedSlashIsProtected(t *testing.T) {
+	t.Parallel()
 	var n atomic.Int32
 	e := &proxytest.Env{T: t}
 	e.Start(decodedPathUpstream(t, "/v1/charges", &n), `
@@ -57,6 +58,7 @@ func TestEncodedSlashIsProtected(t *testing.T) {
 // TestTrailingSlashPatternIsProtected: a pattern that ends in a slash
 // protects the same path without it, and unclean variants of it.
 func TestTrailingSlashPatternIsProtected(t *testing.T) {
+	t.Parallel()
 	for _, p := range []string{"/charges", "/charges//", "/charges/."} {
 		var n atomic.Int32
 		e := &proxytest.Env{T: t}
@@ -114,6 +116,7 @@ func TestEscapedSlashInWildcardWithTrailingSlashIsProtected(t *testing.T) {
 // order was charged twice. The key is invalid (400), as a repeated
 // parameter is.
 func TestQueryKeyGoCannotParseIsNotForwardedUnprotected(t *testing.T) {
+	t.Parallel()
 	for _, query := range []string{"id=50%off", "id=A;B", "x=1;id=A", "id=A&id=50%off"} {
 		var n atomic.Int32
 		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

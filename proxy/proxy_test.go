@@ -220,6 +220,7 @@ func TestBadInput(t *testing.T) {
 
 // TestChunkedBodyTooLarge: a body without Content-Length is cut at the limit.
 func TestChunkedBodyTooLarge(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, `
   - name: charges
     match: POST /charges
@@ -284,6 +285,7 @@ func TestPathAndCompositeKeys(t *testing.T) {
 }
 
 func TestScopeIsolation(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, `
   - name: payments
     match: POST /orders/{orderId}/charges
@@ -512,6 +514,7 @@ func TestReload(t *testing.T) {
 // request is not sent and leaves its key free; once the proxy waited for
 // its requests, new ones do not touch the store.
 func TestAfterShutdown(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, chargesByOrder)
 	e.Proxy.Abort()
 	proxytest.WantStatus(t, "after abort", e.Charge(`"ORD-SD"`, 1), 503, "shutting-down")
@@ -533,6 +536,7 @@ func TestAfterShutdown(t *testing.T) {
 // "/x/../charges" are protected by the POST /charges route (many upstreams
 // treat them as one endpoint) and reach the upstream as sent.
 func TestPathVariantsAreProtected(t *testing.T) {
+	t.Parallel()
 	var mu sync.Mutex
 	var paths []string
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -569,6 +573,7 @@ func TestPathVariantsAreProtected(t *testing.T) {
 // TestQueryIsPartOfTheRequest: the same key with another query string is
 // another request (422), the same query in another order is not.
 func TestQueryIsPartOfTheRequest(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, `
   - name: refunds
     match: POST /orders/{orderId}/charges

@@ -44,6 +44,7 @@ func thingsUpstream(t *testing.T) *httptest.Server {
 // GET's body), not the 0 of the stored empty body; a GET replay of an
 // answer to HEAD (fingerprints off) has the length of what it carries.
 func TestHeadReplayCarriesTheOriginalsLength(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name          string
 		first, retry  string

@@ -51,6 +51,7 @@ func tlsUpstream(t *testing.T, ca, clientCA *testpki.CA, maxVersion uint16) (*ht
 // after the proxy has written the request: that refusal, a TLS alert, is
 // still "not sent", never in doubt.)
 func TestUpstreamTLS(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	ca, otherCA, clientCA := testpki.NewCA(t, "payments CA"), testpki.NewCA(t, "someone else's CA"), testpki.NewCA(t, "clients CA")
 	caFile := testpki.WriteFile(t, dir, "ca.pem", ca.PEM)

@@ -53,6 +53,7 @@ func TestRestartKeepsPersistedData(t *testing.T) {
 }
 
 func TestTwoServersIndependent(t *testing.T) {
+	t.Parallel()
 	a, b := redistest.Start(t), redistest.Start(t)
 	if a.Addr() == b.Addr() || a.Dir() == b.Dir() {
 		t.Fatalf("servers share an address or directory: %s %s / %s %s", a.Addr(), a.Dir(), b.Addr(), b.Dir())
@@ -66,6 +67,7 @@ func TestTwoServersIndependent(t *testing.T) {
 }
 
 func TestCluster(t *testing.T) {
+	t.Parallel()
 	c := redistest.StartCluster(t, 3)
 	if got := len(c.Addrs()); got != 3 {
 		t.Fatalf("len(Addrs()) = %d, want 3", got)
@@ -84,6 +86,7 @@ func TestCluster(t *testing.T) {
 }
 
 func TestPauseResume(t *testing.T) {
+	t.Parallel()
 	s := redistest.Start(t)
 	s.Pause()
 	if _, err := s.Do("PING"); err == nil {
@@ -174,6 +177,7 @@ func TestRestartRefusesForeignServer(t *testing.T) {
 }
 
 func TestSentinel(t *testing.T) {
+	t.Parallel()
 	m := redistest.Start(t)
 	sen := redistest.StartSentinel(t, m, "mymaster")
 	got, err := sen.Do("SENTINEL", "get-master-addr-by-name", "mymaster")

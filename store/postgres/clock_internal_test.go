@@ -18,6 +18,7 @@ import (
 // waiting, yet the deadline has passed) and measure again, not answer
 // 503 for every new key until the next sample.
 func TestReserveAfterAClockStep(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

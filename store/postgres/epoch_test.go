@@ -14,6 +14,7 @@ import (
 )
 
 func TestEpochConformance(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	storetest.RunEpoch(t, func(t *testing.T) storetest.EpochStore {
 		return newStore(t, srv, postgres.Options{})
@@ -24,6 +25,7 @@ func TestEpochConformance(t *testing.T) {
 // table, so that a TRUNCATE of that table (or its replacement) takes the
 // marker too and the replicas see the loss; and never swept as expired.
 func TestEpochMarkerGoesWithTheKeys(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	s := newStore(t, srv, postgres.Options{Table: "epoch_keys", SweepInterval: -1})
 	e := store.Epoch{ID: "e1", State: store.EpochEstablished, Gen: 1, CreatedAt: time.Now()}
@@ -47,6 +49,7 @@ func TestEpochMarkerGoesWithTheKeys(t *testing.T) {
 // store.ErrKeysLost in the same statement, and nothing is written;
 // EpochSeen hears of it.
 func TestReserveChecksTheEpoch(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	var seen atomic.Int64
 	s := newStore(t, srv, postgres.Options{Table: "epoch_reserve", EpochSeen: func(m *store.Epoch, read bool) error {

@@ -18,6 +18,7 @@ import (
 // that is right only in binary (a []byte for a jsonb column) stores
 // something else, or fails.
 func TestQueryExecModes(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	for _, mode := range []string{"exec", "simple_protocol"} {
 		t.Run(mode, func(t *testing.T) {

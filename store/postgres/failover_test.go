@@ -21,6 +21,7 @@ import (
 // asynchronous standby is usually caught up as well; the synchronous
 // state checked first is what makes the promise hold under lag.)
 func TestFailoverToASynchronousStandbyKeepsAcknowledgedReservations(t *testing.T) {
+	t.Parallel()
 	primary := pgtest.Start(t, "synchronous_standby_names="+pgtest.ApplicationName, "synchronous_commit=on")
 	standby := pgtest.StartStandby(t, primary)
 	dsn := fmt.Sprintf("postgres://%s@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&target_session_attrs=read-write",
@@ -66,6 +67,7 @@ func TestFailoverToASynchronousStandbyKeepsAcknowledgedReservations(t *testing.T
 // TestNewRefusesAStandby: a DSN that leads to a read-only standby fails New
 // with an error saying so.
 func TestNewRefusesAStandby(t *testing.T) {
+	t.Parallel()
 	primary := pgtest.Start(t)
 	standby := pgtest.StartStandby(t, primary)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -71,6 +71,7 @@ func everyMethod(s *postgres.Store, key string) []struct {
 // every method fails with an error, none hangs; once the database is back
 // the same Store serves again, and the records written before are there.
 func TestDatabaseDownAndBack(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	s := newStore(t, srv, postgres.Options{
 		ConnectTimeout: postgres.DefaultConnectTimeout, StatementTimeout: postgres.DefaultStatementTimeout,
@@ -182,6 +183,7 @@ func TestBusyPoolAndSlowStatementsAreErrors(t *testing.T) {
 // statement runs, past its deadline, and must not reserve the key, or it
 // would stay in flight and then in doubt for a request never forwarded.
 func TestReservationAfterItsCallerGaveUpTakesNothing(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	s := newStore(t, srv, postgres.Options{
 		Table: "late", ConnectTimeout: 300 * time.Millisecond, StatementTimeout: 300 * time.Millisecond,

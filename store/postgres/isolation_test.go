@@ -19,6 +19,7 @@ import (
 // it: a storm of one key would give the duplicates errors (503s) instead
 // of the record, and the owner's commit could fail.
 func TestStricterDefaultIsolation(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	for _, level := range []string{"repeatable read", "serializable"} {
 		t.Run(level, func(t *testing.T) {

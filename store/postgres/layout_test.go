@@ -20,6 +20,7 @@ import (
 // hand-made or migrated copy may be) fails New with an error naming the
 // table; it must not start, report ready and answer every request 503.
 func TestNewRefusesATableItCannotReserveIn(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	tests := []struct {
 		name, table, sql string
@@ -54,6 +55,7 @@ func TestNewRefusesATableItCannotReserveIn(t *testing.T) {
 // then misses keys it holds, INSERT ... ON CONFLICT no longer sees the
 // reservation, and the retry is reserved and charged a second time.
 func TestKeysCompareAsBytes(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	srv.MustExec(`CREATE DATABASE icu TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C'`)
 	newStore(t, srv, postgres.Options{DSN: srv.DSNAs(pgtest.User, "", "icu"), Table: "keys"})

@@ -18,6 +18,7 @@ import (
 )
 
 func TestListConformance(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	storetest.RunList(t, func(t *testing.T) storetest.ListStore {
 		return newStore(t, srv, postgres.Options{})
@@ -29,6 +30,7 @@ func TestListConformance(t *testing.T) {
 // cannot stop at the end of the prefix's keys, and goes on to the table's
 // end, skipping other routes' keys.
 func TestListConformanceCollated(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	collation := strings.TrimSpace(srv.MustExec(`SELECT collname FROM pg_collation
 		WHERE collname NOT IN ('C', 'POSIX', 'ucs_basic', 'default') AND collencoding IN (-1, 6) ORDER BY collname LIMIT 1`))
@@ -55,6 +57,7 @@ func TestListConformanceCollated(t *testing.T) {
 // failing store (503) nor a listing that silently ends or starts over
 // among other routes' keys.
 func TestListForgedCursor(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	s := newStore(t, srv, postgres.Options{})
 	ctx := context.Background()

@@ -17,6 +17,7 @@ import (
 // owner's, as with Redis and Badger, instead of an error the admin API
 // answers as "store unavailable" (503). Reserving it is an error.
 func TestKeysNoTextColumnHolds(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	s := newStore(t, srv, postgres.Options{})
 	c := ctx(t)

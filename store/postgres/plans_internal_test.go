@@ -15,6 +15,7 @@ import (
 // scans the table. A scan per request, or per sweep or reconcile pass,
 // would grow with the number of keys kept.
 func TestStatementsUseIndexes(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

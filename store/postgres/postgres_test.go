@@ -55,6 +55,7 @@ func ctx(t *testing.T) context.Context {
 }
 
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	storetest.Run(t, func(t *testing.T) store.Store {
 		return newStore(t, srv, postgres.Options{})
@@ -62,6 +63,7 @@ func TestConformance(t *testing.T) {
 }
 
 func TestReconcileConformance(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	storetest.RunReconcile(t, func(t *testing.T) storetest.ReconcileStore {
 		return newStore(t, srv, postgres.Options{})
@@ -71,6 +73,7 @@ func TestReconcileConformance(t *testing.T) {
 // TestStoresShareOneTable runs the conformance suite with every case on its
 // own Store but all on one table, as replicas are.
 func TestStoresShareOneTable(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	storetest.Run(t, func(t *testing.T) store.Store {
 		return newStore(t, srv, postgres.Options{Table: "shared", Schema: "idemproxy"})

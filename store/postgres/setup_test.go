@@ -15,6 +15,7 @@ import (
 // table, a database whose transactions are read-only, and a role that may
 // not create the missing table each fail New with an error saying so.
 func TestNewRefusesADatabaseItCannotWrite(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	newStore(t, srv, postgres.Options{Table: "readable"}) // creates it
 	srv.MustExec(`CREATE ROLE reader LOGIN;
@@ -70,6 +71,7 @@ func TestNewRefusesADatabaseItCannotWrite(t *testing.T) {
 // owner, a role that has only the documented privileges (USAGE on the
 // schema; SELECT, INSERT, UPDATE and DELETE on the tables) runs the store.
 func TestSchemaByAnAdministrator(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	srv.MustExec(`CREATE SCHEMA idem`)
 	srv.MustExec(postgres.SchemaSQL("idem", "keys"))
@@ -93,6 +95,7 @@ func TestSchemaByAnAdministrator(t *testing.T) {
 // version; a second New on it changes nothing and keeps the records; a
 // version newer than the binary's is refused.
 func TestSchemaIsCreatedOnceAndVersioned(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	opts := postgres.Options{Schema: "idem", Table: "keys"}
 	s := newStore(t, srv, opts)
@@ -123,6 +126,7 @@ func TestSchemaIsCreatedOnceAndVersioned(t *testing.T) {
 // listed by one of them, and a third replica then finds none; of their
 // claims of one key exactly one wins.
 func TestReplicasShareDueLookups(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	a := newStore(t, srv, postgres.Options{Table: "shared"})
 	b := newStore(t, srv, postgres.Options{Table: "shared"})

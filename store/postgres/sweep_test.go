@@ -82,6 +82,7 @@ func relationSize(tb testing.TB, srv *pgtest.Server, table string) (bytes, rows 
 // autovacuum does) the table with its indexes does not grow from cycle to
 // cycle: the space of swept rows is reused.
 func TestExpiredRecordsAreSweptAndSpaceReused(t *testing.T) {
+	t.Parallel()
 	srv := pgtest.Start(t)
 	s := newStore(t, srv, postgres.Options{Table: "churn", SweepInterval: -1, SweepBatch: 500})
 	const cycles = 8

@@ -18,6 +18,7 @@ import (
 // failover, and the retry charged again; so every write the standby has
 // not confirmed is an error, never an acknowledgement.
 func TestUnreplicatedWritesAreNotAcknowledged(t *testing.T) {
+	t.Parallel()
 	primary := pgtest.Start(t, "synchronous_standby_names=absent", "synchronous_commit=on")
 	// The table and the records the writes below change are made without
 	// waiting for the absent standby.

@@ -141,6 +141,7 @@ func TestCheckEviction(t *testing.T) {
 // the cluster client and works on every slot; without it, the address means
 // a single node and Ping says what is wrong.
 func TestClusterMode(t *testing.T) {
+	t.Parallel()
 	c := redistest.StartCluster(t, 3)
 	seed := []string{c.Nodes[1].Addr()}
 	s := newStore(t, Options{Addrs: seed, ClusterMode: true})

@@ -13,6 +13,7 @@ import (
 )
 
 func TestEpochConformance(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	storetest.RunEpoch(t, func(t *testing.T) storetest.EpochStore {
 		return newStore(t, Options{Addrs: []string{srv.Addr()}})

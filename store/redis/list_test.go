@@ -12,6 +12,7 @@ import (
 )
 
 func TestListConformance(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	storetest.RunList(t, func(t *testing.T) storetest.ListStore {
 		return newStore(t, Options{Addrs: []string{srv.Addr()}})
@@ -30,6 +31,7 @@ func TestListConformance(t *testing.T) {
 // end of a node, and at the end of the last one; every key is listed
 // once, on a single node and on a Cluster.
 func TestListPagesAcrossNodes(t *testing.T) {
+	t.Parallel()
 	c := redistest.StartCluster(t, 3)
 	single := redistest.Start(t)
 	for name, opts := range map[string]Options{"single": {Addrs: []string{single.Addr()}}, "cluster": {Addrs: c.Addrs()}} {

@@ -68,6 +68,7 @@ func ctx(t *testing.T) context.Context {
 var res = store.Reservation{Token: "tok-a", Fingerprint: "fp-a", Lease: time.Minute, TTL: time.Hour}
 
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	storetest.Run(t, func(t *testing.T) store.Store {
 		return newStore(t, Options{Addrs: []string{srv.Addr()}})
@@ -75,6 +76,7 @@ func TestConformance(t *testing.T) {
 }
 
 func TestReconcileConformance(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	storetest.RunReconcile(t, func(t *testing.T) storetest.ReconcileStore {
 		return newStore(t, Options{Addrs: []string{srv.Addr()}})
@@ -88,6 +90,7 @@ func TestReconcileConformance(t *testing.T) {
 }
 
 func TestConformanceCluster(t *testing.T) {
+	t.Parallel()
 	c := redistest.StartCluster(t, 3)
 	s := newStore(t, Options{Addrs: c.Addrs()})
 	if _, ok := s.client.(*goredis.ClusterClient); !ok {
