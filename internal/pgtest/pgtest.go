@@ -296,7 +296,12 @@ var initdbArgs = []string{"-U", User, "--auth=trust", "--no-sync", "--encoding=U
 
 // templates serialises the making of the template clusters in this
 // process; other processes race on the final rename, which one wins.
-var templates sync.Mutex
+// versions, under it, holds each server binary directory's
+// `postgres --version`, asked once per process.
+var (
+	templates sync.Mutex
+	versions  = map[string][]byte{}
+)
 
 // initdb makes s's data directory: a copy of the template cluster, made
 // first if there is none.
@@ -324,9 +329,13 @@ func (s *Server) template() (string, error) {
 	}
 	// The server's own version names the template too: binaries upgraded
 	// in place get a template of their own.
-	ver, err := exec.Command(filepath.Join(s.bin, "postgres"), "--version").Output()
-	if err != nil {
-		return "", fmt.Errorf("postgres --version: %w", err)
+	ver, ok := versions[s.bin]
+	if !ok {
+		out, err := exec.Command(filepath.Join(s.bin, "postgres"), "--version").Output()
+		if err != nil {
+			return "", fmt.Errorf("postgres --version: %w", err)
+		}
+		ver, versions[s.bin] = out, out
 	}
 	h := fnv.New32a()
 	h.Write([]byte(s.bin + "\x00" + string(ver) + "\x00" + strings.Join(initdbArgs, "\x00")))
