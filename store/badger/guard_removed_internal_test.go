@@ -3,7 +3,6 @@ package badger
 import (
 	"context"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,21 +12,22 @@ import (
 	"github.com/idemproxy/idemproxy/store"
 )
 
-// copyDir copies the regular files of src into dst: what a crash would
-// leave on disk (the writer synced, so the page cache is the disk).
+// copyDir copies the regular files of src into dst (beside what dst
+// holds): what a crash would leave on disk (the writer synced, so the page
+// cache is the disk).
 func copyDir(t *testing.T, src, dst string) {
 	t.Helper()
 	// Badger may compact while the files are copied (a new table, the
 	// MANIFEST that names it, an old table removed): a copy taken across
-	// such a change is no state the disk ever held. Copy again until the
-	// directory did not change meanwhile, as a crash would find it.
+	// such a change is no state the disk ever held. The files are copied
+	// aside until src did not change meanwhile, as a crash would find it,
+	// and that copy goes to dst.
 	for range 50 {
 		before := dirState(t, src)
-		if err := os.RemoveAll(dst); err != nil {
-			t.Fatal(err)
-		}
-		copyFilesOnce(t, src, dst)
+		snap := t.TempDir()
+		copyRegularFiles(t, src, snap)
 		if dirState(t, src) == before {
+			copyRegularFiles(t, snap, dst)
 			return
 		}
 	}
@@ -56,8 +56,10 @@ func dirState(t *testing.T, dir string) string {
 	return b.String()
 }
 
-// copyFilesOnce copies the regular files of src but LOCK into dst.
-func copyFilesOnce(t *testing.T, src, dst string) {
+// copyRegularFiles copies the regular files of src but LOCK into dst; a
+// file removed between the listing and its copy is left out (dirState
+// tells copyDir to copy again).
+func copyRegularFiles(t *testing.T, src, dst string) {
 	t.Helper()
 	if err := os.MkdirAll(dst, 0o700); err != nil {
 		t.Fatal(err)
@@ -70,22 +72,16 @@ func copyFilesOnce(t *testing.T, src, dst string) {
 		if !e.Type().IsRegular() || e.Name() == "LOCK" {
 			continue
 		}
-		in, err := os.Open(filepath.Join(src, e.Name()))
+		b, err := os.ReadFile(filepath.Join(src, e.Name()))
 		if os.IsNotExist(err) {
-			continue // removed since listed: the state check copies again
+			continue
 		}
 		if err != nil {
 			t.Fatal(err)
 		}
-		out, err := os.Create(filepath.Join(dst, e.Name()))
-		if err != nil {
+		if err := os.WriteFile(filepath.Join(dst, e.Name()), b, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := io.Copy(out, in); err != nil {
-			t.Fatal(err)
-		}
-		in.Close()
-		out.Close()
 	}
 }
 
