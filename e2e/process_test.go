@@ -114,8 +114,44 @@ func (b *syncBuffer) String() string {
 
 // logLines returns the JSON log lines whose msg is msg.
 func (b *syncBuffer) logLines(msg string) []map[string]any {
+	return logLinesOf(b.String(), msg)
+}
+
+// fileLog is a process's standard error written straight into a file: a
+// line the process wrote before it answered a request is there when the
+// test reads the answer, which a pipe copied by a goroutine does not
+// promise.
+type fileLog struct{ f *os.File }
+
+// newFileLog creates the file in the test's temporary directory.
+func newFileLog(t *testing.T) *fileLog {
+	f, err := os.CreateTemp(t.TempDir(), "stderr-*.log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return &fileLog{f}
+}
+
+// String returns what the process wrote so far.
+func (l *fileLog) String() string {
+	b, err := os.ReadFile(l.f.Name())
+	if err != nil {
+		return fmt.Sprintf("(the log could not be read: %v)", err)
+	}
+	return string(b)
+}
+
+// logLines returns the JSON log lines whose msg is msg.
+func (l *fileLog) logLines(msg string) []map[string]any {
+	return logLinesOf(l.String(), msg)
+}
+
+// logLinesOf returns the JSON lines of text whose msg is msg.
+func logLinesOf(text, msg string) []map[string]any {
 	var out []map[string]any
-	sc := bufio.NewScanner(strings.NewReader(b.String()))
+	sc := bufio.NewScanner(strings.NewReader(text))
+	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
 		var m map[string]any
 		if json.Unmarshal(sc.Bytes(), &m) == nil && m["msg"] == msg {
@@ -129,7 +165,7 @@ func (b *syncBuffer) logLines(msg string) []map[string]any {
 type proc struct {
 	t       *testing.T
 	cmd     *exec.Cmd
-	log     *syncBuffer
+	log     *fileLog
 	addr    string // proxy address
 	admin   string // admin address
 	exited  chan struct{}
@@ -147,9 +183,9 @@ func startProxy(t *testing.T, cfgPath string, env ...string) *proc {
 // environment, and waits until it listens.
 func startCmd(t *testing.T, cmd *exec.Cmd, env ...string) *proc {
 	t.Helper()
-	p := &proc{t: t, log: &syncBuffer{}, exited: make(chan struct{}), cmd: cmd}
+	p := &proc{t: t, log: newFileLog(t), exited: make(chan struct{}), cmd: cmd}
 	p.cmd.Env = append(os.Environ(), env...)
-	p.cmd.Stderr = p.log
+	p.cmd.Stderr = p.log.f
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
