@@ -171,5 +171,9 @@ func redisDo(addr string, args ...any) (string, error) {
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	return c.Do(ctx, args...).Text()
+	v, err := c.Do(ctx, args...).Result()
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprint(v), nil
 }
