@@ -3,22 +3,24 @@
 // Command bench measures idemproxy against a bare reverse proxy, side by
 // side, on loopback: the upstream stub, a tuned httputil.ReverseProxy (the
 // baseline), and the real idemproxy binary with synced Badger, unsynced
-// Badger, Redis (when redis-server is on the PATH) and PostgreSQL with
-// synchronous_commit on and off (when its server binaries are installed),
-// each in its own process so that its CPU time and peak RSS can be read
-// from /proc. Each PostgreSQL target gets its own server, started here as
-// the Redis one is.
+// Badger, Redis and a Redis Cluster of three masters (when redis-server
+// and redis-cli are on the PATH) and PostgreSQL with synchronous_commit on
+// and off (when its server binaries are installed), each in its own
+// process so that its CPU time and peak RSS can be read from /proc. Each
+// Redis and PostgreSQL target gets its own servers, started here on
+// loopback and stopped on every way out (Ctrl-C and SIGTERM included).
 //
 // Every target gets unique-key POST /charges at 1 connection and at -conns
 // connections for -duration each, driven by wrk when it is on the PATH
 // (or with -driver go, by an in-process Go client). The output is one
 // table: requests per second, p50/p99 latency, CPU time per request, peak
 // RSS (VmHWM) and the ratios to the baseline; for the Redis and PostgreSQL
-// targets also the database server's CPU time per request.
+// targets also the database server's CPU time per request (the Cluster's:
+// the sum of its nodes').
 //
 // Usage, from the repository root:
 //
-//	go run ./bench [-duration 5s] [-conns 32] [-rounds 1] [-driver auto|wrk|go] [-targets bare,badger-sync,badger-nosync,redis,postgres-sync,postgres-nosync] [-profile DIR] [-ttl D] [-sample D]
+//	go run ./bench [-duration 5s] [-conns 32] [-rounds 1] [-driver auto|wrk|go] [-targets bare,badger-sync,badger-nosync,redis,redis-cluster,postgres-sync,postgres-nosync] [-profile DIR] [-ttl D] [-sample D]
 //	go run ./bench -rate 2500 -duration 30s -prefill 1000000 [-pin] [-targets ...]
 //
 // With -rate, each target instead gets an open-loop, constant-rate load
@@ -58,6 +60,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -71,6 +74,9 @@ import (
 	"time"
 )
 
+// defaultTargets are the targets measured without -targets: all of them.
+const defaultTargets = "bare,badger-sync,badger-nosync,redis,redis-cluster,postgres-sync,postgres-nosync"
+
 // clkTck is the kernel's clock tick for /proc/<pid>/stat CPU times; 100 on
 // every Linux platform Go supports.
 const clkTck = 100
@@ -82,7 +88,7 @@ func main() {
 	conns := flag.Int("conns", 32, "connections of the loaded measurement")
 	rounds := flag.Int("rounds", 1, "rounds over all targets (the median round is shown)")
 	driver := flag.String("driver", "auto", "load driver: auto (wrk when on the PATH), wrk or go")
-	targets := flag.String("targets", "bare,badger-sync,badger-nosync,redis,postgres-sync,postgres-nosync", "targets to measure, comma-separated")
+	targets := flag.String("targets", defaultTargets, "targets to measure, comma-separated")
 	keep := flag.Bool("keep", false, "keep the temporary directory (binaries, data, logs)")
 	logLevel := flag.String("log-level", "info", "idemproxy's -log-level (info writes the access log)")
 	single := flag.Bool("single", true, "also measure at 1 connection (false: a soak at -conns only)")
@@ -102,7 +108,24 @@ func main() {
 	}
 	o := options{d: *duration, conns: *conns, rounds: *rounds, driver: *driver, names: strings.Split(*targets, ","),
 		keep: *keep, logLevel: *logLevel, single: *single, profile: *profile, ttl: *ttl, sample: *sample, prefill: *prefill, rate: *rate, pin: *pin}
-	if err := run(o); err != nil {
+	// Ctrl-C or SIGTERM stops the servers, the proxies and the stub and
+	// removes the temporary directories before the bench exits.
+	ps := &procSet{}
+	var interrupted atomic.Bool
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		s := <-sigs
+		interrupted.Store(true)
+		fmt.Fprintf(os.Stderr, "bench: %v: stopping what it started\n", s)
+		ps.stop()
+		os.Exit(130)
+	}()
+	err := run(o, ps)
+	if interrupted.Load() {
+		time.Sleep(time.Minute) // the handler exits once everything is stopped
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
@@ -177,7 +200,10 @@ type options struct {
 	pin           bool          // targets on CPU 0, the rest on the others
 }
 
-func run(o options) error {
+// run measures the targets of o. What it starts, it starts through ps, and
+// stops (ps.stop) before it returns.
+func run(o options, ps *procSet) error {
+	defer ps.stop()
 	d, conns, rounds, driver, names := o.d, o.conns, o.rounds, o.driver, o.names
 	keep, logLevel, single, profile := o.keep, o.logLevel, o.single, o.profile
 	if o.ttl != 0 && o.ttl < 2*time.Second {
@@ -201,8 +227,9 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
+	ps.logDir = tmp
 	if !keep {
-		defer os.RemoveAll(tmp)
+		ps.cleanup(func() { os.RemoveAll(tmp) })
 	} else {
 		fmt.Println("temporary directory:", tmp)
 	}
@@ -217,12 +244,7 @@ func run(o options) error {
 	default:
 		return fmt.Errorf("unknown driver %q", driver)
 	}
-	if slices.Contains(names, "redis") {
-		if _, err := exec.LookPath("redis-server"); err != nil {
-			fmt.Println("redis-server is not on the PATH: the redis target is left out")
-			names = slices.DeleteFunc(names, func(s string) bool { return s == "redis" })
-		}
-	}
+	names = redisAvailable(names, os.Stdout)
 	pgBin := ""
 	if slices.ContainsFunc(names, isPostgres) {
 		if pgBin = pgBinDir(); pgBin == "" {
@@ -241,48 +263,7 @@ func run(o options) error {
 	if err != nil {
 		return err
 	}
-	var pgs []*pgServer
-	defer func() {
-		// After the processes stopped (deferred calls run last first).
-		for _, s := range pgs {
-			if keep {
-				fmt.Println("PostgreSQL directory:", s.dir)
-			} else {
-				s.cleanup()
-			}
-		}
-	}()
-	var procs []*exec.Cmd
-	defer func() {
-		// The proxies first, then the servers they use, then the stub.
-		for _, c := range slices.Backward(procs) {
-			c.Process.Signal(syscall.SIGTERM)
-			done := make(chan struct{})
-			go func() { c.Wait(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(5 * time.Second):
-				c.Process.Kill()
-				<-done
-			}
-		}
-	}()
-	// startCmd starts c with its output in a log file, adding env to the
-	// environment, and stops it at the end.
-	startCmd := func(c *exec.Cmd, env ...string) error {
-		c.Env = append(os.Environ(), "IDEMPROXY_ADMIN_TOKEN="+benchToken) // for -profile
-		c.Env = append(c.Env, env...)
-		logf, err := os.Create(filepath.Join(tmp, filepath.Base(c.Path)+"-"+strconv.Itoa(len(procs))+".log"))
-		if err != nil {
-			return err
-		}
-		c.Stdout, c.Stderr = io.Discard, logf // a pipe, like a container's log
-		if err := c.Start(); err != nil {
-			return err
-		}
-		procs = append(procs, c)
-		return nil
-	}
+	startCmd := ps.start
 	start := func(name string, args ...string) (*exec.Cmd, error) {
 		c := exec.Command(name, args...)
 		return c, startCmd(c)
@@ -329,7 +310,7 @@ func run(o options) error {
 		case "bare":
 			c = pinned(exec.Command(self, "-bare-listen", addr, "-bare-upstream", stubURL), o.pin)
 			err = startCmd(c)
-		case "badger-sync", "badger-nosync", "redis", "postgres-sync", "postgres-nosync":
+		case "badger-sync", "badger-nosync", "redis", "redis-cluster", "postgres-sync", "postgres-nosync":
 			dataDir = filepath.Join(tmp, "data-"+sp.name)
 			if sp.prefill > 0 && strings.HasPrefix(n, "badger") {
 				// Filled once, copied for the other Badger twin.
@@ -356,7 +337,7 @@ func run(o options) error {
 				dataDir = filepath.Join(tmp, "redis-"+sp.name)
 				if sp.prefill > 0 {
 					t0 := time.Now()
-					if err := prefillRedis(raddr, sp.prefill, ttl); err != nil {
+					if err := prefillRedis([]string{raddr}, false, sp.prefill, ttl); err != nil {
 						return fmt.Errorf("%s: prefill: %w", sp.name, err)
 					}
 					fmt.Printf("prefill %s: %d keys in %s, server RSS %.1f MiB\n", sp.name, sp.prefill,
@@ -364,11 +345,40 @@ func run(o options) error {
 				}
 				store = fmt.Sprintf("  redis:\n    addrs: [%s]\n", raddr)
 				storeCPU = func() time.Duration { return cpuTime(rpid) }
+			case n == "redis-cluster":
+				// Its own nodes, as the redis target has its own server.
+				dataDir = filepath.Join(tmp, "redis-"+sp.name)
+				rc, err := startRedisCluster(ps, dataDir, clusterNodes)
+				if err != nil {
+					return fmt.Errorf("%s: %w", sp.name, err)
+				}
+				if sp.prefill > 0 {
+					t0 := time.Now()
+					if err := prefillRedis(rc.addrs, true, sp.prefill, ttl); err != nil {
+						return fmt.Errorf("%s: prefill: %w", sp.name, err)
+					}
+					var rss int64
+					for _, pid := range rc.pids {
+						rss += procStatus(pid, "VmRSS")
+					}
+					fmt.Printf("prefill %s: %d keys in %s, servers' RSS %.1f MiB\n", sp.name, sp.prefill,
+						time.Since(t0).Round(time.Second), mib(rss))
+				}
+				store = fmt.Sprintf("  redis:\n    addrs: [%s]\n    cluster: true\n", strings.Join(rc.addrs, ", "))
+				// The database's CPU is every node's.
+				storeCPU = rc.cpu
 			case isPostgres(n):
 				// Its own server, so that its CPU time is this target's alone.
 				pg, err := startPostgres(pgBin, func(c *exec.Cmd) error { return startCmd(c) })
 				if pg != nil {
-					pgs = append(pgs, pg)
+					// After the processes stopped.
+					ps.cleanup(func() {
+						if keep {
+							fmt.Println("PostgreSQL directory:", pg.dir)
+						} else {
+							pg.cleanup()
+						}
+					})
 				}
 				if err != nil {
 					return fmt.Errorf("%s: %w", sp.name, err)
@@ -386,6 +396,9 @@ func run(o options) error {
 				env = append(env, "IDEMPROXY_POSTGRES_DSN="+pg.dsn())
 				postmaster := pg.cmd.Process.Pid
 				storeCPU = func() time.Duration { return pgCPUTime(postmaster) }
+			}
+			if storeCPU == nil && sharedStore(n) {
+				return fmt.Errorf("%s: no database CPU to read", sp.name) // a new shared store must say how
 			}
 			cfg := fmt.Sprintf("listen: %s\nupstream: %s\nstore:\n%sroutes:\n  - name: charges\n    match: POST /charges\n    key: {json: orderId}\n",
 				addr, stubURL, store)
@@ -539,10 +552,15 @@ func printTable(w io.Writer, rs []result, conns int) {
 	}
 	tw.Flush()
 	fmt.Fprintln(w, "CPU/req is the measured process's user+system time over the loaded run, divided by its requests;")
-	fmt.Fprintln(w, "DB CPU/req is the same for its Redis server or PostgreSQL server (the postmaster and all its children);")
+	fmt.Fprintln(w, "DB CPU/req is the same for its Redis server, its Redis Cluster (every node's) or its PostgreSQL server")
+	fmt.Fprintln(w, "(the postmaster and all its children);")
 	fmt.Fprintln(w, "peak RSS is the measured process's VmHWM at the end of all rounds. The stub, the database servers")
 	fmt.Fprintln(w, "(except in DB CPU/req) and the load driver are not included.")
 }
+
+// sharedStore says whether a target's store is a database server, whose
+// CPU per request its row shows (DB CPU/req).
+func sharedStore(name string) bool { return isRedis(name) || isPostgres(name) }
 
 // isPostgres says whether a target name is one of the PostgreSQL targets.
 func isPostgres(name string) bool { return name == "postgres-sync" || name == "postgres-nosync" }

@@ -144,6 +144,7 @@ func printOpenTable(w io.Writer, rs []openResult) {
 	tw.Flush()
 	fmt.Fprintln(w, "Latencies are from each request's intended start (open loop: queueing behind a stall counts);")
 	fmt.Fprintln(w, "rate is the answered requests per second; CPU/req is the measured process's user+system time over")
-	fmt.Fprintln(w, "the run divided by its requests; DB CPU/req the same for its Redis or PostgreSQL server; peak RSS")
+	fmt.Fprintln(w, "the run divided by its requests; DB CPU/req the same for its Redis server, its Redis Cluster (every")
+	fmt.Fprintln(w, "node's) or its PostgreSQL server; peak RSS")
 	fmt.Fprintln(w, "is the measured process's VmHWM after all rounds (serving only: prefills are done before it starts).")
 }

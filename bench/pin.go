@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"os/signal"
 	"runtime"
+	"syscall"
 )
 
 // pinnedEnv marks the bench process that -pin started on CPUs 1 and up.
@@ -34,7 +36,20 @@ func repin() int {
 	c := exec.Command("taskset", append([]string{"-c", fmt.Sprintf("1-%d", n-1), self}, os.Args[1:]...)...)
 	c.Stdin, c.Stdout, c.Stderr = os.Stdin, os.Stdout, os.Stderr
 	c.Env = append(os.Environ(), pinnedEnv+"=1")
-	if err := c.Run(); err != nil {
+	// The pinned run stops what it started on Ctrl-C or SIGTERM: pass them
+	// on and wait for it.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	if err := c.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		return 1
+	}
+	go func() {
+		for s := range sigs {
+			c.Process.Signal(s)
+		}
+	}()
+	if err := c.Wait(); err != nil {
 		if ee, ok := err.(*exec.ExitError); ok {
 			return ee.ExitCode()
 		}

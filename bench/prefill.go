@@ -84,11 +84,13 @@ func storeAnswer(ctx context.Context, s store.Store, orderID string, ttl time.Du
 	return key, s.Commit(ctx, key, token, resp, ttl)
 }
 
-// prefillRedis stores n completed keys in the Redis server at addr, under
-// the default key prefix: one through the store, the others copies of its
-// value (DUMP and RESTORE, pipelined), each with its own key.
-func prefillRedis(addr string, n int, ttl time.Duration) error {
-	s, err := redisstore.New(redisstore.Options{Addrs: []string{addr}, KeyPrefix: config.DefaultRedisKeyPrefix,
+// prefillRedis stores n completed keys in the Redis at addrs (a Redis
+// Cluster's nodes with cluster set), under the default key prefix: one
+// through the store, the others copies of its value (DUMP and RESTORE,
+// pipelined; a Cluster's pipeline sends each key to its node), each with
+// its own key.
+func prefillRedis(addrs []string, cluster bool, n int, ttl time.Duration) error {
+	s, err := redisstore.New(redisstore.Options{Addrs: addrs, ClusterMode: cluster, KeyPrefix: config.DefaultRedisKeyPrefix,
 		DialTimeout: time.Second, OpTimeout: 5 * time.Second})
 	if err != nil {
 		return err
@@ -99,7 +101,10 @@ func prefillRedis(addr string, n int, ttl time.Duration) error {
 		return err
 	}
 	ctx := context.Background()
-	c := goredis.NewClient(&goredis.Options{Addr: addr})
+	var c goredis.UniversalClient = goredis.NewClient(&goredis.Options{Addr: addrs[0]})
+	if cluster {
+		c = goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: addrs})
+	}
 	defer c.Close()
 	dump, err := c.Dump(ctx, config.DefaultRedisKeyPrefix+key).Result()
 	if err != nil {
