@@ -18,12 +18,20 @@ import (
 
 var _ store.Lister = (*Store)(nil)
 
-// listScript reads what a listing shows of one record: {st, cr, le,
+// listScript reads what a listing shows of one record (either layout,
+// see scripts.go): {st, cr, le,
 // stored status, pttl, now}, or {} when there is none. The stored status
 // is read from the start of the response JSON (encodeResponse writes it
 // first), so the body is never sent.
 const listScript = nowMillis + `
-local f = redis.call('HMGET', KEYS[1], 'st', 'cr', 'le', 'resp')
+local v = redis.pcall('GET', KEYS[1])
+local f
+if type(v) == 'string' then
+  local _, st, _, _, cr, le, resp = cmsgpack.unpack(v)
+  f = {st, string.format('%d', cr), le ~= 0 and string.format('%d', le) or false, resp ~= '' and resp or false}
+else
+  f = redis.call('HMGET', KEYS[1], 'st', 'cr', 'le', 'resp')
+end
 if not f[1] then return {} end
 local status = 0
 if f[1] == 'completed' and f[4] then
