@@ -3,9 +3,11 @@ package redis
 import (
 	"context"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"strings"
 	"sync"
@@ -18,12 +20,20 @@ import (
 
 var _ store.Lister = (*Store)(nil)
 
-// listScript reads what a listing shows of one record: {st, cr, le,
+// listScript reads what a listing shows of one record (either layout,
+// see scripts.go): {st, cr, le,
 // stored status, pttl, now}, or {} when there is none. The stored status
 // is read from the start of the response JSON (encodeResponse writes it
 // first), so the body is never sent.
 const listScript = nowMillis + `
-local f = redis.call('HMGET', KEYS[1], 'st', 'cr', 'le', 'resp')
+local v = redis.pcall('GET', KEYS[1])
+local f
+if type(v) == 'string' then
+  local _, st, _, _, cr, le, resp = cmsgpack.unpack(v)
+  f = {st, string.format('%d', cr), le ~= 0 and string.format('%d', le) or false, resp ~= '' and resp or false}
+else
+  f = redis.call('HMGET', KEYS[1], 'st', 'cr', 'le', 'resp')
+end
 if not f[1] then return {} end
 local status = 0
 if f[1] == 'completed' and f[4] then
@@ -41,6 +51,63 @@ type listCursor struct {
 	Node   string `json:"n,omitempty"`
 	Scan   uint64 `json:"c,omitempty"`
 	After  string `json:"k,omitempty"`
+	// Seen holds the hashes (keyHash64, 8 bytes each) of the last keys
+	// listed, at most maxSeen: a key SCAN returns again is not listed
+	// again (see seenKeys).
+	Seen []byte `json:"s,omitempty"`
+}
+
+// maxSeen bounds the keys a cursor remembers (seenKeys): 128 hashes of
+// 8 bytes, about 1.4 KB of cursor.
+const maxSeen = 128
+
+// seenKeys is what a listing remembers of the keys it listed, so that a
+// key SCAN returns twice is listed once. SCAN returns a key again when the
+// node's hash table shrinks (or is rehashed) between two SCAN calls, as
+// keys of other routes or applications come and go: the buckets SCAN
+// visits again after a shrink are those it visited just before, so the
+// keys it repeats are among the last ones listed. A listing remembers the
+// hashes of every key of its page and of the last maxSeen keys of earlier
+// pages (carried in the cursor): memory bounded by the page, and a key
+// listed long before may in theory come back after a large shrink.
+type seenKeys struct {
+	set   map[uint64]struct{}
+	order []uint64
+}
+
+func newSeenKeys(carried []byte) *seenKeys {
+	s := &seenKeys{set: map[uint64]struct{}{}}
+	for i := 0; i+8 <= len(carried); i += 8 {
+		s.add(binary.BigEndian.Uint64(carried[i:]))
+	}
+	return s
+}
+
+// keyHash64 is the 64-bit FNV-1a hash of key: the same in every replica,
+// since cursors pass between them.
+func keyHash64(key string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(key))
+	return h.Sum64()
+}
+
+func (s *seenKeys) has(h uint64) bool { _, ok := s.set[h]; return ok }
+
+func (s *seenKeys) add(h uint64) {
+	if !s.has(h) {
+		s.set[h] = struct{}{}
+		s.order = append(s.order, h)
+	}
+}
+
+// carry returns the hashes of the last maxSeen keys, for the cursor.
+func (s *seenKeys) carry() []byte {
+	last := s.order[max(0, len(s.order)-maxSeen):]
+	b := make([]byte, 0, 8*len(last))
+	for _, h := range last {
+		b = binary.BigEndian.AppendUint64(b, h)
+	}
+	return b
 }
 
 func (c listCursor) encode() string {
@@ -61,7 +128,7 @@ func decodeListCursor(s, prefix string) (listCursor, error) {
 		return listCursor{}, store.ErrBadCursor
 	}
 	var c listCursor
-	if err := json.Unmarshal(b, &c); err != nil || c.Prefix != prefix {
+	if err := json.Unmarshal(b, &c); err != nil || c.Prefix != prefix || len(c.Seen) > 8*maxSeen || len(c.Seen)%8 != 0 {
 		return listCursor{}, store.ErrBadCursor
 	}
 	return c, nil
@@ -106,9 +173,14 @@ func (s *Store) nodes(ctx context.Context) ([]listNode, error) {
 // applications' keys in a shared Redis), MATCH only filtering what it
 // returns: listing a route costs reading every key of the database. The keys of one
 // SCAN batch are taken in key order, so a page can end inside a batch and
-// the next resume after its last key. While keys are added or removed,
-// SCAN may return a key twice across pages (and a Cluster resharding or
-// failing over meanwhile may skip or repeat keys); a lapsed lease is
+// the next resume after its last key. SCAN returns a key again when the
+// node's hash table shrinks between two calls (keys of other routes or
+// applications removed meanwhile); the listing does not list it again as
+// long as it is among the last maxSeen keys listed, which the cursor
+// remembers (seenKeys), as the keys SCAN repeats are. A page that ended
+// inside a SCAN batch while the table shrank may still miss keys of the
+// merged buckets that sort before its last key, and a Cluster resharding
+// or failing over meanwhile may skip or repeat keys. A lapsed lease is
 // judged by Redis' clock, as Get does.
 func (s *Store) List(ctx context.Context, q store.ListQuery) ([]store.Listed, string, error) {
 	if q.Limit <= 0 {
@@ -136,13 +208,15 @@ func (s *Store) List(ctx context.Context, q store.ListQuery) ([]store.Listed, st
 func (s *Store) list(ctx context.Context, q store.ListQuery, cur listCursor, nodes []listNode, i int, count int64, scans int) ([]store.Listed, string, error) {
 	match := globEscape(s.prefix+q.Prefix) + "*"
 	var recs []store.Listed
+	seen := newSeenKeys(cur.Seen)
+	next := func() string { cur.Seen = seen.carry(); return cur.encode() }
 	for i < len(nodes) {
 		if scans == 0 {
-			return recs, cur.encode(), nil
+			return recs, next(), nil
 		}
 		scans--
 		cur.Node = nodes[i].addr // the cursor of a page that ends here
-		batch, next, err := s.scanWithin(ctx, nodes[i].client, cur.Scan, match, count)
+		batch, scanNext, err := s.scanWithin(ctx, nodes[i].client, cur.Scan, match, count)
 		if err != nil {
 			return nil, "", fmt.Errorf("redis store: list: scan %s: %w", nodes[i].addr, err)
 		}
@@ -162,17 +236,22 @@ func (s *Store) list(ctx context.Context, q store.ListQuery, cur listCursor, nod
 			if l == nil {
 				continue
 			}
+			h := keyHash64(l.Key)
+			if seen.has(h) {
+				continue // SCAN returned it again
+			}
 			if len(recs) == q.Limit {
 				// The batch holds more: the next page reads it again,
 				// from after the last key listed (which is in it: a page
 				// that fills up ends with its batch).
 				cur.After = recs[len(recs)-1].Key
-				return recs, cur.encode(), nil
+				return recs, next(), nil
 			}
 			recs = append(recs, *l)
+			seen.add(h)
 		}
-		cur.Scan, cur.After = next, ""
-		if next == 0 {
+		cur.Scan, cur.After = scanNext, ""
+		if scanNext == 0 {
 			// This node is done: the next one's scan starts.
 			if i++; i < len(nodes) {
 				cur.Node = nodes[i].addr
@@ -185,7 +264,7 @@ func (s *Store) list(ctx context.Context, q store.ListQuery, cur listCursor, nod
 	if i == len(nodes) {
 		return recs, "", nil
 	}
-	return recs, cur.encode(), nil
+	return recs, next(), nil
 }
 
 // nodesWithin is nodes within the op timeout.

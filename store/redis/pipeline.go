@@ -40,7 +40,8 @@ import (
 // commit-failure path. The writes stay on the primary: a primary that
 // survives keeps them, and a failover to a replica that never acknowledged
 // them is what the error warned of. A batch of reads only (Get) sends no
-// WAIT.
+// WAIT; a read that shares a batch with writes is answered with them,
+// after the WAIT, and never fails for it.
 
 // ErrNotReplicated is returned (wrapped) by a write when fewer replicas
 // than Options.WaitReplicas acknowledged it within Options.WaitTimeout.

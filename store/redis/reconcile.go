@@ -31,10 +31,30 @@ var _ store.ReconcileStore = (*Store)(nil)
 // doubtPreamble reads the record's fields and whether it is in doubt: marked
 // so, or in flight with a lapsed lease. settle() stores the latter as
 // in_doubt, as Get already reports it; its owner token stays.
+//
+// A record in the packed layout (scripts.go) has no lookup fields: settle()
+// first turns it into the hash layout, keeping its TTL, so that the
+// lookup's fields can be written beside it.
 const doubtPreamble = nowMillis + `
-local f = redis.call('HMGET', KEYS[1], 'st', 'le', 'nl', 'lt', 'll')
+local v = redis.pcall('GET', KEYS[1])
+local f, p
+if type(v) == 'string' then
+  p = {cmsgpack.unpack(v)}
+  f = {p[2], p[6] ~= 0 and string.format('%d', p[6]) or false, false, false, false}
+else
+  f = redis.call('HMGET', KEYS[1], 'st', 'le', 'nl', 'lt', 'll')
+end
 local doubt = f[1] == 'in_doubt' or (f[1] == 'in_flight' and tonumber(f[2]) <= now)
 local function settle()
+  if p then
+    local pttl = redis.call('PTTL', KEYS[1])
+    redis.call('DEL', KEYS[1])
+    redis.call('HSET', KEYS[1], 'st', p[2], 'tok', p[3], 'fp', p[4], 'cr', string.format('%d', p[5]))
+    if p[6] ~= 0 then redis.call('HSET', KEYS[1], 'le', string.format('%d', p[6])) end
+    if p[7] ~= '' then redis.call('HSET', KEYS[1], 'resp', p[7]) end
+    if pttl > 0 then redis.call('PEXPIRE', KEYS[1], pttl) end
+    p = nil
+  end
   if f[1] == 'in_flight' then
     redis.call('HSET', KEYS[1], 'st', 'in_doubt')
     redis.call('HDEL', KEYS[1], 'le')
@@ -278,12 +298,15 @@ func (s *Store) DueLookups(ctx context.Context, limit int) ([]string, error) {
 		score, _ := strconv.ParseFloat(v[i+1], 64)
 		entries = append(entries, entry{v[i], int64(score), pipe.HMGet(ctx, s.prefix+v[i], "st", "le", "nl", "lt", "ll")})
 	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, goredis.Nil) {
+	if err := execFields(ctx, pipe); err != nil {
 		return nil, fmt.Errorf("redis store: due lookups: %w", err)
 	}
 	var keys []string
 	for _, e := range entries {
 		f, err := e.cmd.Result()
+		if isWrongType(err) {
+			f, err = packedFields(ctx, s.client, s.prefix+e.key, 5)
+		}
 		if err != nil || len(f) != 5 {
 			continue
 		}
@@ -361,13 +384,16 @@ func (s *Store) unscheduledIn(ctx context.Context, c *goredis.Client, batch []st
 	if len(cmds) == 0 {
 		return nil, nil
 	}
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, goredis.Nil) {
+	if err := execFields(ctx, pipe); err != nil {
 		return nil, err
 	}
 	now := time.Now().UnixMilli()
 	var out []string
 	for _, cmd := range cmds {
 		v, err := cmd.Result()
+		if isWrongType(err) {
+			v, err = packedFields(ctx, c, cmd.Args()[1].(string), 3)
+		}
 		if err != nil || len(v) != 3 {
 			continue
 		}
@@ -405,4 +431,47 @@ func globEscape(s string) string {
 		b.WriteRune(r)
 	}
 	return b.String()
+}
+
+// execFields runs a pipeline of HMGETs of records and returns the first
+// error of a command other than a missing key or a record in the packed
+// layout (WRONGTYPE), which its caller reads with packedFields.
+func execFields(ctx context.Context, pipe goredis.Pipeliner) error {
+	cmds, err := pipe.Exec(ctx)
+	if err == nil {
+		return nil
+	}
+	for _, cmd := range cmds {
+		if err := cmd.Err(); err != nil && !errors.Is(err, goredis.Nil) && !isWrongType(err) {
+			return err
+		}
+	}
+	return nil
+}
+
+// isWrongType reports whether err is Redis' WRONGTYPE: an HMGET of a
+// record in the packed layout (scripts.go).
+func isWrongType(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "WRONGTYPE")
+}
+
+// packedFields reads the record in the packed layout at the full key k and
+// returns what an HMGET of its first n fields of st, le, nl, lt, ll
+// returns: a packed record has no lookup fields (nil), and no lease end
+// (nil) when its lease is 0.
+func packedFields(ctx context.Context, c goredis.Cmdable, k string, n int) ([]any, error) {
+	raw, err := c.Get(ctx, k).Result()
+	if err != nil {
+		return nil, err
+	}
+	p, err := decodePacked(raw)
+	if err != nil {
+		return nil, err
+	}
+	f := make([]any, n)
+	f[0] = p.st
+	if p.le != 0 {
+		f[1] = strconv.FormatInt(p.le, 10)
+	}
+	return f, nil
 }

@@ -476,14 +476,29 @@ func millis(d time.Duration) int64 {
 }
 
 // decodeRecord turns a reply of reserveScript or getScript into a record:
-// {1} means none (reserved, or no record), otherwise
-// {0, st, tok, fp, cr, le, resp, pttl, now}.
+// {1} means none (reserved, or no record), {0, packed, pttl, now} a
+// record in the packed layout, and {0, st, tok, fp, cr, le, resp, pttl,
+// now} one in the hash layout of earlier releases.
 func decodeRecord(v []any) (*store.Record, error) {
 	if len(v) == 0 {
 		return nil, errors.New("empty script reply")
 	}
 	if flag, _ := v[0].(int64); flag == 1 {
 		return nil, nil
+	}
+	if len(v) == 4 {
+		p, err := decodePacked(str(v[1]))
+		if err != nil {
+			return nil, err
+		}
+		le, resp := any(nil), any(nil)
+		if p.le != 0 {
+			le = strconv.FormatInt(p.le, 10)
+		}
+		if p.resp != "" {
+			resp = p.resp
+		}
+		v = []any{int64(0), p.st, p.tok, p.fp, strconv.FormatInt(p.cr, 10), le, resp, v[2], v[3]}
 	}
 	if len(v) != 9 {
 		return nil, fmt.Errorf("script reply has %d elements, want 9", len(v))

@@ -371,12 +371,12 @@ func TestKeyPrefixAndLayout(t *testing.T) {
 		if rec, err := s.Reserve(c, key, res); rec != nil || err != nil {
 			t.Fatalf("Reserve = %+v, %v", rec, err)
 		}
-		h, err := raw.HGetAll(c, tc.want+key).Result()
+		v, err := raw.Get(c, tc.want+key).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if h["st"] != "in_flight" || h["tok"] != res.Token || h["fp"] != res.Fingerprint || h["cr"] == "" || h["le"] == "" {
-			t.Errorf("prefix %q: hash at %q = %v, want an in-flight record", tc.prefix, tc.want+key, h)
+		if p, err := decodePacked(v); err != nil || p.st != "in_flight" || p.tok != res.Token || p.fp != res.Fingerprint || p.cr == 0 || p.le <= p.cr {
+			t.Errorf("prefix %q: record at %q = %+v, %v; want an in-flight record", tc.prefix, tc.want+key, p, err)
 		}
 		if n, _ := raw.Exists(c, key).Result(); n != 0 {
 			t.Errorf("prefix %q: a key without the prefix exists", tc.prefix)

@@ -10,9 +10,36 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 `
 
-// recordReply is the tail shared by reserveScript and getScript: the record's
-// fields, its PTTL and the server time.
+// The record layout.
+//
+// A record is one Redis string: the record packed with MessagePack
+// (Redis' cmsgpack) as seven values, 1 (the layout's version), state,
+// token, fingerprint, created (Unix ms, Redis time), lease end (Unix ms; 0
+// when none) and the response JSON ("" when none). Each change of a record
+// is then one write, SET ... PX ttl, where the hash that earlier releases
+// wrote took two or three (HSET, HDEL, PEXPIRE). decodePacked (packed.go)
+// reads it.
+//
+// Records that earlier releases wrote are hashes (fields st, tok, fp, cr,
+// le, resp, and the lookup fields of reconcile.go); every script reads
+// both, and changes a hash as earlier releases did. The records of a
+// reconciliation (lookups) stay hashes: a packed record that a lookup
+// changes is turned into one first (reconcile.go), a rare path.
+
+// packRecord is the Lua that packs a record; its arguments are Lua
+// expressions for the state, token, fingerprint, created, lease end and
+// response.
+func packRecord(st, tok, fp, cr, le, resp string) string {
+	return "cmsgpack.pack(1, " + st + ", " + tok + ", " + fp + ", " + cr + ", " + le + ", " + resp + ")"
+}
+
+// recordReply is the tail shared by reserveScript and getScript: the
+// record, its PTTL and the server time; v is the GET of the key (a string,
+// or the error table of a hash).
 const recordReply = `
+if type(v) == 'string' then
+  return {0, v, redis.call('PTTL', KEYS[1]), now}
+end
 local f = redis.call('HMGET', KEYS[1], 'st', 'tok', 'fp', 'cr', 'le', 'resp')
 return {0, f[1], f[2], f[3], f[4], f[5], f[6], redis.call('PTTL', KEYS[1]), now}
 `
@@ -26,11 +53,12 @@ return {0, f[1], f[2], f[3], f[4], f[5], f[6], redis.call('PTTL', KEYS[1]), now}
 // Past the deadline it changes nothing and returns the error IDEMPROXY_LATE:
 // its caller has stopped waiting (see deadline.go).
 //
-// It returns {1} when the caller owns the key: the record was created, or it
-// is a live in-flight reservation carrying the caller's token (the caller's
-// own, applied before a reply that was lost; go-redis retries commands after
-// network errors, and this check is what makes that retry safe). Otherwise it
-// returns {0, st, tok, fp, cr, le, resp, pttl, now} and changes nothing.
+// It returns {1} when the caller owns the key: it created the record (SET
+// NX: one write), or it is a live in-flight reservation carrying the
+// caller's token (the caller's own, applied before a reply that was lost;
+// go-redis retries commands after network errors, and this check is what
+// makes that retry safe). Otherwise it returns the record (see
+// recordReply) and changes nothing.
 var reserveScript = goredis.NewScript(nowMillis + reserveBody)
 
 // reserveEpochScript is reserveScript that first checks the epoch marker
@@ -47,18 +75,23 @@ end
 ` + reserveBody)
 
 // reserveBody is the body of reserveScript, after the preamble.
-const reserveBody = `
+var reserveBody = `
 if ARGV[5] and now > tonumber(ARGV[5]) then
   return redis.error_reply('IDEMPROXY_LATE reservation past its deadline')
 end
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  redis.call('HSET', KEYS[1], 'st', 'in_flight', 'tok', ARGV[1], 'fp', ARGV[2],
-    'cr', string.format('%d', now), 'le', string.format('%d', now + tonumber(ARGV[3])))
-  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+if redis.call('SET', KEYS[1], ` + packRecord("'in_flight'", "ARGV[1]", "ARGV[2]", "now", "now + tonumber(ARGV[3])", "''") + `, 'NX', 'PX', ARGV[4]) then
   return {1}
 end
-local own = redis.call('HMGET', KEYS[1], 'st', 'tok', 'le')
-if own[1] == 'in_flight' and own[2] == ARGV[1] and tonumber(own[3]) > now then
+local v = redis.pcall('GET', KEYS[1])
+local st, tok, le
+if type(v) == 'string' then
+  local _
+  _, st, tok, _, _, le = cmsgpack.unpack(v)
+else
+  local own = redis.call('HMGET', KEYS[1], 'st', 'tok', 'le')
+  st, tok, le = own[1], own[2], tonumber(own[3])
+end
+if st == 'in_flight' and tok == ARGV[1] and le > now then
   return {1}
 end
 ` + recordReply
@@ -66,7 +99,8 @@ end
 // getScript reads a record; see recordReply. It returns {1} when there is
 // none.
 var getScript = goredis.NewScript(nowMillis + `
-if redis.call('EXISTS', KEYS[1]) == 0 then
+local v = redis.pcall('GET', KEYS[1])
+if not v then
   return {1}
 end
 ` + recordReply)
@@ -83,12 +117,36 @@ end
 // returned: that is a retried commit whose first reply was lost, and a
 // replayed answer must never change.
 //
-// Its first write is the HDEL, which Redis runs even above maxmemory: a
-// script that has written is let finish, so the HSET after it is too. A full
-// Redis (maxmemory-policy noeviction) thus still refuses new reservations,
-// whose first write is an HSET, but stores the answers of requests already
-// forwarded, instead of leaving their keys in doubt for the whole TTL.
+// A full Redis (maxmemory-policy noeviction) refuses a script's first write
+// that may grow memory (the SET, or a hash's HSET), but lets a script that
+// has written finish. When it refuses the SET, the script writes the
+// PEXPIRE first (for a hash: its first write is the HDEL), so a full Redis
+// still refuses new reservations but stores the answers of requests
+// already forwarded, instead of leaving their keys in doubt for the whole
+// TTL.
 var commitScript = goredis.NewScript(`
+local v = redis.pcall('GET', KEYS[1])
+if not v then
+  return 0
+end
+if type(v) == 'string' then
+  local _, st, tok, fp, cr = cmsgpack.unpack(v)
+  if tok ~= ARGV[1] then
+    return 0
+  end
+  if st == 'completed' then
+    return 1
+  end
+  local rec = ` + packRecord("'completed'", "tok", "fp", "cr", "0", "ARGV[2]") + `
+  local ok = redis.pcall('SET', KEYS[1], rec, 'PX', ARGV[3])
+  if type(ok) == 'table' and ok.err then
+    -- A full Redis refuses a first write that may grow memory; a script
+    -- that has written is let finish.
+    redis.call('PEXPIRE', KEYS[1], ARGV[3])
+    redis.call('SET', KEYS[1], rec, 'PX', ARGV[3])
+  end
+  return 1
+end
 local f = redis.call('HMGET', KEYS[1], 'st', 'tok')
 if f[2] ~= ARGV[1] then
   return 0
@@ -109,7 +167,15 @@ return 1
 //
 // It returns 1 on success and 0 when the record does not carry token.
 var releaseScript = goredis.NewScript(`
-if redis.call('HGET', KEYS[1], 'tok') ~= ARGV[1] then
+local v = redis.pcall('GET', KEYS[1])
+local tok
+if type(v) == 'string' then
+  local _, _, t = cmsgpack.unpack(v)
+  tok = t
+elseif v then
+  tok = redis.call('HGET', KEYS[1], 'tok')
+end
+if not tok or tok ~= ARGV[1] then
   return 0
 end
 redis.call('DEL', KEYS[1])
@@ -125,6 +191,21 @@ return 1
 // completed record is left as it is (and 1 returned): a known answer is never
 // downgraded to a doubt.
 var markInDoubtScript = goredis.NewScript(`
+local v = redis.pcall('GET', KEYS[1])
+if not v then
+  return 0
+end
+if type(v) == 'string' then
+  local _, st, tok, fp, cr = cmsgpack.unpack(v)
+  if tok ~= ARGV[1] then
+    return 0
+  end
+  if st == 'completed' then
+    return 1
+  end
+  redis.call('SET', KEYS[1], ` + packRecord("'in_doubt'", "tok", "fp", "cr", "0", "''") + `, 'PX', ARGV[2])
+  return 1
+end
 local f = redis.call('HMGET', KEYS[1], 'st', 'tok')
 if f[2] ~= ARGV[1] then
   return 0

@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strconv"
@@ -8,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/idemproxy/idemproxy/store"
@@ -46,6 +49,13 @@ func waitInSync(t *testing.T, primary, replica *redistest.Server) {
 	}
 }
 
+// rawState returns the state of the record at the full key k as client
+// reads it (the packed layout), "" when there is none.
+func rawState(ctx context.Context, client goredis.UniversalClient, k string) string {
+	p, _ := decodePacked(client.Get(ctx, k).Val())
+	return p.st
+}
+
 // waitTopologies are the deployments wait_replicas works with: a single
 // node with a replica, and the same behind a Sentinel.
 var waitTopologies = []struct {
@@ -80,13 +90,13 @@ func TestWaitReplicasWritesReachTheReplica(t *testing.T) {
 			if rec, err := s.Reserve(c, "r/-/k1", res); err != nil || rec != nil {
 				t.Fatalf("Reserve = %v, %v; want reserved", rec, err)
 			}
-			if got := rep.HGet(c, s.prefix+"r/-/k1", "st").Val(); got != string(store.StateInFlight) {
+			if got := rawState(c, rep, s.prefix+"r/-/k1"); got != string(store.StateInFlight) {
 				t.Errorf("replica's state of the reservation = %q, want %q", got, store.StateInFlight)
 			}
 			if err := s.Commit(c, "r/-/k1", "tok", store.Response{Status: 201}, time.Hour); err != nil {
 				t.Fatalf("Commit: %v", err)
 			}
-			if got := rep.HGet(c, s.prefix+"r/-/k1", "st").Val(); got != string(store.StateCompleted) {
+			if got := rawState(c, rep, s.prefix+"r/-/k1"); got != string(store.StateCompleted) {
 				t.Errorf("replica's state after the commit = %q, want %q", got, store.StateCompleted)
 			}
 			if rec, err := s.Reserve(c, "r/-/k2", res); err != nil || rec != nil {
