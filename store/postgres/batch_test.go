@@ -355,7 +355,7 @@ func blockBatch(t *testing.T, srv *pgtest.Server, table, key string) func() {
 // batchWaiting reports whether a batch statement on table waits for a
 // row lock.
 func batchWaiting(srv *pgtest.Server, table string) bool {
-	return srv.MustExec(`SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'WITH v AS%`+table+`%'`) == "1"
+	return srv.MustExec(`SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'WITH p AS%`+table+`%'`) == "1"
 }
 
 // blockedBatch queues, behind a gate, n reservations of new keys and one
@@ -422,7 +422,7 @@ func TestBatchOnATerminatedSession(t *testing.T) {
 				break wait
 			case <-time.After(20 * time.Millisecond):
 				if batchWaiting(srv, "term_batch") {
-					terminated += mustInt(t, srv.MustExec(`SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE query LIKE 'WITH v AS%term_batch%' AND pid <> pg_backend_pid()`))
+					terminated += mustInt(t, srv.MustExec(`SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE query LIKE 'WITH p AS%term_batch%' AND pid <> pg_backend_pid()`))
 				}
 			}
 		}
