@@ -248,7 +248,7 @@ func (s *Store) runBatch(batch []*op) {
 	err := s.run(context.Background(), func(ctx context.Context, c *pgxpool.Conn) error {
 		// A try again after a lost session starts from scratch.
 		for _, o := range live {
-			o.reserved, o.changed, o.rec, o.alone = false, false, nil, false
+			o.reserved, o.changed, o.rec, o.err = false, false, nil, nil
 		}
 		rDeadline = rDeadline[:0]
 		if len(rKey) > 0 {
@@ -293,11 +293,9 @@ func (s *Store) runBatch(batch []*op) {
 			case ok:
 				o.reserved = true
 			case st != nil:
-				rec, err := decodeRecord(*st, *tok, *fp, *cr, lease, *exp, meta, respBody)
-				if err != nil {
-					return err
-				}
-				o.rec = rec
+				// A record that cannot be read fails its own caller only,
+				// as Get would.
+				o.rec, o.err = decodeRecord(*st, *tok, *fp, *cr, lease, *exp, meta, respBody)
 			}
 		}
 		return rows.Err()
@@ -312,6 +310,7 @@ func (s *Store) runBatch(batch []*op) {
 			o.alone = true
 		case err != nil:
 			o.err = err
+		case o.err != nil: // its record could not be read
 		case o.kind == opReserve && !o.reserved && o.rec == nil:
 			// Not taken and no record seen (one committed after the
 			// statement's snapshot, the deadline past, the epoch marker

@@ -240,7 +240,9 @@ func TestBatchedReservationsOfOneKey(t *testing.T) {
 // in-doubt marks, one of the commits by a former owner whose record was
 // taken over after it expired. Only that commit gets ErrNotOwner (and
 // changes nothing); a reservation whose key PostgreSQL's index cannot take
-// fails alone; every other write is applied.
+// fails alone, and so does one that finds a record it cannot read (a
+// completed row without its answer, written by hand); every other write is
+// applied.
 func TestBatchMixedWrites(t *testing.T) {
 	t.Parallel()
 	srv := pgtest.Start(t)
@@ -261,6 +263,7 @@ func TestBatchMixedWrites(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	own("r/-/stolen")
 
+	srv.MustExec(`INSERT INTO mixed (key, state, token, fingerprint, created_at, expires_at) VALUES ('r/-/broken', 'completed', 'x', 'fp', now(), now() + interval '1 hour')`)
 	huge := make([]byte, 6000) // random: no compression fits it in an index entry
 	rand.Read(huge)
 	resp := store.Response{Status: 201, Body: []byte("ok"), BodyStored: true}
@@ -274,6 +277,10 @@ func TestBatchMixedWrites(t *testing.T) {
 		}, func(err error) bool { return errors.Is(err, store.ErrNotOwner) }},
 		{"Reserve(huge key)", func(ctx context.Context) error {
 			_, err := s.Reserve(ctx, "r/-/"+hex.EncodeToString(huge), store.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour})
+			return err
+		}, func(err error) bool { return err != nil && !errors.Is(err, store.ErrNotOwner) }},
+		{"Reserve(broken record)", func(ctx context.Context) error {
+			_, err := s.Reserve(ctx, "r/-/broken", store.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour})
 			return err
 		}, func(err error) bool { return err != nil && !errors.Is(err, store.ErrNotOwner) }},
 		{"Commit", func(ctx context.Context) error { return s.Commit(ctx, "r/-/commit", "own", resp, time.Hour) }, nil},
