@@ -39,10 +39,7 @@ type dbClock struct {
 // It also returns when the offset it used was measured, for
 // dbClock.distrust.
 func (s *Store) deadline(ctx context.Context, c *pgxpool.Conn) (time.Time, time.Time, error) {
-	dl, ok := ctx.Deadline()
-	if !ok {
-		dl = time.Now().Add(s.statementTimeout + replyGrace)
-	}
+	dl := s.callerDeadline(ctx)
 	off, unc, err := s.clock.get(ctx, c, s.statementTimeout)
 	if err != nil {
 		return time.Time{}, time.Time{}, err
@@ -52,6 +49,15 @@ func (s *Store) deadline(ctx context.Context, c *pgxpool.Conn) (time.Time, time.
 	at := k.at
 	k.mu.Unlock()
 	return dl.Add(off - unc), at, nil
+}
+
+// callerDeadline is when a call under ctx stops waiting, on the local
+// clock: ctx's deadline, or StatementTimeout and the reply's grace from now.
+func (s *Store) callerDeadline(ctx context.Context) time.Time {
+	if dl, ok := ctx.Deadline(); ok {
+		return dl
+	}
+	return time.Now().Add(s.statementTimeout + replyGrace)
 }
 
 // distrust drops the offset measured at at, so that the next get measures

@@ -36,7 +36,7 @@
 // # Atomicity and clocks
 //
 // Reserve, Commit, Release and MarkInDoubt each change the record with one
-// statement: Reserve is an INSERT ... ON CONFLICT (key) DO UPDATE that
+// statement (or with one part of a batch's statement, see Batching): Reserve is an INSERT ... ON CONFLICT (key) DO UPDATE that
 // takes the key only when the row there has expired, the others an UPDATE
 // or DELETE ... WHERE key = $1 AND token = $2, fenced by the owner token,
 // so an owner whose lease ran out can never touch a newer owner's record.
@@ -61,6 +61,25 @@
 // FOR UPDATE SKIP LOCKED and tags them for its process for a few seconds,
 // so replicas polling at once share the work; ClaimLookup is a fenced
 // UPDATE, so exactly one lookup of a key runs at a time.
+//
+// # Batching
+//
+// Writes made while another write of the same Store is at the database
+// share one statement (batch.go): whatever queued meanwhile, up to 128
+// writes of distinct keys, goes as one INSERT ... SELECT FROM unnest(...)
+// ON CONFLICT for the reservations, with the fenced UPDATEs and DELETE of
+// the commits, releases and in-doubt marks in the same statement: one round
+// trip, one transaction, one commit and WAL flush (and one wait for a
+// synchronous standby) for all of them. A write made while nothing runs
+// uses the single statements above, at once. Each write in a batch gets
+// its own answer, the same the single statements give (the conformance
+// suites run on both). A batch the server refuses with an error changed
+// nothing, and each of its writes is then run alone, so that a value the
+// server cannot take fails its own caller only; a batch whose outcome is
+// unknown (the connection lost, statement_timeout, a commit the
+// synchronous standby did not confirm) fails every caller in it, as it
+// would fail a single write. A caller that gives up returns at once and
+// leaves the batch to the others.
 //
 // # Failures
 //

@@ -47,17 +47,29 @@ func TestEpochMarkerGoesWithTheKeys(t *testing.T) {
 // TestReserveChecksTheEpoch: with ExpectEpoch, a reservation on a table
 // truncated since the watcher's last check is refused with
 // store.ErrKeysLost in the same statement, and nothing is written;
-// EpochSeen hears of it.
+// EpochSeen hears of it. So is a reservation in a batch.
 func TestReserveChecksTheEpoch(t *testing.T) {
 	t.Parallel()
 	srv := pgtest.Start(t)
+	for _, batch := range []bool{false, true} {
+		t.Run(map[bool]string{false: "alone", true: "batched"}[batch], func(t *testing.T) {
+			reserveChecksTheEpoch(t, srv, batch)
+		})
+	}
+}
+
+func reserveChecksTheEpoch(t *testing.T, srv *pgtest.Server, batch bool) {
+	table := map[bool]string{false: "epoch_reserve", true: "epoch_reserve_batched"}[batch]
 	var seen atomic.Int64
-	s := newStore(t, srv, postgres.Options{Table: "epoch_reserve", EpochSeen: func(m *store.Epoch, read bool) error {
+	s := newStore(t, srv, postgres.Options{Table: table, EpochSeen: func(m *store.Epoch, read bool) error {
 		if read && m == nil {
 			seen.Add(1)
 		}
 		return nil
 	}})
+	if batch {
+		s.AlwaysBatch()
+	}
 	res := store.Reservation{Token: "t", Fingerprint: "f", Lease: time.Minute, TTL: time.Hour}
 	if _, ok, err := s.SwapEpoch(ctx(t), "", store.Epoch{ID: "e1", State: store.EpochEstablished, Gen: 1, CreatedAt: time.Now()}); err != nil || !ok {
 		t.Fatalf("SwapEpoch = %v, %v", ok, err)
@@ -69,12 +81,12 @@ func TestReserveChecksTheEpoch(t *testing.T) {
 	if rec, err := s.Reserve(ctx(t), "r/-/before", res); err != nil || rec != nil {
 		t.Fatalf("Reserve again with the caller's token = %+v, %v; want reserved", rec, err)
 	}
-	srv.MustExec("TRUNCATE public.epoch_reserve")
+	srv.MustExec("TRUNCATE public." + table)
 	_, err := s.Reserve(ctx(t), "r/-/after", res)
 	if !errors.Is(err, store.ErrKeysLost) {
 		t.Fatalf("Reserve after TRUNCATE: err = %v, want ErrKeysLost", err)
 	}
-	if n := strings.TrimSpace(srv.MustExec("SELECT count(*) FROM public.epoch_reserve")); n != "0" {
+	if n := strings.TrimSpace(srv.MustExec("SELECT count(*) FROM public." + table)); n != "0" {
 		t.Errorf("rows after the refused reservation = %s, want 0", n)
 	}
 	if seen.Load() == 0 {

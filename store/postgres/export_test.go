@@ -4,3 +4,18 @@ package postgres
 // opens a new one (as after a failover, when every pooled connection has
 // died).
 func (s *Store) ResetPool() { s.pool.Reset() }
+
+// AlwaysBatch makes every write of the Store go through a batch, also one
+// made while nothing else runs (which would run alone).
+func (s *Store) AlwaysBatch() {
+	s.batch.mu.Lock()
+	defer s.batch.mu.Unlock()
+	s.batch.noAlone = true
+}
+
+// Queued returns the number of writes waiting for a batch.
+func (s *Store) Queued() int {
+	s.batch.mu.Lock()
+	defer s.batch.mu.Unlock()
+	return len(s.batch.queue)
+}

@@ -182,12 +182,25 @@ func TestBusyPoolAndSlowStatementsAreErrors(t *testing.T) {
 // would answer 503 and release the key). When the database wakes up the
 // statement runs, past its deadline, and must not reserve the key, or it
 // would stay in flight and then in doubt for a request never forwarded.
+// A reservation in a batch carries its caller's deadline the same way.
 func TestReservationAfterItsCallerGaveUpTakesNothing(t *testing.T) {
 	t.Parallel()
+	for _, batch := range []bool{false, true} {
+		t.Run(map[bool]string{false: "alone", true: "batched"}[batch], func(t *testing.T) {
+			t.Parallel()
+			lateReservation(t, batch)
+		})
+	}
+}
+
+func lateReservation(t *testing.T, batch bool) {
 	srv := pgtest.Start(t)
 	s := newStore(t, srv, postgres.Options{
 		Table: "late", ConnectTimeout: 300 * time.Millisecond, StatementTimeout: 300 * time.Millisecond,
 	})
+	if batch {
+		s.AlwaysBatch()
+	}
 	c := ctx(t)
 	res := store.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour}
 	// A pooled connection for the reservation to go out on.

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/idemproxy/idemproxy/internal/pgtest"
 )
 
@@ -61,16 +63,80 @@ func TestStatementsUseIndexes(t *testing.T) {
 		{"due lookups", s.sql.due, []string{`100`, `'me'`, us}, "Index Cond: (key = ANY"},
 		{"unscheduled", s.sql.unscheduled, []string{`'r/'`, `100`}, ""},
 		{"sweep", s.sql.sweep, []string{`1000`}, "Index Cond: (key = ANY"},
+		// A batch finds each of its keys by the index.
+		{"batch", s.sql.batch, []string{
+			`'{r/-/1,r/-/2,r/-/new}'`, `'{t,t,t}'`, `'{fp,fp,fp}'`, `'{` + us + `,` + us + `,` + us + `}'`, `'{` + us + `,` + us + `,` + us + `}'`,
+			`ARRAY[` + ts + `,` + ts + `,` + ts + `]`, `'{"","",""}'`,
+			`'{r/-/3,r/-/4}'`, `'{t,t}'`, `'{"{}","{}"}'`, `'{NULL,"\\x00"}'`, `'{` + us + `,` + us + `}'`,
+			`'{r/-/5}'`, `'{t}'`,
+			`'{r/-/6}'`, `'{t}'`, `'{` + us + `}'`,
+		}, ""},
 	}
-	for i, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			plan := srv.MustExec(fmt.Sprintf("PREPARE p%d AS %s;\nEXPLAIN EXECUTE p%d(%s)", i, tc.sql, i, strings.Join(tc.args, ", ")))
-			if strings.Contains(plan, "Seq Scan") {
-				t.Errorf("the plan scans the table:\n%s", plan)
-			}
-			if tc.want != "" && !strings.Contains(plan, tc.want) {
-				t.Errorf("the plan has no %q:\n%s", tc.want, plan)
-			}
-		})
+	// PostgreSQL's plan cache keeps a generic plan of a prepared statement
+	// once it looks as cheap as the custom ones (the batch statement's,
+	// see TestBatchIsPlannedOnce): the generic plans, which know nothing of
+	// the parameters, must not scan either.
+	for _, mode := range []string{"auto", "force_generic_plan"} {
+		for i, tc := range tests {
+			t.Run(mode+"/"+tc.name, func(t *testing.T) {
+				plan := srv.MustExec(fmt.Sprintf("SET plan_cache_mode = %s;\nPREPARE p%d AS %s;\nEXPLAIN EXECUTE p%d(%s)", mode, i, tc.sql, i, strings.Join(tc.args, ", ")))
+				if strings.Contains(plan, "Seq Scan") {
+					t.Errorf("the plan scans the table:\n%s", plan)
+				}
+				if tc.want != "" && !strings.Contains(plan, tc.want) {
+					t.Errorf("the plan has no %q:\n%s", tc.want, plan)
+				}
+			})
+		}
+	}
+}
+
+// TestBatchIsPlannedOnce: the batch statement, prepared on a connection as
+// pgx prepares it, is planned once and its generic plan kept, whatever the
+// sizes of the batches: planning it anew for each batch costs the database
+// more than running it.
+func TestBatchIsPlannedOnce(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.Start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s, err := New(ctx, Options{DSN: srv.DSN(), Table: "planned", SweepInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	c, err := pgx.Connect(ctx, srv.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(context.Background())
+	const runs = 20
+	for i := range runs {
+		var (
+			keys, toks, fps, epochs []string
+			us                      []int64
+			deadlines               []time.Time
+		)
+		for j := range 1 + i%4 { // small batches, whose sizes a custom plan would see
+			keys = append(keys, fmt.Sprintf("r/-/%d-%d", i, j))
+			toks, fps, epochs = append(toks, "t"), append(fps, "fp"), append(epochs, "")
+			us, deadlines = append(us, int64(time.Hour/time.Microsecond)), append(deadlines, time.Now().Add(time.Minute))
+		}
+		rows, err := c.Query(ctx, s.sql.batch, keys, toks, fps, us, us, deadlines, epochs,
+			[]string{}, []string{}, []string{}, [][]byte{}, []int64{}, []string{}, []string{}, []string{}, []string{}, []int64{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var generic, custom int
+	if err := c.QueryRow(ctx, `SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1`, s.sql.batch).Scan(&generic, &custom); err != nil {
+		t.Fatal(err)
+	}
+	if generic < runs-5 {
+		t.Errorf("the batch statement ran %d times with %d generic and %d custom plans; want the generic plan kept after the plan cache's 5 custom ones", runs, generic, custom)
 	}
 }

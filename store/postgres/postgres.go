@@ -93,6 +93,7 @@ type Store struct {
 	log              *slog.Logger
 	instance         string // tags this Store's DueLookups listings
 	clock            dbClock
+	batch            batcher
 	// bytewise is whether the key column sorts byte by byte (list.go):
 	// 0 not read yet, 1 yes, 2 no.
 	bytewise atomic.Int32
@@ -174,6 +175,7 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 		stop:             make(chan struct{}),
 		epochSeen:        opts.EpochSeen,
 	}
+	s.batch.s = s
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -367,7 +369,9 @@ func terminated(err error) bool {
 // CONFLICT DO UPDATE that takes the key when no live record holds it (an
 // expired row is overwritten). When a live record holds it, the record is
 // read by a second statement; should it have expired or been released in
-// between, the reservation is tried again.
+// between, the reservation is tried again. Reservations made while other
+// writes run share a batch (batch.go), whose one statement also reads the
+// records of the keys it did not take.
 func (s *Store) Reserve(ctx context.Context, key string, res store.Reservation) (*store.Record, error) {
 	if err := checkKey(key); err != nil {
 		return nil, err
@@ -379,6 +383,33 @@ func (s *Store) Reserve(ctx context.Context, key string, res store.Reservation) 
 		return nil, fmt.Errorf("postgres store: reserve: lease %v and ttl %v must be positive", res.Lease, res.TTL)
 	}
 	expect := s.expectedEpoch()
+	if batchable(res.Token, res.Fingerprint) {
+		o := &op{kind: opReserve, ctx: ctx, key: key, token: res.Token, fingerprint: res.Fingerprint,
+			lease: micros(res.Lease), ttl: micros(res.TTL), epoch: expect}
+		if s.batch.enter(o) {
+			defer s.batch.leave()
+		} else {
+			if err := o.wait(ctx); err != nil {
+				return nil, fmt.Errorf("postgres store: reserve: %w", err)
+			}
+			switch {
+			case o.err != nil:
+				return nil, fmt.Errorf("postgres store: reserve: %w", o.err)
+			case o.reserved:
+				return nil, nil
+			case o.rec != nil && o.rec.State == store.StateInFlight && o.rec.Token == res.Token:
+				return nil, nil // the caller's own (a batch tried again after a lost session)
+			case o.rec != nil:
+				return o.rec, nil
+			}
+			// o.alone: as below.
+		}
+	}
+	return s.reserveAlone(ctx, key, res, expect)
+}
+
+// reserveAlone is Reserve with the single statements.
+func (s *Store) reserveAlone(ctx context.Context, key string, res store.Reservation, expect string) (*store.Record, error) {
 	for range 3 {
 		var rec *store.Record
 		var sampled time.Time
@@ -453,13 +484,17 @@ func (s *Store) Commit(ctx context.Context, key, token string, resp store.Respon
 	if err != nil {
 		return fmt.Errorf("postgres store: commit: encode response: %w", err)
 	}
-	return s.fenced(ctx, "commit", s.sql.commit, key, token, meta, body(resp), micros(ttl))
+	o := &op{kind: opCommit, meta: meta, body: body(resp), ttl: micros(ttl)}
+	if !batchable(meta) || strings.Contains(meta, `\u0000`) {
+		o = nil // jsonb refuses a NUL character: this one fails alone
+	}
+	return s.fenced(ctx, "commit", o, s.sql.commit, key, token, meta, body(resp), micros(ttl))
 }
 
 // Release implements store.Store: the record is deleted, whatever its
 // state, when it carries token.
 func (s *Store) Release(ctx context.Context, key, token string) error {
-	return s.fenced(ctx, "release", s.sql.release, key, token)
+	return s.fenced(ctx, "release", &op{kind: opRelease}, s.sql.release, key, token)
 }
 
 // MarkInDoubt implements store.Store. A record that is already completed
@@ -468,12 +503,14 @@ func (s *Store) MarkInDoubt(ctx context.Context, key, token string, ttl time.Dur
 	if ttl <= 0 {
 		return fmt.Errorf("postgres store: mark in doubt: ttl %v must be positive", ttl)
 	}
-	return s.fenced(ctx, "mark in doubt", s.sql.markInDoubt, key, token, micros(ttl))
+	return s.fenced(ctx, "mark in doubt", &op{kind: opMarkInDoubt, ttl: micros(ttl)}, s.sql.markInDoubt, key, token, micros(ttl))
 }
 
 // fenced runs one of the token-checked statements, whose parameters are
 // key, token, args; it changed one row or the record does not carry token.
-func (s *Store) fenced(ctx context.Context, op, sql, key, token string, args ...any) error {
+// The write b, when not nil, is the same one for a batch (batch.go), its
+// key and token not filled in yet.
+func (s *Store) fenced(ctx context.Context, op string, b *op, sql, key, token string, args ...any) error {
 	if err := checkKey(key); err != nil {
 		if errors.Is(err, errUnstorable) {
 			return store.ErrNotOwner
@@ -482,6 +519,25 @@ func (s *Store) fenced(ctx context.Context, op, sql, key, token string, args ...
 	}
 	if token == "" {
 		return fmt.Errorf("postgres store: %s: empty token", op)
+	}
+	if b != nil && batchable(token) {
+		b.ctx, b.key, b.token = ctx, key, token
+		if s.batch.enter(b) {
+			defer s.batch.leave()
+		} else {
+			if err := b.wait(ctx); err != nil {
+				return fmt.Errorf("postgres store: %s: %w", op, err)
+			}
+			switch {
+			case b.err != nil:
+				return fmt.Errorf("postgres store: %s: %w", op, b.err)
+			case b.alone:
+			case b.changed:
+				return nil
+			default:
+				return store.ErrNotOwner
+			}
+		}
 	}
 	var n int64
 	err := s.run(ctx, func(ctx context.Context, c *pgxpool.Conn) error {
@@ -520,11 +576,10 @@ func (s *Store) Get(ctx context.Context, key string) (*store.Record, error) {
 // get reads the live record under key on c; nil when there is none.
 func (s *Store) get(ctx context.Context, c *pgxpool.Conn, key string) (*store.Record, error) {
 	var (
-		st, tok, fp      string
-		cr, exp          time.Time
-		lease            *time.Time
-		meta, respBody   []byte
-		hasMeta, hasBody bool
+		st, tok, fp    string
+		cr, exp        time.Time
+		lease          *time.Time
+		meta, respBody []byte
 	)
 	err := c.QueryRow(ctx, s.sql.get, key).Scan(&st, &tok, &fp, &cr, &lease, &exp, &meta, &respBody)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -533,7 +588,13 @@ func (s *Store) get(ctx context.Context, c *pgxpool.Conn, key string) (*store.Re
 	if err != nil {
 		return nil, err
 	}
-	hasMeta, hasBody = meta != nil, respBody != nil
+	return decodeRecord(st, tok, fp, cr, lease, exp, meta, respBody)
+}
+
+// decodeRecord builds the record of a row as the get statement (and the
+// batch statement, for a key it did not reserve) returns it.
+func decodeRecord(st, tok, fp string, cr time.Time, lease *time.Time, exp time.Time, meta, respBody []byte) (*store.Record, error) {
+	hasMeta, hasBody := meta != nil, respBody != nil
 	rec := &store.Record{State: store.State(st), Token: tok, Fingerprint: fp, CreatedAt: cr, ExpiresAt: exp}
 	switch rec.State {
 	case store.StateInFlight:

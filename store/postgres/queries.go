@@ -19,7 +19,11 @@ type queries struct {
 	reserve, get, commit, release, markInDoubt string
 	// reserveEpoch is reserve that takes the key only while the epoch
 	// marker's row (epoch.go) carries the ID $7.
-	reserveEpoch                                 string
+	reserveEpoch string
+	// batch is the statement of a batch (batch.go): reservations,
+	// commits, releases and in-doubt marks of distinct keys, each kind
+	// given as arrays.
+	batch                                        string
 	schedule, unschedule, claim, claimState      string
 	resolveRelease, resolveApplied, resolveRetry string
 	due, unscheduled, sweep                      string
@@ -52,7 +56,7 @@ func newQueries(schema, table string) queries {
 	t := pgx.Identifier{schema, table}.Sanitize()
 	ix := func(suffix string) string { return pgx.Identifier{table + suffix}.Sanitize() }
 	vt := pgx.Identifier{schema, table + "_schema"}.Sanitize()
-	r := strings.NewReplacer("{epoch}", "EXISTS (SELECT 1 FROM "+t+" AS e WHERE e.key = '"+EpochKey+"' AND e.token = $7)", "{t}", t, "{ts}", ts, "{live}", live, "{doubt}", doubt, "{us}", us, "{cleared}", cleared)
+	r := strings.NewReplacer("{vepoch}", "(v.epoch = '' OR EXISTS (SELECT 1 FROM "+t+" AS e WHERE e.key = '"+EpochKey+"' AND e.token = v.epoch))", "{epoch}", "EXISTS (SELECT 1 FROM "+t+" AS e WHERE e.key = '"+EpochKey+"' AND e.token = $7)", "{t}", t, "{ts}", ts, "{live}", live, "{doubt}", doubt, "{us}", us, "{cleared}", cleared)
 	q := func(s string) string { return r.Replace(s) }
 	return queries{
 		createTable: []string{q(`CREATE TABLE IF NOT EXISTS {t} (
@@ -101,6 +105,74 @@ ON CONFLICT (key) DO UPDATE SET
 	created_at = excluded.created_at, lease_expires_at = excluded.lease_expires_at,
 	expires_at = excluded.expires_at, response = NULL, body = NULL, {cleared}
 WHERE r.expires_at <= {ts} AND clock_timestamp() <= $6::timestamptz AND {epoch}`),
+		// The batch's reservations are the reserve statement's over the
+		// rows of v, in the order of their keys (the order in which they
+		// lock rows), each with its own deadline and epoch ('': none); the
+		// conflict's WHERE finds the row's own in v. The rows it did not
+		// take are read in the same statement, from its snapshot: a record
+		// committed after the snapshot began is not seen, and the caller
+		// then tries alone. The commits, releases and in-doubt marks are
+		// the fenced statements over their own arrays. The keys are
+		// distinct across the whole batch, so no row is changed twice.
+		// Each row of the result is a key of the batch: for a reservation
+		// whether it took the key and otherwise the live record (as get
+		// returns it); for the others, the keys whose record they changed.
+		//
+		// The arrays are read through p, which the planner does not look
+		// into: it then plans every batch alike, whatever its size, and
+		// the plan cache keeps one generic plan of the statement instead
+		// of planning it anew each time (the arrays' lengths would make
+		// each plan look cheaper than the generic one). Its planning costs
+		// more than its execution.
+		batch: q(`WITH p AS MATERIALIZED (
+	SELECT $1::text[] AS rk, $2::text[] AS rt, $3::text[] AS rf, $4::bigint[] AS rl, $5::bigint[] AS rx, $6::timestamptz[] AS rd, $7::text[] AS re,
+		$8::text[] AS ck, $9::text[] AS ct, $10::text[] AS cr, $11::bytea[] AS cb, $12::bigint[] AS cx,
+		$13::text[] AS dk, $14::text[] AS dt,
+		$15::text[] AS mk, $16::text[] AS mt, $17::bigint[] AS mx
+), v AS (
+	SELECT v.* FROM p, unnest(p.rk, p.rt, p.rf, p.rl, p.rx, p.rd, p.re) AS v (key, token, fingerprint, lease, ttl, deadline, epoch)
+), ins AS (
+	INSERT INTO {t} AS r (key, state, token, fingerprint, created_at, lease_expires_at, expires_at)
+	SELECT v.key, 'in_flight', v.token, v.fingerprint, {ts}, {ts} + v.lease{us}, {ts} + v.ttl{us}
+	FROM v WHERE clock_timestamp() <= v.deadline AND {vepoch}
+	ORDER BY v.key
+	ON CONFLICT (key) DO UPDATE SET
+		state = excluded.state, token = excluded.token, fingerprint = excluded.fingerprint,
+		created_at = excluded.created_at, lease_expires_at = excluded.lease_expires_at,
+		expires_at = excluded.expires_at, response = NULL, body = NULL, {cleared}
+	WHERE r.expires_at <= {ts} AND EXISTS (SELECT 1 FROM v WHERE v.key = excluded.key AND clock_timestamp() <= v.deadline AND {vepoch})
+	RETURNING r.key
+), cm AS (
+	UPDATE {t} AS r SET
+		state = 'completed',
+		response = CASE WHEN r.state = 'completed' THEN r.response ELSE c.response::jsonb END,
+		body = CASE WHEN r.state = 'completed' THEN r.body ELSE c.body END,
+		expires_at = CASE WHEN r.state = 'completed' THEN r.expires_at ELSE {ts} + c.ttl{us} END,
+		lease_expires_at = NULL, {cleared}
+	FROM p, unnest(p.ck, p.ct, p.cr, p.cb, p.cx) AS c (key, token, response, body, ttl)
+	WHERE r.key = c.key AND r.token = c.token AND {live}
+	RETURNING r.key
+), rl AS (
+	DELETE FROM {t} AS r USING p, unnest(p.dk, p.dt) AS d (key, token)
+	WHERE r.key = d.key AND r.token = d.token AND {live}
+	RETURNING r.key
+), md AS (
+	UPDATE {t} AS r SET
+		state = CASE WHEN r.state = 'completed' THEN r.state ELSE 'in_doubt' END,
+		lease_expires_at = NULL,
+		expires_at = CASE WHEN r.state = 'completed' THEN r.expires_at ELSE {ts} + m.ttl{us} END
+	FROM p, unnest(p.mk, p.mt, p.mx) AS m (key, token, ttl)
+	WHERE r.key = m.key AND r.token = m.token AND {live}
+	RETURNING r.key
+)
+SELECT v.key, ins.key IS NOT NULL, CASE WHEN {doubt} THEN 'in_doubt' ELSE r.state END, r.token, r.fingerprint, r.created_at,
+	CASE WHEN r.state = 'in_flight' AND r.lease_expires_at > {ts} THEN r.lease_expires_at END,
+	r.expires_at, r.response, r.body
+FROM v LEFT JOIN ins ON ins.key = v.key
+	LEFT JOIN {t} AS r ON ins.key IS NULL AND r.key = v.key AND {live}
+UNION ALL SELECT key, true, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM cm
+UNION ALL SELECT key, true, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM rl
+UNION ALL SELECT key, true, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM md`),
 		get: q(`SELECT CASE WHEN {doubt} THEN 'in_doubt' ELSE r.state END, r.token, r.fingerprint, r.created_at,
 	CASE WHEN r.state = 'in_flight' AND r.lease_expires_at > {ts} THEN r.lease_expires_at END,
 	r.expires_at, r.response, r.body

@@ -93,15 +93,15 @@ func (s *Store) ClaimLookup(ctx context.Context, key, token string, lease time.D
 func (s *Store) ResolveLookup(ctx context.Context, key, token string, res store.LookupResult) error {
 	switch {
 	case res.Release:
-		return s.fenced(ctx, "resolve lookup", s.sql.resolveRelease, key, token)
+		return s.fenced(ctx, "resolve lookup", nil, s.sql.resolveRelease, key, token)
 	case res.Applied != nil:
 		meta, err := encodeMeta(*res.Applied)
 		if err != nil {
 			return fmt.Errorf("postgres store: resolve lookup: encode response: %w", err)
 		}
-		return s.fenced(ctx, "resolve lookup", s.sql.resolveApplied, key, token, meta, body(*res.Applied))
+		return s.fenced(ctx, "resolve lookup", nil, s.sql.resolveApplied, key, token, meta, body(*res.Applied))
 	default:
-		return s.fenced(ctx, "resolve lookup", s.sql.resolveRetry, key, token, micros(max(res.RetryAfter, 0)))
+		return s.fenced(ctx, "resolve lookup", nil, s.sql.resolveRetry, key, token, micros(max(res.RetryAfter, 0)))
 	}
 }
 

@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -16,13 +17,23 @@ import (
 // with a warning: the write is on the primary only, and a failover loses
 // it. A reservation acknowledged so would be forwarded, lost in the
 // failover, and the retry charged again; so every write the standby has
-// not confirmed is an error, never an acknowledgement.
+// not confirmed is an error, never an acknowledgement: a write run alone,
+// and every write of a batch (whose one commit waited for the standby).
 func TestUnreplicatedWritesAreNotAcknowledged(t *testing.T) {
 	t.Parallel()
 	primary := pgtest.Start(t, "synchronous_standby_names=absent", "synchronous_commit=on")
+	for _, batch := range []bool{false, true} {
+		t.Run(map[bool]string{false: "alone", true: "batched"}[batch], func(t *testing.T) {
+			unreplicatedWrites(t, primary, batch)
+		})
+	}
+}
+
+func unreplicatedWrites(t *testing.T, primary *pgtest.Server, batch bool) {
+	table := map[bool]string{false: "sync", true: "sync_batched"}[batch]
 	// The table and the records the writes below change are made without
 	// waiting for the absent standby.
-	local := newStore(t, primary, postgres.Options{Table: "sync", SynchronousCommit: "local"})
+	local := newStore(t, primary, postgres.Options{Table: table, SynchronousCommit: "local"})
 	res := store.Reservation{Token: "t", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
 	for _, k := range []string{"r/-/commit", "r/-/release", "r/-/doubt"} {
 		if rec, err := local.Reserve(ctx(t), k, res); err != nil || rec != nil {
@@ -30,11 +41,14 @@ func TestUnreplicatedWritesAreNotAcknowledged(t *testing.T) {
 		}
 	}
 	s := newStore(t, primary, postgres.Options{
-		Table: "sync", SynchronousCommit: "on", StatementTimeout: 300 * time.Millisecond,
+		Table: table, SynchronousCommit: "on", StatementTimeout: 300 * time.Millisecond,
 		ConnectTimeout: postgres.DefaultConnectTimeout,
 	})
+	if batch {
+		s.AlwaysBatch()
+	}
 	resp := store.Response{Status: 201, Body: []byte("ok"), BodyStored: true}
-	for _, w := range []struct {
+	writes := []struct {
 		name string
 		f    func(ctx context.Context) error
 	}{
@@ -48,8 +62,22 @@ func TestUnreplicatedWritesAreNotAcknowledged(t *testing.T) {
 		{"Commit", func(c context.Context) error { return s.Commit(c, "r/-/commit", "t", resp, time.Hour) }},
 		{"Release", func(c context.Context) error { return s.Release(c, "r/-/release", "t") }},
 		{"MarkInDoubt", func(c context.Context) error { return s.MarkInDoubt(c, "r/-/doubt", "t", time.Hour) }},
-	} {
-		if err := call(t, w.name, w.f); err == nil {
+	}
+	// Batched, the writes are made at once: the first goes alone (in a
+	// batch of its own), the others queue behind it and share one batch.
+	errs := make([]error, len(writes))
+	var wg sync.WaitGroup
+	for i, w := range writes {
+		if !batch {
+			errs[i] = call(t, w.name, w.f)
+			continue
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[i] = call(t, w.name, w.f) }()
+	}
+	wg.Wait()
+	for i, w := range writes {
+		if errs[i] == nil {
 			t.Errorf("%s with the synchronous standby unreachable = nil error; want an error (the write is not replicated)", w.name)
 		}
 	}
