@@ -67,11 +67,18 @@ func ctx(t *testing.T) context.Context {
 
 var res = store.Reservation{Token: "tok-a", Fingerprint: "fp-a", Lease: time.Minute, TTL: time.Hour}
 
+// TestConformance runs the suite on a single node, for the default
+// layout (packed) and for the hash layout (LayoutHash).
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	storetest.Run(t, func(t *testing.T) store.Store {
 		return newStore(t, Options{Addrs: []string{srv.Addr()}})
+	})
+	t.Run("hash layout", func(t *testing.T) {
+		storetest.Run(t, func(t *testing.T) store.Store {
+			return newStore(t, Options{Addrs: []string{srv.Addr()}, RecordLayout: LayoutHash})
+		})
 	})
 }
 
@@ -80,6 +87,11 @@ func TestReconcileConformance(t *testing.T) {
 	srv := redistest.Start(t)
 	storetest.RunReconcile(t, func(t *testing.T) storetest.ReconcileStore {
 		return newStore(t, Options{Addrs: []string{srv.Addr()}})
+	})
+	t.Run("hash layout", func(t *testing.T) {
+		storetest.RunReconcile(t, func(t *testing.T) storetest.ReconcileStore {
+			return newStore(t, Options{Addrs: []string{srv.Addr()}, RecordLayout: LayoutHash})
+		})
 	})
 	c := redistest.StartCluster(t, 3)
 	t.Run("cluster", func(t *testing.T) {
@@ -438,6 +450,8 @@ func TestNewOptions(t *testing.T) {
 		{"no dial timeout", func(o *Options) { o.DialTimeout = 0 }, "dial timeout 0s is not positive"},
 		{"no op timeout", func(o *Options) { o.OpTimeout = 0 }, "op timeout 0s is not positive"},
 		{"negative op timeout", func(o *Options) { o.OpTimeout = -1 }, "op timeout -1ns is not positive"},
+		{"unknown record layout", func(o *Options) { o.RecordLayout = "json" }, `record layout "json" is not packed or hash`},
+		{"record layout in capitals", func(o *Options) { o.RecordLayout = "HASH" }, `record layout "HASH" is not packed or hash`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			opts := closedPort
