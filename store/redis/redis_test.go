@@ -533,12 +533,30 @@ func TestLargestTTLKeepsTheReservation(t *testing.T) {
 // of the answered request must still be stored. Refused, it left the key
 // in flight and then in doubt for its whole TTL: every retry got 409
 // instead of the answer the upstream had given.
+//
+// It runs for both layouts; with the hash layout, a packed record (of a
+// replica with the packed layout) is committed too: its rewrite as a hash
+// starts with a DEL, so a full Redis lets it finish.
 func TestCommitWhenRedisIsFull(t *testing.T) {
+	for _, layout := range []RecordLayout{LayoutPacked, LayoutHash} {
+		t.Run(string(layout), func(t *testing.T) { commitWhenRedisIsFull(t, layout) })
+	}
+}
+
+func commitWhenRedisIsFull(t *testing.T, layout RecordLayout) {
 	srv := redistest.Start(t, "--maxmemory-policy", "noeviction")
-	s := newStore(t, Options{Addrs: []string{srv.Addr()}})
+	s := newStore(t, Options{Addrs: []string{srv.Addr()}, RecordLayout: layout})
 	c := ctx(t)
 	if rec, err := s.Reserve(c, "r/-/answered", res); err != nil || rec != nil {
 		t.Fatalf("Reserve = %+v, %v; want nil, nil", rec, err)
+	}
+	committed := []string{"r/-/answered", "r/-/doubt"}
+	if layout == LayoutHash {
+		packed := newStore(t, Options{Addrs: []string{srv.Addr()}, KeyPrefix: s.prefix})
+		if rec, err := packed.Reserve(c, "r/-/packed", res); err != nil || rec != nil {
+			t.Fatalf("Reserve (packed) = %+v, %v; want nil, nil", rec, err)
+		}
+		committed = append(committed, "r/-/packed")
 	}
 	// A record marked in doubt has no lease field left to delete.
 	if rec, err := s.Reserve(c, "r/-/doubt", res); err != nil || rec != nil {
@@ -578,7 +596,7 @@ func TestCommitWhenRedisIsFull(t *testing.T) {
 		t.Fatalf("Reserve on a full Redis = %+v, %v; want an OOM error", rec, err)
 	}
 	answer := store.Response{Status: 201, Body: []byte(strings.Repeat("a", 2000)), BodyStored: true}
-	for _, key := range []string{"r/-/answered", "r/-/doubt"} {
+	for _, key := range committed {
 		if err := s.Commit(c, key, res.Token, answer, time.Hour); err != nil {
 			t.Fatalf("Commit %s on a full Redis: %v; want the answer stored", key, err)
 		}
