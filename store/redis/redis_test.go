@@ -398,17 +398,29 @@ func TestKeyPrefixAndLayout(t *testing.T) {
 
 func TestCorruptRecordIsAnError(t *testing.T) {
 	srv := redistest.Start(t)
-	s := newStore(t, Options{Addrs: []string{srv.Addr()}})
 	raw := rawClient(t, srv.Addr())
 	c := ctx(t)
-	raw.HSet(c, s.prefix+"bad/state", "st", "bogus", "tok", "t", "cr", "1")
-	raw.Set(c, s.prefix+"bad/type", "a string", time.Hour)
-	for _, key := range []string{"bad/state", "bad/type"} {
-		if rec, err := s.Get(c, key); err == nil {
-			t.Errorf("Get(%s) = %+v, nil; want an error", key, rec)
+	for _, layout := range []RecordLayout{LayoutPacked, LayoutHash} {
+		s := newStore(t, Options{Addrs: []string{srv.Addr()}, RecordLayout: layout})
+		raw.HSet(c, s.prefix+"bad/state", "st", "bogus", "tok", "t", "cr", "1")
+		raw.Set(c, s.prefix+"bad/type", "a string", time.Hour)
+		for _, key := range []string{"bad/state", "bad/type"} {
+			if rec, err := s.Get(c, key); err == nil {
+				t.Errorf("%s: Get(%s) = %+v, nil; want an error", layout, key, rec)
+			}
+			if rec, err := s.Reserve(c, key, res); err == nil {
+				t.Errorf("%s: Reserve(%s) = %+v, nil; want an error", layout, key, rec)
+			}
+			// Neither is the caller's: a commit or mark changes nothing.
+			if err := s.Commit(c, key, res.Token, store.Response{Status: 201}, time.Hour); err == nil {
+				t.Errorf("%s: Commit(%s) succeeded; want an error", layout, key)
+			}
+			if err := s.MarkInDoubt(c, key, res.Token, time.Hour); err == nil {
+				t.Errorf("%s: MarkInDoubt(%s) succeeded; want an error", layout, key)
+			}
 		}
-		if rec, err := s.Reserve(c, key, res); err == nil {
-			t.Errorf("Reserve(%s) = %+v, nil; want an error", key, rec)
+		if v := raw.Get(c, s.prefix+"bad/type").Val(); v != "a string" {
+			t.Errorf("%s: the corrupt string became %q", layout, v)
 		}
 	}
 }
