@@ -54,6 +54,16 @@ const (
 	PreallocateRequired = "required"
 )
 
+// Record layouts of the Redis store (store.redis.record_layout):
+// RecordLayoutPacked writes each record as one packed string (one write
+// per change), which releases before it cannot read; RecordLayoutHash
+// writes the hashes those releases wrote, for a rolling upgrade from them
+// or before a rollback to them. Both read either layout.
+const (
+	RecordLayoutPacked = "packed"
+	RecordLayoutHash   = "hash"
+)
+
 // Route modes: enforce answers duplicates from the store; observe does the
 // bookkeeping but forwards every request, counting what enforce would have
 // done.
@@ -223,6 +233,11 @@ type Redis struct {
 	// must be shorter than every route's lease minus its
 	// upstream_timeout.
 	WaitTimeout Duration `yaml:"wait_timeout"`
+	// RecordLayout is the layout records are written in: packed (the
+	// default: one string, one write per change) or hash (the hashes of
+	// releases before the packed layout, which cannot read packed
+	// records). Either is read whatever it says. Empty means packed.
+	RecordLayout string `yaml:"record_layout"`
 }
 
 // Postgres configures the PostgreSQL store.

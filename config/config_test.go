@@ -738,6 +738,12 @@ func TestRedis(t *testing.T) {
 			[]string{"store.redis.wait_timeout: 5s must be shorter than routes[0]'s lease minus its upstream_timeout (5s)"}},
 		{"wait longer than the lease", redis("    addrs: [r:6379]\n    wait_replicas: 1\n    wait_timeout: 1m\n"),
 			[]string{"store.redis.wait_timeout: 1m0s must be shorter than routes[0]'s lease"}},
+		{"unknown record_layout", redis("    addrs: [r:6379]\n    record_layout: json\n"),
+			[]string{`store.redis.record_layout: "json" is not one of packed, hash`}},
+		{"record_layout in capitals", redis("    addrs: [r:6379]\n    record_layout: Hash\n"),
+			[]string{`store.redis.record_layout: "Hash" is not one of packed, hash`}},
+		{"record_layout not a string", redis("    addrs: [r:6379]\n    record_layout: [hash]\n"),
+			[]string{"store.redis.record_layout"}},
 		{"CA file without a certificate", redis("    addrs: [r:6379]\n    tls: true\n    tls_ca_file: " + notPEM + "\n"),
 			[]string{"store.redis.tls_ca_file: no PEM certificate in " + notPEM}},
 		{"badger and redis", "store:\n  badger: {dir: /d}\n  redis: {addrs: [\"r:6379\"]}\n" + withRoute(""), []string{"store: set exactly one of badger, redis and postgres"}},
@@ -755,6 +761,14 @@ func TestRedis(t *testing.T) {
 
 	if r.WaitReplicas != 0 || r.WaitTimeout.D() != 500*time.Millisecond {
 		t.Errorf("redis defaults: wait_replicas %d, wait_timeout %v; want 0, 500ms", r.WaitReplicas, r.WaitTimeout.D())
+	}
+	if r.RecordLayout != "packed" {
+		t.Errorf("redis default record_layout %q, want packed", r.RecordLayout)
+	}
+	for _, layout := range []string{"packed", "hash"} {
+		if c := mustParse(t, redis("    addrs: [r:6379]\n    record_layout: "+layout+"\n")); c.Store.Redis.RecordLayout != layout {
+			t.Errorf("record_layout: %s read as %q", layout, c.Store.Redis.RecordLayout)
+		}
 	}
 	// Waiting for replicas: a single node or Sentinel, within the margin.
 	for _, src := range []string{

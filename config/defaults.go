@@ -20,6 +20,7 @@ const (
 	DefaultRedisKeyPrefix           = "idemproxy:"
 	DefaultRedisDialTimeout         = time.Second
 	DefaultRedisOpTimeout           = 500 * time.Millisecond
+	DefaultRedisRecordLayout        = RecordLayoutPacked
 	DefaultRedisWaitTimeout         = 500 * time.Millisecond // a replica nearby acks in ~1ms: 500ms means down or far behind; 503 within op_timeout + wait_timeout (1s), well inside the 5s lease margin
 	DefaultEpochCheckInterval       = 2 * time.Second
 	DefaultPostgresMaxConns         = 16
@@ -173,6 +174,7 @@ func (r *Redis) applyDefaults() {
 	setDuration(&r.DialTimeout, DefaultRedisDialTimeout)
 	setDuration(&r.OpTimeout, DefaultRedisOpTimeout)
 	setDuration(&r.WaitTimeout, DefaultRedisWaitTimeout)
+	setString(&r.RecordLayout, DefaultRedisRecordLayout)
 }
 
 func (pg *Postgres) applyDefaults() {

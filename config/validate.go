@@ -234,6 +234,7 @@ func (r *Redis) validate(p *problems) {
 	if r.OpTimeout <= 0 {
 		p.add("store.redis.op_timeout", "must be positive")
 	}
+	oneOf(p, "store.redis.record_layout", r.RecordLayout, RecordLayoutPacked, RecordLayoutHash)
 	if r.WaitReplicas < 0 {
 		p.add("store.redis.wait_replicas", "must not be negative (0: do not wait for replicas)")
 	}

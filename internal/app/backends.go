@@ -92,6 +92,7 @@ func openRedis(a *app) (storeCloser, error) {
 		EpochSeen:         a.epochSeen,
 		WaitReplicas:      r.WaitReplicas,
 		WaitTimeout:       r.WaitTimeout.D(),
+		RecordLayout:      redis.RecordLayout(r.RecordLayout),
 	}
 	for _, c := range []struct {
 		env string

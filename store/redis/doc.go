@@ -41,8 +41,11 @@
 //
 // # Data layout
 //
-// Every proxy key is one Redis HASH under KeyPrefix + key (the proxy's keys
-// look like "route/scopehash/key"), with the fields:
+// Every proxy key is one Redis key under KeyPrefix + key (the proxy's keys
+// look like "route/scopehash/key"): a string packing the record with
+// MessagePack (LayoutPacked, the default; see "The record layout" in
+// scripts.go), or, as releases before it wrote and LayoutHash writes, a
+// HASH with the fields:
 //
 //	st    state: in_flight, completed or in_doubt
 //	tok   owner token of the reservation
@@ -51,7 +54,8 @@
 //	le    lease expiry, Unix milliseconds (Redis server clock); in_flight only
 //	resp  the committed answer, JSON of store.Response; completed only
 //
-// The hash carries a PEXPIRE (the record's TTL), so Redis itself forgets old
+// Either layout is read whatever Options.RecordLayout says. The key
+// carries an expiry (the record's TTL), so Redis itself forgets old
 // records and no sweeper is needed; no record ever lives without a TTL.
 // A record never spans more than one key, so it works unchanged on Redis
 // Cluster.

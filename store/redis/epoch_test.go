@@ -29,11 +29,17 @@ func TestEpochConformance(t *testing.T) {
 // TestReserveChecksTheEpoch: with ExpectEpoch, a reservation on a Redis
 // whose marker is gone (FLUSHALL: the connections stay open, so no new
 // connection tells) is refused with store.ErrKeysLost, and nothing is
-// written; EpochSeen hears of it.
+// written; EpochSeen hears of it. For both record layouts.
 func TestReserveChecksTheEpoch(t *testing.T) {
+	for _, layout := range []RecordLayout{LayoutPacked, LayoutHash} {
+		t.Run(string(layout), func(t *testing.T) { reserveChecksTheEpoch(t, layout) })
+	}
+}
+
+func reserveChecksTheEpoch(t *testing.T, layout RecordLayout) {
 	srv := redistest.Start(t)
 	var seen atomic.Int64
-	s := newStore(t, Options{Addrs: []string{srv.Addr()}, EpochSeen: func(m *store.Epoch, read bool) error {
+	s := newStore(t, Options{Addrs: []string{srv.Addr()}, RecordLayout: layout, EpochSeen: func(m *store.Epoch, read bool) error {
 		if read && m == nil {
 			seen.Add(1)
 		}
@@ -46,6 +52,10 @@ func TestReserveChecksTheEpoch(t *testing.T) {
 	s.ExpectEpoch("e1")
 	if rec, err := s.Reserve(ctx(t), "r/-/before", res); err != nil || rec != nil {
 		t.Fatalf("Reserve with the marker in place = %+v, %v; want reserved", rec, err)
+	}
+	want := map[RecordLayout]string{LayoutPacked: "string", LayoutHash: "hash"}[layout]
+	if typ, _ := srv.Do("TYPE", s.prefix+"r/-/before"); typ != want {
+		t.Errorf("the reservation checked against the epoch is a %s, want a %s", typ, want)
 	}
 	if _, err := srv.Do("FLUSHALL"); err != nil {
 		t.Fatal(err)

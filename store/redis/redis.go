@@ -94,6 +94,37 @@ type Options struct {
 	// WaitTimeout bounds each WAIT; it must be positive when WaitReplicas
 	// is, and adds to OpTimeout for the writes that wait.
 	WaitTimeout time.Duration
+	// RecordLayout is the layout the store writes records in (see "The
+	// record layout" in scripts.go); records of either layout are read,
+	// whatever it is. The zero value is LayoutPacked; New refuses any
+	// other value than the two layouts.
+	RecordLayout RecordLayout
+}
+
+// RecordLayout is the layout a Store writes its records in.
+type RecordLayout string
+
+const (
+	// LayoutPacked writes each record as one string packed with
+	// MessagePack: one write command per change (SET ... PX). Releases
+	// before it cannot read such records.
+	LayoutPacked RecordLayout = "packed"
+	// LayoutHash writes each record as a hash, with the commands of the
+	// release before the packed layout (HSET, HDEL, PEXPIRE), so that
+	// replicas of that release read every record written: for a rolling
+	// upgrade from it, or before a rollback to it.
+	LayoutHash RecordLayout = "hash"
+)
+
+// recordScripts are the scripts that write a record in one layout.
+type recordScripts struct {
+	reserve, reserveEpoch, commit, markInDoubt *goredis.Script
+}
+
+var layouts = map[RecordLayout]recordScripts{
+	"":           {reserveScript, reserveEpochScript, commitScript, markInDoubtScript},
+	LayoutPacked: {reserveScript, reserveEpochScript, commitScript, markInDoubtScript},
+	LayoutHash:   {reserveHashScript, reserveHashEpochScript, commitHashScript, markInDoubtHashScript},
 }
 
 // ErrEvictionPolicy is returned (wrapped) by Ping when Redis may evict
@@ -119,6 +150,8 @@ type Store struct {
 	// "": none.
 	expect    atomic.Pointer[string]
 	epochSeen func(m *store.Epoch, read bool) error
+	// scripts write records in Options.RecordLayout.
+	scripts recordScripts
 }
 
 var _ store.Store = (*Store)(nil)
@@ -141,6 +174,10 @@ func New(opts Options) (*Store, error) {
 	case opts.WaitReplicas > 0 && opts.WaitTimeout <= 0:
 		return nil, fmt.Errorf("redis store: wait timeout %v is not positive", opts.WaitTimeout)
 	}
+	scripts, ok := layouts[opts.RecordLayout]
+	if !ok {
+		return nil, fmt.Errorf("redis store: record layout %q is not %s or %s", opts.RecordLayout, LayoutPacked, LayoutHash)
+	}
 	sentinel := opts.MasterName != ""
 	cluster := !sentinel && (opts.ClusterMode || len(opts.Addrs) > 1)
 	if cluster && opts.WaitReplicas > 0 {
@@ -157,6 +194,7 @@ func New(opts Options) (*Store, error) {
 		single:        !sentinel && !cluster,
 		checkEviction: !opts.SkipEvictionCheck,
 		epochSeen:     opts.EpochSeen,
+		scripts:       scripts,
 	}
 	uo := universalOptions(opts)
 	if opts.EpochSeen != nil {
@@ -242,10 +280,10 @@ func (s *Store) Reserve(ctx context.Context, key string, res store.Reservation) 
 	if err != nil {
 		return nil, fmt.Errorf("redis store: reserve: %w", err)
 	}
-	script, keys, args := reserveScript, []string{s.prefix + key},
+	script, keys, args := s.scripts.reserve, []string{s.prefix + key},
 		[]any{res.Token, res.Fingerprint, millis(res.Lease), millis(res.TTL), deadline}
 	if id := s.expectedEpoch(); id != "" {
-		script, keys, args = reserveEpochScript, append(keys, s.EpochKey()), append(args, id)
+		script, keys, args = s.scripts.reserveEpoch, append(keys, s.EpochKey()), append(args, id)
 	}
 	v, err := s.pipe.run(ctx, true, script, keys, args...).Slice()
 	if err != nil {
@@ -280,7 +318,7 @@ func (s *Store) Commit(ctx context.Context, key, token string, resp store.Respon
 	if err != nil {
 		return fmt.Errorf("redis store: commit: encode response: %w", err)
 	}
-	return s.fenced(ctx, "commit", commitScript, key, token, b, millis(ttl))
+	return s.fenced(ctx, "commit", s.scripts.commit, key, token, b, millis(ttl))
 }
 
 // Release implements store.Store: the record is deleted, whatever its
@@ -301,7 +339,7 @@ func (s *Store) MarkInDoubt(ctx context.Context, key, token string, ttl time.Dur
 	if ttl <= 0 {
 		return fmt.Errorf("redis store: mark in doubt: ttl %v must be positive", ttl)
 	}
-	return s.fenced(ctx, "mark in doubt", markInDoubtScript, key, token, millis(ttl))
+	return s.fenced(ctx, "mark in doubt", s.scripts.markInDoubt, key, token, millis(ttl))
 }
 
 // fenced runs one of the token-checked scripts, which answer 1 (done) or 0

@@ -67,11 +67,18 @@ func ctx(t *testing.T) context.Context {
 
 var res = store.Reservation{Token: "tok-a", Fingerprint: "fp-a", Lease: time.Minute, TTL: time.Hour}
 
+// TestConformance runs the suite on a single node, for the default
+// layout (packed) and for the hash layout (LayoutHash).
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	storetest.Run(t, func(t *testing.T) store.Store {
 		return newStore(t, Options{Addrs: []string{srv.Addr()}})
+	})
+	t.Run("hash layout", func(t *testing.T) {
+		storetest.Run(t, func(t *testing.T) store.Store {
+			return newStore(t, Options{Addrs: []string{srv.Addr()}, RecordLayout: LayoutHash})
+		})
 	})
 }
 
@@ -80,6 +87,11 @@ func TestReconcileConformance(t *testing.T) {
 	srv := redistest.Start(t)
 	storetest.RunReconcile(t, func(t *testing.T) storetest.ReconcileStore {
 		return newStore(t, Options{Addrs: []string{srv.Addr()}})
+	})
+	t.Run("hash layout", func(t *testing.T) {
+		storetest.RunReconcile(t, func(t *testing.T) storetest.ReconcileStore {
+			return newStore(t, Options{Addrs: []string{srv.Addr()}, RecordLayout: LayoutHash})
+		})
 	})
 	c := redistest.StartCluster(t, 3)
 	t.Run("cluster", func(t *testing.T) {
@@ -386,17 +398,29 @@ func TestKeyPrefixAndLayout(t *testing.T) {
 
 func TestCorruptRecordIsAnError(t *testing.T) {
 	srv := redistest.Start(t)
-	s := newStore(t, Options{Addrs: []string{srv.Addr()}})
 	raw := rawClient(t, srv.Addr())
 	c := ctx(t)
-	raw.HSet(c, s.prefix+"bad/state", "st", "bogus", "tok", "t", "cr", "1")
-	raw.Set(c, s.prefix+"bad/type", "a string", time.Hour)
-	for _, key := range []string{"bad/state", "bad/type"} {
-		if rec, err := s.Get(c, key); err == nil {
-			t.Errorf("Get(%s) = %+v, nil; want an error", key, rec)
+	for _, layout := range []RecordLayout{LayoutPacked, LayoutHash} {
+		s := newStore(t, Options{Addrs: []string{srv.Addr()}, RecordLayout: layout})
+		raw.HSet(c, s.prefix+"bad/state", "st", "bogus", "tok", "t", "cr", "1")
+		raw.Set(c, s.prefix+"bad/type", "a string", time.Hour)
+		for _, key := range []string{"bad/state", "bad/type"} {
+			if rec, err := s.Get(c, key); err == nil {
+				t.Errorf("%s: Get(%s) = %+v, nil; want an error", layout, key, rec)
+			}
+			if rec, err := s.Reserve(c, key, res); err == nil {
+				t.Errorf("%s: Reserve(%s) = %+v, nil; want an error", layout, key, rec)
+			}
+			// Neither is the caller's: a commit or mark changes nothing.
+			if err := s.Commit(c, key, res.Token, store.Response{Status: 201}, time.Hour); err == nil {
+				t.Errorf("%s: Commit(%s) succeeded; want an error", layout, key)
+			}
+			if err := s.MarkInDoubt(c, key, res.Token, time.Hour); err == nil {
+				t.Errorf("%s: MarkInDoubt(%s) succeeded; want an error", layout, key)
+			}
 		}
-		if rec, err := s.Reserve(c, key, res); err == nil {
-			t.Errorf("Reserve(%s) = %+v, nil; want an error", key, rec)
+		if v := raw.Get(c, s.prefix+"bad/type").Val(); v != "a string" {
+			t.Errorf("%s: the corrupt string became %q", layout, v)
 		}
 	}
 }
@@ -438,6 +462,8 @@ func TestNewOptions(t *testing.T) {
 		{"no dial timeout", func(o *Options) { o.DialTimeout = 0 }, "dial timeout 0s is not positive"},
 		{"no op timeout", func(o *Options) { o.OpTimeout = 0 }, "op timeout 0s is not positive"},
 		{"negative op timeout", func(o *Options) { o.OpTimeout = -1 }, "op timeout -1ns is not positive"},
+		{"unknown record layout", func(o *Options) { o.RecordLayout = "json" }, `record layout "json" is not packed or hash`},
+		{"record layout in capitals", func(o *Options) { o.RecordLayout = "HASH" }, `record layout "HASH" is not packed or hash`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			opts := closedPort
@@ -519,12 +545,30 @@ func TestLargestTTLKeepsTheReservation(t *testing.T) {
 // of the answered request must still be stored. Refused, it left the key
 // in flight and then in doubt for its whole TTL: every retry got 409
 // instead of the answer the upstream had given.
+//
+// It runs for both layouts; with the hash layout, a packed record (of a
+// replica with the packed layout) is committed too: its rewrite as a hash
+// starts with a DEL, so a full Redis lets it finish.
 func TestCommitWhenRedisIsFull(t *testing.T) {
+	for _, layout := range []RecordLayout{LayoutPacked, LayoutHash} {
+		t.Run(string(layout), func(t *testing.T) { commitWhenRedisIsFull(t, layout) })
+	}
+}
+
+func commitWhenRedisIsFull(t *testing.T, layout RecordLayout) {
 	srv := redistest.Start(t, "--maxmemory-policy", "noeviction")
-	s := newStore(t, Options{Addrs: []string{srv.Addr()}})
+	s := newStore(t, Options{Addrs: []string{srv.Addr()}, RecordLayout: layout})
 	c := ctx(t)
 	if rec, err := s.Reserve(c, "r/-/answered", res); err != nil || rec != nil {
 		t.Fatalf("Reserve = %+v, %v; want nil, nil", rec, err)
+	}
+	committed := []string{"r/-/answered", "r/-/doubt"}
+	if layout == LayoutHash {
+		packed := newStore(t, Options{Addrs: []string{srv.Addr()}, KeyPrefix: s.prefix})
+		if rec, err := packed.Reserve(c, "r/-/packed", res); err != nil || rec != nil {
+			t.Fatalf("Reserve (packed) = %+v, %v; want nil, nil", rec, err)
+		}
+		committed = append(committed, "r/-/packed")
 	}
 	// A record marked in doubt has no lease field left to delete.
 	if rec, err := s.Reserve(c, "r/-/doubt", res); err != nil || rec != nil {
@@ -564,7 +608,7 @@ func TestCommitWhenRedisIsFull(t *testing.T) {
 		t.Fatalf("Reserve on a full Redis = %+v, %v; want an OOM error", rec, err)
 	}
 	answer := store.Response{Status: 201, Body: []byte(strings.Repeat("a", 2000)), BodyStored: true}
-	for _, key := range []string{"r/-/answered", "r/-/doubt"} {
+	for _, key := range committed {
 		if err := s.Commit(c, key, res.Token, answer, time.Hour); err != nil {
 			t.Fatalf("Commit %s on a full Redis: %v; want the answer stored", key, err)
 		}

@@ -25,6 +25,16 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 // both, and changes a hash as earlier releases did. The records of a
 // reconciliation (lookups) stay hashes: a packed record that a lookup
 // changes is turned into one first (reconcile.go), a rare path.
+//
+// With Options.RecordLayout LayoutHash, the store writes what the release
+// before the packed layout wrote, with the same commands (its scripts are
+// the ...HashScript ones below; testdata/hash-records.txt and
+// testdata/hash-changes.txt hold the commands), so that replicas of that
+// release, sharing the Redis during a rolling upgrade or after a rollback,
+// read every record written. It still reads packed records, and a commit
+// or in-doubt mark of a packed one rewrites it as a hash (DEL, then the
+// hash's HSET and PEXPIRE). The layout is chosen once, in New: the scripts
+// of a request are the same whatever it is, and cost no more round trips.
 
 // packRecord is the Lua that packs a record; its arguments are Lua
 // expressions for the state, token, fingerprint, created, lease end and
@@ -68,20 +78,52 @@ var reserveScript = goredis.NewScript(nowMillis + reserveBody)
 // that forgot its keys, even between two checks of the watcher (a
 // FLUSHALL keeps the connections open). Single node and Sentinel only: on
 // a Cluster the two keys are in different slots.
-var reserveEpochScript = goredis.NewScript(nowMillis + `
+var reserveEpochScript = goredis.NewScript(nowMillis + epochCheck + reserveBody)
+
+// epochCheck refuses a reservation when the epoch marker (KEYS[2]) is not
+// the one the replica trusts (ARGV[6]).
+const epochCheck = `
 if (redis.call('HGET', KEYS[2], 'eid') or '') ~= ARGV[6] then
   return redis.error_reply('IDEMPROXY_EPOCH the epoch marker is not the one this replica trusts')
 end
-` + reserveBody)
+`
 
 // reserveBody is the body of reserveScript, after the preamble.
-var reserveBody = `
-if ARGV[5] and now > tonumber(ARGV[5]) then
-  return redis.error_reply('IDEMPROXY_LATE reservation past its deadline')
-end
+var reserveBody = lateCheck + `
 if redis.call('SET', KEYS[1], ` + packRecord("'in_flight'", "ARGV[1]", "ARGV[2]", "now", "now + tonumber(ARGV[3])", "''") + `, 'NX', 'PX', ARGV[4]) then
   return {1}
 end
+` + reserveTail
+
+// reserveHashScript and reserveHashEpochScript are reserveScript and
+// reserveEpochScript for the hash layout (LayoutHash): a free key gets
+// the in-flight hash the release before the packed layout wrote, with its
+// commands (EXISTS, HSET, PEXPIRE).
+var (
+	reserveHashScript      = goredis.NewScript(nowMillis + reserveHashBody)
+	reserveHashEpochScript = goredis.NewScript(nowMillis + epochCheck + reserveHashBody)
+)
+
+// reserveHashBody is the body of reserveHashScript, after the preamble.
+var reserveHashBody = lateCheck + `
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('HSET', KEYS[1], 'st', 'in_flight', 'tok', ARGV[1], 'fp', ARGV[2],
+    'cr', string.format('%d', now), 'le', string.format('%d', now + tonumber(ARGV[3])))
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+  return {1}
+end
+` + reserveTail
+
+// lateCheck refuses a reservation past its deadline (ARGV[5]).
+const lateCheck = `
+if ARGV[5] and now > tonumber(ARGV[5]) then
+  return redis.error_reply('IDEMPROXY_LATE reservation past its deadline')
+end
+`
+
+// reserveTail is the end of a reservation that found the key taken: {1}
+// for the caller's own live reservation, else the record.
+const reserveTail = `
 local v = redis.pcall('GET', KEYS[1])
 local st, tok, le
 if type(v) == 'string' then
@@ -147,6 +189,37 @@ if type(v) == 'string' then
   end
   return 1
 end
+` + commitHashRecord)
+
+// commitHashScript is commitScript for the hash layout (LayoutHash): a
+// hash is committed as the release before the packed layout did (HDEL,
+// HSET, PEXPIRE), and a packed record is rewritten as the hash that
+// release would have left: DEL, HSET, PEXPIRE. The DEL is the first write,
+// so a full Redis lets the script finish, as it does commitScript.
+var commitHashScript = goredis.NewScript(`
+local v = redis.pcall('GET', KEYS[1])
+if not v then
+  return 0
+end
+if type(v) == 'string' then
+  local _, st, tok, fp, cr = cmsgpack.unpack(v)
+  if tok ~= ARGV[1] then
+    return 0
+  end
+  if st == 'completed' then
+    return 1
+  end
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], 'st', 'completed', 'tok', tok, 'fp', fp, 'cr', string.format('%d', cr), 'resp', ARGV[2])
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  return 1
+end
+` + commitHashRecord)
+
+// commitHashRecord is the end of both commit scripts: the commit of a
+// record in the hash layout, with the commands of the release before the
+// packed layout.
+const commitHashRecord = `
 local f = redis.call('HMGET', KEYS[1], 'st', 'tok')
 if f[2] ~= ARGV[1] then
   return 0
@@ -158,7 +231,7 @@ redis.call('HDEL', KEYS[1], 'le')
 redis.call('HSET', KEYS[1], 'st', 'completed', 'resp', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 1
-`)
+`
 
 // releaseScript deletes the caller's record.
 //
@@ -206,6 +279,36 @@ if type(v) == 'string' then
   redis.call('SET', KEYS[1], ` + packRecord("'in_doubt'", "tok", "fp", "cr", "0", "''") + `, 'PX', ARGV[2])
   return 1
 end
+` + markHashRecord)
+
+// markInDoubtHashScript is markInDoubtScript for the hash layout
+// (LayoutHash): a hash is marked as the release before the packed layout
+// did (HSET, HDEL, PEXPIRE), and a packed record is rewritten as the hash
+// that release would have left: DEL, HSET, PEXPIRE.
+var markInDoubtHashScript = goredis.NewScript(`
+local v = redis.pcall('GET', KEYS[1])
+if not v then
+  return 0
+end
+if type(v) == 'string' then
+  local _, st, tok, fp, cr = cmsgpack.unpack(v)
+  if tok ~= ARGV[1] then
+    return 0
+  end
+  if st == 'completed' then
+    return 1
+  end
+  redis.call('DEL', KEYS[1])
+  redis.call('HSET', KEYS[1], 'st', 'in_doubt', 'tok', tok, 'fp', fp, 'cr', string.format('%d', cr))
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+` + markHashRecord)
+
+// markHashRecord is the end of both in-doubt scripts: the mark of a record
+// in the hash layout, with the commands of the release before the packed
+// layout.
+const markHashRecord = `
 local f = redis.call('HMGET', KEYS[1], 'st', 'tok')
 if f[2] ~= ARGV[1] then
   return 0
@@ -217,4 +320,4 @@ redis.call('HSET', KEYS[1], 'st', 'in_doubt')
 redis.call('HDEL', KEYS[1], 'le')
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
-`)
+`
