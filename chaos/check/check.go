@@ -54,6 +54,11 @@ type Result struct {
 	// Cuts counts what the power cuts of h.Cuts did to the keys their
 	// proxy held (property 7).
 	Cuts CutCounts
+	// FailoverExposed counts the keys written through a store's proxies
+	// while a lossy failover (h.Failovers) may have lost their writes;
+	// FailoverRecharged those of them charged again by an attempt that
+	// started after the failover began, which a lossy failover allows.
+	FailoverExposed, FailoverRecharged int
 }
 
 // Options tunes Check.
@@ -104,9 +109,16 @@ func Check(h History, st Statement, opts Options) Result {
 			add(PropLinearizable, order, "route %q is not in the history's routes", ops[0].Route)
 			continue
 		}
+		if f := exposedToFailover(h.Failovers, ops); f != nil {
+			res.FailoverExposed++
+			if checkExposed(order, ops, route, charges[order], Loss{Store: f.Store, Proxies: f.Proxies, At: f.At, Accepted: f.At}, "began a failover without wait_replicas", add) {
+				res.FailoverRecharged++
+			}
+			continue
+		}
 		if loss := exposedTo(h.Losses, ops); loss != nil {
 			res.Exposed++
-			if checkExposed(order, ops, route, charges[order], *loss, add) {
+			if checkExposed(order, ops, route, charges[order], *loss, "loss was accepted", add) {
 				res.Recharged++
 			}
 			continue
@@ -289,6 +301,23 @@ func exposedTo(losses []Loss, ops []Op) *Loss {
 	return nil
 }
 
+// exposedToFailover returns the first lossy failover that may have lost a
+// write of the key of ops: one of its attempts, through a proxy of the
+// failed-over store, overlaps the failover's window.
+func exposedToFailover(fs []Failover, ops []Op) *Failover {
+	for i, f := range fs {
+		if !f.Lossy {
+			continue
+		}
+		for _, o := range ops {
+			if o.Start < f.End && (o.End > f.At || o.End == 0) && slices.Contains(f.Proxies, o.Proxy) {
+				return &fs[i]
+			}
+		}
+	}
+	return nil
+}
+
 // forwarded reports whether the attempt reached the upstream, as far as its
 // answer tells: an upstream's answer, or a problem about the upstream's.
 func forwarded(c class) bool { return c == cCommit || c == cRelease || c == cDoubt }
@@ -299,7 +328,7 @@ func forwarded(c class) bool { return c == cCommit || c == cRelease || c == cDou
 // do not hold across a loss by design: the accepted store no longer knows
 // the first answer. It reports whether the key was charged again after
 // the acceptance.
-func checkExposed(order string, ops []Op, route Route, charges []Charge, loss Loss, add func(int, string, string, ...any)) bool {
+func checkExposed(order string, ops []Op, route Route, charges []Charge, loss Loss, what string, add func(int, string, string, ...any)) bool {
 	allowed := chargesAllowed(ops, route)
 	again := 0
 	for _, o := range ops {
@@ -308,8 +337,8 @@ func checkExposed(order string, ops []Op, route Route, charges []Charge, loss Lo
 		}
 	}
 	if len(charges) > allowed+again {
-		add(PropChargedOnce, order, "charged %d times on a %s route: %d allowed by the outcome table, and %d attempts after the %s loss was accepted: %s",
-			len(charges), route.Policy, allowed, again, loss.Store, chargeIDs(charges))
+		add(PropChargedOnce, order, "charged %d times on a %s route: %d allowed by the outcome table, and %d attempts after the %s %s: %s",
+			len(charges), route.Policy, allowed, again, loss.Store, what, chargeIDs(charges))
 	}
 	return again > 0 && len(charges) > allowed
 }
