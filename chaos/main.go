@@ -206,18 +206,18 @@ type run struct {
 	power     *powerDisk // power-loss: badgerDir is its mount
 	reloads   int
 
-	inj    *injector
-	rec    *recorder
+	inj       *injector
+	rec       *recorder
 	losses    []check.Loss     // guarded by mu
 	cuts      []check.Cut      // guarded by mu
 	failovers []check.Failover // guarded by mu
 	// storeFault is when the last process fault of each store began,
 	// from which a failover it caused may have lost writes (mu).
 	storeFault map[string]int64
-	res    check.Result // the checker's verdict, once the run is over
-	nops   int
-	errs   []string // process faults that did not recover
-	mu     sync.Mutex
+	res        check.Result // the checker's verdict, once the run is over
+	nops       int
+	errs       []string // process faults that did not recover
+	mu         sync.Mutex
 }
 
 var routes = []routeSpec{
