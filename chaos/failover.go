@@ -37,6 +37,11 @@ func (r *run) addFailover(s *storeSrv, at, end int64, lossy bool) {
 	r.mu.Lock()
 	r.failovers = append(r.failovers, f)
 	r.mu.Unlock()
+	if time.Duration(end-at) >= lease-2*lossMargin {
+		// As long as a lease: a reservation whose reply was lost may
+		// have outlived its release.
+		r.addOutage(s, at, end)
+	}
 	fmt.Fprintf(r.log, "chaos: %s failed over (%.3fs to %.3fs of the run)\n", s.name, float64(at)/1e9, float64(end)/1e9)
 }
 
@@ -74,6 +79,7 @@ func (r *run) watchRedis(ctx context.Context, s *storeSrv) {
 		r.mu.Unlock()
 		old := last
 		last = m
+		s.setPrimary(m)
 		// The old master stops taking writes once it is a replica (or
 		// while it is down); wait for that, however the run goes on.
 		deadline := time.Now().Add(2 * time.Minute)
@@ -107,4 +113,18 @@ func (s *storeSrv) restart(ctx context.Context, n *storeNode) error {
 		return waitRedis(ctx, n.addr(), 20*time.Second)
 	}
 	return n.proc.start()
+}
+
+// addOutage records in the history that s took no writes from at to end
+// (nanoseconds since the start of the run), about a lease or longer.
+func (r *run) addOutage(s *storeSrv, at, end int64) {
+	o := check.Outage{Store: s.name, At: at, End: end}
+	for _, p := range r.proxies {
+		if p.store == s.name {
+			o.Proxies = append(o.Proxies, p.name)
+		}
+	}
+	r.mu.Lock()
+	r.outages = append(r.outages, o)
+	r.mu.Unlock()
 }

@@ -258,6 +258,7 @@ func (in *injector) applyStore(ctx context.Context, f fault) error {
 			// reservations made before it have run out when it
 			// resumes.
 			in.r.markStoreFault(s)
+			at := in.r.rec.now()
 			for _, p := range s.procs() {
 				p.signal(syscall.SIGSTOP)
 			}
@@ -265,6 +266,7 @@ func (in *injector) applyStore(ctx context.Context, f fault) error {
 			for _, p := range s.procs() {
 				p.signal(syscall.SIGCONT)
 			}
+			in.r.addOutage(s, at, in.r.rec.now()+int64(lossMargin))
 		case s.name + lostKeys:
 			return in.loseKeys(ctx, s, f)
 		case s.name + failover:

@@ -211,6 +211,7 @@ type run struct {
 	losses    []check.Loss     // guarded by mu
 	cuts      []check.Cut      // guarded by mu
 	failovers []check.Failover // guarded by mu
+	outages   []check.Outage   // guarded by mu
 	// storeFault is when the last process fault of each store began,
 	// from which a failover it caused may have lost writes (mu).
 	storeFault map[string]int64
@@ -329,6 +330,7 @@ func (r *run) execute(ctx context.Context) (int, error) {
 	h.Losses = r.losses
 	h.Cuts = r.cuts
 	h.Failovers = r.failovers
+	h.Outages = r.outages
 	r.mu.Unlock()
 
 	stmt, raw, err := r.statement(ctx)

@@ -54,8 +54,16 @@ type storeSrv struct {
 	failover func(ctx context.Context, f fault) error
 }
 
-// prim returns the node that takes writes, and the other one.
+// prim returns the node that takes writes, and the other one. For Redis
+// it asks the Sentinel, which may have failed over by itself (a master
+// killed or paused for longer than sentinelDownAfter, or too slow to
+// answer on a loaded machine).
 func (s *storeSrv) prim() (primary, other *storeNode) {
+	if s.sentinel != nil && s.sentinel.running() {
+		if m, err := s.sentinelPrimary(); err == nil {
+			s.setPrimary(m)
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.nodes[s.primary], s.nodes[1-s.primary]
@@ -209,7 +217,17 @@ sentinel parallel-syncs %s 1
 		if err := m.proc.start(); err != nil {
 			return err
 		}
-		return waitRedis(ctx, m.addr(), 20*time.Second)
+		if err := waitRedis(ctx, m.addr(), 20*time.Second); err != nil {
+			return err
+		}
+		// Had the Sentinel promoted the replica meanwhile, it would
+		// still hold every key: empty whichever node is the master now.
+		if err := s.ready(ctx); err != nil {
+			return err
+		}
+		m, _ = s.prim()
+		_, err = redisDo(m.addr(), "FLUSHALL", "SYNC")
+		return err
 	}
 	s.failover = func(ctx context.Context, f fault) error { return r.redisFailover(ctx, s, f) }
 	if err := s.ready(ctx); err != nil {
@@ -277,11 +295,6 @@ func (s *storeSrv) waitRedisReplica(ctx context.Context, d time.Duration) error 
 	deadline := time.Now().Add(d)
 	var last string
 	for {
-		// The Sentinel may have failed over by itself (a master too
-		// slow to answer its pings on a loaded machine).
-		if m, err := s.sentinelPrimary(); err == nil {
-			s.setPrimary(m)
-		}
 		m, _ := s.prim()
 		info, err := redisDo(m.addr(), "INFO", "replication")
 		if err == nil && len(info) == 1 {

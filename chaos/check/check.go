@@ -132,7 +132,8 @@ func Check(h History, st Statement, opts Options) Result {
 			}
 			lin = append(lin, porcupine.Operation{
 				ClientId: o.Client,
-				Input:    input{Op: o.ID, C: c, Answer: answerOf(o), Recon: o.Recon, Reconcile: route.Reconcile},
+				Input: input{Op: o.ID, C: c, Answer: answerOf(o), Recon: o.Recon, Reconcile: route.Reconcile,
+					Stranded: c == cNoop && problemType(o) == "store-unavailable" && inOutage(h.Outages, o)},
 				Call:     o.Start,
 				Return:   ret,
 				Metadata: order,
@@ -316,6 +317,17 @@ func exposedToFailover(fs []Failover, ops []Op) *Failover {
 		}
 	}
 	return nil
+}
+
+// inOutage reports whether o went through a proxy of a store during one of
+// its outages.
+func inOutage(outages []Outage, o Op) bool {
+	for _, w := range outages {
+		if o.Start < w.End && o.End > w.At && slices.Contains(w.Proxies, o.Proxy) {
+			return true
+		}
+	}
+	return false
 }
 
 // forwarded reports whether the attempt reached the upstream, as far as its

@@ -81,6 +81,9 @@ type History struct {
 	Cuts     []Cut            `json:"cuts,omitempty"`
 	// Failovers are the shared stores' failovers.
 	Failovers []Failover `json:"failovers,omitempty"`
+	// Outages are the windows in which a shared store took no writes for
+	// about a lease or longer.
+	Outages []Outage `json:"outages,omitempty"`
 	// StartUnixNano is the wall-clock time of the run's start (the zero of
 	// the times above), to place the statement's createdAt among them; 0:
 	// unknown.
@@ -173,4 +176,18 @@ type Failover struct {
 	// failover that is not lossy (PostgreSQL with a synchronous standby,
 	// Redis with wait_replicas) is held to every property.
 	Lossy bool `json:"lossy,omitempty"`
+}
+
+// Outage is a window in which a shared store took no writes for about a
+// lease or longer (paused past the lease, or a failover as long). A
+// reservation the store applied but whose reply was lost (answered 503
+// store-unavailable) is released in the background only while its lease
+// holds: through such an outage it runs out, and the key is in doubt
+// although no attempt was forwarded. Times are nanoseconds since the start
+// of the run.
+type Outage struct {
+	Store   string   `json:"store"`
+	Proxies []string `json:"proxies"`
+	At      int64    `json:"at"`
+	End     int64    `json:"end"`
 }

@@ -88,6 +88,10 @@ type input struct {
 	Answer    string
 	Recon     bool // the replay carried Idempotent-Reconciled
 	Reconcile bool // the route reconciles in-doubt keys
+	// Stranded: a 503 store-unavailable during an outage of the store
+	// (History.Outages), whose reservation may have been applied and
+	// never released: the key may be left in doubt.
+	Stranded bool
 }
 
 func answerOf(o Op) string { return fmt.Sprintf("%d %s", o.Status, o.Body) }
@@ -130,6 +134,9 @@ func step(s state, in input) []state {
 			return []state{{sDoubt, ""}}
 		}
 	case cNoop:
+		if in.Stranded && s.K == sFree {
+			return []state{s, {sDoubt, ""}}
+		}
 		return []state{s}
 	case cPowerCut:
 		// What was not synced is gone: a commit, a release or an in-doubt
