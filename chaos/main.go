@@ -51,7 +51,7 @@ const (
 	// have no reconcile schedule (those left by a crash).
 	discoveryInterval = time.Minute
 	// defaultInterval is the mean gap between two faults (-fault-interval).
-	defaultInterval = 500 * time.Millisecond
+	defaultInterval = 300 * time.Millisecond
 )
 
 func main() {
