@@ -268,6 +268,7 @@ func (in *injector) applyStore(ctx context.Context, f fault) error {
 			}
 			in.r.addOutage(s, at, in.r.rec.now()+int64(lossMargin))
 		case s.name + lostKeys:
+			in.r.markStoreFault(s)
 			return in.loseKeys(ctx, s, f)
 		case s.name + failover:
 			in.r.markStoreFault(s)
