@@ -59,37 +59,49 @@ func (in *injector) failover(ctx context.Context, s *storeSrv, f fault) error {
 
 // watchRedis watches the Sentinel's master until ctx ends, and records
 // every change as a failover: from the start of the fault that caused it
-// until the old master is a replica of the new one, the writes the old
-// master acknowledged may be lost, unless wait_replicas made each wait
-// for the replica.
+// until the old master is a replica of the new one (or down), the writes
+// the old master acknowledged may be lost, unless wait_replicas made each
+// wait for the replica. Windows may overlap: the Sentinel may fail over
+// again before the old master of the last failover is a replica.
 func (r *run) watchRedis(ctx context.Context, s *storeSrv) {
+	type window struct {
+		old *storeNode
+		at  int64
+	}
+	var open []window
+	closeWindow := func(w window) {
+		r.addFailover(s, max(0, w.at-int64(lossMargin)), r.rec.now()+int64(lossMargin), r.opts.redisWait == 0)
+	}
 	last, _ := s.sentinelPrimary()
 	for ctx.Err() == nil {
 		sleep(ctx, 100*time.Millisecond)
+		// A window closes once its old master takes no writes: a replica
+		// of the new one, or down.
+		kept := open[:0]
+		for _, w := range open {
+			if w.old != nil && w.old.proc.running() && redisRole(w.old.addr()) != "slave" {
+				kept = append(kept, w)
+				continue
+			}
+			closeWindow(w)
+		}
+		open = kept
 		m, err := s.sentinelPrimary()
-		if err != nil || m == last || m == nil {
+		if err != nil || m == nil || m == last {
 			continue
 		}
-		switched := r.rec.now()
-		at := switched
+		at := r.rec.now()
 		r.mu.Lock()
-		if t, ok := r.storeFault[s.name]; ok && t < at && switched-t < int64(time.Minute) {
+		if t, ok := r.storeFault[s.name]; ok && t < at && at-t < int64(time.Minute) {
 			at = t
 		}
 		r.mu.Unlock()
-		old := last
+		open = append(open, window{old: last, at: at})
 		last = m
 		s.setPrimary(m)
-		// The old master stops taking writes once it is a replica (or
-		// while it is down); wait for that, however the run goes on.
-		deadline := time.Now().Add(2 * time.Minute)
-		for old != nil && time.Now().Before(deadline) {
-			if !old.proc.running() || redisRole(old.addr()) == "slave" {
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		r.addFailover(s, max(0, at-int64(lossMargin)), r.rec.now()+int64(lossMargin), r.opts.redisWait == 0)
+	}
+	for _, w := range open {
+		closeWindow(w)
 	}
 }
 

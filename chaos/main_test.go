@@ -7,7 +7,11 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"os"
 	"reflect"
+	"regexp"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -202,5 +206,37 @@ func TestScheduleDurations(t *testing.T) {
 	}
 	if !instant(kStallPastLease) || instant(kUpBlackhole) || !outlastsLease("postgres-sigstop-past-lease") || outlastsLease(kStallPastLease) {
 		t.Errorf("instant/outlastsLease misread the kinds")
+	}
+}
+
+// TestFaultTableListsEveryKind: docs/chaos.md's fault table has a row for
+// every kind the run can inject, and names no kind it cannot.
+func TestFaultTableListsEveryKind(t *testing.T) {
+	b, err := os.ReadFile("../docs/chaos.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	documented := map[string]bool{}
+	cell := regexp.MustCompile("`([a-z0-9-]+)`")
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if !strings.HasPrefix(line, "| `") {
+			continue
+		}
+		first := strings.Split(line, "|")[1]
+		for _, m := range cell.FindAllStringSubmatch(first, -1) {
+			documented[m[1]] = true
+		}
+	}
+	r := &run{stores: []*storeSrv{{name: "redis"}, {name: "postgres"}}, tmpfs: true, power: &powerDisk{}}
+	kinds := r.kinds()
+	for _, k := range kinds {
+		if !documented[k] {
+			t.Errorf("docs/chaos.md's fault table has no row for %s", k)
+		}
+	}
+	for k := range documented {
+		if !slices.Contains(kinds, k) {
+			t.Errorf("docs/chaos.md's fault table names %s, which the run cannot inject", k)
+		}
 	}
 }

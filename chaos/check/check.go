@@ -109,17 +109,23 @@ func Check(h History, st Statement, opts Options) Result {
 			add(PropLinearizable, order, "route %q is not in the history's routes", ops[0].Route)
 			continue
 		}
+		if loss := exposedTo(h.Losses, ops); loss != nil {
+			res.Exposed++
+			l := *loss
+			if f := exposedToFailover(h.Failovers, ops); f != nil && f.At < l.Accepted {
+				// A lossy failover before the acceptance may have
+				// lost the key already.
+				l.Accepted = f.At
+			}
+			if checkExposed(order, ops, route, charges[order], l, "loss was accepted (or a failover without wait_replicas began)", add) {
+				res.Recharged++
+			}
+			continue
+		}
 		if f := exposedToFailover(h.Failovers, ops); f != nil {
 			res.FailoverExposed++
 			if checkExposed(order, ops, route, charges[order], Loss{Store: f.Store, Proxies: f.Proxies, At: f.At, Accepted: f.At}, "began a failover without wait_replicas", add) {
 				res.FailoverRecharged++
-			}
-			continue
-		}
-		if loss := exposedTo(h.Losses, ops); loss != nil {
-			res.Exposed++
-			if checkExposed(order, ops, route, charges[order], *loss, "loss was accepted", add) {
-				res.Recharged++
 			}
 			continue
 		}
