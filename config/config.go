@@ -213,6 +213,16 @@ type Redis struct {
 	// DialTimeout default 1s; OpTimeout default 500ms.
 	DialTimeout Duration `yaml:"dial_timeout"`
 	OpTimeout   Duration `yaml:"op_timeout"`
+	// WaitReplicas, when positive, makes every write of a record wait
+	// (Redis WAIT) until that many replicas acknowledged it; fewer within
+	// WaitTimeout fail the write (a reservation answers 503). Zero, the
+	// default: no waiting, and a failover may lose the writes of the last
+	// replication lag. Not on a Redis Cluster.
+	WaitReplicas int `yaml:"wait_replicas"`
+	// WaitTimeout bounds each wait for the replicas. Default 500ms; it
+	// must be shorter than every route's lease minus its
+	// upstream_timeout.
+	WaitTimeout Duration `yaml:"wait_timeout"`
 }
 
 // Postgres configures the PostgreSQL store.

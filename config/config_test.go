@@ -725,6 +725,19 @@ func TestRedis(t *testing.T) {
 			[]string{"store.redis.sentinel_password_env: Sentinel credentials need master_name"}},
 		{"negative timeouts", redis("    addrs: [r:6379]\n    dial_timeout: -1s\n    op_timeout: -1ms\n"),
 			[]string{"store.redis.dial_timeout: must be positive", "store.redis.op_timeout: must be positive"}},
+		{"negative wait_replicas", redis("    addrs: [r:6379]\n    wait_replicas: -1\n"),
+			[]string{"store.redis.wait_replicas: must not be negative"}},
+		{"wait without a timeout", redis("    addrs: [r:6379]\n    wait_replicas: 1\n    wait_timeout: -1ms\n"),
+			[]string{"store.redis.wait_timeout: must be positive when wait_replicas is set"}},
+		{"wait on a cluster", redis("    addrs: [r1:6379, r2:6379]\n    wait_replicas: 1\n"),
+			[]string{"store.redis.wait_replicas: is not supported on a Redis Cluster"}},
+		{"wait on a cluster endpoint", redis("    addrs: [r:6379]\n    cluster: true\n    wait_replicas: 2\n"),
+			[]string{"store.redis.wait_replicas: is not supported on a Redis Cluster"}},
+		// The default route: upstream_timeout 30s, lease 35s.
+		{"wait as long as the lease margin", redis("    addrs: [r:6379]\n    wait_replicas: 1\n    wait_timeout: 5s\n"),
+			[]string{"store.redis.wait_timeout: 5s must be shorter than routes[0]'s lease minus its upstream_timeout (5s)"}},
+		{"wait longer than the lease", redis("    addrs: [r:6379]\n    wait_replicas: 1\n    wait_timeout: 1m\n"),
+			[]string{"store.redis.wait_timeout: 1m0s must be shorter than routes[0]'s lease"}},
 		{"CA file without a certificate", redis("    addrs: [r:6379]\n    tls: true\n    tls_ca_file: " + notPEM + "\n"),
 			[]string{"store.redis.tls_ca_file: no PEM certificate in " + notPEM}},
 		{"badger and redis", "store:\n  badger: {dir: /d}\n  redis: {addrs: [\"r:6379\"]}\n" + withRoute(""), []string{"store: set exactly one of badger, redis and postgres"}},
@@ -738,6 +751,19 @@ func TestRedis(t *testing.T) {
 				}
 			}
 		})
+	}
+
+	if r.WaitReplicas != 0 || r.WaitTimeout.D() != 500*time.Millisecond {
+		t.Errorf("redis defaults: wait_replicas %d, wait_timeout %v; want 0, 500ms", r.WaitReplicas, r.WaitTimeout.D())
+	}
+	// Waiting for replicas: a single node or Sentinel, within the margin.
+	for _, src := range []string{
+		redis("    addrs: [r:6379]\n    wait_replicas: 1\n"),
+		redis("    addrs: [s1:26379, s2:26379]\n    master_name: m\n    wait_replicas: 2\n    wait_timeout: 4s\n"),
+	} {
+		if c := mustParse(t, src); c.Store.Redis.WaitReplicas == 0 {
+			t.Errorf("wait_replicas not read from\n%s", src)
+		}
 	}
 
 	// Both variables set: valid; the file holds names, never secrets.

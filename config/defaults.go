@@ -20,6 +20,7 @@ const (
 	DefaultRedisKeyPrefix           = "idemproxy:"
 	DefaultRedisDialTimeout         = time.Second
 	DefaultRedisOpTimeout           = 500 * time.Millisecond
+	DefaultRedisWaitTimeout         = 500 * time.Millisecond // a replica nearby acks in ~1ms: 500ms means down or far behind; 503 within op_timeout + wait_timeout (1s), well inside the 5s lease margin
 	DefaultEpochCheckInterval       = 2 * time.Second
 	DefaultPostgresMaxConns         = 16
 	DefaultPostgresConnectTimeout   = time.Second
@@ -171,6 +172,7 @@ func (r *Redis) applyDefaults() {
 	setString(&r.KeyPrefix, DefaultRedisKeyPrefix)
 	setDuration(&r.DialTimeout, DefaultRedisDialTimeout)
 	setDuration(&r.OpTimeout, DefaultRedisOpTimeout)
+	setDuration(&r.WaitTimeout, DefaultRedisWaitTimeout)
 }
 
 func (pg *Postgres) applyDefaults() {

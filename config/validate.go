@@ -122,6 +122,7 @@ func (c *Config) Validate() error {
 		}
 		names[r.Name] = i
 		r.validate(&p, f, patterns)
+		c.validateRedisWait(&p, f, r)
 		if s.MaxBufferedBytes > 0 && r.MaxBodyBytes > s.MaxBufferedBytes {
 			p.add(f+".max_body_bytes", "%d exceeds server.max_buffered_bytes (%d): such a body could never be buffered", r.MaxBodyBytes, s.MaxBufferedBytes)
 		}
@@ -232,6 +233,32 @@ func (r *Redis) validate(p *problems) {
 	}
 	if r.OpTimeout <= 0 {
 		p.add("store.redis.op_timeout", "must be positive")
+	}
+	if r.WaitReplicas < 0 {
+		p.add("store.redis.wait_replicas", "must not be negative (0: do not wait for replicas)")
+	}
+	if r.WaitReplicas > 0 {
+		if r.WaitTimeout <= 0 {
+			p.add("store.redis.wait_timeout", "must be positive when wait_replicas is set")
+		}
+		if (len(r.Addrs) > 1 || r.Cluster) && r.MasterName == "" {
+			p.add("store.redis.wait_replicas", "is not supported on a Redis Cluster: WAIT covers one node's connection, and a pipeline spans nodes; use a single node with replicas, or Sentinel")
+		}
+	}
+}
+
+// validateRedisWait checks store.redis.wait_timeout against the route r
+// (field f): a reservation that waited for the replicas is forwarded with
+// its lease shortened by up to wait_timeout, and the lease must still
+// outlast upstream_timeout.
+func (c *Config) validateRedisWait(p *problems, f string, r *Route) {
+	rd := c.Store.Redis
+	if rd == nil || rd.WaitReplicas <= 0 || rd.WaitTimeout <= 0 || r.Lease <= r.UpstreamTimeout {
+		return
+	}
+	if margin := r.Lease - r.UpstreamTimeout; rd.WaitTimeout >= margin {
+		p.add("store.redis.wait_timeout", "%s must be shorter than %s's lease minus its upstream_timeout (%s): a reservation is forwarded with its lease shortened by the wait",
+			rd.WaitTimeout.D(), f, margin.D())
 	}
 }
 

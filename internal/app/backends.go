@@ -45,7 +45,7 @@ type backend struct {
 // backends is the table of store backends, one line each.
 var backends = []backend{
 	{kind: config.StoreBadger, local: true, open: openBadger, startAttrs: badgerAttrs, metrics: badgerMetrics},
-	{kind: config.StoreRedis, open: openRedis, startAttrs: redisAttrs},
+	{kind: config.StoreRedis, open: openRedis, startAttrs: redisAttrs, metrics: redisMetrics},
 	{kind: config.StorePostgres, open: openPostgres, startAttrs: postgresAttrs, metrics: postgresMetrics},
 }
 
@@ -90,6 +90,8 @@ func openRedis(a *app) (storeCloser, error) {
 		DialTimeout:       r.DialTimeout.D(),
 		OpTimeout:         r.OpTimeout.D(),
 		EpochSeen:         a.epochSeen,
+		WaitReplicas:      r.WaitReplicas,
+		WaitTimeout:       r.WaitTimeout.D(),
 	}
 	for _, c := range []struct {
 		env string
@@ -115,6 +117,12 @@ func openRedis(a *app) (storeCloser, error) {
 	// the log and the metrics, so its own lines go to debug.
 	redis.SetLogger(a.log)
 	return s, nil
+}
+
+// redisMetrics registers the Redis store's own metrics.
+func redisMetrics(reg prometheus.Registerer, st storeCloser) {
+	s, _ := st.(*redis.Store)
+	redis.RegisterMetrics(reg, s)
 }
 
 // postgresSetUpTimeout bounds opening the PostgreSQL store: connecting,

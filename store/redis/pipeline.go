@@ -2,6 +2,8 @@ package redis
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -23,6 +25,28 @@ import (
 // single ones are (go-redis retries a pipeline that failed on the network):
 // each checks the caller's owner token.
 
+// Waiting for replicas (Options.WaitReplicas).
+//
+// Redis replicates asynchronously: a write it acknowledged may not have
+// reached any replica when the primary dies, and a failover then promotes a
+// replica that never saw it. With WaitReplicas set, every batch holding a
+// write (a reservation, commit, release or in-doubt mark) is sent as one
+// pipeline ending in WAIT <n> <ms> on the same connection: WAIT answers
+// how many replicas acknowledged every write made on that connection
+// before it, so one WAIT covers the whole batch. When fewer than n
+// acknowledged, every write of the batch fails with ErrNotReplicated: a
+// reservation is not forwarded (the caller answers 503 and releases the
+// key, which the primary applies if it still lives), a commit follows the
+// commit-failure path. The writes stay on the primary: a primary that
+// survives keeps them, and a failover to a replica that never acknowledged
+// them is what the error warned of. A batch of reads only (Get) sends no
+// WAIT.
+
+// ErrNotReplicated is returned (wrapped) by a write when fewer replicas
+// than Options.WaitReplicas acknowledged it within Options.WaitTimeout.
+// The write was applied on the primary, and may be lost in a failover.
+var ErrNotReplicated = errors.New("fewer replicas acknowledged the write than wait_replicas asks")
+
 // maxPipeline bounds the calls of one pipeline.
 const maxPipeline = 64
 
@@ -32,8 +56,11 @@ type call struct {
 	script *goredis.Script
 	keys   []string
 	args   []any
-	cmd    *goredis.Cmd
-	done   chan struct{}
+	// write is set for a call that may write a record: it waits for the
+	// replicas (Options.WaitReplicas).
+	write bool
+	cmd   *goredis.Cmd
+	done  chan struct{}
 }
 
 type pipeliner struct {
@@ -45,24 +72,42 @@ type pipeliner struct {
 	// pipeliner's goroutine and back (two goroutine wake-ups, tens of
 	// microseconds of latency when the proxy is not loaded).
 	calls atomic.Int64
+	// waitReplicas and waitTimeout are Options.WaitReplicas and
+	// WaitTimeout: 0 replicas sends no WAIT.
+	waitReplicas int
+	waitTimeout  time.Duration
+	// waitFailures counts the writes failed with ErrNotReplicated.
+	waitFailures atomic.Uint64
 }
 
-func newPipeliner(c goredis.UniversalClient, opTimeout time.Duration) *pipeliner {
-	p := &pipeliner{client: c, opTimeout: opTimeout}
+func newPipeliner(c goredis.UniversalClient, opTimeout time.Duration, waitReplicas int, waitTimeout time.Duration) *pipeliner {
+	p := &pipeliner{client: c, opTimeout: opTimeout, waitReplicas: waitReplicas, waitTimeout: waitTimeout}
 	p.q = batch.New(maxPipeline, p.send)
 	return p
 }
 
 // run runs script like Script.Run, sharing a round trip with the calls
 // queued at the same time; a call made while no other runs is sent at
-// once. It returns when the reply is in or ctx ends.
-func (p *pipeliner) run(ctx context.Context, script *goredis.Script, keys []string, args ...any) *goredis.Cmd {
+// once. It returns when the reply is in or ctx ends. write says that the
+// script may write a record: with WaitReplicas set, it then waits for the
+// replicas.
+func (p *pipeliner) run(ctx context.Context, write bool, script *goredis.Script, keys []string, args ...any) *goredis.Cmd {
 	defer p.calls.Add(-1)
+	waits := write && p.waitReplicas > 0
 	if p.calls.Add(1) == 1 {
+		if waits { // alone: as send would
+			c := &call{ctx: ctx, script: script, keys: keys, args: args, write: true}
+			p.sendWaiting(ctx, []*call{c})
+			return c.cmd
+		}
 		return script.Run(ctx, p.client, keys, args...) // alone: as send would
 	}
-	c := &call{ctx: ctx, script: script, keys: keys, args: args, done: make(chan struct{})}
+	c := &call{ctx: ctx, script: script, keys: keys, args: args, write: write, done: make(chan struct{})}
 	if !p.q.Put(c) {
+		if waits {
+			p.sendWaiting(ctx, []*call{c}) // closed: fails on the closed client
+			return c.cmd
+		}
 		return script.Run(ctx, p.client, keys, args...) // closed: fails on the closed client
 	}
 	select {
@@ -91,9 +136,21 @@ func (p *pipeliner) send(batch []*call) {
 		}
 		live = append(live, c)
 	}
-	switch len(live) {
-	case 0:
+	if len(live) == 0 {
 		return
+	}
+	if p.waitReplicas > 0 && hasWrite(live) {
+		// The pipeline gets a whole op timeout and wait timeout of its
+		// own, as below.
+		ctx, cancel := context.WithTimeout(context.Background(), p.opTimeout+p.waitTimeout)
+		defer cancel()
+		p.sendWaiting(ctx, live)
+		for _, c := range live {
+			close(c.done)
+		}
+		return
+	}
+	switch len(live) {
 	case 1:
 		c := live[0]
 		c.cmd = c.script.Run(c.ctx, p.client, c.keys, c.args...)
@@ -115,5 +172,63 @@ func (p *pipeliner) send(batch []*call) {
 			c.cmd = c.script.Run(c.ctx, p.client, c.keys, c.args...) // loads it
 		}
 		close(c.done)
+	}
+}
+
+// hasWrite reports whether a call of calls may write.
+func hasWrite(calls []*call) bool {
+	for _, c := range calls {
+		if c.write {
+			return true
+		}
+	}
+	return false
+}
+
+// sendWaiting sends calls as one pipeline ending in WAIT (see "Waiting for
+// replicas") and sets each call's cmd; it does not close done. Scripts
+// Redis has forgotten (NOSCRIPT) are sent again with their body, followed
+// by a WAIT of their own.
+func (p *pipeliner) sendWaiting(ctx context.Context, calls []*call) {
+	p.pipeWait(ctx, calls, false)
+	var again []*call
+	for _, c := range calls {
+		if err := c.cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			again = append(again, c)
+		}
+	}
+	if len(again) > 0 {
+		p.pipeWait(ctx, again, true)
+	}
+}
+
+// pipeWait sends calls (by SHA, or with their bodies when eval is set)
+// and a WAIT in one pipeline, and fails every write of calls when fewer
+// than waitReplicas replicas acknowledged.
+func (p *pipeliner) pipeWait(ctx context.Context, calls []*call, eval bool) {
+	pipe := p.client.Pipeline()
+	for _, c := range calls {
+		if eval {
+			c.cmd = c.script.Eval(ctx, pipe, c.keys, c.args...)
+		} else {
+			c.cmd = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
+		}
+	}
+	wait := pipe.Do(ctx, "wait", p.waitReplicas, millis(p.waitTimeout))
+	pipe.Exec(ctx) // each command carries its own error
+	n, err := wait.Int64()
+	if err == nil && n >= int64(p.waitReplicas) {
+		return
+	}
+	if err != nil {
+		err = fmt.Errorf("%w: WAIT: %w", ErrNotReplicated, err)
+	} else {
+		err = fmt.Errorf("%w: %d of %d replicas acknowledged within %v", ErrNotReplicated, n, p.waitReplicas, p.waitTimeout)
+	}
+	for _, c := range calls {
+		if c.write && c.cmd.Err() == nil {
+			c.cmd.SetErr(err)
+			p.waitFailures.Add(1)
+		}
 	}
 }

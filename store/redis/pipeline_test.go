@@ -81,7 +81,7 @@ func TestPipelinedCallsShareARoundTrip(t *testing.T) {
 		}()
 	}
 	go func() {
-		errs <- fmt.Errorf("bad script: %w", s.pipe.run(ctx, boom, []string{"x"}).Err())
+		errs <- fmt.Errorf("bad script: %w", s.pipe.run(ctx, false, boom, []string{"x"}).Err())
 	}()
 	for deadline := time.Now().Add(5 * time.Second); s.pipe.q.Len() < n+1; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {

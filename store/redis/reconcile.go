@@ -149,9 +149,9 @@ func (s *Store) runInt(ctx context.Context, op string, script *goredis.Script, k
 	if err := checkKey(key); err != nil {
 		return 0, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.opTimeout)
+	ctx, cancel := context.WithTimeout(ctx, s.writeTimeout)
 	defer cancel()
-	n, err := script.Run(ctx, s.client, []string{s.prefix + key}, args...).Int64()
+	n, err := s.pipe.run(ctx, true, script, []string{s.prefix + key}, args...).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("redis store: %s: %w", op, err)
 	}
@@ -188,9 +188,9 @@ func (s *Store) ClaimLookup(ctx context.Context, key, token string, lease time.D
 	if force {
 		f = "1"
 	}
-	rctx, cancel := context.WithTimeout(ctx, s.opTimeout)
+	rctx, cancel := context.WithTimeout(ctx, s.writeTimeout)
 	defer cancel()
-	v, err := claimScript.Run(rctx, s.client, []string{s.prefix + key}, token, millis(lease), f).Int64Slice()
+	v, err := s.pipe.run(rctx, true, claimScript, []string{s.prefix + key}, token, millis(lease), f).Int64Slice()
 	if err != nil {
 		return fmt.Errorf("redis store: claim lookup: %w", err)
 	}
@@ -237,9 +237,9 @@ func (s *Store) ResolveLookup(ctx context.Context, key, token string, res store.
 	if err := checkKey(key); err != nil {
 		return err
 	}
-	rctx, cancel := context.WithTimeout(ctx, s.opTimeout)
+	rctx, cancel := context.WithTimeout(ctx, s.writeTimeout)
 	defer cancel()
-	v, err := resolveScript.Run(rctx, s.client, []string{s.prefix + key}, args...).Int64Slice()
+	v, err := s.pipe.run(rctx, true, resolveScript, []string{s.prefix + key}, args...).Int64Slice()
 	if err != nil {
 		return fmt.Errorf("redis store: resolve lookup: %w", err)
 	}

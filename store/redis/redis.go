@@ -79,6 +79,21 @@ type Options struct {
 	// called when a reservation found the marker changed
 	// (Store.ExpectEpoch). Nil: nothing is called.
 	EpochSeen func(m *store.Epoch, read bool) error
+	// WaitReplicas, when positive, makes every write of a record (a
+	// reservation, commit, release, in-doubt mark, and the lookups of
+	// reconciliation) wait until that many replicas acknowledged it (Redis
+	// WAIT, see pipeline.go); fewer within WaitTimeout fail the write with
+	// ErrNotReplicated. Zero waits for none: Redis replicates
+	// asynchronously, and a failover may lose the writes of the last
+	// replication lag. Not on a Redis Cluster, where New refuses it. With
+	// it, go-redis does not resend a command that failed on the network: a
+	// resent script that finds its own write makes none, and a WAIT after
+	// it, on a new connection, would count replicas that never got the
+	// first one.
+	WaitReplicas int
+	// WaitTimeout bounds each WAIT; it must be positive when WaitReplicas
+	// is, and adds to OpTimeout for the writes that wait.
+	WaitTimeout time.Duration
 }
 
 // ErrEvictionPolicy is returned (wrapped) by Ping when Redis may evict
@@ -92,6 +107,9 @@ type Store struct {
 	pipe      *pipeliner
 	prefix    string
 	opTimeout time.Duration
+	// writeTimeout bounds the operations that write a record: OpTimeout,
+	// plus WaitTimeout when they wait for replicas.
+	writeTimeout time.Duration
 	// single is set for a single-node client (neither Cluster nor
 	// Sentinel), whose node must not be a Cluster node.
 	single        bool
@@ -118,12 +136,24 @@ func New(opts Options) (*Store, error) {
 		return nil, fmt.Errorf("redis store: dial timeout %v is not positive", opts.DialTimeout)
 	case opts.OpTimeout <= 0:
 		return nil, fmt.Errorf("redis store: op timeout %v is not positive", opts.OpTimeout)
+	case opts.WaitReplicas < 0:
+		return nil, fmt.Errorf("redis store: wait replicas %d is negative", opts.WaitReplicas)
+	case opts.WaitReplicas > 0 && opts.WaitTimeout <= 0:
+		return nil, fmt.Errorf("redis store: wait timeout %v is not positive", opts.WaitTimeout)
 	}
 	sentinel := opts.MasterName != ""
 	cluster := !sentinel && (opts.ClusterMode || len(opts.Addrs) > 1)
+	if cluster && opts.WaitReplicas > 0 {
+		return nil, errors.New("redis store: waiting for replicas is not supported on a Redis Cluster")
+	}
+	writeTimeout := opts.OpTimeout
+	if opts.WaitReplicas > 0 {
+		writeTimeout += opts.WaitTimeout
+	}
 	s := &Store{
 		prefix:        opts.KeyPrefix,
 		opTimeout:     opts.OpTimeout,
+		writeTimeout:  writeTimeout,
 		single:        !sentinel && !cluster,
 		checkEviction: !opts.SkipEvictionCheck,
 		epochSeen:     opts.EpochSeen,
@@ -133,13 +163,13 @@ func New(opts Options) (*Store, error) {
 		uo.OnConnect = s.onConnect(cluster)
 	}
 	s.client = goredis.NewUniversalClient(uo)
-	s.pipe = newPipeliner(s.client, s.opTimeout)
+	s.pipe = newPipeliner(s.client, s.opTimeout, opts.WaitReplicas, opts.WaitTimeout)
 	return s, nil
 }
 
 // universalOptions maps opts (checked by New) to go-redis options.
 func universalOptions(opts Options) *goredis.UniversalOptions {
-	return &goredis.UniversalOptions{
+	uo := &goredis.UniversalOptions{
 		Addrs:            opts.Addrs,
 		IsClusterMode:    opts.ClusterMode,
 		MasterName:       opts.MasterName,
@@ -171,7 +201,20 @@ func universalOptions(opts Options) *goredis.UniversalOptions {
 		// ErrNotOwner or false, which leaves the key in the same, released,
 		// state.
 	}
+	if opts.WaitReplicas > 0 {
+		// A resent script that finds its own write makes none, and the
+		// WAIT after it would count replicas that never got the first
+		// write (see Options.WaitReplicas): no resending. A reply to WAIT
+		// may take WaitTimeout more.
+		uo.MaxRetries = -1
+		uo.ReadTimeout += opts.WaitTimeout
+	}
+	return uo
 }
+
+// ReplicaWaitFailures returns how many writes failed because fewer replicas
+// than Options.WaitReplicas acknowledged them (ErrNotReplicated).
+func (s *Store) ReplicaWaitFailures() uint64 { return s.pipe.waitFailures.Load() }
 
 // Close closes the connections to Redis.
 func (s *Store) Close() error {
@@ -193,7 +236,7 @@ func (s *Store) Reserve(ctx context.Context, key string, res store.Reservation) 
 	if res.Lease <= 0 || res.TTL <= 0 {
 		return nil, fmt.Errorf("redis store: reserve: lease %v and ttl %v must be positive", res.Lease, res.TTL)
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.opTimeout)
+	ctx, cancel := context.WithTimeout(ctx, s.writeTimeout)
 	defer cancel()
 	deadline, err := s.deadline(ctx)
 	if err != nil {
@@ -204,7 +247,7 @@ func (s *Store) Reserve(ctx context.Context, key string, res store.Reservation) 
 	if id := s.expectedEpoch(); id != "" {
 		script, keys, args = reserveEpochScript, append(keys, s.EpochKey()), append(args, id)
 	}
-	v, err := s.pipe.run(ctx, script, keys, args...).Slice()
+	v, err := s.pipe.run(ctx, true, script, keys, args...).Slice()
 	if err != nil {
 		switch {
 		case strings.Contains(err.Error(), lateReply):
@@ -267,9 +310,9 @@ func (s *Store) fenced(ctx context.Context, op string, script *goredis.Script, k
 	if token == "" {
 		return fmt.Errorf("redis store: %s: empty token", op)
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.opTimeout)
+	ctx, cancel := context.WithTimeout(ctx, s.writeTimeout)
 	defer cancel()
-	n, err := s.pipe.run(ctx, script, []string{s.prefix + key}, append([]any{token}, args...)...).Int64()
+	n, err := s.pipe.run(ctx, true, script, []string{s.prefix + key}, append([]any{token}, args...)...).Int64()
 	if err != nil {
 		return fmt.Errorf("redis store: %s: %w", op, err)
 	}
@@ -286,7 +329,7 @@ func (s *Store) Get(ctx context.Context, key string) (*store.Record, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.opTimeout)
 	defer cancel()
-	v, err := s.pipe.run(ctx, getScript, []string{s.prefix + key}).Slice()
+	v, err := s.pipe.run(ctx, false, getScript, []string{s.prefix + key}).Slice()
 	if err != nil {
 		return nil, fmt.Errorf("redis store: get: %w", err)
 	}

@@ -1,0 +1,214 @@
+package redis
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/store"
+)
+
+// testWaitTimeout is the wait_timeout of the tests of waiting for
+// replicas: long enough that a loaded machine's replica acknowledges
+// within it, short enough that a stopped replica fails a write quickly.
+const testWaitTimeout = 2 * time.Second
+
+// startReplicated starts a primary and a replica of it (--replicaof) and
+// waits until the replica is in sync.
+func startReplicated(t *testing.T) (primary, replica *redistest.Server) {
+	t.Helper()
+	primary = redistest.Start(t)
+	replica = redistest.Start(t, "--replicaof", "127.0.0.1", strconv.Itoa(primary.Port()))
+	waitInSync(t, primary, replica)
+	return primary, replica
+}
+
+// waitInSync waits until replica's link to primary is up and primary
+// counts it.
+func waitInSync(t *testing.T, primary, replica *redistest.Server) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		r, err1 := replica.Do("INFO", "replication")
+		p, err2 := primary.Do("INFO", "replication")
+		if err1 == nil && err2 == nil && infoField(r, "master_link_status") == "up" && infoField(p, "connected_slaves") == "1" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("replica not in sync after 30s: replica %q (%v), primary %q (%v)", r, err1, p, err2)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// waitTopologies are the deployments wait_replicas works with: a single
+// node with a replica, and the same behind a Sentinel.
+var waitTopologies = []struct {
+	name string
+	opts func(t *testing.T, primary *redistest.Server) Options
+}{
+	{"single", func(t *testing.T, primary *redistest.Server) Options {
+		return Options{Addrs: []string{primary.Addr()}}
+	}},
+	{"sentinel", func(t *testing.T, primary *redistest.Server) Options {
+		sen := redistest.StartSentinel(t, primary, "mymaster")
+		return Options{Addrs: []string{sen.Addr()}, MasterName: "mymaster"}
+	}},
+}
+
+// TestWaitReplicasWritesReachTheReplica: with wait_replicas 1 and the
+// replica up, a reservation, a commit and a release succeed, and each is
+// on the replica when the call returns: the state a promoted replica
+// would serve.
+func TestWaitReplicasWritesReachTheReplica(t *testing.T) {
+	t.Parallel()
+	for _, tc := range waitTopologies {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			primary, replica := startReplicated(t)
+			opts := tc.opts(t, primary)
+			opts.WaitReplicas, opts.WaitTimeout = 1, testWaitTimeout
+			s := newStore(t, opts)
+			rep := rawClient(t, replica.Addr())
+			c := ctx(t)
+			res := store.Reservation{Token: "tok", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
+			if rec, err := s.Reserve(c, "r/-/k1", res); err != nil || rec != nil {
+				t.Fatalf("Reserve = %v, %v; want reserved", rec, err)
+			}
+			if got := rep.HGet(c, s.prefix+"r/-/k1", "st").Val(); got != string(store.StateInFlight) {
+				t.Errorf("replica's state of the reservation = %q, want %q", got, store.StateInFlight)
+			}
+			if err := s.Commit(c, "r/-/k1", "tok", store.Response{Status: 201}, time.Hour); err != nil {
+				t.Fatalf("Commit: %v", err)
+			}
+			if got := rep.HGet(c, s.prefix+"r/-/k1", "st").Val(); got != string(store.StateCompleted) {
+				t.Errorf("replica's state after the commit = %q, want %q", got, store.StateCompleted)
+			}
+			if rec, err := s.Reserve(c, "r/-/k2", res); err != nil || rec != nil {
+				t.Fatalf("Reserve k2 = %v, %v; want reserved", rec, err)
+			}
+			if err := s.Release(c, "r/-/k2", "tok"); err != nil {
+				t.Fatalf("Release: %v", err)
+			}
+			if n := rep.Exists(c, s.prefix+"r/-/k2").Val(); n != 0 {
+				t.Errorf("the released key is still on the replica")
+			}
+			if n := s.ReplicaWaitFailures(); n != 0 {
+				t.Errorf("ReplicaWaitFailures = %d, want 0", n)
+			}
+		})
+	}
+}
+
+// TestWaitReplicasFailsWithoutReplica: with wait_replicas 1 and the
+// replica gone, a reservation is not reported reserved: it fails with
+// ErrNotReplicated once the wait ran out, alone or in a pipelined batch,
+// and so does a commit or an in-doubt mark; reads still answer, and every
+// failed write is counted. Once the replica is back, writes succeed again.
+// Without wait_replicas the same reservation succeeds (the control).
+func TestWaitReplicasFailsWithoutReplica(t *testing.T) {
+	t.Parallel()
+	for _, tc := range waitTopologies {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			primary, replica := startReplicated(t)
+			opts := tc.opts(t, primary)
+			control := newStore(t, opts)
+			opts.WaitReplicas, opts.WaitTimeout = 1, testWaitTimeout
+			s := newStore(t, opts)
+			c := ctx(t)
+			res := store.Reservation{Token: "tok", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
+			if rec, err := s.Reserve(c, "r/-/held", res); err != nil || rec != nil {
+				t.Fatalf("Reserve with the replica up = %v, %v; want reserved", rec, err)
+			}
+
+			replica.Stop()
+			start := time.Now()
+			rec, err := s.Reserve(c, "r/-/alone", res)
+			if !errors.Is(err, ErrNotReplicated) || rec != nil {
+				t.Fatalf("Reserve with the replica down = %v, %v; want an error wrapping ErrNotReplicated", rec, err)
+			}
+			if took := time.Since(start); took < testWaitTimeout {
+				t.Errorf("Reserve failed after %v, before the wait timeout %v: it did not wait", took, testWaitTimeout)
+			}
+			// Many at once: they share pipelines, each with one WAIT.
+			var wg sync.WaitGroup
+			errs := make([]error, 16)
+			for i := range errs {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					rec, err := s.Reserve(c, fmt.Sprintf("r/-/many%d", i), res)
+					if err == nil {
+						err = fmt.Errorf("reserved (record %v)", rec)
+					}
+					errs[i] = err
+				}()
+			}
+			wg.Wait()
+			for i, err := range errs {
+				if !errors.Is(err, ErrNotReplicated) {
+					t.Errorf("concurrent Reserve %d with the replica down: %v; want ErrNotReplicated", i, err)
+				}
+			}
+			if err := s.Commit(c, "r/-/held", "tok", store.Response{Status: 201}, time.Hour); !errors.Is(err, ErrNotReplicated) {
+				t.Errorf("Commit with the replica down: %v; want ErrNotReplicated", err)
+			}
+			if err := s.MarkInDoubt(c, "r/-/held", "tok", time.Hour); !errors.Is(err, ErrNotReplicated) {
+				t.Errorf("MarkInDoubt with the replica down: %v; want ErrNotReplicated", err)
+			}
+			if _, err := s.Get(c, "r/-/held"); err != nil {
+				t.Errorf("Get with the replica down: %v; reads do not wait", err)
+			}
+			if got, want := s.ReplicaWaitFailures(), uint64(1+len(errs)+2); got != want {
+				t.Errorf("ReplicaWaitFailures = %d, want %d", got, want)
+			}
+			if rec, err := control.Reserve(c, "r/-/control", res); err != nil || rec != nil {
+				t.Errorf("Reserve without wait_replicas, replica down = %v, %v; want reserved", rec, err)
+			}
+
+			replica.Restart()
+			waitInSync(t, primary, replica)
+			if rec, err := s.Reserve(c, "r/-/after", res); err != nil || rec != nil {
+				t.Errorf("Reserve with the replica back = %v, %v; want reserved", rec, err)
+			}
+		})
+	}
+}
+
+// TestWaitReplicasOptions: New refuses waiting on a Redis Cluster (a
+// pipeline spans nodes, WAIT covers one connection), a negative count,
+// and a wait without a timeout.
+func TestWaitReplicasOptions(t *testing.T) {
+	base := Options{Addrs: []string{"127.0.0.1:1"}, KeyPrefix: "p:", DialTimeout: time.Second, OpTimeout: time.Second}
+	for _, tc := range []struct {
+		name string
+		edit func(*Options)
+		want string
+	}{
+		{"cluster mode", func(o *Options) { o.ClusterMode, o.WaitReplicas, o.WaitTimeout = true, 1, time.Second }, "Cluster"},
+		{"cluster seeds", func(o *Options) {
+			o.Addrs, o.WaitReplicas, o.WaitTimeout = []string{"127.0.0.1:1", "127.0.0.1:2"}, 1, time.Second
+		}, "Cluster"},
+		{"negative", func(o *Options) { o.WaitReplicas = -1 }, "negative"},
+		{"no timeout", func(o *Options) { o.WaitReplicas = 1 }, "wait timeout"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := base
+			tc.edit(&o)
+			s, err := New(o)
+			if err == nil {
+				s.Close()
+				t.Fatalf("New(%+v) succeeded; want an error naming %q", o, tc.want)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("New: %v; want it to name %q", err, tc.want)
+			}
+		})
+	}
+}
