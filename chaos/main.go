@@ -89,7 +89,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.clients, "clients", 4, "client goroutines (each a retrying client, duplicate deliveries, storms)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the folder when the run passes")
 	fs.DurationVar(&o.interval, "fault-interval", defaultInterval, "the mean time between the end of a fault and the start of the next (longer lets a Badger proxy reach its 30 s checkpoint between power cuts)")
-	fs.IntVar(&o.redisWait, "redis-wait-replicas", 0, "store.redis.wait_replicas of the Redis replicas; 0: a write is acknowledged by the master alone, and a key a Redis failover loses is counted, not a violation")
+	fs.IntVar(&o.redisWait, "redis-wait-replicas", 1, "store.redis.wait_replicas of the Redis replicas: every write waits for the replica, and a Redis failover is held to every property; 0: a write is acknowledged by the master alone, and a key a Redis failover loses is counted, not a violation")
 	fs.Float64Var(&o.writeback, "writeback", 0, "power-loss: the share, 0 to 1, of the pages written and not synced that survive a power cut anyway, drawn at random (the kernel's writeback); 0 drops them all")
 	fs.BoolVar(&o.harsh, "harsh", false, "power-loss: only a directory's own fsync makes the names in it durable (not any fsync, as ext4's journal does)")
 	var kinds string

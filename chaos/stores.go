@@ -293,6 +293,35 @@ func (s *storeSrv) waitRedisReplica(ctx context.Context, d time.Duration) error 
 	}
 }
 
+// waitSentinel waits until the Sentinel can fail over: out of its TILT mode
+// (which a pause of the whole store puts it in for 30 s) and seeing the
+// replica as a good one (flags "slave" alone: not down, not
+// disconnected).
+func (s *storeSrv) waitSentinel(ctx context.Context, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	var last string
+	for {
+		info, err := redisDo(s.sentinelAddr(), "INFO", "sentinel")
+		if err == nil && len(info) == 1 && strings.Contains(info[0], "sentinel_tilt:0") {
+			reply, err := redisDo(s.sentinelAddr(), "SENTINEL", "replicas", sentinelMaster)
+			if err == nil {
+				last = strings.Join(reply, " ")
+				for i := 0; i+1 < len(reply); i++ {
+					if reply[i] == "flags" && reply[i+1] == "slave" {
+						return nil
+					}
+				}
+			}
+		} else if err == nil && len(info) == 1 {
+			last = "in TILT mode"
+		}
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			return fmt.Errorf("redis: the Sentinel cannot fail over within %v: %s", d, last)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
 // redisFailover kills the master (SIGKILL), waits until the Sentinel has
 // promoted the replica, and starts the old master again as a replica of the
 // new one (it never serves as a master again: a master that comes back
@@ -301,6 +330,9 @@ func (s *storeSrv) waitRedisReplica(ctx context.Context, d time.Duration) error 
 func (r *run) redisFailover(ctx context.Context, s *storeSrv, f fault) error {
 	bctx := context.WithoutCancel(ctx)
 	if err := s.waitRedisReplica(bctx, 30*time.Second); err != nil {
+		return err
+	}
+	if err := s.waitSentinel(bctx, 60*time.Second); err != nil {
 		return err
 	}
 	old, next := s.prim()
