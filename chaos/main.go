@@ -366,7 +366,7 @@ func (r *run) execute(ctx context.Context) (int, error) {
 	if res.Visualisation != "" {
 		fmt.Fprintf(r.log, "chaos: linearizability visualisation in %s\n", res.Visualisation)
 	}
-	fmt.Fprintf(r.log, "chaos: %d keys, %d charges in the statement\n", res.Keys, len(stmt))
+	fmt.Fprintf(r.log, "chaos: %d keys, %d charges in the statement; %d keys answered in doubt, %d resolved by the reconciler\n", res.Keys, len(stmt), res.InDoubt, res.Reconciled)
 	if len(h.Losses) > 0 {
 		fmt.Fprintf(r.log, "chaos: %d store losses: %d keys sent before a loss, %d of them charged again after it was accepted\n",
 			len(h.Losses), res.Exposed, res.Recharged)

@@ -224,7 +224,7 @@ func redisArgs(n, master *storeNode) []string {
 		"--port", strconv.Itoa(n.port), "--bind", "127.0.0.1", "--bind-source-addr", storeSource,
 		"--dir", n.dir, "--daemonize", "no",
 		"--protected-mode", "no", "--save", "", "--appendonly", "yes", "--appendfsync", "always",
-		"--maxmemory-policy", "noeviction",
+		"--maxmemory-policy", "noeviction", "--repl-diskless-sync-delay", "0",
 		"--replica-announce-ip", "127.0.0.1", "--replica-announce-port", strconv.Itoa(faultPort(n)),
 	}
 	if master != nil {
@@ -329,7 +329,7 @@ func (s *storeSrv) waitSentinel(ctx context.Context, d time.Duration) error {
 // drops).
 func (r *run) redisFailover(ctx context.Context, s *storeSrv, f fault) error {
 	bctx := context.WithoutCancel(ctx)
-	if err := s.waitRedisReplica(bctx, 30*time.Second); err != nil {
+	if err := s.waitRedisReplica(bctx, time.Minute); err != nil {
 		return err
 	}
 	if err := s.waitSentinel(bctx, 60*time.Second); err != nil {

@@ -59,6 +59,11 @@ type Result struct {
 	// FailoverRecharged those of them charged again by an attempt that
 	// started after the failover began, which a lossy failover allows.
 	FailoverExposed, FailoverRecharged int
+	// InDoubt counts the keys some client was answered in doubt (409
+	// outcome-in-doubt, 504 upstream-timeout, 502 upstream-reset);
+	// Reconciled the keys the reconciler resolved (a replay with
+	// Idempotent-Reconciled).
+	InDoubt, Reconciled int
 }
 
 // Options tunes Check.
@@ -108,6 +113,18 @@ func Check(h History, st Statement, opts Options) Result {
 		if !ok {
 			add(PropLinearizable, order, "route %q is not in the history's routes", ops[0].Route)
 			continue
+		}
+		var doubt, recon bool
+		for _, o := range ops {
+			c := classify(o, route)
+			doubt = doubt || c == cDoubt || c == cInDoubt
+			recon = recon || (c == cReplay && o.Recon)
+		}
+		if doubt {
+			res.InDoubt++
+		}
+		if recon {
+			res.Reconciled++
 		}
 		if loss := exposedTo(h.Losses, ops); loss != nil {
 			res.Exposed++
