@@ -242,10 +242,12 @@ func (in *injector) applyStore(ctx context.Context, f fault) error {
 			p, _ := s.prim()
 			p.proc.kill()
 			sleep(ctx, f.For/2)
-			if err := s.restart(ctx, p); err != nil {
+			// The store comes back even when the load ends meanwhile.
+			bctx := context.WithoutCancel(ctx)
+			if err := s.restart(bctx, p); err != nil {
 				return err
 			}
-			return s.ready(ctx)
+			return s.ready(bctx)
 		case s.name + "-sigstop":
 			in.r.markStoreFault(s)
 			p, _ := s.prim()

@@ -408,7 +408,7 @@ func (r *run) startPostgres(ctx context.Context) (*storeSrv, error) {
 			tree: true, cred: cred, env: []string{"HOME=" + dir}, args: []string{
 				"-D", n.dir, "-p", strconv.Itoa(port), "-c", "listen_addresses=127.0.0.1",
 				"-c", "unix_socket_directories=" + sock, "-c", "fsync=on", "-c", "synchronous_commit=on",
-				"-c", "synchronous_standby_names=" + pgStandbyName,
+				"-c", "synchronous_standby_names=" + pgStandbyName, "-c", "wal_retrieve_retry_interval=500ms",
 				"-c", "shared_buffers=16MB", "-c", "max_connections=60", "-c", "logging_collector=off",
 			}}
 		s.nodes = append(s.nodes, n)
