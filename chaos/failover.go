@@ -124,7 +124,18 @@ func (s *storeSrv) restart(ctx context.Context, n *storeNode) error {
 		}
 		return waitRedis(ctx, n.addr(), 20*time.Second)
 	}
-	return n.proc.start()
+	// A PostgreSQL node that exits at once (a backend of the killed one
+	// still holding the shared memory) is started again.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if err := n.proc.start(); err != nil {
+			return err
+		}
+		if !n.proc.waitExit(time.Second) || time.Now().After(deadline) || ctx.Err() != nil {
+			return nil
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
 }
 
 // addOutage records in the history that s took no writes from at to end

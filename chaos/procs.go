@@ -204,7 +204,13 @@ func (p *proc) kill() {
 	if p.cmd == nil {
 		return
 	}
-	p.send(p.cmd, syscall.SIGCONT) // a stopped process dies too
+	if p.tree {
+		// Stopped, the root forks no child after the list of its
+		// descendants is read (a PostgreSQL backend started then would
+		// outlive the postmaster and hold its shared memory, and the
+		// next start would refuse it).
+		_ = p.cmd.Process.Signal(syscall.SIGSTOP)
+	}
 	p.send(p.cmd, syscall.SIGKILL)
 	<-p.done
 	p.cmd, p.done = nil, nil
