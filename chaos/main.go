@@ -5,12 +5,15 @@
 // statement and the recorded history (issue 18, docs/chaos.md).
 //
 // It builds idemproxy and the upstream stub, starts on loopback the stub, one
-// idemproxy on Badger, three replicas sharing a Redis with the append-only
-// file and two sharing a PostgreSQL, with TCP fault proxies between the
-// proxies and the stub and between the replicas and their store. A population of clients (go-retryablehttp, plus raw
-// duplicate deliveries and storms of one key) charges new orders while
-// faults drawn from the seed hit the stub, the network, the processes and the
-// stores. Then the faults stop, the keys settle, every key is probed once
+// idemproxy on Badger, three replicas sharing a Redis (a master with the
+// append-only file, its replica and a Sentinel, which the replicas ask for
+// the master) and two sharing a PostgreSQL (a primary and a synchronous
+// standby, both in the replicas' connection string), with TCP fault proxies
+// between the proxies and the stub and in front of every store node. A
+// population of clients (go-retryablehttp, plus raw duplicate deliveries
+// and storms of one key) charges new orders while faults drawn from the
+// seed hit the stub, the network, the processes and the stores, failovers
+// included. Then the faults stop, the keys settle, every key is probed once
 // more, and the checker reads the history and the stub's statement.
 //
 // Usage:
