@@ -564,3 +564,69 @@ func TestOutages(t *testing.T) {
 		})
 	}
 }
+
+// TestInDoubtMarkUnderWay: a 504 upstream-timeout says the key is in
+// doubt, but when the store fails as the proxy writes the mark, the record
+// stays in flight until the mark, retried, lands: a retry meanwhile gets
+// 409 request-in-flight, and later outcome-in-doubt. The key must never
+// be forwarded again.
+func TestInDoubtMarkUnderWay(t *testing.T) {
+	c2 := chargeJSON("ch_2", "A")
+	tests := []struct {
+		name string
+		ops  []Op
+		st   Statement
+		want []int
+	}{
+		{
+			name: "in flight, then in doubt",
+			ops: []Op{
+				problem("order-charges", "A", 0, 100, 504, "upstream-timeout"),
+				problem("order-charges", "A", 200, 300, 409, "request-in-flight"),
+				probe(problem("order-charges", "A", 400, 410, 409, "outcome-in-doubt")),
+			},
+			st: statement([2]string{"ch_1", "A"}),
+		},
+		{
+			name: "in flight, then forwarded again",
+			ops: []Op{
+				problem("charges-wait", "A", 0, 100, 504, "upstream-timeout"),
+				problem("charges-wait", "A", 200, 300, 409, "request-in-flight"),
+				probe(fresh("charges-wait", "A", 400, 410, 201, c2)),
+			},
+			st:   statement([2]string{"ch_1", "A"}, [2]string{"ch_2", "A"}),
+			want: []int{PropChargedOnce, PropTwoXX, PropLinearizable},
+		},
+		{
+			name: "in doubt, then in flight again",
+			ops: []Op{
+				problem("charges-wait", "A", 0, 100, 504, "upstream-timeout"),
+				problem("charges-wait", "A", 200, 300, 409, "outcome-in-doubt"),
+				problem("charges-wait", "A", 400, 500, 409, "request-in-flight"),
+				probe(problem("charges-wait", "A", 600, 610, 409, "outcome-in-doubt")),
+			},
+			st:   statement([2]string{"ch_1", "A"}),
+			want: []int{PropLinearizable},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := hist(slices.Clone(tt.ops)...)
+			res := Check(h, tt.st, Options{Dir: t.TempDir()})
+			got := map[int]bool{}
+			for _, v := range res.Violations {
+				got[v.Property] = true
+			}
+			for _, p := range tt.want {
+				if !got[p] {
+					t.Errorf("property %d not reported; violations: %v", p, res.Violations)
+				}
+			}
+			for p := range got {
+				if !contains(tt.want, p) {
+					t.Errorf("property %d reported, want only %v: %v", p, tt.want, res.Violations)
+				}
+			}
+		})
+	}
+}

@@ -69,6 +69,12 @@ const (
 	sPending = 'P' // answered to its client, commit still under way (a store fault)
 	sDone    = 'D' // completed: the answer is replayed
 	sDoubt   = '?' // in doubt
+	// sMarking: answered in doubt (502 upstream-reset, 504
+	// upstream-timeout), the in-doubt mark still under way (the store
+	// failed when the proxy wrote it, and the proxy retries it while the
+	// lease holds): the record is still in flight, and becomes in doubt
+	// at any moment.
+	sMarking = 'M'
 )
 
 // anyAnswer stands for an answer that no client saw (its client got no
@@ -102,6 +108,15 @@ func sameAnswer(stored, a string) bool { return stored == anyAnswer || stored ==
 // nondeterministic model: it returns every state the key may be in after
 // the operation, none if the operation is impossible in s.
 func step(s state, in input) []state {
+	if s.K == sMarking {
+		// The mark may have landed before this operation: anything
+		// the key may do in doubt; or not yet: still in flight.
+		out := step(state{K: sDoubt}, in)
+		if in.C == cInFlight || in.C == cNoop || in.C == cUnknown || in.C == cPowerCut {
+			out = append(out, s)
+		}
+		return out
+	}
 	free := s.K == sFree || (s.K == sDoubt && in.Reconcile) // a lookup may release an in-doubt key
 	switch in.C {
 	case cCommit:
@@ -114,7 +129,7 @@ func step(s state, in input) []state {
 		}
 	case cDoubt:
 		if free {
-			return []state{{sDoubt, ""}}
+			return []state{{sDoubt, ""}, {sMarking, ""}}
 		}
 	case cReplay:
 		switch {
@@ -156,7 +171,7 @@ func step(s state, in input) []state {
 	case cUnknown:
 		out := []state{s}
 		if free {
-			out = append(out, state{sDoubt, ""}, state{sPending, anyAnswer}, state{sDone, anyAnswer}, state{sFree, ""})
+			out = append(out, state{sDoubt, ""}, state{sMarking, ""}, state{sPending, anyAnswer}, state{sDone, anyAnswer}, state{sFree, ""})
 		}
 		if s.K == sPending {
 			out = append(out, state{sDoubt, ""}, state{sDone, s.A})
