@@ -209,9 +209,9 @@ func TestScheduleDurations(t *testing.T) {
 	}
 }
 
-// TestFaultTableListsEveryKind: docs/chaos.md's fault table has a row for
+// TestDocChaosFaultTableListsEveryKind: docs/chaos.md's fault table has a row for
 // every kind the run can inject, and names no kind it cannot.
-func TestFaultTableListsEveryKind(t *testing.T) {
+func TestDocChaosFaultTableListsEveryKind(t *testing.T) {
 	b, err := os.ReadFile("../docs/chaos.md")
 	if err != nil {
 		t.Fatal(err)
