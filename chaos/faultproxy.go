@@ -19,6 +19,10 @@ import (
 type faultProxy struct {
 	ln     net.Listener
 	target string
+	// exempt, when set, is a source IP whose connections pass untouched:
+	// the store's own traffic (replication, Sentinel's checks), which a
+	// fault of the clients' network must not reach.
+	exempt string
 
 	mu        sync.Mutex
 	latency   time.Duration
@@ -32,14 +36,19 @@ type faultProxy struct {
 type pipePair struct {
 	client, server net.Conn
 	tainted        bool // it lost bytes to a blackhole
+	exempt         bool // from the exempt address: no fault applies
 }
 
-func newFaultProxy(target string) (*faultProxy, error) {
+func newFaultProxy(target string) (*faultProxy, error) { return newFaultProxyExempt(target, "") }
+
+// newFaultProxyExempt is newFaultProxy whose faults spare the connections
+// that come from the IP exempt.
+func newFaultProxyExempt(target, exempt string) (*faultProxy, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	p := &faultProxy{ln: ln, target: target, conns: map[*pipePair]struct{}{}}
+	p := &faultProxy{ln: ln, target: target, exempt: exempt, conns: map[*pipePair]struct{}{}}
 	p.wg.Add(1)
 	go p.serve()
 	return p, nil
@@ -60,6 +69,11 @@ func (p *faultProxy) serve() {
 			continue
 		}
 		pp := &pipePair{client: c, server: s}
+		if p.exempt != "" {
+			if a, ok := c.RemoteAddr().(*net.TCPAddr); ok && a.IP.String() == p.exempt {
+				pp.exempt = true
+			}
+		}
 		p.mu.Lock()
 		p.conns[pp] = struct{}{}
 		p.mu.Unlock()
@@ -88,12 +102,17 @@ func (p *faultProxy) pipe(pp *pipePair, src, dst net.Conn) {
 		if n > 0 {
 			p.mu.Lock()
 			lat, hole := p.latency, p.blackhole
+			if pp.exempt {
+				lat, hole = 0, false
+			}
 			if hole {
 				pp.tainted = true
 			}
 			p.mu.Unlock()
 			if !hole {
-				p.waitStall()
+				if !pp.exempt {
+					p.waitStall()
+				}
 				if lat > 0 {
 					time.Sleep(lat)
 				}
@@ -106,6 +125,9 @@ func (p *faultProxy) pipe(pp *pipePair, src, dst net.Conn) {
 		if err != nil {
 			p.mu.Lock()
 			slow := p.slowClose
+			if pp.exempt {
+				slow = 0
+			}
 			p.mu.Unlock()
 			if slow > 0 && errors.Is(err, io.EOF) {
 				time.Sleep(slow)
@@ -160,17 +182,27 @@ func (p *faultProxy) waitStall() {
 func (p *faultProxy) resetAll() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	n := 0
 	for pp := range p.conns {
+		if pp.exempt {
+			continue
+		}
 		resetConn(pp.client)
 		resetConn(pp.server)
+		n++
 	}
-	return len(p.conns)
+	return n
 }
 
 func (p *faultProxy) close() {
 	p.setStall(false)
 	p.ln.Close()
-	p.resetAll()
+	p.mu.Lock()
+	for pp := range p.conns {
+		resetConn(pp.client)
+		resetConn(pp.server)
+	}
+	p.mu.Unlock()
 	p.wg.Wait()
 }
 

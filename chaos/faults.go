@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -35,10 +36,36 @@ const (
 	kHup         = "proxy-sighup-reload"
 	kDiskFull    = "badger-disk-full"
 	kPowerLoss   = "power-loss" // the Badger proxy's disk loses what was not synced
+	// kStallPastLease holds the upstream's answer (the charge recorded)
+	// past the lease: the key goes in doubt and the reconciler resolves it.
+	kStallPastLease = "stub-stall-past-lease"
 	// The faults of a shared store server S (redis, postgres) are
 	// net-S-latency, net-S-reset, net-S-blackhole, net-S-stall, S-kill-restart,
-	// S-sigstop and S-lost-keys.
+	// S-sigstop, S-sigstop-past-lease, S-lost-keys and S-failover.
 )
+
+// The suffixes of the store faults that outlast the lease, and of the
+// failovers.
+const (
+	pastLease = "-sigstop-past-lease"
+	failover  = "-failover"
+)
+
+// instant reports whether a fault of kind k is over as soon as it is
+// applied (queued in the stub, a reset, a signal): the next one may follow
+// at once.
+func instant(k string) bool {
+	switch k {
+	case kFailBefore, kFailAfter, kDelay, kDrop, k429, kStallPastLease, kUpReset, kHup,
+		"net-redis-reset", "net-postgres-reset":
+		return true
+	}
+	return false
+}
+
+// outlastsLease reports whether a fault of kind k lasts longer than the
+// lease.
+func outlastsLease(k string) bool { return strings.HasSuffix(k, pastLease) }
 
 // lostKeys is the suffix of the fault kind that makes a shared store forget
 // every key (redis-lost-keys: restarted empty; postgres-lost-keys: its table
@@ -61,26 +88,49 @@ func (f fault) String() string {
 	return fmt.Sprintf("%8.3fs %-24s for=%v count=%d target=%d latency=%v", f.At.Seconds(), f.Kind, f.For, f.Count, f.Target, f.Lat)
 }
 
-// schedule draws the faults of a run of length d from rng, one every mean
-// on average, among kinds.
+// Fault durations: a fault that lasts is drawn between minFault and
+// maxFault (shorter than the lease), one that outlasts the lease between
+// lease + 1 s and lease + 3 s.
+const (
+	minFault = 300 * time.Millisecond
+	maxFault = 2500 * time.Millisecond
+)
+
+// schedule draws the faults of a run of length d from rng among kinds, one
+// at a time: each fault starts a gap after the end of the one before,
+// drawn from an exponential distribution of mean mean (an instant fault
+// ends when it starts). The kinds are drawn from a shuffled bag: every
+// kind once, in a random order, then again, so that a short run meets as
+// many kinds as it has faults, up to all of them.
 func schedule(rng *rand.Rand, d, mean time.Duration, kinds []string, nproxies int) []fault {
 	var out []fault
+	var bag []string
 	t := time.Second
 	for {
 		t += time.Duration(rng.ExpFloat64() * float64(mean))
 		if t > d-time.Second {
 			return out
 		}
+		if len(bag) == 0 {
+			bag = slices.Clone(kinds)
+			rng.Shuffle(len(bag), func(i, j int) { bag[i], bag[j] = bag[j], bag[i] })
+		}
 		f := fault{
 			At:     t,
-			Kind:   kinds[rng.IntN(len(kinds))],
-			For:    time.Duration(300+rng.IntN(3700)) * time.Millisecond,
+			Kind:   bag[0],
+			For:    minFault + time.Duration(rng.Int64N(int64(maxFault-minFault))),
 			Count:  1 + rng.IntN(3),
 			Target: rng.IntN(nproxies),
 			Lat:    time.Duration(20+rng.IntN(230)) * time.Millisecond,
 		}
+		bag = bag[1:]
+		if outlastsLease(f.Kind) {
+			f.For = lease + time.Second + time.Duration(rng.Int64N(int64(2*time.Second)))
+		}
 		out = append(out, f)
-		t += f.For // faults do not overlap
+		if !instant(f.Kind) {
+			t += f.For // faults do not overlap
+		}
 	}
 }
 
@@ -112,6 +162,8 @@ func (in *injector) apply(ctx context.Context, f fault) error {
 		return stub("fail-after-charge", "")
 	case kDelay:
 		return stub("delay", fmt.Sprintf(`, "delay": %q`, (upstreamTimeout+500*time.Millisecond).String()))
+	case kStallPastLease:
+		return stub("delay", fmt.Sprintf(`, "delay": %q`, (lease+time.Second).String()))
 	case kDrop:
 		return stub("drop-after-charge", "")
 	case k429:
@@ -166,37 +218,63 @@ func (in *injector) apply(ctx context.Context, f fault) error {
 	return nil
 }
 
-// applyStore applies a fault of a shared store server.
+// applyStore applies a fault of a shared store server. Its process faults
+// hit the primary; the network faults every node's fault layer.
 func (in *injector) applyStore(ctx context.Context, f fault) error {
 	for _, s := range in.r.stores {
 		switch f.Kind {
 		case "net-" + s.name + "-latency":
-			s.fault.set(f.Lat, false, 0)
+			s.eachFault(func(p *faultProxy) { p.set(f.Lat, false, 0) })
 			sleep(ctx, f.For)
-			s.fault.set(0, false, 0)
+			s.eachFault(func(p *faultProxy) { p.set(0, false, 0) })
 		case "net-" + s.name + "-blackhole":
-			s.fault.set(0, true, 0)
+			s.eachFault(func(p *faultProxy) { p.set(0, true, 0) })
 			sleep(ctx, f.For)
-			s.fault.set(0, false, 0)
+			s.eachFault(func(p *faultProxy) { p.set(0, false, 0) })
 		case "net-" + s.name + "-reset":
-			s.fault.resetAll()
+			s.eachFault(func(p *faultProxy) { p.resetAll() })
 		case "net-" + s.name + "-stall":
-			s.fault.setStall(true)
+			s.eachFault(func(p *faultProxy) { p.setStall(true) })
 			sleep(ctx, f.For)
-			s.fault.setStall(false)
+			s.eachFault(func(p *faultProxy) { p.setStall(false) })
 		case s.name + "-kill-restart":
-			s.proc.kill()
+			in.r.markStoreFault(s)
+			p, _ := s.prim()
+			p.proc.kill()
 			sleep(ctx, f.For/2)
-			if err := s.proc.start(); err != nil {
+			// The store comes back even when the load ends meanwhile.
+			bctx := context.WithoutCancel(ctx)
+			if err := s.restart(bctx, p); err != nil {
 				return err
 			}
-			return s.ready(ctx)
+			return s.ready(bctx)
 		case s.name + "-sigstop":
-			s.proc.signal(syscall.SIGSTOP)
+			in.r.markStoreFault(s)
+			p, _ := s.prim()
+			p.proc.signal(syscall.SIGSTOP)
 			sleep(ctx, f.For)
-			s.proc.signal(syscall.SIGCONT)
+			p.proc.signal(syscall.SIGCONT)
+		case s.name + pastLease:
+			// The whole store paused (every node, the Sentinel too),
+			// as a virtual machine is: longer than the lease, so that
+			// reservations made before it have run out when it
+			// resumes.
+			in.r.markStoreFault(s)
+			at := in.r.rec.now()
+			for _, p := range s.procs() {
+				p.signal(syscall.SIGSTOP)
+			}
+			sleep(ctx, f.For)
+			for _, p := range s.procs() {
+				p.signal(syscall.SIGCONT)
+			}
+			in.r.addOutage(s, at, in.r.rec.now()+int64(lossMargin))
 		case s.name + lostKeys:
+			in.r.markStoreFault(s)
 			return in.loseKeys(ctx, s, f)
+		case s.name + failover:
+			in.r.markStoreFault(s)
+			return in.failover(ctx, s, f)
 		default:
 			continue
 		}
@@ -338,12 +416,20 @@ func (in *injector) heal(ctx context.Context) error {
 		os.Remove(filepath.Join(r.badgerDir, "ballast"))
 	}
 	for _, s := range r.stores {
-		s.fault.set(0, false, 0)
-		s.fault.setStall(false)
-		s.proc.signal(syscall.SIGCONT)
-		if !s.proc.running() {
-			if err := s.proc.start(); err != nil {
+		s.eachFault(func(p *faultProxy) { p.set(0, false, 0); p.setStall(false) })
+		for _, p := range s.procs() {
+			p.signal(syscall.SIGCONT)
+		}
+		if s.sentinel != nil && !s.sentinel.running() {
+			if err := s.sentinel.start(); err != nil {
 				return err
+			}
+		}
+		for _, n := range s.nodes {
+			if !n.proc.running() {
+				if err := s.restart(ctx, n); err != nil {
+					return err
+				}
 			}
 		}
 		if err := s.ready(ctx); err != nil {

@@ -5,12 +5,15 @@
 // statement and the recorded history (issue 18, docs/chaos.md).
 //
 // It builds idemproxy and the upstream stub, starts on loopback the stub, one
-// idemproxy on Badger, three replicas sharing a Redis with the append-only
-// file and two sharing a PostgreSQL, with TCP fault proxies between the
-// proxies and the stub and between the replicas and their store. A population of clients (go-retryablehttp, plus raw
-// duplicate deliveries and storms of one key) charges new orders while
-// faults drawn from the seed hit the stub, the network, the processes and the
-// stores. Then the faults stop, the keys settle, every key is probed once
+// idemproxy on Badger, three replicas sharing a Redis (a master with the
+// append-only file, its replica and a Sentinel, which the replicas ask for
+// the master) and two sharing a PostgreSQL (a primary and a synchronous
+// standby, both in the replicas' connection string), with TCP fault proxies
+// between the proxies and the stub and in front of every store node. A
+// population of clients (go-retryablehttp, plus raw duplicate deliveries
+// and storms of one key) charges new orders while faults drawn from the
+// seed hit the stub, the network, the processes and the stores, failovers
+// included. Then the faults stop, the keys settle, every key is probed once
 // more, and the checker reads the history and the stub's statement.
 //
 // Usage:
@@ -50,6 +53,8 @@ const (
 	// discoveryInterval is how often a proxy scans for in-doubt keys that
 	// have no reconcile schedule (those left by a crash).
 	discoveryInterval = time.Minute
+	// defaultInterval is the mean gap between two faults (-fault-interval).
+	defaultInterval = 300 * time.Millisecond
 )
 
 func main() {
@@ -69,6 +74,10 @@ type options struct {
 	// keeps anyway (powerloss.Options.Writeback); zero drops them all.
 	writeback float64
 	harsh     bool // power-loss: only a directory's own fsync makes its names durable
+	// redisWait is store.redis.wait_replicas of the Redis replicas: how
+	// many replicas acknowledge a write before it counts; zero writes to
+	// the master alone, and a failover may lose what it acknowledged.
+	redisWait int
 }
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
@@ -82,11 +91,12 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&stores, "stores", "badger,redis,postgres", "the stores to run proxies on: badger (one proxy), redis (three replicas), postgres (two replicas)")
 	fs.IntVar(&o.clients, "clients", 4, "client goroutines (each a retrying client, duplicate deliveries, storms)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the folder when the run passes")
-	fs.DurationVar(&o.interval, "fault-interval", 2*time.Second, "the mean time between the end of a fault and the start of the next (longer lets a Badger proxy reach its 30 s checkpoint between power cuts)")
+	fs.DurationVar(&o.interval, "fault-interval", defaultInterval, "the mean time between the end of a fault and the start of the next (longer lets a Badger proxy reach its 30 s checkpoint between power cuts)")
+	fs.IntVar(&o.redisWait, "redis-wait-replicas", 1, "store.redis.wait_replicas of the Redis replicas: every write waits for the replica, and a Redis failover is held to every property; 0: a write is acknowledged by the master alone, and a key a Redis failover loses is counted, not a violation")
 	fs.Float64Var(&o.writeback, "writeback", 0, "power-loss: the share, 0 to 1, of the pages written and not synced that survive a power cut anyway, drawn at random (the kernel's writeback); 0 drops them all")
 	fs.BoolVar(&o.harsh, "harsh", false, "power-loss: only a directory's own fsync makes the names in it durable (not any fsync, as ext4's journal does)")
 	var kinds string
-	fs.StringVar(&kinds, "faults", "", "only these fault kinds, comma-separated, e.g. redis-lost-keys,postgres-lost-keys (default: every kind the stores allow, but power-loss, which puts Badger's data directory on a FUSE mount and runs only when named)")
+	fs.StringVar(&kinds, "faults", "", "only these fault kinds, comma-separated, e.g. redis-lost-keys,postgres-lost-keys; \"default\" stands for the default kinds, \"slow\" for the failovers and the pauses past the lease (default: every kind the stores allow, but the slow ones and power-loss, which puts Badger's data directory on a FUSE mount and runs only when named)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -113,6 +123,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	if o.writeback < 0 || o.writeback > 1 {
 		return o, fmt.Errorf("-writeback must be between 0 and 1, got %v", o.writeback)
+	}
+	if o.redisWait < 0 || o.redisWait > 1 {
+		return o, fmt.Errorf("-redis-wait-replicas must be 0 or 1 (the run's Redis has one replica), got %d", o.redisWait)
 	}
 	if o.clients < 1 || o.clients > 64 {
 		return o, fmt.Errorf("-clients must be between 1 and 64, got %d", o.clients)
@@ -196,14 +209,19 @@ type run struct {
 	power     *powerDisk // power-loss: badgerDir is its mount
 	reloads   int
 
-	inj    *injector
-	rec    *recorder
-	losses []check.Loss // guarded by mu
-	cuts   []check.Cut  // guarded by mu
-	res    check.Result // the checker's verdict, once the run is over
-	nops   int
-	errs   []string // process faults that did not recover
-	mu     sync.Mutex
+	inj       *injector
+	rec       *recorder
+	losses    []check.Loss     // guarded by mu
+	cuts      []check.Cut      // guarded by mu
+	failovers []check.Failover // guarded by mu
+	outages   []check.Outage   // guarded by mu
+	// storeFault is when the last process fault of each store began,
+	// from which a failover it caused may have lost writes (mu).
+	storeFault map[string]int64
+	res        check.Result // the checker's verdict, once the run is over
+	nops       int
+	errs       []string // process faults that did not recover
+	mu         sync.Mutex
 }
 
 var routes = []routeSpec{
@@ -242,7 +260,7 @@ func (r *run) execute(ctx context.Context) (int, error) {
 	}
 	interval := r.opts.interval
 	if interval <= 0 {
-		interval = 2 * time.Second
+		interval = defaultInterval
 	}
 	sched := schedule(rng, r.opts.duration, interval, kinds, len(r.proxies))
 	var sb strings.Builder
@@ -265,6 +283,13 @@ func (r *run) execute(ctx context.Context) (int, error) {
 		clusters = append(clusters, c)
 	}
 	w := newWorkload(rec, clusters, routes)
+	wctx, stopWatch := context.WithCancel(ctx)
+	var watchers sync.WaitGroup
+	if s := r.store("redis"); s != nil {
+		watchers.Add(1)
+		go func() { defer watchers.Done(); r.watchRedis(wctx, s) }()
+	}
+	defer stopWatch()
 	load, endLoad := context.WithTimeout(ctx, r.opts.duration)
 	defer endLoad()
 	var wg sync.WaitGroup
@@ -299,12 +324,16 @@ func (r *run) execute(ctx context.Context) (int, error) {
 	}
 	w.base.CloseIdleConnections()
 	time.Sleep(time.Second)
+	stopWatch()
+	watchers.Wait()
 	h.Final = r.samples(ctx)
 	h.Ops = rec.snapshot()
 	r.nops = len(h.Ops)
 	r.mu.Lock()
 	h.Losses = r.losses
 	h.Cuts = r.cuts
+	h.Failovers = r.failovers
+	h.Outages = r.outages
 	r.mu.Unlock()
 
 	stmt, raw, err := r.statement(ctx)
@@ -340,13 +369,31 @@ func (r *run) execute(ctx context.Context) (int, error) {
 	if res.Visualisation != "" {
 		fmt.Fprintf(r.log, "chaos: linearizability visualisation in %s\n", res.Visualisation)
 	}
-	fmt.Fprintf(r.log, "chaos: %d keys, %d charges in the statement\n", res.Keys, len(stmt))
+	fmt.Fprintf(r.log, "chaos: %d keys, %d charges in the statement; %d keys answered in doubt, %d resolved by the reconciler\n", res.Keys, len(stmt), res.InDoubt, res.Reconciled)
 	if len(h.Losses) > 0 {
 		fmt.Fprintf(r.log, "chaos: %d store losses: %d keys sent before a loss, %d of them charged again after it was accepted\n",
 			len(h.Losses), res.Exposed, res.Recharged)
 	}
 	if len(h.Cuts) > 0 {
 		fmt.Fprintf(r.log, "chaos: %v\n", res.Cuts)
+	}
+	for _, name := range []string{"redis", "postgres"} {
+		n, lossy := 0, 0
+		for _, f := range h.Failovers {
+			if f.Store == name {
+				n++
+				if f.Lossy {
+					lossy++
+				}
+			}
+		}
+		if n > 0 {
+			fmt.Fprintf(r.log, "chaos: %d %s failovers (%d of them without wait_replicas)\n", n, name, lossy)
+		}
+	}
+	if res.FailoverExposed > 0 {
+		fmt.Fprintf(r.log, "chaos: %d keys written around a Redis failover without wait_replicas; %d keys charged again after a Redis failover without wait_replicas\n",
+			res.FailoverExposed, res.FailoverRecharged)
 	}
 	return len(vs), nil
 }
@@ -369,26 +416,55 @@ func (r *run) store(name string) *storeSrv {
 }
 
 // chosenKinds returns the kinds of -faults, each one this run can inject,
-// or every kind it can when -faults is empty.
+// or the default kinds (every kind it can but the slow ones) when -faults
+// is empty. In -faults, "default" stands for the default kinds and "slow"
+// for the slow ones (the failovers, the pauses past the lease).
 func (r *run) chosenKinds() ([]string, error) {
 	all := r.kinds()
-	if len(r.opts.kinds) == 0 {
-		return all, nil
-	}
-	for _, k := range r.opts.kinds {
-		if !slices.Contains(all, k) {
-			return nil, fmt.Errorf("-faults: this run cannot inject %q; it can: %s", k, strings.Join(all, ", "))
+	var fast, slowKinds []string
+	for _, k := range all {
+		if slow(k) {
+			slowKinds = append(slowKinds, k)
+		} else {
+			fast = append(fast, k)
 		}
 	}
-	return r.opts.kinds, nil
+	if len(r.opts.kinds) == 0 {
+		return fast, nil
+	}
+	var out []string
+	for _, k := range r.opts.kinds {
+		var add []string
+		switch {
+		case k == "default":
+			add = fast
+		case k == "slow":
+			add = slowKinds
+		case slices.Contains(all, k):
+			add = []string{k}
+		default:
+			return nil, fmt.Errorf("-faults: this run cannot inject %q; it can: %s (default: every one but %s)", k, strings.Join(all, ", "), strings.Join(slowKinds, ", "))
+		}
+		for _, a := range add {
+			if !slices.Contains(out, a) {
+				out = append(out, a)
+			}
+		}
+	}
+	return out, nil
 }
+
+// slow reports whether a fault of kind k takes many seconds (a failover and
+// the rebuild of a standby, a pause past the lease): the default run, which
+// aims at many faults a minute, leaves them out.
+func slow(k string) bool { return strings.HasSuffix(k, failover) || outlastsLease(k) }
 
 // kinds returns the fault kinds this run can inject.
 func (r *run) kinds() []string {
-	k := []string{kFailBefore, kFailAfter, kDelay, kDrop, k429, kUpLatency, kUpReset, kUpBlackhole, kUpSlowClose, kUpStall, kKill, kTerm, kHup}
+	k := []string{kFailBefore, kFailAfter, kDelay, kDrop, k429, kStallPastLease, kUpLatency, kUpReset, kUpBlackhole, kUpSlowClose, kUpStall, kKill, kTerm, kHup}
 	for _, s := range r.stores {
 		k = append(k, "net-"+s.name+"-latency", "net-"+s.name+"-reset", "net-"+s.name+"-blackhole",
-			"net-"+s.name+"-stall", s.name+"-kill-restart", s.name+"-sigstop", s.name+lostKeys)
+			"net-"+s.name+"-stall", s.name+"-kill-restart", s.name+"-sigstop", s.name+pastLease, s.name+lostKeys, s.name+failover)
 	}
 	if r.tmpfs {
 		k = append(k, kDiskFull)
@@ -526,7 +602,7 @@ func (r *run) addProxy(name, store string) error {
 	}
 	p.args = []string{"-config", p.config}
 	if store == "postgres" {
-		p.env = []string{"IDEMPROXY_POSTGRES_DSN=postgres://postgres@" + r.store("postgres").fault.addr() + "/postgres?sslmode=disable"}
+		p.env = []string{"IDEMPROXY_POSTGRES_DSN=" + r.store("postgres").pgDSN()}
 	}
 	r.proxies = append(r.proxies, p)
 	return r.writeConfig(p)
@@ -566,7 +642,11 @@ func (r *run) writeConfig(p *proxyProc) error {
 	case "badger":
 		store = fmt.Sprintf("  badger:\n    dir: %s\n    sync_writes: true\n    min_free_bytes: 8388608\n", r.badgerDir)
 	case "redis":
-		store = fmt.Sprintf("  redis:\n    addrs: [%s]\n    key_prefix: \"chaos:\"\n    op_timeout: 500ms\n", r.store("redis").fault.addr())
+		store = fmt.Sprintf("  redis:\n    addrs: [%s]\n    master_name: %s\n    key_prefix: \"chaos:\"\n    op_timeout: 500ms\n",
+			r.store("redis").sentinelAddr(), sentinelMaster)
+		if r.opts.redisWait > 0 {
+			store += fmt.Sprintf("    wait_replicas: %d\n", r.opts.redisWait)
+		}
 	case "postgres":
 		store = "  postgres:\n    dsn_env: IDEMPROXY_POSTGRES_DSN\n    max_conns: 8\n    statement_timeout: 500ms\n"
 	}
@@ -714,7 +794,9 @@ func (r *run) stopAll() {
 	}
 	wg.Wait()
 	for _, srv := range r.stores {
-		srv.proc.kill()
+		for _, p := range srv.procs() {
+			p.kill()
+		}
 	}
 	if r.stub != nil {
 		r.stub.stop(5 * time.Second)
@@ -723,9 +805,7 @@ func (r *run) stopAll() {
 		r.upFault.close()
 	}
 	for _, srv := range r.stores {
-		if srv.fault != nil {
-			srv.fault.close()
-		}
+		srv.eachFault((*faultProxy).close)
 	}
 	if r.power != nil {
 		if err := r.power.close(); err != nil {

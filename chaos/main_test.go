@@ -7,7 +7,11 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"os"
 	"reflect"
+	"regexp"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -25,7 +29,9 @@ func TestSameSeedSameSchedule(t *testing.T) {
 		t.Errorf("seeds 7 and 8 drew the same schedule")
 	}
 	for i, f := range a {
-		if f.At > time.Minute || (i > 0 && f.At < a[i-1].At+a[i-1].For) {
+		// One at a time: a fault starts once the one before is over
+		// (an instant one is over when it starts).
+		if f.At > time.Minute || (i > 0 && !instant(a[i-1].Kind) && f.At < a[i-1].At+a[i-1].For) {
 			t.Errorf("fault %d at %v overlaps the one before or ends the run late: %v", i, f.At, a)
 		}
 	}
@@ -120,5 +126,117 @@ func TestFaultProxy(t *testing.T) {
 	_ = c2.SetDeadline(time.Now().Add(time.Second))
 	if _, err := c2.Read(make([]byte, 1)); err == nil {
 		t.Errorf("read after a reset succeeded")
+	}
+}
+
+// TestCIScheduleDensity: the CI form (go run ./chaos -duration 60s, every
+// store, the default kinds, the default interval) schedules at least 30
+// faults of at least 6 kinds, whatever the seed; the default kinds leave
+// out the slow ones, which -faults slow names.
+func TestCIScheduleDensity(t *testing.T) {
+	r := &run{stores: []*storeSrv{{name: "redis"}, {name: "postgres"}}, tmpfs: true}
+	kinds, err := r.chosenKinds()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range kinds {
+		if slow(k) {
+			t.Errorf("the default kinds hold the slow kind %s", k)
+		}
+	}
+	fewest, fewestKinds := 1<<30, 1<<30
+	for seed := uint64(1); seed <= 300; seed++ {
+		sched := schedule(rand.New(rand.NewPCG(seed, 0x1d3)), time.Minute, defaultInterval, kinds, 6)
+		seen := map[string]bool{}
+		for _, f := range sched {
+			seen[f.Kind] = true
+		}
+		fewest, fewestKinds = min(fewest, len(sched)), min(fewestKinds, len(seen))
+	}
+	if fewest < 30 || fewestKinds < 6 {
+		t.Errorf("a 60 s run schedules as few as %d faults of %d kinds over 300 seeds; want at least 30 of 6", fewest, fewestKinds)
+	}
+	t.Logf("%d default kinds; the fewest over 300 seeds: %d faults, %d kinds", len(kinds), fewest, fewestKinds)
+
+	r.opts.kinds = []string{"slow"}
+	slowKinds, err := r.chosenKinds()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"redis-sigstop-past-lease", "redis-failover", "postgres-sigstop-past-lease", "postgres-failover"}
+	if !reflect.DeepEqual(slowKinds, want) {
+		t.Errorf("-faults slow = %v, want %v", slowKinds, want)
+	}
+	r.opts.kinds = []string{"default", "slow"}
+	if all, _ := r.chosenKinds(); len(all) != len(kinds)+len(want) {
+		t.Errorf("-faults default,slow = %d kinds, want %d", len(all), len(kinds)+len(want))
+	}
+	r.opts.kinds = []string{"redis-failover", "mysql-failover"}
+	if _, err := r.chosenKinds(); err == nil {
+		t.Errorf("-faults with an unknown kind: no error")
+	}
+}
+
+// TestScheduleDurations: a fault that outlasts the lease is drawn longer
+// than the lease, every other one shorter than the lease, and an instant
+// fault (queued in the stub, a reset, a reload) lets the next one start
+// at once; every kind comes once before any comes twice.
+func TestScheduleDurations(t *testing.T) {
+	kinds := []string{kStallPastLease, "redis-sigstop-past-lease", kUpReset, kUpBlackhole, "postgres-failover"}
+	sched := schedule(rand.New(rand.NewPCG(3, 0x1d3)), 10*time.Minute, defaultInterval, kinds, 4)
+	if len(sched) < 2*len(kinds) {
+		t.Fatalf("%d faults in 10 minutes", len(sched))
+	}
+	for i, f := range sched {
+		if outlastsLease(f.Kind) != (f.For > lease) {
+			t.Errorf("%v: lasts %v, the lease is %v", f, f.For, lease)
+		}
+		if i > 0 && !instant(sched[i-1].Kind) && f.At < sched[i-1].At+sched[i-1].For {
+			t.Errorf("%v starts before %v ends", f, sched[i-1])
+		}
+		if round := i / len(kinds); i%len(kinds) == len(kinds)-1 {
+			seen := map[string]bool{}
+			for _, g := range sched[round*len(kinds) : i+1] {
+				seen[g.Kind] = true
+			}
+			if len(seen) != len(kinds) {
+				t.Errorf("round %d drew %d kinds of %d", round, len(seen), len(kinds))
+			}
+		}
+	}
+	if !instant(kStallPastLease) || instant(kUpBlackhole) || !outlastsLease("postgres-sigstop-past-lease") || outlastsLease(kStallPastLease) {
+		t.Errorf("instant/outlastsLease misread the kinds")
+	}
+}
+
+// TestDocChaosFaultTableListsEveryKind: docs/chaos.md's fault table has a row for
+// every kind the run can inject, and names no kind it cannot.
+func TestDocChaosFaultTableListsEveryKind(t *testing.T) {
+	b, err := os.ReadFile("../docs/chaos.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	documented := map[string]bool{}
+	cell := regexp.MustCompile("`([a-z0-9-]+)`")
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if !strings.HasPrefix(line, "| `") {
+			continue
+		}
+		first := strings.Split(line, "|")[1]
+		for _, m := range cell.FindAllStringSubmatch(first, -1) {
+			documented[m[1]] = true
+		}
+	}
+	r := &run{stores: []*storeSrv{{name: "redis"}, {name: "postgres"}}, tmpfs: true, power: &powerDisk{}}
+	kinds := r.kinds()
+	for _, k := range kinds {
+		if !documented[k] {
+			t.Errorf("docs/chaos.md's fault table has no row for %s", k)
+		}
+	}
+	for k := range documented {
+		if !slices.Contains(kinds, k) {
+			t.Errorf("docs/chaos.md's fault table names %s, which the run cannot inject", k)
+		}
 	}
 }

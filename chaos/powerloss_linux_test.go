@@ -90,7 +90,8 @@ func TestPowerLoss(t *testing.T) {
 		seed, duration, writeback, harsh, seed, duration, writeback, out)
 
 	var log lockedBuffer
-	r := &run{opts: options{seed: seed, duration: duration, out: out, stores: []string{"badger"}, clients: 4, kinds: []string{kPowerLoss}, writeback: writeback, harsh: harsh},
+	r := &run{opts: options{seed: seed, duration: duration, out: out, stores: []string{"badger"}, clients: 4, kinds: []string{kPowerLoss}, writeback: writeback, harsh: harsh,
+		interval: 2 * time.Second}, // as before the CI form grew denser: a cut every few seconds
 		out: out, log: &log}
 	t.Cleanup(r.stopAll)
 	ctx, cancel := context.WithTimeout(context.Background(), duration+6*time.Minute)

@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -203,7 +204,13 @@ func (p *proc) kill() {
 	if p.cmd == nil {
 		return
 	}
-	p.send(p.cmd, syscall.SIGCONT) // a stopped process dies too
+	if p.tree {
+		// Stopped, the root forks no child after the list of its
+		// descendants is read (a PostgreSQL backend started then would
+		// outlive the postmaster and hold its shared memory, and the
+		// next start would refuse it).
+		_ = p.cmd.Process.Signal(syscall.SIGSTOP)
+	}
 	p.send(p.cmd, syscall.SIGKILL)
 	<-p.done
 	p.cmd, p.done = nil, nil
@@ -311,4 +318,70 @@ func waitRedis(ctx context.Context, addr string, d time.Duration) error {
 		time.Sleep(50 * time.Millisecond)
 	}
 	return fmt.Errorf("redis at %s did not answer PING within %v", addr, d)
+}
+
+// redisDo sends one command to the Redis (or Sentinel) at addr and returns
+// its reply, flattened: a string or an integer is one element, an array its
+// elements in order (nested arrays flattened), a nil reply none.
+func redisDo(addr string, args ...string) ([]string, error) {
+	c, err := net.DialTimeout("tcp", addr, 500*time.Millisecond)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	var b strings.Builder
+	fmt.Fprintf(&b, "*%d\r\n", len(args))
+	for _, a := range args {
+		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
+	}
+	if _, err := c.Write([]byte(b.String())); err != nil {
+		return nil, err
+	}
+	var out []string
+	return out, readRESP(bufio.NewReader(c), &out)
+}
+
+// readRESP reads one RESP reply into out.
+func readRESP(r *bufio.Reader, out *[]string) error {
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return err
+	}
+	line = strings.TrimRight(line, "\r\n")
+	if line == "" {
+		return fmt.Errorf("redis: empty reply line")
+	}
+	switch line[0] {
+	case '+', ':':
+		*out = append(*out, line[1:])
+	case '-':
+		return fmt.Errorf("redis: %s", line[1:])
+	case '$':
+		n, err := strconv.Atoi(line[1:])
+		if err != nil {
+			return fmt.Errorf("redis: bad bulk length %q", line)
+		}
+		if n < 0 {
+			return nil
+		}
+		buf := make([]byte, n+2)
+		if _, err := io.ReadFull(r, buf); err != nil {
+			return err
+		}
+		*out = append(*out, string(buf[:n]))
+	case '*':
+		n, err := strconv.Atoi(line[1:])
+		if err != nil {
+			return fmt.Errorf("redis: bad array length %q", line)
+		}
+		for range n {
+			if err := readRESP(r, out); err != nil {
+				return err
+			}
+		}
+	default:
+		return fmt.Errorf("redis: unexpected reply %q", line)
+	}
+	return nil
 }

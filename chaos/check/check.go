@@ -54,6 +54,16 @@ type Result struct {
 	// Cuts counts what the power cuts of h.Cuts did to the keys their
 	// proxy held (property 7).
 	Cuts CutCounts
+	// FailoverExposed counts the keys written through a store's proxies
+	// while a lossy failover (h.Failovers) may have lost their writes;
+	// FailoverRecharged those of them charged again by an attempt that
+	// started after the failover began, which a lossy failover allows.
+	FailoverExposed, FailoverRecharged int
+	// InDoubt counts the keys some client was answered in doubt (409
+	// outcome-in-doubt, 504 upstream-timeout, 502 upstream-reset);
+	// Reconciled the keys the reconciler resolved (a replay with
+	// Idempotent-Reconciled).
+	InDoubt, Reconciled int
 }
 
 // Options tunes Check.
@@ -104,10 +114,35 @@ func Check(h History, st Statement, opts Options) Result {
 			add(PropLinearizable, order, "route %q is not in the history's routes", ops[0].Route)
 			continue
 		}
+		var doubt, recon bool
+		for _, o := range ops {
+			c := classify(o, route)
+			doubt = doubt || c == cDoubt || c == cInDoubt
+			recon = recon || (c == cReplay && o.Recon)
+		}
+		if doubt {
+			res.InDoubt++
+		}
+		if recon {
+			res.Reconciled++
+		}
 		if loss := exposedTo(h.Losses, ops); loss != nil {
 			res.Exposed++
-			if checkExposed(order, ops, route, charges[order], *loss, add) {
+			l := *loss
+			if f := exposedToFailover(h.Failovers, ops); f != nil && f.At < l.Accepted {
+				// A lossy failover before the acceptance may have
+				// lost the key already.
+				l.Accepted = f.At
+			}
+			if checkExposed(order, ops, route, charges[order], l, "loss was accepted (or a failover without wait_replicas began)", add) {
 				res.Recharged++
+			}
+			continue
+		}
+		if f := exposedToFailover(h.Failovers, ops); f != nil {
+			res.FailoverExposed++
+			if checkExposed(order, ops, route, charges[order], Loss{Store: f.Store, Proxies: f.Proxies, At: f.At, Accepted: f.At}, "began a failover without wait_replicas", add) {
+				res.FailoverRecharged++
 			}
 			continue
 		}
@@ -120,7 +155,8 @@ func Check(h History, st Statement, opts Options) Result {
 			}
 			lin = append(lin, porcupine.Operation{
 				ClientId: o.Client,
-				Input:    input{Op: o.ID, C: c, Answer: answerOf(o), Recon: o.Recon, Reconcile: route.Reconcile},
+				Input: input{Op: o.ID, C: c, Answer: answerOf(o), Recon: o.Recon, Reconcile: route.Reconcile,
+					Stranded: c == cNoop && problemType(o) == "store-unavailable" && inOutage(h.Outages, o)},
 				Call:     o.Start,
 				Return:   ret,
 				Metadata: order,
@@ -289,6 +325,34 @@ func exposedTo(losses []Loss, ops []Op) *Loss {
 	return nil
 }
 
+// exposedToFailover returns the first lossy failover that may have lost a
+// write of the key of ops: one of its attempts, through a proxy of the
+// failed-over store, overlaps the failover's window.
+func exposedToFailover(fs []Failover, ops []Op) *Failover {
+	for i, f := range fs {
+		if !f.Lossy {
+			continue
+		}
+		for _, o := range ops {
+			if o.Start < f.End && (o.End > f.At || o.End == 0) && slices.Contains(f.Proxies, o.Proxy) {
+				return &fs[i]
+			}
+		}
+	}
+	return nil
+}
+
+// inOutage reports whether o went through a proxy of a store during one of
+// its outages.
+func inOutage(outages []Outage, o Op) bool {
+	for _, w := range outages {
+		if o.Start < w.End && o.End > w.At && slices.Contains(w.Proxies, o.Proxy) {
+			return true
+		}
+	}
+	return false
+}
+
 // forwarded reports whether the attempt reached the upstream, as far as its
 // answer tells: an upstream's answer, or a problem about the upstream's.
 func forwarded(c class) bool { return c == cCommit || c == cRelease || c == cDoubt }
@@ -299,7 +363,7 @@ func forwarded(c class) bool { return c == cCommit || c == cRelease || c == cDou
 // do not hold across a loss by design: the accepted store no longer knows
 // the first answer. It reports whether the key was charged again after
 // the acceptance.
-func checkExposed(order string, ops []Op, route Route, charges []Charge, loss Loss, add func(int, string, string, ...any)) bool {
+func checkExposed(order string, ops []Op, route Route, charges []Charge, loss Loss, what string, add func(int, string, string, ...any)) bool {
 	allowed := chargesAllowed(ops, route)
 	again := 0
 	for _, o := range ops {
@@ -308,8 +372,8 @@ func checkExposed(order string, ops []Op, route Route, charges []Charge, loss Lo
 		}
 	}
 	if len(charges) > allowed+again {
-		add(PropChargedOnce, order, "charged %d times on a %s route: %d allowed by the outcome table, and %d attempts after the %s loss was accepted: %s",
-			len(charges), route.Policy, allowed, again, loss.Store, chargeIDs(charges))
+		add(PropChargedOnce, order, "charged %d times on a %s route: %d allowed by the outcome table, and %d attempts after the %s %s: %s",
+			len(charges), route.Policy, allowed, again, loss.Store, what, chargeIDs(charges))
 	}
 	return again > 0 && len(charges) > allowed
 }

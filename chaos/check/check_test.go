@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -355,6 +356,276 @@ func TestStoreLosses(t *testing.T) {
 			}
 			if res.Recharged != tt.wantRecharged {
 				t.Errorf("Recharged = %d, want %d", res.Recharged, tt.wantRecharged)
+			}
+		})
+	}
+}
+
+// TestFailovers pins how the checker reads a key written around a store's
+// failover: after a lossy one (Redis without wait_replicas) a key written
+// in its window may be charged again by an attempt that starts after it
+// began, and is counted, not reported; every other double charge is a
+// violation, and a failover that is not lossy (PostgreSQL with a
+// synchronous standby, Redis with wait_replicas) excuses nothing.
+func TestFailovers(t *testing.T) {
+	c1, c2 := chargeJSON("ch_1", "A"), chargeJSON("ch_2", "A")
+	twice := statement([2]string{"ch_1", "A"}, [2]string{"ch_2", "A"})
+	// Answered and replayed by the old master, lost with it, charged
+	// again by the final probe.
+	lostThenCharged := []Op{
+		fresh("charges-wait", "A", 450, 480, 201, c1),
+		replay("charges-wait", "A", 490, 495, 201, c1),
+		probe(fresh("charges-wait", "A", 2000, 2010, 201, c2)),
+	}
+	tests := []struct {
+		name          string
+		failover      Failover
+		ops           []Op
+		st            Statement
+		want          []int // properties that must be reported, and no other
+		wantExposed   int
+		wantRecharged int
+	}{
+		{
+			name:          "lossy failover: a key written in its window charged again after it is counted",
+			failover:      Failover{Store: "redis", Proxies: []string{"r0"}, At: 400, End: 900, Lossy: true},
+			ops:           lostThenCharged,
+			st:            twice,
+			wantExposed:   1,
+			wantRecharged: 1,
+		},
+		{
+			name:     "a failover that is not lossy excuses nothing",
+			failover: Failover{Store: "postgres", Proxies: []string{"r0"}, At: 400, End: 900},
+			ops:      lostThenCharged,
+			st:       twice,
+			want:     []int{PropChargedOnce, PropTwoXX, PropNothingLost, PropLinearizable},
+		},
+		{
+			name:     "lossy failover: a key written only before its window is held to every property",
+			failover: Failover{Store: "redis", Proxies: []string{"r0"}, At: 1000, End: 1500, Lossy: true},
+			ops:      lostThenCharged,
+			st:       twice,
+			want:     []int{PropChargedOnce, PropTwoXX, PropNothingLost, PropLinearizable},
+		},
+		{
+			name:     "lossy failover: another store's proxies are held to every property",
+			failover: Failover{Store: "redis", Proxies: []string{"r1"}, At: 400, End: 900, Lossy: true},
+			ops:      lostThenCharged,
+			st:       twice,
+			want:     []int{PropChargedOnce, PropTwoXX, PropNothingLost, PropLinearizable},
+		},
+		{
+			// Both charges by attempts that started before the failover:
+			// the failover cannot explain the second.
+			name:     "lossy failover: charged twice before it began",
+			failover: Failover{Store: "redis", Proxies: []string{"r0"}, At: 400, End: 900, Lossy: true},
+			ops: []Op{
+				fresh("charges-wait", "A", 100, 480, 201, c1),
+				fresh("charges-wait", "A", 200, 450, 201, c2),
+				probe(replay("charges-wait", "A", 2000, 2010, 201, c2)),
+			},
+			st:          twice,
+			want:        []int{PropChargedOnce},
+			wantExposed: 1,
+		},
+		{
+			name:     "lossy failover: a key written in its window and replayed after it passes",
+			failover: Failover{Store: "redis", Proxies: []string{"r0"}, At: 400, End: 900, Lossy: true},
+			ops: []Op{
+				fresh("charges-wait", "A", 450, 480, 201, c1),
+				probe(replay("charges-wait", "A", 2000, 2010, 201, c1)),
+			},
+			st:          statement([2]string{"ch_1", "A"}),
+			wantExposed: 1,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := hist(slices.Clone(tt.ops)...)
+			h.Failovers = []Failover{tt.failover}
+			res := Check(h, tt.st, Options{Dir: t.TempDir()})
+			got := map[int]bool{}
+			for _, v := range res.Violations {
+				got[v.Property] = true
+			}
+			for _, p := range tt.want {
+				if !got[p] {
+					t.Errorf("property %d not reported; violations: %v", p, res.Violations)
+				}
+			}
+			for p := range got {
+				if !contains(tt.want, p) {
+					t.Errorf("property %d reported, want only %v: %v", p, tt.want, res.Violations)
+				}
+			}
+			if res.FailoverExposed != tt.wantExposed || res.FailoverRecharged != tt.wantRecharged {
+				t.Errorf("FailoverExposed, FailoverRecharged = %d, %d; want %d, %d", res.FailoverExposed, res.FailoverRecharged, tt.wantExposed, tt.wantRecharged)
+			}
+		})
+	}
+}
+
+// TestOutages pins how the checker reads a key whose reservation a store
+// outage as long as a lease may have stranded: a 503 store-unavailable
+// during the outage may leave the key in doubt (its reservation applied,
+// its reply lost, its release retried only while the lease held), and on
+// the route that reconciles, the reconciler must resolve it.
+func TestOutages(t *testing.T) {
+	outage := Outage{Store: "redis", Proxies: []string{"r0"}, At: 100, End: 900}
+	c1 := chargeJSON("ch_1", "A")
+	unavailable := func(route string, start, end int64) Op {
+		return problem(route, "A", start, end, 503, "store-unavailable")
+	}
+	tests := []struct {
+		name    string
+		outages []Outage
+		ops     []Op
+		st      Statement
+		want    []int
+	}{
+		{
+			name:    "stranded by an outage, in doubt on a route without reconcile",
+			outages: []Outage{outage},
+			ops: []Op{
+				unavailable("charges-wait", 200, 700),
+				probe(problem("charges-wait", "A", 2000, 2010, 409, "outcome-in-doubt")),
+			},
+		},
+		{
+			name: "in doubt after a 503 without an outage: the key was lost",
+			ops: []Op{
+				unavailable("charges-wait", 200, 700),
+				probe(problem("charges-wait", "A", 2000, 2010, 409, "outcome-in-doubt")),
+			},
+			want: []int{PropLinearizable},
+		},
+		{
+			name:    "a 503 through another store's proxy during the outage",
+			outages: []Outage{{Store: "postgres", Proxies: []string{"p0"}, At: 100, End: 900}},
+			ops: []Op{
+				unavailable("charges-wait", 200, 700),
+				probe(problem("charges-wait", "A", 2000, 2010, 409, "outcome-in-doubt")),
+			},
+			want: []int{PropLinearizable},
+		},
+		{
+			name:    "stranded on the route that reconciles, released by the lookup",
+			outages: []Outage{outage},
+			ops: []Op{
+				unavailable("charges", 200, 700),
+				problem("charges", "A", 1000, 1010, 409, "outcome-in-doubt"),
+				probe(fresh("charges", "A", 2000, 2010, 201, c1)),
+			},
+			st: statement([2]string{"ch_1", "A"}),
+		},
+		{
+			name:    "stranded on the route that reconciles, never resolved",
+			outages: []Outage{outage},
+			ops: []Op{
+				unavailable("charges", 200, 700),
+				probe(problem("charges", "A", 2000, 2010, 409, "outcome-in-doubt")),
+			},
+			want: []int{PropNothingLost},
+		},
+		{
+			// Forwarded, answered, then the store stayed away past the
+			// lease: the commit never landed and the key went in doubt;
+			// the reconciler finds the charge and replays it.
+			name:    "answered through an outage, resolved by the reconciler",
+			outages: []Outage{outage},
+			ops: []Op{
+				fresh("charges", "A", 50, 300, 201, c1),
+				problem("charges", "A", 1000, 1010, 409, "outcome-in-doubt"),
+				func() Op { o := probe(replay("charges", "A", 2000, 2010, 201, c1)); o.Recon = true; return o }(),
+			},
+			st: statement([2]string{"ch_1", "A"}),
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := hist(slices.Clone(tt.ops)...)
+			h.Outages = tt.outages
+			res := Check(h, tt.st, Options{Dir: t.TempDir()})
+			got := map[int]bool{}
+			for _, v := range res.Violations {
+				got[v.Property] = true
+			}
+			for _, p := range tt.want {
+				if !got[p] {
+					t.Errorf("property %d not reported; violations: %v", p, res.Violations)
+				}
+			}
+			for p := range got {
+				if !contains(tt.want, p) {
+					t.Errorf("property %d reported, want only %v: %v", p, tt.want, res.Violations)
+				}
+			}
+		})
+	}
+}
+
+// TestInDoubtMarkUnderWay: a 504 upstream-timeout says the key is in
+// doubt, but when the store fails as the proxy writes the mark, the record
+// stays in flight until the mark, retried, lands: a retry meanwhile gets
+// 409 request-in-flight, and later outcome-in-doubt. The key must never
+// be forwarded again.
+func TestInDoubtMarkUnderWay(t *testing.T) {
+	c2 := chargeJSON("ch_2", "A")
+	tests := []struct {
+		name string
+		ops  []Op
+		st   Statement
+		want []int
+	}{
+		{
+			name: "in flight, then in doubt",
+			ops: []Op{
+				problem("order-charges", "A", 0, 100, 504, "upstream-timeout"),
+				problem("order-charges", "A", 200, 300, 409, "request-in-flight"),
+				probe(problem("order-charges", "A", 400, 410, 409, "outcome-in-doubt")),
+			},
+			st: statement([2]string{"ch_1", "A"}),
+		},
+		{
+			name: "in flight, then forwarded again",
+			ops: []Op{
+				problem("charges-wait", "A", 0, 100, 504, "upstream-timeout"),
+				problem("charges-wait", "A", 200, 300, 409, "request-in-flight"),
+				probe(fresh("charges-wait", "A", 400, 410, 201, c2)),
+			},
+			st:   statement([2]string{"ch_1", "A"}, [2]string{"ch_2", "A"}),
+			want: []int{PropChargedOnce, PropTwoXX, PropLinearizable},
+		},
+		{
+			name: "in doubt, then in flight again",
+			ops: []Op{
+				problem("charges-wait", "A", 0, 100, 504, "upstream-timeout"),
+				problem("charges-wait", "A", 200, 300, 409, "outcome-in-doubt"),
+				problem("charges-wait", "A", 400, 500, 409, "request-in-flight"),
+				probe(problem("charges-wait", "A", 600, 610, 409, "outcome-in-doubt")),
+			},
+			st:   statement([2]string{"ch_1", "A"}),
+			want: []int{PropLinearizable},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := hist(slices.Clone(tt.ops)...)
+			res := Check(h, tt.st, Options{Dir: t.TempDir()})
+			got := map[int]bool{}
+			for _, v := range res.Violations {
+				got[v.Property] = true
+			}
+			for _, p := range tt.want {
+				if !got[p] {
+					t.Errorf("property %d not reported; violations: %v", p, res.Violations)
+				}
+			}
+			for p := range got {
+				if !contains(tt.want, p) {
+					t.Errorf("property %d reported, want only %v: %v", p, tt.want, res.Violations)
+				}
 			}
 		})
 	}

@@ -79,6 +79,11 @@ type History struct {
 	Final    []Sample         `json:"final"`
 	Losses   []Loss           `json:"losses,omitempty"`
 	Cuts     []Cut            `json:"cuts,omitempty"`
+	// Failovers are the shared stores' failovers.
+	Failovers []Failover `json:"failovers,omitempty"`
+	// Outages are the windows in which a shared store took no writes for
+	// about a lease or longer.
+	Outages []Outage `json:"outages,omitempty"`
 	// StartUnixNano is the wall-clock time of the run's start (the zero of
 	// the times above), to place the statement's createdAt among them; 0:
 	// unknown.
@@ -147,4 +152,42 @@ func problemType(o Op) string {
 		return ""
 	}
 	return name
+}
+
+// Failover is a shared store's primary replaced by its replica or standby
+// (killed, paused, or failed over on purpose). Times are nanoseconds since
+// the start of the run.
+type Failover struct {
+	// Store names the store server (redis, postgres).
+	Store string `json:"store"`
+	// Proxies are the proxies that share the store.
+	Proxies []string `json:"proxies"`
+	// At is when the writes the old primary acknowledged may start to be
+	// lost: shortly before the fault that caused the failover.
+	At int64 `json:"at"`
+	// End is when the old primary no longer takes writes (a replica of
+	// the new one, or down), plus a margin.
+	End int64 `json:"end"`
+	// Lossy says that a write acknowledged by the old primary alone may
+	// be lost (Redis without wait_replicas: replication is asynchronous).
+	// A key written in [At, End] may then be charged again by an attempt
+	// that starts after At; the checker counts such keys, and leaves
+	// properties 2 to 5 out for the keys written in the window. A
+	// failover that is not lossy (PostgreSQL with a synchronous standby,
+	// Redis with wait_replicas) is held to every property.
+	Lossy bool `json:"lossy,omitempty"`
+}
+
+// Outage is a window in which a shared store took no writes for about a
+// lease or longer (paused past the lease, or a failover as long). A
+// reservation the store applied but whose reply was lost (answered 503
+// store-unavailable) is released in the background only while its lease
+// holds: through such an outage it runs out, and the key is in doubt
+// although no attempt was forwarded. Times are nanoseconds since the start
+// of the run.
+type Outage struct {
+	Store   string   `json:"store"`
+	Proxies []string `json:"proxies"`
+	At      int64    `json:"at"`
+	End     int64    `json:"end"`
 }

@@ -69,6 +69,12 @@ const (
 	sPending = 'P' // answered to its client, commit still under way (a store fault)
 	sDone    = 'D' // completed: the answer is replayed
 	sDoubt   = '?' // in doubt
+	// sMarking: answered in doubt (502 upstream-reset, 504
+	// upstream-timeout), the in-doubt mark still under way (the store
+	// failed when the proxy wrote it, and the proxy retries it while the
+	// lease holds): the record is still in flight, and becomes in doubt
+	// at any moment.
+	sMarking = 'M'
 )
 
 // anyAnswer stands for an answer that no client saw (its client got no
@@ -88,6 +94,10 @@ type input struct {
 	Answer    string
 	Recon     bool // the replay carried Idempotent-Reconciled
 	Reconcile bool // the route reconciles in-doubt keys
+	// Stranded: a 503 store-unavailable during an outage of the store
+	// (History.Outages), whose reservation may have been applied and
+	// never released: the key may be left in doubt.
+	Stranded bool
 }
 
 func answerOf(o Op) string { return fmt.Sprintf("%d %s", o.Status, o.Body) }
@@ -98,6 +108,15 @@ func sameAnswer(stored, a string) bool { return stored == anyAnswer || stored ==
 // nondeterministic model: it returns every state the key may be in after
 // the operation, none if the operation is impossible in s.
 func step(s state, in input) []state {
+	if s.K == sMarking {
+		// The mark may have landed before this operation: anything
+		// the key may do in doubt; or not yet: still in flight.
+		out := step(state{K: sDoubt}, in)
+		if in.C == cInFlight || in.C == cNoop || in.C == cUnknown || in.C == cPowerCut {
+			out = append(out, s)
+		}
+		return out
+	}
 	free := s.K == sFree || (s.K == sDoubt && in.Reconcile) // a lookup may release an in-doubt key
 	switch in.C {
 	case cCommit:
@@ -110,7 +129,7 @@ func step(s state, in input) []state {
 		}
 	case cDoubt:
 		if free {
-			return []state{{sDoubt, ""}}
+			return []state{{sDoubt, ""}, {sMarking, ""}}
 		}
 	case cReplay:
 		switch {
@@ -130,6 +149,9 @@ func step(s state, in input) []state {
 			return []state{{sDoubt, ""}}
 		}
 	case cNoop:
+		if in.Stranded && s.K == sFree {
+			return []state{s, {sDoubt, ""}}
+		}
 		return []state{s}
 	case cPowerCut:
 		// What was not synced is gone: a commit, a release or an in-doubt
@@ -149,7 +171,7 @@ func step(s state, in input) []state {
 	case cUnknown:
 		out := []state{s}
 		if free {
-			out = append(out, state{sDoubt, ""}, state{sPending, anyAnswer}, state{sDone, anyAnswer}, state{sFree, ""})
+			out = append(out, state{sDoubt, ""}, state{sMarking, ""}, state{sPending, anyAnswer}, state{sDone, anyAnswer}, state{sFree, ""})
 		}
 		if s.K == sPending {
 			out = append(out, state{sDoubt, ""}, state{sDone, s.A})
