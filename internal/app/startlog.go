@@ -56,8 +56,8 @@ func badgerAttrs(s config.Store, _ func(string) string) []any {
 	return []any{"badger_dir", s.Badger.Dir, "badger_preallocate", s.Badger.Preallocate}
 }
 
-// redisAttrs: the addresses, and the Sentinel master or the Cluster they
-// lead to.
+// redisAttrs: the addresses, the Sentinel master or the Cluster they lead
+// to, the record layout and the replicas a write waits for.
 func redisAttrs(s config.Store, _ func(string) string) []any {
 	attrs := []any{"redis_addrs", strings.Join(s.Redis.Addrs, ",")}
 	switch {
@@ -65,6 +65,14 @@ func redisAttrs(s config.Store, _ func(string) string) []any {
 		attrs = append(attrs, "redis_master_name", s.Redis.MasterName)
 	case s.Redis.Cluster || len(s.Redis.Addrs) > 1:
 		attrs = append(attrs, "redis_cluster", true)
+	}
+	// The layout it writes, which a rolling upgrade or a rollback turns on
+	// (docs/redis.md), and the replicas a write waits for.
+	if s.Redis.RecordLayout != "" {
+		attrs = append(attrs, "redis_record_layout", s.Redis.RecordLayout)
+	}
+	if s.Redis.WaitReplicas > 0 {
+		attrs = append(attrs, "redis_wait_replicas", s.Redis.WaitReplicas)
 	}
 	return attrs
 }

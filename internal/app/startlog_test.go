@@ -25,6 +25,8 @@ func TestStoreAttrs(t *testing.T) {
 			[]any{"store", "redis", "redis_addrs", "10.0.0.1:6379"}},
 		{"redis sentinels", config.Store{Redis: &config.Redis{Addrs: []string{"s1:26379", "s2:26379"}, MasterName: "main"}}, nil,
 			[]any{"store", "redis", "redis_addrs", "s1:26379,s2:26379", "redis_master_name", "main"}},
+		{"redis sentinels waiting, hash layout", config.Store{Redis: &config.Redis{Addrs: []string{"s1:26379"}, MasterName: "main", RecordLayout: "hash", WaitReplicas: 1}}, nil,
+			[]any{"store", "redis", "redis_addrs", "s1:26379", "redis_master_name", "main", "redis_record_layout", "hash", "redis_wait_replicas", 1}},
 		{"redis cluster", config.Store{Redis: &config.Redis{Addrs: []string{"c1:6379", "c2:6379"}}}, nil,
 			[]any{"store", "redis", "redis_addrs", "c1:6379,c2:6379", "redis_cluster", true}},
 		{"postgres URL", config.Store{Postgres: &config.Postgres{DSNEnv: "DSN", Schema: "public", Table: "idemproxy_keys"}},
