@@ -11,6 +11,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/idemproxy/idemproxy/internal/pgtest"
+	"github.com/idemproxy/idemproxy/internal/redistest"
 )
 
 // selector is one series selector of a PromQL expression:
@@ -111,8 +112,8 @@ func scrapedSeries(t *testing.T, scrape string) []struct {
 // panel selects exists (at zero), so that rate() and the alerts work from
 // the start instead of seeing no data until the first error. The one
 // exception is the upstream histogram, whose code label is only known
-// once the upstream has answered. The PostgreSQL store's series are looked
-// for on a second proxy that uses it.
+// once the upstream has answered. The PostgreSQL and Redis stores' own
+// series are looked for on proxies that use them.
 func TestHealthyProxyExportsEverySeriesTheAlertsAndDashboardUse(t *testing.T) {
 	t.Parallel()
 	up := startStub(t)
@@ -150,6 +151,15 @@ func TestHealthyProxyExportsEverySeriesTheAlertsAndDashboardUse(t *testing.T) {
 		t.Fatalf("/metrics of the PostgreSQL proxy = %d", pr.status)
 	}
 	pgSeries := scrapedSeries(t, pr.body)
+
+	// And the Redis store's on a proxy that uses Redis.
+	rd := redistest.Start(t)
+	rdProxy := startProxy(t, writeRedisConfig(t, filepath.Join(dir, "redis.yaml"), up.URL, []string{rd.Addr()}, chargesRoute))
+	rr := do("GET", rdProxy.adminURL("/metrics"), "")
+	if rr.status != 200 {
+		t.Fatalf("/metrics of the Redis proxy = %d", rr.status)
+	}
+	redisSeries := scrapedSeries(t, rr.body)
 
 	// The size gauges measure the data directory (Badger's own figures
 	// are 0 with its metrics off); a new store already has its value log.
@@ -199,8 +209,11 @@ func TestHealthyProxyExportsEverySeriesTheAlertsAndDashboardUse(t *testing.T) {
 				continue
 			}
 			scraped := series
-			if strings.HasPrefix(s.name, "idemproxy_postgres_") {
+			switch {
+			case strings.HasPrefix(s.name, "idemproxy_postgres_"):
 				scraped = pgSeries
+			case strings.HasPrefix(s.name, "idemproxy_store_replica_wait_"):
+				scraped = redisSeries
 			}
 			found := false
 			for _, se := range scraped {
