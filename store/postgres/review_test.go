@@ -1,0 +1,78 @@
+package postgres_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemproxy/idemproxy/internal/pgtest"
+	"github.com/idemproxy/idemproxy/store"
+	"github.com/idemproxy/idemproxy/store/postgres"
+)
+
+// TestBatchDeadlockRerunsAlone: the server refuses a batch for a deadlock
+// (as two proxies' batches of duplicated requests can make: a reservation
+// of a held key locks its row, a commit of another waits for a row) after
+// the batch inserted a new key: its commit waits for a row lock, and the
+// other session then waits for the key the batch inserted. The statement
+// is rolled back; a caller told "reserved" must find its record in the
+// table. It pins that no row of the batch reaches runBatch before the
+// error (PostgreSQL runs a statement with data-modifying CTEs to the end
+// before it sends a row): Reserve checks o.reserved before o.alone, so a
+// row read before the error would tell "reserved" for a rolled-back
+// insert.
+func TestBatchDeadlockRerunsAlone(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.Start(t)
+	const table = "refused_late"
+	s := newStore(t, srv, postgres.Options{Table: table})
+	c := ctx(t)
+	const blocked, fresh = "r/-/blocked", "r/-/fresh"
+	if rec, err := s.Reserve(c, blocked, store.Reservation{Token: "b", Lease: time.Minute, TTL: time.Hour}); err != nil || rec != nil {
+		t.Fatalf("Reserve(%s) = %+v, %v", blocked, rec, err)
+	}
+	x, err := pgx.Connect(c, srv.DSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { x.Close(context.Background()) })
+	tx, err := x.Begin(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(c, `SELECT 1 FROM `+table+` WHERE key = $1 FOR UPDATE`, blocked); err != nil {
+		t.Fatal(err)
+	}
+	g := closeGate(t, srv, s, table)
+	reserved := make(chan reserveResult, 1)
+	go func() {
+		rec, err := s.Reserve(context.Background(), fresh, store.Reservation{Token: "n", Lease: time.Minute, TTL: time.Hour})
+		reserved <- reserveResult{fresh, "n", rec, err}
+	}()
+	committed := make(chan error, 1)
+	go func() {
+		committed <- s.Commit(context.Background(), blocked, "b", store.Response{Status: 200}, time.Hour)
+	}()
+	g.open(2)
+	waitFor(t, "the batch to wait for the lock of "+blocked, func() bool { return batchWaiting(srv, table) })
+	// The other session now waits for the batch's uncommitted key: a
+	// deadlock, which PostgreSQL resolves by failing the batch (it waited
+	// first, so its deadlock check runs first).
+	_, xerr := tx.Exec(c, `INSERT INTO `+table+` (key, state, token, fingerprint, created_at, lease_expires_at, expires_at)
+VALUES ($1, 'in_flight', 'x', '', now(), now() + interval '1 hour', now() + interval '1 hour') ON CONFLICT DO NOTHING`, fresh)
+	t.Logf("the other session's insert: %v", xerr)
+	tx.Rollback(context.Background())
+	got := <-reserved
+	if err := <-committed; err != nil {
+		t.Errorf("Commit(%s) rerun alone after the deadlock: %v", blocked, err)
+	}
+	if got.err != nil || got.rec != nil {
+		t.Fatalf("Reserve(%s) = %+v, %v; want it reserved by its rerun alone", fresh, got.rec, got.err)
+	}
+	rec, err := s.Get(c, fresh)
+	if err != nil || rec == nil || rec.Token != "n" || rec.State != store.StateInFlight {
+		t.Errorf("Reserve(%s) in a batch the server refused = reserved; Get = %+v, %v; want the caller's in-flight record", fresh, rec, err)
+	}
+}
