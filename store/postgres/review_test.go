@@ -2,6 +2,8 @@ package postgres_test
 
 import (
 	"context"
+	"crypto/rand"
+	"strconv"
 	"testing"
 	"time"
 
@@ -74,5 +76,52 @@ VALUES ($1, 'in_flight', 'x', '', now(), now() + interval '1 hour', now() + inte
 	rec, err := s.Get(c, fresh)
 	if err != nil || rec == nil || rec.Token != "n" || rec.State != store.StateInFlight {
 		t.Errorf("Reserve(%s) in a batch the server refused = reserved; Get = %+v, %v; want the caller's in-flight record", fresh, rec, err)
+	}
+}
+
+// TestBatchOfLargeCommitsFitsTheStatementTimeout: concurrent commits of
+// large answers (max_stored_body_bytes is 1 MiB by default) share one
+// statement. Each alone takes far less than the statement timeout; the
+// batch of them must not fail them all (57014 fails every caller of the
+// batch, and the settler's retries batch them again), leaving their keys
+// in flight and then in doubt for the whole TTL.
+func TestBatchOfLargeCommitsFitsTheStatementTimeout(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.Start(t)
+	const table = "large_commits"
+	s := newStore(t, srv, postgres.Options{Table: table, StatementTimeout: 500 * time.Millisecond})
+	c := ctx(t)
+	const n = 64
+	body := make([]byte, 1<<20)
+	rand.Read(body)
+	for i := range n {
+		if rec, err := s.Reserve(c, "r/-/"+strconv.Itoa(i), store.Reservation{Token: "t", Lease: time.Hour, TTL: time.Hour}); err != nil || rec != nil {
+			t.Fatalf("Reserve(%d) = %+v, %v", i, rec, err)
+		}
+	}
+	// Alone: one commit takes well inside the timeout.
+	start := time.Now()
+	if err := s.Commit(c, "r/-/0", "t", store.Response{Status: 200, Body: body, BodyStored: true}, time.Hour); err != nil {
+		t.Fatalf("Commit alone: %v", err)
+	}
+	t.Logf("one 1 MiB commit alone: %v", time.Since(start))
+	g := closeGate(t, srv, s, table)
+	errs := make(chan error, n)
+	for i := 1; i < n; i++ {
+		go func() {
+			errs <- s.Commit(context.Background(), "r/-/"+strconv.Itoa(i), "t", store.Response{Status: 200, Body: body, BodyStored: true}, time.Hour)
+		}()
+	}
+	g.open(n - 1)
+	failed := 0
+	var first error
+	for i := 1; i < n; i++ {
+		if err := <-errs; err != nil {
+			failed++
+			first = err
+		}
+	}
+	if failed > 0 {
+		t.Errorf("%d of %d concurrent 1 MiB commits failed (%v); each alone fits the statement timeout", failed, n-1, first)
 	}
 }
