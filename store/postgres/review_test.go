@@ -125,3 +125,36 @@ func TestBatchOfLargeCommitsFitsTheStatementTimeout(t *testing.T) {
 		t.Errorf("%d of %d concurrent 1 MiB commits failed (%v); each alone fits the statement timeout", failed, n-1, first)
 	}
 }
+
+// TestBatchOneLockedKeyDoesNotFailTheOthers: a batch holds reservations of
+// ten free keys and one of a key whose row another session holds locked
+// (an operator's transaction, another proxy's slow batch) past the
+// statement timeout. statement_timeout cancels the batch (57014), which
+// rolls it back; the ten free keys, which alone would be reserved at once,
+// must not all fail with it (a client retrying the locked key would put it
+// in every batch and fail every write of the proxy).
+func TestBatchOneLockedKeyDoesNotFailTheOthers(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.Start(t)
+	const table = "one_locked"
+	s := newStore(t, srv, postgres.Options{Table: table, StatementTimeout: 500 * time.Millisecond})
+	const n = 10
+	unblock, results := blockedBatch(t, srv, s, table, n, nil)
+	time.Sleep(1500 * time.Millisecond) // past the statement timeout
+	unblock()
+	failed := 0
+	var first error
+	for i, r := range results {
+		got := <-r
+		if i == n {
+			continue // the locked key's own reservation may fail
+		}
+		if got.err != nil || got.rec != nil {
+			failed++
+			first = got.err
+		}
+	}
+	if failed > 0 {
+		t.Errorf("%d of %d reservations of free keys failed with the batch that waited for another key's lock (%v)", failed, n, first)
+	}
+}
