@@ -35,11 +35,14 @@ import (
 //   - It succeeded: every write in it is applied, or not, as its own answer
 //     says.
 //   - The server refused it with an error (a value it cannot take, a
-//     deadlock with another proxy's batch): the statement was rolled back,
-//     nothing of it is applied, and each caller runs its write alone, so
-//     that only the write at fault fails.
-//   - Anything else (the connection lost, statement_timeout, a commit the
-//     synchronous standby did not confirm, a reply after the deadline): the
+//     deadlock with another proxy's batch, statement_timeout or a cancel
+//     request: an ERROR, never sent once the commit is done): the
+//     statement was rolled back, nothing of it is applied, and each caller
+//     runs its write alone, so that only the write at fault fails (one
+//     key's row locked past the timeout, a batch of large answers that
+//     together outlast it).
+//   - Anything else (the connection lost, a commit the synchronous standby
+//     did not confirm, a reply after the deadline): the
 //     outcome is unknown or not acknowledged as asked, and every caller in
 //     the batch gets the error, as a single write would. The proxy answers
 //     503, and takes back a reservation that may have been applied.
@@ -301,7 +304,10 @@ func (s *Store) runBatch(batch []*op) {
 		return rows.Err()
 	})
 	var pgErr *pgconn.PgError
-	alone := err != nil && errors.As(err, &pgErr) && pgErr.Code != "57014" && !terminated(err) && severity(pgErr) == "ERROR"
+	// A cancelled statement (57014) is rolled back too: a cancelled wait
+	// for the synchronous standby is a WARNING on a success, which run
+	// turns into errUnreplicated, not a PgError.
+	alone := err != nil && errors.As(err, &pgErr) && !terminated(err) && severity(pgErr) == "ERROR"
 	for _, o := range live {
 		switch {
 		case alone:
