@@ -57,6 +57,13 @@ import (
 // maxBatch bounds the writes of one batch.
 const maxBatch = 128
 
+// maxBatchBytes bounds the answers (bodies and headers) of the commits of
+// one batch: a batch must take about as long as one of its writes alone,
+// well inside statement_timeout, and 128 answers of max_stored_body_bytes
+// (1 MiB by default) would not. A commit larger than it goes alone in its
+// batch.
+const maxBatchBytes = 1 << 20
+
 // maxRunning is how many writes or batches of one Store may be at the
 // database at once. One: with two, the bench's database CPU per request
 // doubled or tripled (batches half as large, twice the transactions) for
@@ -141,16 +148,20 @@ func (b *batcher) leave() {
 }
 
 // take removes the next batch from the queue, with b.mu held: up to
-// maxBatch writes of distinct keys, in the order they were queued. The
-// others stay, in their order.
+// maxBatch writes of distinct keys, and answers of up to maxBatchBytes
+// (or one write), in the order they were queued. The others stay, in
+// their order.
 func (b *batcher) take() []*op {
 	batch := make([]*op, 0, min(len(b.queue), maxBatch))
 	keys := make(map[string]bool, cap(batch))
 	rest := b.queue[:0]
+	size := 0
 	for _, o := range b.queue {
-		if len(batch) < maxBatch && !keys[o.key] {
+		n := len(o.body) + len(o.meta)
+		if len(batch) < maxBatch && !keys[o.key] && (len(batch) == 0 || size+n <= maxBatchBytes) {
 			keys[o.key] = true
 			batch = append(batch, o)
+			size += n
 			continue
 		}
 		rest = append(rest, o)
