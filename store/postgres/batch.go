@@ -35,11 +35,14 @@ import (
 //   - It succeeded: every write in it is applied, or not, as its own answer
 //     says.
 //   - The server refused it with an error (a value it cannot take, a
-//     deadlock with another proxy's batch): the statement was rolled back,
-//     nothing of it is applied, and each caller runs its write alone, so
-//     that only the write at fault fails.
-//   - Anything else (the connection lost, statement_timeout, a commit the
-//     synchronous standby did not confirm, a reply after the deadline): the
+//     deadlock with another proxy's batch, statement_timeout or a cancel
+//     request: an ERROR, never sent once the commit is done): the
+//     statement was rolled back, nothing of it is applied, and each caller
+//     runs its write alone, so that only the write at fault fails (one
+//     key's row locked past the timeout, a batch of large answers that
+//     together outlast it).
+//   - Anything else (the connection lost, a commit the synchronous standby
+//     did not confirm, a reply after the deadline): the
 //     outcome is unknown or not acknowledged as asked, and every caller in
 //     the batch gets the error, as a single write would. The proxy answers
 //     503, and takes back a reservation that may have been applied.
@@ -53,6 +56,13 @@ import (
 
 // maxBatch bounds the writes of one batch.
 const maxBatch = 128
+
+// maxBatchBytes bounds the answers (bodies and headers) of the commits of
+// one batch: a batch must take about as long as one of its writes alone,
+// well inside statement_timeout, and 128 answers of max_stored_body_bytes
+// (1 MiB by default) would not. A commit larger than it goes alone in its
+// batch.
+const maxBatchBytes = 1 << 20
 
 // maxRunning is how many writes or batches of one Store may be at the
 // database at once. One: with two, the bench's database CPU per request
@@ -138,16 +148,20 @@ func (b *batcher) leave() {
 }
 
 // take removes the next batch from the queue, with b.mu held: up to
-// maxBatch writes of distinct keys, in the order they were queued. The
-// others stay, in their order.
+// maxBatch writes of distinct keys, and answers of up to maxBatchBytes
+// (or one write), in the order they were queued. The others stay, in
+// their order.
 func (b *batcher) take() []*op {
 	batch := make([]*op, 0, min(len(b.queue), maxBatch))
 	keys := make(map[string]bool, cap(batch))
 	rest := b.queue[:0]
+	size := 0
 	for _, o := range b.queue {
-		if len(batch) < maxBatch && !keys[o.key] {
+		n := len(o.body) + len(o.meta)
+		if len(batch) < maxBatch && !keys[o.key] && (len(batch) == 0 || size+n <= maxBatchBytes) {
 			keys[o.key] = true
 			batch = append(batch, o)
+			size += n
 			continue
 		}
 		rest = append(rest, o)
@@ -301,7 +315,10 @@ func (s *Store) runBatch(batch []*op) {
 		return rows.Err()
 	})
 	var pgErr *pgconn.PgError
-	alone := err != nil && errors.As(err, &pgErr) && pgErr.Code != "57014" && !terminated(err) && severity(pgErr) == "ERROR"
+	// A cancelled statement (57014) is rolled back too: a cancelled wait
+	// for the synchronous standby is a WARNING on a success, which run
+	// turns into errUnreplicated, not a PgError.
+	alone := err != nil && errors.As(err, &pgErr) && !terminated(err) && severity(pgErr) == "ERROR"
 	for _, o := range live {
 		switch {
 		case alone:

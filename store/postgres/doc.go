@@ -73,12 +73,12 @@
 // synchronous standby) for all of them. A write made while nothing runs
 // uses the single statements above, at once. Each write in a batch gets
 // its own answer, the same the single statements give (the conformance
-// suites run on both). A batch the server refuses with an error changed
-// nothing, and each of its writes is then run alone, so that a value the
-// server cannot take fails its own caller only; a batch whose outcome is
-// unknown (the connection lost, statement_timeout, a commit the
-// synchronous standby did not confirm) fails every caller in it, as it
-// would fail a single write. A caller that gives up returns at once and
+// suites run on both). A batch the server refuses with an error (statement_timeout
+// included) changed nothing, and each of its writes is then run alone, so
+// that a value the server cannot take, or a row locked past the timeout,
+// fails its own caller only; a batch whose outcome is unknown (the
+// connection lost, a commit the synchronous standby did not confirm) fails
+// every caller in it, as it would fail a single write. A caller that gives up returns at once and
 // leaves the batch to the others.
 //
 // # Failures

@@ -39,9 +39,8 @@ import (
 // key, which the primary applies if it still lives), a commit follows the
 // commit-failure path. The writes stay on the primary: a primary that
 // survives keeps them, and a failover to a replica that never acknowledged
-// them is what the error warned of. A batch of reads only (Get) sends no
-// WAIT; a read that shares a batch with writes is answered with them,
-// after the WAIT, and never fails for it.
+// them is what the error warned of. Reads (Get) are then not pipelined:
+// each is sent at once, so that it never waits behind a WAIT.
 
 // ErrNotReplicated is returned (wrapped) by a write when fewer replicas
 // than Options.WaitReplicas acknowledged it within Options.WaitTimeout.
@@ -93,6 +92,12 @@ func newPipeliner(c goredis.UniversalClient, opTimeout time.Duration, waitReplic
 // script may write a record: with WaitReplicas set, it then waits for the
 // replicas.
 func (p *pipeliner) run(ctx context.Context, write bool, script *goredis.Script, keys []string, args ...any) *goredis.Cmd {
+	if !write && p.waitReplicas > 0 {
+		// Not queued behind a pipeline that waits for the replicas (up to
+		// WaitTimeout, longer than the read's OpTimeout may last): a read
+		// answers whatever the replicas do.
+		return script.Run(ctx, p.client, keys, args...)
+	}
 	defer p.calls.Add(-1)
 	waits := write && p.waitReplicas > 0
 	if p.calls.Add(1) == 1 {
