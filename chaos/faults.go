@@ -189,7 +189,10 @@ func (in *injector) apply(ctx context.Context, f fault) error {
 		p := r.proxies[f.Target]
 		p.kill()
 		sleep(ctx, f.For/2)
-		return r.startProxy(ctx, p)
+		// The proxy comes back even when the load ends meanwhile (a fault
+		// the slow ones before it pushed to the load's end): its start is
+		// bounded by startProxy's own minute.
+		return r.startProxy(context.WithoutCancel(ctx), p)
 	case kTerm:
 		p := r.proxies[f.Target]
 		p.signal(syscall.SIGTERM)
@@ -197,7 +200,7 @@ func (in *injector) apply(ctx context.Context, f fault) error {
 			p.kill()
 			return fmt.Errorf("%s did not stop within %v of SIGTERM", p.name, shutdownTimeout+5*time.Second)
 		}
-		return r.startProxy(ctx, p)
+		return r.startProxy(context.WithoutCancel(ctx), p) // as for a kill
 	case kHup:
 		p := r.proxies[f.Target]
 		r.reloads++
