@@ -72,18 +72,7 @@ func closeGate(t *testing.T, srv *pgtest.Server, s *postgres.Store, table string
 	if rec, err := s.Reserve(c, key, store.Reservation{Token: "g", Lease: time.Hour, TTL: time.Hour}); err != nil || rec != nil {
 		t.Fatalf("Reserve(gate) = %+v, %v", rec, err)
 	}
-	conn, err := pgx.Connect(c, srv.DSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
-	tx, err := conn.Begin(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(c, `SELECT 1 FROM `+table+` WHERE key = $1 FOR UPDATE`, key); err != nil {
-		t.Fatal(err)
-	}
+	tx := lockRow(t, srv, table, key)
 	g := &gate{t: t, s: s, tx: tx, done: make(chan error, 1)}
 	go func() { g.done <- s.Commit(context.Background(), key, "g", store.Response{Status: 200}, time.Hour) }()
 	waitFor(t, "the gate's commit to wait for its row lock", func() bool {
@@ -343,6 +332,15 @@ func TestBatchMixedWrites(t *testing.T) {
 // ends with the returned function.
 func blockBatch(t *testing.T, srv *pgtest.Server, table, key string) func() {
 	t.Helper()
+	tx := lockRow(t, srv, table, key)
+	return func() { tx.Rollback(context.Background()) }
+}
+
+// lockRow locks the row of key in table (which must exist) with SELECT
+// ... FOR UPDATE in a transaction of another session, and returns that
+// transaction: the lock holds until it ends, or the test does.
+func lockRow(t *testing.T, srv *pgtest.Server, table, key string) pgx.Tx {
+	t.Helper()
 	c := ctx(t)
 	conn, err := pgx.Connect(c, srv.DSN())
 	if err != nil {
@@ -356,7 +354,7 @@ func blockBatch(t *testing.T, srv *pgtest.Server, table, key string) func() {
 	if _, err := tx.Exec(c, `SELECT 1 FROM `+table+` WHERE key = $1 FOR UPDATE`, key); err != nil {
 		t.Fatal(err)
 	}
-	return func() { tx.Rollback(context.Background()) }
+	return tx
 }
 
 // batchWaiting reports whether a batch statement on table waits for a

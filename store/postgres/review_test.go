@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/idemproxy/idemproxy/internal/pgtest"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/postgres"
@@ -35,18 +33,7 @@ func TestBatchDeadlockRerunsAlone(t *testing.T) {
 	if rec, err := s.Reserve(c, blocked, store.Reservation{Token: "b", Lease: time.Minute, TTL: time.Hour}); err != nil || rec != nil {
 		t.Fatalf("Reserve(%s) = %+v, %v", blocked, rec, err)
 	}
-	x, err := pgx.Connect(c, srv.DSN())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { x.Close(context.Background()) })
-	tx, err := x.Begin(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(c, `SELECT 1 FROM `+table+` WHERE key = $1 FOR UPDATE`, blocked); err != nil {
-		t.Fatal(err)
-	}
+	tx := lockRow(t, srv, table, blocked)
 	g := closeGate(t, srv, s, table)
 	reserved := make(chan reserveResult, 1)
 	go func() {
