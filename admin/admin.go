@@ -28,6 +28,7 @@ import (
 	"github.com/idemproxy/idemproxy/internal/admission"
 	"github.com/idemproxy/idemproxy/internal/problem"
 	"github.com/idemproxy/idemproxy/internal/reconcile"
+	"github.com/idemproxy/idemproxy/internal/tracing"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -104,6 +105,9 @@ type Options struct {
 	// (every replica adopts it and serves again), and returns the marker
 	// it replaced (nil: none) and the new one. Nil: that endpoint is 404.
 	AcceptLoss func(ctx context.Context, operator, reason string) (old, accepted *store.Epoch, err error)
+	// Tracing, while on, traces the operators' actions (the key API,
+	// accept-loss, reload); nil is never on.
+	Tracing *tracing.Tracing
 }
 
 // Prober is the verdict of a background probe.
@@ -188,6 +192,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			problem.Write(w, r, probMethod, r.Method+" is not allowed here; allowed: "+allow, 0, nil)
 			return
 		}
+	} else if h.serveTraced(w, r, pattern) {
+		return
 	}
 	h.mux.ServeHTTP(w, r)
 }

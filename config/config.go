@@ -89,6 +89,8 @@ type Config struct {
 	Server Server `yaml:"server"`
 	// Metrics configures the series of /metrics.
 	Metrics Metrics `yaml:"metrics"`
+	// Tracing turns OpenTelemetry traces on; its zero value is off.
+	Tracing Tracing `yaml:"tracing"`
 	// Routes are the protected routes. Requests that match none are proxied
 	// untouched.
 	Routes []Route `yaml:"routes"`
@@ -140,6 +142,16 @@ type Admin struct {
 	// fewer; otherwise it is closed at once. Default 64 (0 means the
 	// default).
 	MaxConnections int `yaml:"max_connections"`
+}
+
+// Tracing configures OpenTelemetry traces (docs/observability.md). Where
+// spans go and which are kept is configured the standard way, by the
+// OTEL_* environment variables (OTEL_EXPORTER_OTLP_ENDPOINT,
+// OTEL_EXPORTER_OTLP_PROTOCOL, OTEL_TRACES_SAMPLER, OTEL_SERVICE_NAME,
+// OTEL_SDK_DISABLED, ...); a reload may turn tracing on or off.
+type Tracing struct {
+	// Enabled turns tracing on. Default false.
+	Enabled bool `yaml:"enabled"`
 }
 
 // Metrics configures the series /metrics exports.

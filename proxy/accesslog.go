@@ -198,7 +198,8 @@ func textNeedsQuoting(s string) bool {
 func (p *Proxy) finish(a *attempt) {
 	d := time.Since(a.start)
 	a.series.requests.of(string(a.outcome)).Inc()
-	a.series.duration.of(string(a.outcome)).Observe(d.Seconds())
+	a.observeDuration(a.series.duration.of(string(a.outcome)), d.Seconds())
+	a.endSpan()
 	ctx := context.Background()
 	if p.access == nil && !p.log.Enabled(ctx, slog.LevelInfo) {
 		return // the access log is off (-log-level warn or above): build nothing

@@ -5,6 +5,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -73,6 +75,9 @@ type attempt struct {
 	// What finish counts and logs, set by the phase that answers.
 	outcome Outcome
 	status  int
+	// span is the request's server span while tracing is on, nil
+	// otherwise (proxy/tracing.go).
+	span trace.Span
 	reason  string // why the proxy refused the request, for the access log (admission.RefusalClient, admission.RefusalBudget); empty: none
 }
 
@@ -99,6 +104,8 @@ func (a *attempt) problem(w http.ResponseWriter, o Outcome, p problem, detail st
 // identify, reserve, forward, settle (the map above).
 func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 	a := &attempt{p: p, rt: rt, in: r, start: time.Now(), series: rt.series}
+	a.startSpan()
+	r = a.in
 	gauge := rt.series.inFlight
 	gauge.Inc()
 	defer gauge.Dec()

@@ -37,6 +37,7 @@ func (p *Proxy) forward(w http.ResponseWriter, a *attempt, body []byte) {
 	// connection when the answer breaks off, instead of ending it as if it
 	// were complete.
 	ctx = context.WithValue(ctx, http.ServerContextKey, a.in.Context().Value(http.ServerContextKey))
+	ctx = a.withSpan(ctx)
 	out := a.in.WithContext(a.traced(context.WithValue(ctx, attemptKey{}, a)))
 	if sent := a.sentURL(); sent != nil {
 		out.URL = sent // matched in cleaned form, forwarded as sent

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/internal/admission"
@@ -128,10 +129,12 @@ func (m *Metrics) initStore(store string) {
 	}
 }
 
-// instrumented wraps a Store with operation timings and error counts.
+// instrumented wraps a Store with operation timings and error counts, and,
+// under a traced request, a span for each operation.
 type instrumented struct {
 	store.Store
 	series *storeSeries
+	name   string // the store's name, for its spans
 }
 
 func (s instrumented) observe(op string, start time.Time, err error) {
@@ -141,33 +144,56 @@ func (s instrumented) observe(op string, start time.Time, err error) {
 	}
 }
 
+// begin starts timing op, and its span when ctx's span is recording; done
+// ends both.
+func (s instrumented) begin(ctx context.Context, op string) (context.Context, storeOp) {
+	ctx, span := storeSpan(ctx, s.name, op)
+	return ctx, storeOp{s: s, op: op, start: time.Now(), span: span}
+}
+
+// storeOp is one measured store operation.
+type storeOp struct {
+	s     instrumented
+	op    string
+	start time.Time
+	span  trace.Span // nil: not traced
+}
+
+func (o storeOp) done(err error) {
+	o.s.observe(o.op, o.start, err)
+	if errors.Is(err, store.ErrNotOwner) {
+		err = nil // an answer, not a failure
+	}
+	endStoreSpan(o.span, err)
+}
+
 func (s instrumented) Reserve(ctx context.Context, key string, res store.Reservation) (rec *store.Record, err error) {
-	start := time.Now()
-	defer func() { s.observe("reserve", start, err) }()
+	ctx, o := s.begin(ctx, "reserve")
+	defer func() { o.done(err) }()
 	return s.Store.Reserve(ctx, key, res)
 }
 
 func (s instrumented) Commit(ctx context.Context, key, token string, resp store.Response, ttl time.Duration) (err error) {
-	start := time.Now()
-	defer func() { s.observe("commit", start, err) }()
+	ctx, o := s.begin(ctx, "commit")
+	defer func() { o.done(err) }()
 	return s.Store.Commit(ctx, key, token, resp, ttl)
 }
 
 func (s instrumented) Release(ctx context.Context, key, token string) (err error) {
-	start := time.Now()
-	defer func() { s.observe("release", start, err) }()
+	ctx, o := s.begin(ctx, "release")
+	defer func() { o.done(err) }()
 	return s.Store.Release(ctx, key, token)
 }
 
 func (s instrumented) MarkInDoubt(ctx context.Context, key, token string, ttl time.Duration) (err error) {
-	start := time.Now()
-	defer func() { s.observe("mark_in_doubt", start, err) }()
+	ctx, o := s.begin(ctx, "mark_in_doubt")
+	defer func() { o.done(err) }()
 	return s.Store.MarkInDoubt(ctx, key, token, ttl)
 }
 
 func (s instrumented) Get(ctx context.Context, key string) (rec *store.Record, err error) {
-	start := time.Now()
-	defer func() { s.observe("get", start, err) }()
+	ctx, o := s.begin(ctx, "get")
+	defer func() { o.done(err) }()
 	return s.Store.Get(ctx, key)
 }
 

@@ -10,6 +10,8 @@ import (
 // servePassthrough proxies a request that matches no route, untouched.
 func (p *Proxy) servePassthrough(w http.ResponseWriter, r *http.Request, t *table) {
 	a := &attempt{p: p, in: r, start: time.Now(), outcome: OutcomePassthrough, series: t.ptSeries}
+	a.startSpan()
+	r = a.in
 	defer p.finish(a)
 	if invalidUpgrade(r.Header) {
 		a.problem(w, OutcomePassthrough, probInvalidUpgrade, upgradeDetail, 0, nil)

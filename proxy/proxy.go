@@ -24,6 +24,7 @@ import (
 	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/internal/admission"
 	"github.com/idemproxy/idemproxy/internal/settle"
+	"github.com/idemproxy/idemproxy/internal/tracing"
 	"github.com/idemproxy/idemproxy/keyextract"
 	"github.com/idemproxy/idemproxy/store"
 )
@@ -53,6 +54,9 @@ type Options struct {
 	// Settler retries the writes that settle a key when they fail (the
 	// proxy's own in a Group of it); nil: a Settler of the proxy's own.
 	Settler *settle.Settler
+	// Tracing, while on, traces every request (proxy/tracing.go); nil is
+	// never on.
+	Tracing *tracing.Tracing
 }
 
 // Proxy is the idempotency proxy, an http.Handler. Reload swaps its routes
@@ -68,6 +72,8 @@ type Proxy struct {
 	protected http.RoundTripper // routes: never resends
 	table     atomic.Pointer[table]
 	budget    admission.Budget // request bytes buffered at once
+	tracing   *tracing.Tracing // nil: off
+	storeName string           // Options.StoreName
 
 	// life is the parent of every upstream request's context: Abort
 	// cancels it, which turns the requests still waiting for an answer in
@@ -151,6 +157,8 @@ type route struct {
 	rp     *httputil.ReverseProxy
 	p      *Proxy
 	series *routeSeries
+	// httpRoute is the path of the route's pattern, its spans' http.route.
+	httpRoute string
 }
 
 func (rt *route) ServeHTTP(w http.ResponseWriter, r *http.Request) { rt.p.serveRoute(w, r, rt) }
@@ -180,13 +188,15 @@ func New(cfg *config.Config, opts Options) (*Proxy, error) {
 	}
 	opts.Metrics.initStore(opts.StoreName)
 	p := &Proxy{
-		store:     instrumented{Store: opts.Store, series: opts.Metrics.storeSeries(opts.StoreName)},
+		store:     instrumented{Store: opts.Store, series: opts.Metrics.storeSeries(opts.StoreName), name: opts.StoreName},
 		log:       opts.Logger,
 		errorLog:  slog.NewLogLogger(opts.Logger.Handler(), slog.LevelDebug),
 		access:    opts.AccessLog,
 		m:         opts.Metrics,
-		transport: opts.Transport,
-		protected: newNoResend(opts.Transport),
+		transport: tracedTransport{next: opts.Transport, tracing: opts.Tracing},
+		protected: tracedTransport{next: newNoResend(opts.Transport), tracing: opts.Tracing},
+		tracing:   opts.Tracing,
+		storeName: opts.StoreName,
 	}
 	if rs, ok := opts.Store.(store.ReconcileStore); ok {
 		p.rstore = instrumentedReconcile{ReconcileStore: rs, s: p.store.(instrumented)}
@@ -229,7 +239,7 @@ func (p *Proxy) Reload(cfg *config.Config) error {
 	for i, rc := range cfg.Routes {
 		rc.ReplayHeaders = replayable(rc.ReplayHeaders, rc.Scope.Header)
 		rt := &route{cfg: rc, spec: rc.Key.Spec(), ignore: keyextract.CompileIgnore(rc.Fingerprint.Ignore),
-			p: p, series: p.m.routeSeries(rc.Name, i < own)}
+			p: p, series: p.m.routeSeries(rc.Name, i < own), httpRoute: patternPath(rc.Match)}
 		rt.rp = p.reverseProxy(up, rt)
 		if err := register(t.mux, rc.Match, rt); err != nil {
 			return fmt.Errorf("proxy: route %s: %w", rc.Name, err)
@@ -365,6 +375,18 @@ func (t *table) matches(r *http.Request) bool {
 	h, _ := t.mux.Handler(r)
 	_, ok := h.(*route)
 	return ok
+}
+
+// patternPath returns the path of a ServeMux pattern: "/charges" for
+// "POST api.example.com/charges".
+func patternPath(pattern string) string {
+	if i := strings.IndexAny(pattern, " \t"); i >= 0 {
+		pattern = strings.TrimLeft(pattern[i+1:], " \t")
+	}
+	if i := strings.IndexByte(pattern, '/'); i > 0 {
+		pattern = pattern[i:]
+	}
+	return pattern
 }
 
 // cleanPath is path.Clean without a trailing slash.

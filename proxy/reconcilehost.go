@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/internal/reconcile"
@@ -109,6 +110,9 @@ func (h ReconcileHost) Upstream() string { return h.p.table.Load().upstream }
 // as lookups.
 func (h ReconcileHost) Transport() http.RoundTripper { return h.p.transport }
 
+// Tracer returns the proxy's tracer while tracing is on, nil while off.
+func (h ReconcileHost) Tracer() trace.Tracer { return h.p.tracing.Tracer() }
+
 // Logger returns the proxy's logger (Options.Logger; never nil).
 func (h ReconcileHost) Logger() *slog.Logger { return h.p.log }
 
@@ -142,7 +146,7 @@ func (a *attempt) scheduleLookup() {
 	if rc == nil || st == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	ctx, cancel := context.WithTimeout(a.detached(), storeTimeout)
 	defer cancel()
 	if err := st.ScheduleLookup(ctx, a.storeKey, rc.Grace.D()); err != nil {
 		// Discovery finds it later.
@@ -158,6 +162,18 @@ type instrumentedReconcile struct {
 	s instrumented
 }
 
+// failure is err unless it is one of the store's answers (the record is
+// not in doubt, busy, not due, or no longer the caller's), for a span's
+// status.
+func failure(err error) error {
+	for _, answer := range []error{store.ErrNotInDoubt, store.ErrLookupBusy, store.ErrNotDue, store.ErrNotOwner} {
+		if errors.Is(err, answer) {
+			return nil
+		}
+	}
+	return err
+}
+
 func (r instrumentedReconcile) observe(op string, start time.Time, err error) {
 	for _, answer := range []error{store.ErrNotInDoubt, store.ErrLookupBusy, store.ErrNotDue} {
 		if errors.Is(err, answer) {
@@ -168,31 +184,37 @@ func (r instrumentedReconcile) observe(op string, start time.Time, err error) {
 }
 
 func (r instrumentedReconcile) ScheduleLookup(ctx context.Context, key string, after time.Duration) (err error) {
-	defer func(start time.Time) { r.observe("schedule_lookup", start, err) }(time.Now())
+	ctx, span := storeSpan(ctx, r.s.name, "schedule_lookup")
+	defer func(start time.Time) { r.observe("schedule_lookup", start, err); endStoreSpan(span, failure(err)) }(time.Now())
 	return r.ReconcileStore.ScheduleLookup(ctx, key, after)
 }
 
 func (r instrumentedReconcile) Unscheduled(ctx context.Context, prefix string, limit int) (keys []string, err error) {
-	defer func(start time.Time) { r.observe("unscheduled", start, err) }(time.Now())
+	ctx, span := storeSpan(ctx, r.s.name, "unscheduled")
+	defer func(start time.Time) { r.observe("unscheduled", start, err); endStoreSpan(span, failure(err)) }(time.Now())
 	return r.ReconcileStore.Unscheduled(ctx, prefix, limit)
 }
 
 func (r instrumentedReconcile) DueLookups(ctx context.Context, limit int) (keys []string, err error) {
-	defer func(start time.Time) { r.observe("due_lookups", start, err) }(time.Now())
+	ctx, span := storeSpan(ctx, r.s.name, "due_lookups")
+	defer func(start time.Time) { r.observe("due_lookups", start, err); endStoreSpan(span, failure(err)) }(time.Now())
 	return r.ReconcileStore.DueLookups(ctx, limit)
 }
 
 func (r instrumentedReconcile) ClaimLookup(ctx context.Context, key, token string, lease time.Duration, force bool) (err error) {
-	defer func(start time.Time) { r.observe("claim_lookup", start, err) }(time.Now())
+	ctx, span := storeSpan(ctx, r.s.name, "claim_lookup")
+	defer func(start time.Time) { r.observe("claim_lookup", start, err); endStoreSpan(span, failure(err)) }(time.Now())
 	return r.ReconcileStore.ClaimLookup(ctx, key, token, lease, force)
 }
 
 func (r instrumentedReconcile) ResolveLookup(ctx context.Context, key, token string, res store.LookupResult) (err error) {
-	defer func(start time.Time) { r.observe("resolve_lookup", start, err) }(time.Now())
+	ctx, span := storeSpan(ctx, r.s.name, "resolve_lookup")
+	defer func(start time.Time) { r.observe("resolve_lookup", start, err); endStoreSpan(span, failure(err)) }(time.Now())
 	return r.ReconcileStore.ResolveLookup(ctx, key, token, res)
 }
 
 func (r instrumentedReconcile) UnscheduleLookup(ctx context.Context, key string) (err error) {
-	defer func(start time.Time) { r.observe("unschedule_lookup", start, err) }(time.Now())
+	ctx, span := storeSpan(ctx, r.s.name, "unschedule_lookup")
+	defer func(start time.Time) { r.observe("unschedule_lookup", start, err); endStoreSpan(span, failure(err)) }(time.Now())
 	return r.ReconcileStore.UnscheduleLookup(ctx, key)
 }

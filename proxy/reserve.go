@@ -7,8 +7,11 @@ import (
 	"net/http"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+
 	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/internal/settle"
+	"github.com/idemproxy/idemproxy/internal/tracing"
 	"github.com/idemproxy/idemproxy/keyextract"
 	"github.com/idemproxy/idemproxy/store"
 )
@@ -61,7 +64,7 @@ func (a *attempt) earlierRecord(body []byte, scope, key string) *store.Record {
 // asks again).
 func (a *attempt) reserveAndForward(w http.ResponseWriter, body []byte, id identity) {
 	cfg := &a.rt.cfg
-	res := store.Reservation{Token: rand.Text(), Fingerprint: id.fp, Lease: cfg.Lease.D(), TTL: cfg.TTL.D()}
+	res := store.Reservation{Token: rand.Text(), Fingerprint: id.fp, Lease: cfg.Lease.D(), TTL: cfg.TTL.D(), Origin: a.origin()}
 	waitUntil := time.Now().Add(cfg.WaitTimeout.D())
 	for {
 		rec, err := a.reserve(res)
@@ -113,7 +116,18 @@ func (a *attempt) reserve(res store.Reservation) (*store.Record, error) {
 // it has answered the request.
 func (a *attempt) awaitSettled(w http.ResponseWriter, body []byte, rec *store.Record, until time.Time) bool {
 	ctx := a.in.Context()
-	_, err := a.p.waitSettled(ctx, a.storeKey, until)
+	a.event(tracing.EventWait, attribute.String("idemproxy.wait_until", until.UTC().Format(time.RFC3339Nano)))
+	got, err := a.p.waitSettled(ctx, a.storeKey, until)
+	if a.span != nil {
+		state := "released"
+		if got != nil {
+			state = string(got.State)
+		}
+		if err != nil {
+			state = "error"
+		}
+		a.event(tracing.EventWaitEnd, attribute.String("idemproxy.state", state))
+	}
 	switch {
 	case err != nil && ctx.Err() != nil:
 		// The client stopped waiting: answered as without waiting. A
@@ -159,6 +173,8 @@ func (a *attempt) mismatched(w http.ResponseWriter, body []byte, rec *store.Reco
 	if fp == "" || rec.Fingerprint == "" || rec.Fingerprint == fp || legacyMatch(rec.Fingerprint, a.in.Method, target, body, a.rt.ignore) {
 		return false
 	}
+	a.event(tracing.EventFingerprintMismatch)
+	a.linkOrigin(rec)
 	if !a.observe(w, body, OutcomeMismatch) {
 		a.problem(w, OutcomeMismatch, probMismatch,
 			"this key was first used with another request (method, path or body); a new request needs a new key", 0, nil)
@@ -176,6 +192,7 @@ func legacyMatch(stored, method, target string, body []byte, ignore *keyextract.
 
 // answerExisting answers a request whose key is already known.
 func (a *attempt) answerExisting(w http.ResponseWriter, rec *store.Record) {
+	a.linkOrigin(rec)
 	switch rec.State {
 	case store.StateInFlight:
 		a.problem(w, OutcomeConflict, probInFlight,

@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	"github.com/idemproxy/idemproxy/internal/settle"
+	"github.com/idemproxy/idemproxy/internal/tracing"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -62,7 +63,8 @@ func (a *attempt) release() {
 func (a *attempt) markInDoubt() {
 	a.settled = true
 	a.outcome = OutcomeInDoubt
-	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	a.event(tracing.EventInDoubt)
+	ctx, cancel := context.WithTimeout(a.detached(), storeTimeout)
 	defer cancel()
 	err := a.p.store.MarkInDoubt(ctx, a.storeKey, a.token, a.rt.cfg.TTL.D())
 	a.settleErr("mark_in_doubt", err, nil)
@@ -87,7 +89,7 @@ func (a *attempt) settleUnknown() {
 // once would leave the key in flight and then in doubt for its whole TTL,
 // although the outcome is known.
 func (a *attempt) settle(opName string, op func(ctx context.Context) error) {
-	ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+	ctx, cancel := context.WithTimeout(a.detached(), storeTimeout)
 	err := op(ctx)
 	cancel()
 	a.settleErr(opName, err, op)

@@ -51,6 +51,8 @@ type Reservation struct {
 	Lease time.Duration
 	// TTL is how long the record is kept at all, counted from now.
 	TTL time.Duration
+	// Origin identifies the trace span that forwards the request (empty: none).
+	Origin string
 }
 
 // Response is an upstream answer as stored for replay.
@@ -88,6 +90,8 @@ type Record struct {
 	ExpiresAt time.Time
 	// Response is set for completed records (nil otherwise).
 	Response *Response
+	// Origin is the Origin of the reservation that made the record.
+	Origin string
 }
 
 // Store keeps key records. Every method is safe for concurrent use, also

@@ -25,6 +25,7 @@ import (
 	"github.com/idemproxy/idemproxy/internal/epoch"
 	"github.com/idemproxy/idemproxy/internal/reconcile"
 	"github.com/idemproxy/idemproxy/internal/settle"
+	"github.com/idemproxy/idemproxy/internal/tracing"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store"
 )
@@ -38,6 +39,8 @@ type app struct {
 	settler *settle.Settler
 	path    string
 	getenv  func(string) string
+
+	tracing *tracing.Tracing // on while tracing.enabled; made by serve
 
 	mu       sync.Mutex // serialises reloads
 	cfg      *config.Config
@@ -150,9 +153,20 @@ func (a *app) serve(ctx context.Context) error {
 	reserveStore, epochReady, stopEpoch := a.watchEpoch(ctx, reg, st, storeName, &watcher)
 	defer stopEpoch() // before the store closes
 	probe := store.NewWriteProbe(st, store.ProbeOptions{})
+	a.tracing = tracing.New(log)
+	if err := a.tracing.Configure(cfg.Tracing.Enabled); err != nil {
+		return err
+	}
+	defer func() { // after the last request and lookup: their spans are flushed
+		fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := a.tracing.Shutdown(fctx); err != nil {
+			log.Warn("tracing: the last spans were not all exported", "err", err)
+		}
+	}()
 	a.p, err = proxy.New(cfg, proxy.Options{
 		Store: probe.Observe(reserveStore), StoreName: storeName, Logger: log, AccessLog: a.access, Metrics: proxy.NewMetrics(reg),
-		Settler: a.settler,
+		Settler: a.settler, Tracing: a.tracing,
 	})
 	if err != nil {
 		return err
@@ -204,7 +218,7 @@ func (a *app) serve(ctx context.Context) error {
 			Reload: a.reload, StoreOptional: a.storeOptional, Logger: log, Reconciler: reconciler,
 			AcceptLoss: a.acceptLossFunc(st, &watcher),
 			Pprof:      cfg.Admin.Pprof, ReadyChecks: []func() error{conns.Saturated, a.p.BuffersSaturated, a.storeOpenReady(st), epochReady},
-			StoreProbe: probe, Registerer: reg,
+			StoreProbe: probe, Registerer: reg, Tracing: a.tracing,
 		})
 		raw, err := net.Listen("tcp", cfg.Admin.Listen)
 		if err != nil {
@@ -336,7 +350,12 @@ func (a *app) reload() error {
 		err = needsRestart(a.cfg, cfg)
 	}
 	if err == nil {
-		err = a.p.Reload(cfg)
+		err = a.tracing.Configure(cfg.Tracing.Enabled)
+	}
+	if err == nil {
+		if err = a.p.Reload(cfg); err != nil {
+			a.tracing.Configure(a.cfg.Tracing.Enabled) // as it was
+		}
 	}
 	if err != nil {
 		a.reloadOK.Set(0)

@@ -25,7 +25,12 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/tracing"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -61,6 +66,8 @@ type Host interface {
 	Reconciled(route, result string)
 	Due(n int)
 	Discovered(route string)
+	// Tracer traces the lookups while tracing is on; nil while off.
+	Tracer() trace.Tracer
 }
 
 // Options configures New.
@@ -240,6 +247,52 @@ func (r *Reconciler) reconcile(ctx context.Context, key string, force bool) (Out
 		return Outcome{}, ErrNoLookup
 	}
 	cfg := &rc
+	ctx, span := r.startSpan(ctx, cfg.Name, key, force)
+	out, err := r.claimAndLookup(ctx, cfg, key, force)
+	endSpan(span, out, err)
+	return out, err
+}
+
+// startSpan starts the span of a key's lookup while tracing is on (nil
+// otherwise): the child of the admin request that asked for it, or a trace
+// of its own for the background reconciler's.
+func (r *Reconciler) startSpan(ctx context.Context, route, key string, force bool) (context.Context, trace.Span) {
+	tr := r.p.Tracer()
+	if tr == nil {
+		return ctx, nil
+	}
+	return tr.Start(ctx, "reconcile "+route, trace.WithAttributes(
+		tracing.AttrRoute.String(route), tracing.AttrKeyHash.String(store.KeyHash(key)),
+		attribute.Bool("idemproxy.reconcile.forced", force)))
+}
+
+// endSpan ends a lookup's span (nil: none) with its outcome.
+func endSpan(span trace.Span, out Outcome, err error) {
+	if span == nil {
+		return
+	}
+	switch {
+	case err != nil:
+		span.SetAttributes(attribute.String("idemproxy.reconcile.result", "refused"))
+		if failure := !errors.Is(err, store.ErrNotInDoubt) && !errors.Is(err, store.ErrLookupBusy) && !errors.Is(err, store.ErrNotDue); failure {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+	default:
+		span.SetAttributes(attribute.String("idemproxy.reconcile.result", out.Result))
+		if out.LookupStatus != 0 {
+			span.SetAttributes(attribute.Int("idemproxy.reconcile.lookup_status", out.LookupStatus))
+		}
+		if out.Error != "" {
+			span.SetStatus(codes.Error, out.Error)
+		}
+	}
+	span.End()
+}
+
+// claimAndLookup takes the key's lookup lease, asks the upstream and
+// settles the key by its answer.
+func (r *Reconciler) claimAndLookup(ctx context.Context, cfg *config.Route, key string, force bool) (Outcome, error) {
 	token := rand.Text()
 	if err := r.st.ClaimLookup(ctx, key, token, cfg.Lease.D(), force); err != nil {
 		return Outcome{}, err

@@ -26,6 +26,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/internal/problem"
+	"github.com/idemproxy/idemproxy/internal/tracing"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/badger"
@@ -56,6 +57,9 @@ type Env struct {
 	// Log, when set before Start, receives the proxy's log (JSON); nil
 	// discards it.
 	Log io.Writer
+	// Tracing, when set before Start, traces the proxy's requests; nil:
+	// no traces.
+	Tracing *tracing.Tracing
 }
 
 // New starts the stub and a proxy whose configuration is routes (the
@@ -93,7 +97,8 @@ func (e *Env) StartConfig(cfg *config.Config) {
 	if e.Log != nil {
 		logger = slog.New(slog.NewJSONHandler(e.Log, nil))
 	}
-	e.Proxy, err = proxy.New(cfg, proxy.Options{Store: st, StoreName: "badger", Metrics: proxy.NewMetrics(e.Registry), Logger: logger})
+	e.Proxy, err = proxy.New(cfg, proxy.Options{Store: st, StoreName: "badger", Metrics: proxy.NewMetrics(e.Registry), Logger: logger,
+		Tracing: e.Tracing})
 	if err != nil {
 		t.Fatal(err)
 	}

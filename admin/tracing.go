@@ -1,0 +1,71 @@
+package admin
+
+import (
+	"net/http"
+	"strconv"
+	"strings"
+
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemproxy/idemproxy/internal/tracing"
+)
+
+// tracedPattern reports whether requests to the endpoint pattern are
+// traced: the operators' actions (the key API, accept-loss, reload), not
+// the scrapes and probes that arrive every few seconds.
+func tracedPattern(pattern string) bool {
+	_, path, _ := strings.Cut(pattern, " ")
+	return strings.HasPrefix(path, "/v1/") || path == "/-/reload"
+}
+
+// serveTraced serves r under a server span of its own while tracing is on
+// and the endpoint pattern is an operator's action; it reports whether it
+// did.
+func (h *Handler) serveTraced(w http.ResponseWriter, r *http.Request, pattern string) bool {
+	tr := h.opts.Tracing.Tracer()
+	if tr == nil || !tracedPattern(pattern) {
+		return false
+	}
+	_, route, _ := strings.Cut(pattern, " ")
+	ctx := tracing.Propagator.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+	ctx, span := tr.Start(ctx, r.Method+" "+route, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(
+		semconv.HTTPRequestMethodKey.String(r.Method), semconv.HTTPRoute(route), semconv.URLPath(r.URL.Path)))
+	defer span.End()
+	sw := &spanStatus{ResponseWriter: w}
+	h.mux.ServeHTTP(sw, r.WithContext(ctx))
+	if sw.status == 0 {
+		sw.status = http.StatusOK
+	}
+	span.SetAttributes(semconv.HTTPResponseStatusCode(sw.status))
+	if sw.status >= 500 {
+		span.SetStatus(codes.Error, "")
+		span.SetAttributes(semconv.ErrorTypeKey.String(strconv.Itoa(sw.status)))
+	}
+	return true
+}
+
+// spanStatus keeps the status of an answer for its span.
+type spanStatus struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *spanStatus) WriteHeader(code int) {
+	if s.status == 0 {
+		s.status = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *spanStatus) Write(b []byte) (int, error) {
+	if s.status == 0 {
+		s.status = http.StatusOK
+	}
+	return s.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the connection.
+func (s *spanStatus) Unwrap() http.ResponseWriter { return s.ResponseWriter }

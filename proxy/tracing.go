@@ -1,0 +1,270 @@
+package proxy
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/idemproxy/idemproxy/internal/tracing"
+	"github.com/idemproxy/idemproxy/store"
+)
+
+// Tracing (docs/observability.md): while Options.Tracing is on, every
+// request gets a server span (startSpan, ended by finish with the outcome),
+// each store operation a child span (storeSpan), and the upstream call a
+// client span whose context the upstream gets (tracedTransport). A
+// reservation keeps its server span as the record's Origin, and a request
+// answered from a record links to it (linkOrigin). While tracing is off,
+// a.span is nil and none of this runs.
+
+// startSpan starts a's server span, the child of the trace context the
+// client sent, and makes a.in carry it; it does nothing while tracing is
+// off.
+func (a *attempt) startSpan() {
+	tr := a.p.tracing.Tracer()
+	if tr == nil {
+		return
+	}
+	r := a.in
+	ctx := tracing.Propagator.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+	name, route := r.Method, ""
+	if a.rt != nil {
+		route = a.rt.httpRoute
+		name += " " + route
+	}
+	attrs := make([]attribute.KeyValue, 0, 12)
+	attrs = append(attrs,
+		semconv.HTTPRequestMethodKey.String(r.Method),
+		semconv.URLPath(r.URL.Path),
+		semconv.URLScheme(scheme(r)),
+		semconv.ServerAddress(canonicalHost(r.Host)),
+		semconv.NetworkProtocolVersion(strings.TrimPrefix(r.Proto, "HTTP/")),
+	)
+	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		attrs = append(attrs, semconv.ClientAddress(host))
+	}
+	if ua := r.UserAgent(); ua != "" {
+		attrs = append(attrs, semconv.UserAgentOriginal(ua))
+	}
+	if a.rt != nil {
+		attrs = append(attrs, semconv.HTTPRoute(route), tracing.AttrRoute.String(a.rt.cfg.Name),
+			tracing.AttrPolicy.String(a.rt.cfg.Policy), tracing.AttrStore.String(a.p.storeName))
+	}
+	ctx, a.span = tr.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(attrs...))
+	a.in = r.WithContext(ctx)
+}
+
+func scheme(r *http.Request) string {
+	if r.TLS != nil {
+		return "https"
+	}
+	return "http"
+}
+
+// endSpan ends a's server span with what finish counts: the outcome, the
+// status, the key's hash, whether the answer was a replay.
+func (a *attempt) endSpan() {
+	if a.span == nil {
+		return
+	}
+	a.span.SetAttributes(
+		tracing.AttrOutcome.String(string(a.outcome)),
+		tracing.AttrReplayed.Bool(a.outcome == OutcomeReplayed),
+	)
+	if a.status != 0 {
+		a.span.SetAttributes(semconv.HTTPResponseStatusCode(a.status))
+		if a.status >= 500 {
+			a.span.SetStatus(codes.Error, "")
+			a.span.SetAttributes(semconv.ErrorTypeKey.String(strconv.Itoa(a.status)))
+		}
+	}
+	if a.storeKey != "" {
+		a.span.SetAttributes(tracing.AttrKeyHash.String(store.KeyHash(a.storeKey)))
+	}
+	a.span.End()
+}
+
+// observeDuration observes the request's duration d in obs, with the trace
+// ID as its exemplar when a's span is sampled.
+func (a *attempt) observeDuration(obs prometheus.Observer, d float64) {
+	if a.span != nil {
+		if sc := a.span.SpanContext(); sc.IsSampled() {
+			if eo, ok := obs.(prometheus.ExemplarObserver); ok {
+				eo.ObserveWithExemplar(d, prometheus.Labels{"trace_id": sc.TraceID().String()})
+				return
+			}
+		}
+	}
+	obs.Observe(d)
+}
+
+// event adds the event name to a's server span.
+func (a *attempt) event(name string, attrs ...attribute.KeyValue) {
+	if a.span != nil {
+		a.span.AddEvent(name, trace.WithAttributes(attrs...))
+	}
+}
+
+// origin is what a's reservation keeps of its span: its Origin when
+// sampled, "" otherwise.
+func (a *attempt) origin() string {
+	if a.span == nil {
+		return ""
+	}
+	return tracing.Origin(a.span.SpanContext())
+}
+
+// linkOrigin links a's span to the span that forwarded the request which
+// made rec (none for a record stored without one).
+func (a *attempt) linkOrigin(rec *store.Record) {
+	if a.span == nil {
+		return
+	}
+	if sc, ok := tracing.ParseOrigin(rec.Origin); ok {
+		a.span.AddLink(trace.Link{SpanContext: sc, Attributes: []attribute.KeyValue{attribute.String("idemproxy.link", "original")}})
+	}
+}
+
+// detached returns a context with no deadline or cancellation that carries
+// a's span, for the store writes that settle a request after it ended.
+func (a *attempt) detached() context.Context {
+	if a.span == nil {
+		return context.Background()
+	}
+	return trace.ContextWithSpan(context.Background(), a.span)
+}
+
+// withSpan returns ctx carrying a's span, for the upstream request.
+func (a *attempt) withSpan(ctx context.Context) context.Context {
+	if a.span == nil {
+		return ctx
+	}
+	return trace.ContextWithSpan(ctx, a.span)
+}
+
+// storeSpan starts the child span of a store operation under ctx's span,
+// when that span is recording; the span is nil otherwise.
+func storeSpan(ctx context.Context, storeName, op string) (context.Context, trace.Span) {
+	parent := trace.SpanFromContext(ctx)
+	if !parent.IsRecording() {
+		return ctx, nil
+	}
+	return parent.TracerProvider().Tracer(tracing.ScopeName).Start(ctx, "store "+op,
+		trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(semconv.DBSystemNameKey.String(dbSystem(storeName)), semconv.DBOperationName(op)))
+}
+
+// endStoreSpan ends a store operation's span (nil: none) with its error.
+func endStoreSpan(span trace.Span, err error) {
+	if span == nil {
+		return
+	}
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+}
+
+// dbSystem is the db.system.name of a store's spans.
+func dbSystem(storeName string) string {
+	if storeName == "postgres" {
+		return "postgresql"
+	}
+	return storeName
+}
+
+// tracedTransport starts a client span for each request it carries that
+// belongs to a traced request or lookup (its context carries a span), and
+// sends the request with that span's trace context, so that the upstream's
+// spans are its children.
+type tracedTransport struct {
+	next    http.RoundTripper
+	tracing *tracing.Tracing
+}
+
+func (t tracedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	tr := t.tracing.Tracer()
+	if tr == nil || !trace.SpanContextFromContext(req.Context()).IsValid() {
+		return t.next.RoundTrip(req)
+	}
+	attrs := []attribute.KeyValue{
+		semconv.HTTPRequestMethodKey.String(req.Method),
+		semconv.URLFull(redactedURL(req)),
+		semconv.ServerAddress(req.URL.Hostname()),
+	}
+	if p := req.URL.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err == nil {
+			attrs = append(attrs, semconv.ServerPort(n))
+		}
+	}
+	ctx, span := tr.Start(req.Context(), req.Method, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+	req = req.Clone(ctx)
+	tracing.Propagator.Inject(ctx, propagation.HeaderCarrier(req.Header))
+	resp, err := t.next.RoundTrip(req)
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+		span.SetAttributes(semconv.ErrorTypeKey.String("connection"))
+		span.End()
+		return nil, err
+	}
+	span.SetAttributes(semconv.HTTPResponseStatusCode(resp.StatusCode))
+	if resp.StatusCode >= 400 {
+		span.SetStatus(codes.Error, "")
+		span.SetAttributes(semconv.ErrorTypeKey.String(strconv.Itoa(resp.StatusCode)))
+	}
+	if resp.StatusCode == http.StatusSwitchingProtocols || resp.Body == nil || resp.Body == http.NoBody {
+		span.End() // a switched connection's body is the connection itself: left as it is
+		return resp, nil
+	}
+	resp.Body = &spanBody{ReadCloser: resp.Body, span: span}
+	return resp, nil
+}
+
+// redactedURL is the request's URL without its query (which may carry a
+// customer reference) or credentials.
+func redactedURL(req *http.Request) string {
+	u := *req.URL
+	u.User, u.RawQuery, u.ForceQuery = nil, "", false
+	return u.String()
+}
+
+// spanBody ends the client span once the answer's body has been read to
+// its end, or closed.
+type spanBody struct {
+	io.ReadCloser
+	span trace.Span
+	once sync.Once
+}
+
+func (b *spanBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil {
+		if err != io.EOF {
+			b.span.RecordError(err)
+			b.span.SetStatus(codes.Error, err.Error())
+		}
+		b.end()
+	}
+	return n, err
+}
+
+func (b *spanBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.end()
+	return err
+}
+
+func (b *spanBody) end() { b.once.Do(func() { b.span.End() }) }
