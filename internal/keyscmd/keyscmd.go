@@ -83,7 +83,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	tokenEnv := fs.String("token-env", config.DefaultAdminTokenEnv, "environment `variable` holding the admin token")
 	fs.StringVar(&c.output, "o", "table", "output: table or json")
 	fs.StringVar(&c.scope, "scope", "", "the scope value, for a route scoped by a header")
-	fs.StringVar(&c.operator, "operator", osUser(getenv), "who acts, for the audit log line of release and reconcile (default: the OS user)")
+	fs.StringVar(&c.operator, "operator", osUser(getenv), "who acts, for the audit log line of release and reconcile ($USER, else the OS account, when not given)")
 	state := fs.String("state", "", "list: only keys in this state: in_doubt, in_flight or completed")
 	limit := fs.Int("limit", 0, "list: at most `N` keys (the API's default 100, at most 1000)")
 	cursor := fs.String("cursor", "", "list: the page after the one that printed this cursor")
