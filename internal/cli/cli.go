@@ -82,6 +82,11 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		return 1
 	}
 	if *check {
+		// Warnings, not problems: a host that does not resolve yet may
+		// (DNS in a container can come after the proxy).
+		for _, w := range cfg.HostWarnings(ctx, nil) {
+			fmt.Fprintf(stderr, "idemproxy: %s: warning: %s\n", configPath, w)
+		}
 		fmt.Fprintf(stdout, "%s: ok (%d routes)\n", configPath, len(cfg.Routes))
 		return 0
 	}
