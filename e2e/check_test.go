@@ -70,3 +70,38 @@ func TestStartWarnsOfAnUnresolvedUpstream(t *testing.T) {
 		t.Errorf("log line = %v, want a WARN naming the upstream's host", l)
 	}
 }
+
+// TestCheckTracingEnvironment: with tracing.enabled, -check refuses an
+// OTEL_* setting the proxy would refuse to start with (exit 1, naming the
+// variable); with tracing off, the same environment is no concern of the
+// file's.
+func TestCheckTracingEnvironment(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	tests := []struct {
+		name    string
+		tracing string
+		env     []string
+		problem string // in stderr; "" for ok
+	}{
+		{"usable", "tracing: {enabled: true}", []string{"OTEL_EXPORTER_OTLP_PROTOCOL=grpc", "OTEL_TRACES_SAMPLER=parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG=0.01"}, ""},
+		{"http/json", "tracing: {enabled: true}", []string{"OTEL_EXPORTER_OTLP_PROTOCOL=http/json"}, `tracing.enabled: the environment: OTEL_EXPORTER_OTLP_PROTOCOL: "http/json" is not supported (grpc or http/protobuf)`},
+		{"a ratio in percent", "tracing: {enabled: true}", []string{"OTEL_TRACES_SAMPLER=traceidratio", "OTEL_TRACES_SAMPLER_ARG=1%"}, `OTEL_TRACES_SAMPLER_ARG: "1%" is not a ratio between 0 and 1`},
+		{"off", "tracing: {enabled: false}", []string{"OTEL_EXPORTER_OTLP_PROTOCOL=http/json"}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := writeConfig(t, filepath.Join(dir, strings.ReplaceAll(tt.name, "/", "-")+".yaml"), "http://127.0.0.1:9000", filepath.Join(dir, "data"), tt.tracing, chargesRoute)
+			out, errOut, code := runBin(t, tt.env, "-config", cfg, "-check")
+			if tt.problem == "" {
+				if code != 0 || out != cfg+": ok (1 routes)\n" || errOut != "" {
+					t.Errorf("-check = exit %d, stdout %q, stderr %q; want 0 and ok", code, out, errOut)
+				}
+				return
+			}
+			if code != 1 || !strings.Contains(errOut, tt.problem) {
+				t.Errorf("-check = exit %d, stderr %q; want 1 and %q", code, errOut, tt.problem)
+			}
+		})
+	}
+}

@@ -13,7 +13,6 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
-	"os/user"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,6 +20,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/audit"
 )
 
 // The keys subcommands call the admin API of a running idemproxy: list,
@@ -83,7 +83,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	tokenEnv := fs.String("token-env", config.DefaultAdminTokenEnv, "environment `variable` holding the admin token")
 	fs.StringVar(&c.output, "o", "table", "output: table or json")
 	fs.StringVar(&c.scope, "scope", "", "the scope value, for a route scoped by a header")
-	fs.StringVar(&c.operator, "operator", osUser(getenv), "who acts, for the audit log line of release and reconcile ($USER, else the OS account, when not given)")
+	fs.StringVar(&c.operator, "operator", audit.Operator(getenv), "who acts, for the audit log line of release and reconcile ($USER, else the OS account, when not given)")
 	state := fs.String("state", "", "list: only keys in this state: in_doubt, in_flight or completed")
 	limit := fs.Int("limit", 0, "list: at most `N` keys (the API's default 100, at most 1000)")
 	cursor := fs.String("cursor", "", "list: the page after the one that printed this cursor")
@@ -215,19 +215,6 @@ func (c *keysCmd) call(ctx context.Context, method, path string, q url.Values, p
 		return 1
 	}
 	return 0
-}
-
-// osUser is who runs the command, the operator an audit line names when
-// -operator is not given: $USER, else the account of the process's user
-// ID (a container's shell often sets no $USER), else "" and no X-Operator.
-func osUser(getenv func(string) string) string {
-	if u := getenv("USER"); u != "" {
-		return u
-	}
-	if u, err := user.Current(); err == nil {
-		return u.Username
-	}
-	return ""
 }
 
 // overrideFlags are the flags that say what a problem's "override" member
