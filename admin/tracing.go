@@ -45,7 +45,7 @@ func (h *Handler) serveTraced(w http.ResponseWriter, r *http.Request, pattern st
 		span.SetAttributes(tracing.AttrRoute.String(route))
 	}
 	if op := r.Header.Get("X-Operator"); op != "" {
-		span.SetAttributes(tracing.AttrOperator.String(op))
+		span.SetAttributes(tracing.AttrOperator.String(op[:min(len(op), 256)])) // as sent, before the token was checked
 	}
 	if sw.status >= 500 {
 		span.SetStatus(codes.Error, "")
