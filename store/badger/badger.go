@@ -208,8 +208,8 @@ func Open(opts Options) (*Store, error) {
 		// as it grows (each level about ten times, keys being random): with
 		// a million answers of ~300 bytes stored, a tree of 40 MiB instead
 		// of 300 MiB, four times less work and memory per write. A
-		// reservation (~110 bytes, ~170 with its origin span) stays in the tree, where the lookup
-		// that finds it does not read the log.
+		// reservation (~110 bytes, ~170 with its origin span) stays in the
+		// tree, where the lookup that finds it does not read the log.
 		WithValueThreshold(valueThreshold).
 		WithNumCompactors(2).
 		WithNumGoroutines(2).
