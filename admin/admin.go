@@ -1,9 +1,11 @@
 // Package admin serves idemproxy's admin listener: Prometheus metrics,
 // liveness and readiness, configuration reload, and the key API that lets
-// an operator list, inspect and release idempotency keys.
+// an operator list, inspect and release idempotency keys, and the console:
+// the same in a browser, under /ui/ (console.go).
 //
 // Every error it answers, a failed reload included, is an RFC 9457
-// application/problem+json body typed like the proxy's (see Problems).
+// application/problem+json body typed like the proxy's (see Problems),
+// but the console's, which are HTML pages for a person.
 // /livez and /readyz answer plain text, a 503 from /readyz included: that
 // is the probe's answer, not an error.
 package admin
@@ -159,6 +161,8 @@ func NewHandler(opts Options) *Handler {
 	h.mux.Handle("GET /v1/keys/{route}/{key...}", h.auth(h.getKey))
 	h.mux.Handle("DELETE /v1/keys/{route}/{key...}", h.auth(h.deleteKey))
 	h.mux.Handle("POST /v1/keys/{route}/{key}/reconcile", h.auth(h.reconcileKey))
+	// The console: pages for operators, behind a login with the token.
+	h.mux.Handle("/ui/", newConsole(h))
 	if opts.AcceptLoss != nil {
 		h.mux.Handle("POST /v1/store/accept-loss", h.auth(h.acceptLoss))
 	}
