@@ -241,7 +241,6 @@ type recordView struct {
 	Token, Fingerprint      string
 	Origin, TraceID, SpanID string
 	Status                  string
-	HasResponse             bool
 	Headers, Trailers       string
 	Body                    bodyView
 }
@@ -294,7 +293,7 @@ func (c *console) showKey(w http.ResponseWriter, r *http.Request, se *session, p
 func showRecord(rec *store.Record, now time.Time) *recordView {
 	v := &recordView{State: rec.State, Created: timeOf(rec.CreatedAt), Expires: whenOf(ptrTime(rec.ExpiresAt), now),
 		Lease: whenOf(ptrTime(rec.LeaseExpiresAt), now), Token: rec.Token, Fingerprint: rec.Fingerprint, Origin: "none (not traced)",
-		Status: "none"}
+		Status: "none", Body: bodyView{Note: "no stored answer: the key is " + string(rec.State)}}
 	if rec.Origin != "" {
 		v.Origin = rec.Origin
 		if trace, span, ok := strings.Cut(rec.Origin, "-"); ok {
@@ -304,7 +303,6 @@ func showRecord(rec *store.Record, now time.Time) *recordView {
 		}
 	}
 	if resp := rec.Response; resp != nil {
-		v.HasResponse = true
 		v.Status = strconv.Itoa(resp.Status)
 		if t := http.StatusText(resp.Status); t != "" {
 			v.Status += " " + t
@@ -570,11 +568,12 @@ func whenOf(t *time.Time, now time.Time) string {
 	return timeOf(*t) + " (" + ageOf(now.Sub(*t)) + " ago)"
 }
 
-// ageOf shows a duration to the second (to the minute beyond a day).
+// ageOf shows a duration to the second, or beyond a day to the minute
+// (1d4h05m).
 func ageOf(d time.Duration) string {
 	if d >= 24*time.Hour {
-		days := d / (24 * time.Hour)
-		return strconv.Itoa(int(days)) + "d" + (d - days*24*time.Hour).Truncate(time.Minute).String()
+		m := int(d / time.Minute)
+		return fmt.Sprintf("%dd%dh%02dm", m/(24*60), m/60%24, m%60)
 	}
 	return d.Truncate(time.Second).String()
 }

@@ -78,6 +78,12 @@ type browser struct {
 // do sends a request; a non-nil form is its urlencoded body.
 func (b *browser) do(method, target string, form url.Values) *httptest.ResponseRecorder {
 	b.e.t.Helper()
+	return b.doHeader(method, target, form, nil)
+}
+
+// doHeader is do with more headers.
+func (b *browser) doHeader(method, target string, form url.Values, header http.Header) *httptest.ResponseRecorder {
+	b.e.t.Helper()
 	var req *http.Request
 	if form != nil {
 		req = httptest.NewRequest(method, target, strings.NewReader(form.Encode()))
@@ -89,6 +95,9 @@ func (b *browser) do(method, target string, form url.Values) *httptest.ResponseR
 	req.Header.Set("User-Agent", "console-test")
 	if b.tls {
 		req.TLS = &tls.ConnectionState{}
+	}
+	for k, vs := range header {
+		req.Header[k] = vs
 	}
 	if b.session != "" {
 		req.AddCookie(&http.Cookie{Name: "idemproxy_console", Value: b.session})
@@ -137,7 +146,7 @@ func field(t *testing.T, page, name string) string {
 // fields returns the values of every input named name in page.
 func fields(page, name string) []string {
 	var out []string
-	for _, m := range regexp.MustCompile(`name="` + regexp.QuoteMeta(name) + `"[^>]*value="([^"]*)"`).FindAllStringSubmatch(page, -1) {
+	for _, m := range regexp.MustCompile(`name="`+regexp.QuoteMeta(name)+`"[^>]*value="([^"]*)"`).FindAllStringSubmatch(page, -1) {
 		out = append(out, html.UnescapeString(m[1]))
 	}
 	return out
