@@ -233,9 +233,6 @@ func TestConsoleOverview(t *testing.T) {
 // TestConsoleOverviewIsBounded: a route with more keys than the overview
 // reads says its counts are at least those.
 func TestConsoleOverviewIsBounded(t *testing.T) {
-	if testing.Short() {
-		t.Skip("writes 10,001 keys")
-	}
 	e := newConsoleEnv(t, nil)
 	ctx := context.Background()
 	const n = 10_001
