@@ -327,6 +327,8 @@ func (a *app) RouteScope(name string) (string, bool) {
 	return "", false
 }
 
+var _ admin.RouteNamer = (*app)(nil)
+
 // RouteNames implements admin.RouteNamer over the running configuration:
 // the console's overview lists these routes.
 func (a *app) RouteNames() []string {
