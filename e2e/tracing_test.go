@@ -1,0 +1,734 @@
+package e2e
+
+// End-to-end tests of the traces (issue 29) with the real binary and real
+// OTLP receivers (internal/otlptest decodes the official protobuf messages,
+// over HTTP and over gRPC): the span tree of a request (server span, store
+// spans, the upstream call's client span, the traceparent the upstream
+// gets), the link from a replay to the span that forwarded the original
+// request (in one process, across a restart on Badger, across two replicas
+// on Redis), the events, a client's trace continued, tracing turned on and
+// off by a reload, sampled out or disabled, the exemplars on /metrics, and
+// the admin API's and the reconciler's spans.
+
+import (
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+
+	"github.com/idemproxy/idemproxy/internal/otlptest"
+	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/internal/tracing"
+	"github.com/idemproxy/idemproxy/store"
+	"github.com/idemproxy/idemproxy/upstream-stub/stub"
+)
+
+// tracingOn is the configuration's section that turns tracing on.
+const tracingOn = "tracing:\n  enabled: true\n"
+
+// spanWait is how long a test waits for spans to arrive: a wait, not an
+// assertion on time (they come within about 50 ms, OTEL_BSP_SCHEDULE_DELAY).
+const spanWait = 15 * time.Second
+
+const (
+	spanServer = tracepb.Span_SPAN_KIND_SERVER
+	spanClient = tracepb.Span_SPAN_KIND_CLIENT
+)
+
+// tracedStub is the upstream stub behind a handler that records the
+// traceparent header of every request it gets, and holds the requests
+// that carry X-Test-Hold until releaseHeld.
+type tracedStub struct {
+	*httptest.Server
+	mu      sync.Mutex
+	seen    []upstreamRequest
+	held    atomic.Int32
+	release chan struct{}
+	once    sync.Once
+}
+
+type upstreamRequest struct{ method, path, traceparent string }
+
+// startTracedStub starts one, closed when the test ends.
+func startTracedStub(t *testing.T) *tracedStub {
+	t.Helper()
+	u := &tracedStub{release: make(chan struct{})}
+	h := stub.New(slog.New(slog.DiscardHandler))
+	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u.mu.Lock()
+		u.seen = append(u.seen, upstreamRequest{r.Method, r.URL.Path, r.Header.Get("Traceparent")})
+		u.mu.Unlock()
+		if r.Header.Get("X-Test-Hold") != "" {
+			u.held.Add(1)
+			<-u.release
+		}
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(func() {
+		u.releaseHeld()
+		u.Close()
+	})
+	return u
+}
+
+// releaseHeld lets the held requests (and any later one) through.
+func (u *tracedStub) releaseHeld() { u.once.Do(func() { close(u.release) }) }
+
+// traceparents returns the traceparent headers ("" for none) of the
+// requests method path that reached the stub, in order.
+func (u *tracedStub) traceparents(method, path string) []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	var out []string
+	for _, r := range u.seen {
+		if r.method == method && r.path == path {
+			out = append(out, r.traceparent)
+		}
+	}
+	return out
+}
+
+// traceparentIDs returns the trace ID, the parent span ID and the flags
+// of a W3C traceparent header.
+func traceparentIDs(v string) (traceID, spanID, flags string) {
+	f := strings.Split(v, "-")
+	if len(f) != 4 {
+		return "", "", ""
+	}
+	return f[1], f[2], f[3]
+}
+
+// orderHash is the idemproxy.key_hash of order on the charges route.
+func orderHash(order string) string { return store.KeyHash(store.Key("charges", "", order)) }
+
+// requestSpan matches the server span of the request for order on the
+// charges route that ended with outcome.
+func requestSpan(order, outcome string) func(otlptest.Span) bool {
+	return otlptest.All(otlptest.OfKind(spanServer), otlptest.WithAttr("idemproxy.key_hash", orderHash(order)),
+		otlptest.WithAttr("idemproxy.outcome", outcome))
+}
+
+// named matches spans by name and kind.
+func named(name string, kind tracepb.Span_SpanKind) func(otlptest.Span) bool {
+	return otlptest.All(otlptest.Named(name), otlptest.OfKind(kind))
+}
+
+// one returns the only span of spans that match matches; it fails the
+// test when there is none or more than one.
+func one(t *testing.T, spans []otlptest.Span, what string, match func(otlptest.Span) bool) otlptest.Span {
+	t.Helper()
+	found := otlptest.Find(spans, match)
+	if len(found) != 1 {
+		t.Fatalf("%s: %d spans, want 1:\n%s", what, len(found), spanList(spans))
+	}
+	return found[0]
+}
+
+// spanList is spans, one a line, for a failure's message.
+func spanList(spans []otlptest.Span) string {
+	var b strings.Builder
+	for _, s := range spans {
+		b.WriteString("  " + s.String() + "\n")
+	}
+	return b.String()
+}
+
+// waitSpans waits until every one of matches matches at least one of the
+// spans rcv received, and returns them.
+func waitSpans(t *testing.T, rcv *otlptest.Receiver, what string, matches ...func(otlptest.Span) bool) []otlptest.Span {
+	t.Helper()
+	return rcv.WaitFor(t, spanWait, what, func(spans []otlptest.Span) bool {
+		for _, m := range matches {
+			if len(otlptest.Find(spans, m)) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// childOf matches the spans whose parent is parent.
+func childOf(parent func(otlptest.Span) bool, spans func() []otlptest.Span) func(otlptest.Span) bool {
+	return func(s otlptest.Span) bool {
+		for _, p := range otlptest.Find(spans(), parent) {
+			if s.TraceID == p.TraceID && s.ParentID == p.SpanID {
+				return true
+			}
+		}
+		return false
+	}
+}
+
+// checkAttrs reports every attribute of s that is not as want says.
+func checkAttrs(t *testing.T, what string, s otlptest.Span, want map[string]string) {
+	t.Helper()
+	keys := make([]string, 0, len(want))
+	for k := range want {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		if got := s.Attr(k); got != want[k] {
+			t.Errorf("%s: %s = %q, want %q", what, k, got, want[k])
+		}
+	}
+}
+
+// wantReplay requires r to be a replayed 201 with the body of first.
+func wantReplay(t *testing.T, what string, r, first result) {
+	t.Helper()
+	if r.status != 201 || r.header.Get("Idempotent-Replayed") != "true" || r.body != first.body {
+		t.Fatalf("%s = %d %s %v (replayed %q), want the first answer %q replayed",
+			what, r.status, r.body, r.err, r.header.Get("Idempotent-Replayed"), first.body)
+	}
+}
+
+// wantForwarded requires r to be a forwarded 201.
+func wantForwarded(t *testing.T, what string, r result) {
+	t.Helper()
+	if r.status != 201 || r.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("%s = %d %s %v (replayed %q), want a forwarded 201",
+			what, r.status, r.body, r.err, r.header.Get("Idempotent-Replayed"))
+	}
+}
+
+// TestTracingSpanTreeAndReplayLink: over OTLP/HTTP and OTLP/gRPC, a charge
+// gives a server span with the HTTP and idemproxy attributes (its key hash
+// the access log's), the store's reserve and commit spans and the upstream
+// call's client span as its children, and the upstream gets that client
+// span as its parent; the retry's server span says replayed and links to
+// the first request's span.
+func TestTracingSpanTreeAndReplayLink(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name     string
+		receiver func(testing.TB) *otlptest.Receiver
+	}{
+		{"otlp-http", otlptest.NewHTTP},
+		{"otlp-grpc", otlptest.NewGRPC},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			rcv := tt.receiver(t)
+			up := startTracedStub(t)
+			dir := t.TempDir()
+			p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), tracingOn, chargesRoute),
+				rcv.Env()...)
+			first := charge(p, "TR-1")
+			wantForwarded(t, "TR-1", first)
+			wantReplay(t, "TR-1's retry", charge(p, "TR-1"), first)
+
+			orig := requestSpan("TR-1", "committed")
+			var spans []otlptest.Span
+			cur := func() []otlptest.Span { return spans }
+			spans = rcv.WaitFor(t, spanWait, "TR-1's spans", func(got []otlptest.Span) bool {
+				spans = got
+				return len(otlptest.Find(got, requestSpan("TR-1", "replayed"))) > 0 &&
+					len(otlptest.Find(got, otlptest.All(childOf(orig, cur), named("store reserve", spanClient)))) > 0 &&
+					len(otlptest.Find(got, otlptest.All(childOf(orig, cur), named("store commit", spanClient)))) > 0 &&
+					len(otlptest.Find(got, otlptest.All(childOf(orig, cur), named("POST", spanClient)))) > 0
+			})
+
+			var logged string
+			eventually(t, "the access log line of the charge", func() bool {
+				for _, l := range p.log.logLines("request") {
+					if l["outcome"] == "committed" {
+						logged, _ = l["key_hash"].(string)
+						return true
+					}
+				}
+				return false
+			})
+			server := one(t, spans, "TR-1's server span", orig)
+			if server.Name != "POST /charges" || server.ParentID != "" || server.Service != "idemproxy" || server.Scope != tracing.ScopeName {
+				t.Errorf("server span = %s in scope %q, want a root span \"POST /charges\" of service idemproxy in scope %q",
+					server, server.Scope, tracing.ScopeName)
+			}
+			checkAttrs(t, "server span", server, map[string]string{
+				"http.request.method":       "POST",
+				"http.route":                "/charges",
+				"url.path":                  "/charges",
+				"url.scheme":                "http",
+				"http.response.status_code": "201",
+				"idemproxy.route":           "charges",
+				"idemproxy.key_hash":        logged,
+				"idemproxy.policy":          "reserve-then-commit",
+				"idemproxy.store":           "badger",
+				"idemproxy.outcome":         "committed",
+				"idemproxy.replayed":        "false",
+			})
+			children := otlptest.ChildrenOf(spans, server)
+			for _, op := range []string{"reserve", "commit"} {
+				s := one(t, children, "the store "+op+" span under the server span", named("store "+op, spanClient))
+				checkAttrs(t, "store "+op+" span", s, map[string]string{"db.system.name": "badger", "db.operation.name": op})
+			}
+			client := one(t, children, "the upstream call's client span under the server span", named("POST", spanClient))
+			checkAttrs(t, "client span", client, map[string]string{
+				"http.request.method": "POST", "http.response.status_code": "201", "server.address": "127.0.0.1",
+				"url.full": up.URL + "/charges",
+			})
+			tps := up.traceparents("POST", "/charges")
+			if len(tps) != 1 {
+				t.Fatalf("the upstream got %d charges (traceparents %q), want 1", len(tps), tps)
+			}
+			if tid, sid, flags := traceparentIDs(tps[0]); tid != server.TraceID || sid != client.SpanID || flags != "01" {
+				t.Errorf("the upstream's traceparent = %q, want trace %s, parent %s (the client span), sampled",
+					tps[0], server.TraceID, client.SpanID)
+			}
+
+			retry := one(t, spans, "the retry's server span", requestSpan("TR-1", "replayed"))
+			checkAttrs(t, "retry's server span", retry, map[string]string{
+				"idemproxy.replayed": "true", "http.response.status_code": "201", "idemproxy.route": "charges",
+			})
+			if retry.TraceID == server.TraceID || retry.ParentID != "" {
+				t.Errorf("retry's span %s: want a trace of its own (the client sent none)", retry)
+			}
+			if !retry.LinksTo(server) {
+				t.Errorf("retry's span links %v, want a link to the first request's span %s-%s", retry.Links, server.TraceID, server.SpanID)
+			} else if got := retry.Links[0].Attrs["idemproxy.link"]; got != "original" {
+				t.Errorf("the link's idemproxy.link = %v, want original", got)
+			}
+			if c := otlptest.Find(otlptest.ChildrenOf(spans, retry), otlptest.OfKind(spanClient)); slices.ContainsFunc(c, otlptest.Named("POST")) {
+				t.Errorf("the replay has an upstream call span: %v", c)
+			}
+		})
+	}
+}
+
+// TestTracingLinkAcrossRestart: a charge, SIGTERM (which exports the
+// buffered spans before the process exits), a new process on the same
+// Badger directory: the retry's replay links to the span of the request
+// the first process forwarded.
+func TestTracingLinkAcrossRestart(t *testing.T) {
+	t.Parallel()
+	rcv := otlptest.NewHTTP(t)
+	up := startStub(t)
+	dir := t.TempDir()
+	cfg := writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), tracingOn, chargesRoute)
+	p := startProxy(t, cfg, rcv.Env()...)
+	first := charge(p, "TR-R1")
+	wantForwarded(t, "TR-R1", first)
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(); code != 0 {
+		t.Fatalf("exit status after SIGTERM = %d, want 0\n%s", code, p.log)
+	}
+	// The process flushed its spans before it exited: no wait.
+	orig := one(t, rcv.Spans(), "the charge's span, exported before the exit", requestSpan("TR-R1", "committed"))
+
+	p = startProxy(t, cfg, rcv.Env()...)
+	wantReplay(t, "TR-R1 after the restart", charge(p, "TR-R1"), first)
+	spans := waitSpans(t, rcv, "the replay's span", requestSpan("TR-R1", "replayed"))
+	replay := one(t, spans, "the replay's span", requestSpan("TR-R1", "replayed"))
+	if !replay.LinksTo(orig) {
+		t.Errorf("the replay after the restart links %v, want a link to %s-%s, the span from before it", replay.Links, orig.TraceID, orig.SpanID)
+	}
+	if n := chargeCount(t, up.URL, "TR-R1"); n != 1 {
+		t.Errorf("TR-R1 charges = %d, want 1", n)
+	}
+}
+
+// TestTracingLinkAcrossRedisReplicas: two replicas on one Redis, each its
+// own service name and instance, export to one receiver; replica A
+// forwards a charge, replica B replays it, and B's span links to A's.
+func TestTracingLinkAcrossRedisReplicas(t *testing.T) {
+	t.Parallel()
+	rcv := otlptest.NewGRPC(t)
+	rd := redistest.Start(t)
+	up := startStub(t)
+	dir := t.TempDir()
+	// A short epoch check: a new marker waits three of them before the
+	// replicas serve.
+	cfg := filepath.Join(dir, "c.yaml")
+	y := fmt.Sprintf(`listen: 127.0.0.1:0
+upstream: %s
+admin:
+  listen: 127.0.0.1:0
+store:
+  epoch_check_interval: 100ms
+  redis:
+    addrs: [%s]
+    key_prefix: %q
+%sroutes:
+%s`, up.URL, rd.Addr(), e2eKeyPrefix, tracingOn, chargesRoute)
+	if err := os.WriteFile(cfg, []byte(y), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	replica := func(name string) *proc {
+		return startProxy(t, cfg, append(rcv.Env(), "OTEL_SERVICE_NAME=idemproxy-"+name,
+			"OTEL_RESOURCE_ATTRIBUTES=service.instance.id=replica-"+name+",deployment.environment.name=e2e")...)
+	}
+	a, b := replica("a"), replica("b")
+	first := charge(a, "TR-S1")
+	wantForwarded(t, "TR-S1 via A", first)
+	wantReplay(t, "TR-S1 via B", charge(b, "TR-S1"), first)
+
+	spans := waitSpans(t, rcv, "A's charge and B's replay",
+		requestSpan("TR-S1", "committed"), requestSpan("TR-S1", "replayed"))
+	orig := one(t, spans, "A's span", requestSpan("TR-S1", "committed"))
+	replay := one(t, spans, "B's span", requestSpan("TR-S1", "replayed"))
+	for _, c := range []struct {
+		span          otlptest.Span
+		name          string
+		service, inst string
+	}{
+		{orig, "A's span", "idemproxy-a", "replica-a"},
+		{replay, "B's span", "idemproxy-b", "replica-b"},
+	} {
+		if c.span.Service != c.service || c.span.Resource["service.instance.id"] != c.inst || c.span.Resource["deployment.environment.name"] != "e2e" {
+			t.Errorf("%s: service %q, resource %v; want service %s, service.instance.id %s, deployment.environment.name e2e",
+				c.name, c.span.Service, c.span.Resource, c.service, c.inst)
+		}
+		checkAttrs(t, c.name, c.span, map[string]string{"idemproxy.store": "redis"})
+	}
+	if !replay.LinksTo(orig) {
+		t.Errorf("B's replay links %v, want a link to A's span %s-%s", replay.Links, orig.TraceID, orig.SpanID)
+	}
+	reserve := one(t, otlptest.ChildrenOf(spans, orig), "A's store reserve span", named("store reserve", spanClient))
+	checkAttrs(t, "A's store reserve span", reserve, map[string]string{"db.system.name": "redis"})
+}
+
+// TestTracingEvents: the server spans carry the events an investigation
+// looks for, and a request answered from a record (409, 422, a replay
+// after a wait) links to the span that forwarded the record's request.
+func TestTracingEvents(t *testing.T) {
+	t.Parallel()
+	waitRoute := chargesRoute + "    concurrent: wait\n"
+	tests := []struct {
+		name  string
+		route string
+		// run sends the original request and the one answered from its
+		// record, for order.
+		run                       func(t *testing.T, p *proc, up *tracedStub, order string) (first, second result)
+		firstStatus, secondStatus int
+		firstOutcome, secondOut   string
+		firstEvents, secondEvents []string
+	}{
+		{
+			name: "in doubt", route: chargesRoute,
+			run: func(t *testing.T, p *proc, up *tracedStub, order string) (result, result) {
+				return charge(p, order, "X-Stub-Fault", "drop-after-charge"), charge(p, order)
+			},
+			firstStatus: 502, secondStatus: 409, firstOutcome: "in_doubt", secondOut: "conflict",
+			firstEvents: []string{tracing.EventInDoubt},
+		},
+		{
+			name: "fingerprint mismatch", route: chargesRoute,
+			run: func(t *testing.T, p *proc, up *tracedStub, order string) (result, result) {
+				first := charge(p, order)
+				return first, do("POST", p.url("/charges"), fmt.Sprintf(`{"orderId": %q, "amount": 99}`, order))
+			},
+			firstStatus: 201, secondStatus: 422, firstOutcome: "committed", secondOut: "mismatch",
+			secondEvents: []string{tracing.EventFingerprintMismatch},
+		},
+		{
+			name: "wait", route: waitRoute,
+			run: func(t *testing.T, p *proc, up *tracedStub, order string) (result, result) {
+				// The first is held at the upstream until the second
+				// waits for it: polls the store for its key.
+				firstc, secondc := make(chan result, 1), make(chan result, 1)
+				go func() { firstc <- charge(p, order, "X-Test-Hold", "1") }()
+				eventually(t, "the first charge is held at the upstream", func() bool { return up.held.Load() == 1 })
+				const gets = "idemproxy_store_operation_duration_seconds_count"
+				before := metricSum(t, p, gets, `operation="get"`)
+				go func() { secondc <- charge(p, order) }()
+				eventually(t, "the second charge waits", func() bool { return metricSum(t, p, gets, `operation="get"`) > before })
+				up.releaseHeld()
+				return <-firstc, <-secondc
+			},
+			firstStatus: 201, secondStatus: 201, firstOutcome: "committed", secondOut: "replayed",
+			secondEvents: []string{tracing.EventWait, tracing.EventWaitEnd},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			rcv := otlptest.NewHTTP(t)
+			up := startTracedStub(t)
+			dir := t.TempDir()
+			p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), tracingOn, tt.route),
+				rcv.Env()...)
+			const order = "TR-E1"
+			first, second := tt.run(t, p, up, order)
+			if first.status != tt.firstStatus || second.status != tt.secondStatus {
+				t.Fatalf("answers = %d %s, %d %s; want %d, %d", first.status, first.body, second.status, second.body, tt.firstStatus, tt.secondStatus)
+			}
+			spans := waitSpans(t, rcv, "both requests' spans", requestSpan(order, tt.firstOutcome), requestSpan(order, tt.secondOut))
+			orig := one(t, spans, "the first request's span", requestSpan(order, tt.firstOutcome))
+			next := one(t, spans, "the second request's span", requestSpan(order, tt.secondOut))
+			for _, c := range []struct {
+				what string
+				span otlptest.Span
+				want []string
+			}{{"the first request's span", orig, tt.firstEvents}, {"the second request's span", next, tt.secondEvents}} {
+				var got []string
+				for _, e := range c.span.Events {
+					if strings.HasPrefix(e.Name, "idemproxy.") {
+						got = append(got, e.Name)
+					}
+				}
+				if !slices.Equal(got, c.want) {
+					t.Errorf("%s: idemproxy events %q, want %q", c.what, got, c.want)
+				}
+			}
+			if tt.firstOutcome == "in_doubt" {
+				mark := one(t, otlptest.ChildrenOf(spans, orig), "the mark_in_doubt store span", named("store mark_in_doubt", spanClient))
+				checkAttrs(t, "mark_in_doubt span", mark, map[string]string{"db.operation.name": "mark_in_doubt"})
+			}
+			if tt.name == "wait" {
+				i := slices.IndexFunc(next.Events, func(e otlptest.Event) bool { return e.Name == tracing.EventWaitEnd })
+				if got := fmt.Sprint(next.Events[i].Attrs["idemproxy.state"]); got != "completed" {
+					t.Errorf("wait_end's idemproxy.state = %q, want completed", got)
+				}
+			}
+			if !next.LinksTo(orig) {
+				t.Errorf("the second request's span links %v, want a link to the first's %s-%s", next.Links, orig.TraceID, orig.SpanID)
+			}
+		})
+	}
+}
+
+// TestTracingContinuesClientTrace: a client that sends a sampled
+// traceparent gets its trace continued (the server span's trace and
+// parent are the client's, and so are the upstream's); one that sends an
+// unsampled one gets no span exported, and the upstream still gets the
+// trace, unsampled.
+func TestTracingContinuesClientTrace(t *testing.T) {
+	t.Parallel()
+	rcv := otlptest.NewHTTP(t)
+	up := startTracedStub(t)
+	dir := t.TempDir()
+	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), tracingOn, chargesRoute),
+		rcv.Env()...)
+	const (
+		sampledTrace   = "4bf92f3577b34da6a3ce929d0e0e4736"
+		unsampledTrace = "0af7651916cd43dd8448eb211c80319c"
+		clientSpan     = "00f067aa0ba902b7"
+	)
+	wantForwarded(t, "TR-C0", charge(p, "TR-C0", "Traceparent", "00-"+unsampledTrace+"-"+clientSpan+"-00"))
+	wantForwarded(t, "TR-C1", charge(p, "TR-C1", "Traceparent", "00-"+sampledTrace+"-"+clientSpan+"-01"))
+	spans := waitSpans(t, rcv, "TR-C1's span", requestSpan("TR-C1", "committed"))
+	server := one(t, spans, "TR-C1's span", requestSpan("TR-C1", "committed"))
+	if server.TraceID != sampledTrace || server.ParentID != clientSpan {
+		t.Errorf("server span trace %s parent %s, want the client's: trace %s parent %s", server.TraceID, server.ParentID, sampledTrace, clientSpan)
+	}
+	tps := up.traceparents("POST", "/charges")
+	if len(tps) != 2 {
+		t.Fatalf("the upstream got %d charges (%q), want 2", len(tps), tps)
+	}
+	for i, want := range []struct{ trace, flags string }{{unsampledTrace, "00"}, {sampledTrace, "01"}} {
+		if tid, sid, flags := traceparentIDs(tps[i]); tid != want.trace || flags != want.flags || sid == clientSpan {
+			t.Errorf("charge %d: the upstream's traceparent = %q, want trace %s, flags %s, and the proxy's span as parent",
+				i, tps[i], want.trace, want.flags)
+		}
+	}
+	// Stopped, the process has exported all it ever will.
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(); code != 0 {
+		t.Fatalf("exit status after SIGTERM = %d, want 0\n%s", code, p.log)
+	}
+	if got := otlptest.Find(rcv.Spans(), func(s otlptest.Span) bool { return s.TraceID == unsampledTrace }); len(got) != 0 {
+		t.Errorf("spans of the unsampled client trace were exported:\n%s", spanList(got))
+	}
+}
+
+// TestTracingReload: tracing off exports nothing; a SIGHUP with
+// tracing.enabled: true turns it on; a SIGHUP back to false exports what
+// was buffered and nothing after.
+func TestTracingReload(t *testing.T) {
+	t.Parallel()
+	rcv := otlptest.NewHTTP(t)
+	up := startStub(t)
+	dir := t.TempDir()
+	path, data := filepath.Join(dir, "c.yaml"), filepath.Join(dir, "data")
+	p := startProxy(t, writeConfig(t, path, up.URL, data, "", chargesRoute), rcv.Env()...)
+	reload := func(extra, logged string, n int) {
+		t.Helper()
+		writeConfig(t, path, up.URL, data, extra, chargesRoute)
+		p.signal(syscall.SIGHUP)
+		eventually(t, "the reload logs "+logged, func() bool { return len(p.log.logLines(logged)) == n })
+	}
+	wantForwarded(t, "TR-OFF1", charge(p, "TR-OFF1"))
+	reload(tracingOn, "tracing on", 1)
+	wantForwarded(t, "TR-ON1", charge(p, "TR-ON1"))
+	waitSpans(t, rcv, "the span of a charge after the reload that turned tracing on", requestSpan("TR-ON1", "committed"))
+	wantForwarded(t, "TR-ON2", charge(p, "TR-ON2"))
+	reload("tracing:\n  enabled: false\n", "tracing off", 1)
+	waitSpans(t, rcv, "the span of the charge just before tracing went off (flushed)", requestSpan("TR-ON2", "committed"))
+	wantForwarded(t, "TR-OFF2", charge(p, "TR-OFF2"))
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(); code != 0 {
+		t.Fatalf("exit status after SIGTERM = %d, want 0\n%s", code, p.log)
+	}
+	for _, order := range []string{"TR-OFF1", "TR-OFF2"} {
+		if got := otlptest.Find(rcv.Spans(), otlptest.WithAttr("idemproxy.key_hash", orderHash(order))); len(got) != 0 {
+			t.Errorf("%s, charged while tracing was off, has spans:\n%s", order, spanList(got))
+		}
+	}
+}
+
+// TestTracingExportsNothing: tracing.enabled: true exports nothing when
+// OTEL_SDK_DISABLED=true (and says so) or when the sampler keeps no
+// trace; requests are served as usual, and /metrics has no exemplar.
+func TestTracingExportsNothing(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name    string
+		env     []string
+		wantLog string
+	}{
+		{"OTEL_SDK_DISABLED", []string{"OTEL_SDK_DISABLED=true"}, "tracing.enabled is true, but OTEL_SDK_DISABLED=true: no traces"},
+		{"traceidratio 0", []string{"OTEL_TRACES_SAMPLER=traceidratio", "OTEL_TRACES_SAMPLER_ARG=0"}, "tracing on"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			rcv := otlptest.NewHTTP(t)
+			up := startStub(t)
+			dir := t.TempDir()
+			p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), tracingOn, chargesRoute),
+				append(rcv.Env(), tt.env...)...)
+			first := charge(p, "TR-N1", "Traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+			wantForwarded(t, "TR-N1", first)
+			wantReplay(t, "TR-N1's retry", charge(p, "TR-N1"), first)
+			if n := chargeCount(t, up.URL, "TR-N1"); n != 1 {
+				t.Errorf("TR-N1 charges = %d, want 1", n)
+			}
+			if ex := exemplars(t, p); len(ex) != 0 {
+				t.Errorf("/metrics has exemplars %q, want none", ex)
+			}
+			if l := p.log.logLines(tt.wantLog); len(l) != 1 {
+				t.Errorf("log lines %q: %d, want 1\n%s", tt.wantLog, len(l), p.log)
+			}
+			p.signal(syscall.SIGTERM)
+			if code := p.wait(); code != 0 {
+				t.Fatalf("exit status after SIGTERM = %d, want 0\n%s", code, p.log)
+			}
+			if n := rcv.Exports(); n != 0 {
+				t.Errorf("%d exports arrived, want none:\n%s", n, spanList(rcv.Spans()))
+			}
+		})
+	}
+}
+
+// exemplarLine is an idemproxy_request_duration_seconds bucket with an
+// exemplar, in the OpenMetrics text format.
+var exemplarLine = regexp.MustCompile(`^idemproxy_request_duration_seconds_bucket\{[^}]*\} \S+ # \{trace_id="([0-9a-f]{32})"\}`)
+
+// exemplars scrapes p's /metrics in the OpenMetrics format and returns the
+// trace IDs of the request-duration histogram's exemplars.
+func exemplars(t *testing.T, p *proc) []string {
+	t.Helper()
+	r := do("GET", p.adminURL("/metrics"), "", "Accept", "application/openmetrics-text")
+	if r.status != 200 || !strings.HasPrefix(r.header.Get("Content-Type"), "application/openmetrics-text") {
+		t.Fatalf("/metrics = %d %v, Content-Type %q; want 200 in the OpenMetrics format", r.status, r.err, r.header.Get("Content-Type"))
+	}
+	var ids []string
+	for _, line := range strings.Split(r.body, "\n") {
+		if m := exemplarLine.FindStringSubmatch(line); m != nil {
+			ids = append(ids, m[1])
+		}
+	}
+	return ids
+}
+
+// TestTracingExemplars: with tracing on, the request-duration histogram
+// of /metrics (OpenMetrics) carries the trace ID of a request the
+// receiver got as an exemplar.
+func TestTracingExemplars(t *testing.T) {
+	t.Parallel()
+	rcv := otlptest.NewHTTP(t)
+	up := startStub(t)
+	dir := t.TempDir()
+	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), tracingOn, chargesRoute),
+		rcv.Env()...)
+	wantForwarded(t, "TR-X1", charge(p, "TR-X1"))
+	spans := waitSpans(t, rcv, "TR-X1's span", requestSpan("TR-X1", "committed"))
+	server := one(t, spans, "TR-X1's span", requestSpan("TR-X1", "committed"))
+	if ex := exemplars(t, p); !slices.Contains(ex, server.TraceID) {
+		t.Errorf("exemplars of idemproxy_request_duration_seconds = %q, want the trace %s of TR-X1's span", ex, server.TraceID)
+	}
+}
+
+// TestTracingAdminAndReconcile: an operator's reconcile of an in-doubt key
+// is a server span on the admin listener, with the reconcile span under
+// it and the lookup's client span under that (the upstream gets it as its
+// parent); a release is a server span of its own; scrapes and probes are
+// not traced.
+func TestTracingAdminAndReconcile(t *testing.T) {
+	t.Parallel()
+	rcv := otlptest.NewHTTP(t)
+	up := startTracedStub(t)
+	dir := t.TempDir()
+	route := `  - name: charges
+    match: POST /charges
+    key: {json: orderId}
+    upstream_timeout: 1s
+    lease: 1500ms
+    reconcile: {lookup: "GET /orders/{key}/charge", grace: 1h, interval: 1m}
+`
+	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), tracingOn, route),
+		append(rcv.Env(), "IDEMPROXY_ADMIN_TOKEN=tok")...)
+	if r := charge(p, "TR-A1", "X-Stub-Fault", "drop-after-charge"); r.status != 502 {
+		t.Fatalf("TR-A1 with the answer dropped = %d %s, want 502 (in doubt)", r.status, r.body)
+	}
+	auth := []string{"Authorization", "Bearer tok", "X-Operator", "alice"}
+	if r := do("POST", p.adminURL("/v1/keys/charges/TR-A1/reconcile"), "", auth...); r.status != 200 || !strings.Contains(r.body, `"applied"`) {
+		t.Fatalf("reconcile = %d %s, want 200 applied", r.status, r.body)
+	}
+	do("GET", p.adminURL("/metrics"), "")
+	do("GET", p.adminURL("/readyz"), "")
+	if r := do("DELETE", p.adminURL("/v1/keys/charges/TR-A1"), "", auth...); r.status != 200 {
+		t.Fatalf("release = %d %s, want 200", r.status, r.body)
+	}
+
+	reconcileAdmin := named("POST /v1/keys/{route}/{key}/reconcile", spanServer)
+	release := named("DELETE /v1/keys/{route}/{key...}", spanServer)
+	spans := waitSpans(t, rcv, "the admin spans", reconcileAdmin, release, named("reconcile charges", tracepb.Span_SPAN_KIND_INTERNAL),
+		named("GET", spanClient))
+	admin := one(t, spans, "the reconcile's admin span", reconcileAdmin)
+	checkAttrs(t, "the reconcile's admin span", admin, map[string]string{
+		"http.request.method": "POST", "http.route": "/v1/keys/{route}/{key}/reconcile",
+		"url.path": "/v1/keys/charges/TR-A1/reconcile", "http.response.status_code": "200", "idemproxy.operator": "alice",
+	})
+	rec := one(t, otlptest.ChildrenOf(spans, admin), "the reconcile span under the admin span", otlptest.Named("reconcile charges"))
+	checkAttrs(t, "the reconcile span", rec, map[string]string{
+		"idemproxy.route": "charges", "idemproxy.key_hash": orderHash("TR-A1"), "idemproxy.reconcile.result": "applied",
+		"idemproxy.reconcile.lookup_status": "200",
+	})
+	lookup := one(t, otlptest.ChildrenOf(spans, rec), "the lookup's client span under the reconcile span", named("GET", spanClient))
+	checkAttrs(t, "the lookup's span", lookup, map[string]string{
+		"http.response.status_code": "200", "url.full": up.URL + "/orders/TR-A1/charge",
+	})
+	tps := up.traceparents("GET", "/orders/TR-A1/charge")
+	if len(tps) != 1 {
+		t.Fatalf("the upstream got %d lookups (%q), want 1", len(tps), tps)
+	}
+	if tid, sid, _ := traceparentIDs(tps[0]); tid != admin.TraceID || sid != lookup.SpanID {
+		t.Errorf("the lookup's traceparent = %q, want trace %s, parent %s (the lookup's span)", tps[0], admin.TraceID, lookup.SpanID)
+	}
+	del := one(t, spans, "the release's span", release)
+	checkAttrs(t, "the release's span", del, map[string]string{
+		"http.request.method": "DELETE", "url.path": "/v1/keys/charges/TR-A1", "http.response.status_code": "200",
+	})
+	if del.ParentID != "" || del.TraceID == admin.TraceID {
+		t.Errorf("the release's span %s: want a trace of its own", del)
+	}
+	// The scrape and the probe, answered before the release, would have
+	// been exported with it or before it.
+	for _, s := range spans {
+		if strings.Contains(s.Name, "/metrics") || strings.Contains(s.Name, "/readyz") {
+			t.Errorf("a scrape or probe was traced: %s", s)
+		}
+	}
+}
