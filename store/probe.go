@@ -173,8 +173,9 @@ func (o observed) Reserve(ctx context.Context, key string, res Reservation) (*Re
 	start := time.Now()
 	rec, err := o.Store.Reserve(ctx, key, res)
 	// A client that went away says nothing of the store; a store that
-	// lost its keys refuses on purpose (the epoch watcher reports it).
-	if !errors.Is(err, context.Canceled) && !errors.Is(err, ErrKeysLost) {
+	// lost its keys refuses on purpose (the epoch watcher reports it), and
+	// an origin too long is its caller's mistake.
+	if !errors.Is(err, context.Canceled) && !errors.Is(err, ErrKeysLost) && !errors.Is(err, ErrOriginTooLong) {
 		o.p.observe(err, start)
 	}
 	return rec, err

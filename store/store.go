@@ -13,6 +13,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"net/http"
 	"time"
 )
@@ -51,8 +52,28 @@ type Reservation struct {
 	Lease time.Duration
 	// TTL is how long the record is kept at all, counted from now.
 	TTL time.Duration
-	// Origin identifies the trace span that forwards the request (empty: none).
+	// Origin identifies the trace span that forwards the request under
+	// this reservation, as "<32 lower-hex trace ID>-<16 lower-hex span
+	// ID>" (49 bytes), so that a replay of its answer can link to that
+	// span; empty means none (tracing is off). Stores keep it as an opaque
+	// string and refuse one longer than MaxOriginLen (ErrOriginTooLong).
 	Origin string
+}
+
+// MaxOriginLen is the longest Reservation.Origin a store accepts, in bytes.
+const MaxOriginLen = 64
+
+// ErrOriginTooLong is returned (wrapped) by Store.Reserve for a
+// Reservation.Origin longer than MaxOriginLen; nothing is reserved.
+var ErrOriginTooLong = errors.New("reservation origin is longer than 64 bytes")
+
+// CheckOrigin returns ErrOriginTooLong for an origin longer than
+// MaxOriginLen: every store calls it before it reserves.
+func CheckOrigin(origin string) error {
+	if len(origin) > MaxOriginLen {
+		return fmt.Errorf("%w: %d bytes", ErrOriginTooLong, len(origin))
+	}
+	return nil
 }
 
 // Response is an upstream answer as stored for replay.
@@ -90,7 +111,10 @@ type Record struct {
 	ExpiresAt time.Time
 	// Response is set for completed records (nil otherwise).
 	Response *Response
-	// Origin is the Origin of the reservation that made the record.
+	// Origin is the Reservation.Origin of the reservation that made the
+	// record, kept whatever becomes of it (committed, in doubt, settled by
+	// a lookup); empty when it had none, or when it was stored by a
+	// release that did not keep origins.
 	Origin string
 }
 
@@ -105,7 +129,8 @@ type Store interface {
 	// returns (nil, nil): the caller owns the key and may forward the
 	// request. When a record exists it is returned unchanged; if that record
 	// is an in-flight reservation carrying res.Token (the caller's own,
-	// applied before a lost reply), Reserve returns (nil, nil) too.
+	// applied before a lost reply), Reserve returns (nil, nil) too. A
+	// res.Origin longer than MaxOriginLen is refused (ErrOriginTooLong).
 	Reserve(ctx context.Context, key string, res Reservation) (*Record, error)
 	// Commit replaces the caller's reservation (in flight, or in doubt
 	// because its lease ran out: the answer is now known) with a completed
@@ -121,7 +146,7 @@ type Store interface {
 	// record does not carry token.
 	MarkInDoubt(ctx context.Context, key, token string, ttl time.Duration) error
 	// Get returns the record under key, or (nil, nil) when there is none.
-	// Get and Reserve fill in Record.Token.
+	// Get and Reserve fill in Record.Token and Record.Origin.
 	Get(ctx context.Context, key string) (*Record, error)
 	// Ping reports whether the store can serve requests.
 	Ping(ctx context.Context) error

@@ -148,6 +148,9 @@ type record struct {
 	// wrote the record (putAt sets it; 0 without a log): a replay does not
 	// write a log entry over a record a later batch wrote.
 	LogSeq uint64
+	// Origin is the reservation's store.Reservation.Origin ("": none, or
+	// a record of an earlier release).
+	Origin string
 }
 
 // Open opens (or creates) the store in opts.Dir, turns every reservation
@@ -205,8 +208,8 @@ func Open(opts Options) (*Store, error) {
 		// as it grows (each level about ten times, keys being random): with
 		// a million answers of ~300 bytes stored, a tree of 40 MiB instead
 		// of 300 MiB, four times less work and memory per write. A
-		// reservation (~110 bytes) stays in the tree, where the lookup
-		// that finds it does not read the log.
+		// reservation (~110 bytes, ~170 with its origin span) stays in the
+		// tree, where the lookup that finds it does not read the log.
 		WithValueThreshold(valueThreshold).
 		WithNumCompactors(2).
 		WithNumGoroutines(2).
@@ -682,6 +685,9 @@ func (s *Store) Reserve(ctx context.Context, key string, res store.Reservation) 
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	if err := store.CheckOrigin(res.Origin); err != nil {
+		return nil, fmt.Errorf("badger: reserve: %w", err)
+	}
 	var (
 		existing  *store.Record
 		abandoned atomic.Bool
@@ -710,6 +716,7 @@ func (s *Store) Reserve(ctx context.Context, key string, res store.Reservation) 
 			Fingerprint: res.Fingerprint,
 			CreatedAt:   now.UnixMilli(),
 			Lease:       now.Add(res.Lease).UnixMilli(),
+			Origin:      res.Origin,
 		}
 		return put(txn, k, rec, now, res.TTL)
 	})
@@ -850,6 +857,7 @@ func (s *Store) public(rec *record, expiresAt uint64) *store.Record {
 		Fingerprint: rec.Fingerprint,
 		CreatedAt:   time.UnixMilli(rec.CreatedAt),
 		Response:    rec.Response,
+		Origin:      rec.Origin,
 	}
 	if expiresAt > 0 {
 		out.ExpiresAt = time.Unix(int64(expiresAt), 0)

@@ -421,7 +421,7 @@ func (g *Guard) acquire() *guarded {
 // another state.
 func isFault(err error) bool {
 	for _, domain := range []error{store.ErrNotOwner, store.ErrNotInDoubt, store.ErrLookupBusy, store.ErrNotDue, store.ErrKeysLost,
-		errCorrupt, context.Canceled, context.DeadlineExceeded} {
+		store.ErrOriginTooLong, errCorrupt, context.Canceled, context.DeadlineExceeded} {
 		if errors.Is(err, domain) {
 			return false
 		}
@@ -435,7 +435,7 @@ func (g *Guard) Reserve(ctx context.Context, key string, res store.Reservation) 
 		g.lowDisk.Add(1)
 		return nil, fmt.Errorf("%w (%d bytes free, floor %d)", ErrLowDisk, g.FreeBytes(), g.floor)
 	}
-	g.wrote(len(key) + len(res.Fingerprint))
+	g.wrote(len(key) + len(res.Fingerprint) + len(res.Origin))
 	expect := g.expectedEpoch()
 	if expect != "" && g.dirReplaced() {
 		return nil, fmt.Errorf("badger: %w: the data directory %s was replaced", store.ErrKeysLost, g.opts.Dir)

@@ -55,6 +55,7 @@ const (
 	tagReconciled  = 13 // one byte, 1: the response came from a lookup
 	tagTrailer     = 14 // one per trailer value, encoded as tagHeader
 	tagLogSeq      = 15 // uvarint: the reservation log sequence number of the batch that wrote it
+	tagOrigin      = 16 // the reservation's origin span (store.Reservation.Origin); absent when empty
 )
 
 // State codes of tagState.
@@ -102,6 +103,9 @@ func (rec *record) marshal() ([]byte, error) {
 		}
 		if rec.LogSeq != 0 {
 			e.uvarintField(tagLogSeq, rec.LogSeq)
+		}
+		if rec.Origin != "" {
+			e.stringField(tagOrigin, rec.Origin)
 		}
 		if r := rec.Response; r != nil {
 			e.varintField(tagStatus, int64(r.Status))
@@ -256,6 +260,8 @@ func (rec *record) unmarshal(v []byte) error {
 			rec.Fingerprint = string(p)
 		case tagLookupToken:
 			rec.LookupToken = string(p)
+		case tagOrigin:
+			rec.Origin = string(p)
 		case tagCreatedAt, tagLease, tagStatus, tagNextLookup, tagLookupLease:
 			x, w := binary.Varint(p)
 			if w <= 0 || w != len(p) {

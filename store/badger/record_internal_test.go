@@ -33,6 +33,9 @@ var recordCases = []struct {
 		Trailer: http.Header{"X-Checksum": {"sha256=1"}, "Server-Timing": {"db;dur=5", "app;dur=9"}}}}},
 	{"completed by a reconcile lookup", record{State: store.StateCompleted, Token: "t", CreatedAt: 6, Response: &store.Response{
 		Status: 200, Body: []byte(`{"charge":1}`), BodyStored: true, Reconciled: true}}},
+	{"completed, with its origin span", record{State: store.StateCompleted, Token: "tok", Fingerprint: "fp", CreatedAt: 1764583200000,
+		Origin: "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7", Response: &store.Response{
+			Status: 201, Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"chargeId":"ch_1"}`), BodyStored: true}}},
 }
 
 // TestRecordRoundTrip: every record decodes to what was encoded.
@@ -75,6 +78,7 @@ func TestRecordReadsLegacyJSON(t *testing.T) {
 				t.Fatal(err)
 			}
 			want := tt.rec
+			want.Origin = "" // the JSON form never had one
 			if want.Response != nil && len(want.Response.Body) == 0 {
 				r := *want.Response
 				r.Body = nil
@@ -140,6 +144,37 @@ func TestRecordWithoutTrailers(t *testing.T) {
 	// Encoded again, without trailers, it is byte for byte what that release wrote.
 	if again, _ := want.marshal(); !bytes.Equal(again, v) {
 		t.Errorf("a record without trailers encodes to %x, want %x as before", again, v)
+	}
+}
+
+// TestRecordOriginCosts: a record without an origin is encoded byte for
+// byte as the releases before origins wrote it (so they read each other's
+// records), and an origin adds its length and two bytes, no more.
+func TestRecordOriginCosts(t *testing.T) {
+	// An in-flight record as the release before origins encoded it:
+	// version, state, token, fingerprint, created, lease end.
+	previous := []byte{recordVersion,
+		tagState, 1, 1,
+		tagToken, 3, 't', 'o', 'k',
+		tagFingerprint, 2, 'f', 'p',
+		tagCreatedAt, 1, 2, // varint 1
+		tagLease, 1, 4, // varint 2
+	}
+	rec := record{State: store.StateInFlight, Token: "tok", Fingerprint: "fp", CreatedAt: 1, Lease: 2}
+	var got record
+	if err := got.unmarshal(previous); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, rec) {
+		t.Errorf("the previous release's record decodes to %+v, want %+v (no origin)", got, rec)
+	}
+	if v, _ := rec.marshal(); !bytes.Equal(v, previous) {
+		t.Errorf("a record without origin encodes to % x, want % x as before", v, previous)
+	}
+	rec.Origin = "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"
+	v, _ := rec.marshal()
+	if got, want := len(v), len(previous)+2+len(rec.Origin); got != want {
+		t.Errorf("a record with a %d-byte origin is %d bytes, want %d", len(rec.Origin), got, want)
 	}
 }
 

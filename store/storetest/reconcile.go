@@ -30,7 +30,7 @@ type reconcileCase struct {
 // RunReconcile runs the reconcile cases (the lookup schedule and the
 // fenced lookup lease) against the stores newStore returns, like Run.
 func RunReconcile(t *testing.T, newStore func(t *testing.T) ReconcileStore) {
-	for _, tc := range reconcileCases {
+	for _, tc := range slices.Concat(reconcileCases, originReconcileCases) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			s := newStore(t)

@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"net/http"
 	"reflect"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -62,7 +63,7 @@ type testCase struct {
 // Run runs the conformance suite against the stores newStore returns. It is
 // called once per case, with the case's *testing.T.
 func Run(t *testing.T, newStore func(t *testing.T) store.Store) {
-	for _, tc := range cases {
+	for _, tc := range slices.Concat(cases, originCases) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			s := newStore(t)
@@ -424,17 +425,7 @@ func (e *env) wantNoRecord(key string) {
 // waitFor polls Get on e.key until ok accepts the record, within eventually.
 func (e *env) waitFor(ok func(*store.Record) bool) *store.Record {
 	e.t.Helper()
-	deadline := time.Now().Add(eventually)
-	for {
-		rec := e.getOrNil(e.key)
-		if ok(rec) {
-			return rec
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("Get(%q) = %+v, still not the awaited record after %v", e.key, rec, eventually)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	return e.waitForKey(e.key, ok)
 }
 
 func (e *env) wantRecord(rec *store.Record, state store.State, token, fp string) {

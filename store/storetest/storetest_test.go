@@ -61,6 +61,9 @@ func (s *refStore) snapshot(r *refRecord) *store.Record {
 }
 
 func (s *refStore) Reserve(_ context.Context, key string, res store.Reservation) (*store.Record, error) {
+	if err := store.CheckOrigin(res.Origin); err != nil {
+		return nil, err
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if r := s.lookup(key); r != nil {
@@ -73,7 +76,7 @@ func (s *refStore) Reserve(_ context.Context, key string, res store.Reservation)
 	s.recs[key] = &refRecord{
 		rec: store.Record{
 			State: store.StateInFlight, Token: res.Token, Fingerprint: res.Fingerprint,
-			CreatedAt: now, LeaseExpiresAt: now.Add(res.Lease),
+			CreatedAt: now, LeaseExpiresAt: now.Add(res.Lease), Origin: res.Origin,
 		},
 		expires: now.Add(res.TTL),
 	}
