@@ -663,8 +663,8 @@ func TestTracingExemplars(t *testing.T) {
 // TestTracingAdminAndReconcile: an operator's reconcile of an in-doubt key
 // is a server span on the admin listener, with the reconcile span under
 // it and the lookup's client span under that (the upstream gets it as its
-// parent); a release is a server span of its own; scrapes and probes are
-// not traced.
+// parent); the background reconciler's lookup is a trace of its own; a
+// release is a server span of its own; scrapes and probes are not traced.
 func TestTracingAdminAndReconcile(t *testing.T) {
 	t.Parallel()
 	rcv := otlptest.NewHTTP(t)
@@ -676,11 +676,21 @@ func TestTracingAdminAndReconcile(t *testing.T) {
     upstream_timeout: 1s
     lease: 1500ms
     reconcile: {lookup: "GET /orders/{key}/charge", grace: 1h, interval: 1m}
+  - name: orders
+    match: POST /orders/{orderId}/charges
+    key: {path: orderId}
+    upstream_timeout: 200ms
+    lease: 300ms
+    reconcile: {lookup: "GET /orders/{key}/charge", grace: 400ms, interval: 200ms}
 `
 	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), tracingOn, route),
 		append(rcv.Env(), "IDEMPROXY_ADMIN_TOKEN=tok")...)
 	if r := charge(p, "TR-A1", "X-Stub-Fault", "drop-after-charge"); r.status != 502 {
 		t.Fatalf("TR-A1 with the answer dropped = %d %s, want 502 (in doubt)", r.status, r.body)
+	}
+	// The background reconciler looks TR-B1 up after its grace.
+	if r := do("POST", p.url("/orders/TR-B1/charges"), `{"amount": 10}`, "X-Stub-Fault", "drop-after-charge"); r.status != 502 {
+		t.Fatalf("TR-B1 with the answer dropped = %d %s, want 502 (in doubt)", r.status, r.body)
 	}
 	auth := []string{"Authorization", "Bearer tok", "X-Operator", "alice"}
 	if r := do("POST", p.adminURL("/v1/keys/charges/TR-A1/reconcile"), "", auth...); r.status != 200 || !strings.Contains(r.body, `"applied"`) {
@@ -694,8 +704,9 @@ func TestTracingAdminAndReconcile(t *testing.T) {
 
 	reconcileAdmin := named("POST /v1/keys/{route}/{key}/reconcile", spanServer)
 	release := named("DELETE /v1/keys/{route}/{key...}", spanServer)
-	spans := waitSpans(t, rcv, "the admin spans", reconcileAdmin, release, named("reconcile charges", tracepb.Span_SPAN_KIND_INTERNAL),
-		named("GET", spanClient))
+	background := otlptest.All(otlptest.Named("reconcile orders"), otlptest.WithAttr("idemproxy.reconcile.result", "applied"))
+	spans := waitSpans(t, rcv, "the admin and reconcile spans", reconcileAdmin, release,
+		named("reconcile charges", tracepb.Span_SPAN_KIND_INTERNAL), named("GET", spanClient), background)
 	admin := one(t, spans, "the reconcile's admin span", reconcileAdmin)
 	checkAttrs(t, "the reconcile's admin span", admin, map[string]string{
 		"http.request.method": "POST", "http.route": "/v1/keys/{route}/{key}/reconcile",
@@ -716,6 +727,19 @@ func TestTracingAdminAndReconcile(t *testing.T) {
 	}
 	if tid, sid, _ := traceparentIDs(tps[0]); tid != admin.TraceID || sid != lookup.SpanID {
 		t.Errorf("the lookup's traceparent = %q, want trace %s, parent %s (the lookup's span)", tps[0], admin.TraceID, lookup.SpanID)
+	}
+	bg := one(t, spans, "the background reconcile span", background)
+	checkAttrs(t, "the background reconcile span", bg, map[string]string{
+		"idemproxy.route": "orders", "idemproxy.key_hash": store.KeyHash(store.Key("orders", "", "TR-B1")),
+	})
+	if bg.ParentID != "" {
+		t.Errorf("the background reconcile span %s: want a root span", bg)
+	}
+	bgLookup := one(t, otlptest.ChildrenOf(spans, bg), "the background lookup's client span", named("GET", spanClient))
+	if tps := up.traceparents("GET", "/orders/TR-B1/charge"); len(tps) != 1 {
+		t.Errorf("the upstream got %d lookups of TR-B1 (%q), want 1", len(tps), tps)
+	} else if tid, sid, _ := traceparentIDs(tps[0]); tid != bg.TraceID || sid != bgLookup.SpanID {
+		t.Errorf("the background lookup's traceparent = %q, want trace %s, parent %s", tps[0], bg.TraceID, bgLookup.SpanID)
 	}
 	del := one(t, spans, "the release's span", release)
 	checkAttrs(t, "the release's span", del, map[string]string{
