@@ -159,18 +159,6 @@ func waitSpans(t *testing.T, rcv *otlptest.Receiver, what string, matches ...fun
 	})
 }
 
-// childOf matches the spans whose parent is parent.
-func childOf(parent func(otlptest.Span) bool, spans func() []otlptest.Span) func(otlptest.Span) bool {
-	return func(s otlptest.Span) bool {
-		for _, p := range otlptest.Find(spans(), parent) {
-			if s.TraceID == p.TraceID && s.ParentID == p.SpanID {
-				return true
-			}
-		}
-		return false
-	}
-}
-
 // checkAttrs reports every attribute of s that is not as want says.
 func checkAttrs(t *testing.T, what string, s otlptest.Span, want map[string]string) {
 	t.Helper()
@@ -231,14 +219,15 @@ func TestTracingSpanTreeAndReplayLink(t *testing.T) {
 			wantReplay(t, "TR-1's retry", charge(p, "TR-1"), first)
 
 			orig := requestSpan("TR-1", "committed")
-			var spans []otlptest.Span
-			cur := func() []otlptest.Span { return spans }
-			spans = rcv.WaitFor(t, spanWait, "TR-1's spans", func(got []otlptest.Span) bool {
-				spans = got
-				return len(otlptest.Find(got, requestSpan("TR-1", "replayed"))) > 0 &&
-					len(otlptest.Find(got, otlptest.All(childOf(orig, cur), named("store reserve", spanClient)))) > 0 &&
-					len(otlptest.Find(got, otlptest.All(childOf(orig, cur), named("store commit", spanClient)))) > 0 &&
-					len(otlptest.Find(got, otlptest.All(childOf(orig, cur), named("POST", spanClient)))) > 0
+			spans := rcv.WaitFor(t, spanWait, "TR-1's spans", func(got []otlptest.Span) bool {
+				servers := otlptest.Find(got, orig)
+				if len(servers) == 0 || len(otlptest.Find(got, requestSpan("TR-1", "replayed"))) == 0 {
+					return false
+				}
+				children := otlptest.ChildrenOf(got, servers[0])
+				return slices.ContainsFunc(children, named("store reserve", spanClient)) &&
+					slices.ContainsFunc(children, named("store commit", spanClient)) &&
+					slices.ContainsFunc(children, named("POST", spanClient))
 			})
 
 			var logged string
@@ -584,12 +573,12 @@ func TestTracingReload(t *testing.T) {
 func TestTracingExportsNothing(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct {
-		name    string
-		env     []string
-		wantLog string
+		name             string
+		env              []string
+		wantLog, wantLvl string
 	}{
-		{"OTEL_SDK_DISABLED", []string{"OTEL_SDK_DISABLED=true"}, "tracing.enabled is true, but OTEL_SDK_DISABLED=true: no traces"},
-		{"traceidratio 0", []string{"OTEL_TRACES_SAMPLER=traceidratio", "OTEL_TRACES_SAMPLER_ARG=0"}, "tracing on"},
+		{"OTEL_SDK_DISABLED", []string{"OTEL_SDK_DISABLED=true"}, "tracing.enabled is true, but OTEL_SDK_DISABLED=true: no traces", "WARN"},
+		{"traceidratio 0", []string{"OTEL_TRACES_SAMPLER=traceidratio", "OTEL_TRACES_SAMPLER_ARG=0"}, "tracing on", "INFO"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -607,8 +596,8 @@ func TestTracingExportsNothing(t *testing.T) {
 			if ex := exemplars(t, p); len(ex) != 0 {
 				t.Errorf("/metrics has exemplars %q, want none", ex)
 			}
-			if l := p.log.logLines(tt.wantLog); len(l) != 1 {
-				t.Errorf("log lines %q: %d, want 1\n%s", tt.wantLog, len(l), p.log)
+			if l := p.log.logLines(tt.wantLog); len(l) != 1 || l[0]["level"] != tt.wantLvl {
+				t.Errorf("log lines %q: %v, want one at %s\n%s", tt.wantLog, l, tt.wantLvl, p.log)
 			}
 			p.signal(syscall.SIGTERM)
 			if code := p.wait(); code != 0 {
