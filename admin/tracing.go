@@ -33,9 +33,6 @@ func (h *Handler) serveTraced(w http.ResponseWriter, r *http.Request, pattern st
 	ctx := tracing.Propagator.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
 	ctx, span := tr.Start(ctx, r.Method+" "+route, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(
 		semconv.HTTPRequestMethodKey.String(r.Method), semconv.HTTPRoute(route), semconv.URLPath(r.URL.Path)))
-	if op := r.Header.Get("X-Operator"); op != "" {
-		span.SetAttributes(tracing.AttrOperator.String(op))
-	}
 	defer span.End()
 	sw := &spanStatus{ResponseWriter: w}
 	h.mux.ServeHTTP(sw, r.WithContext(ctx))
