@@ -391,7 +391,8 @@ func (h *Handler) deleteKey(w http.ResponseWriter, r *http.Request) {
 		// Its request is at the upstream right now: a retry let through
 		// by a release would be forwarded a second time.
 		problem.Write(w, r, probKeyInFlight,
-			"the key is in flight: its request is being forwarded now; wait for it to settle, or add ?force=true", 0, nil)
+			"the key is in flight: its request is being forwarded now; wait for it to settle, or add "+forceQuery, 0,
+			map[string]any{"override": forceQuery})
 		return
 	}
 	// Only the record read above is released, fenced by its owner token:
@@ -412,12 +413,28 @@ func (h *Handler) deleteKey(w http.ResponseWriter, r *http.Request) {
 		"route", r.PathValue("route"),
 		"key_hash", hexPrefix(sum[:6]),
 		"previous_state", string(prev.State),
-		"operator", r.Header.Get("X-Operator"),
+		operatorAttr(r.Header.Get("X-Operator")),
 		"reason", r.URL.Query().Get("reason"),
 		"remote_addr", r.RemoteAddr,
 		"user_agent", r.UserAgent(),
 		"at", time.Now().UTC().Format(time.RFC3339Nano))
 	writeJSON(w, r, http.StatusOK, map[string]any{"released": true, "previous_state": prev.State})
+}
+
+// forceQuery is the query that releases a key in flight anyway. The
+// key-in-flight problem names it in its detail, for a client of the API,
+// and as its "override" member, which a client with another way to say it
+// (idemproxy keys' -force) translates.
+const forceQuery = "?force=true"
+
+// operatorAttr is the operator of an audit log line: the request's
+// X-Operator, or no attribute at all when the request named none (an empty
+// "operator" would read as a name that was lost).
+func operatorAttr(operator string) slog.Attr {
+	if operator == "" {
+		return slog.Attr{} // an empty Attr: the handler writes nothing
+	}
+	return slog.String("operator", operator)
 }
 
 // reconcileKey runs the reconcile lookup of an in-doubt key now and
@@ -444,7 +461,7 @@ func (h *Handler) reconcileKey(w http.ResponseWriter, r *http.Request) {
 	}
 	sum := sha256.Sum256([]byte(sk))
 	h.opts.Logger.Warn("key reconciled by an operator", "route", r.PathValue("route"), "key_hash", hexPrefix(sum[:6]),
-		"result", out.Result, "operator", r.Header.Get("X-Operator"), "remote_addr", r.RemoteAddr)
+		"result", out.Result, operatorAttr(r.Header.Get("X-Operator")), "remote_addr", r.RemoteAddr)
 	writeJSON(w, r, http.StatusOK, out)
 }
 
@@ -467,7 +484,7 @@ func (h *Handler) acceptLoss(w http.ResponseWriter, r *http.Request) {
 		"gen", acc.Gen,
 		"previous_epoch", prevID,
 		"previous_state", prevState,
-		"operator", operator,
+		operatorAttr(operator),
 		"reason", reason,
 		"via", "admin",
 		"remote_addr", r.RemoteAddr,

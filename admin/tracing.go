@@ -35,11 +35,18 @@ func (h *Handler) serveTraced(w http.ResponseWriter, r *http.Request, pattern st
 		semconv.HTTPRequestMethodKey.String(r.Method), semconv.HTTPRoute(route), semconv.URLPath(r.URL.Path)))
 	defer span.End()
 	sw := &spanStatus{ResponseWriter: w}
-	h.mux.ServeHTTP(sw, r.WithContext(ctx))
+	rc := r.WithContext(ctx)
+	h.mux.ServeHTTP(sw, rc)
 	if sw.status == 0 {
 		sw.status = http.StatusOK
 	}
 	span.SetAttributes(semconv.HTTPResponseStatusCode(sw.status))
+	if route := rc.PathValue("route"); route != "" {
+		span.SetAttributes(tracing.AttrRoute.String(route))
+	}
+	if op := r.Header.Get("X-Operator"); op != "" {
+		span.SetAttributes(tracing.AttrOperator.String(op[:min(len(op), 256)])) // as sent, before the token was checked
+	}
 	if sw.status >= 500 {
 		span.SetStatus(codes.Error, "")
 		span.SetAttributes(semconv.ErrorTypeKey.String(strconv.Itoa(sw.status)))

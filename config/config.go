@@ -514,7 +514,8 @@ func Load(path string) (*Config, error) {
 // Parse decodes, defaults and validates a configuration. A file that is
 // not YAML is a plain error; every other problem (an unknown or repeated
 // field, a value of the wrong type, a validation failure) is reported in
-// one *ValidationError, each problem with its field path.
+// one *ValidationError, each problem with its field path and, when the
+// file writes the field (or a section around it), its line.
 func Parse(b []byte) (*Config, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(b))
 	var root yaml.Node
@@ -552,12 +553,15 @@ func Parse(b []byte) (*Config, error) {
 		dc.problems = append(dc.problems, lineRE.ReplaceAllString(strings.TrimPrefix(err.Error(), "yaml: unmarshal errors:\n  "), ""))
 	}
 	c.applyDefaults()
-	problems := append(dc.problems, empty...)
+	problems := dc.problems // each with its line already
+	for _, p := range empty {
+		problems = append(problems, withLine(root.Content[0], p))
+	}
 	var ve *ValidationError
 	if err := c.Validate(); errors.As(err, &ve) {
 		for _, p := range ve.Problems {
 			if !dc.covers(p) {
-				problems = append(problems, p)
+				problems = append(problems, withLine(root.Content[0], p))
 			}
 		}
 	} else if err != nil {

@@ -49,8 +49,8 @@ func TestDecodingProblemsNameTheField(t *testing.T) {
 			[]string{
 				"routes[0].ttll: unknown field; did you mean `ttl`? (line 7)",
 				"routes[0].release_statuses[0]: a whole number expected, not \"x\" (line 9)",
-				`listen: "localhost" is not a host:port address`,
-				`routes[0].policy: "sometimes" is not one of reserve-then-commit, release-on-5xx`,
+				`listen: "localhost" is not a host:port address (line 1)`,
+				`routes[0].policy: "sometimes" is not one of reserve-then-commit, release-on-5xx (line 8)`,
 			}},
 	}
 	for _, tc := range tests {
@@ -78,7 +78,7 @@ func TestDecodingProblemsFile(t *testing.T) {
 		`routes[0].max_body_bytes: a whole number expected, not "1MiB" (line 11)`,
 		"routes[1].key.jsn: unknown field; did you mean `json`? (line 15)",
 		"listen: required (host:port, e.g. 127.0.0.1:8080)",
-		"routes[1].key: set exactly one of json, header, query, path or parts",
+		"routes[1].key: set exactly one of json, header, query, path or parts (line 14)",
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("problems:\n  %q\nwant:\n  %q", got, want)

@@ -56,7 +56,7 @@ func TestStoreKindSelected(t *testing.T) {
 		}
 	}
 	probs := problemsOf(t, "store:\n  redis: {addrs: [\"r:6379\"]}\n  postgres: {dsn_env: IDEMPROXY_TEST_PG_DSN}\n"+withRoute(""))
-	if want := "store: set exactly one of badger, redis and postgres"; !slices.Contains(probs, want) {
+	if want := "store: set exactly one of badger, redis and postgres (line 1)"; !slices.Contains(probs, want) {
 		t.Errorf("redis and postgres together: problems %q; want %q", probs, want)
 	}
 }

@@ -42,8 +42,12 @@ func (c *Config) Validate() error {
 	checkAddr(&p, "listen", c.Listen, true)
 	if c.Upstream == "" {
 		p.add("upstream", "required (the protected service's base URL, e.g. http://127.0.0.1:9000)")
-	} else if u, err := url.Parse(c.Upstream); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+	} else if !strings.Contains(c.Upstream, "://") {
+		p.add("upstream", "%q is not an absolute http or https URL (add http:// or https://)", redactedURL(c.Upstream))
+	} else if u, err := url.Parse(c.Upstream); err != nil || (u.Scheme != "http" && u.Scheme != "https") {
 		p.add("upstream", "%q is not an absolute http or https URL", redactedURL(c.Upstream))
+	} else if u.Host == "" {
+		p.add("upstream", "%q is not an absolute http or https URL: it names no host", redactedURL(c.Upstream))
 	} else if u.RawQuery != "" || u.Fragment != "" {
 		p.add("upstream", "%q must not carry a query or fragment", redactedURL(c.Upstream))
 	} else if port := u.Port(); port != "" && !validPort(port) {
@@ -608,10 +612,15 @@ func CanonicalPattern(pattern string) string {
 }
 
 // redactedURL is u for a problem: without the password it may carry
-// ("http://user:secret@host"), which would go to the logs with it.
+// ("http://user:secret@host"), which would go to the logs with it, and
+// otherwise as written ("http://", which a URL's String would turn into
+// "http:").
 func redactedURL(u string) string {
 	if p, err := url.Parse(u); err == nil {
-		return p.Redacted()
+		if _, ok := p.User.Password(); ok {
+			return p.Redacted()
+		}
+		return u
 	}
 	if scheme, rest, ok := strings.Cut(u, "://"); ok {
 		if i := strings.LastIndex(rest, "@"); i >= 0 {

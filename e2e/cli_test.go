@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/buildinfo"
 )
 
 // gitCmd runs git in dir with a fixed identity and fails the test on an
@@ -27,10 +28,11 @@ func gitCmd(t *testing.T, dir string, args ...string) string {
 
 // TestVersionNamesTheCommit: a binary built with go build in a git
 // checkout prints the commit of HEAD and its date, and says when it was
-// built with uncommitted changes. The sources are copied to a fresh
-// repository: the Go tool stamps a checkout's commit only where .git is a
-// directory (not in a git worktree), and the environment may set
-// -buildvcs=false.
+// built with uncommitted changes; built with -buildvcs=false in the same
+// checkout, it says only that the build carried no VCS stamp. The sources
+// are copied to a fresh repository: the Go tool stamps a checkout's commit
+// only where .git is a directory (not in a git worktree), and the
+// environment may set -buildvcs=false.
 func TestVersionNamesTheCommit(t *testing.T) {
 	t.Parallel()
 	src := t.TempDir()
@@ -56,10 +58,10 @@ func TestVersionNamesTheCommit(t *testing.T) {
 	head := gitCmd(t, src, "rev-parse", "HEAD")
 	date := gitCmd(t, src, "show", "-s", "--format=%cd", "--date=format-local:%Y-%m-%dT%H:%M:%SZ", "HEAD")
 
-	build := func() string {
+	build := func(buildvcs string) string {
 		t.Helper()
 		out := filepath.Join(t.TempDir(), "idemproxy")
-		cmd := exec.Command("go", "build", "-buildvcs=true", "-o", out, ".")
+		cmd := exec.Command("go", "build", "-buildvcs="+buildvcs, "-o", out, ".")
 		cmd.Dir = src
 		cmd.Env = append(os.Environ(), "GOFLAGS=", "TZ=UTC")
 		if b, err := cmd.CombinedOutput(); err != nil {
@@ -71,7 +73,7 @@ func TestVersionNamesTheCommit(t *testing.T) {
 		}
 		return string(v)
 	}
-	got := build()
+	got := build("true")
 	lines := strings.Split(got, "\n")
 	if !strings.HasPrefix(lines[0], "idemproxy v0.0.0-") || !strings.HasSuffix(lines[0], head[:12]) {
 		t.Errorf("first line = %q, want idemproxy and the pseudo-version of commit %s", lines[0], head[:12])
@@ -89,8 +91,12 @@ func TestVersionNamesTheCommit(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(src, "main.go"), append(must(os.ReadFile(filepath.Join(src, "main.go"))), "\n// changed\n"...), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if got := build(); !strings.Contains(got, "commit:  "+head+" (with uncommitted changes)") {
+	if got := build("true"); !strings.Contains(got, "commit:  "+head+" (with uncommitted changes)") {
 		t.Errorf("-version with a changed file =\n%s\nwant the commit with uncommitted changes", got)
+	}
+	got = build("false")
+	if want := "commit:  " + buildinfo.NoCommit + "\n"; !strings.Contains(got, want) || strings.Contains(got, "date:") {
+		t.Errorf("-version built with -buildvcs=false in a checkout =\n%s\nwant %q and no date", got, want)
 	}
 }
 

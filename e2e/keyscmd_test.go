@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -316,4 +317,62 @@ func keyHashOf(t *testing.T, env []string, key string) string {
 	}
 	t.Fatalf("%s not listed: %s", key, out)
 	return ""
+}
+
+// TestKeysReleaseInFlight: the admin API refuses to release a key whose
+// request is at the upstream, and advises each of its users its own way
+// to insist: ?force=true to the API's, -force to the binary's. The binary
+// names its OS user as the operator when -operator is not given, and a
+// request without X-Operator leaves "operator" out of the audit line.
+// Problem bodies end with a newline.
+func TestKeysReleaseInFlight(t *testing.T) {
+	t.Parallel()
+	up := startStub(t)
+	dir := t.TempDir()
+	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), "", chargesRoute),
+		"IDEMPROXY_ADMIN_TOKEN=s3cret")
+	if r := charge(p, "ORD-F2"); r.status != http.StatusCreated {
+		t.Fatalf("charge ORD-F2 = %d %s, want 201", r.status, r.body)
+	}
+	// ORD-F1 is in flight: the stub charged it and sits on the answer.
+	done := make(chan result, 1)
+	go func() { done <- charge(p, "ORD-F1", "X-Stub-Fault", "delay", "X-Stub-Delay", "5s") }()
+	eventually(t, "ORD-F1 reaches the upstream", func() bool { return chargeCount(t, up.URL, "ORD-F1") == 1 })
+	env := []string{"IDEMPROXY_ADMIN_TOKEN=s3cret", "IDEMPROXY_ADMIN_URL=" + p.admin}
+
+	out, errOut, code := runBin(t, env, "keys", "release", "charges", "ORD-F1")
+	want := "idemproxy keys: Key in flight (409): the key is in flight: its request is being forwarded now; wait for it to settle, or add -force\n"
+	if code != 1 || out != "" || errOut != want {
+		t.Errorf("keys release of a key in flight = exit %d, stdout %q, stderr %q\nwant exit 1, stderr %q", code, out, errOut, want)
+	}
+	api := p.adminURL("/v1/keys/charges/")
+	r := do(http.MethodDelete, api+"ORD-F1", "", "Authorization", "Bearer s3cret")
+	var prob struct{ Detail, Override string }
+	json.Unmarshal([]byte(r.body), &prob)
+	if r.status != http.StatusConflict || !strings.HasSuffix(prob.Detail, "or add ?force=true") || prob.Override != "?force=true" ||
+		!strings.HasSuffix(r.body, "}\n") {
+		t.Errorf("DELETE of a key in flight = %d %q, want 409 advising ?force=true, its override member, and a newline at the end", r.status, r.body)
+	}
+
+	me, err := user.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, errOut, code := runBin(t, append(env, "USER="), "keys", "release", "charges", "ORD-F1", "-force"); code != 0 {
+		t.Errorf("keys release -force = exit %d: %s%s", code, out, errOut)
+	}
+	if r := do(http.MethodDelete, api+"ORD-F2", "", "Authorization", "Bearer s3cret"); r.status != http.StatusOK {
+		t.Errorf("DELETE ORD-F2 = %d %s, want 200", r.status, r.body)
+	}
+	l := p.log.logLines("key released by an operator")
+	if len(l) != 2 {
+		t.Fatalf("audit lines = %v, want two releases", l)
+	}
+	if got := l[0]["operator"]; l[0]["previous_state"] != "in_flight" || got != me.Username {
+		t.Errorf("audit line of keys release without -operator nor $USER = %v, want previous_state in_flight, operator %q (the OS user)", l[0], me.Username)
+	}
+	if got, ok := l[1]["operator"]; ok {
+		t.Errorf("audit line of a DELETE without X-Operator has operator %q, want none", got)
+	}
+	<-done
 }

@@ -47,6 +47,7 @@ type entry struct {
 	duration, upstream           time.Duration
 	keyHash                      string
 	reason                       string // why the proxy refused it (overloaded: "client", "budget"); empty: left out
+	traceID                      string // the request's trace, when its span is sampled; empty: left out
 }
 
 func (l *AccessLog) write(e entry) {
@@ -75,6 +76,9 @@ func (l *AccessLog) write(e entry) {
 		if e.reason != "" {
 			b = textField(b, "reason", e.reason)
 		}
+		if e.traceID != "" {
+			b = textField(b, "trace_id", e.traceID)
+		}
 	} else {
 		b = append(b, `{"time":"`...)
 		b = t.AppendFormat(b, time.RFC3339Nano)
@@ -96,6 +100,9 @@ func (l *AccessLog) write(e entry) {
 		}
 		if e.reason != "" {
 			b = jsonField(b, "reason", e.reason)
+		}
+		if e.traceID != "" {
+			b = jsonField(b, "trace_id", e.traceID)
 		}
 		b = append(b, '}')
 	}
@@ -209,11 +216,16 @@ func (p *Proxy) finish(a *attempt) {
 	if a.storeKey != "" {
 		e.keyHash = store.KeyHash(a.storeKey)
 	}
+	if a.span != nil {
+		if sc := a.span.SpanContext(); sc.IsSampled() {
+			e.traceID = sc.TraceID().String()
+		}
+	}
 	if p.access != nil {
 		p.access.write(e)
 		return
 	}
-	attrs := append(make([]slog.Attr, 0, 9), // on the stack: room for every attribute
+	attrs := append(make([]slog.Attr, 0, 10), // on the stack: room for every attribute
 		slog.String("route", e.route),
 		slog.String("method", e.method),
 		slog.String("path", e.path),
@@ -228,6 +240,9 @@ func (p *Proxy) finish(a *attempt) {
 	}
 	if e.reason != "" {
 		attrs = append(attrs, slog.String("reason", e.reason))
+	}
+	if e.traceID != "" {
+		attrs = append(attrs, slog.String("trace_id", e.traceID))
 	}
 	p.log.LogAttrs(ctx, slog.LevelInfo, "request", attrs...)
 }

@@ -77,8 +77,8 @@ type attempt struct {
 	status  int
 	// span is the request's server span while tracing is on, nil
 	// otherwise (proxy/tracing.go).
-	span trace.Span
-	reason  string // why the proxy refused the request, for the access log (admission.RefusalClient, admission.RefusalBudget); empty: none
+	span   trace.Span
+	reason string // why the proxy refused the request, for the access log (admission.RefusalClient, admission.RefusalBudget); empty: none
 }
 
 // attemptKey is the context key under which a forwarded request carries

@@ -116,6 +116,7 @@ func Serve(ctx context.Context, o Options) error {
 func (a *app) serve(ctx context.Context) error {
 	cfg, log := a.cfg, a.log
 	log.Info("idemproxy starting", a.startAttrs()...)
+	go warnUnresolvedHosts(ctx, log, cfg) // never delays the start (ResolveTimeout at most)
 	nofile, nofileKnown := raiseOpenFiles(log)
 	checkDescriptors(log, cfg, nofile, nofileKnown)
 	if err := a.preallocate(); err != nil { // store.badger.preallocate, before the store opens

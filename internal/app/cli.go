@@ -2,10 +2,23 @@ package app
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/idemproxy/idemproxy/config"
 )
+
+// warnUnresolvedHosts logs a warning for each host of cfg that does not
+// resolve (config.HostWarnings: the upstream's), as -check prints them: a
+// name that does not resolve yet is no reason not to start, but the
+// operator learns why the upstream's requests fail.
+func warnUnresolvedHosts(ctx context.Context, log *slog.Logger, cfg *config.Config) {
+	for _, w := range cfg.HostWarnings(ctx, nil) {
+		log.Warn("a host of the configuration does not resolve", "warning", w)
+	}
+}
 
 // stopSignal is the cause of the context StopOnSignal cancels: the signal
 // that asked the program to stop.

@@ -31,7 +31,7 @@ func (a *app) startAttrs() []any {
 	if more := len(a.cfg.Routes) - n; more > 0 {
 		attrs = append(attrs, "routes_not_listed", more)
 	}
-	return append(attrs, "upstream", redactURL(a.cfg.Upstream))
+	return append(attrs, "upstream", redactURL(a.cfg.Upstream), "tracing", a.cfg.Tracing.Enabled)
 }
 
 // startLogRoutes is how many route names the first log line lists; the

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/audit"
 	"github.com/idemproxy/idemproxy/store/badger"
 )
 
@@ -32,7 +33,7 @@ func runStoreFiles(sub string, args []string, stdout, stderr io.Writer, getenv f
 	configFlag := fs.String("config", "", "configuration `file` (default $"+config.PathEnv+", else ./config.yaml)")
 	var operator, reason *string
 	if sub == "quarantine" {
-		operator = fs.String("operator", getenv("USER"), "who moves the segments aside, for the audit log line")
+		operator = fs.String("operator", audit.Operator(getenv), "who moves the segments aside, for the audit log line")
 		reason = fs.String("reason", "", "why, for the audit log line")
 	}
 	if err := fs.Parse(args); err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/audit"
 	"github.com/idemproxy/idemproxy/internal/epoch"
 	"github.com/idemproxy/idemproxy/internal/settle"
 	"github.com/idemproxy/idemproxy/store"
@@ -81,7 +82,7 @@ func RunStore(ctx context.Context, args []string, stdout, stderr io.Writer, gete
 		return 2
 	}
 	configFlag := fs.String("config", "", "configuration `file` (default $"+config.PathEnv+", else ./config.yaml)")
-	operator := fs.String("operator", getenv("USER"), "who accepts the loss, for the audit log line")
+	operator := fs.String("operator", audit.Operator(getenv), "who accepts the loss, for the audit log line")
 	reason := fs.String("reason", "", "why, for the audit log line")
 	if err := fs.Parse(args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

@@ -57,13 +57,21 @@ func Version() string { return version }
 
 // Print writes -version's answer: the version on the first line,
 // then the commit, its date and the Go release, one per line.
-func Print(w io.Writer) {
-	b := Read()
+func Print(w io.Writer) { b := Read(); b.Print(w) }
+
+// NoCommit is what -version says of the commit when the binary carries no
+// VCS stamp: all that is known is the stamp's absence, which a build
+// outside a git checkout and one with -buildvcs=false (as GOFLAGS, or a
+// build from a source tarball) leave alike.
+const NoCommit = "unknown: the build carried no VCS stamp (built outside a git checkout, or with -buildvcs=false)"
+
+// Print writes b as -version's answer (see the package's Print).
+func (b Info) Print(w io.Writer) {
 	fmt.Fprintf(w, "idemproxy %s\n", b.Version)
 	commit := b.Commit
 	switch {
 	case commit == "":
-		commit = "unknown (built outside a git checkout)"
+		commit = NoCommit
 	case b.Modified:
 		commit += " (with uncommitted changes)"
 	}

@@ -11,6 +11,7 @@ import (
 	iofs "io/fs"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/idemproxy/idemproxy/config"
@@ -19,6 +20,7 @@ import (
 	"github.com/idemproxy/idemproxy/internal/keyscmd"
 	"github.com/idemproxy/idemproxy/internal/lograte"
 	"github.com/idemproxy/idemproxy/internal/logsink"
+	"github.com/idemproxy/idemproxy/internal/tracing"
 	"github.com/idemproxy/idemproxy/proxy"
 )
 
@@ -82,6 +84,19 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		return 1
 	}
 	if *check {
+		// Warnings, not problems: a host that does not resolve yet may
+		// (DNS in a container can come after the proxy).
+		for _, w := range cfg.HostWarnings(ctx, nil) {
+			fmt.Fprintf(stderr, "idemproxy: %s: warning: %s\n", configPath, w)
+		}
+		if cfg.Tracing.Enabled {
+			// The proxy would refuse to start with them.
+			if err := tracing.CheckEnv(); err != nil {
+				fmt.Fprintf(stderr, "idemproxy: %s: tracing.enabled: the environment: %v\n", configPath,
+					strings.ReplaceAll(err.Error(), "\n", "; "))
+				return 1
+			}
+		}
 		fmt.Fprintf(stdout, "%s: ok (%d routes)\n", configPath, len(cfg.Routes))
 		return 0
 	}

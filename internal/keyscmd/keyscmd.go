@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/audit"
 )
 
 // The keys subcommands call the admin API of a running idemproxy: list,
@@ -82,7 +83,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	tokenEnv := fs.String("token-env", config.DefaultAdminTokenEnv, "environment `variable` holding the admin token")
 	fs.StringVar(&c.output, "o", "table", "output: table or json")
 	fs.StringVar(&c.scope, "scope", "", "the scope value, for a route scoped by a header")
-	fs.StringVar(&c.operator, "operator", getenv("USER"), "who acts, for the audit log line of release and reconcile")
+	fs.StringVar(&c.operator, "operator", audit.Operator(getenv), "who acts, for the audit log line of release and reconcile ($USER, else the OS account, when not given)")
 	state := fs.String("state", "", "list: only keys in this state: in_doubt, in_flight or completed")
 	limit := fs.Int("limit", 0, "list: at most `N` keys (the API's default 100, at most 1000)")
 	cursor := fs.String("cursor", "", "list: the page after the one that printed this cursor")
@@ -216,18 +217,32 @@ func (c *keysCmd) call(ctx context.Context, method, path string, q url.Values, p
 	return 0
 }
 
+// overrideFlags are the flags that say what a problem's "override" member
+// says as a query: the admin API's advice to add "?force=true" is, to a
+// user of this command, to add -force.
+var overrideFlags = map[string]string{"?force=true": "-force"}
+
 // problemText is an error answer in one line: an RFC 9457 problem's title
 // and detail ("No record for this key (404): no record for ..."), or the
-// status and the start of any other body.
+// status and the start of any other body. A detail that advises the query
+// of the problem's override member advises the flag that sends it.
 func problemText(resp *http.Response, body []byte) string {
 	var p struct {
-		Title  string `json:"title"`
-		Detail string `json:"detail"`
-		Status int    `json:"status"`
+		Title    string `json:"title"`
+		Detail   string `json:"detail"`
+		Status   int    `json:"status"`
+		Override string `json:"override"`
 	}
 	ct, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
 	if ct == "application/problem+json" && json.Unmarshal(body, &p) == nil && p.Title != "" {
 		s := fmt.Sprintf("%s (%d)", p.Title, resp.StatusCode)
+		if f, ok := overrideFlags[p.Override]; ok {
+			if strings.Contains(p.Detail, p.Override) {
+				p.Detail = strings.ReplaceAll(p.Detail, p.Override, f)
+			} else {
+				p.Detail = strings.TrimSpace(p.Detail + " (add " + f + " to override)")
+			}
+		}
 		if p.Detail != "" {
 			s += ": " + p.Detail
 		}

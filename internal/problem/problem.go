@@ -41,7 +41,7 @@ var (
 
 // Write answers r with a problem of type t: its status, and a body with
 // type, title, status, the request's path as instance, detail when not
-// empty, and the members of ext (nil: none). retryAfter > 0 sets
+// empty, and the members of ext (nil: none), ended by a newline. retryAfter > 0 sets
 // Retry-After in seconds. The answer is never stored by caches.
 func Write(w http.ResponseWriter, r *http.Request, t Type, detail string, retryAfter int, ext map[string]any) {
 	b := body(t, r, detail, ext)
@@ -59,7 +59,8 @@ func Write(w http.ResponseWriter, r *http.Request, t Type, detail string, retryA
 // Raw returns the whole HTTP/1.1 answer, with Connection: close, of a
 // problem of type t answered on a connection before any request was read
 // whole (there is no path to name as instance): the status line, the
-// headers Write sets, and a body with type, title, status and detail.
+// headers Write sets, and a body with type, title, status and detail,
+// ended by a newline as Write's.
 func Raw(t Type, detail string) []byte {
 	b := body(t, nil, detail, nil)
 	return []byte("HTTP/1.1 " + strconv.Itoa(t.Status) + " " + http.StatusText(t.Status) + "\r\n" +
@@ -69,8 +70,10 @@ func Raw(t Type, detail string) []byte {
 		"Connection: close\r\n\r\n" + string(b))
 }
 
-// body is the JSON of a problem; instance is r's path, none when r is nil.
-// The members come out sorted by name, ext's among them.
+// body is the JSON of a problem, ended by a newline (a terminal shows the
+// prompt after curl's output on a line of its own, as for any JSON API
+// that ends its bodies with one); instance is r's path, none when r is
+// nil. The members come out sorted by name, ext's among them.
 func body(t Type, r *http.Request, detail string, ext map[string]any) []byte {
 	m := map[string]any{
 		"type":   TypePrefix + t.Name,
@@ -87,5 +90,5 @@ func body(t Type, r *http.Request, detail string, ext map[string]any) []byte {
 		m[k] = v
 	}
 	b, _ := json.Marshal(m) // the callers' members are strings and numbers: cannot fail
-	return b
+	return append(b, '\n')
 }

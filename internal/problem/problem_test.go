@@ -11,7 +11,8 @@ import (
 // TestWriteBytes pins the bytes of a problem answer: clients and the docs
 // rely on its members, and the proxy and the admin API answer with the
 // same form (the bodies are those idemproxy wrote before the writer was
-// one). The members come sorted by name, extensions among them.
+// one, and the newline that ends it since). The members come sorted by
+// name, extensions among them.
 func TestWriteBytes(t *testing.T) {
 	tests := []struct {
 		name       string
@@ -25,27 +26,27 @@ func TestWriteBytes(t *testing.T) {
 	}{
 		{
 			name: "no detail: no detail member; the path without its query as instance", typ: problem.StoreUnavailable, target: "/charges?x=1",
-			wantHeader: http.Header{"Content-Type": {"application/problem+json"}, "Content-Length": {"125"}, "Cache-Control": {"no-store"}},
-			wantBody:   `{"instance":"/charges","status":503,"title":"Idempotency store unavailable","type":"urn:idemproxy:problem:store-unavailable"}`,
+			wantHeader: http.Header{"Content-Type": {"application/problem+json"}, "Content-Length": {"126"}, "Cache-Control": {"no-store"}},
+			wantBody:   `{"instance":"/charges","status":503,"title":"Idempotency store unavailable","type":"urn:idemproxy:problem:store-unavailable"}` + "\n",
 		},
 		{
 			name: "detail, Retry-After and extension members", typ: problem.Overloaded, target: "/charges?x=1", detail: "too many", retryAfter: 1,
 			ext:        map[string]any{"limit": 5, "zeta": "z", "a": "b"},
-			wantHeader: http.Header{"Content-Type": {"application/problem+json"}, "Content-Length": {"154"}, "Cache-Control": {"no-store"}, "Retry-After": {"1"}},
-			wantBody:   `{"a":"b","detail":"too many","instance":"/charges","limit":5,"status":503,"title":"Proxy overloaded","type":"urn:idemproxy:problem:overloaded","zeta":"z"}`,
+			wantHeader: http.Header{"Content-Type": {"application/problem+json"}, "Content-Length": {"155"}, "Cache-Control": {"no-store"}, "Retry-After": {"1"}},
+			wantBody:   `{"a":"b","detail":"too many","instance":"/charges","limit":5,"status":503,"title":"Proxy overloaded","type":"urn:idemproxy:problem:overloaded","zeta":"z"}` + "\n",
 		},
 		{
 			name: "an admin problem with the key's state", typ: problem.Type{Name: "key-not-in-doubt", Status: http.StatusConflict, Title: "Key not in doubt"},
 			target: "/v1/keys/charges/k/reconcile", detail: "not in doubt", ext: map[string]any{"state": "completed"},
-			wantHeader: http.Header{"Content-Type": {"application/problem+json"}, "Content-Length": {"175"}, "Cache-Control": {"no-store"}},
-			wantBody:   `{"detail":"not in doubt","instance":"/v1/keys/charges/k/reconcile","state":"completed","status":409,"title":"Key not in doubt","type":"urn:idemproxy:problem:key-not-in-doubt"}`,
+			wantHeader: http.Header{"Content-Type": {"application/problem+json"}, "Content-Length": {"176"}, "Cache-Control": {"no-store"}},
+			wantBody:   `{"detail":"not in doubt","instance":"/v1/keys/charges/k/reconcile","state":"completed","status":409,"title":"Key not in doubt","type":"urn:idemproxy:problem:key-not-in-doubt"}` + "\n",
 		},
 		{
 			// A detail or an extension may carry what the client sent:
 			// it is escaped, never markup.
 			name: "escaped detail", typ: problem.Overloaded, target: "/", detail: `<script>"x"</script>`,
-			wantHeader: http.Header{"Content-Type": {"application/problem+json"}, "Content-Length": {"152"}, "Cache-Control": {"no-store"}},
-			wantBody:   `{"detail":"\u003cscript\u003e\"x\"\u003c/script\u003e","instance":"/","status":503,"title":"Proxy overloaded","type":"urn:idemproxy:problem:overloaded"}`,
+			wantHeader: http.Header{"Content-Type": {"application/problem+json"}, "Content-Length": {"153"}, "Cache-Control": {"no-store"}},
+			wantBody:   `{"detail":"\u003cscript\u003e\"x\"\u003c/script\u003e","instance":"/","status":503,"title":"Proxy overloaded","type":"urn:idemproxy:problem:overloaded"}` + "\n",
 		},
 	}
 	for _, tt := range tests {
@@ -72,11 +73,11 @@ func TestWriteBytes(t *testing.T) {
 
 // TestRawBytes pins the whole 431 answer written on a connection before a
 // handler sees the request: the bytes idemproxy wrote before the writer
-// was one, Connection: close included.
+// was one, Connection: close included, and the body's ending newline.
 func TestRawBytes(t *testing.T) {
 	got := string(problem.Raw(problem.TooManyHeaderFields, "the request header has more than 100 lines (request line and fields); send fewer header fields"))
-	want := "HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: application/problem+json\r\nContent-Length: 215\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n" +
-		`{"detail":"the request header has more than 100 lines (request line and fields); send fewer header fields","status":431,"title":"Too many request header fields","type":"urn:idemproxy:problem:too-many-header-fields"}`
+	want := "HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: application/problem+json\r\nContent-Length: 216\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n" +
+		`{"detail":"the request header has more than 100 lines (request line and fields); send fewer header fields","status":431,"title":"Too many request header fields","type":"urn:idemproxy:problem:too-many-header-fields"}` + "\n"
 	if got != want {
 		t.Errorf("Raw =\n%q\nwant\n%q", got, want)
 	}

@@ -126,6 +126,9 @@ func (t *Tracing) Configure(enabled bool) error {
 		t.log.Warn("tracing.enabled is true, but OTEL_SDK_DISABLED=true: no traces")
 		return nil
 	}
+	if err := CheckEnv(); err != nil {
+		return fmt.Errorf("tracing: %w", err)
+	}
 	exp, proto, err := newExporter()
 	if err != nil {
 		return err

@@ -68,6 +68,7 @@ func New(logger *slog.Logger) http.Handler {
 	mux.HandleFunc("POST /faults", s.queueFault)
 	mux.HandleFunc("GET /faults", s.listFaults)
 	mux.HandleFunc("DELETE /faults", s.clearFaults)
+	mux.HandleFunc("POST /reset", s.reset)
 	mux.HandleFunc("GET /healthz", s.healthz)
 	return mux
 }
@@ -242,6 +243,19 @@ func (s *server) deleteCharges(w http.ResponseWriter, r *http.Request) {
 	s.byOrder = make(map[string][]int)
 	s.mu.Unlock()
 	s.logger.InfoContext(r.Context(), "charges deleted", "count", n)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// reset handles POST /reset: it empties the statement and the fault queue
+// at once, so that a walk-through can start again from a clean stub.
+func (s *server) reset(w http.ResponseWriter, r *http.Request) {
+	s.mu.Lock()
+	n, f := len(s.charges), len(s.faults)
+	s.charges = nil
+	s.byOrder = make(map[string][]int)
+	s.faults = nil
+	s.mu.Unlock()
+	s.logger.InfoContext(r.Context(), "stub reset", "charges", n, "faults", f)
 	w.WriteHeader(http.StatusNoContent)
 }
 

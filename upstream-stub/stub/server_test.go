@@ -421,6 +421,7 @@ func TestRouting(t *testing.T) {
 		{"PUT", "/orders/A/charges", http.StatusMethodNotAllowed, "GET, HEAD, POST"},
 		{"GET", "/nope", http.StatusNotFound, ""},
 		{"GET", "/orders/A", http.StatusNotFound, ""},
+		{"GET", "/reset", http.StatusMethodNotAllowed, "POST"},
 	}
 	ts := newTestServer(t)
 	for _, tt := range tests {
@@ -567,6 +568,29 @@ func TestClearFaults(t *testing.T) {
 		t.Errorf("GET /faults after DELETE = %s, want %s", got, want)
 	}
 	wantCharge(t, postCharge(t, ts, `{"orderId": "C-1", "amount": 1}`, nil), "C-1", "1")
+}
+
+func TestReset(t *testing.T) {
+	ts := newTestServer(t)
+	wantCharge(t, postCharge(t, ts, `{"orderId": "R-1", "amount": 1}`, nil), "R-1", "1")
+	queue(t, ts, `{"fault": "fail-before-charge", "count": 3}`)
+	r := send(t, ts.Client(), "POST", ts.URL+"/reset", "", nil)
+	if r.status != http.StatusNoContent || len(r.body) != 0 {
+		t.Fatalf("POST /reset = %d %q, want 204 and no body", r.status, r.body)
+	}
+	if got := listCharges(t, ts); got.Charges != 0 || len(got.Items) != 0 {
+		t.Errorf("GET /charges after POST /reset = %+v, want none", got)
+	}
+	r = send(t, ts.Client(), "GET", ts.URL+"/faults", "", nil)
+	wantJSON(t, r, http.StatusOK)
+	if got, want := strings.TrimSpace(string(r.body)), `{"faults":0,"items":[]}`; got != want {
+		t.Errorf("GET /faults after POST /reset = %s, want %s", got, want)
+	}
+	// The next charge is recorded: no fault left to fail it.
+	wantCharge(t, postCharge(t, ts, `{"orderId": "R-1", "amount": 1}`, nil), "R-1", "1")
+	if got := orderCharges(t, ts, "R-1").Charges; got != 1 {
+		t.Errorf("statement of R-1 after POST /reset and a new charge has %d charges, want 1", got)
+	}
 }
 
 func TestHeaderFaultWinsOverQueue(t *testing.T) {

@@ -1,0 +1,302 @@
+package proxy_test
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+
+	"github.com/idemproxy/idemproxy/internal/otlptest"
+	"github.com/idemproxy/idemproxy/internal/tracing"
+	"github.com/idemproxy/idemproxy/proxy/proxytest"
+	"github.com/idemproxy/idemproxy/store"
+	"github.com/idemproxy/idemproxy/upstream-stub/stub"
+)
+
+// tracedEnv starts the stub, behind a recorder of the traceparent headers
+// it gets, and a proxy of routes tracing to a real OTLP/HTTP receiver.
+func tracedEnv(t *testing.T, routes string) (*proxytest.Env, *otlptest.Receiver, *parents) {
+	e, r, seen, _ := tracedEnvLog(t, routes)
+	return e, r, seen
+}
+
+// tracedEnvLog is tracedEnv that also returns the proxy's log.
+func tracedEnvLog(t *testing.T, routes string) (*proxytest.Env, *otlptest.Receiver, *parents, *lockedBuffer) {
+	t.Helper()
+	r := otlptest.NewHTTP(t)
+	r.Setenv(t)
+	tr := tracing.New(nil)
+	if err := tr.Configure(true); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tr.Shutdown(context.Background()) })
+	seen := &parents{}
+	h := stub.New(slog.New(slog.DiscardHandler))
+	log := &lockedBuffer{}
+	e := &proxytest.Env{T: t, Tracing: tr, Log: log}
+	e.Stub = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		seen.add(req.Header.Get("traceparent"))
+		h.ServeHTTP(w, req)
+	}))
+	t.Cleanup(e.Stub.Close)
+	e.Start(e.Stub.URL, routes)
+	return e, r, seen, log
+}
+
+// lockedBuffer is a log written by the proxy's requests and read by the
+// test.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// parents are the traceparent headers the upstream got.
+type parents struct {
+	mu   sync.Mutex
+	list []string
+}
+
+func (p *parents) add(s string) { p.mu.Lock(); p.list = append(p.list, s); p.mu.Unlock() }
+func (p *parents) all() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]string(nil), p.list...)
+}
+
+// serverSpans returns the proxy's server spans among spans, in the order
+// received.
+func serverSpans(spans []otlptest.Span) []otlptest.Span {
+	return otlptest.Find(spans, func(s otlptest.Span) bool { return s.Kind == tracepb.Span_SPAN_KIND_SERVER })
+}
+
+func nServers(n int) func([]otlptest.Span) bool {
+	return func(s []otlptest.Span) bool { return len(serverSpans(s)) >= n }
+}
+
+const tracedRoute = `
+  - name: charges
+    match: POST /charges
+    key: {json: orderId}
+`
+
+// TestTraceOfAChargeAndItsReplay: the charge's span tree (server span,
+// store spans and the upstream's client span under it, the upstream
+// continuing the client span), and the replay's link to the charge's span.
+func TestTraceOfAChargeAndItsReplay(t *testing.T) {
+	e, r, seen, log := tracedEnvLog(t, tracedRoute)
+	proxytest.WantStatus(t, "charge", e.Charge(`"ORD-TR"`, 5, "traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"), 201, "")
+	replay := e.Charge(`"ORD-TR"`, 5)
+	if !replay.Replayed() {
+		t.Fatalf("retry: %v, want a replay", replay)
+	}
+	spans := r.WaitFor(t, 10*time.Second, "two server spans", nServers(2))
+	servers := serverSpans(spans)
+	charge, again := servers[0], servers[1] // by arrival: the charge ended first
+	if charge.Attr("idemproxy.outcome") == "replayed" {
+		charge, again = again, charge
+	}
+
+	wantKeyHash := store.KeyHash(store.Key("charges", "", "ORD-TR"))
+	for _, c := range []struct{ attr, want string }{
+		{"http.request.method", "POST"},
+		{"http.route", "/charges"},
+		{"url.path", "/charges"},
+		{"http.response.status_code", "201"},
+		{"idemproxy.route", "charges"},
+		{"idemproxy.key_hash", wantKeyHash},
+		{"idemproxy.policy", "reserve-then-commit"},
+		{"idemproxy.store", "badger"},
+		{"idemproxy.outcome", "committed"},
+		{"idemproxy.replayed", "false"},
+	} {
+		if got := charge.Attr(c.attr); got != c.want {
+			t.Errorf("charge span %s = %q, want %q", c.attr, got, c.want)
+		}
+	}
+	if charge.Name != "POST /charges" {
+		t.Errorf("charge span name = %q, want %q", charge.Name, "POST /charges")
+	}
+	if charge.TraceID != "0af7651916cd43dd8448eb211c80319c" || charge.ParentID != "b7ad6b7169203331" {
+		t.Errorf("charge span trace, parent = %s, %s; want the client's traceparent continued", charge.TraceID, charge.ParentID)
+	}
+	children := otlptest.ChildrenOf(spans, charge)
+	var names []string
+	var client otlptest.Span
+	for _, c := range children {
+		names = append(names, c.Name)
+		if c.Kind == tracepb.Span_SPAN_KIND_CLIENT && c.Name == "POST" {
+			client = c
+		}
+	}
+	for _, want := range []string{"store reserve", "store commit", "POST"} {
+		if !strings.Contains(strings.Join(names, ","), want) {
+			t.Errorf("children of the charge span = %v, want %q among them", names, want)
+		}
+	}
+	if client.SpanID == "" {
+		t.Fatalf("no client span under the charge span: %v", names)
+	}
+	if got := client.Attr("http.response.status_code"); got != "201" {
+		t.Errorf("client span status = %q, want 201", got)
+	}
+	wantParent := "00-" + charge.TraceID + "-" + client.SpanID + "-01"
+	if got := seen.all(); len(got) != 1 || got[0] != wantParent {
+		t.Errorf("upstream got traceparent %v, want [%s] (the proxy's client span)", got, wantParent)
+	}
+	for _, c := range children {
+		if strings.HasPrefix(c.Name, "store ") && c.Attr("db.system.name") != "badger" {
+			t.Errorf("%s: db.system.name = %q, want badger", c.Name, c.Attr("db.system.name"))
+		}
+	}
+
+	if got := again.Attr("idemproxy.replayed"); got != "true" {
+		t.Errorf("replay span idemproxy.replayed = %q, want true", got)
+	}
+	if len(again.Links) != 1 || again.Links[0].TraceID != charge.TraceID || again.Links[0].SpanID != charge.SpanID {
+		t.Errorf("replay span links = %+v, want one to the charge's span %s/%s", again.Links, charge.TraceID, charge.SpanID)
+	}
+	wantLine := `"key_hash":"` + wantKeyHash + `","trace_id":"` + charge.TraceID + `"`
+	proxytest.Eventually(t, "the access log line names the charge's trace", func() bool { return strings.Contains(log.String(), wantLine) })
+	if again.TraceID == charge.TraceID {
+		t.Errorf("the replay continued the charge's trace %s; it is a request of its own", charge.TraceID)
+	}
+}
+
+// TestTraceEvents: a key left in doubt, a fingerprint mismatch and a wait
+// for an in-flight twin each mark the span.
+func TestTraceEvents(t *testing.T) {
+	e, r, _ := tracedEnv(t, `
+  - name: charges
+    match: POST /charges
+    key: {json: orderId}
+    upstream_timeout: 300ms
+    lease: 2s
+  - name: waits
+    match: POST /orders/{id}/charges
+    key: {path: id}
+    concurrent: wait
+    wait_timeout: 5s
+`)
+	e.Fault("delay", 1, "1s")
+	proxytest.WantStatus(t, "late", e.Charge(`"ORD-EV"`, 1), http.StatusGatewayTimeout, "upstream-timeout")
+	proxytest.WantStatus(t, "mismatch", e.Charge(`"ORD-EV"`, 2), http.StatusUnprocessableEntity, "fingerprint-mismatch")
+	spans := r.WaitFor(t, 10*time.Second, "two server spans", nServers(2))
+	byOutcome := map[string]otlptest.Span{}
+	for _, s := range serverSpans(spans) {
+		byOutcome[s.Attr("idemproxy.outcome")] = s
+	}
+	if s := byOutcome["in_doubt"]; !s.HasEvent(tracing.EventInDoubt) {
+		t.Errorf("in-doubt span %v: no %s event", s, tracing.EventInDoubt)
+	}
+	mm, ok := byOutcome["mismatch"]
+	if !ok || !mm.HasEvent(tracing.EventFingerprintMismatch) {
+		t.Errorf("mismatch span %v: no %s event", mm, tracing.EventFingerprintMismatch)
+	}
+	if d := byOutcome["in_doubt"]; len(mm.Links) != 1 || mm.Links[0].SpanID != d.SpanID {
+		t.Errorf("mismatch span links = %+v, want one to the span that forwarded the key (%s)", mm.Links, d.SpanID)
+	}
+
+	e.Fault("delay", 1, "400ms")
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); e.Do("POST", "/orders/ORD-W/charges", `{"amount":1}`) }()
+	time.Sleep(100 * time.Millisecond) // the first holds the key
+	twin := e.Do("POST", "/orders/ORD-W/charges", `{"amount":1}`)
+	wg.Wait()
+	if !twin.Replayed() {
+		t.Fatalf("twin: %v, want the first's answer replayed after waiting", twin)
+	}
+	spans = r.WaitFor(t, 10*time.Second, "the waiting twin's span", func(s []otlptest.Span) bool {
+		return len(otlptest.Find(s, func(s otlptest.Span) bool { return s.HasEvent(tracing.EventWait) })) > 0
+	})
+	w := otlptest.Find(spans, func(s otlptest.Span) bool { return s.HasEvent(tracing.EventWait) })[0]
+	if !w.HasEvent(tracing.EventWaitEnd) || w.Attr("idemproxy.outcome") != "replayed" {
+		t.Errorf("waiting span %v: want %s and %s events, outcome replayed", w, tracing.EventWait, tracing.EventWaitEnd)
+	}
+}
+
+// TestTracingOffAddsNothing: with tracing off the upstream gets the
+// client's traceparent as sent, and nothing is exported.
+func TestTracingOffAddsNothing(t *testing.T) {
+	r := otlptest.NewHTTP(t)
+	r.Setenv(t)
+	seen := &parents{}
+	h := stub.New(slog.New(slog.DiscardHandler))
+	e := &proxytest.Env{T: t, Tracing: tracing.New(nil)} // never configured: off
+	e.Stub = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		seen.add(req.Header.Get("traceparent"))
+		h.ServeHTTP(w, req)
+	}))
+	t.Cleanup(e.Stub.Close)
+	e.Start(e.Stub.URL, tracedRoute)
+	const tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	proxytest.WantStatus(t, "charge", e.Charge(`"ORD-OFF"`, 1, "traceparent", tp), 201, "")
+	if got := seen.all(); len(got) != 1 || got[0] != tp {
+		t.Errorf("upstream got traceparent %v, want the client's %s untouched", got, tp)
+	}
+	if n := r.Exports(); n != 0 {
+		t.Errorf("%d exports with tracing off, want 0", n)
+	}
+}
+
+// TestExemplars: a sampled request's duration carries its trace ID as an
+// exemplar.
+func TestExemplars(t *testing.T) {
+	e, r, _ := tracedEnv(t, tracedRoute)
+	proxytest.WantStatus(t, "charge", e.Charge(`"ORD-EX"`, 1), 201, "")
+	spans := r.WaitFor(t, 10*time.Second, "a server span", nServers(1))
+	want := serverSpans(spans)[0].TraceID
+	if got := exemplarTraceIDs(t, e.Registry, "idemproxy_request_duration_seconds"); !strings.Contains(strings.Join(got, ","), want) {
+		t.Errorf("exemplar trace IDs %v, want %s among them", got, want)
+	}
+}
+
+func exemplarTraceIDs(t *testing.T, reg prometheus.Gatherer, name string) []string {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, b := range m.GetHistogram().GetBucket() {
+				ids = append(ids, labelsOf(b.GetExemplar())...)
+			}
+		}
+	}
+	return ids
+}
+
+func labelsOf(ex *dto.Exemplar) []string {
+	var out []string
+	for _, l := range ex.GetLabel() {
+		if l.GetName() == "trace_id" {
+			out = append(out, l.GetValue())
+		}
+	}
+	return out
+}
