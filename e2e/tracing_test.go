@@ -11,6 +11,7 @@ package e2e
 // the admin API's and the reconciler's spans.
 
 import (
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -174,6 +175,18 @@ func checkAttrs(t *testing.T, what string, s otlptest.Span, want map[string]stri
 	}
 }
 
+// keyOrigin returns the origin the admin API shows for order's record on
+// the charges route ("" for none); p's admin token is "tok".
+func keyOrigin(t *testing.T, p *proc, order string) string {
+	t.Helper()
+	r := do("GET", p.adminURL("/v1/keys/charges/"+order), "", "Authorization", "Bearer tok")
+	var v struct{ Origin string }
+	if err := json.Unmarshal([]byte(r.body), &v); r.status != 200 || err != nil {
+		t.Fatalf("GET /v1/keys/charges/%s = %d %s %v", order, r.status, r.body, err)
+	}
+	return v.Origin
+}
+
 // wantReplay requires r to be a replayed 201 with the body of first.
 func wantReplay(t *testing.T, what string, r, first result) {
 	t.Helper()
@@ -213,7 +226,7 @@ func TestTracingSpanTreeAndReplayLink(t *testing.T) {
 			up := startTracedStub(t)
 			dir := t.TempDir()
 			p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), tracingOn, chargesRoute),
-				rcv.Env()...)
+				append(rcv.Env(), "IDEMPROXY_ADMIN_TOKEN=tok")...)
 			first := charge(p, "TR-1")
 			wantForwarded(t, "TR-1", first)
 			wantReplay(t, "TR-1's retry", charge(p, "TR-1"), first)
@@ -230,17 +243,23 @@ func TestTracingSpanTreeAndReplayLink(t *testing.T) {
 					slices.ContainsFunc(children, named("POST", spanClient))
 			})
 
-			var logged string
+			var logged map[string]any
 			eventually(t, "the access log line of the charge", func() bool {
 				for _, l := range p.log.logLines("request") {
 					if l["outcome"] == "committed" {
-						logged, _ = l["key_hash"].(string)
+						logged = l
 						return true
 					}
 				}
 				return false
 			})
 			server := one(t, spans, "TR-1's server span", orig)
+			if logged["trace_id"] != server.TraceID {
+				t.Errorf("the access log line's trace_id = %v, want the server span's %s", logged["trace_id"], server.TraceID)
+			}
+			if got := keyOrigin(t, p, "TR-1"); got != server.TraceID+"-"+server.SpanID {
+				t.Errorf("GET /v1/keys/charges/TR-1: origin %q, want the server span's %s-%s", got, server.TraceID, server.SpanID)
+			}
 			if server.Name != "POST /charges" || server.ParentID != "" || server.Service != "idemproxy" || server.Scope != tracing.ScopeName {
 				t.Errorf("server span = %s in scope %q, want a root span \"POST /charges\" of service idemproxy in scope %q",
 					server, server.Scope, tracing.ScopeName)
@@ -252,7 +271,7 @@ func TestTracingSpanTreeAndReplayLink(t *testing.T) {
 				"url.scheme":                "http",
 				"http.response.status_code": "201",
 				"idemproxy.route":           "charges",
-				"idemproxy.key_hash":        logged,
+				"idemproxy.key_hash":        fmt.Sprint(logged["key_hash"]),
 				"idemproxy.policy":          "reserve-then-commit",
 				"idemproxy.store":           "badger",
 				"idemproxy.outcome":         "committed",
@@ -488,47 +507,66 @@ func TestTracingEvents(t *testing.T) {
 	}
 }
 
-// TestTracingContinuesClientTrace: a client that sends a sampled
-// traceparent gets its trace continued (the server span's trace and
-// parent are the client's, and so are the upstream's); one that sends an
-// unsampled one gets no span exported, and the upstream still gets the
-// trace, unsampled.
+// TestTracingContinuesClientTrace: under the parent-based samplers, a
+// client that sends a sampled traceparent gets its trace continued (the
+// server span's trace and parent are the client's, and the upstream gets
+// that trace too), one that sends an unsampled one gets no span exported
+// (the upstream still gets the trace, unsampled), and a request without
+// one is traced as the sampler's ratio says: always, or at 0 never.
 func TestTracingContinuesClientTrace(t *testing.T) {
 	t.Parallel()
-	rcv := otlptest.NewHTTP(t)
-	up := startTracedStub(t)
-	dir := t.TempDir()
-	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), tracingOn, chargesRoute),
-		rcv.Env()...)
 	const (
 		sampledTrace   = "4bf92f3577b34da6a3ce929d0e0e4736"
 		unsampledTrace = "0af7651916cd43dd8448eb211c80319c"
 		clientSpan     = "00f067aa0ba902b7"
 	)
-	wantForwarded(t, "TR-C0", charge(p, "TR-C0", "Traceparent", "00-"+unsampledTrace+"-"+clientSpan+"-00"))
-	wantForwarded(t, "TR-C1", charge(p, "TR-C1", "Traceparent", "00-"+sampledTrace+"-"+clientSpan+"-01"))
-	spans := waitSpans(t, rcv, "TR-C1's span", requestSpan("TR-C1", "committed"))
-	server := one(t, spans, "TR-C1's span", requestSpan("TR-C1", "committed"))
-	if server.TraceID != sampledTrace || server.ParentID != clientSpan {
-		t.Errorf("server span trace %s parent %s, want the client's: trace %s parent %s", server.TraceID, server.ParentID, sampledTrace, clientSpan)
-	}
-	tps := up.traceparents("POST", "/charges")
-	if len(tps) != 2 {
-		t.Fatalf("the upstream got %d charges (%q), want 2", len(tps), tps)
-	}
-	for i, want := range []struct{ trace, flags string }{{unsampledTrace, "00"}, {sampledTrace, "01"}} {
-		if tid, sid, flags := traceparentIDs(tps[i]); tid != want.trace || flags != want.flags || sid == clientSpan {
-			t.Errorf("charge %d: the upstream's traceparent = %q, want trace %s, flags %s, and the proxy's span as parent",
-				i, tps[i], want.trace, want.flags)
-		}
-	}
-	// Stopped, the process has exported all it ever will.
-	p.signal(syscall.SIGTERM)
-	if code := p.wait(); code != 0 {
-		t.Fatalf("exit status after SIGTERM = %d, want 0\n%s", code, p.log)
-	}
-	if got := otlptest.Find(rcv.Spans(), func(s otlptest.Span) bool { return s.TraceID == unsampledTrace }); len(got) != 0 {
-		t.Errorf("spans of the unsampled client trace were exported:\n%s", spanList(got))
+	for _, tt := range []struct {
+		name          string
+		env           []string
+		rootsExported bool // a request without a traceparent
+	}{
+		{"parentbased_always_on (the default)", nil, true},
+		{"parentbased_traceidratio 0", []string{"OTEL_TRACES_SAMPLER=parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG=0"}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			rcv := otlptest.NewHTTP(t)
+			up := startTracedStub(t)
+			dir := t.TempDir()
+			p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), tracingOn, chargesRoute),
+				append(rcv.Env(), tt.env...)...)
+			wantForwarded(t, "TR-C0", charge(p, "TR-C0", "Traceparent", "00-"+unsampledTrace+"-"+clientSpan+"-00"))
+			wantForwarded(t, "TR-C1", charge(p, "TR-C1", "Traceparent", "00-"+sampledTrace+"-"+clientSpan+"-01"))
+			wantForwarded(t, "TR-C2", charge(p, "TR-C2"))
+			spans := waitSpans(t, rcv, "TR-C1's span", requestSpan("TR-C1", "committed"))
+			server := one(t, spans, "TR-C1's span", requestSpan("TR-C1", "committed"))
+			if server.TraceID != sampledTrace || server.ParentID != clientSpan {
+				t.Errorf("server span trace %s parent %s, want the client's: trace %s parent %s", server.TraceID, server.ParentID, sampledTrace, clientSpan)
+			}
+			tps := up.traceparents("POST", "/charges")
+			if len(tps) != 3 {
+				t.Fatalf("the upstream got %d charges (%q), want 3", len(tps), tps)
+			}
+			for i, want := range []struct{ trace, flags string }{{unsampledTrace, "00"}, {sampledTrace, "01"}} {
+				if tid, sid, flags := traceparentIDs(tps[i]); tid != want.trace || flags != want.flags || sid == clientSpan {
+					t.Errorf("charge %d: the upstream's traceparent = %q, want trace %s, flags %s, and the proxy's span as parent",
+						i, tps[i], want.trace, want.flags)
+				}
+			}
+			// Stopped, the process has exported all it ever will.
+			p.signal(syscall.SIGTERM)
+			if code := p.wait(); code != 0 {
+				t.Fatalf("exit status after SIGTERM = %d, want 0\n%s", code, p.log)
+			}
+			spans = rcv.Spans()
+			if got := otlptest.Find(spans, func(s otlptest.Span) bool { return s.TraceID == unsampledTrace }); len(got) != 0 {
+				t.Errorf("spans of the unsampled client trace were exported:\n%s", spanList(got))
+			}
+			roots := otlptest.Find(spans, requestSpan("TR-C2", "committed"))
+			if got := len(roots) == 1; got != tt.rootsExported {
+				t.Errorf("TR-C2, sent without a traceparent: %d server spans exported, want exported %v", len(roots), tt.rootsExported)
+			}
+		})
 	}
 }
 
@@ -586,7 +624,7 @@ func TestTracingExportsNothing(t *testing.T) {
 			up := startStub(t)
 			dir := t.TempDir()
 			p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), tracingOn, chargesRoute),
-				append(rcv.Env(), tt.env...)...)
+				append(append(rcv.Env(), "IDEMPROXY_ADMIN_TOKEN=tok"), tt.env...)...)
 			first := charge(p, "TR-N1", "Traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
 			wantForwarded(t, "TR-N1", first)
 			wantReplay(t, "TR-N1's retry", charge(p, "TR-N1"), first)
@@ -595,6 +633,19 @@ func TestTracingExportsNothing(t *testing.T) {
 			}
 			if ex := exemplars(t, p); len(ex) != 0 {
 				t.Errorf("/metrics has exemplars %q, want none", ex)
+			}
+			if got := keyOrigin(t, p, "TR-N1"); got != "" {
+				t.Errorf("TR-N1's record keeps the origin %q, want none (its span was not sampled)", got)
+			}
+			var lines []map[string]any
+			eventually(t, "the access log lines of both requests", func() bool {
+				lines = p.log.logLines("request")
+				return len(lines) >= 2
+			})
+			for _, l := range lines {
+				if id, ok := l["trace_id"]; ok {
+					t.Errorf("an access log line has the trace_id %v of a span not sampled: %v", id, l)
+				}
 			}
 			if l := p.log.logLines(tt.wantLog); len(l) != 1 || l[0]["level"] != tt.wantLvl {
 				t.Errorf("log lines %q: %v, want one at %s\n%s", tt.wantLog, l, tt.wantLvl, p.log)
@@ -700,6 +751,7 @@ func TestTracingAdminAndReconcile(t *testing.T) {
 	checkAttrs(t, "the reconcile's admin span", admin, map[string]string{
 		"http.request.method": "POST", "http.route": "/v1/keys/{route}/{key}/reconcile",
 		"url.path": "/v1/keys/charges/TR-A1/reconcile", "http.response.status_code": "200", "idemproxy.operator": "alice",
+		"idemproxy.route": "charges",
 	})
 	rec := one(t, otlptest.ChildrenOf(spans, admin), "the reconcile span under the admin span", otlptest.Named("reconcile charges"))
 	checkAttrs(t, "the reconcile span", rec, map[string]string{
@@ -733,6 +785,7 @@ func TestTracingAdminAndReconcile(t *testing.T) {
 	del := one(t, spans, "the release's span", release)
 	checkAttrs(t, "the release's span", del, map[string]string{
 		"http.request.method": "DELETE", "url.path": "/v1/keys/charges/TR-A1", "http.response.status_code": "200",
+		"idemproxy.route": "charges", "idemproxy.operator": "alice",
 	})
 	if del.ParentID != "" || del.TraceID == admin.TraceID {
 		t.Errorf("the release's span %s: want a trace of its own", del)
