@@ -32,7 +32,7 @@ func (h *Handler) serveTraced(w http.ResponseWriter, r *http.Request, pattern st
 	_, route, _ := strings.Cut(pattern, " ")
 	ctx := tracing.Propagator.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
 	ctx, span := tr.Start(ctx, r.Method+" "+route, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(
-		semconv.HTTPRequestMethodKey.String(r.Method), semconv.HTTPRoute(route), semconv.URLPath(r.URL.Path)))
+		semconv.HTTPRequestMethodKey.String(r.Method), semconv.HTTPRoute(route), semconv.URLPath(tracing.Text(r.URL.Path))))
 	defer span.End()
 	sw := &spanStatus{ResponseWriter: w}
 	rc := r.WithContext(ctx)
@@ -42,10 +42,10 @@ func (h *Handler) serveTraced(w http.ResponseWriter, r *http.Request, pattern st
 	}
 	span.SetAttributes(semconv.HTTPResponseStatusCode(sw.status))
 	if route := rc.PathValue("route"); route != "" {
-		span.SetAttributes(tracing.AttrRoute.String(route))
+		span.SetAttributes(tracing.AttrRoute.String(tracing.Text(route)))
 	}
 	if op := r.Header.Get("X-Operator"); op != "" {
-		span.SetAttributes(tracing.AttrOperator.String(op[:min(len(op), 256)])) // as sent, before the token was checked
+		span.SetAttributes(tracing.AttrOperator.String(tracing.Text(op[:min(len(op), 256)]))) // as sent, before the token was checked
 	}
 	if sw.status >= 500 {
 		span.SetStatus(codes.Error, "")

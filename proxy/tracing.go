@@ -38,24 +38,32 @@ func (a *attempt) startSpan() {
 	}
 	r := a.in
 	ctx := tracing.Propagator.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
-	name, route := r.Method, ""
+	method := knownMethod(r.Method)
+	name, route := method, ""
 	if a.rt != nil {
 		route = a.rt.httpRoute
 		name += " " + route
 	}
 	attrs := make([]attribute.KeyValue, 0, 12)
 	attrs = append(attrs,
-		semconv.HTTPRequestMethodKey.String(r.Method),
-		semconv.URLPath(r.URL.Path),
+		semconv.HTTPRequestMethodKey.String(method),
+		semconv.URLPath(tracing.Text(r.URL.Path)),
 		semconv.URLScheme(scheme(r)),
-		semconv.ServerAddress(canonicalHost(r.Host)),
+		semconv.ServerAddress(tracing.Text(canonicalHost(r.Host))),
 		semconv.NetworkProtocolVersion(strings.TrimPrefix(r.Proto, "HTTP/")),
 	)
+	if method == "_OTHER" {
+		name = "HTTP"
+		if a.rt != nil {
+			name += " " + a.rt.httpRoute
+		}
+		attrs = append(attrs, semconv.HTTPRequestMethodOriginal(tracing.Text(r.Method[:min(len(r.Method), 64)])))
+	}
 	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
 		attrs = append(attrs, semconv.ClientAddress(host))
 	}
 	if ua := r.UserAgent(); ua != "" {
-		attrs = append(attrs, semconv.UserAgentOriginal(ua))
+		attrs = append(attrs, semconv.UserAgentOriginal(tracing.Text(ua)))
 	}
 	if a.rt != nil {
 		attrs = append(attrs, semconv.HTTPRoute(route), tracing.AttrRoute.String(a.rt.cfg.Name),
@@ -63,6 +71,18 @@ func (a *attempt) startSpan() {
 	}
 	ctx, a.span = tr.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(attrs...))
 	a.in = r.WithContext(ctx)
+}
+
+// knownMethod is a request's method as the HTTP semantic conventions name
+// it: one of the methods they know, else "_OTHER", so that a client's
+// invented methods cannot grow the span names without bound.
+func knownMethod(m string) string {
+	switch m {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch,
+		http.MethodDelete, http.MethodConnect, http.MethodOptions, http.MethodTrace:
+		return m
+	}
+	return "_OTHER"
 }
 
 func scheme(r *http.Request) string {
@@ -199,9 +219,10 @@ func (t tracedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if tr == nil || !trace.SpanContextFromContext(req.Context()).IsValid() {
 		return t.next.RoundTrip(req)
 	}
+	method := knownMethod(req.Method)
 	attrs := []attribute.KeyValue{
-		semconv.HTTPRequestMethodKey.String(req.Method),
-		semconv.URLFull(redactedURL(req)),
+		semconv.HTTPRequestMethodKey.String(method),
+		semconv.URLFull(tracing.Text(redactedURL(req))),
 		semconv.ServerAddress(req.URL.Hostname()),
 	}
 	if p := req.URL.Port(); p != "" {
@@ -209,7 +230,11 @@ func (t tracedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			attrs = append(attrs, semconv.ServerPort(n))
 		}
 	}
-	ctx, span := tr.Start(req.Context(), req.Method, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
+	name := method
+	if method == "_OTHER" {
+		name = "HTTP"
+	}
+	ctx, span := tr.Start(req.Context(), name, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
 	req = req.Clone(ctx)
 	tracing.Propagator.Inject(ctx, propagation.HeaderCarrier(req.Header))
 	resp, err := t.next.RoundTrip(req)

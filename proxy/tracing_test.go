@@ -300,3 +300,43 @@ func labelsOf(ex *dto.Exemplar) []string {
 	}
 	return out
 }
+
+// TestTracesSurviveHostileInput: a path with an invalid UTF-8 byte, such a
+// User-Agent and an invented method must not cost the batch its spans
+// (OTLP refuses a string that is not UTF-8, and drops the whole export):
+// they are exported with U+FFFD, and an unknown method is _OTHER, so
+// clients cannot grow span names without bound.
+func TestTracesSurviveHostileInput(t *testing.T) {
+	e, r, _ := tracedEnv(t, tracedRoute)
+	req, _ := http.NewRequest("GET", e.Server.URL+"/statement%ff", nil)
+	req.Header.Set("User-Agent", "curl\xff")
+	if resp, err := http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	} else {
+		resp.Body.Close()
+	}
+	req, _ = http.NewRequest("BREW", e.Server.URL+"/pot", nil)
+	if resp, err := http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	} else {
+		resp.Body.Close()
+	}
+	proxytest.WantStatus(t, "charge", e.Charge(`"ORD-UTF"`, 1), 201, "")
+	spans := r.WaitFor(t, 10*time.Second, "three server spans", nServers(3))
+	byPath := map[string]otlptest.Span{}
+	for _, s := range serverSpans(spans) {
+		byPath[s.Attr("url.path")] = s
+	}
+	bad, ok := byPath["/statement\uFFFD"]
+	if !ok {
+		t.Fatalf("no span with url.path %q among %v", "/statement\uFFFD", serverSpans(spans))
+	}
+	if got := bad.Attr("user_agent.original"); got != "curl\uFFFD" {
+		t.Errorf("user_agent.original = %q, want %q", got, "curl\uFFFD")
+	}
+	brew := byPath["/pot"]
+	if brew.Name != "HTTP" || brew.Attr("http.request.method") != "_OTHER" || brew.Attr("http.request.method_original") != "BREW" {
+		t.Errorf("invented method's span: name %q, method %q, original %q; want HTTP, _OTHER, BREW",
+			brew.Name, brew.Attr("http.request.method"), brew.Attr("http.request.method_original"))
+	}
+}

@@ -20,6 +20,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -281,6 +282,17 @@ func (h errorHandler) Handle(err error) {
 		return
 	}
 	h.log.Warn("tracing: spans could not be exported (at most one such line a minute)", "err", err)
+}
+
+// Text returns s as a span's string may hold it: valid UTF-8, each invalid
+// byte replaced by U+FFFD. OTLP's strings must be UTF-8: one string that is
+// not (a path with %FF, a raw byte in a header) would make the exporter
+// drop every span of its batch, a client's way to blind the traces.
+func Text(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	return strings.ToValidUTF8(s, "\uFFFD")
 }
 
 // Origin returns how a record keeps the span sc: "<trace ID>-<span ID>" in
