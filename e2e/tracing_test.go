@@ -798,3 +798,39 @@ func TestTracingAdminAndReconcile(t *testing.T) {
 		}
 	}
 }
+
+// TestTracingSurvivesInvalidUTF8: OTLP's strings must be UTF-8, and an
+// exporter drops its whole batch when one is not; a client's path with
+// %FF and a raw byte in its User-Agent arrive cleaned (U+FFFD), and the
+// spans exported with them arrive too; an invented method is _OTHER.
+func TestTracingSurvivesInvalidUTF8(t *testing.T) {
+	t.Parallel()
+	rcv := otlptest.NewHTTP(t)
+	up := startStub(t)
+	dir := t.TempDir()
+	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), tracingOn, chargesRoute),
+		rcv.Env()...)
+	if r := do("GET", p.url("/orders/%FF/charges"), "", "User-Agent", "curl\xff/8"); r.err != nil || r.status == 0 {
+		t.Fatalf("GET /orders/%%FF/charges: %d %v", r.status, r.err)
+	}
+	if r := do("BREW", p.url("/pot"), ""); r.err != nil {
+		t.Fatalf("BREW /pot: %v", r.err)
+	}
+	wantForwarded(t, "TR-U1", charge(p, "TR-U1"))
+	// Stopped, the process has exported all it ever will.
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(); code != 0 {
+		t.Fatalf("exit status after SIGTERM = %d, want 0\n%s", code, p.log)
+	}
+	spans := rcv.Spans()
+	odd := one(t, spans, "the span of the request with invalid UTF-8", otlptest.All(named("GET", spanServer),
+		otlptest.WithAttr("url.path", "/orders/\uFFFD/charges")))
+	checkAttrs(t, "the span of the request with invalid UTF-8", odd, map[string]string{
+		"user_agent.original": "curl\uFFFD/8", "idemproxy.outcome": "passthrough",
+	})
+	brew := one(t, spans, "the BREW request's span", otlptest.All(otlptest.OfKind(spanServer), otlptest.WithAttr("url.path", "/pot")))
+	checkAttrs(t, "the BREW request's span", brew, map[string]string{
+		"http.request.method": "_OTHER", "http.request.method_original": "BREW",
+	})
+	one(t, spans, "TR-U1's span", requestSpan("TR-U1", "committed"))
+}
