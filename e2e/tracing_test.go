@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -833,4 +834,35 @@ func TestTracingSurvivesInvalidUTF8(t *testing.T) {
 		"http.request.method": "_OTHER", "http.request.method_original": "BREW",
 	})
 	one(t, spans, "TR-U1's span", requestSpan("TR-U1", "committed"))
+}
+
+// TestTracingCollectorDown: a collector that does not answer costs the
+// spans only: requests are served, one warning says the export failed,
+// and the proxy stops cleanly.
+func TestTracingCollectorDown(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := "http://" + ln.Addr().String()
+	ln.Close()
+	up := startStub(t)
+	dir := t.TempDir()
+	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), tracingOn, chargesRoute),
+		"OTEL_EXPORTER_OTLP_ENDPOINT="+down, "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf", "OTEL_BSP_SCHEDULE_DELAY=50",
+		"OTEL_EXPORTER_OTLP_TIMEOUT=300")
+	first := charge(p, "TR-D1")
+	wantForwarded(t, "TR-D1", first)
+	wantReplay(t, "TR-D1's retry", charge(p, "TR-D1"), first)
+	const warned = "tracing: spans could not be exported (at most one such line a minute)"
+	eventually(t, "the export failure's warning", func() bool { return len(p.log.logLines(warned)) > 0 })
+	wantForwarded(t, "TR-D2", charge(p, "TR-D2"))
+	p.signal(syscall.SIGTERM)
+	if code := p.wait(); code != 0 {
+		t.Fatalf("exit status after SIGTERM = %d, want 0\n%s", code, p.log)
+	}
+	if l := p.log.logLines(warned); len(l) != 1 || l[0]["level"] != "WARN" {
+		t.Errorf("export failure lines: %v, want one warning", l)
+	}
 }
