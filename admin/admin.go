@@ -331,10 +331,6 @@ type keyView struct {
 	StoredBytes    *int        `json:"stored_body_bytes,omitempty"`
 	// Reconciled: the stored answer came from a reconcile lookup.
 	Reconciled bool `json:"reconciled,omitempty"`
-	// Origin is the span that forwarded the key's request, "<trace
-	// ID>-<span ID>" (docs/observability.md); empty when it was not
-	// sampled or tracing was off.
-	Origin string `json:"origin,omitempty"`
 }
 
 // record reads the record of a key API request; it answers the request
@@ -363,7 +359,7 @@ func (h *Handler) getKey(w http.ResponseWriter, r *http.Request) {
 	}
 	v := keyView{
 		Route: r.PathValue("route"), Key: r.PathValue("key"), State: rec.State,
-		CreatedAt: rec.CreatedAt.UTC(), Fingerprint: rec.Fingerprint, Origin: rec.Origin,
+		CreatedAt: rec.CreatedAt.UTC(), Fingerprint: rec.Fingerprint,
 	}
 	if !rec.ExpiresAt.IsZero() {
 		t := rec.ExpiresAt.UTC()
