@@ -331,6 +331,9 @@ type keyView struct {
 	StoredBytes    *int        `json:"stored_body_bytes,omitempty"`
 	// Reconciled: the stored answer came from a reconcile lookup.
 	Reconciled bool `json:"reconciled,omitempty"`
+	// Origin is the trace span that forwarded the key's request
+	// ("<trace ID>-<span ID>"), when it was traced.
+	Origin string `json:"origin,omitempty"`
 }
 
 // record reads the record of a key API request; it answers the request
@@ -359,7 +362,7 @@ func (h *Handler) getKey(w http.ResponseWriter, r *http.Request) {
 	}
 	v := keyView{
 		Route: r.PathValue("route"), Key: r.PathValue("key"), State: rec.State,
-		CreatedAt: rec.CreatedAt.UTC(), Fingerprint: rec.Fingerprint,
+		CreatedAt: rec.CreatedAt.UTC(), Fingerprint: rec.Fingerprint, Origin: rec.Origin,
 	}
 	if !rec.ExpiresAt.IsZero() {
 		t := rec.ExpiresAt.UTC()

@@ -292,6 +292,30 @@ type keyView struct {
 	StoredBytes    *int       `json:"stored_body_bytes"`
 }
 
+// TestGetKeyShowsItsOrigin: a key whose request was traced shows the span
+// that forwarded it as "origin"; one that was not shows no such field.
+func TestGetKeyShowsItsOrigin(t *testing.T) {
+	st := openStore(t)
+	h := newHandler(t, st, nil)
+	const origin = "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"
+	for _, tt := range []struct{ key, origin string }{{"traced", origin}, {"untraced", ""}} {
+		res := store.Reservation{Token: ownerToken, Fingerprint: "fp", Lease: lease, TTL: ttl, Origin: tt.origin}
+		if rec, err := st.Reserve(context.Background(), store.Key("charges", "", tt.key), res); err != nil || rec != nil {
+			t.Fatalf("Reserve(%q) = %v, %v; want nil, nil", tt.key, rec, err)
+		}
+		rec := serve(t, h, http.MethodGet, "/v1/keys/charges/"+tt.key, bearer, nil)
+		if rec.Code != http.StatusOK {
+			t.Fatalf("%s: status = %d, want 200; body %s", tt.key, rec.Code, rec.Body)
+		}
+		var fields map[string]any
+		decode(t, rec, &fields)
+		got, ok := fields["origin"]
+		if want := tt.origin != ""; ok != want || (want && got != tt.origin) {
+			t.Errorf("%s: origin = %v (present %v), want %q (present %v)", tt.key, got, ok, tt.origin, want)
+		}
+	}
+}
+
 func TestGetKeyStates(t *testing.T) {
 	st := openStore(t)
 	h := newHandler(t, st, nil)

@@ -26,8 +26,9 @@ func openBadger(t *testing.T) *badger.Store {
 // TestWriteProbe: the verdict is nil before the first probe ends (no
 // verdict yet), nil after a probe that wrote, the error of one that
 // failed; the probe leaves no record behind; Observe reports a real
-// reservation's failure at once (not its caller's cancellation) and a
-// success clears it, and keeps a ReconcileStore one.
+// reservation's failure at once (not its caller's cancellation, nor an
+// origin too long) and a success clears it, and keeps a ReconcileStore
+// one.
 func TestWriteProbe(t *testing.T) {
 	ctx := context.Background()
 	s := openBadger(t)
@@ -60,6 +61,13 @@ func TestWriteProbe(t *testing.T) {
 	}
 	if p.Err() != nil {
 		t.Errorf("a caller's cancellation set the verdict: %v", p.Err())
+	}
+	long := store.Reservation{Token: "t", Lease: time.Minute, TTL: time.Minute, Origin: strings.Repeat("a", store.MaxOriginLen+1)}
+	if _, err := p.Observe(s).Reserve(ctx, "r/-/long", long); !errors.Is(err, store.ErrOriginTooLong) {
+		t.Fatalf("Reserve with an origin too long = %v, want ErrOriginTooLong", err)
+	}
+	if p.Err() != nil {
+		t.Errorf("a caller's origin too long set the verdict: %v", p.Err())
 	}
 	if _, err := obs.Reserve(ctx, "r/-/k", store.Reservation{Token: "t", Lease: time.Minute, TTL: time.Minute}); err == nil {
 		t.Fatal("Reserve on a closed store succeeded")

@@ -87,6 +87,7 @@ type op struct {
 	fingerprint string
 	lease, ttl  int64 // microseconds; ttl also for opCommit and opMarkInDoubt
 	epoch       string
+	origin      string
 	// opCommit.
 	meta string
 	body []byte
@@ -235,6 +236,7 @@ func (s *Store) runBatch(batch []*op) {
 	byKey := make(map[string]*op, len(live))
 	var (
 		rKey, rTok, rFp, rEpoch []string
+		rOrigin                 []string
 		rLease, rTTL            []int64
 		rDeadline               []time.Time
 		cKey, cTok, cMeta       []string
@@ -249,7 +251,7 @@ func (s *Store) runBatch(batch []*op) {
 		switch o.kind {
 		case opReserve:
 			rKey, rTok, rFp, rEpoch = append(rKey, o.key), append(rTok, o.token), append(rFp, o.fingerprint), append(rEpoch, o.epoch)
-			rLease, rTTL = append(rLease, o.lease), append(rTTL, o.ttl)
+			rLease, rTTL, rOrigin = append(rLease, o.lease), append(rTTL, o.ttl), append(rOrigin, o.origin)
 		case opCommit:
 			cKey, cTok, cMeta = append(cKey, o.key), append(cTok, o.token), append(cMeta, o.meta)
 			cBody, cTTL = append(cBody, o.body), append(cTTL, o.ttl)
@@ -278,7 +280,7 @@ func (s *Store) runBatch(batch []*op) {
 				}
 			}
 		}
-		rows, err := c.Query(ctx, s.sql.batch, nonNil(rKey), nonNil(rTok), nonNil(rFp), nonNil(rLease), nonNil(rTTL), nonNil(rDeadline), nonNil(rEpoch),
+		rows, err := c.Query(ctx, s.sql.batch, nonNil(rKey), nonNil(rTok), nonNil(rFp), nonNil(rLease), nonNil(rTTL), nonNil(rDeadline), nonNil(rEpoch), nonNil(rOrigin),
 			nonNil(cKey), nonNil(cTok), nonNil(cMeta), nonNil(cBody), nonNil(cTTL),
 			nonNil(dKey), nonNil(dTok),
 			nonNil(mKey), nonNil(mTok), nonNil(mTTL))
@@ -293,8 +295,9 @@ func (s *Store) runBatch(batch []*op) {
 				st, tok, fp    *string
 				cr, lease, exp *time.Time
 				meta, respBody []byte
+				origin         *string
 			)
-			if err := rows.Scan(&key, &ok, &st, &tok, &fp, &cr, &lease, &exp, &meta, &respBody); err != nil {
+			if err := rows.Scan(&key, &ok, &st, &tok, &fp, &cr, &lease, &exp, &meta, &respBody, &origin); err != nil {
 				return err
 			}
 			o := byKey[key]
@@ -309,7 +312,7 @@ func (s *Store) runBatch(batch []*op) {
 			case st != nil:
 				// A record that cannot be read fails its own caller only,
 				// as Get would.
-				o.rec, o.err = decodeRecord(*st, *tok, *fp, *cr, lease, *exp, meta, respBody)
+				o.rec, o.err = decodeRecord(*st, *tok, *fp, *cr, lease, *exp, meta, respBody, origin)
 			}
 		}
 		return rows.Err()

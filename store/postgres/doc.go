@@ -25,13 +25,17 @@
 //	lookup_lease_until  end of that lookup's lease
 //	listed_by           the process DueLookups last listed the record for
 //	listed_until        until when that listing holds
+//	origin              the reservation's store.Reservation.Origin (NULL:
+//	                    none, or a row of an earlier release)
 //
 // with an index on expires_at, a partial index on next_lookup (scheduled
 // lookups only) and a partial index on key of the records in flight or in
 // doubt without a scheduled lookup. A second table, <table>_schema, holds
 // the layout's version (1). New creates what is missing (CREATE SCHEMA,
-// TABLE and INDEX IF NOT EXISTS) and refuses a version newer than the
-// binary knows, so a later release can migrate the table.
+// TABLE and INDEX IF NOT EXISTS), adds the nullable columns added since
+// (origin: addColumns, which earlier releases of version 1 work with), and
+// refuses a version newer than the binary knows, so a later release can
+// migrate the table.
 //
 // # Atomicity and clocks
 //

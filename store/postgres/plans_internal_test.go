@@ -46,7 +46,7 @@ func TestStatementsUseIndexes(t *testing.T) {
 		args      []string
 		want      string // in the plan, when set
 	}{
-		{"reserve", s.sql.reserve, []string{key, tok, `'fp'`, us, us, ts}, ""},
+		{"reserve", s.sql.reserve, []string{key, tok, `'fp'`, us, us, ts, `'og'`}, ""},
 		{"get", s.sql.get, []string{key}, ""},
 		{"commit", s.sql.commit, []string{key, tok, `'{}'`, `'\x00'`, us}, ""},
 		{"release", s.sql.release, []string{key, tok}, ""},
@@ -66,7 +66,7 @@ func TestStatementsUseIndexes(t *testing.T) {
 		// A batch finds each of its keys by the index.
 		{"batch", s.sql.batch, []string{
 			`'{r/-/1,r/-/2,r/-/new}'`, `'{t,t,t}'`, `'{fp,fp,fp}'`, `'{` + us + `,` + us + `,` + us + `}'`, `'{` + us + `,` + us + `,` + us + `}'`,
-			`ARRAY[` + ts + `,` + ts + `,` + ts + `]`, `'{"","",""}'`,
+			`ARRAY[` + ts + `,` + ts + `,` + ts + `]`, `'{"","",""}'`, `'{og,"",""}'`,
 			`'{r/-/3,r/-/4}'`, `'{t,t}'`, `'{"{}","{}"}'`, `'{NULL,"\\x00"}'`, `'{` + us + `,` + us + `}'`,
 			`'{r/-/5}'`, `'{t}'`,
 			`'{r/-/6}'`, `'{t}'`, `'{` + us + `}'`,
@@ -114,15 +114,16 @@ func TestBatchIsPlannedOnce(t *testing.T) {
 	for i := range runs {
 		var (
 			keys, toks, fps, epochs []string
+			origins                 []string
 			us                      []int64
 			deadlines               []time.Time
 		)
 		for j := range 1 + i%4 { // small batches, whose sizes a custom plan would see
 			keys = append(keys, fmt.Sprintf("r/-/%d-%d", i, j))
-			toks, fps, epochs = append(toks, "t"), append(fps, "fp"), append(epochs, "")
+			toks, fps, epochs, origins = append(toks, "t"), append(fps, "fp"), append(epochs, ""), append(origins, "")
 			us, deadlines = append(us, int64(time.Hour/time.Microsecond)), append(deadlines, time.Now().Add(time.Minute))
 		}
-		rows, err := c.Query(ctx, s.sql.batch, keys, toks, fps, us, us, deadlines, epochs,
+		rows, err := c.Query(ctx, s.sql.batch, keys, toks, fps, us, us, deadlines, epochs, origins,
 			[]string{}, []string{}, []string{}, [][]byte{}, []int64{}, []string{}, []string{}, []string{}, []string{}, []int64{})
 		if err != nil {
 			t.Fatal(err)

@@ -382,10 +382,13 @@ func (s *Store) Reserve(ctx context.Context, key string, res store.Reservation) 
 	if res.Lease <= 0 || res.TTL <= 0 {
 		return nil, fmt.Errorf("postgres store: reserve: lease %v and ttl %v must be positive", res.Lease, res.TTL)
 	}
+	if err := store.CheckOrigin(res.Origin); err != nil {
+		return nil, fmt.Errorf("postgres store: reserve: %w", err)
+	}
 	expect := s.expectedEpoch()
-	if batchable(res.Token, res.Fingerprint) {
+	if batchable(res.Token, res.Fingerprint, res.Origin) {
 		o := &op{kind: opReserve, ctx: ctx, key: key, token: res.Token, fingerprint: res.Fingerprint,
-			lease: micros(res.Lease), ttl: micros(res.TTL), epoch: expect}
+			lease: micros(res.Lease), ttl: micros(res.TTL), epoch: expect, origin: res.Origin}
 		if s.batch.enter(o) {
 			defer s.batch.leave()
 		} else {
@@ -421,7 +424,7 @@ func (s *Store) reserveAlone(ctx context.Context, key string, res store.Reservat
 				return err
 			}
 			sampled = at
-			sql, args := s.sql.reserve, []any{key, res.Token, res.Fingerprint, micros(res.Lease), micros(res.TTL), deadline}
+			sql, args := s.sql.reserve, []any{key, res.Token, res.Fingerprint, micros(res.Lease), micros(res.TTL), deadline, res.Origin}
 			if expect != "" {
 				sql, args = s.sql.reserveEpoch, append(args, expect)
 			}
@@ -580,22 +583,27 @@ func (s *Store) get(ctx context.Context, c *pgxpool.Conn, key string) (*store.Re
 		cr, exp        time.Time
 		lease          *time.Time
 		meta, respBody []byte
+		origin         *string
 	)
-	err := c.QueryRow(ctx, s.sql.get, key).Scan(&st, &tok, &fp, &cr, &lease, &exp, &meta, &respBody)
+	err := c.QueryRow(ctx, s.sql.get, key).Scan(&st, &tok, &fp, &cr, &lease, &exp, &meta, &respBody, &origin)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
-	return decodeRecord(st, tok, fp, cr, lease, exp, meta, respBody)
+	return decodeRecord(st, tok, fp, cr, lease, exp, meta, respBody, origin)
 }
 
 // decodeRecord builds the record of a row as the get statement (and the
-// batch statement, for a key it did not reserve) returns it.
-func decodeRecord(st, tok, fp string, cr time.Time, lease *time.Time, exp time.Time, meta, respBody []byte) (*store.Record, error) {
+// batch statement, for a key it did not reserve) returns it; a NULL
+// origin (none, or a row of an earlier release) is "".
+func decodeRecord(st, tok, fp string, cr time.Time, lease *time.Time, exp time.Time, meta, respBody []byte, origin *string) (*store.Record, error) {
 	hasMeta, hasBody := meta != nil, respBody != nil
 	rec := &store.Record{State: store.State(st), Token: tok, Fingerprint: fp, CreatedAt: cr, ExpiresAt: exp}
+	if origin != nil {
+		rec.Origin = *origin
+	}
 	switch rec.State {
 	case store.StateInFlight:
 		if lease == nil {

@@ -18,7 +18,7 @@ type queries struct {
 	versionTable                               string // quoted, schema-qualified
 	reserve, get, commit, release, markInDoubt string
 	// reserveEpoch is reserve that takes the key only while the epoch
-	// marker's row (epoch.go) carries the ID $7.
+	// marker's row (epoch.go) carries the ID $8.
 	reserveEpoch string
 	// batch is the statement of a batch (batch.go): reservations,
 	// commits, releases and in-doubt marks of distinct keys, each kind
@@ -56,7 +56,7 @@ func newQueries(schema, table string) queries {
 	t := pgx.Identifier{schema, table}.Sanitize()
 	ix := func(suffix string) string { return pgx.Identifier{table + suffix}.Sanitize() }
 	vt := pgx.Identifier{schema, table + "_schema"}.Sanitize()
-	r := strings.NewReplacer("{vepoch}", "(v.epoch = '' OR EXISTS (SELECT 1 FROM "+t+" AS e WHERE e.key = '"+EpochKey+"' AND e.token = v.epoch))", "{epoch}", "EXISTS (SELECT 1 FROM "+t+" AS e WHERE e.key = '"+EpochKey+"' AND e.token = $7)", "{t}", t, "{ts}", ts, "{live}", live, "{doubt}", doubt, "{us}", us, "{cleared}", cleared)
+	r := strings.NewReplacer("{vepoch}", "(v.epoch = '' OR EXISTS (SELECT 1 FROM "+t+" AS e WHERE e.key = '"+EpochKey+"' AND e.token = v.epoch))", "{epoch}", "EXISTS (SELECT 1 FROM "+t+" AS e WHERE e.key = '"+EpochKey+"' AND e.token = $8)", "{t}", t, "{ts}", ts, "{live}", live, "{doubt}", doubt, "{us}", us, "{cleared}", cleared)
 	q := func(s string) string { return r.Replace(s) }
 	return queries{
 		createTable: []string{q(`CREATE TABLE IF NOT EXISTS {t} (
@@ -73,7 +73,8 @@ func newQueries(schema, table string) queries {
 	lookup_token       text,
 	lookup_lease_until timestamptz,
 	listed_by          text,
-	listed_until       timestamptz
+	listed_until       timestamptz,
+	origin             text
 )`)},
 		createIndexes: []string{
 			q(`CREATE INDEX IF NOT EXISTS ` + ix("_expires_at") + ` ON {t} (expires_at)`),
@@ -88,22 +89,23 @@ func newQueries(schema, table string) queries {
 
 		// $6 is the reservation's deadline (see clock.go), compared with
 		// clock_timestamp(): the time the row is written, after any wait
-		// for a lock, not when the statement started.
-		reserve: q(`INSERT INTO {t} AS r (key, state, token, fingerprint, created_at, lease_expires_at, expires_at)
-SELECT $1, 'in_flight', $2, $3, {ts}, {ts} + $4::bigint{us}, {ts} + $5::bigint{us}
+		// for a lock, not when the statement started. $7 is its origin,
+		// stored as NULL when empty.
+		reserve: q(`INSERT INTO {t} AS r (key, state, token, fingerprint, created_at, lease_expires_at, expires_at, origin)
+SELECT $1, 'in_flight', $2, $3, {ts}, {ts} + $4::bigint{us}, {ts} + $5::bigint{us}, NULLIF($7::text, '')
 WHERE clock_timestamp() <= $6::timestamptz
 ON CONFLICT (key) DO UPDATE SET
 	state = excluded.state, token = excluded.token, fingerprint = excluded.fingerprint,
 	created_at = excluded.created_at, lease_expires_at = excluded.lease_expires_at,
-	expires_at = excluded.expires_at, response = NULL, body = NULL, {cleared}
+	expires_at = excluded.expires_at, origin = excluded.origin, response = NULL, body = NULL, {cleared}
 WHERE r.expires_at <= {ts} AND clock_timestamp() <= $6::timestamptz`),
-		reserveEpoch: q(`INSERT INTO {t} AS r (key, state, token, fingerprint, created_at, lease_expires_at, expires_at)
-SELECT $1, 'in_flight', $2, $3, {ts}, {ts} + $4::bigint{us}, {ts} + $5::bigint{us}
+		reserveEpoch: q(`INSERT INTO {t} AS r (key, state, token, fingerprint, created_at, lease_expires_at, expires_at, origin)
+SELECT $1, 'in_flight', $2, $3, {ts}, {ts} + $4::bigint{us}, {ts} + $5::bigint{us}, NULLIF($7::text, '')
 WHERE clock_timestamp() <= $6::timestamptz AND {epoch}
 ON CONFLICT (key) DO UPDATE SET
 	state = excluded.state, token = excluded.token, fingerprint = excluded.fingerprint,
 	created_at = excluded.created_at, lease_expires_at = excluded.lease_expires_at,
-	expires_at = excluded.expires_at, response = NULL, body = NULL, {cleared}
+	expires_at = excluded.expires_at, origin = excluded.origin, response = NULL, body = NULL, {cleared}
 WHERE r.expires_at <= {ts} AND clock_timestamp() <= $6::timestamptz AND {epoch}`),
 		// The batch's reservations are the reserve statement's over the
 		// rows of v, in the order of their keys (the order in which they
@@ -125,21 +127,21 @@ WHERE r.expires_at <= {ts} AND clock_timestamp() <= $6::timestamptz AND {epoch}`
 		// each plan look cheaper than the generic one). Its planning costs
 		// more than its execution.
 		batch: q(`WITH p AS MATERIALIZED (
-	SELECT $1::text[] AS rk, $2::text[] AS rt, $3::text[] AS rf, $4::bigint[] AS rl, $5::bigint[] AS rx, $6::timestamptz[] AS rd, $7::text[] AS re,
-		$8::text[] AS ck, $9::text[] AS ct, $10::text[] AS cr, $11::bytea[] AS cb, $12::bigint[] AS cx,
-		$13::text[] AS dk, $14::text[] AS dt,
-		$15::text[] AS mk, $16::text[] AS mt, $17::bigint[] AS mx
+	SELECT $1::text[] AS rk, $2::text[] AS rt, $3::text[] AS rf, $4::bigint[] AS rl, $5::bigint[] AS rx, $6::timestamptz[] AS rd, $7::text[] AS re, $8::text[] AS ro,
+		$9::text[] AS ck, $10::text[] AS ct, $11::text[] AS cr, $12::bytea[] AS cb, $13::bigint[] AS cx,
+		$14::text[] AS dk, $15::text[] AS dt,
+		$16::text[] AS mk, $17::text[] AS mt, $18::bigint[] AS mx
 ), v AS (
-	SELECT v.* FROM p, unnest(p.rk, p.rt, p.rf, p.rl, p.rx, p.rd, p.re) AS v (key, token, fingerprint, lease, ttl, deadline, epoch)
+	SELECT v.* FROM p, unnest(p.rk, p.rt, p.rf, p.rl, p.rx, p.rd, p.re, p.ro) AS v (key, token, fingerprint, lease, ttl, deadline, epoch, origin)
 ), ins AS (
-	INSERT INTO {t} AS r (key, state, token, fingerprint, created_at, lease_expires_at, expires_at)
-	SELECT v.key, 'in_flight', v.token, v.fingerprint, {ts}, {ts} + v.lease{us}, {ts} + v.ttl{us}
+	INSERT INTO {t} AS r (key, state, token, fingerprint, created_at, lease_expires_at, expires_at, origin)
+	SELECT v.key, 'in_flight', v.token, v.fingerprint, {ts}, {ts} + v.lease{us}, {ts} + v.ttl{us}, NULLIF(v.origin, '')
 	FROM v WHERE clock_timestamp() <= v.deadline AND {vepoch}
 	ORDER BY v.key
 	ON CONFLICT (key) DO UPDATE SET
 		state = excluded.state, token = excluded.token, fingerprint = excluded.fingerprint,
 		created_at = excluded.created_at, lease_expires_at = excluded.lease_expires_at,
-		expires_at = excluded.expires_at, response = NULL, body = NULL, {cleared}
+		expires_at = excluded.expires_at, origin = excluded.origin, response = NULL, body = NULL, {cleared}
 	WHERE r.expires_at <= {ts} AND EXISTS (SELECT 1 FROM v WHERE v.key = excluded.key AND clock_timestamp() <= v.deadline AND {vepoch})
 	RETURNING r.key
 ), cm AS (
@@ -167,15 +169,15 @@ WHERE r.expires_at <= {ts} AND clock_timestamp() <= $6::timestamptz AND {epoch}`
 )
 SELECT v.key, ins.key IS NOT NULL, CASE WHEN {doubt} THEN 'in_doubt' ELSE r.state END, r.token, r.fingerprint, r.created_at,
 	CASE WHEN r.state = 'in_flight' AND r.lease_expires_at > {ts} THEN r.lease_expires_at END,
-	r.expires_at, r.response, r.body
+	r.expires_at, r.response, r.body, r.origin
 FROM v LEFT JOIN ins ON ins.key = v.key
 	LEFT JOIN {t} AS r ON ins.key IS NULL AND r.key = v.key AND {live}
-UNION ALL SELECT key, true, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM cm
-UNION ALL SELECT key, true, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM rl
-UNION ALL SELECT key, true, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM md`),
+UNION ALL SELECT key, true, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM cm
+UNION ALL SELECT key, true, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM rl
+UNION ALL SELECT key, true, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM md`),
 		get: q(`SELECT CASE WHEN {doubt} THEN 'in_doubt' ELSE r.state END, r.token, r.fingerprint, r.created_at,
 	CASE WHEN r.state = 'in_flight' AND r.lease_expires_at > {ts} THEN r.lease_expires_at END,
-	r.expires_at, r.response, r.body
+	r.expires_at, r.response, r.body, r.origin
 FROM {t} AS r WHERE r.key = $1 AND {live}`),
 		// A completed record keeps its answer and expiry: this is a retried
 		// commit whose first reply was lost. It is still "updated" (to the

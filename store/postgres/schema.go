@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -53,6 +54,9 @@ func (s *Store) setUp(ctx context.Context, schema, table string) error {
 		if err != nil {
 			return fmt.Errorf("postgres store: create %s (see the package documentation for the privileges this needs): %w", s.table, err)
 		}
+	}
+	if err := s.addColumns(ctx, c); err != nil {
+		return err
 	}
 	if _, _, err := s.clock.get(ctx, c, s.statementTimeout); err != nil {
 		return fmt.Errorf("postgres store: %w", err)
@@ -113,6 +117,63 @@ func (s *Store) create(ctx context.Context, c *pgxpool.Conn, schema string) erro
 	})
 }
 
+// addedColumns are the columns added to the table after its version 1
+// was released, with their types: a table created by an earlier release
+// gets them at start (addColumns). Each is nullable without a default, so
+// that adding it changes the catalog only (no rewrite of the table), and
+// earlier releases, which name the columns they write, work on the table
+// as it then is: so the schema version stays 1, and earlier releases
+// still start on it (a rolling upgrade, a rollback).
+var addedColumns = []struct{ name, typ string }{
+	{"origin", "text"}, // store.Reservation.Origin, NULL for none
+}
+
+// addColumnTries is how many times addColumns tries an ALTER TABLE that
+// waits for its lock longer than addColumnLockTimeout.
+const addColumnTries = 5
+
+// addColumnLockTimeout bounds an ALTER TABLE's wait for its lock: the
+// statements queued behind it (every request's) wait as long.
+const addColumnLockTimeout = "1s"
+
+// addColumns adds the columns of addedColumns the table lacks. Replicas
+// starting at once may each add one: ALTER TABLE ... ADD COLUMN IF NOT
+// EXISTS takes the table's lock first, so the second finds it there. A
+// table whose role may not alter it (one an administrator created, see
+// SchemaSQL) fails with the statement to run.
+func (s *Store) addColumns(ctx context.Context, c *pgxpool.Conn) error {
+	for _, col := range addedColumns {
+		var exists bool
+		err := c.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped)",
+			s.table, col.name).Scan(&exists)
+		if err != nil {
+			return fmt.Errorf("postgres store: look for the column %s of %s: %w", col.name, s.table, err)
+		}
+		if exists {
+			continue
+		}
+		alter := "ALTER TABLE " + s.table + " ADD COLUMN IF NOT EXISTS " + col.name + " " + col.typ
+		for try := 1; ; try++ {
+			err = pgx.BeginFunc(ctx, c, func(tx pgx.Tx) error {
+				if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '"+addColumnLockTimeout+"'"); err != nil {
+					return err
+				}
+				_, err := tx.Exec(ctx, alter)
+				return err
+			})
+			var pgErr *pgconn.PgError
+			if err == nil || try == addColumnTries || !errors.As(err, &pgErr) || pgErr.Code != "55P03" { // lock_not_available
+				break
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("postgres store: add the column %s to %s, which this release keeps (as the table's owner, run: %s): %w",
+				col.name, s.table, alter, err)
+		}
+	}
+	return nil
+}
+
 // errRollback ends the write probe's transaction.
 var errRollback = errors.New("rollback")
 
@@ -128,7 +189,7 @@ func (s *Store) probeWrite(ctx context.Context, c *pgxpool.Conn) error {
 		if err != nil {
 			return err
 		}
-		tag, err := tx.Exec(ctx, s.sql.reserve, key, "probe", "", int64(1), int64(1), time.Now().Add(off+setUpTimeout))
+		tag, err := tx.Exec(ctx, s.sql.reserve, key, "probe", "", int64(1), int64(1), time.Now().Add(off+setUpTimeout), "probe")
 		if err != nil {
 			return err
 		}

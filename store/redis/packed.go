@@ -12,13 +12,15 @@ type packed struct {
 	st, tok, fp string
 	cr, le      int64
 	resp        string
+	og          string // the origin: "" when the record has none
 }
 
 // errPacked is returned (wrapped) for a string that is not a packed record.
 var errPacked = errors.New("not a packed record")
 
 // decodePacked reads a record packed by the scripts: seven MessagePack
-// values, 1, state, token, fingerprint, created, lease end and response.
+// values, 1, state, token, fingerprint, created, lease end and response,
+// and an eighth, the origin, when the record has one.
 // It reads only the encodings Redis' cmsgpack writes for them (strings,
 // and integers, which it writes for every integral Lua number).
 func decodePacked(b string) (packed, error) {
@@ -41,6 +43,11 @@ func decodePacked(b string) (packed, error) {
 	}
 	if p.resp, err = d.str(); err != nil {
 		return p, err
+	}
+	if d.i < len(d.b) {
+		if p.og, err = d.str(); err != nil {
+			return p, err
+		}
 	}
 	if d.i != len(d.b) {
 		return p, fmt.Errorf("%w: %d bytes after the record", errPacked, len(d.b)-d.i)

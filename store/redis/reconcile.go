@@ -52,6 +52,7 @@ local function settle()
     redis.call('HSET', KEYS[1], 'st', p[2], 'tok', p[3], 'fp', p[4], 'cr', string.format('%d', p[5]))
     if p[6] ~= 0 then redis.call('HSET', KEYS[1], 'le', string.format('%d', p[6])) end
     if p[7] ~= '' then redis.call('HSET', KEYS[1], 'resp', p[7]) end
+    if p[8] and p[8] ~= '' then redis.call('HSET', KEYS[1], 'og', p[8]) end
     if pttl > 0 then redis.call('PEXPIRE', KEYS[1], pttl) end
     p = nil
   end

@@ -274,6 +274,9 @@ func (s *Store) Reserve(ctx context.Context, key string, res store.Reservation) 
 	if res.Lease <= 0 || res.TTL <= 0 {
 		return nil, fmt.Errorf("redis store: reserve: lease %v and ttl %v must be positive", res.Lease, res.TTL)
 	}
+	if err := store.CheckOrigin(res.Origin); err != nil {
+		return nil, fmt.Errorf("redis store: reserve: %w", err)
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.writeTimeout)
 	defer cancel()
 	deadline, err := s.deadline(ctx)
@@ -281,7 +284,7 @@ func (s *Store) Reserve(ctx context.Context, key string, res store.Reservation) 
 		return nil, fmt.Errorf("redis store: reserve: %w", err)
 	}
 	script, keys, args := s.scripts.reserve, []string{s.prefix + key},
-		[]any{res.Token, res.Fingerprint, millis(res.Lease), millis(res.TTL), deadline}
+		[]any{res.Token, res.Fingerprint, millis(res.Lease), millis(res.TTL), deadline, res.Origin}
 	if id := s.expectedEpoch(); id != "" {
 		script, keys, args = s.scripts.reserveEpoch, append(keys, s.EpochKey()), append(args, id)
 	}
@@ -515,8 +518,8 @@ func millis(d time.Duration) int64 {
 
 // decodeRecord turns a reply of reserveScript or getScript into a record:
 // {1} means none (reserved, or no record), {0, packed, pttl, now} a
-// record in the packed layout, and {0, st, tok, fp, cr, le, resp, pttl,
-// now} one in the hash layout of earlier releases.
+// record in the packed layout, and {0, st, tok, fp, cr, le, resp, og,
+// pttl, now} one in the hash layout (og: nil for a hash without origin).
 func decodeRecord(v []any) (*store.Record, error) {
 	if len(v) == 0 {
 		return nil, errors.New("empty script reply")
@@ -536,10 +539,10 @@ func decodeRecord(v []any) (*store.Record, error) {
 		if p.resp != "" {
 			resp = p.resp
 		}
-		v = []any{int64(0), p.st, p.tok, p.fp, strconv.FormatInt(p.cr, 10), le, resp, v[2], v[3]}
+		v = []any{int64(0), p.st, p.tok, p.fp, strconv.FormatInt(p.cr, 10), le, resp, p.og, v[2], v[3]}
 	}
-	if len(v) != 9 {
-		return nil, fmt.Errorf("script reply has %d elements, want 9", len(v))
+	if len(v) != 10 {
+		return nil, fmt.Errorf("script reply has %d elements, want 10", len(v))
 	}
 	st := store.State(str(v[1]))
 	switch st {
@@ -551,13 +554,14 @@ func decodeRecord(v []any) (*store.Record, error) {
 	if err != nil {
 		return nil, err
 	}
-	pttl, _ := v[7].(int64)
-	now, _ := v[8].(int64)
+	pttl, _ := v[8].(int64)
+	now, _ := v[9].(int64)
 	rec := &store.Record{
 		State:       st,
 		Token:       str(v[2]),
 		Fingerprint: str(v[3]),
 		CreatedAt:   time.UnixMilli(cr),
+		Origin:      str(v[7]),
 	}
 	if pttl >= 0 {
 		rec.ExpiresAt = time.UnixMilli(now + pttl)

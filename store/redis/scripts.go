@@ -15,14 +15,18 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 // A record is one Redis string: the record packed with MessagePack
 // (Redis' cmsgpack) as seven values, 1 (the layout's version), state,
 // token, fingerprint, created (Unix ms, Redis time), lease end (Unix ms; 0
-// when none) and the response JSON ("" when none). Each change of a record
-// is then one write, SET ... PX ttl, where the hash that earlier releases
-// wrote took two or three (HSET, HDEL, PEXPIRE). decodePacked (packed.go)
-// reads it.
+// when none) and the response JSON ("" when none), and an eighth, the
+// reservation's origin span (store.Reservation.Origin), only when it has
+// one: a record without one is packed as before origins were kept. Each
+// change of a record is then one write, SET ... PX ttl, where the hash
+// that earlier releases wrote took two or three (HSET, HDEL, PEXPIRE).
+// decodePacked (packed.go) reads it.
 //
 // Records that earlier releases wrote are hashes (fields st, tok, fp, cr,
 // le, resp, and the lookup fields of reconcile.go); every script reads
-// both, and changes a hash as earlier releases did. The records of a
+// both, and changes a hash as earlier releases did. A hash this release
+// writes has one more field, og, the origin, when there is one (earlier
+// releases read the fields they know and keep the others). The records of a
 // reconciliation (lookups) stay hashes: a packed record that a lookup
 // changes is turned into one first (reconcile.go), a rare path.
 //
@@ -37,11 +41,20 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 // of a request are the same whatever it is, and cost no more round trips.
 
 // packRecord is the Lua that packs a record; its arguments are Lua
-// expressions for the state, token, fingerprint, created, lease end and
-// response.
-func packRecord(st, tok, fp, cr, le, resp string) string {
-	return "cmsgpack.pack(1, " + st + ", " + tok + ", " + fp + ", " + cr + ", " + le + ", " + resp + ")"
+// expressions for the state, token, fingerprint, created, lease end,
+// response and origin (nil or empty: none, and no eighth value).
+func packRecord(st, tok, fp, cr, le, resp, og string) string {
+	return "cmsgpack.pack(1, " + st + ", " + tok + ", " + fp + ", " + cr + ", " + le + ", " + resp + ") .. packOrigin(" + og + ")"
 }
+
+// packOrigin is the Lua function packRecord's scripts define: the packed
+// origin, or an empty string for none.
+const packOrigin = `
+local function packOrigin(og)
+  if og and og ~= '' then return cmsgpack.pack(og) end
+  return ''
+end
+`
 
 // recordReply is the tail shared by reserveScript and getScript: the
 // record, its PTTL and the server time; v is the GET of the key (a string,
@@ -50,15 +63,15 @@ const recordReply = `
 if type(v) == 'string' then
   return {0, v, redis.call('PTTL', KEYS[1]), now}
 end
-local f = redis.call('HMGET', KEYS[1], 'st', 'tok', 'fp', 'cr', 'le', 'resp')
-return {0, f[1], f[2], f[3], f[4], f[5], f[6], redis.call('PTTL', KEYS[1]), now}
+local f = redis.call('HMGET', KEYS[1], 'st', 'tok', 'fp', 'cr', 'le', 'resp', 'og')
+return {0, f[1], f[2], f[3], f[4], f[5], f[6], f[7], redis.call('PTTL', KEYS[1]), now}
 `
 
 // reserveScript creates an in-flight record when the key is free.
 //
 //	KEYS[1] record key
 //	ARGV    token, fingerprint, lease ms, ttl ms, deadline (Unix ms, Redis
-//	        clock; optional)
+//	        clock; optional), origin ('' or missing: none)
 //
 // Past the deadline it changes nothing and returns the error IDEMPROXY_LATE:
 // its caller has stopped waiting (see deadline.go).
@@ -72,7 +85,7 @@ return {0, f[1], f[2], f[3], f[4], f[5], f[6], redis.call('PTTL', KEYS[1]), now}
 var reserveScript = goredis.NewScript(nowMillis + reserveBody)
 
 // reserveEpochScript is reserveScript that first checks the epoch marker
-// (epoch.go): KEYS[2] is the marker, ARGV[6] the ID of the epoch the
+// (epoch.go): KEYS[2] is the marker, ARGV[7] the ID of the epoch the
 // replica trusts. A marker missing or different changes nothing and
 // returns the error IDEMPROXY_EPOCH: not one reservation lands on a store
 // that forgot its keys, even between two checks of the watcher (a
@@ -81,16 +94,16 @@ var reserveScript = goredis.NewScript(nowMillis + reserveBody)
 var reserveEpochScript = goredis.NewScript(nowMillis + epochCheck + reserveBody)
 
 // epochCheck refuses a reservation when the epoch marker (KEYS[2]) is not
-// the one the replica trusts (ARGV[6]).
+// the one the replica trusts (ARGV[7]).
 const epochCheck = `
-if (redis.call('HGET', KEYS[2], 'eid') or '') ~= ARGV[6] then
+if (redis.call('HGET', KEYS[2], 'eid') or '') ~= ARGV[7] then
   return redis.error_reply('IDEMPROXY_EPOCH the epoch marker is not the one this replica trusts')
 end
 `
 
 // reserveBody is the body of reserveScript, after the preamble.
-var reserveBody = lateCheck + `
-if redis.call('SET', KEYS[1], ` + packRecord("'in_flight'", "ARGV[1]", "ARGV[2]", "now", "now + tonumber(ARGV[3])", "''") + `, 'NX', 'PX', ARGV[4]) then
+var reserveBody = lateCheck + packOrigin + `
+if redis.call('SET', KEYS[1], ` + packRecord("'in_flight'", "ARGV[1]", "ARGV[2]", "now", "now + tonumber(ARGV[3])", "''", "ARGV[6]") + `, 'NX', 'PX', ARGV[4]) then
   return {1}
 end
 ` + reserveTail
@@ -98,7 +111,7 @@ end
 // reserveHashScript and reserveHashEpochScript are reserveScript and
 // reserveEpochScript for the hash layout (LayoutHash): a free key gets
 // the in-flight hash the release before the packed layout wrote, with its
-// commands (EXISTS, HSET, PEXPIRE).
+// commands (EXISTS, HSET, PEXPIRE), and the field og for an origin.
 var (
 	reserveHashScript      = goredis.NewScript(nowMillis + reserveHashBody)
 	reserveHashEpochScript = goredis.NewScript(nowMillis + epochCheck + reserveHashBody)
@@ -107,8 +120,12 @@ var (
 // reserveHashBody is the body of reserveHashScript, after the preamble.
 var reserveHashBody = lateCheck + `
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  redis.call('HSET', KEYS[1], 'st', 'in_flight', 'tok', ARGV[1], 'fp', ARGV[2],
-    'cr', string.format('%d', now), 'le', string.format('%d', now + tonumber(ARGV[3])))
+  local f = {'st', 'in_flight', 'tok', ARGV[1], 'fp', ARGV[2],
+    'cr', string.format('%d', now), 'le', string.format('%d', now + tonumber(ARGV[3]))}
+  if ARGV[6] and ARGV[6] ~= '' then
+    f[#f + 1], f[#f + 2] = 'og', ARGV[6]
+  end
+  redis.call('HSET', KEYS[1], unpack(f))
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
   return {1}
 end
@@ -166,20 +183,20 @@ end
 // still refuses new reservations but stores the answers of requests
 // already forwarded, instead of leaving their keys in doubt for the whole
 // TTL.
-var commitScript = goredis.NewScript(`
+var commitScript = goredis.NewScript(packOrigin + `
 local v = redis.pcall('GET', KEYS[1])
 if not v then
   return 0
 end
 if type(v) == 'string' then
-  local _, st, tok, fp, cr = cmsgpack.unpack(v)
+  local _, st, tok, fp, cr, _, _, og = cmsgpack.unpack(v)
   if tok ~= ARGV[1] then
     return 0
   end
   if st == 'completed' then
     return 1
   end
-  local rec = ` + packRecord("'completed'", "tok", "fp", "cr", "0", "ARGV[2]") + `
+  local rec = ` + packRecord("'completed'", "tok", "fp", "cr", "0", "ARGV[2]", "og") + `
   local ok = redis.pcall('SET', KEYS[1], rec, 'PX', ARGV[3])
   if type(ok) == 'table' and ok.err then
     -- A full Redis refuses a first write that may grow memory; a script
@@ -202,7 +219,7 @@ if not v then
   return 0
 end
 if type(v) == 'string' then
-  local _, st, tok, fp, cr = cmsgpack.unpack(v)
+  local _, st, tok, fp, cr, _, _, og = cmsgpack.unpack(v)
   if tok ~= ARGV[1] then
     return 0
   end
@@ -210,7 +227,11 @@ if type(v) == 'string' then
     return 1
   end
   redis.call('DEL', KEYS[1])
-  redis.call('HSET', KEYS[1], 'st', 'completed', 'tok', tok, 'fp', fp, 'cr', string.format('%d', cr), 'resp', ARGV[2])
+  if og and og ~= '' then
+    redis.call('HSET', KEYS[1], 'st', 'completed', 'tok', tok, 'fp', fp, 'cr', string.format('%d', cr), 'resp', ARGV[2], 'og', og)
+  else
+    redis.call('HSET', KEYS[1], 'st', 'completed', 'tok', tok, 'fp', fp, 'cr', string.format('%d', cr), 'resp', ARGV[2])
+  end
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
   return 1
 end
@@ -263,20 +284,20 @@ return 1
 // It returns 1 on success and 0 when the record does not carry token. A
 // completed record is left as it is (and 1 returned): a known answer is never
 // downgraded to a doubt.
-var markInDoubtScript = goredis.NewScript(`
+var markInDoubtScript = goredis.NewScript(packOrigin + `
 local v = redis.pcall('GET', KEYS[1])
 if not v then
   return 0
 end
 if type(v) == 'string' then
-  local _, st, tok, fp, cr = cmsgpack.unpack(v)
+  local _, st, tok, fp, cr, _, _, og = cmsgpack.unpack(v)
   if tok ~= ARGV[1] then
     return 0
   end
   if st == 'completed' then
     return 1
   end
-  redis.call('SET', KEYS[1], ` + packRecord("'in_doubt'", "tok", "fp", "cr", "0", "''") + `, 'PX', ARGV[2])
+  redis.call('SET', KEYS[1], ` + packRecord("'in_doubt'", "tok", "fp", "cr", "0", "''", "og") + `, 'PX', ARGV[2])
   return 1
 end
 ` + markHashRecord)
@@ -291,7 +312,7 @@ if not v then
   return 0
 end
 if type(v) == 'string' then
-  local _, st, tok, fp, cr = cmsgpack.unpack(v)
+  local _, st, tok, fp, cr, _, _, og = cmsgpack.unpack(v)
   if tok ~= ARGV[1] then
     return 0
   end
@@ -299,7 +320,11 @@ if type(v) == 'string' then
     return 1
   end
   redis.call('DEL', KEYS[1])
-  redis.call('HSET', KEYS[1], 'st', 'in_doubt', 'tok', tok, 'fp', fp, 'cr', string.format('%d', cr))
+  if og and og ~= '' then
+    redis.call('HSET', KEYS[1], 'st', 'in_doubt', 'tok', tok, 'fp', fp, 'cr', string.format('%d', cr), 'og', og)
+  else
+    redis.call('HSET', KEYS[1], 'st', 'in_doubt', 'tok', tok, 'fp', fp, 'cr', string.format('%d', cr))
+  end
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end
