@@ -31,6 +31,7 @@ import (
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 
 	"github.com/idemproxy/idemproxy/internal/otlptest"
+	"github.com/idemproxy/idemproxy/internal/pgtest"
 	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/idemproxy/idemproxy/internal/tracing"
 	"github.com/idemproxy/idemproxy/store"
@@ -348,64 +349,80 @@ func TestTracingLinkAcrossRestart(t *testing.T) {
 	}
 }
 
-// TestTracingLinkAcrossRedisReplicas: two replicas on one Redis, each its
-// own service name and instance, export to one receiver; replica A
-// forwards a charge, replica B replays it, and B's span links to A's.
-func TestTracingLinkAcrossRedisReplicas(t *testing.T) {
+// TestTracingLinkAcrossReplicas: two replicas on one shared store (Redis,
+// PostgreSQL), each its own service name and instance, export to one
+// receiver; replica A forwards a charge, replica B replays it, and B's
+// span links to A's.
+func TestTracingLinkAcrossReplicas(t *testing.T) {
 	t.Parallel()
-	rcv := otlptest.NewGRPC(t)
-	rd := redistest.Start(t)
-	up := startStub(t)
-	dir := t.TempDir()
-	// A short epoch check: a new marker waits three of them before the
-	// replicas serve.
-	cfg := filepath.Join(dir, "c.yaml")
-	y := fmt.Sprintf(`listen: 127.0.0.1:0
+	for _, tt := range []struct {
+		store, dbSystem string
+		// section starts the store and returns the configuration's store
+		// section for it, and the replicas' environment.
+		section func(t *testing.T) (yaml string, env []string)
+	}{
+		{"redis", "redis", func(t *testing.T) (string, []string) {
+			rd := redistest.Start(t)
+			return fmt.Sprintf("  redis:\n    addrs: [%s]\n    key_prefix: %q\n", rd.Addr(), e2eKeyPrefix), nil
+		}},
+		{"postgres", "postgresql", func(t *testing.T) (string, []string) {
+			pg := pgtest.Start(t)
+			return fmt.Sprintf("  postgres:\n    dsn_env: %s\n", pgDSNEnv), []string{pgDSNEnv + "=" + pg.DSN()}
+		}},
+	} {
+		t.Run(tt.store, func(t *testing.T) {
+			t.Parallel()
+			rcv := otlptest.NewGRPC(t)
+			up := startStub(t)
+			section, env := tt.section(t)
+			// A short epoch check: a new marker waits three of them before
+			// the replicas serve.
+			cfg := filepath.Join(t.TempDir(), "c.yaml")
+			y := fmt.Sprintf(`listen: 127.0.0.1:0
 upstream: %s
 admin:
   listen: 127.0.0.1:0
 store:
   epoch_check_interval: 100ms
-  redis:
-    addrs: [%s]
-    key_prefix: %q
-%sroutes:
-%s`, up.URL, rd.Addr(), e2eKeyPrefix, tracingOn, chargesRoute)
-	if err := os.WriteFile(cfg, []byte(y), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	replica := func(name string) *proc {
-		return startProxy(t, cfg, append(rcv.Env(), "OTEL_SERVICE_NAME=idemproxy-"+name,
-			"OTEL_RESOURCE_ATTRIBUTES=service.instance.id=replica-"+name+",deployment.environment.name=e2e")...)
-	}
-	a, b := replica("a"), replica("b")
-	first := charge(a, "TR-S1")
-	wantForwarded(t, "TR-S1 via A", first)
-	wantReplay(t, "TR-S1 via B", charge(b, "TR-S1"), first)
+%s%sroutes:
+%s`, up.URL, section, tracingOn, chargesRoute)
+			if err := os.WriteFile(cfg, []byte(y), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			replica := func(name string) *proc {
+				return startProxy(t, cfg, append(append(rcv.Env(), env...), "OTEL_SERVICE_NAME=idemproxy-"+name,
+					"OTEL_RESOURCE_ATTRIBUTES=service.instance.id=replica-"+name+",deployment.environment.name=e2e")...)
+			}
+			a, b := replica("a"), replica("b")
+			first := charge(a, "TR-S1")
+			wantForwarded(t, "TR-S1 via A", first)
+			wantReplay(t, "TR-S1 via B", charge(b, "TR-S1"), first)
 
-	spans := waitSpans(t, rcv, "A's charge and B's replay",
-		requestSpan("TR-S1", "committed"), requestSpan("TR-S1", "replayed"))
-	orig := one(t, spans, "A's span", requestSpan("TR-S1", "committed"))
-	replay := one(t, spans, "B's span", requestSpan("TR-S1", "replayed"))
-	for _, c := range []struct {
-		span          otlptest.Span
-		name          string
-		service, inst string
-	}{
-		{orig, "A's span", "idemproxy-a", "replica-a"},
-		{replay, "B's span", "idemproxy-b", "replica-b"},
-	} {
-		if c.span.Service != c.service || c.span.Resource["service.instance.id"] != c.inst || c.span.Resource["deployment.environment.name"] != "e2e" {
-			t.Errorf("%s: service %q, resource %v; want service %s, service.instance.id %s, deployment.environment.name e2e",
-				c.name, c.span.Service, c.span.Resource, c.service, c.inst)
-		}
-		checkAttrs(t, c.name, c.span, map[string]string{"idemproxy.store": "redis"})
+			spans := waitSpans(t, rcv, "A's charge and B's replay",
+				requestSpan("TR-S1", "committed"), requestSpan("TR-S1", "replayed"))
+			orig := one(t, spans, "A's span", requestSpan("TR-S1", "committed"))
+			replay := one(t, spans, "B's span", requestSpan("TR-S1", "replayed"))
+			for _, c := range []struct {
+				span          otlptest.Span
+				name          string
+				service, inst string
+			}{
+				{orig, "A's span", "idemproxy-a", "replica-a"},
+				{replay, "B's span", "idemproxy-b", "replica-b"},
+			} {
+				if c.span.Service != c.service || c.span.Resource["service.instance.id"] != c.inst || c.span.Resource["deployment.environment.name"] != "e2e" {
+					t.Errorf("%s: service %q, resource %v; want service %s, service.instance.id %s, deployment.environment.name e2e",
+						c.name, c.span.Service, c.span.Resource, c.service, c.inst)
+				}
+				checkAttrs(t, c.name, c.span, map[string]string{"idemproxy.store": tt.store})
+			}
+			if !replay.LinksTo(orig) {
+				t.Errorf("B's replay links %v, want a link to A's span %s-%s", replay.Links, orig.TraceID, orig.SpanID)
+			}
+			reserve := one(t, otlptest.ChildrenOf(spans, orig), "A's store reserve span", named("store reserve", spanClient))
+			checkAttrs(t, "A's store reserve span", reserve, map[string]string{"db.system.name": tt.dbSystem})
+		})
 	}
-	if !replay.LinksTo(orig) {
-		t.Errorf("B's replay links %v, want a link to A's span %s-%s", replay.Links, orig.TraceID, orig.SpanID)
-	}
-	reserve := one(t, otlptest.ChildrenOf(spans, orig), "A's store reserve span", named("store reserve", spanClient))
-	checkAttrs(t, "A's store reserve span", reserve, map[string]string{"db.system.name": "redis"})
 }
 
 // TestTracingEvents: the server spans carry the events an investigation
