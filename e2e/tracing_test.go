@@ -725,8 +725,10 @@ func TestTracingExemplars(t *testing.T) {
 // TestTracingAdminAndReconcile: an operator's reconcile of an in-doubt key
 // is a server span on the admin listener, with the reconcile span under
 // it and the lookup's client span under that (the upstream gets it as its
-// parent); the background reconciler's lookup is a trace of its own; a
-// release is a server span of its own; scrapes and probes are not traced.
+// parent); the retry's replay of the reconciled answer links to the span
+// of the request that left the key in doubt; the background reconciler's
+// lookup is a trace of its own; a listing, a reload and a release are
+// server spans of their own; scrapes and probes are not traced.
 func TestTracingAdminAndReconcile(t *testing.T) {
 	t.Parallel()
 	rcv := otlptest.NewHTTP(t)
@@ -758,17 +760,25 @@ func TestTracingAdminAndReconcile(t *testing.T) {
 	if r := do("POST", p.adminURL("/v1/keys/charges/TR-A1/reconcile"), "", auth...); r.status != 200 || !strings.Contains(r.body, `"applied"`) {
 		t.Fatalf("reconcile = %d %s, want 200 applied", r.status, r.body)
 	}
+	if r := charge(p, "TR-A1"); r.status != 200 || r.header.Get("Idempotent-Replayed") != "true" || r.header.Get("Idempotent-Reconciled") != "true" {
+		t.Fatalf("TR-A1's retry = %d %s %v, want the lookup's answer replayed", r.status, r.body, r.header)
+	}
 	do("GET", p.adminURL("/metrics"), "")
 	do("GET", p.adminURL("/readyz"), "")
-	if r := do("DELETE", p.adminURL("/v1/keys/charges/TR-A1"), "", auth...); r.status != 200 {
-		t.Fatalf("release = %d %s, want 200", r.status, r.body)
+	for _, r := range []struct{ method, path string }{
+		{"GET", "/v1/keys/charges"}, {"POST", "/-/reload"}, {"DELETE", "/v1/keys/charges/TR-A1"},
+	} {
+		if got := do(r.method, p.adminURL(r.path), "", auth...); got.status != 200 {
+			t.Fatalf("%s %s = %d %s, want 200", r.method, r.path, got.status, got.body)
+		}
 	}
 
 	reconcileAdmin := named("POST /v1/keys/{route}/{key}/reconcile", spanServer)
 	release := named("DELETE /v1/keys/{route}/{key...}", spanServer)
 	background := otlptest.All(otlptest.Named("reconcile orders"), otlptest.WithAttr("idemproxy.reconcile.result", "applied"))
 	spans := waitSpans(t, rcv, "the admin and reconcile spans", reconcileAdmin, release,
-		named("reconcile charges", tracepb.Span_SPAN_KIND_INTERNAL), named("GET", spanClient), background)
+		named("reconcile charges", tracepb.Span_SPAN_KIND_INTERNAL), named("GET", spanClient), background,
+		requestSpan("TR-A1", "in_doubt"), requestSpan("TR-A1", "replayed"))
 	admin := one(t, spans, "the reconcile's admin span", reconcileAdmin)
 	checkAttrs(t, "the reconcile's admin span", admin, map[string]string{
 		"http.request.method": "POST", "http.route": "/v1/keys/{route}/{key}/reconcile",
@@ -790,6 +800,15 @@ func TestTracingAdminAndReconcile(t *testing.T) {
 	}
 	if tid, sid, _ := traceparentIDs(tps[0]); tid != admin.TraceID || sid != lookup.SpanID {
 		t.Errorf("the lookup's traceparent = %q, want trace %s, parent %s (the lookup's span)", tps[0], admin.TraceID, lookup.SpanID)
+	}
+	inDoubt := one(t, spans, "TR-A1's span", requestSpan("TR-A1", "in_doubt"))
+	if retry := one(t, spans, "the retry's span", requestSpan("TR-A1", "replayed")); !retry.LinksTo(inDoubt) {
+		t.Errorf("the replay of the reconciled answer links %v, want a link to %s-%s, the request left in doubt",
+			retry.Links, inDoubt.TraceID, inDoubt.SpanID)
+	}
+	for _, name := range []string{"GET /v1/keys/{route}", "POST /-/reload"} {
+		s := one(t, spans, "the span of "+name, named(name, spanServer))
+		checkAttrs(t, name, s, map[string]string{"http.response.status_code": "200", "idemproxy.operator": "alice"})
 	}
 	bg := one(t, spans, "the background reconcile span", background)
 	checkAttrs(t, "the background reconcile span", bg, map[string]string{
