@@ -22,6 +22,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -905,4 +906,39 @@ func TestTracingCollectorDown(t *testing.T) {
 	if l := p.log.logLines(warned); len(l) != 1 || l[0]["level"] != "WARN" {
 		t.Errorf("export failure lines: %v, want one warning", l)
 	}
+}
+
+// TestTracingRefusesUnusableProtocol: an OTLP protocol idemproxy cannot
+// export with (http/json) stops a start with tracing on, naming it, and
+// fails a reload that turns tracing on, which keeps the running
+// configuration: tracing stays off, requests are served.
+func TestTracingRefusesUnusableProtocol(t *testing.T) {
+	t.Parallel()
+	const refused = `OTEL_EXPORTER_OTLP_PROTOCOL: "http/json" is not supported (grpc or http/protobuf)`
+	up := startStub(t)
+	dir := t.TempDir()
+	env := []string{"OTEL_EXPORTER_OTLP_PROTOCOL=http/json", "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:9", "IDEMPROXY_ADMIN_TOKEN=tok"}
+
+	on := writeConfig(t, filepath.Join(dir, "on.yaml"), up.URL, filepath.Join(dir, "data-on"), tracingOn, chargesRoute)
+	var out strings.Builder
+	cmd := exec.Command(bin, "-config", on)
+	cmd.Env, cmd.Stderr = append(os.Environ(), env...), &out
+	err := cmd.Run()
+	failed := logLinesOf(out.String(), "idemproxy failed")
+	if cmd.ProcessState == nil || cmd.ProcessState.ExitCode() != 1 || len(failed) != 1 || !strings.Contains(fmt.Sprint(failed[0]["err"]), refused) {
+		t.Errorf("a start with tracing on: %v, want exit status 1 and %q:\n%s", err, refused, out.String())
+	}
+
+	path, data := filepath.Join(dir, "c.yaml"), filepath.Join(dir, "data")
+	p := startProxy(t, writeConfig(t, path, up.URL, data, "", chargesRoute), env...)
+	writeConfig(t, path, up.URL, data, tracingOn, chargesRoute)
+	r := do("POST", p.adminURL("/-/reload"), "", "Authorization", "Bearer tok")
+	var prob struct{ Detail string }
+	if json.Unmarshal([]byte(r.body), &prob); r.status != 400 || problemType(r) != "reload-failed" || !strings.Contains(prob.Detail, refused) {
+		t.Errorf("a reload turning tracing on = %d %s, want 400 reload-failed naming %q", r.status, r.body, refused)
+	}
+	if l := p.log.logLines("tracing on"); len(l) != 0 {
+		t.Errorf("tracing went on: %v", l)
+	}
+	wantForwarded(t, "TR-P1", charge(p, "TR-P1"))
 }
