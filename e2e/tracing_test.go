@@ -128,14 +128,14 @@ func requestSpan(order, outcome string) func(otlptest.Span) bool {
 		otlptest.WithAttr("idemproxy.outcome", outcome))
 }
 
-// named matches spans by name and kind.
-func named(name string, kind tracepb.Span_SpanKind) func(otlptest.Span) bool {
+// spanNamed matches spans by name and kind.
+func spanNamed(name string, kind tracepb.Span_SpanKind) func(otlptest.Span) bool {
 	return otlptest.All(otlptest.Named(name), otlptest.OfKind(kind))
 }
 
-// one returns the only span of spans that match matches; it fails the
+// oneSpan returns the only span of spans that match matches; it fails the
 // test when there is none or more than one.
-func one(t *testing.T, spans []otlptest.Span, what string, match func(otlptest.Span) bool) otlptest.Span {
+func oneSpan(t *testing.T, spans []otlptest.Span, what string, match func(otlptest.Span) bool) otlptest.Span {
 	t.Helper()
 	found := otlptest.Find(spans, match)
 	if len(found) != 1 {
@@ -167,8 +167,8 @@ func waitSpans(t *testing.T, rcv *otlptest.Receiver, what string, matches ...fun
 	})
 }
 
-// checkAttrs reports every attribute of s that is not as want says.
-func checkAttrs(t *testing.T, what string, s otlptest.Span, want map[string]string) {
+// checkSpanAttrs reports every attribute of s that is not as want says.
+func checkSpanAttrs(t *testing.T, what string, s otlptest.Span, want map[string]string) {
 	t.Helper()
 	keys := make([]string, 0, len(want))
 	for k := range want {
@@ -245,9 +245,9 @@ func TestTracingSpanTreeAndReplayLink(t *testing.T) {
 					return false
 				}
 				children := otlptest.ChildrenOf(got, servers[0])
-				return slices.ContainsFunc(children, named("store reserve", spanClient)) &&
-					slices.ContainsFunc(children, named("store commit", spanClient)) &&
-					slices.ContainsFunc(children, named("POST", spanClient))
+				return slices.ContainsFunc(children, spanNamed("store reserve", spanClient)) &&
+					slices.ContainsFunc(children, spanNamed("store commit", spanClient)) &&
+					slices.ContainsFunc(children, spanNamed("POST", spanClient))
 			})
 
 			var logged map[string]any
@@ -260,7 +260,7 @@ func TestTracingSpanTreeAndReplayLink(t *testing.T) {
 				}
 				return false
 			})
-			server := one(t, spans, "TR-1's server span", orig)
+			server := oneSpan(t, spans, "TR-1's server span", orig)
 			if logged["trace_id"] != server.TraceID {
 				t.Errorf("the access log line's trace_id = %v, want the server span's %s", logged["trace_id"], server.TraceID)
 			}
@@ -271,7 +271,7 @@ func TestTracingSpanTreeAndReplayLink(t *testing.T) {
 				t.Errorf("server span = %s in scope %q, want a root span \"POST /charges\" of service idemproxy in scope %q",
 					server, server.Scope, tracing.ScopeName)
 			}
-			checkAttrs(t, "server span", server, map[string]string{
+			checkSpanAttrs(t, "server span", server, map[string]string{
 				"http.request.method":       "POST",
 				"http.route":                "/charges",
 				"url.path":                  "/charges",
@@ -286,11 +286,11 @@ func TestTracingSpanTreeAndReplayLink(t *testing.T) {
 			})
 			children := otlptest.ChildrenOf(spans, server)
 			for _, op := range []string{"reserve", "commit"} {
-				s := one(t, children, "the store "+op+" span under the server span", named("store "+op, spanClient))
-				checkAttrs(t, "store "+op+" span", s, map[string]string{"db.system.name": "badger", "db.operation.name": op})
+				s := oneSpan(t, children, "the store "+op+" span under the server span", spanNamed("store "+op, spanClient))
+				checkSpanAttrs(t, "store "+op+" span", s, map[string]string{"db.system.name": "badger", "db.operation.name": op})
 			}
-			client := one(t, children, "the upstream call's client span under the server span", named("POST", spanClient))
-			checkAttrs(t, "client span", client, map[string]string{
+			client := oneSpan(t, children, "the upstream call's client span under the server span", spanNamed("POST", spanClient))
+			checkSpanAttrs(t, "client span", client, map[string]string{
 				"http.request.method": "POST", "http.response.status_code": "201", "server.address": "127.0.0.1",
 				"url.full": up.URL + "/charges",
 			})
@@ -303,8 +303,8 @@ func TestTracingSpanTreeAndReplayLink(t *testing.T) {
 					tps[0], server.TraceID, client.SpanID)
 			}
 
-			retry := one(t, spans, "the retry's server span", requestSpan("TR-1", "replayed"))
-			checkAttrs(t, "retry's server span", retry, map[string]string{
+			retry := oneSpan(t, spans, "the retry's server span", requestSpan("TR-1", "replayed"))
+			checkSpanAttrs(t, "retry's server span", retry, map[string]string{
 				"idemproxy.replayed": "true", "http.response.status_code": "201", "idemproxy.route": "charges",
 			})
 			if retry.TraceID == server.TraceID || retry.ParentID != "" {
@@ -322,30 +322,35 @@ func TestTracingSpanTreeAndReplayLink(t *testing.T) {
 	}
 }
 
-// TestTracingLinkAcrossRestart: a charge, SIGTERM (which exports the
-// buffered spans before the process exits), a new process on the same
-// Badger directory: the retry's replay links to the span of the request
-// the first process forwarded.
+// TestTracingLinkAcrossRestart: a charge still at the upstream when the
+// proxy gets SIGTERM finishes, and its span is exported before the process
+// exits; a new process on the same Badger directory replays the charge,
+// and the replay links to the span from before the restart.
 func TestTracingLinkAcrossRestart(t *testing.T) {
 	t.Parallel()
 	rcv := otlptest.NewHTTP(t)
-	up := startStub(t)
+	up := startTracedStub(t)
 	dir := t.TempDir()
 	cfg := writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), tracingOn, chargesRoute)
 	p := startProxy(t, cfg, rcv.Env()...)
-	first := charge(p, "TR-R1")
-	wantForwarded(t, "TR-R1", first)
+	firstc := make(chan result, 1)
+	go func() { firstc <- charge(p, "TR-R1", "X-Test-Hold", "1") }()
+	eventually(t, "the charge is held at the upstream", func() bool { return up.held.Load() == 1 })
 	p.signal(syscall.SIGTERM)
+	eventually(t, "the proxy shuts down", func() bool { return len(p.log.logLines("shutting down")) == 1 })
+	up.releaseHeld()
+	first := <-firstc
+	wantForwarded(t, "TR-R1, in flight at the SIGTERM", first)
 	if code := p.wait(); code != 0 {
 		t.Fatalf("exit status after SIGTERM = %d, want 0\n%s", code, p.log)
 	}
 	// The process flushed its spans before it exited: no wait.
-	orig := one(t, rcv.Spans(), "the charge's span, exported before the exit", requestSpan("TR-R1", "committed"))
+	orig := oneSpan(t, rcv.Spans(), "the charge's span, exported before the exit", requestSpan("TR-R1", "committed"))
 
 	p = startProxy(t, cfg, rcv.Env()...)
 	wantReplay(t, "TR-R1 after the restart", charge(p, "TR-R1"), first)
 	spans := waitSpans(t, rcv, "the replay's span", requestSpan("TR-R1", "replayed"))
-	replay := one(t, spans, "the replay's span", requestSpan("TR-R1", "replayed"))
+	replay := oneSpan(t, spans, "the replay's span", requestSpan("TR-R1", "replayed"))
 	if !replay.LinksTo(orig) {
 		t.Errorf("the replay after the restart links %v, want a link to %s-%s, the span from before it", replay.Links, orig.TraceID, orig.SpanID)
 	}
@@ -405,8 +410,8 @@ store:
 
 			spans := waitSpans(t, rcv, "A's charge and B's replay",
 				requestSpan("TR-S1", "committed"), requestSpan("TR-S1", "replayed"))
-			orig := one(t, spans, "A's span", requestSpan("TR-S1", "committed"))
-			replay := one(t, spans, "B's span", requestSpan("TR-S1", "replayed"))
+			orig := oneSpan(t, spans, "A's span", requestSpan("TR-S1", "committed"))
+			replay := oneSpan(t, spans, "B's span", requestSpan("TR-S1", "replayed"))
 			for _, c := range []struct {
 				span          otlptest.Span
 				name          string
@@ -419,13 +424,13 @@ store:
 					t.Errorf("%s: service %q, resource %v; want service %s, service.instance.id %s, deployment.environment.name e2e",
 						c.name, c.span.Service, c.span.Resource, c.service, c.inst)
 				}
-				checkAttrs(t, c.name, c.span, map[string]string{"idemproxy.store": tt.store})
+				checkSpanAttrs(t, c.name, c.span, map[string]string{"idemproxy.store": tt.store})
 			}
 			if !replay.LinksTo(orig) {
 				t.Errorf("B's replay links %v, want a link to A's span %s-%s", replay.Links, orig.TraceID, orig.SpanID)
 			}
-			reserve := one(t, otlptest.ChildrenOf(spans, orig), "A's store reserve span", named("store reserve", spanClient))
-			checkAttrs(t, "A's store reserve span", reserve, map[string]string{"db.system.name": tt.dbSystem})
+			reserve := oneSpan(t, otlptest.ChildrenOf(spans, orig), "A's store reserve span", spanNamed("store reserve", spanClient))
+			checkSpanAttrs(t, "A's store reserve span", reserve, map[string]string{"db.system.name": tt.dbSystem})
 		})
 	}
 }
@@ -498,8 +503,8 @@ func TestTracingEvents(t *testing.T) {
 				t.Fatalf("answers = %d %s, %d %s; want %d, %d", first.status, first.body, second.status, second.body, tt.firstStatus, tt.secondStatus)
 			}
 			spans := waitSpans(t, rcv, "both requests' spans", requestSpan(order, tt.firstOutcome), requestSpan(order, tt.secondOut))
-			orig := one(t, spans, "the first request's span", requestSpan(order, tt.firstOutcome))
-			next := one(t, spans, "the second request's span", requestSpan(order, tt.secondOut))
+			orig := oneSpan(t, spans, "the first request's span", requestSpan(order, tt.firstOutcome))
+			next := oneSpan(t, spans, "the second request's span", requestSpan(order, tt.secondOut))
 			for _, c := range []struct {
 				what string
 				span otlptest.Span
@@ -515,9 +520,9 @@ func TestTracingEvents(t *testing.T) {
 					t.Errorf("%s: idemproxy events %q, want %q", c.what, got, c.want)
 				}
 			}
-			op := one(t, otlptest.ChildrenOf(spans, orig), "the store "+tt.firstStoreOp+" span under the first request's",
-				named("store "+tt.firstStoreOp, spanClient))
-			checkAttrs(t, "the store "+tt.firstStoreOp+" span", op, map[string]string{"db.operation.name": tt.firstStoreOp})
+			op := oneSpan(t, otlptest.ChildrenOf(spans, orig), "the store "+tt.firstStoreOp+" span under the first request's",
+				spanNamed("store "+tt.firstStoreOp, spanClient))
+			checkSpanAttrs(t, "the store "+tt.firstStoreOp+" span", op, map[string]string{"db.operation.name": tt.firstStoreOp})
 			if i := slices.IndexFunc(next.Events, func(e otlptest.Event) bool { return e.Name == tracing.EventWaitEnd }); i >= 0 {
 				if got := fmt.Sprint(next.Events[i].Attrs["idemproxy.state"]); got != tt.waitEnd {
 					t.Errorf("wait_end's idemproxy.state = %q, want %q", got, tt.waitEnd)
@@ -562,7 +567,7 @@ func TestTracingContinuesClientTrace(t *testing.T) {
 			wantForwarded(t, "TR-C1", charge(p, "TR-C1", "Traceparent", "00-"+sampledTrace+"-"+clientSpan+"-01"))
 			wantForwarded(t, "TR-C2", charge(p, "TR-C2"))
 			spans := waitSpans(t, rcv, "TR-C1's span", requestSpan("TR-C1", "committed"))
-			server := one(t, spans, "TR-C1's span", requestSpan("TR-C1", "committed"))
+			server := oneSpan(t, spans, "TR-C1's span", requestSpan("TR-C1", "committed"))
 			if server.TraceID != sampledTrace || server.ParentID != clientSpan {
 				t.Errorf("server span trace %s parent %s, want the client's: trace %s parent %s", server.TraceID, server.ParentID, sampledTrace, clientSpan)
 			}
@@ -717,7 +722,7 @@ func TestTracingExemplars(t *testing.T) {
 		rcv.Env()...)
 	wantForwarded(t, "TR-X1", charge(p, "TR-X1"))
 	spans := waitSpans(t, rcv, "TR-X1's span", requestSpan("TR-X1", "committed"))
-	server := one(t, spans, "TR-X1's span", requestSpan("TR-X1", "committed"))
+	server := oneSpan(t, spans, "TR-X1's span", requestSpan("TR-X1", "committed"))
 	if ex := exemplars(t, p); !slices.Contains(ex, server.TraceID) {
 		t.Errorf("exemplars of idemproxy_request_duration_seconds = %q, want the trace %s of TR-X1's span", ex, server.TraceID)
 	}
@@ -774,25 +779,25 @@ func TestTracingAdminAndReconcile(t *testing.T) {
 		}
 	}
 
-	reconcileAdmin := named("POST /v1/keys/{route}/{key}/reconcile", spanServer)
-	release := named("DELETE /v1/keys/{route}/{key...}", spanServer)
+	reconcileAdmin := spanNamed("POST /v1/keys/{route}/{key}/reconcile", spanServer)
+	release := spanNamed("DELETE /v1/keys/{route}/{key...}", spanServer)
 	background := otlptest.All(otlptest.Named("reconcile orders"), otlptest.WithAttr("idemproxy.reconcile.result", "applied"))
 	spans := waitSpans(t, rcv, "the admin and reconcile spans", reconcileAdmin, release,
-		named("reconcile charges", tracepb.Span_SPAN_KIND_INTERNAL), named("GET", spanClient), background,
+		spanNamed("reconcile charges", tracepb.Span_SPAN_KIND_INTERNAL), spanNamed("GET", spanClient), background,
 		requestSpan("TR-A1", "in_doubt"), requestSpan("TR-A1", "replayed"))
-	admin := one(t, spans, "the reconcile's admin span", reconcileAdmin)
-	checkAttrs(t, "the reconcile's admin span", admin, map[string]string{
+	admin := oneSpan(t, spans, "the reconcile's admin span", reconcileAdmin)
+	checkSpanAttrs(t, "the reconcile's admin span", admin, map[string]string{
 		"http.request.method": "POST", "http.route": "/v1/keys/{route}/{key}/reconcile",
 		"url.path": "/v1/keys/charges/TR-A1/reconcile", "http.response.status_code": "200", "idemproxy.operator": "alice",
 		"idemproxy.route": "charges",
 	})
-	rec := one(t, otlptest.ChildrenOf(spans, admin), "the reconcile span under the admin span", otlptest.Named("reconcile charges"))
-	checkAttrs(t, "the reconcile span", rec, map[string]string{
+	rec := oneSpan(t, otlptest.ChildrenOf(spans, admin), "the reconcile span under the admin span", otlptest.Named("reconcile charges"))
+	checkSpanAttrs(t, "the reconcile span", rec, map[string]string{
 		"idemproxy.route": "charges", "idemproxy.key_hash": orderHash("TR-A1"), "idemproxy.reconcile.result": "applied",
 		"idemproxy.reconcile.lookup_status": "200",
 	})
-	lookup := one(t, otlptest.ChildrenOf(spans, rec), "the lookup's client span under the reconcile span", named("GET", spanClient))
-	checkAttrs(t, "the lookup's span", lookup, map[string]string{
+	lookup := oneSpan(t, otlptest.ChildrenOf(spans, rec), "the lookup's client span under the reconcile span", spanNamed("GET", spanClient))
+	checkSpanAttrs(t, "the lookup's span", lookup, map[string]string{
 		"http.response.status_code": "200", "url.full": up.URL + "/orders/TR-A1/charge",
 	})
 	tps := up.traceparents("GET", "/orders/TR-A1/charge")
@@ -802,30 +807,30 @@ func TestTracingAdminAndReconcile(t *testing.T) {
 	if tid, sid, _ := traceparentIDs(tps[0]); tid != admin.TraceID || sid != lookup.SpanID {
 		t.Errorf("the lookup's traceparent = %q, want trace %s, parent %s (the lookup's span)", tps[0], admin.TraceID, lookup.SpanID)
 	}
-	inDoubt := one(t, spans, "TR-A1's span", requestSpan("TR-A1", "in_doubt"))
-	if retry := one(t, spans, "the retry's span", requestSpan("TR-A1", "replayed")); !retry.LinksTo(inDoubt) {
+	inDoubt := oneSpan(t, spans, "TR-A1's span", requestSpan("TR-A1", "in_doubt"))
+	if retry := oneSpan(t, spans, "the retry's span", requestSpan("TR-A1", "replayed")); !retry.LinksTo(inDoubt) {
 		t.Errorf("the replay of the reconciled answer links %v, want a link to %s-%s, the request left in doubt",
 			retry.Links, inDoubt.TraceID, inDoubt.SpanID)
 	}
 	for _, name := range []string{"GET /v1/keys/{route}", "POST /-/reload"} {
-		s := one(t, spans, "the span of "+name, named(name, spanServer))
-		checkAttrs(t, name, s, map[string]string{"http.response.status_code": "200", "idemproxy.operator": "alice"})
+		s := oneSpan(t, spans, "the span of "+name, spanNamed(name, spanServer))
+		checkSpanAttrs(t, name, s, map[string]string{"http.response.status_code": "200", "idemproxy.operator": "alice"})
 	}
-	bg := one(t, spans, "the background reconcile span", background)
-	checkAttrs(t, "the background reconcile span", bg, map[string]string{
+	bg := oneSpan(t, spans, "the background reconcile span", background)
+	checkSpanAttrs(t, "the background reconcile span", bg, map[string]string{
 		"idemproxy.route": "orders", "idemproxy.key_hash": store.KeyHash(store.Key("orders", "", "TR-B1")),
 	})
 	if bg.ParentID != "" {
 		t.Errorf("the background reconcile span %s: want a root span", bg)
 	}
-	bgLookup := one(t, otlptest.ChildrenOf(spans, bg), "the background lookup's client span", named("GET", spanClient))
+	bgLookup := oneSpan(t, otlptest.ChildrenOf(spans, bg), "the background lookup's client span", spanNamed("GET", spanClient))
 	if tps := up.traceparents("GET", "/orders/TR-B1/charge"); len(tps) != 1 {
 		t.Errorf("the upstream got %d lookups of TR-B1 (%q), want 1", len(tps), tps)
 	} else if tid, sid, _ := traceparentIDs(tps[0]); tid != bg.TraceID || sid != bgLookup.SpanID {
 		t.Errorf("the background lookup's traceparent = %q, want trace %s, parent %s", tps[0], bg.TraceID, bgLookup.SpanID)
 	}
-	del := one(t, spans, "the release's span", release)
-	checkAttrs(t, "the release's span", del, map[string]string{
+	del := oneSpan(t, spans, "the release's span", release)
+	checkSpanAttrs(t, "the release's span", del, map[string]string{
 		"http.request.method": "DELETE", "url.path": "/v1/keys/charges/TR-A1", "http.response.status_code": "200",
 		"idemproxy.route": "charges", "idemproxy.operator": "alice",
 	})
@@ -865,16 +870,16 @@ func TestTracingSurvivesInvalidUTF8(t *testing.T) {
 		t.Fatalf("exit status after SIGTERM = %d, want 0\n%s", code, p.log)
 	}
 	spans := rcv.Spans()
-	odd := one(t, spans, "the span of the request with invalid UTF-8", otlptest.All(named("GET", spanServer),
+	odd := oneSpan(t, spans, "the span of the request with invalid UTF-8", otlptest.All(spanNamed("GET", spanServer),
 		otlptest.WithAttr("url.path", "/orders/\uFFFD/charges")))
-	checkAttrs(t, "the span of the request with invalid UTF-8", odd, map[string]string{
+	checkSpanAttrs(t, "the span of the request with invalid UTF-8", odd, map[string]string{
 		"user_agent.original": "curl\uFFFD/8", "idemproxy.outcome": "passthrough",
 	})
-	brew := one(t, spans, "the BREW request's span", otlptest.All(otlptest.OfKind(spanServer), otlptest.WithAttr("url.path", "/pot")))
-	checkAttrs(t, "the BREW request's span", brew, map[string]string{
+	brew := oneSpan(t, spans, "the BREW request's span", otlptest.All(otlptest.OfKind(spanServer), otlptest.WithAttr("url.path", "/pot")))
+	checkSpanAttrs(t, "the BREW request's span", brew, map[string]string{
 		"http.request.method": "_OTHER", "http.request.method_original": "BREW",
 	})
-	one(t, spans, "TR-U1's span", requestSpan("TR-U1", "committed"))
+	oneSpan(t, spans, "TR-U1's span", requestSpan("TR-U1", "committed"))
 }
 
 // TestTracingCollectorDown: a collector that does not answer costs the
