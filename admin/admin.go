@@ -360,6 +360,9 @@ func (h *Handler) getKey(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	// The version an act's If-Match names, so that it acts on the record
+	// read here or not at all (412 key-changed-since-read).
+	w.Header().Set("ETag", `"`+Version(rec)+`"`)
 	v := keyView{
 		Route: r.PathValue("route"), Key: r.PathValue("key"), State: rec.State,
 		CreatedAt: rec.CreatedAt.UTC(), Fingerprint: rec.Fingerprint, Origin: rec.Origin,
@@ -386,41 +389,17 @@ func (h *Handler) getKey(w http.ResponseWriter, r *http.Request) {
 func (h *Handler) deleteKey(w http.ResponseWriter, r *http.Request) {
 	// No record is a 404: deleting anyway could remove a reservation made
 	// since, whose request is at the upstream now.
-	sk, prev, ok := h.record(w, r)
+	sk, ok := h.storeKey(w, r)
 	if !ok {
 		return
 	}
-	if prev.State == store.StateInFlight && r.URL.Query().Get("force") != "true" {
-		// Its request is at the upstream right now: a retry let through
-		// by a release would be forwarded a second time.
-		problem.Write(w, r, probKeyInFlight,
-			"the key is in flight: its request is being forwarded now; wait for it to settle, or add "+forceQuery, 0,
-			map[string]any{"override": forceQuery})
+	act := apiAction(r)
+	act.Force = r.URL.Query().Get("force") == "true"
+	prev, err := h.releaseKey(r.Context(), r.PathValue("route"), sk, act)
+	if err != nil {
+		h.actFailed(w, r, sk, err, false)
 		return
 	}
-	// Only the record read above is released, fenced by its owner token:
-	// a record that replaced it meanwhile (a reservation made after a
-	// reconcile lookup or the TTL removed it, whose request may be at the
-	// upstream now) is left alone, or a retry would be forwarded while
-	// that request is still being processed.
-	if err := h.opts.Store.Release(r.Context(), sk, prev.Token); err != nil {
-		detail := err.Error()
-		if errors.Is(err, store.ErrNotOwner) {
-			detail = "the key changed while it was being released (settled, expired or reserved again); look at it again"
-		}
-		problem.Write(w, r, problemFor(err), detail, 0, nil)
-		return
-	}
-	sum := sha256.Sum256([]byte(sk))
-	h.opts.Logger.Warn("key released by an operator",
-		"route", r.PathValue("route"),
-		"key_hash", hexPrefix(sum[:6]),
-		"previous_state", string(prev.State),
-		operatorAttr(r.Header.Get("X-Operator")),
-		"reason", r.URL.Query().Get("reason"),
-		"remote_addr", r.RemoteAddr,
-		"user_agent", r.UserAgent(),
-		"at", time.Now().UTC().Format(time.RFC3339Nano))
 	writeJSON(w, r, http.StatusOK, map[string]any{"released": true, "previous_state": prev.State})
 }
 
@@ -445,27 +424,48 @@ func operatorAttr(operator string) slog.Attr {
 // 404 for no record, 409 when the key is not in doubt or another lookup of
 // it is running, 400 for a route without reconcile.
 func (h *Handler) reconcileKey(w http.ResponseWriter, r *http.Request) {
-	if h.opts.Reconciler == nil {
-		problem.Write(w, r, probNoReconciler, "reconciliation is not available with this store", 0, nil)
-		return
-	}
-	sk, rec, ok := h.record(w, r)
+	sk, ok := h.storeKey(w, r)
 	if !ok {
 		return
 	}
-	out, err := h.opts.Reconciler.Reconcile(r.Context(), sk)
+	out, err := h.reconcileKeyAct(r.Context(), r.PathValue("route"), sk, apiAction(r))
 	if err != nil {
-		detail := err.Error()
-		if errors.Is(err, reconcile.ErrNoLookup) {
-			detail = "route " + r.PathValue("route") + " has no reconcile lookup"
-		}
-		problem.Write(w, r, problemFor(err), detail, 0, map[string]any{"state": string(rec.State)})
+		h.actFailed(w, r, sk, err, true)
 		return
 	}
-	sum := sha256.Sum256([]byte(sk))
-	h.opts.Logger.Warn("key reconciled by an operator", "route", r.PathValue("route"), "key_hash", hexPrefix(sum[:6]),
-		"result", out.Result, operatorAttr(r.Header.Get("X-Operator")), "remote_addr", r.RemoteAddr)
 	writeJSON(w, r, http.StatusOK, out)
+}
+
+// apiAction is the act a key API request asks for: its operator
+// (X-Operator), reason (?reason=) and the version it was read at
+// (If-Match, as GET's ETag gave it).
+func apiAction(r *http.Request) Action {
+	return Action{Operator: r.Header.Get("X-Operator"), Reason: r.URL.Query().Get("reason"),
+		Version: strings.Trim(r.Header.Get("If-Match"), `"`), RemoteAddr: r.RemoteAddr, UserAgent: r.UserAgent(), Via: "api"}
+}
+
+// actFailed answers an act on the key storeKey that was refused or failed;
+// with withState, the problem says the key's state (a reconcile's, so that
+// the operator sees why a key that is not in doubt was not looked up).
+func (h *Handler) actFailed(w http.ResponseWriter, r *http.Request, storeKey string, err error, withState bool) {
+	detail, ext := err.Error(), map[string]any(nil)
+	switch {
+	case errors.Is(err, ErrKeyInFlight):
+		detail = "the key is in flight: its request is being forwarded now; wait for it to settle, or add " + forceQuery
+		ext = map[string]any{"override": forceQuery}
+	case errors.Is(err, store.ErrNotOwner):
+		detail = "the key changed while it was being released (settled, expired or reserved again); look at it again"
+	case errors.Is(err, ErrChanged):
+		detail = "the key changed since it was read (If-Match): read it again"
+	case errors.Is(err, reconcile.ErrNoLookup):
+		detail = "route " + r.PathValue("route") + " has no reconcile lookup"
+	}
+	if withState && !errors.Is(err, ErrNoRecord) && !errors.Is(err, errNoReconciler) {
+		if rec, gerr := h.opts.Store.Get(r.Context(), storeKey); gerr == nil && rec != nil {
+			ext = map[string]any{"state": string(rec.State)}
+		}
+	}
+	problem.Write(w, r, problemFor(err), detail, 0, ext)
 }
 
 // acceptLoss accepts that the store lost its keys, audited like a

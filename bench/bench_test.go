@@ -123,8 +123,10 @@ func TestRedisCluster(t *testing.T) {
 	for _, pid := range rc.pids {
 		sum += cpuTime(pid)
 	}
-	if got := rc.cpu(); got < sum || got == 0 {
-		t.Errorf("cluster CPU %v, want every node's (%v, and more than 0 after the prefill)", got, sum)
+	// Not "more than 0": /proc counts in 10 ms ticks, and three nodes can
+	// each serve a small prefill within one tick.
+	if got := rc.cpu(); got < sum {
+		t.Errorf("cluster CPU %v, want every node's (%v)", got, sum)
 	}
 
 	ps.stop()

@@ -302,7 +302,7 @@ func (c *keysCmd) printList(body []byte) error {
 // fieldOrder is the order in which printFields shows the fields it knows;
 // the others follow in the order of their names.
 var fieldOrder = []string{"route", "key", "key_hash", "scope_hash", "state", "created_at", "expires_at",
-	"lease_expires_at", "stored_status", "stored_body_bytes", "fingerprint", "reconciled",
+	"lease_expires_at", "stored_status", "stored_body_bytes", "fingerprint", "reconciled", "origin",
 	"released", "previous_state", "result", "lookup_status", "error"}
 
 // printFields prints a JSON object as one "name  value" line per field.

@@ -36,7 +36,8 @@ func TestReconcileConformance(t *testing.T) {
 
 // TestReopenTurnsInFlightInDoubt: a reservation left in flight by a
 // process that stopped is in doubt when the store is opened again, at
-// once, whatever its lease said; completed records survive.
+// once, whatever its lease said, keeping its origin; completed records
+// survive.
 func TestReopenTurnsInFlightInDoubt(t *testing.T) {
 	dir := t.TempDir()
 	ctx := context.Background()
@@ -44,7 +45,8 @@ func TestReopenTurnsInFlightInDoubt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res := store.Reservation{Token: "t1", Fingerprint: "fp", Lease: time.Hour, TTL: 2 * time.Hour}
+	const origin = "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"
+	res := store.Reservation{Token: "t1", Fingerprint: "fp", Lease: time.Hour, TTL: 2 * time.Hour, Origin: origin}
 	for _, k := range []string{"in-flight", "done"} {
 		if rec, err := s.Reserve(ctx, k, res); err != nil || rec != nil {
 			t.Fatalf("reserve %s: %v %v", k, rec, err)
@@ -69,8 +71,8 @@ func TestReopenTurnsInFlightInDoubt(t *testing.T) {
 		if err != nil || rec == nil {
 			t.Fatalf("get %s: %v %v", tt.key, rec, err)
 		}
-		if rec.State != tt.want {
-			t.Errorf("%s: state = %s, want %s", tt.key, rec.State, tt.want)
+		if rec.State != tt.want || rec.Origin != origin {
+			t.Errorf("%s: state %s, origin %q; want %s, %q", tt.key, rec.State, rec.Origin, tt.want, origin)
 		}
 		if rec.ExpiresAt.IsZero() || rec.ExpiresAt.Before(time.Now().Add(30*time.Minute)) {
 			t.Errorf("%s: expires at %v, want its TTL kept", tt.key, rec.ExpiresAt)
