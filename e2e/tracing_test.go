@@ -212,8 +212,9 @@ func wantForwarded(t *testing.T, what string, r result) {
 	}
 }
 
-// TestTracingSpanTreeAndReplayLink: over OTLP/HTTP and OTLP/gRPC, a charge
-// gives a server span with the HTTP and idemproxy attributes (its key hash
+// TestTracingSpanTreeAndReplayLink: over OTLP/HTTP and OTLP/gRPC (the
+// start log says which, where to, and the sampler), a charge gives a
+// server span with the HTTP and idemproxy attributes (its key hash
 // the access log's), the store's reserve and commit spans and the upstream
 // call's client span as its children, and the upstream gets that client
 // span as its parent; the retry's server span says replayed and links to
@@ -261,6 +262,11 @@ func TestTracingSpanTreeAndReplayLink(t *testing.T) {
 				return false
 			})
 			server := oneSpan(t, spans, "TR-1's server span", orig)
+			if l := p.log.logLines("tracing on"); len(l) != 1 || l[0]["protocol"] != rcv.Protocol || l[0]["endpoint"] != rcv.Endpoint ||
+				l[0]["sampler"] != "parentbased_always_on" {
+				t.Errorf("start log lines \"tracing on\": %v, want one with protocol %s, endpoint %s, sampler parentbased_always_on",
+					l, rcv.Protocol, rcv.Endpoint)
+			}
 			if logged["trace_id"] != server.TraceID {
 				t.Errorf("the access log line's trace_id = %v, want the server span's %s", logged["trace_id"], server.TraceID)
 			}
