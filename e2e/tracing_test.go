@@ -330,7 +330,8 @@ func TestTracingSpanTreeAndReplayLink(t *testing.T) {
 
 // TestTracingLinkAcrossRestart: a charge still at the upstream when the
 // proxy gets SIGTERM finishes, and its span is exported before the process
-// exits; a new process on the same Badger directory replays the charge,
+// exits (its batch delay is a minute: only the flush at the exit sends
+// it); a new process on the same Badger directory replays the charge,
 // and the replay links to the span from before the restart.
 func TestTracingLinkAcrossRestart(t *testing.T) {
 	t.Parallel()
@@ -338,7 +339,7 @@ func TestTracingLinkAcrossRestart(t *testing.T) {
 	up := startTracedStub(t)
 	dir := t.TempDir()
 	cfg := writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), tracingOn, chargesRoute)
-	p := startProxy(t, cfg, rcv.Env()...)
+	p := startProxy(t, cfg, append(rcv.Env(), "OTEL_BSP_SCHEDULE_DELAY=60000")...)
 	firstc := make(chan result, 1)
 	go func() { firstc <- charge(p, "TR-R1", "X-Test-Hold", "1") }()
 	eventually(t, "the charge is held at the upstream", func() bool { return up.held.Load() == 1 })
