@@ -16,6 +16,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -938,6 +939,11 @@ func TestTracingRefusesUnusableProtocol(t *testing.T) {
 	failed := logLinesOf(out.String(), "idemproxy failed")
 	if cmd.ProcessState == nil || cmd.ProcessState.ExitCode() != 1 || len(failed) != 1 || !strings.Contains(fmt.Sprint(failed[0]["err"]), refused) {
 		t.Errorf("a start with tracing on: %v, want exit status 1 and %q:\n%s", err, refused, out.String())
+	}
+	// Refused before the store opens: a misconfigured replica writes
+	// nothing to a shared store (not even an epoch marker).
+	if _, err := os.Stat(filepath.Join(dir, "data-on")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the refused start's store directory: %v, want none: the store was opened", err)
 	}
 
 	path, data := filepath.Join(dir, "c.yaml"), filepath.Join(dir, "data")
