@@ -1,9 +1,11 @@
 // Package admin serves idemproxy's admin listener: Prometheus metrics,
 // liveness and readiness, configuration reload, and the key API that lets
-// an operator list, inspect and release idempotency keys.
+// an operator list, inspect and release idempotency keys, and the console:
+// the same in a browser, under /ui/ (console.go).
 //
 // Every error it answers, a failed reload included, is an RFC 9457
-// application/problem+json body typed like the proxy's (see Problems).
+// application/problem+json body typed like the proxy's (see Problems),
+// but the console's, which are HTML pages for a person.
 // /livez and /readyz answer plain text, a 503 from /readyz included: that
 // is the probe's answer, not an error.
 package admin
@@ -159,6 +161,8 @@ func NewHandler(opts Options) *Handler {
 	h.mux.Handle("GET /v1/keys/{route}/{key...}", h.auth(h.getKey))
 	h.mux.Handle("DELETE /v1/keys/{route}/{key...}", h.auth(h.deleteKey))
 	h.mux.Handle("POST /v1/keys/{route}/{key}/reconcile", h.auth(h.reconcileKey))
+	// The console: pages for operators, behind a login with the token.
+	h.mux.Handle("/ui/", newConsole(h))
 	if opts.AcceptLoss != nil {
 		h.mux.Handle("POST /v1/store/accept-loss", h.auth(h.acceptLoss))
 	}
@@ -264,38 +268,72 @@ func (h *Handler) auth(next http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		client := admission.ClientOf(r.RemoteAddr)
 		if h.opts.Token != "" {
-			if wait := h.limiter.wait(client, time.Now()); wait > 0 {
-				h.throttled.Inc()
-				secs := int((wait + time.Second - 1) / time.Second)
+			if wait := h.authWait(client); wait > 0 {
+				secs := retrySeconds(wait)
 				problem.Write(w, r, probAuthThrottled, "too many failed authentications from this address: retry in "+
 					strconv.Itoa(secs)+" s; until then every request that needs the token is refused, a correct one included", secs, nil)
 				return
 			}
 		}
 		if h.opts.Token == "" {
-			detail := "the key API is disabled: no admin token is configured"
-			if h.opts.TokenEnv != "" {
-				detail = "the key API is disabled: set the environment variable " + h.opts.TokenEnv + " to enable it"
-			}
-			problem.Write(w, r, probDisabled, detail, 0, nil)
+			problem.Write(w, r, probDisabled, h.disabledDetail(), 0, nil)
 			return
 		}
 		const prefix = "Bearer "
 		got := r.Header.Get("Authorization")
-		sum := sha256.Sum256([]byte(got[min(len(got), len(prefix)):]))
-		if len(got) < len(prefix) || !strings.EqualFold(got[:len(prefix)], prefix) || subtle.ConstantTimeCompare(sum[:], h.token[:]) != 1 {
-			h.authFailures.Inc()
-			penalty := h.limiter.fail(client, time.Now())
-			// The endpoint's pattern, not the path: a path can hold a key.
-			h.opts.Logger.Warn("admin authentication failed", "remote_addr", r.RemoteAddr, "endpoint", r.Pattern,
-				"token_sent", got != "", "throttled", penalty)
+		wellFormed := len(got) >= len(prefix) && strings.EqualFold(got[:len(prefix)], prefix)
+		if !h.checkToken(r, client, got[min(len(got), len(prefix)):], wellFormed, got != "") {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="idemproxy admin"`)
 			problem.Write(w, r, probUnauthorized, "a valid bearer token is required", 0, nil)
 			return
 		}
-		h.limiter.succeed(client)
 		next(w, r)
 	})
+}
+
+// disabledDetail is the detail of the answer of an endpoint that needs the
+// token when none is configured.
+func (h *Handler) disabledDetail() string {
+	if h.opts.TokenEnv != "" {
+		return "the key API is disabled: set the environment variable " + h.opts.TokenEnv + " to enable it"
+	}
+	return "the key API is disabled: no admin token is configured"
+}
+
+// authWait returns how long client is refused from now on because it
+// failed to authenticate too often (authLimiter), counting the refusal in
+// idemproxy_admin_auth_throttled_total; 0: it may try. The key API and
+// the console's login both ask it first.
+func (h *Handler) authWait(client string) time.Duration {
+	wait := h.limiter.wait(client, time.Now())
+	if wait > 0 {
+		h.throttled.Inc()
+	}
+	return wait
+}
+
+// retrySeconds is wait in whole seconds, rounded up, for Retry-After.
+func retrySeconds(wait time.Duration) int { return int((wait + time.Second - 1) / time.Second) }
+
+// checkToken reports whether secret is the admin token, comparing them in
+// constant time (both are hashed and the hashes compared with
+// subtle.ConstantTimeCompare); wellFormed false fails whatever secret is.
+// A failure is counted (idemproxy_admin_auth_failures_total), logged
+// with the endpoint's pattern (never the path, which can hold a key, nor
+// the secret; sent says whether one came) and counted against client by
+// the limiter; a success forgets client's failures. The key API's bearer
+// token and the console's login form both go through it.
+func (h *Handler) checkToken(r *http.Request, client, secret string, wellFormed, sent bool) bool {
+	sum := sha256.Sum256([]byte(secret))
+	if !wellFormed || subtle.ConstantTimeCompare(sum[:], h.token[:]) != 1 {
+		h.authFailures.Inc()
+		penalty := h.limiter.fail(client, time.Now())
+		h.opts.Logger.Warn("admin authentication failed", "remote_addr", r.RemoteAddr, "endpoint", r.Pattern,
+			"token_sent", sent, "throttled", penalty)
+		return false
+	}
+	h.limiter.succeed(client)
+	return true
 }
 
 // storeKey resolves the route, scope and key of a key API request.
