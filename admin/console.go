@@ -11,8 +11,11 @@ import (
 	"strings"
 	"unicode"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/idemproxy/idemproxy/internal/admission"
 	"github.com/idemproxy/idemproxy/internal/problem"
+	"github.com/idemproxy/idemproxy/internal/tracing"
 )
 
 // The console is the admin listener's pages for operators, under /ui/:
@@ -204,6 +207,9 @@ func (c *console) act(next func(http.ResponseWriter, *http.Request, *session)) h
 				"the form's CSRF token is missing or wrong (a form of another session, or not from this console): nothing was done; reload the page and try again")
 			return
 		}
+		// The act's span (admin/tracing.go), when traced, names the
+		// session's operator, as the audit line does.
+		trace.SpanFromContext(r.Context()).SetAttributes(tracing.AttrOperator.String(tracing.Text(se.operator)))
 		next(w, r, se)
 	}
 }
