@@ -327,6 +327,18 @@ func (a *app) RouteScope(name string) (string, bool) {
 	return "", false
 }
 
+// RouteNames implements admin.RouteNamer over the running configuration:
+// the console's overview lists these routes.
+func (a *app) RouteNames() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	names := make([]string, 0, len(a.cfg.Routes))
+	for _, r := range a.cfg.Routes {
+		names = append(names, r.Name)
+	}
+	return names
+}
+
 // storeOptional reports whether every route of the running configuration
 // forwards when the store fails.
 func (a *app) storeOptional() bool {
