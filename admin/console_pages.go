@@ -87,6 +87,9 @@ func (c *console) overview(w http.ResponseWriter, r *http.Request, se *session) 
 		}
 		row.InDoubt, row.InFlight, row.Completed = count(counts[store.StateInDoubt]), count(counts[store.StateInFlight]), count(counts[store.StateCompleted])
 		row.Oldest = "none"
+		if row.Capped {
+			row.Oldest = "none among the first " + thousands(overviewScan)
+		}
 		if !oldest.IsZero() {
 			row.Oldest = ageOf(now.Sub(oldest))
 			if row.Capped {

@@ -55,7 +55,13 @@ type consoleEnv struct {
 
 func newConsoleEnv(t *testing.T, change func(*admin.Options)) *consoleEnv {
 	t.Helper()
-	e := &consoleEnv{t: t, st: openStore(t), logs: &bytes.Buffer{}, reg: prometheus.NewRegistry()}
+	return newConsoleEnvOn(t, openStore(t), change)
+}
+
+// newConsoleEnvOn is newConsoleEnv on st.
+func newConsoleEnvOn(t *testing.T, st *badger.Store, change func(*admin.Options)) *consoleEnv {
+	t.Helper()
+	e := &consoleEnv{t: t, st: st, logs: &bytes.Buffer{}, reg: prometheus.NewRegistry()}
 	e.h = newHandler(t, e.st, func(o *admin.Options) {
 		o.Routes = namedRoutes{"charges": "", "refunds": "X-Tenant"}
 		o.Logger = slog.New(slog.NewJSONHandler(e.logs, nil))
