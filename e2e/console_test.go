@@ -539,8 +539,9 @@ func TestConsoleBulkRelease(t *testing.T) {
 }
 
 // TestConsoleScreenshots takes the docs' pictures of the console: the login
-// page, the overview, the in-doubt list and a key page with a reconcile's
-// result, as PNG files of the browser's viewport. With
+// page, the overview, the in-doubt list, a key page with a reason typed, and
+// the page with the reconcile's result, as PNG files of the whole page at
+// the browser's viewport width. With
 // IDEMPROXY_SCREENSHOTS=docs/images they replace the docs' own
 // (docs/images/console-*.png); without it they go to a temporary
 // directory, and the test checks that each is a picture of the page.
@@ -577,6 +578,8 @@ func TestConsoleScreenshots(t *testing.T) {
 		{"key", func() {
 			b.Click(fmt.Sprintf(`table#keys tr[data-key-hash=%q] a.key-link`, hash))
 			b.Fill("form#reconcile input[name=reason]", "INC-4001: the stub's statement shows the charge")
+		}},
+		{"result", func() {
 			b.Click("button#reconcile-submit")
 			if !b.Has("div#result.ok") {
 				t.Fatalf("reconcile, at %s: no div#result.ok", b.URL())
