@@ -39,6 +39,9 @@ const consoleBrowserLife = 90 * time.Second
 // script would change the page's title and set a global.
 const scriptBody = `<script>document.title="pwned";window.pwned=1</script><u id="injected">underlined</u>`
 
+// htmlKey is a key with markup, which the key page must show as text.
+const htmlKey = `<u id="injected-key">k</u>`
+
 // consoleRoutes: charges, on the stub, with a reconcile lookup whose grace
 // is long enough that only an operator looks it up during a test; notes, on
 // the test's own upstream, which answers markup.
@@ -351,8 +354,9 @@ func TestConsoleInDoubtToDecision(t *testing.T) {
 	}
 }
 
-// TestConsoleRefusals: what the console must not do. A stored body with
-// markup and a script is shown as text, and nothing of it runs; an action
+// TestConsoleRefusals: what the console must not do. A key with markup,
+// and a stored body with markup and a script, are shown as text, and
+// nothing of them runs; an action
 // whose CSRF token was changed in the page is refused and the key stays in
 // doubt, unaudited; an action on a key that changed since its page was
 // loaded (released through the API, and charged again by a retry) is
@@ -361,11 +365,23 @@ func TestConsoleRefusals(t *testing.T) {
 	t.Parallel()
 	e := startConsole(t)
 	b := e.b
-	if r := do("POST", e.p.url("/notes"), `{"text": "hi"}`, "Idempotency-Key", "note-1"); r.status != http.StatusOK || r.body != scriptBody {
-		t.Fatalf("POST /notes = %d %q, want 200 and the markup", r.status, r.body)
+	for _, k := range []string{"note-1", htmlKey} {
+		if r := do("POST", e.p.url("/notes"), `{"text": "hi"}`, "Idempotency-Key", k); r.status != http.StatusOK || r.body != scriptBody {
+			t.Fatalf("POST /notes with key %q = %d %q, want 200 and the markup", k, r.status, r.body)
+		}
 	}
 	e.inDoubt("ORD-X", "ORD-Y", "ORD-Z")
 	e.login("bob")
+
+	t.Run("a key with markup is text", func(t *testing.T) {
+		b.Navigate(e.keyPage("notes", htmlKey))
+		if got := b.Count("#injected-key"); got != 0 {
+			t.Errorf("the key's markup made %d elements, want none", got)
+		}
+		if got := b.Text("h1"); !strings.Contains(got, htmlKey) {
+			t.Errorf("h1 = %q, want the key %q as text", got, htmlKey)
+		}
+	})
 
 	t.Run("a stored script is text", func(t *testing.T) {
 		b.Navigate(e.keyPage("notes", "note-1"))
