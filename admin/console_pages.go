@@ -220,7 +220,7 @@ func (c *console) place(route, key, scope, scopeHash string) (keyPlace, int, str
 		return keyPlace{}, http.StatusNotFound, "no route named " + strconv.Quote(route)
 	}
 	if scope != "" {
-		scopeHash = strings.Split(store.Key(route, scope, ""), "/")[1]
+		scopeHash = strings.TrimSuffix(strings.TrimPrefix(store.Key(route, scope, ""), route+"/"), "/")
 	}
 	if scopeHash == "" {
 		scopeHash = "-"
@@ -277,6 +277,9 @@ func (c *console) showKey(w http.ResponseWriter, r *http.Request, se *session, p
 		page.Error = "the store did not answer: " + err.Error()
 		c.render(w, problemFor(err).Status, "key", page)
 		return
+	}
+	if rec == nil && res == nil {
+		status = http.StatusNotFound // a page asked for, not the outcome of a release
 	}
 	if rec != nil {
 		v.Rec, v.Version, v.InFlight = showRecord(rec, time.Now()), Version(rec), rec.State == store.StateInFlight

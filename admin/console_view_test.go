@@ -545,3 +545,14 @@ func TestConsoleDOMContract(t *testing.T) {
 	}
 	_ = time.Second
 }
+
+// TestConsoleKeyWithoutRecord: the page of a key without a record says so,
+// 404, and offers no act.
+func TestConsoleKeyWithoutRecord(t *testing.T) {
+	e := newConsoleEnv(t, nil)
+	rec := e.login("alice").do(http.MethodGet, "/ui/keys/charges/never-seen", nil)
+	page := rec.Body.String()
+	if rec.Code != http.StatusNotFound || !strings.Contains(page, `id="no-record"`) || strings.Contains(page, `<form id="release"`) {
+		t.Errorf("GET the page of a key never seen = %d; want 404, no-record, no release form:\n%s", rec.Code, page)
+	}
+}
