@@ -103,8 +103,8 @@ func (e *consoleEnv) inDoubt(orders ...string) {
 	}
 }
 
-// login logs in as operator through the login page and returns the
-// overview's address.
+// login logs in as operator through the login page, with the admin token
+// and the operator's name, as a person types them.
 func (e *consoleEnv) login(operator string) {
 	e.t.Helper()
 	b := e.b
@@ -309,6 +309,7 @@ func TestConsoleInDoubtToDecision(t *testing.T) {
 	if got := strings.TrimSpace(b.Text("dl#record dd#state")); got != "in_doubt" {
 		t.Errorf("key page of ORD-A: state = %q, want in_doubt", got)
 	}
+	// The reason, and Enter to submit it: no third click.
 	b.Press("form#reconcile input[name=reason]", "INC-7 stub charged it\n")
 	if got := b.Clicks() - before; got != 2 {
 		t.Errorf("clicks from the overview to the decision = %d, want 2", got)

@@ -12,6 +12,7 @@ package browsertest
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -159,14 +160,43 @@ func (b *Browser) Navigate(url string) int {
 // key by key, after clearing what it held.
 func (b *Browser) Fill(sel, value string) {
 	b.t.Helper()
-	b.run("fill "+sel, chromedp.Clear(chromedp.CSS(sel)), chromedp.SendKeys(chromedp.CSS(sel), value))
+	b.run("fill "+sel, chromedp.WaitVisible(chromedp.CSS(sel)), setValue(sel, ""), typeInto(sel, value))
+}
+
+// setValue sets the value property of the element sel, found by the page's
+// document.querySelector, and fails when there is none.
+func setValue(sel, value string) chromedp.Action[chromedp.Void] {
+	js := fmt.Sprintf(`(() => { const e = document.querySelector(%s); if (!e) return false; e.value = %s; return true })()`,
+		jsString(sel), jsString(value))
+	return chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+		ok, err := chromedp.Evaluate[bool](js)(ctx, t)
+		if err == nil && !ok {
+			err = fmt.Errorf("no element matches %s", sel)
+		}
+		return err
+	})
+}
+
+// jsString is s as a JavaScript string literal.
+func jsString(s string) string {
+	b, _ := json.Marshal(s) // a string always marshals
+	return string(b)
+}
+
+// typeInto focuses the element sel and types keys into it. It is
+// chromedp.SendKeys without its read of the node's attributes outside the
+// node's lock (chromedp v0.23.1, query.go), a data race with the
+// attribute changes the browser reports meanwhile that the race detector
+// finds.
+func typeInto(sel, keys string) chromedp.Action[chromedp.Void] {
+	return chromedp.Steps(chromedp.Focus(chromedp.CSS(sel), chromedp.NodeVisible), chromedp.KeyEvent(keys))
 }
 
 // SetValue sets the value of the element sel directly, as a script could:
 // for a hidden input a person cannot type into.
 func (b *Browser) SetValue(sel, value string) {
 	b.t.Helper()
-	b.run("set the value of "+sel, chromedp.SetValue(chromedp.CSS(sel), value))
+	b.run("set the value of "+sel, chromedp.WaitReady(chromedp.CSS(sel)), setValue(sel, value))
 }
 
 // Click clicks the element sel (a link or a button) with the mouse, waits
@@ -194,7 +224,7 @@ func (b *Browser) Press(sel, keys string) int {
 	b.t.Helper()
 	ctx, cancel := context.WithTimeout(b.ctx, stepTimeout)
 	defer cancel()
-	resp, err := chromedp.RunResponse(ctx, chromedp.SendKeys(chromedp.CSS(sel), keys))
+	resp, err := chromedp.RunResponse(ctx, typeInto(sel, keys))
 	if err != nil {
 		b.t.Fatalf("type %q into %s, at %s: %v", keys, sel, b.URL(), err)
 	}
@@ -236,7 +266,7 @@ func (b *Browser) Attr(sel, name string) (string, bool) {
 // Count returns how many elements match sel now, without waiting for one.
 func (b *Browser) Count(sel string) int {
 	b.t.Helper()
-	return Eval[int](b, fmt.Sprintf("document.querySelectorAll(%q).length", sel))
+	return Eval[int](b, "document.querySelectorAll("+jsString(sel)+").length")
 }
 
 // Has says whether an element matches sel now.
