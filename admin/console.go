@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel/trace"
 
@@ -264,11 +265,39 @@ func checkOperator(name string) string {
 		return "your name is required: it is the operator of your actions in the audit log"
 	case len(name) > 128:
 		return "your name is longer than 128 bytes"
-	case strings.ContainsFunc(name, unicode.IsControl):
+	case !utf8.ValidString(name):
+		return "your name is not UTF-8 text"
+	case strings.ContainsFunc(name, isControl):
 		return "your name holds a control character"
 	}
 	return ""
 }
+
+// maxReason bounds an act's reason, in bytes: the audit log has it once
+// per key, a thousand times for a bulk release of a thousand keys.
+const maxReason = 1000
+
+// checkReason says what is wrong with an act's reason, "" when nothing
+// is: it is required, at most maxReason bytes of UTF-8 text without a
+// control character.
+func checkReason(reason string) string {
+	switch {
+	case reason == "":
+		return "a reason is required"
+	case len(reason) > maxReason:
+		return "the reason is longer than " + thousands(maxReason) + " bytes"
+	case !utf8.ValidString(reason):
+		return "the reason is not UTF-8 text"
+	case strings.ContainsFunc(reason, isControl):
+		return "the reason holds a control character"
+	}
+	return ""
+}
+
+// isControl reports whether r is a control character, or a bidirectional
+// control, which would show an audit line, or the operator's name on a
+// page, other than it is.
+func isControl(r rune) bool { return unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r) }
 
 func (c *console) logout(w http.ResponseWriter, r *http.Request, se *session) {
 	if ck, err := r.Cookie(sessionCookie); err == nil {

@@ -392,9 +392,10 @@ func (c *console) actForm(r *http.Request, se *session) (keyPlace, Action, int, 
 	}
 	act := Action{Operator: se.operator, Reason: strings.TrimSpace(f.Get("reason")), Force: f.Get("force") == "true",
 		Version: f.Get("version"), RemoteAddr: r.RemoteAddr, UserAgent: r.UserAgent(), Via: "console"}
+	if msg := checkReason(act.Reason); msg != "" {
+		return p, act, http.StatusBadRequest, msg + ": nothing was done"
+	}
 	switch {
-	case act.Reason == "":
-		return p, act, http.StatusBadRequest, "a reason is required: nothing was done"
 	case act.Version == "":
 		return p, act, http.StatusBadRequest, "the form does not say which version of the key you saw: nothing was done; look again"
 	}
@@ -507,8 +508,8 @@ func (c *console) bulkRelease(w http.ResponseWriter, r *http.Request, se *sessio
 	case len(sel) > MaxListLimit:
 		refuse(http.StatusBadRequest, "more than "+strconv.Itoa(MaxListLimit)+" keys are selected")
 		return
-	case reason == "":
-		refuse(http.StatusBadRequest, "a reason is required")
+	case checkReason(reason) != "":
+		refuse(http.StatusBadRequest, checkReason(reason))
 		return
 	case confirm != want && !(len(sel) == 1 && confirm == "release 1 key"):
 		refuse(http.StatusBadRequest, "the confirmation does not match: type "+strconv.Quote(want)+" ("+strconv.Itoa(len(sel))+" keys are selected)")
