@@ -5,6 +5,7 @@ import (
 	"html"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -244,4 +245,39 @@ func TestConsoleReasonIsBounded(t *testing.T) {
 			t.Errorf("login = %d, div#error %q, cookie %v; want 400, control character, none", rec.Code, msg, sessionCookieOf(rec))
 		}
 	})
+}
+
+// TestConsoleDotKeysAreReachable: a key "." or ".." (printable, so a
+// valid key) is linked from the list to its own page: a browser removes
+// dot segments from a path, so its link must not hold it as one.
+func TestConsoleDotKeysAreReachable(t *testing.T) {
+	e := newConsoleEnv(t, nil)
+	for _, k := range []string{".", "..", "...", "a/..", "../a"} {
+		seed(t, e.st, store.Key("charges", "", k), seedInDoubt)
+	}
+	seed(t, e.st, store.Key("refunds", "tenant-1", ".."), seedInDoubt)
+	b := e.login("alice")
+	for _, route := range []string{"charges", "refunds"} {
+		list := b.do(http.MethodGet, "/ui/keys?route="+route, nil).Body.String()
+		links := regexp.MustCompile(`<a class="key-link" href="([^"]+)">([^<]*)</a>`).FindAllStringSubmatch(list, -1)
+		if len(links) == 0 {
+			t.Fatalf("no key link in the list of %s:\n%s", route, list)
+		}
+		base, _ := url.Parse("http://admin.example/ui/keys?route=" + route)
+		for _, l := range links {
+			key := html.UnescapeString(l[2])
+			ref, err := url.Parse(html.UnescapeString(l[1]))
+			if err != nil {
+				t.Fatalf("link %q: %v", l[1], err)
+			}
+			// As a browser follows it: dot segments removed.
+			u := base.ResolveReference(ref)
+			rec := b.do(http.MethodGet, u.RequestURI(), nil)
+			where, _ := element(rec.Body.String(), "p", "")
+			m := regexp.MustCompile(`key <code>([^<]*)</code>`).FindStringSubmatch(rec.Body.String())
+			if rec.Code != http.StatusOK || m == nil || html.UnescapeString(m[1]) != key {
+				t.Errorf("%s key %q: link %s followed to %s = %d, page of key %v; want 200, the key's page %s", route, key, l[1], u.RequestURI(), rec.Code, m, where)
+			}
+		}
+	}
 }
