@@ -7,6 +7,7 @@ import (
 	"html/template"
 	"io/fs"
 	"net/http"
+	"path"
 	"strconv"
 	"strings"
 	"unicode"
@@ -108,17 +109,31 @@ func newConsole(h *Handler) *console {
 // ServeHTTP serves /ui/: every answer carries the security headers; none
 // but the 403 disabled problem while no token is configured.
 func (c *console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	hd := w.Header()
-	hd.Set("Content-Security-Policy", consoleCSP)
-	hd.Set("X-Frame-Options", "DENY")
-	hd.Set("X-Content-Type-Options", "nosniff")
-	hd.Set("Referrer-Policy", "no-referrer")
-	hd.Set("Cache-Control", "no-store")
+	setConsoleHeaders(w.Header())
 	if c.h.opts.Token == "" {
 		problem.Write(w, r, probDisabled, c.h.disabledDetail(), 0, nil)
 		return
 	}
 	c.serve.ServeHTTP(w, r)
+}
+
+// setConsoleHeaders sets the security headers of every console answer
+// in hd.
+func setConsoleHeaders(hd http.Header) {
+	hd.Set("Content-Security-Policy", consoleCSP)
+	hd.Set("X-Frame-Options", "DENY")
+	hd.Set("X-Content-Type-Options", "nosniff")
+	hd.Set("Referrer-Policy", "no-referrer")
+	hd.Set("Cache-Control", "no-store")
+}
+
+// isConsolePath reports whether p, once cleaned, is under /ui/: then the
+// admin listener's router answers a redirect to the cleaned path (/ui,
+// /ui//keys, /ui/keys/../) before the console is asked, and that answer
+// needs the console's headers too.
+func isConsolePath(p string) bool {
+	p = path.Clean("/" + p)
+	return p == "/ui" || strings.HasPrefix(p, "/ui/")
 }
 
 // sessionView is what a page shows of its session.

@@ -281,3 +281,26 @@ func TestConsoleDotKeysAreReachable(t *testing.T) {
 		}
 	}
 }
+
+// TestConsoleHeadersOnRedirects: the redirects the admin listener's
+// router answers for a console path it cleans (/ui, a doubled slash, a dot
+// segment) carry the console's headers, as every console answer does.
+func TestConsoleHeadersOnRedirects(t *testing.T) {
+	e := newConsoleEnv(t, nil)
+	b := e.login("alice")
+	anon := &browser{e: e, remote: "192.0.2.40:1"}
+	for _, target := range []string{"/ui", "/ui//keys", "/ui/keys/../", "/ui/./", "/ui/keys/charges/.."} {
+		for who, br := range map[string]*browser{"logged in": b, "anonymous": anon} {
+			rec := br.do(http.MethodGet, target, nil)
+			if rec.Code < 300 || rec.Code > 399 {
+				t.Fatalf("%s GET %s = %d, want a redirect", who, target, rec.Code)
+			}
+			for k, v := range map[string]string{"Content-Security-Policy": wantCSP, "X-Frame-Options": "DENY",
+				"X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"} {
+				if got := rec.Header().Get(k); got != v {
+					t.Errorf("%s GET %s (%d to %s): %s = %q, want %q", who, target, rec.Code, rec.Header().Get("Location"), k, got, v)
+				}
+			}
+		}
+	}
+}
