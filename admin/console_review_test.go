@@ -304,3 +304,54 @@ func TestConsoleHeadersOnRedirects(t *testing.T) {
 		}
 	}
 }
+
+// TestConsoleNothingWithoutASession: no console path, however spelled
+// (doubled slashes, dot segments, escaped slashes, another method), shows
+// a key or acts without a session; only the style sheet is served.
+func TestConsoleNothingWithoutASession(t *testing.T) {
+	e := newConsoleEnv(t, func(o *admin.Options) { o.Reconciler = reconcileApplied{} })
+	sk := store.Key("charges", "", "secret-order-4711")
+	seed(t, e.st, sk, seedInDoubt)
+	before := admin.Version(e.record(sk))
+	anon := &browser{e: e, remote: "192.0.2.50:1"}
+	act := url.Values{"route": {"charges"}, "key": {"secret-order-4711"}, "scope_hash": {"-"}, "version": {before}, "reason": {"r"},
+		"sel": {url.Values{"s": {"-"}, "k": {"secret-order-4711"}, "v": {before}}.Encode()}, "confirm": {"release 1 key"}}
+	for _, tc := range []struct{ method, target string }{
+		{http.MethodGet, "/ui/"},
+		{http.MethodGet, "/ui//"},
+		{http.MethodGet, "/ui/keys?route=charges"},
+		{http.MethodGet, "/ui//keys?route=charges"},
+		{http.MethodGet, "/ui/./keys?route=charges"},
+		{http.MethodGet, "/ui/static/../keys?route=charges"},
+		{http.MethodGet, "/ui/keys/charges/secret-order-4711"},
+		{http.MethodGet, "/ui/keys%2Fcharges%2Fsecret-order-4711"},
+		{http.MethodGet, "/ui/keys/charges/x%2F..%2Fsecret-order-4711"},
+		{http.MethodGet, "/ui/static/..%2Fkeys?route=charges"},
+		{http.MethodGet, "/ui/static/%2e%2e/keys?route=charges"},
+		{http.MethodHead, "/ui/keys/charges/secret-order-4711"},
+		{http.MethodPost, "/ui/release"},
+		{http.MethodPost, "/ui//release"},
+		{http.MethodPost, "/ui/reconcile"},
+		{http.MethodPost, "/ui/bulk-release"},
+		{http.MethodPost, "/ui/static/../release"},
+		{http.MethodPut, "/ui/release"},
+		{http.MethodDelete, "/ui/keys/charges/secret-order-4711"},
+	} {
+		t.Run(tc.method+" "+tc.target, func(t *testing.T) {
+			var form url.Values
+			if tc.method != http.MethodGet && tc.method != http.MethodHead {
+				form = act
+			}
+			rec := anon.do(tc.method, tc.target, form)
+			if rec.Code == http.StatusOK || strings.Contains(rec.Body.String(), "secret-order-4711") {
+				t.Errorf("%s %s without a session = %d, body %s; want no page and no key", tc.method, tc.target, rec.Code, rec.Body)
+			}
+			if r := e.record(sk); r == nil || admin.Version(r) != before {
+				t.Fatalf("after %s %s without a session the record is %+v, want it unchanged", tc.method, tc.target, r)
+			}
+		})
+	}
+	if lines := e.auditLines(); len(lines) != 0 {
+		t.Errorf("audit lines without a session: %v", lines)
+	}
+}
