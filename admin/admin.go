@@ -181,6 +181,9 @@ func NewHandler(opts Options) *Handler {
 // ServeHTTP serves the admin API. A request that matches no endpoint, or
 // none with its method, is answered with a problem, not ServeMux's text.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if isConsolePath(r.URL.Path) {
+		setConsoleHeaders(w.Header()) // on the router's redirects too
+	}
 	if handler, pattern := h.mux.Handler(r); pattern == "" {
 		// ServeMux's own answer: 404, 405 with the Allow header, or a
 		// redirect to the cleaned path.

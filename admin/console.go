@@ -7,9 +7,11 @@ import (
 	"html/template"
 	"io/fs"
 	"net/http"
+	"path"
 	"strconv"
 	"strings"
 	"unicode"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel/trace"
 
@@ -107,17 +109,31 @@ func newConsole(h *Handler) *console {
 // ServeHTTP serves /ui/: every answer carries the security headers; none
 // but the 403 disabled problem while no token is configured.
 func (c *console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	hd := w.Header()
-	hd.Set("Content-Security-Policy", consoleCSP)
-	hd.Set("X-Frame-Options", "DENY")
-	hd.Set("X-Content-Type-Options", "nosniff")
-	hd.Set("Referrer-Policy", "no-referrer")
-	hd.Set("Cache-Control", "no-store")
+	setConsoleHeaders(w.Header())
 	if c.h.opts.Token == "" {
 		problem.Write(w, r, probDisabled, c.h.disabledDetail(), 0, nil)
 		return
 	}
 	c.serve.ServeHTTP(w, r)
+}
+
+// setConsoleHeaders sets the security headers of every console answer
+// in hd.
+func setConsoleHeaders(hd http.Header) {
+	hd.Set("Content-Security-Policy", consoleCSP)
+	hd.Set("X-Frame-Options", "DENY")
+	hd.Set("X-Content-Type-Options", "nosniff")
+	hd.Set("Referrer-Policy", "no-referrer")
+	hd.Set("Cache-Control", "no-store")
+}
+
+// isConsolePath reports whether p, once cleaned, is under /ui/: then the
+// admin listener's router answers a redirect to the cleaned path (/ui,
+// /ui//keys, /ui/keys/../) before the console is asked, and that answer
+// needs the console's headers too.
+func isConsolePath(p string) bool {
+	p = path.Clean("/" + p)
+	return p == "/ui" || strings.HasPrefix(p, "/ui/")
 }
 
 // sessionView is what a page shows of its session.
@@ -264,11 +280,39 @@ func checkOperator(name string) string {
 		return "your name is required: it is the operator of your actions in the audit log"
 	case len(name) > 128:
 		return "your name is longer than 128 bytes"
-	case strings.ContainsFunc(name, unicode.IsControl):
+	case !utf8.ValidString(name):
+		return "your name is not UTF-8 text"
+	case strings.ContainsFunc(name, isControl):
 		return "your name holds a control character"
 	}
 	return ""
 }
+
+// maxReason bounds an act's reason, in bytes: the audit log has it once
+// per key, a thousand times for a bulk release of a thousand keys.
+const maxReason = 1000
+
+// checkReason says what is wrong with an act's reason, "" when nothing
+// is: it is required, at most maxReason bytes of UTF-8 text without a
+// control character.
+func checkReason(reason string) string {
+	switch {
+	case reason == "":
+		return "a reason is required"
+	case len(reason) > maxReason:
+		return "the reason is longer than " + thousands(maxReason) + " bytes"
+	case !utf8.ValidString(reason):
+		return "the reason is not UTF-8 text"
+	case strings.ContainsFunc(reason, isControl):
+		return "the reason holds a control character"
+	}
+	return ""
+}
+
+// isControl reports whether r is a control character, or a bidirectional
+// control, which would show an audit line, or the operator's name on a
+// page, other than it is.
+func isControl(r rune) bool { return unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r) }
 
 func (c *console) logout(w http.ResponseWriter, r *http.Request, se *session) {
 	if ck, err := r.Cookie(sessionCookie); err == nil {

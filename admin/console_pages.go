@@ -178,11 +178,22 @@ func (c *console) keys(w http.ResponseWriter, r *http.Request, se *session) {
 	c.render(w, http.StatusOK, "keys", page)
 }
 
-// keyLink is the key page of a key.
+// keyLink is the key page of a key. A key "." or ".." goes in the query
+// (?key=), since a browser, and the router, remove a dot segment from a
+// path whether or not it is escaped: in the path, its link would open
+// another page.
 func keyLink(route, scopeHash, key string) string {
-	link := "/ui/keys/" + url.PathEscape(route) + "/" + url.PathEscape(key)
+	link, q := "/ui/keys/"+url.PathEscape(route)+"/", url.Values{}
+	if key == "." || key == ".." {
+		q.Set("key", key)
+	} else {
+		link += url.PathEscape(key)
+	}
 	if scopeHash != "-" {
-		link += "?" + url.Values{"scope_hash": {scopeHash}}.Encode()
+		q.Set("scope_hash", scopeHash)
+	}
+	if len(q) > 0 {
+		link += "?" + q.Encode()
 	}
 	return link
 }
@@ -259,7 +270,11 @@ type keyPageView struct {
 
 func (c *console) key(w http.ResponseWriter, r *http.Request, se *session) {
 	qv := r.URL.Query()
-	p, status, msg := c.place(r.PathValue("route"), r.PathValue("key"), qv.Get("scope"), qv.Get("scope_hash"))
+	key := r.PathValue("key")
+	if key == "" {
+		key = qv.Get("key") // "." or ".." (keyLink)
+	}
+	p, status, msg := c.place(r.PathValue("route"), key, qv.Get("scope"), qv.Get("scope_hash"))
 	if status != 0 {
 		c.fail(w, r, se, status, msg)
 		return
@@ -392,9 +407,10 @@ func (c *console) actForm(r *http.Request, se *session) (keyPlace, Action, int, 
 	}
 	act := Action{Operator: se.operator, Reason: strings.TrimSpace(f.Get("reason")), Force: f.Get("force") == "true",
 		Version: f.Get("version"), RemoteAddr: r.RemoteAddr, UserAgent: r.UserAgent(), Via: "console"}
+	if msg := checkReason(act.Reason); msg != "" {
+		return p, act, http.StatusBadRequest, msg + ": nothing was done"
+	}
 	switch {
-	case act.Reason == "":
-		return p, act, http.StatusBadRequest, "a reason is required: nothing was done"
 	case act.Version == "":
 		return p, act, http.StatusBadRequest, "the form does not say which version of the key you saw: nothing was done; look again"
 	}
@@ -507,8 +523,8 @@ func (c *console) bulkRelease(w http.ResponseWriter, r *http.Request, se *sessio
 	case len(sel) > MaxListLimit:
 		refuse(http.StatusBadRequest, "more than "+strconv.Itoa(MaxListLimit)+" keys are selected")
 		return
-	case reason == "":
-		refuse(http.StatusBadRequest, "a reason is required")
+	case checkReason(reason) != "":
+		refuse(http.StatusBadRequest, checkReason(reason))
 		return
 	case confirm != want && !(len(sel) == 1 && confirm == "release 1 key"):
 		refuse(http.StatusBadRequest, "the confirmation does not match: type "+strconv.Quote(want)+" ("+strconv.Itoa(len(sel))+" keys are selected)")
