@@ -6,7 +6,9 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/idemproxy/idemproxy/internal/reconcile"
@@ -77,9 +79,33 @@ func Version(rec *store.Record) string {
 	return hex.EncodeToString(h.Sum(nil)[:8])
 }
 
+// ErrBadText is wrapped by an act refused for its reason or operator: too
+// long, not UTF-8, or holding a control or bidirectional character that
+// would make its audit line read otherwise than it is.
+var ErrBadText = errors.New("invalid text")
+
+// checkText refuses an act whose reason or operator (each optional here;
+// the console requires both) the audit line could not hold as it is.
+func (act Action) checkText() error {
+	if act.Reason != "" {
+		if why := checkReason(act.Reason); why != "" {
+			return fmt.Errorf("%w: %s", ErrBadText, why)
+		}
+	}
+	if act.Operator != "" {
+		if why := checkOperator(act.Operator); why != "" {
+			return fmt.Errorf("%w: the operator %s", ErrBadText, strings.TrimPrefix(why, "your name "))
+		}
+	}
+	return nil
+}
+
 // current reads the record under storeKey for act: ErrNoRecord when there
 // is none, ErrChanged when it is not the version act names.
 func (h *Handler) current(ctx context.Context, storeKey string, act Action) (*store.Record, error) {
+	if err := act.checkText(); err != nil {
+		return nil, err
+	}
 	rec, err := h.opts.Store.Get(ctx, storeKey)
 	switch {
 	case err != nil:

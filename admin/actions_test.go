@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"testing"
 
 	"github.com/idemproxy/idemproxy/admin"
@@ -92,6 +93,50 @@ func TestAuditLineNamesTheWay(t *testing.T) {
 		for k, want := range map[string]string{"msg": tc.msg, "via": "api", "operator": "dana", "reason": "INC-7", "route": "charges"} {
 			if line[k] != want {
 				t.Errorf("%s: audit %s = %v, want %q (line %s)", tc.name, k, line[k], want, logs.String())
+			}
+		}
+	}
+}
+
+// TestAPIActTextIsBounded: the key API's reason and X-Operator go to the
+// audit line as the console's do, so they are held to the same rules: a
+// reason over 1,000 bytes, or a control or bidirectional character that
+// would make the line read otherwise, is refused 400 with nothing done.
+func TestAPIActTextIsBounded(t *testing.T) {
+	st := openStore(t)
+	var logs bytes.Buffer
+	h := newHandler(t, st, func(o *admin.Options) {
+		o.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
+		o.Reconciler = reconcileApplied{}
+	})
+	long := make([]byte, 1001)
+	for i := range long {
+		long[i] = 'r'
+	}
+	for i, tc := range []struct {
+		name, reason, operator string
+	}{
+		{"long reason", string(long), ""},
+		{"newline in reason", "INC-1\nlevel=INFO msg=fine", ""},
+		{"bidi in reason", "INC-1 \u202eko", ""},
+		{"bidi in operator", "INC-1", "eve\u202eecila"},
+	} {
+		for _, act := range []struct{ method, suffix string }{{http.MethodDelete, ""}, {http.MethodPost, "/reconcile"}} {
+			key := "text-" + string(rune('a'+i)) + act.method
+			sk := store.Key("charges", "", key)
+			seed(t, st, sk, seedInDoubt)
+			logs.Reset()
+			hdr := http.Header{}
+			if tc.operator != "" {
+				hdr.Set("X-Operator", tc.operator)
+			}
+			target := "/v1/keys/charges/" + key + act.suffix + "?reason=" + url.QueryEscape(tc.reason)
+			checkProblem(t, serve(t, h, act.method, target, bearer, hdr), target, http.StatusBadRequest, "invalid-parameter")
+			if rec, err := st.Get(t.Context(), sk); err != nil || rec == nil || rec.State != store.StateInDoubt {
+				t.Errorf("%s %s: record %+v, %v; want it in doubt still", tc.name, act.method, rec, err)
+			}
+			if logs.Len() != 0 {
+				t.Errorf("%s %s: audit line %s, want none", tc.name, act.method, logs.String())
 			}
 		}
 	}

@@ -501,7 +501,7 @@ func (h *Handler) actFailed(w http.ResponseWriter, r *http.Request, storeKey str
 	case errors.Is(err, reconcile.ErrNoLookup):
 		detail = "route " + r.PathValue("route") + " has no reconcile lookup"
 	}
-	if withState && !errors.Is(err, ErrNoRecord) && !errors.Is(err, errNoReconciler) {
+	if withState && !errors.Is(err, ErrNoRecord) && !errors.Is(err, errNoReconciler) && !errors.Is(err, ErrBadText) {
 		if rec, gerr := h.opts.Store.Get(r.Context(), storeKey); gerr == nil && rec != nil {
 			ext = map[string]any{"state": string(rec.State)}
 		}

@@ -54,6 +54,8 @@ func problemFor(err error) problem.Type {
 		return probBadParameter
 	case errors.Is(err, reconcile.ErrNoLookup):
 		return probNoReconcile
+	case errors.Is(err, ErrBadText):
+		return probBadParameter
 	case errors.Is(err, ErrNoRecord):
 		return probNoRecord
 	case errors.Is(err, ErrKeyInFlight):
