@@ -7,6 +7,7 @@ import (
 	"html/template"
 	"io/fs"
 	"net/http"
+	"net/url"
 	"path"
 	"strconv"
 	"strings"
@@ -197,7 +198,16 @@ func (c *console) page(next func(http.ResponseWriter, *http.Request, *session)) 
 	return func(w http.ResponseWriter, r *http.Request) {
 		se := c.current(r)
 		if se == nil {
-			http.Redirect(w, r, "/ui/login", http.StatusSeeOther)
+			// Back to this page once logged in: the alert's link to a
+			// route's keys in doubt leads there through the login.
+			// Only the Location: the page's path, which may hold a key, is
+			// not echoed in a body.
+			to := "/ui/login"
+			if next := nextPage(r.URL.RequestURI()); next != "/ui/" {
+				to += "?next=" + url.QueryEscape(next)
+			}
+			w.Header().Set("Location", to)
+			w.WriteHeader(http.StatusSeeOther)
 			return
 		}
 		next(w, r, se)
@@ -231,7 +241,23 @@ func (c *console) act(next func(http.ResponseWriter, *http.Request, *session)) h
 }
 
 func (c *console) loginPage(w http.ResponseWriter, r *http.Request) {
-	c.render(w, http.StatusOK, "login", pageView{Title: "Log in"})
+	c.render(w, http.StatusOK, "login", pageView{Title: "Log in", Data: loginView{Next: nextPage(r.URL.Query().Get("next"))}})
+}
+
+// loginView is what the login form shows again: the operator's name, and
+// the console page to go to once logged in.
+type loginView struct{ Operator, Next string }
+
+// nextPage returns next when it is a page of this console ("/ui/…", a
+// path and query only), "/ui/" otherwise: a login never sends the browser
+// elsewhere (no open redirect through "//host", "/\\host" or a scheme).
+func nextPage(next string) string {
+	u, err := url.Parse(next)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || u.Fragment != "" ||
+		!strings.HasPrefix(next, "/ui/") || strings.ContainsAny(next, "\\\r\n\t") || strings.HasPrefix(next, "//") {
+		return "/ui/"
+	}
+	return next
 }
 
 // login checks the token as the key API does (constant time, the same
@@ -245,8 +271,9 @@ func (c *console) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	operator := strings.TrimSpace(r.PostForm.Get("operator"))
+	next := nextPage(r.PostForm.Get("next"))
 	again := func(status int, msg string) {
-		c.render(w, status, "login", pageView{Title: "Log in", Error: msg, Data: operator})
+		c.render(w, status, "login", pageView{Title: "Log in", Error: msg, Data: loginView{Operator: operator, Next: next}})
 	}
 	client := admission.ClientOf(r.RemoteAddr)
 	if wait := h.authWait(client); wait > 0 {
@@ -269,7 +296,7 @@ func (c *console) login(w http.ResponseWriter, r *http.Request) {
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: id, Path: "/ui/", HttpOnly: true,
 		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
 	h.opts.Logger.Info("console login", "operator", operator, "remote_addr", r.RemoteAddr, "user_agent", r.UserAgent())
-	http.Redirect(w, r, "/ui/", http.StatusSeeOther)
+	http.Redirect(w, r, next, http.StatusSeeOther)
 }
 
 // checkOperator says what is wrong with an operator name, "" when

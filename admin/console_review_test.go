@@ -355,3 +355,37 @@ func TestConsoleNothingWithoutASession(t *testing.T) {
 		t.Errorf("audit lines without a session: %v", lines)
 	}
 }
+
+// TestConsoleLoginReturnsToThePage: a page asked for without a session
+// (the alert's link to a route's keys in doubt) leads through the login
+// back to itself; a next that is not a console page (another host, a
+// scheme, "//host", a backslash) sends the operator to the overview, never
+// elsewhere.
+func TestConsoleLoginReturnsToThePage(t *testing.T) {
+	e := newConsoleEnv(t, nil)
+	anon := &browser{e: e, remote: "192.0.2.30:40000"}
+	rec := anon.do(http.MethodGet, "/ui/keys?route=charges", nil)
+	if got, want := rec.Header().Get("Location"), "/ui/login?next="+url.QueryEscape("/ui/keys?route=charges"); rec.Code != http.StatusSeeOther || got != want {
+		t.Fatalf("GET /ui/keys?route=charges without a session = %d %q, want 303 %q", rec.Code, got, want)
+	}
+	page := anon.do(http.MethodGet, rec.Header().Get("Location"), nil).Body.String()
+	if got := field(t, page, "next"); got != "/ui/keys?route=charges" {
+		t.Fatalf("login form's next = %q, want the page asked for", got)
+	}
+	for _, tc := range []struct{ next, want string }{
+		{"/ui/keys?route=charges", "/ui/keys?route=charges"},
+		{"https://evil.example/ui/", "/ui/"},
+		{"//evil.example/ui/", "/ui/"},
+		{"/\\evil.example/ui/", "/ui/"},
+		{"/ui/\\..\\x", "/ui/"},
+		{"/v1/keys/charges", "/ui/"},
+		{"javascript:alert(1)//ui/", "/ui/"},
+		{"", "/ui/"},
+	} {
+		b := &browser{e: e, remote: "192.0.2.31:40000"}
+		rec := b.do(http.MethodPost, "/ui/login", url.Values{"token": {testToken}, "operator": {"gina"}, "next": {tc.next}})
+		if got := rec.Header().Get("Location"); rec.Code != http.StatusSeeOther || got != tc.want {
+			t.Errorf("login with next %q = %d %q, want 303 %q", tc.next, rec.Code, got, tc.want)
+		}
+	}
+}
