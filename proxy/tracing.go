@@ -191,8 +191,7 @@ func endStoreSpan(span trace.Span, err error) {
 		return
 	}
 	if err != nil {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
+		tracing.RecordError(span, err)
 	}
 	span.End()
 }
@@ -220,9 +219,13 @@ func (t tracedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return t.next.RoundTrip(req)
 	}
 	method := knownMethod(req.Method)
+	full, ok := tracing.URL(req.Context())
+	if !ok {
+		full = redactedURL(req)
+	}
 	attrs := []attribute.KeyValue{
 		semconv.HTTPRequestMethodKey.String(method),
-		semconv.URLFull(tracing.Text(redactedURL(req))),
+		semconv.URLFull(tracing.Text(full)),
 		semconv.ServerAddress(req.URL.Hostname()),
 	}
 	if p := req.URL.Port(); p != "" {
@@ -239,8 +242,7 @@ func (t tracedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	tracing.Propagator.Inject(ctx, propagation.HeaderCarrier(req.Header))
 	resp, err := t.next.RoundTrip(req)
 	if err != nil {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
+		tracing.RecordError(span, err)
 		span.SetAttributes(semconv.ErrorTypeKey.String("connection"))
 		span.End()
 		return nil, err
@@ -278,8 +280,7 @@ func (b *spanBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	if err != nil {
 		if err != io.EOF {
-			b.span.RecordError(err)
-			b.span.SetStatus(codes.Error, err.Error())
+			tracing.RecordError(b.span, err)
 		}
 		b.end()
 	}

@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,6 +25,7 @@ import (
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
@@ -293,6 +295,52 @@ func Text(s string) string {
 		return s
 	}
 	return strings.ToValidUTF8(s, "\uFFFD")
+}
+
+// RecordError records err on span (an exception event) and sets the
+// span's status to the error, both with err's message cleaned by Text: an
+// error may quote what a peer sent (an upstream's reason phrase in
+// ISO 8859-1), and one string that is not UTF-8 would cost the whole batch
+// its spans.
+func RecordError(span trace.Span, err error) {
+	msg := err.Error()
+	if utf8.ValidString(msg) {
+		span.RecordError(err)
+	} else {
+		msg = Text(msg)
+		span.AddEvent(semconv.ExceptionEventName, trace.WithAttributes(semconv.ExceptionType(errorType(err)), semconv.ExceptionMessage(msg)))
+	}
+	span.SetStatus(codes.Error, msg)
+}
+
+// SetError sets span's status to an error described by msg, cleaned by
+// Text.
+func SetError(span trace.Span, msg string) { span.SetStatus(codes.Error, Text(msg)) }
+
+// errorType is the exception.type of err, as the SDK's RecordError names
+// it.
+func errorType(err error) string {
+	t := reflect.TypeOf(err)
+	if t.PkgPath() == "" && t.Name() == "" {
+		return t.String()
+	}
+	return t.PkgPath() + "." + t.Name()
+}
+
+// urlKey is the context key of WithURL's URL.
+type urlKey struct{}
+
+// WithURL returns ctx telling the traced transport to name its request's
+// URL shown in the client span's url.full instead of the URL it sends: a
+// lookup's URL holds the key, which the traces name only by its hash.
+func WithURL(ctx context.Context, shown string) context.Context {
+	return context.WithValue(ctx, urlKey{}, shown)
+}
+
+// URL returns the URL WithURL set in ctx, if any.
+func URL(ctx context.Context) (string, bool) {
+	u, ok := ctx.Value(urlKey{}).(string)
+	return u, ok
 }
 
 // Origin returns how a record keeps the span sc: "<trace ID>-<span ID>" in
