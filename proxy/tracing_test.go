@@ -233,6 +233,12 @@ func TestTraceEvents(t *testing.T) {
 	if !w.HasEvent(tracing.EventWaitEnd) || w.Attr("idemproxy.outcome") != "replayed" {
 		t.Errorf("waiting span %v: want %s and %s events, outcome replayed", w, tracing.EventWait, tracing.EventWaitEnd)
 	}
+	// The wait's polls (every 100 ms, up to wait_timeout) are the two
+	// events, not a span each: a client's twins must not multiply its
+	// spans by the dozen and crowd out everyone else's in the export queue.
+	if polls := otlptest.Find(otlptest.ChildrenOf(r.Spans(), w), otlptest.Named("store get")); len(polls) != 0 {
+		t.Errorf("waiting span has %d store get spans, want none (its polls are its wait events)", len(polls))
+	}
 }
 
 // TestTracingOffAddsNothing: with tracing off the upstream gets the
