@@ -346,3 +346,45 @@ func TestTracesSurviveHostileInput(t *testing.T) {
 			brew.Name, brew.Attr("http.request.method"), brew.Attr("http.request.method_original"))
 	}
 }
+
+// TestTracingTurnedOffAndOnMidRequest: a reload that turns tracing off
+// while a charge is at the upstream, and on again, changes nothing a
+// client gets: the charge is committed once, its retries are replayed,
+// and the retry traced after tracing came back links to the charge's span.
+func TestTracingTurnedOffAndOnMidRequest(t *testing.T) {
+	e, r, seen := tracedEnv(t, tracedRoute)
+	e.Fault("delay", 1, "300ms")
+	done := make(chan proxytest.Answer, 1)
+	go func() { done <- e.Charge(`"ORD-RELOAD"`, 7) }()
+	// The stub saw the fault's request, then the charge's.
+	proxytest.Eventually(t, "the charge is at the upstream", func() bool { return len(seen.all()) == 2 })
+	if err := e.Tracing.Configure(false); err != nil {
+		t.Fatal(err)
+	}
+	proxytest.WantStatus(t, "charge", <-done, http.StatusCreated, "")
+	if a := e.Charge(`"ORD-RELOAD"`, 7); !a.Replayed() {
+		t.Fatalf("retry with tracing off: %v, want a replay", a)
+	}
+	if err := e.Tracing.Configure(true); err != nil {
+		t.Fatal(err)
+	}
+	if a := e.Charge(`"ORD-RELOAD"`, 7); !a.Replayed() {
+		t.Fatalf("retry with tracing on again: %v, want a replay", a)
+	}
+	if got := e.Charges("ORD-RELOAD"); got != 1 {
+		t.Errorf("charges = %d, want 1", got)
+	}
+	spans := r.WaitFor(t, 10*time.Second, "the charge's span and the last retry's", nServers(2))
+	var charge, retry otlptest.Span
+	for _, s := range serverSpans(spans) {
+		switch s.Attr("idemproxy.outcome") {
+		case "committed":
+			charge = s
+		case "replayed":
+			retry = s
+		}
+	}
+	if charge.SpanID == "" || len(retry.Links) != 1 || retry.Links[0].SpanID != charge.SpanID {
+		t.Errorf("retry's links = %+v, want one to the charge's span %q", retry.Links, charge.SpanID)
+	}
+}

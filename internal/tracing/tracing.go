@@ -62,7 +62,9 @@ const (
 // tracestate) of requests.
 var Propagator propagation.TextMapPropagator = propagation.TraceContext{}
 
-// Tracing holds the tracer provider while tracing is on. The zero value
+// Tracing holds the tracer provider from the first time tracing is turned
+// on until Shutdown (a reload that turns it off keeps it for the spans of
+// the requests in flight). The zero value
 // (and nil) is off; Configure turns it on or off.
 type Tracing struct {
 	log *slog.Logger
@@ -97,32 +99,39 @@ func (t *Tracing) Tracer() trace.Tracer {
 // On reports whether tracing is on.
 func (t *Tracing) On() bool { return t != nil && t.cur.Load() != nil }
 
-// Configure turns tracing on (enabled) or off. Turning it on builds a
-// tracer provider from the OTEL_* environment (CheckEnv's rules);
-// OTEL_SDK_DISABLED=true keeps it off. Turning it off flushes the spans
-// still buffered, in the background. Configuring the state tracing is in
-// already does nothing.
+// Configure turns tracing on (enabled) or off. Turning it on the first
+// time builds a tracer provider from the OTEL_* environment (CheckEnv's
+// rules); OTEL_SDK_DISABLED=true keeps it off. Turning it off starts no
+// more spans and flushes those buffered, in the background; the provider
+// stays (until Shutdown), so that the requests in flight end and export
+// their spans (a charge's span, which its replays link to, is not lost
+// to a reload), and turning tracing on again takes it up. Configuring the
+// state tracing is in already does nothing.
 func (t *Tracing) Configure(enabled bool) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if !enabled {
-		if t.tp == nil {
+		if t.cur.Load() == nil {
 			return nil
 		}
-		tp := t.tp
-		t.tp = nil
 		t.cur.Store(nil)
+		tp := t.tp
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			if err := tp.Shutdown(ctx); err != nil {
+			if err := tp.ForceFlush(ctx); err != nil {
 				t.log.Warn("tracing: flushing the last spans failed", "err", err)
 			}
 		}()
 		t.log.Info("tracing off")
 		return nil
 	}
-	if t.tp != nil {
+	if t.cur.Load() != nil {
+		return nil
+	}
+	if t.tp != nil { // turned off by a reload, on again
+		t.cur.Store(&tracer{t.tp.Tracer(ScopeName)})
+		t.log.Info("tracing on again", "endpoint", endpoint(), "sampler", samplerName())
 		return nil
 	}
 	if Disabled() {

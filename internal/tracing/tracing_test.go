@@ -136,6 +136,36 @@ func TestConfigureOffFlushes(t *testing.T) {
 	}
 }
 
+// TestSpanEndedAfterOffIsExported: a span started while tracing was on
+// (a request in flight during the reload that turns it off) is exported
+// when it ends, and no new span starts while off.
+func TestSpanEndedAfterOffIsExported(t *testing.T) {
+	r := otlptest.NewHTTP(t)
+	r.Setenv(t)
+	tr := tracing.New(nil)
+	t.Cleanup(func() { tr.Shutdown(context.Background()) })
+	if err := tr.Configure(true); err != nil {
+		t.Fatal(err)
+	}
+	_, inFlight := tr.Tracer().Start(context.Background(), "in flight")
+	_, ended := tr.Tracer().Start(context.Background(), "ended")
+	ended.End()
+	if err := tr.Configure(false); err != nil {
+		t.Fatal(err)
+	}
+	// Turning off has flushed the spans that had ended.
+	r.WaitFor(t, 10*time.Second, "the span ended before tracing was turned off", func(s []otlptest.Span) bool {
+		return len(otlptest.Find(s, otlptest.Named("ended"))) > 0
+	})
+	inFlight.End()
+	r.WaitFor(t, 10*time.Second, "the span ended after tracing was turned off", func(s []otlptest.Span) bool {
+		return len(otlptest.Find(s, otlptest.Named("in flight"))) > 0
+	})
+	if tr.Tracer() != nil {
+		t.Error("off: a tracer, want none")
+	}
+}
+
 func TestSDKDisabled(t *testing.T) {
 	r := otlptest.NewHTTP(t)
 	r.Setenv(t)
