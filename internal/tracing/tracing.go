@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"reflect"
 	"strconv"
@@ -64,8 +65,8 @@ var Propagator propagation.TextMapPropagator = propagation.TraceContext{}
 
 // Tracing holds the tracer provider from the first time tracing is turned
 // on until Shutdown (a reload that turns it off keeps it for the spans of
-// the requests in flight). The zero value
-// (and nil) is off; Configure turns it on or off.
+// the requests in flight). The zero value (and nil) is off; Configure
+// turns it on or off.
 type Tracing struct {
 	log *slog.Logger
 
@@ -260,10 +261,18 @@ func newResource() (*resource.Resource, error) {
 	return res, err
 }
 
+// endpoint is the collector's address for the start log: without the
+// credentials or the query its URL may carry (the exporters use neither;
+// authentication goes in OTEL_EXPORTER_OTLP_HEADERS).
 func endpoint() string {
 	for _, k := range []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"} {
 		if v := os.Getenv(k); v != "" {
-			return v
+			u, err := url.Parse(v)
+			if err != nil {
+				return "(" + k + " is not a URL)"
+			}
+			u.User, u.RawQuery, u.ForceQuery, u.Fragment, u.RawFragment = nil, "", false, "", ""
+			return u.String()
 		}
 	}
 	return "(the exporter's default: localhost)"

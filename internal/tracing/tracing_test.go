@@ -1,7 +1,9 @@
 package tracing_test
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -198,5 +200,29 @@ func TestNilTracingIsOff(t *testing.T) {
 	}
 	if err := tr.Shutdown(context.Background()); err != nil {
 		t.Errorf("Shutdown of nil = %v", err)
+	}
+}
+
+// TestStartLogLeavesCredentialsOut: the "tracing on" line names the
+// collector without the credentials or query its URL may carry (which the
+// exporters do not use, but an operator may have written).
+func TestStartLogLeavesCredentialsOut(t *testing.T) {
+	r := otlptest.NewHTTP(t)
+	r.Setenv(t)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", strings.Replace(r.Endpoint, "http://", "http://otel:s3cret@", 1)+"/?api_key=k3y")
+	var log bytes.Buffer
+	tr := tracing.New(slog.New(slog.NewTextHandler(&log, nil)))
+	t.Cleanup(func() { tr.Shutdown(context.Background()) })
+	if err := tr.Configure(true); err != nil {
+		t.Fatal(err)
+	}
+	got := log.String()
+	if !strings.Contains(got, "tracing on") || !strings.Contains(got, strings.TrimPrefix(r.Endpoint, "http://")) {
+		t.Errorf("log = %q, want the tracing on line with the collector's address", got)
+	}
+	for _, secret := range []string{"s3cret", "k3y"} {
+		if strings.Contains(got, secret) {
+			t.Errorf("log = %q, holds %q", got, secret)
+		}
 	}
 }
