@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -386,5 +387,47 @@ func TestTracingTurnedOffAndOnMidRequest(t *testing.T) {
 	}
 	if charge.SpanID == "" || len(retry.Links) != 1 || retry.Links[0].SpanID != charge.SpanID {
 		t.Errorf("retry's links = %+v, want one to the charge's span %q", retry.Links, charge.SpanID)
+	}
+}
+
+// TestLongHeadersCannotSinkABatch: a client's long User-Agent (the proxy
+// takes headers of up to 64 KiB) is cut in the spans, so that a few dozen
+// such requests do not make an export larger than a collector takes (an
+// OTLP/gRPC receiver's 4 MiB by default), which would lose the spans of
+// everyone else in the batch.
+func TestLongHeadersCannotSinkABatch(t *testing.T) {
+	r := otlptest.NewGRPC(t)
+	r.Setenv(t)
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "600000") // one export, at Shutdown
+	tr := tracing.New(nil)
+	if err := tr.Configure(true); err != nil {
+		t.Fatal(err)
+	}
+	e := &proxytest.Env{T: t, Tracing: tr}
+	e.Stub = httptest.NewServer(stub.New(slog.New(slog.DiscardHandler)))
+	t.Cleanup(e.Stub.Close)
+	e.Start(e.Stub.URL, tracedRoute)
+	const n = 80
+	ua := strings.Repeat("A", 60<<10)
+	for i := range n {
+		req, _ := http.NewRequest("GET", fmt.Sprintf("%s/statement/%d", e.Server.URL, i), nil)
+		req.Header.Set("User-Agent", ua)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := tr.Shutdown(ctx); err != nil {
+		t.Fatalf("flushing the spans of %d requests: %v", n, err)
+	}
+	spans := serverSpans(r.Spans())
+	if len(spans) != n {
+		t.Fatalf("%d server spans exported, want %d", len(spans), n)
+	}
+	if got := len(spans[0].Attr("user_agent.original")); got > tracing.AttributeValueLengthLimit {
+		t.Errorf("user_agent.original of %d bytes, want at most %d", got, tracing.AttributeValueLengthLimit)
 	}
 }

@@ -59,6 +59,14 @@ const (
 	EventWaitEnd             = "idemproxy.wait_end"
 )
 
+// AttributeValueLengthLimit is how many characters of a span's string
+// attribute are kept unless OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT or
+// OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT say otherwise (the SDK keeps them
+// whole): a client's headers (up to 64 KiB) would otherwise make a batch
+// of spans larger than a collector accepts (4 MiB over gRPC by default),
+// and the whole batch would be lost.
+const AttributeValueLengthLimit = 1024
+
 // Propagator reads and writes the W3C trace context (traceparent,
 // tracestate) of requests.
 var Propagator propagation.TextMapPropagator = propagation.TraceContext{}
@@ -151,7 +159,11 @@ func (t *Tracing) Configure(enabled bool) error {
 		t.log.Warn("tracing: the OTEL_RESOURCE_ATTRIBUTES were partly ignored", "err", err)
 	}
 	otel.SetErrorHandler(errorHandler{t.log})
-	t.tp = sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+	limits := sdktrace.NewSpanLimits()
+	if os.Getenv("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT") == "" && os.Getenv("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT") == "" {
+		limits.AttributeValueLengthLimit = AttributeValueLengthLimit
+	}
+	t.tp = sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res), sdktrace.WithRawSpanLimits(limits))
 	t.cur.Store(&tracer{t.tp.Tracer(ScopeName)})
 	t.log.Info("tracing on", "protocol", proto, "endpoint", endpoint(), "sampler", samplerName())
 	return nil
