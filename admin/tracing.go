@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
@@ -30,7 +29,7 @@ func (h *Handler) serveTraced(w http.ResponseWriter, r *http.Request, pattern st
 		return false
 	}
 	_, route, _ := strings.Cut(pattern, " ")
-	ctx := tracing.Propagator.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+	ctx := tracing.Extract(r.Context(), r.Header)
 	ctx, span := tr.Start(ctx, r.Method+" "+route, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(
 		semconv.HTTPRequestMethodKey.String(r.Method), semconv.HTTPRoute(route)))
 	defer span.End()

@@ -37,7 +37,7 @@ func (a *attempt) startSpan() {
 		return
 	}
 	r := a.in
-	ctx := tracing.Propagator.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+	ctx := tracing.Extract(r.Context(), r.Header)
 	method := knownMethod(r.Method)
 	name, route := method, ""
 	if a.rt != nil {

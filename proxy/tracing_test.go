@@ -391,43 +391,59 @@ func TestTracingTurnedOffAndOnMidRequest(t *testing.T) {
 }
 
 // TestLongHeadersCannotSinkABatch: a client's long User-Agent (the proxy
-// takes headers of up to 64 KiB) is cut in the spans, so that a few dozen
-// such requests do not make an export larger than a collector takes (an
-// OTLP/gRPC receiver's 4 MiB by default), which would lose the spans of
-// everyone else in the batch.
+// takes headers of up to 64 KiB) is cut in the spans, and its tracestate,
+// which every span of the trace carries, cut to the W3C's 512 characters,
+// so that a few dozen such requests do not make an export larger than a
+// collector takes (an OTLP/gRPC receiver's 4 MiB by default), which would
+// lose the spans of everyone else in the batch.
 func TestLongHeadersCannotSinkABatch(t *testing.T) {
-	r := otlptest.NewGRPC(t)
-	r.Setenv(t)
-	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "600000") // one export, at Shutdown
-	tr := tracing.New(nil)
-	if err := tr.Configure(true); err != nil {
-		t.Fatal(err)
+	var members []string
+	for i := range 32 { // the most a tracestate may have, each the longest
+		members = append(members, fmt.Sprintf("k%0255d=%s", i, strings.Repeat("v", 256)))
 	}
-	e := &proxytest.Env{T: t, Tracing: tr}
-	e.Stub = httptest.NewServer(stub.New(slog.New(slog.DiscardHandler)))
-	t.Cleanup(e.Stub.Close)
-	e.Start(e.Stub.URL, tracedRoute)
-	const n = 80
-	ua := strings.Repeat("A", 60<<10)
-	for i := range n {
-		req, _ := http.NewRequest("GET", fmt.Sprintf("%s/statement/%d", e.Server.URL, i), nil)
-		req.Header.Set("User-Agent", ua)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := tr.Shutdown(ctx); err != nil {
-		t.Fatalf("flushing the spans of %d requests: %v", n, err)
-	}
-	spans := serverSpans(r.Spans())
-	if len(spans) != n {
-		t.Fatalf("%d server spans exported, want %d", len(spans), n)
-	}
-	if got := len(spans[0].Attr("user_agent.original")); got > tracing.AttributeValueLengthLimit {
-		t.Errorf("user_agent.original of %d bytes, want at most %d", got, tracing.AttributeValueLengthLimit)
+	for _, tc := range []struct {
+		name   string
+		header []string
+		check  func(t *testing.T, s otlptest.Span)
+	}{
+		{"user agent", []string{"User-Agent", strings.Repeat("A", 60<<10)}, func(t *testing.T, s otlptest.Span) {
+			if got := len(s.Attr("user_agent.original")); got > tracing.AttributeValueLengthLimit {
+				t.Errorf("user_agent.original of %d bytes, want at most %d", got, tracing.AttributeValueLengthLimit)
+			}
+		}},
+		{"tracestate", []string{"traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "tracestate", strings.Join(members, ",")},
+			func(t *testing.T, s otlptest.Span) {
+				if s.TraceID != "0af7651916cd43dd8448eb211c80319c" {
+					t.Errorf("span of trace %s, want the caller's", s.TraceID)
+				}
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := otlptest.NewGRPC(t)
+			r.Setenv(t)
+			t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "600000") // one export, at Shutdown
+			tr := tracing.New(nil)
+			if err := tr.Configure(true); err != nil {
+				t.Fatal(err)
+			}
+			e := &proxytest.Env{T: t, Tracing: tr}
+			e.Stub = httptest.NewServer(stub.New(slog.New(slog.DiscardHandler)))
+			t.Cleanup(e.Stub.Close)
+			e.Start(e.Stub.URL, tracedRoute)
+			const n = 80
+			for i := range n {
+				proxytest.WantStatus(t, "charge", e.Charge(fmt.Sprintf(`"ORD-LONG-%d"`, i), 1, tc.header...), http.StatusCreated, "")
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := tr.Shutdown(ctx); err != nil {
+				t.Fatalf("flushing the spans of %d requests: %v", n, err)
+			}
+			spans := serverSpans(r.Spans())
+			if len(spans) != n {
+				t.Fatalf("%d server spans exported, want %d", len(spans), n)
+			}
+			tc.check(t, spans[0])
+		})
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/url"
 	"os"
 	"reflect"
@@ -70,6 +71,51 @@ const AttributeValueLengthLimit = 1024
 // Propagator reads and writes the W3C trace context (traceparent,
 // tracestate) of requests.
 var Propagator propagation.TextMapPropagator = propagation.TraceContext{}
+
+// Extract returns ctx carrying the trace context of a request's header h
+// (traceparent, tracestate), its tracestate cut to the W3C's 512
+// characters as the recommendation says (its members longer than 128
+// characters first, then from the end): every span of the trace carries
+// it, and a client's 16 KiB of it on each would make a batch of spans
+// larger than a collector accepts, and the whole batch lost.
+func Extract(ctx context.Context, h http.Header) context.Context {
+	ctx = Propagator.Extract(ctx, propagation.HeaderCarrier(h))
+	sc := trace.SpanContextFromContext(ctx)
+	ts := sc.TraceState()
+	if ts.Len() == 0 {
+		return ctx
+	}
+	n := -1 // the header's length: members and the commas between them
+	ts.Walk(func(k, v string) bool { n += len(k) + 1 + len(v) + 1; return true })
+	if n <= maxTraceState {
+		return ctx
+	}
+	var kept []string
+	n = -1
+	ts.Walk(func(k, v string) bool {
+		m := len(k) + 1 + len(v)
+		if m > maxTraceStateMember {
+			return true
+		}
+		if n+1+m > maxTraceState {
+			return false
+		}
+		kept, n = append(kept, k+"="+v), n+1+m
+		return true
+	})
+	cut, err := trace.ParseTraceState(strings.Join(kept, ","))
+	if err != nil { // cannot be: its members were parsed already
+		cut = trace.TraceState{}
+	}
+	return trace.ContextWithRemoteSpanContext(ctx, sc.WithTraceState(cut))
+}
+
+// The W3C's limits of a tracestate propagated: the whole header, and the
+// members removed first when it must be cut.
+const (
+	maxTraceState       = 512
+	maxTraceStateMember = 128
+)
 
 // Tracing holds the tracer provider from the first time tracing is turned
 // on until Shutdown (a reload that turns it off keeps it for the spans of

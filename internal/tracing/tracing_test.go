@@ -3,7 +3,9 @@ package tracing_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -223,6 +225,35 @@ func TestStartLogLeavesCredentialsOut(t *testing.T) {
 	for _, secret := range []string{"s3cret", "k3y"} {
 		if strings.Contains(got, secret) {
 			t.Errorf("log = %q, holds %q", got, secret)
+		}
+	}
+}
+
+// TestExtractCutsTraceState: a caller's tracestate past the W3C's 512
+// characters loses its members longer than 128 characters, then members
+// from its end, as the recommendation says; a shorter one is kept whole.
+func TestExtractCutsTraceState(t *testing.T) {
+	member := func(k string, n int) string { return k + "=" + strings.Repeat("v", n-len(k)-1) }
+	var fifty []string // 10 members of 50 characters: 509 with the commas
+	for i := range 10 {
+		fifty = append(fifty, member(fmt.Sprintf("k%d", i), 50))
+	}
+	for _, tc := range []struct {
+		name, in, want string
+	}{
+		{"short", "a=1,b=2", "a=1,b=2"},
+		{"at the limit", strings.Join(fifty, ","), strings.Join(fifty, ",")},
+		{"long members first", member("big", 129) + "," + strings.Join(fifty, ","), strings.Join(fifty, ",")},
+		{"then from the end", strings.Join(fifty, ",") + "," + member("z", 20), strings.Join(fifty, ",")},
+		{"both", member("big", 200) + "," + strings.Join(fifty[:9], ",") + "," + member("y", 100), strings.Join(fifty[:9], ",")},
+	} {
+		h := http.Header{"Traceparent": {"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}, "Tracestate": {tc.in}}
+		sc := trace.SpanContextFromContext(tracing.Extract(context.Background(), h))
+		if !sc.IsValid() || sc.TraceID().String() != "0af7651916cd43dd8448eb211c80319c" {
+			t.Errorf("%s: span context %v, want the caller's", tc.name, sc)
+		}
+		if got := sc.TraceState().String(); got != tc.want {
+			t.Errorf("%s: tracestate (%d characters) = %q, want %q", tc.name, len(got), got, tc.want)
 		}
 	}
 }
