@@ -1,9 +1,11 @@
 // Package admin serves idemproxy's admin listener: Prometheus metrics,
 // liveness and readiness, configuration reload, and the key API that lets
-// an operator list, inspect and release idempotency keys.
+// an operator list, inspect and release idempotency keys, and the console:
+// the same in a browser, under /ui/ (console.go).
 //
 // Every error it answers, a failed reload included, is an RFC 9457
-// application/problem+json body typed like the proxy's (see Problems).
+// application/problem+json body typed like the proxy's (see Problems),
+// but the console's, which are HTML pages for a person.
 // /livez and /readyz answer plain text, a 503 from /readyz included: that
 // is the probe's answer, not an error.
 package admin
@@ -159,6 +161,8 @@ func NewHandler(opts Options) *Handler {
 	h.mux.Handle("GET /v1/keys/{route}/{key...}", h.auth(h.getKey))
 	h.mux.Handle("DELETE /v1/keys/{route}/{key...}", h.auth(h.deleteKey))
 	h.mux.Handle("POST /v1/keys/{route}/{key}/reconcile", h.auth(h.reconcileKey))
+	// The console: pages for operators, behind a login with the token.
+	h.mux.Handle("/ui/", newConsole(h))
 	if opts.AcceptLoss != nil {
 		h.mux.Handle("POST /v1/store/accept-loss", h.auth(h.acceptLoss))
 	}
@@ -264,38 +268,72 @@ func (h *Handler) auth(next http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		client := admission.ClientOf(r.RemoteAddr)
 		if h.opts.Token != "" {
-			if wait := h.limiter.wait(client, time.Now()); wait > 0 {
-				h.throttled.Inc()
-				secs := int((wait + time.Second - 1) / time.Second)
+			if wait := h.authWait(client); wait > 0 {
+				secs := retrySeconds(wait)
 				problem.Write(w, r, probAuthThrottled, "too many failed authentications from this address: retry in "+
 					strconv.Itoa(secs)+" s; until then every request that needs the token is refused, a correct one included", secs, nil)
 				return
 			}
 		}
 		if h.opts.Token == "" {
-			detail := "the key API is disabled: no admin token is configured"
-			if h.opts.TokenEnv != "" {
-				detail = "the key API is disabled: set the environment variable " + h.opts.TokenEnv + " to enable it"
-			}
-			problem.Write(w, r, probDisabled, detail, 0, nil)
+			problem.Write(w, r, probDisabled, h.disabledDetail(), 0, nil)
 			return
 		}
 		const prefix = "Bearer "
 		got := r.Header.Get("Authorization")
-		sum := sha256.Sum256([]byte(got[min(len(got), len(prefix)):]))
-		if len(got) < len(prefix) || !strings.EqualFold(got[:len(prefix)], prefix) || subtle.ConstantTimeCompare(sum[:], h.token[:]) != 1 {
-			h.authFailures.Inc()
-			penalty := h.limiter.fail(client, time.Now())
-			// The endpoint's pattern, not the path: a path can hold a key.
-			h.opts.Logger.Warn("admin authentication failed", "remote_addr", r.RemoteAddr, "endpoint", r.Pattern,
-				"token_sent", got != "", "throttled", penalty)
+		wellFormed := len(got) >= len(prefix) && strings.EqualFold(got[:len(prefix)], prefix)
+		if !h.checkToken(r, client, got[min(len(got), len(prefix)):], wellFormed, got != "") {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="idemproxy admin"`)
 			problem.Write(w, r, probUnauthorized, "a valid bearer token is required", 0, nil)
 			return
 		}
-		h.limiter.succeed(client)
 		next(w, r)
 	})
+}
+
+// disabledDetail is the detail of the answer of an endpoint that needs the
+// token when none is configured.
+func (h *Handler) disabledDetail() string {
+	if h.opts.TokenEnv != "" {
+		return "the key API is disabled: set the environment variable " + h.opts.TokenEnv + " to enable it"
+	}
+	return "the key API is disabled: no admin token is configured"
+}
+
+// authWait returns how long client is refused from now on because it
+// failed to authenticate too often (authLimiter), counting the refusal in
+// idemproxy_admin_auth_throttled_total; 0: it may try. The key API and
+// the console's login both ask it first.
+func (h *Handler) authWait(client string) time.Duration {
+	wait := h.limiter.wait(client, time.Now())
+	if wait > 0 {
+		h.throttled.Inc()
+	}
+	return wait
+}
+
+// retrySeconds is wait in whole seconds, rounded up, for Retry-After.
+func retrySeconds(wait time.Duration) int { return int((wait + time.Second - 1) / time.Second) }
+
+// checkToken reports whether secret is the admin token, comparing them in
+// constant time (both are hashed and the hashes compared with
+// subtle.ConstantTimeCompare); wellFormed false fails whatever secret is.
+// A failure is counted (idemproxy_admin_auth_failures_total), logged
+// with the endpoint's pattern (never the path, which can hold a key, nor
+// the secret; sent says whether one came) and counted against client by
+// the limiter; a success forgets client's failures. The key API's bearer
+// token and the console's login form both go through it.
+func (h *Handler) checkToken(r *http.Request, client, secret string, wellFormed, sent bool) bool {
+	sum := sha256.Sum256([]byte(secret))
+	if !wellFormed || subtle.ConstantTimeCompare(sum[:], h.token[:]) != 1 {
+		h.authFailures.Inc()
+		penalty := h.limiter.fail(client, time.Now())
+		h.opts.Logger.Warn("admin authentication failed", "remote_addr", r.RemoteAddr, "endpoint", r.Pattern,
+			"token_sent", sent, "throttled", penalty)
+		return false
+	}
+	h.limiter.succeed(client)
+	return true
 }
 
 // storeKey resolves the route, scope and key of a key API request.
@@ -360,6 +398,9 @@ func (h *Handler) getKey(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	// The version an act's If-Match names, so that it acts on the record
+	// read here or not at all (412 key-changed-since-read).
+	w.Header().Set("ETag", `"`+Version(rec)+`"`)
 	v := keyView{
 		Route: r.PathValue("route"), Key: r.PathValue("key"), State: rec.State,
 		CreatedAt: rec.CreatedAt.UTC(), Fingerprint: rec.Fingerprint, Origin: rec.Origin,
@@ -386,41 +427,17 @@ func (h *Handler) getKey(w http.ResponseWriter, r *http.Request) {
 func (h *Handler) deleteKey(w http.ResponseWriter, r *http.Request) {
 	// No record is a 404: deleting anyway could remove a reservation made
 	// since, whose request is at the upstream now.
-	sk, prev, ok := h.record(w, r)
+	sk, ok := h.storeKey(w, r)
 	if !ok {
 		return
 	}
-	if prev.State == store.StateInFlight && r.URL.Query().Get("force") != "true" {
-		// Its request is at the upstream right now: a retry let through
-		// by a release would be forwarded a second time.
-		problem.Write(w, r, probKeyInFlight,
-			"the key is in flight: its request is being forwarded now; wait for it to settle, or add "+forceQuery, 0,
-			map[string]any{"override": forceQuery})
+	act := apiAction(r)
+	act.Force = r.URL.Query().Get("force") == "true"
+	prev, err := h.releaseKey(r.Context(), r.PathValue("route"), sk, act)
+	if err != nil {
+		h.actFailed(w, r, sk, err, false)
 		return
 	}
-	// Only the record read above is released, fenced by its owner token:
-	// a record that replaced it meanwhile (a reservation made after a
-	// reconcile lookup or the TTL removed it, whose request may be at the
-	// upstream now) is left alone, or a retry would be forwarded while
-	// that request is still being processed.
-	if err := h.opts.Store.Release(r.Context(), sk, prev.Token); err != nil {
-		detail := err.Error()
-		if errors.Is(err, store.ErrNotOwner) {
-			detail = "the key changed while it was being released (settled, expired or reserved again); look at it again"
-		}
-		problem.Write(w, r, problemFor(err), detail, 0, nil)
-		return
-	}
-	sum := sha256.Sum256([]byte(sk))
-	h.opts.Logger.Warn("key released by an operator",
-		"route", r.PathValue("route"),
-		"key_hash", hexPrefix(sum[:6]),
-		"previous_state", string(prev.State),
-		operatorAttr(r.Header.Get("X-Operator")),
-		"reason", r.URL.Query().Get("reason"),
-		"remote_addr", r.RemoteAddr,
-		"user_agent", r.UserAgent(),
-		"at", time.Now().UTC().Format(time.RFC3339Nano))
 	writeJSON(w, r, http.StatusOK, map[string]any{"released": true, "previous_state": prev.State})
 }
 
@@ -445,27 +462,48 @@ func operatorAttr(operator string) slog.Attr {
 // 404 for no record, 409 when the key is not in doubt or another lookup of
 // it is running, 400 for a route without reconcile.
 func (h *Handler) reconcileKey(w http.ResponseWriter, r *http.Request) {
-	if h.opts.Reconciler == nil {
-		problem.Write(w, r, probNoReconciler, "reconciliation is not available with this store", 0, nil)
-		return
-	}
-	sk, rec, ok := h.record(w, r)
+	sk, ok := h.storeKey(w, r)
 	if !ok {
 		return
 	}
-	out, err := h.opts.Reconciler.Reconcile(r.Context(), sk)
+	out, err := h.reconcileKeyAct(r.Context(), r.PathValue("route"), sk, apiAction(r))
 	if err != nil {
-		detail := err.Error()
-		if errors.Is(err, reconcile.ErrNoLookup) {
-			detail = "route " + r.PathValue("route") + " has no reconcile lookup"
-		}
-		problem.Write(w, r, problemFor(err), detail, 0, map[string]any{"state": string(rec.State)})
+		h.actFailed(w, r, sk, err, true)
 		return
 	}
-	sum := sha256.Sum256([]byte(sk))
-	h.opts.Logger.Warn("key reconciled by an operator", "route", r.PathValue("route"), "key_hash", hexPrefix(sum[:6]),
-		"result", out.Result, operatorAttr(r.Header.Get("X-Operator")), "remote_addr", r.RemoteAddr)
 	writeJSON(w, r, http.StatusOK, out)
+}
+
+// apiAction is the act a key API request asks for: its operator
+// (X-Operator), reason (?reason=) and the version it was read at
+// (If-Match, as GET's ETag gave it).
+func apiAction(r *http.Request) Action {
+	return Action{Operator: r.Header.Get("X-Operator"), Reason: r.URL.Query().Get("reason"),
+		Version: strings.Trim(r.Header.Get("If-Match"), `"`), RemoteAddr: r.RemoteAddr, UserAgent: r.UserAgent(), Via: "api"}
+}
+
+// actFailed answers an act on the key storeKey that was refused or failed;
+// with withState, the problem says the key's state (a reconcile's, so that
+// the operator sees why a key that is not in doubt was not looked up).
+func (h *Handler) actFailed(w http.ResponseWriter, r *http.Request, storeKey string, err error, withState bool) {
+	detail, ext := err.Error(), map[string]any(nil)
+	switch {
+	case errors.Is(err, ErrKeyInFlight):
+		detail = "the key is in flight: its request is being forwarded now; wait for it to settle, or add " + forceQuery
+		ext = map[string]any{"override": forceQuery}
+	case errors.Is(err, store.ErrNotOwner):
+		detail = "the key changed while it was being released (settled, expired or reserved again); look at it again"
+	case errors.Is(err, ErrChanged):
+		detail = "the key changed since it was read (If-Match): read it again"
+	case errors.Is(err, reconcile.ErrNoLookup):
+		detail = "route " + r.PathValue("route") + " has no reconcile lookup"
+	}
+	if withState && !errors.Is(err, ErrNoRecord) && !errors.Is(err, errNoReconciler) {
+		if rec, gerr := h.opts.Store.Get(r.Context(), storeKey); gerr == nil && rec != nil {
+			ext = map[string]any{"state": string(rec.State)}
+		}
+	}
+	problem.Write(w, r, problemFor(err), detail, 0, ext)
 }
 
 // acceptLoss accepts that the store lost its keys, audited like a

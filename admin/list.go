@@ -1,8 +1,10 @@
 package admin
 
 import (
+	"context"
 	"errors"
 	"net/http"
+	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
@@ -56,26 +58,64 @@ type listPage struct {
 // even) while next_cursor is set: each page reads a bounded number of
 // keys, of which a filter may select few.
 func (h *Handler) listKeys(w http.ResponseWriter, r *http.Request) {
-	lister := h.opts.Lister
-	if lister == nil {
-		lister, _ = h.opts.Store.(store.Lister)
-	}
-	if lister == nil {
-		problem.Write(w, r, probNoLister, "this store cannot list its keys", 0, nil)
+	page, err := h.listRoute(r.Context(), r.PathValue("route"), r.URL.Query(), listCalls)
+	if err != nil {
+		prob, detail := listProblem(err)
+		problem.Write(w, r, prob, detail, 0, nil)
 		return
 	}
-	route := r.PathValue("route")
+	writeJSON(w, r, http.StatusOK, page)
+}
+
+// listError is a listing refused before the store was asked: no lister,
+// an unknown route, a bad parameter.
+type listError struct {
+	prob   problem.Type
+	detail string
+}
+
+func (e *listError) Error() string { return e.detail }
+
+// listProblem is the problem and detail of an error of listRoute.
+func listProblem(err error) (problem.Type, string) {
+	var le *listError
+	switch {
+	case errors.As(err, &le):
+		return le.prob, le.detail
+	case errors.Is(err, store.ErrBadCursor):
+		return problemFor(err), "cursor is not one this listing returned: start again without ?cursor="
+	default:
+		return problemFor(err), err.Error()
+	}
+}
+
+// lister is the store's Lister, nil when it cannot list.
+func (h *Handler) lister() store.Lister {
+	if h.opts.Lister != nil {
+		return h.opts.Lister
+	}
+	l, _ := h.opts.Store.(store.Lister)
+	return l
+}
+
+// listRoute is one page of the keys of route that the parameters qv select
+// (state, limit, cursor, key_hash, scope: those of GET /v1/keys/{route}),
+// from at most calls store calls: the one listing of the key API and the
+// console. Its errors are *listError for a refused listing, else the
+// store's.
+func (h *Handler) listRoute(ctx context.Context, route string, qv url.Values, calls int) (listPage, error) {
+	lister := h.lister()
+	if lister == nil {
+		return listPage{}, &listError{probNoLister, "this store cannot list its keys"}
+	}
 	header, ok := h.opts.Routes.RouteScope(route)
 	if !ok {
-		problem.Write(w, r, probUnknownRoute, "no route named "+strconv.Quote(route), 0, nil)
-		return
+		return listPage{}, &listError{probUnknownRoute, "no route named " + strconv.Quote(route)}
 	}
-	qv := r.URL.Query()
 	q := store.ListQuery{Prefix: route + "/", Limit: DefaultListLimit, Cursor: qv.Get("cursor")}
 	if scope := qv.Get("scope"); scope != "" {
 		if header == "" {
-			problem.Write(w, r, probScopeNotAllowed, "route "+route+" is not scoped: drop ?scope=", 0, nil)
-			return
+			return listPage{}, &listError{probScopeNotAllowed, "route " + route + " is not scoped: drop ?scope="}
 		}
 		q.Prefix = store.Key(route, scope, "") // "route/<scope hash>/"
 	}
@@ -83,34 +123,32 @@ func (h *Handler) listKeys(w http.ResponseWriter, r *http.Request) {
 	case "", store.StateInFlight, store.StateCompleted, store.StateInDoubt:
 		q.State = st
 	default:
-		problem.Write(w, r, probBadParameter, "state "+strconv.Quote(string(st))+" is not one of in_flight, completed, in_doubt", 0, nil)
-		return
+		return listPage{}, &listError{probBadParameter, "state " + strconv.Quote(string(st)) + " is not one of in_flight, completed, in_doubt"}
 	}
 	if s := qv.Get("limit"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 || n > MaxListLimit {
-			problem.Write(w, r, probBadParameter, "limit "+strconv.Quote(s)+" is not a number from 1 to "+strconv.Itoa(MaxListLimit), 0, nil)
-			return
+			return listPage{}, &listError{probBadParameter, "limit " + strconv.Quote(s) + " is not a number from 1 to " + strconv.Itoa(MaxListLimit)}
 		}
 		q.Limit = n
 	}
 	if kh := qv.Get("key_hash"); kh != "" {
 		if !keyHashPattern.MatchString(kh) {
-			problem.Write(w, r, probBadParameter, "key_hash "+strconv.Quote(kh)+" is not 12 lower-case hex digits (the key_hash of a log line)", 0, nil)
-			return
+			return listPage{}, &listError{probBadParameter, "key_hash " + strconv.Quote(kh) + " is not 12 lower-case hex digits (the key_hash of a log line)"}
 		}
 		q.KeyHash = kh
 	}
+	return h.listPages(ctx, lister, route, q, calls)
+}
+
+// listPages fills a page of at most q.Limit keys of route from at most
+// calls store calls.
+func (h *Handler) listPages(ctx context.Context, lister store.Lister, route string, q store.ListQuery, calls int) (listPage, error) {
 	page, limit := listPage{Keys: []listView{}}, q.Limit
-	for calls := 0; calls < listCalls; calls++ {
-		recs, next, err := lister.List(r.Context(), q)
+	for range calls {
+		recs, next, err := lister.List(ctx, q)
 		if err != nil {
-			detail := err.Error()
-			if errors.Is(err, store.ErrBadCursor) {
-				detail = "cursor is not one this listing returned: start again without ?cursor="
-			}
-			problem.Write(w, r, problemFor(err), detail, 0, nil)
-			return
+			return listPage{}, err
 		}
 		for _, l := range recs {
 			page.Keys = append(page.Keys, view(route, l))
@@ -121,7 +159,7 @@ func (h *Handler) listKeys(w http.ResponseWriter, r *http.Request) {
 		}
 		q.Cursor, q.Limit = next, limit-len(page.Keys)
 	}
-	writeJSON(w, r, http.StatusOK, page)
+	return page, nil
 }
 
 // view is how the listing shows l, a key of route.

@@ -26,6 +26,7 @@ var (
 	probNoRecord        = problem.Type{Name: "no-record", Status: http.StatusNotFound, Title: "No record for this key"}
 	probKeyInFlight     = problem.Type{Name: "key-in-flight", Status: http.StatusConflict, Title: "Key in flight"}
 	probKeyChanged      = problem.Type{Name: "key-changed", Status: http.StatusConflict, Title: "Key changed while it was being released"}
+	probStale           = problem.Type{Name: "key-changed-since-read", Status: http.StatusPreconditionFailed, Title: "Key changed since it was read"}
 	probNotInDoubt      = problem.Type{Name: "key-not-in-doubt", Status: http.StatusConflict, Title: "Key not in doubt"}
 	probLookupBusy      = problem.Type{Name: "lookup-running", Status: http.StatusConflict, Title: "Another lookup of this key is running"}
 	probNoReconcile     = problem.Type{Name: "no-reconcile-lookup", Status: http.StatusBadRequest, Title: "Route has no reconcile lookup"}
@@ -53,6 +54,14 @@ func problemFor(err error) problem.Type {
 		return probBadParameter
 	case errors.Is(err, reconcile.ErrNoLookup):
 		return probNoReconcile
+	case errors.Is(err, ErrNoRecord):
+		return probNoRecord
+	case errors.Is(err, ErrKeyInFlight):
+		return probKeyInFlight
+	case errors.Is(err, ErrChanged):
+		return probStale
+	case errors.Is(err, errNoReconciler):
+		return probNoReconciler
 	default:
 		return probStoreUnavailable
 	}
@@ -60,7 +69,7 @@ func problemFor(err error) problem.Type {
 
 // problems is every problem the admin API can answer with.
 var problems = []problem.Type{probUnauthorized, probDisabled, probAuthThrottled, probNotFound, probMethod, probUnknownRoute, probScopeRequired,
-	probScopeNotAllowed, probNoRecord, probKeyInFlight, probKeyChanged, probNotInDoubt, probLookupBusy,
+	probScopeNotAllowed, probNoRecord, probKeyInFlight, probKeyChanged, probStale, probNotInDoubt, probLookupBusy,
 	probNoReconcile, probNoReconciler, probBadParameter, probNoLister, probNoReload, probReloadFailed, probStoreUnavailable, probInternal}
 
 // Problems lists every problem the admin API can answer with, for the docs

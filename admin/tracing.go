@@ -20,15 +20,25 @@ func tracedPattern(pattern string) bool {
 	return strings.HasPrefix(path, "/v1/") || path == "/-/reload"
 }
 
+// consoleActs are the console's acts, traced like the key API's (its
+// pages are not: they only read).
+var consoleActs = map[string]bool{"/ui/reconcile": true, "/ui/release": true, "/ui/bulk-release": true}
+
 // serveTraced serves r under a server span of its own while tracing is on
 // and the endpoint pattern is an operator's action; it reports whether it
 // did.
 func (h *Handler) serveTraced(w http.ResponseWriter, r *http.Request, pattern string) bool {
 	tr := h.opts.Tracing.Tracer()
-	if tr == nil || !tracedPattern(pattern) {
+	if tr == nil {
 		return false
 	}
 	_, route, _ := strings.Cut(pattern, " ")
+	switch {
+	case pattern == "/ui/" && r.Method == http.MethodPost && consoleActs[r.URL.Path]:
+		route = r.URL.Path
+	case !tracedPattern(pattern):
+		return false
+	}
 	ctx := tracing.Extract(r.Context(), r.Header)
 	ctx, span := tr.Start(ctx, r.Method+" "+route, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(
 		semconv.HTTPRequestMethodKey.String(r.Method), semconv.HTTPRoute(route)))

@@ -14,6 +14,53 @@ import (
 	"github.com/idemproxy/idemproxy/store"
 )
 
+// TestOperatorActsAreTraced: with tracing on, a release through the key
+// API and one through the console each get a server span naming the
+// route and the operator (the console's: its session's); the console's
+// pages, which only read, and the probes are not traced.
+func TestOperatorActsAreTraced(t *testing.T) {
+	r := otlptest.NewHTTP(t)
+	r.Setenv(t)
+	tr := tracing.New(nil)
+	if err := tr.Configure(true); err != nil {
+		t.Fatal(err)
+	}
+	e := newConsoleEnv(t, func(o *admin.Options) { o.Tracing = tr })
+	seed(t, e.st, store.Key("charges", "", "tr-api"), seedInDoubt)
+	seed(t, e.st, store.Key("charges", "", "tr-ui"), seedInDoubt)
+
+	if rec := serve(t, e.h, http.MethodDelete, "/v1/keys/charges/tr-api?reason=x", bearer, http.Header{"X-Operator": {"erin"}}); rec.Code != http.StatusOK {
+		t.Fatalf("API release = %d %s", rec.Code, rec.Body)
+	}
+	b := e.login("frank")
+	page := b.keyPage("tr-ui")
+	if rec := b.do(http.MethodPost, "/ui/release", actForm(t, page, "y")); rec.Code != http.StatusOK {
+		t.Fatalf("console release = %d %s", rec.Code, rec.Body)
+	}
+	serve(t, e.h, http.MethodGet, "/readyz", "", nil)
+	if err := tr.Shutdown(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	spans := r.WaitFor(t, 10*time.Second, "two admin spans", func(s []otlptest.Span) bool { return len(s) >= 2 })
+	byName := map[string]otlptest.Span{}
+	for _, s := range spans {
+		byName[s.Name] = s
+	}
+	for name, operator := range map[string]string{"DELETE /v1/keys/{route}/{key...}": "erin", "POST /ui/release": "frank"} {
+		s, ok := byName[name]
+		if !ok {
+			t.Errorf("no span %q among %v", name, spans)
+			continue
+		}
+		if s.Attr("idemproxy.operator") != operator || s.Attr("http.response.status_code") != "200" {
+			t.Errorf("%s: operator %q, status %q; want %q, 200", name, s.Attr("idemproxy.operator"), s.Attr("http.response.status_code"), operator)
+		}
+	}
+	if len(spans) != 2 {
+		t.Errorf("%d spans, want the two acts only (no page, no probe): %v", len(spans), spans)
+	}
+}
+
 // TestAdminSpansLeaveTheKeyOut: the key API's spans give the key in their
 // path as the route's placeholder, never as sent: the audit log names a
 // key only by its hash, and so do the traces (docs/observability.md).

@@ -343,3 +343,58 @@ func cmdline(pid int) string {
 	b, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
 	return strings.ReplaceAll(string(b), "\x00", " ")
 }
+
+// TestTracingTargetsExport: in a real run, each tracing target's spans
+// reach its OTLP receiver: always_on traces every request it was sent (a
+// server span each, with its children), the 1 % ratio sampler a few.
+func TestTracingTargetsExport(t *testing.T) {
+	tmp := t.TempDir()
+	c := bench(t, tmp, "-targets", "badger-sync-trace,badger-sync-trace1",
+		"-duration", "1s", "-single=false", "-driver", "go", "-log-level", "error")
+	out, err := c.CombinedOutput()
+	if err != nil {
+		t.Fatalf("bench: %v\n%s", err, out)
+	}
+	line := regexp.MustCompile(`(?m)^  (\S+) \(OTEL_TRACES_SAMPLER=[^)]*\): (\d+) requests sent, (\d+) traced \([0-9.]+ a request\), (\d+) spans in (\d+) exports, [0-9.]+ MiB$`)
+	type got struct{ sent, traced, spans, exports int64 }
+	rows := map[string]got{}
+	for _, m := range line.FindAllStringSubmatch(string(out), -1) {
+		var n [4]int64
+		for i := range n {
+			n[i], _ = strconv.ParseInt(m[i+2], 10, 64)
+		}
+		rows[m[1]] = got{sent: n[0], traced: n[1], spans: n[2], exports: n[3]}
+	}
+	tests := []struct {
+		target string
+		// every: the sampler keeps every trace (at least half of the
+		// requests' server spans arrive; all of them unless the proxy's
+		// span queue overflowed); else it keeps few (under a fifth).
+		every bool
+	}{
+		{"badger-sync-trace", true},
+		{"badger-sync-trace1", false},
+	}
+	for _, tt := range tests {
+		r, ok := rows[tt.target]
+		if !ok {
+			t.Errorf("no traces line for %s in:\n%s", tt.target, out)
+			continue
+		}
+		if r.sent == 0 || r.traced > r.sent || r.spans < r.traced {
+			t.Errorf("%s: %d requests sent, %d traced, %d spans: want traced at most sent and spans at least traced", tt.target, r.sent, r.traced, r.spans)
+		}
+		if tt.every && (r.traced < r.sent/2 || r.exports == 0) {
+			t.Errorf("%s: got %d of %d requests traced in %d exports, want (nearly) all of them exported", tt.target, r.traced, r.sent, r.exports)
+		}
+		if !tt.every && r.traced >= r.sent/5 {
+			t.Errorf("%s: got %d of %d requests traced, want about 1 %%", tt.target, r.traced, r.sent)
+		}
+	}
+	if strings.Contains(string(out), "refused") {
+		t.Errorf("a receiver refused exports:\n%s", out)
+	}
+	if left, _ := os.ReadDir(tmp); len(left) != 0 {
+		t.Errorf("temporary directories left after the run: %v", left)
+	}
+}

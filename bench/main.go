@@ -18,9 +18,18 @@
 // targets also the database server's CPU time per request (the Cluster's:
 // the sum of its nodes').
 //
+// Two more targets, left out unless -targets names them, measure what
+// OpenTelemetry tracing costs: badger-sync-trace and badger-sync-trace1 are
+// badger-sync with tracing on, sampling every request (always_on) and 1 %
+// of them (traceidratio 0.01), each exporting over OTLP/HTTP to a receiver
+// of its own on loopback (otlp.go), in a process apart so that its CPU is
+// not the proxy's. Under the table, a line per tracing target says how many
+// requests it was sent and how many traces, spans and exports reached its
+// receiver.
+//
 // Usage, from the repository root:
 //
-//	go run ./bench [-duration 5s] [-conns 32] [-rounds 1] [-driver auto|wrk|go] [-targets bare,badger-sync,badger-nosync,redis,redis-cluster,postgres-sync,postgres-nosync] [-profile DIR] [-ttl D] [-sample D]
+//	go run ./bench [-duration 5s] [-conns 32] [-rounds 1] [-driver auto|wrk|go] [-targets bare,badger-sync,badger-nosync,redis,redis-cluster,postgres-sync,postgres-nosync,badger-sync-trace,badger-sync-trace1] [-profile DIR] [-ttl D] [-sample D]
 //	go run ./bench -rate 2500 -duration 30s -prefill 1000000 [-pin] [-targets ...]
 //
 // With -rate, each target instead gets an open-loop, constant-rate load
@@ -74,7 +83,9 @@ import (
 	"time"
 )
 
-// defaultTargets are the targets measured without -targets: all of them.
+// defaultTargets are the targets measured without -targets: all of them
+// but the tracing ones (badger-sync-trace, badger-sync-trace1: otlp.go),
+// which measure what tracing costs, not a store.
 const defaultTargets = "bare,badger-sync,badger-nosync,redis,redis-cluster,postgres-sync,postgres-nosync"
 
 // clkTck is the kernel's clock tick for /proc/<pid>/stat CPU times; 100 on
@@ -84,6 +95,7 @@ const clkTck = 100
 func main() {
 	bareListen := flag.String("bare-listen", "", "internal: serve the bare reverse proxy on this address")
 	bareUpstream := flag.String("bare-upstream", "", "internal: the bare proxy's upstream")
+	otlpListen := flag.String("otlp-listen", "", "internal: serve an OTLP/HTTP trace receiver on this address")
 	duration := flag.Duration("duration", 5*time.Second, "length of each measurement")
 	conns := flag.Int("conns", 32, "connections of the loaded measurement")
 	rounds := flag.Int("rounds", 1, "rounds over all targets (the median round is shown)")
@@ -101,6 +113,10 @@ func main() {
 	flag.Parse()
 	if *bareListen != "" {
 		serveBare(*bareListen, *bareUpstream)
+		return
+	}
+	if *otlpListen != "" {
+		serveOTLP(*otlpListen)
 		return
 	}
 	if *pin && os.Getenv(pinnedEnv) == "" {
@@ -167,6 +183,8 @@ type target struct {
 	// storeCPU is the CPU time so far of the target's database server
 	// (Redis, PostgreSQL), nil for the others.
 	storeCPU func() time.Duration
+	otlp     string // a tracing target's OTLP receiver, else empty
+	sent     int64  // requests answered, warm-ups included
 }
 
 // result is one target's measurement.
@@ -294,7 +312,7 @@ func run(o options, ps *procSet) error {
 	badgerFilled := "" // a prefilled Badger directory, once made
 	for _, sp := range specs {
 		n := sp.kind
-		addr, adminAddr, dataDir := freeAddr(), "", ""
+		addr, adminAddr, dataDir, otlpAddr := freeAddr(), "", "", ""
 		var (
 			c        *exec.Cmd
 			storeCPU func() time.Duration
@@ -310,7 +328,7 @@ func run(o options, ps *procSet) error {
 		case "bare":
 			c = pinned(exec.Command(self, "-bare-listen", addr, "-bare-upstream", stubURL), o.pin)
 			err = startCmd(c)
-		case "badger-sync", "badger-nosync", "redis", "redis-cluster", "postgres-sync", "postgres-nosync":
+		case "badger-sync", "badger-nosync", "badger-sync-trace", "badger-sync-trace1", "redis", "redis-cluster", "postgres-sync", "postgres-nosync":
 			dataDir = filepath.Join(tmp, "data-"+sp.name)
 			if sp.prefill > 0 && strings.HasPrefix(n, "badger") {
 				// Filled once, copied for the other Badger twin.
@@ -326,7 +344,7 @@ func run(o options, ps *procSet) error {
 				}
 				prefilled("", t0)
 			}
-			store := fmt.Sprintf("  badger:\n    dir: %s\n    sync_writes: %v\n", dataDir, n == "badger-sync")
+			store := fmt.Sprintf("  badger:\n    dir: %s\n    sync_writes: %v\n", dataDir, n == "badger-sync" || isTraced(n))
 			switch {
 			case n == "redis":
 				// Its own server, so that the fresh target's stays fresh.
@@ -410,6 +428,20 @@ func run(o options, ps *procSet) error {
 				adminAddr = freeAddr()
 				cfg += fmt.Sprintf("admin:\n  listen: %s\n  pprof: true\n", adminAddr)
 			}
+			if isTraced(n) {
+				// Its own receiver (otlp.go), a process apart, started first so
+				// that it stops after the proxy has flushed its spans into it.
+				otlpAddr = freeAddr()
+				if err := startCmd(exec.Command(self, "-otlp-listen", otlpAddr)); err != nil {
+					return err
+				}
+				if err := waitListening(otlpAddr); err != nil {
+					return fmt.Errorf("%s: OTLP receiver: %w", sp.name, err)
+				}
+				cfg += "tracing:\n  enabled: true\n"
+				env = append(env, "OTEL_EXPORTER_OTLP_ENDPOINT=http://"+otlpAddr, "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf")
+				env = append(env, traceSamplers[n]...)
+			}
 			path := filepath.Join(tmp, sp.name+".yaml")
 			if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 				return err
@@ -425,7 +457,7 @@ func run(o options, ps *procSet) error {
 		if err := waitListening(addr); err != nil {
 			return fmt.Errorf("%s: %w", sp.name, err)
 		}
-		ts = append(ts, &target{name: sp.name, cmd: c, addr: addr, admin: adminAddr, pid: c.Process.Pid, dir: dataDir, storeCPU: storeCPU})
+		ts = append(ts, &target{name: sp.name, cmd: c, addr: addr, admin: adminAddr, pid: c.Process.Pid, dir: dataDir, storeCPU: storeCPU, otlp: otlpAddr})
 	}
 	if o.prefill > 0 {
 		// A prefill leaves hundreds of MB dirty in the page cache (PostgreSQL's
@@ -434,7 +466,10 @@ func run(o options, ps *procSet) error {
 		settle()
 	}
 	if o.rate > 0 {
-		return runOpen(o, ts, stubURL)
+		if err := runOpen(o, ts, stubURL); err != nil {
+			return err
+		}
+		return reportTraces(os.Stdout, ps, ts)
 	}
 
 	how := "an in-process Go client"
@@ -451,9 +486,11 @@ func run(o options, ps *procSet) error {
 			res := result{name: t.name, storeCPU: -1}
 			prefix := fmt.Sprintf("%s-%d-%s", nonce, r, t.name)
 			// Warm up: connections, the store's first tables.
-			if _, err := load(useWrk, t.addr, conns, time.Second, prefix+"-w", tmp); err != nil {
+			warm, err := load(useWrk, t.addr, conns, time.Second, prefix+"-w", tmp)
+			if err != nil {
 				return fmt.Errorf("%s: %w", t.name, err)
 			}
+			t.sent += warm.requests
 			var one stats
 			if single {
 				if one, err = load(useWrk, t.addr, 1, d, prefix+"-1", tmp); err != nil {
@@ -495,6 +532,7 @@ func run(o options, ps *procSet) error {
 			res.rpsN, res.p50N, res.p99N = many.rps(), many.p50, many.p99
 			res.errors = one.errors + many.errors
 			keys[t.name] += one.requests + many.requests
+			t.sent += one.requests + many.requests
 			if many.requests > 0 {
 				res.cpuPerReq = cpu / time.Duration(many.requests)
 				if t.storeCPU != nil {
@@ -518,7 +556,7 @@ func run(o options, ps *procSet) error {
 		out = append(out, m)
 	}
 	printTable(os.Stdout, out, conns)
-	return nil
+	return reportTraces(os.Stdout, ps, ts)
 }
 
 func printTable(w io.Writer, rs []result, conns int) {

@@ -60,9 +60,11 @@ func runOpen(o options, ts []*target, stubURL string) error {
 		for _, t := range ts {
 			prefix := fmt.Sprintf("%s-%d-%s", nonce, r, t.name)
 			// Warm up: connections, the store's first tables.
-			if _, err := loadOpen(t.addr, o.rate, time.Second, prefix+"-w"); err != nil {
+			warm, err := loadOpen(t.addr, o.rate, time.Second, prefix+"-w")
+			if err != nil {
 				return fmt.Errorf("%s: %w", t.name, err)
 			}
+			t.sent += warm.requests
 			var prof chan error
 			if t.admin != "" && r == o.rounds-1 {
 				prof = make(chan error, 1)
@@ -79,6 +81,7 @@ func runOpen(o options, ts []*target, stubURL string) error {
 			if err != nil {
 				return fmt.Errorf("%s: %w", t.name, err)
 			}
+			t.sent += s.requests
 			res := openResult{name: t.name, rate: float64(s.requests) / s.elapsed.Seconds(),
 				p50: s.quantile(0.50), p90: s.quantile(0.90), p99: s.quantile(0.99), p999: s.quantile(0.999), mx: s.max(),
 				storeCPU: -1, sent: s.sent, errors: s.errors}

@@ -89,17 +89,37 @@ func (p *procSet) stop() {
 	}
 	p.stopped = true
 	for _, c := range slices.Backward(p.cmds) {
-		c.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { c.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			c.Process.Kill()
-			<-done
-		}
+		terminate(c)
 	}
 	for _, f := range slices.Backward(p.cleanups) {
 		f()
+	}
+}
+
+// stopOne stops c, one of the processes started, before the others (as
+// stop would: SIGTERM, SIGKILL after 5 s), and forgets it. After stop, or
+// for a process it did not start, it does nothing.
+func (p *procSet) stopOne(c *exec.Cmd) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	i := slices.Index(p.cmds, c)
+	if p.stopped || i < 0 {
+		return
+	}
+	p.cmds = slices.Delete(p.cmds, i, i+1)
+	terminate(c)
+}
+
+// terminate sends c SIGTERM and waits at most 5 s for it to exit before
+// SIGKILL.
+func terminate(c *exec.Cmd) {
+	c.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { c.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		c.Process.Kill()
+		<-done
 	}
 }

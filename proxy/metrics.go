@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/internal/admission"
+	"github.com/idemproxy/idemproxy/internal/tracing"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -135,6 +136,8 @@ type instrumented struct {
 	store.Store
 	series *storeSeries
 	name   string // the store's name, for its spans
+	// tracing traces the operations of traced requests; nil: never.
+	tracing *tracing.Tracing
 }
 
 func (s instrumented) observe(op string, start time.Time, err error) {
@@ -147,7 +150,7 @@ func (s instrumented) observe(op string, start time.Time, err error) {
 // begin starts timing op, and its span when ctx's span is recording; done
 // ends both.
 func (s instrumented) begin(ctx context.Context, op string) (context.Context, storeOp) {
-	ctx, span := storeSpan(ctx, s.name, op)
+	ctx, span := storeSpan(ctx, s.tracing, s.name, op)
 	return ctx, storeOp{s: s, op: op, start: time.Now(), span: span}
 }
 

@@ -188,7 +188,7 @@ func New(cfg *config.Config, opts Options) (*Proxy, error) {
 	}
 	opts.Metrics.initStore(opts.StoreName)
 	p := &Proxy{
-		store:     instrumented{Store: opts.Store, series: opts.Metrics.storeSeries(opts.StoreName), name: opts.StoreName},
+		store:     instrumented{Store: opts.Store, series: opts.Metrics.storeSeries(opts.StoreName), name: opts.StoreName, tracing: opts.Tracing},
 		log:       opts.Logger,
 		errorLog:  slog.NewLogLogger(opts.Logger.Handler(), slog.LevelDebug),
 		access:    opts.AccessLog,

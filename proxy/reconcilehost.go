@@ -184,37 +184,37 @@ func (r instrumentedReconcile) observe(op string, start time.Time, err error) {
 }
 
 func (r instrumentedReconcile) ScheduleLookup(ctx context.Context, key string, after time.Duration) (err error) {
-	ctx, span := storeSpan(ctx, r.s.name, "schedule_lookup")
+	ctx, span := storeSpan(ctx, r.s.tracing, r.s.name, "schedule_lookup")
 	defer func(start time.Time) { r.observe("schedule_lookup", start, err); endStoreSpan(span, failure(err)) }(time.Now())
 	return r.ReconcileStore.ScheduleLookup(ctx, key, after)
 }
 
 func (r instrumentedReconcile) Unscheduled(ctx context.Context, prefix string, limit int) (keys []string, err error) {
-	ctx, span := storeSpan(ctx, r.s.name, "unscheduled")
+	ctx, span := storeSpan(ctx, r.s.tracing, r.s.name, "unscheduled")
 	defer func(start time.Time) { r.observe("unscheduled", start, err); endStoreSpan(span, failure(err)) }(time.Now())
 	return r.ReconcileStore.Unscheduled(ctx, prefix, limit)
 }
 
 func (r instrumentedReconcile) DueLookups(ctx context.Context, limit int) (keys []string, err error) {
-	ctx, span := storeSpan(ctx, r.s.name, "due_lookups")
+	ctx, span := storeSpan(ctx, r.s.tracing, r.s.name, "due_lookups")
 	defer func(start time.Time) { r.observe("due_lookups", start, err); endStoreSpan(span, failure(err)) }(time.Now())
 	return r.ReconcileStore.DueLookups(ctx, limit)
 }
 
 func (r instrumentedReconcile) ClaimLookup(ctx context.Context, key, token string, lease time.Duration, force bool) (err error) {
-	ctx, span := storeSpan(ctx, r.s.name, "claim_lookup")
+	ctx, span := storeSpan(ctx, r.s.tracing, r.s.name, "claim_lookup")
 	defer func(start time.Time) { r.observe("claim_lookup", start, err); endStoreSpan(span, failure(err)) }(time.Now())
 	return r.ReconcileStore.ClaimLookup(ctx, key, token, lease, force)
 }
 
 func (r instrumentedReconcile) ResolveLookup(ctx context.Context, key, token string, res store.LookupResult) (err error) {
-	ctx, span := storeSpan(ctx, r.s.name, "resolve_lookup")
+	ctx, span := storeSpan(ctx, r.s.tracing, r.s.name, "resolve_lookup")
 	defer func(start time.Time) { r.observe("resolve_lookup", start, err); endStoreSpan(span, failure(err)) }(time.Now())
 	return r.ReconcileStore.ResolveLookup(ctx, key, token, res)
 }
 
 func (r instrumentedReconcile) UnscheduleLookup(ctx context.Context, key string) (err error) {
-	ctx, span := storeSpan(ctx, r.s.name, "unschedule_lookup")
+	ctx, span := storeSpan(ctx, r.s.tracing, r.s.name, "unschedule_lookup")
 	defer func(start time.Time) { r.observe("unschedule_lookup", start, err); endStoreSpan(span, failure(err)) }(time.Now())
 	return r.ReconcileStore.UnscheduleLookup(ctx, key)
 }

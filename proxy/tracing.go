@@ -39,10 +39,17 @@ func (a *attempt) startSpan() {
 	r := a.in
 	ctx := tracing.Extract(r.Context(), r.Header)
 	method := knownMethod(r.Method)
-	name, route := method, ""
+	name := method
+	if method == "_OTHER" {
+		name = "HTTP"
+	}
 	if a.rt != nil {
-		route = a.rt.httpRoute
-		name += " " + route
+		name += " " + a.rt.httpRoute
+	}
+	ctx, a.span = tr.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer))
+	a.in = r.WithContext(ctx)
+	if !a.span.IsRecording() {
+		return // not sampled: no attribute is read
 	}
 	attrs := make([]attribute.KeyValue, 0, 12)
 	attrs = append(attrs,
@@ -53,10 +60,6 @@ func (a *attempt) startSpan() {
 		semconv.NetworkProtocolVersion(strings.TrimPrefix(r.Proto, "HTTP/")),
 	)
 	if method == "_OTHER" {
-		name = "HTTP"
-		if a.rt != nil {
-			name += " " + a.rt.httpRoute
-		}
 		attrs = append(attrs, semconv.HTTPRequestMethodOriginal(tracing.Text(r.Method[:min(len(r.Method), 64)])))
 	}
 	if host, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
@@ -66,11 +69,10 @@ func (a *attempt) startSpan() {
 		attrs = append(attrs, semconv.UserAgentOriginal(tracing.Text(ua)))
 	}
 	if a.rt != nil {
-		attrs = append(attrs, semconv.HTTPRoute(route), tracing.AttrRoute.String(a.rt.cfg.Name),
+		attrs = append(attrs, semconv.HTTPRoute(a.rt.httpRoute), tracing.AttrRoute.String(a.rt.cfg.Name),
 			tracing.AttrPolicy.String(a.rt.cfg.Policy), tracing.AttrStore.String(a.p.storeName))
 	}
-	ctx, a.span = tr.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(attrs...))
-	a.in = r.WithContext(ctx)
+	a.span.SetAttributes(attrs...)
 }
 
 // knownMethod is a request's method as the HTTP semantic conventions name
@@ -96,6 +98,10 @@ func scheme(r *http.Request) string {
 // status, the key's hash, whether the answer was a replay.
 func (a *attempt) endSpan() {
 	if a.span == nil {
+		return
+	}
+	if !a.span.IsRecording() {
+		a.span.End()
 		return
 	}
 	a.span.SetAttributes(
@@ -174,13 +180,14 @@ func (a *attempt) withSpan(ctx context.Context) context.Context {
 }
 
 // storeSpan starts the child span of a store operation under ctx's span,
-// when that span is recording; the span is nil otherwise.
-func storeSpan(ctx context.Context, storeName, op string) (context.Context, trace.Span) {
-	parent := trace.SpanFromContext(ctx)
-	if !parent.IsRecording() {
+// when tracing is on and that span is recording; the span is nil
+// otherwise.
+func storeSpan(ctx context.Context, t *tracing.Tracing, storeName, op string) (context.Context, trace.Span) {
+	tr := t.Tracer()
+	if tr == nil || !trace.SpanFromContext(ctx).IsRecording() {
 		return ctx, nil
 	}
-	return parent.TracerProvider().Tracer(tracing.ScopeName).Start(ctx, "store "+op,
+	return tr.Start(ctx, "store "+op,
 		trace.WithSpanKind(trace.SpanKindClient),
 		trace.WithAttributes(semconv.DBSystemNameKey.String(dbSystem(storeName)), semconv.DBOperationName(op)))
 }
@@ -215,7 +222,21 @@ type tracedTransport struct {
 
 func (t tracedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	tr := t.tracing.Tracer()
-	if tr == nil || !trace.SpanContextFromContext(req.Context()).IsValid() {
+	if tr == nil {
+		return t.next.RoundTrip(req)
+	}
+	parent := trace.SpanFromContext(req.Context())
+	if !parent.SpanContext().IsValid() {
+		return t.next.RoundTrip(req)
+	}
+	// The requests this transport carries are the proxy's own (the
+	// reverse proxy's outgoing copy, a lookup it built), so their headers
+	// are set in place rather than on a clone.
+	if !parent.IsRecording() {
+		// Not sampled: the upstream continues the request's trace
+		// context as it is, and no client span is built that nobody
+		// would record.
+		tracing.Propagator.Inject(req.Context(), propagation.HeaderCarrier(req.Header))
 		return t.next.RoundTrip(req)
 	}
 	method := knownMethod(req.Method)
@@ -238,7 +259,6 @@ func (t tracedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		name = "HTTP"
 	}
 	ctx, span := tr.Start(req.Context(), name, trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(attrs...))
-	req = req.Clone(ctx)
 	tracing.Propagator.Inject(ctx, propagation.HeaderCarrier(req.Header))
 	resp, err := t.next.RoundTrip(req)
 	if err != nil {

@@ -447,3 +447,28 @@ func TestLongHeadersCannotSinkABatch(t *testing.T) {
 		})
 	}
 }
+
+// TestUnsampledRequests: a request the sampler drops is served as any
+// other, exports nothing, keeps no origin in its record (a link would name
+// a span no backend has), and the upstream still gets a trace context,
+// marked not sampled, so that its own spans follow the decision.
+func TestUnsampledRequests(t *testing.T) {
+	t.Setenv("OTEL_TRACES_SAMPLER", "always_off")
+	e, r, seen := tracedEnv(t, tracedRoute)
+	proxytest.WantStatus(t, "charge", e.Charge(`"ORD-UNS"`, 1), 201, "")
+	if !e.Charge(`"ORD-UNS"`, 1).Replayed() {
+		t.Fatal("retry not replayed")
+	}
+	rec, err := e.Store.Get(t.Context(), store.Key("charges", "", "ORD-UNS"))
+	if err != nil || rec == nil || rec.Origin != "" {
+		t.Errorf("record %+v, %v; want one without an origin", rec, err)
+	}
+	got := seen.all()
+	if len(got) != 1 || !strings.HasPrefix(got[0], "00-") || !strings.HasSuffix(got[0], "-00") {
+		t.Errorf("upstream got traceparent %v, want one not sampled (-00)", got)
+	}
+	e.Tracing.Shutdown(t.Context()) // flushes whatever was recorded
+	if n := r.Exports(); n != 0 {
+		t.Errorf("%d exports of requests the sampler dropped, want 0", n)
+	}
+}

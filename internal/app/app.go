@@ -127,6 +127,19 @@ func (a *app) serve(ctx context.Context) error {
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 	a.applyMemoryLimit(cfg)
+	// Before the store opens: a start its OTEL_* settings refuse must not
+	// write to a shared store first (an epoch marker).
+	a.tracing = tracing.New(log)
+	if err := a.tracing.Configure(cfg.Tracing.Enabled); err != nil {
+		return err
+	}
+	defer func() { // after the last request and lookup: their spans are flushed
+		fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := a.tracing.Shutdown(fctx); err != nil {
+			log.Warn("tracing: the last spans were not all exported", "err", err)
+		}
+	}()
 	reg := a.newRegistry()
 	// One settler retries every write that settles a key, the proxy's and
 	// the store's own (a Badger commit whose batch failed): shutdown waits
@@ -154,17 +167,6 @@ func (a *app) serve(ctx context.Context) error {
 	reserveStore, epochReady, stopEpoch := a.watchEpoch(ctx, reg, st, storeName, &watcher)
 	defer stopEpoch() // before the store closes
 	probe := store.NewWriteProbe(st, store.ProbeOptions{})
-	a.tracing = tracing.New(log)
-	if err := a.tracing.Configure(cfg.Tracing.Enabled); err != nil {
-		return err
-	}
-	defer func() { // after the last request and lookup: their spans are flushed
-		fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := a.tracing.Shutdown(fctx); err != nil {
-			log.Warn("tracing: the last spans were not all exported", "err", err)
-		}
-	}()
 	a.p, err = proxy.New(cfg, proxy.Options{
 		Store: probe.Observe(reserveStore), StoreName: storeName, Logger: log, AccessLog: a.access, Metrics: proxy.NewMetrics(reg),
 		Settler: a.settler, Tracing: a.tracing,
@@ -325,6 +327,20 @@ func (a *app) RouteScope(name string) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+var _ admin.RouteNamer = (*app)(nil)
+
+// RouteNames implements admin.RouteNamer over the running configuration:
+// the console's overview lists these routes.
+func (a *app) RouteNames() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	names := make([]string, 0, len(a.cfg.Routes))
+	for _, r := range a.cfg.Routes {
+		names = append(names, r.Name)
+	}
+	return names
 }
 
 // storeOptional reports whether every route of the running configuration

@@ -30,6 +30,7 @@ import (
 // Span is a received span, flattened with its resource's service name.
 type Span struct {
 	Service  string
+	Resource map[string]any // the resource's attributes, service.name included
 	Scope    string
 	Name     string
 	Kind     tracepb.Span_SpanKind
@@ -71,8 +72,23 @@ func (s Span) HasEvent(name string) bool {
 	return slices.ContainsFunc(s.Events, func(e Event) bool { return e.Name == name })
 }
 
+// LinksTo reports whether s has a link to the span o (its trace and span
+// IDs).
+func (s Span) LinksTo(o Span) bool {
+	return slices.ContainsFunc(s.Links, func(l Link) bool { return l.TraceID == o.TraceID && l.SpanID == o.SpanID })
+}
+
 func (s Span) String() string {
-	return fmt.Sprintf("%s %q kind=%v trace=%s span=%s parent=%s attrs=%v", s.Service, s.Name, s.Kind, s.TraceID, s.SpanID, s.ParentID, s.Attrs)
+	var events []string
+	for _, e := range s.Events {
+		events = append(events, e.Name)
+	}
+	var links []string
+	for _, l := range s.Links {
+		links = append(links, l.TraceID+"-"+l.SpanID)
+	}
+	return fmt.Sprintf("%s %q kind=%v trace=%s span=%s parent=%s attrs=%v events=%v links=%v",
+		s.Service, s.Name, s.Kind, s.TraceID, s.SpanID, s.ParentID, s.Attrs, events, links)
 }
 
 // Receiver collects the spans exported to it.
@@ -181,10 +197,11 @@ func (g grpcService) Export(_ context.Context, req *coltracepb.ExportTraceServic
 func (r *Receiver) add(msg *coltracepb.ExportTraceServiceRequest) {
 	var got []Span
 	for _, rs := range msg.GetResourceSpans() {
-		service := fmt.Sprint(attrs(rs.GetResource().GetAttributes())["service.name"])
+		resource := attrs(rs.GetResource().GetAttributes())
+		service := fmt.Sprint(resource["service.name"])
 		for _, ss := range rs.GetScopeSpans() {
 			for _, s := range ss.GetSpans() {
-				sp := Span{Service: service, Scope: ss.GetScope().GetName(), Name: s.GetName(), Kind: s.GetKind(),
+				sp := Span{Service: service, Resource: resource, Scope: ss.GetScope().GetName(), Name: s.GetName(), Kind: s.GetKind(),
 					TraceID: hex.EncodeToString(s.GetTraceId()), SpanID: hex.EncodeToString(s.GetSpanId()),
 					ParentID: hex.EncodeToString(s.GetParentSpanId()), Attrs: attrs(s.GetAttributes()),
 					Status: s.GetStatus().GetCode(),
@@ -292,6 +309,28 @@ func Find(spans []Span, match func(Span) bool) []Span {
 
 // Named matches spans by name.
 func Named(name string) func(Span) bool { return func(s Span) bool { return s.Name == name } }
+
+// WithAttr matches spans whose attribute key, as Attr prints it, is value.
+func WithAttr(key, value string) func(Span) bool {
+	return func(s Span) bool { _, ok := s.Attrs[key]; return ok && s.Attr(key) == value }
+}
+
+// OfKind matches spans of kind k.
+func OfKind(k tracepb.Span_SpanKind) func(Span) bool {
+	return func(s Span) bool { return s.Kind == k }
+}
+
+// All matches the spans every one of match matches.
+func All(match ...func(Span) bool) func(Span) bool {
+	return func(s Span) bool {
+		for _, m := range match {
+			if !m(s) {
+				return false
+			}
+		}
+		return true
+	}
+}
 
 // ChildrenOf returns the spans of spans whose parent is parent.
 func ChildrenOf(spans []Span, parent Span) []Span {
