@@ -6,7 +6,6 @@ import (
 	"strings"
 
 	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
@@ -40,9 +39,9 @@ func (h *Handler) serveTraced(w http.ResponseWriter, r *http.Request, pattern st
 	case !tracedPattern(pattern):
 		return false
 	}
-	ctx := tracing.Propagator.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+	ctx := tracing.Extract(r.Context(), r.Header)
 	ctx, span := tr.Start(ctx, r.Method+" "+route, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(
-		semconv.HTTPRequestMethodKey.String(r.Method), semconv.HTTPRoute(route), semconv.URLPath(tracing.Text(r.URL.Path))))
+		semconv.HTTPRequestMethodKey.String(r.Method), semconv.HTTPRoute(route)))
 	defer span.End()
 	sw := &spanStatus{ResponseWriter: w}
 	rc := r.WithContext(ctx)
@@ -50,7 +49,7 @@ func (h *Handler) serveTraced(w http.ResponseWriter, r *http.Request, pattern st
 	if sw.status == 0 {
 		sw.status = http.StatusOK
 	}
-	span.SetAttributes(semconv.HTTPResponseStatusCode(sw.status))
+	span.SetAttributes(semconv.HTTPResponseStatusCode(sw.status), semconv.URLPath(tracing.Text(spanPath(rc, route))))
 	if route := rc.PathValue("route"); route != "" {
 		span.SetAttributes(tracing.AttrRoute.String(tracing.Text(route)))
 	}
@@ -62,6 +61,17 @@ func (h *Handler) serveTraced(w http.ResponseWriter, r *http.Request, pattern st
 		span.SetAttributes(semconv.ErrorTypeKey.String(strconv.Itoa(sw.status)))
 	}
 	return true
+}
+
+// spanPath is the url.path of r's span, served by the endpoint whose
+// pattern's path is route: the path as sent, but a key in it (the key
+// API's {key}) is left as the placeholder, since the traces, as the audit
+// log, name a key only by its hash.
+func spanPath(r *http.Request, route string) string {
+	if !strings.Contains(route, "{key") {
+		return r.URL.Path
+	}
+	return strings.NewReplacer("{route}", r.PathValue("route"), "{key...}", "{key}").Replace(route)
 }
 
 // spanStatus keeps the status of an answer for its span.

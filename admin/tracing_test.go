@@ -1,7 +1,10 @@
 package admin_test
 
 import (
+	"context"
+	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -55,5 +58,45 @@ func TestOperatorActsAreTraced(t *testing.T) {
 	}
 	if len(spans) != 2 {
 		t.Errorf("%d spans, want the two acts only (no page, no probe): %v", len(spans), spans)
+	}
+}
+
+// TestAdminSpansLeaveTheKeyOut: the key API's spans give the key in their
+// path as the route's placeholder, never as sent: the audit log names a
+// key only by its hash, and so do the traces (docs/observability.md).
+func TestAdminSpansLeaveTheKeyOut(t *testing.T) {
+	const key = "ORD-SECRET-4111/1"
+	r := otlptest.NewHTTP(t)
+	r.Setenv(t)
+	tr := tracing.New(nil)
+	if err := tr.Configure(true); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tr.Shutdown(context.Background()) })
+	st := openStore(t)
+	seed(t, st, store.Key("charges", "", key), seedInDoubt)
+	h := newHandler(t, st, func(o *admin.Options) { o.Tracing = tr })
+	for _, c := range []struct {
+		method, target, wantName, wantPath string
+	}{
+		{"GET", "/v1/keys/charges/" + key, "GET /v1/keys/{route}/{key...}", "/v1/keys/charges/{key}"},
+		{"POST", "/v1/keys/charges/ORD-SECRET-4111/reconcile", "POST /v1/keys/{route}/{key}/reconcile", "/v1/keys/charges/{key}/reconcile"},
+		{"DELETE", "/v1/keys/charges/" + key, "DELETE /v1/keys/{route}/{key...}", "/v1/keys/charges/{key}"},
+		{"GET", "/v1/keys/charges", "GET /v1/keys/{route}", "/v1/keys/charges"},
+	} {
+		serve(t, h, c.method, c.target, bearer, http.Header{"X-Operator": {"alice"}})
+		spans := r.WaitFor(t, 10*time.Second, c.wantName+" span", func(s []otlptest.Span) bool {
+			return len(otlptest.Find(s, otlptest.Named(c.wantName))) > 0
+		})
+		if got := otlptest.Find(spans, otlptest.Named(c.wantName))[0].Attr("url.path"); got != c.wantPath {
+			t.Errorf("%s %s: span url.path = %q, want %q", c.method, c.target, got, c.wantPath)
+		}
+	}
+	for _, s := range r.Spans() {
+		for k, v := range s.Attrs {
+			if strings.Contains(fmt.Sprint(v), "SECRET") {
+				t.Errorf("span %q: attribute %s = %q holds the key", s.Name, k, v)
+			}
+		}
 	}
 }

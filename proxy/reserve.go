@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/internal/settle"
@@ -116,8 +117,14 @@ func (a *attempt) reserve(res store.Reservation) (*store.Record, error) {
 // it has answered the request.
 func (a *attempt) awaitSettled(w http.ResponseWriter, body []byte, rec *store.Record, until time.Time) bool {
 	ctx := a.in.Context()
-	a.event(tracing.EventWait, attribute.String("idemproxy.wait_until", until.UTC().Format(time.RFC3339Nano)))
-	got, err := a.p.waitSettled(ctx, a.storeKey, until)
+	poll := ctx
+	if a.span != nil {
+		a.event(tracing.EventWait, attribute.String("idemproxy.wait_until", until.UTC().Format(time.RFC3339Nano)))
+		// The polls are not traced one by one (up to one every 100 ms
+		// until wait_timeout): the two events say what the wait was.
+		poll = trace.ContextWithSpanContext(ctx, a.span.SpanContext())
+	}
+	got, err := a.p.waitSettled(poll, a.storeKey, until)
 	if a.span != nil {
 		state := "released"
 		if got != nil {

@@ -37,7 +37,7 @@ func (a *attempt) startSpan() {
 		return
 	}
 	r := a.in
-	ctx := tracing.Propagator.Extract(r.Context(), propagation.HeaderCarrier(r.Header))
+	ctx := tracing.Extract(r.Context(), r.Header)
 	method := knownMethod(r.Method)
 	name := method
 	if method == "_OTHER" {
@@ -198,8 +198,7 @@ func endStoreSpan(span trace.Span, err error) {
 		return
 	}
 	if err != nil {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
+		tracing.RecordError(span, err)
 	}
 	span.End()
 }
@@ -241,9 +240,13 @@ func (t tracedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return t.next.RoundTrip(req)
 	}
 	method := knownMethod(req.Method)
+	full, ok := tracing.URL(req.Context())
+	if !ok {
+		full = redactedURL(req)
+	}
 	attrs := []attribute.KeyValue{
 		semconv.HTTPRequestMethodKey.String(method),
-		semconv.URLFull(tracing.Text(redactedURL(req))),
+		semconv.URLFull(tracing.Text(full)),
 		semconv.ServerAddress(req.URL.Hostname()),
 	}
 	if p := req.URL.Port(); p != "" {
@@ -259,8 +262,7 @@ func (t tracedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	tracing.Propagator.Inject(ctx, propagation.HeaderCarrier(req.Header))
 	resp, err := t.next.RoundTrip(req)
 	if err != nil {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
+		tracing.RecordError(span, err)
 		span.SetAttributes(semconv.ErrorTypeKey.String("connection"))
 		span.End()
 		return nil, err
@@ -298,8 +300,7 @@ func (b *spanBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	if err != nil {
 		if err != io.EOF {
-			b.span.RecordError(err)
-			b.span.SetStatus(codes.Error, err.Error())
+			tracing.RecordError(b.span, err)
 		}
 		b.end()
 	}

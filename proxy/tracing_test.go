@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -233,6 +234,12 @@ func TestTraceEvents(t *testing.T) {
 	if !w.HasEvent(tracing.EventWaitEnd) || w.Attr("idemproxy.outcome") != "replayed" {
 		t.Errorf("waiting span %v: want %s and %s events, outcome replayed", w, tracing.EventWait, tracing.EventWaitEnd)
 	}
+	// The wait's polls (every 100 ms, up to wait_timeout) are the two
+	// events, not a span each: a client's twins must not multiply its
+	// spans by the dozen and crowd out everyone else's in the export queue.
+	if polls := otlptest.Find(otlptest.ChildrenOf(r.Spans(), w), otlptest.Named("store get")); len(polls) != 0 {
+		t.Errorf("waiting span has %d store get spans, want none (its polls are its wait events)", len(polls))
+	}
 }
 
 // TestTracingOffAddsNothing: with tracing off the upstream gets the
@@ -338,6 +345,106 @@ func TestTracesSurviveHostileInput(t *testing.T) {
 	if brew.Name != "HTTP" || brew.Attr("http.request.method") != "_OTHER" || brew.Attr("http.request.method_original") != "BREW" {
 		t.Errorf("invented method's span: name %q, method %q, original %q; want HTTP, _OTHER, BREW",
 			brew.Name, brew.Attr("http.request.method"), brew.Attr("http.request.method_original"))
+	}
+}
+
+// TestTracingTurnedOffAndOnMidRequest: a reload that turns tracing off
+// while a charge is at the upstream, and on again, changes nothing a
+// client gets: the charge is committed once, its retries are replayed,
+// and the retry traced after tracing came back links to the charge's span.
+func TestTracingTurnedOffAndOnMidRequest(t *testing.T) {
+	e, r, seen := tracedEnv(t, tracedRoute)
+	e.Fault("delay", 1, "300ms")
+	done := make(chan proxytest.Answer, 1)
+	go func() { done <- e.Charge(`"ORD-RELOAD"`, 7) }()
+	// The stub saw the fault's request, then the charge's.
+	proxytest.Eventually(t, "the charge is at the upstream", func() bool { return len(seen.all()) == 2 })
+	if err := e.Tracing.Configure(false); err != nil {
+		t.Fatal(err)
+	}
+	proxytest.WantStatus(t, "charge", <-done, http.StatusCreated, "")
+	if a := e.Charge(`"ORD-RELOAD"`, 7); !a.Replayed() {
+		t.Fatalf("retry with tracing off: %v, want a replay", a)
+	}
+	if err := e.Tracing.Configure(true); err != nil {
+		t.Fatal(err)
+	}
+	if a := e.Charge(`"ORD-RELOAD"`, 7); !a.Replayed() {
+		t.Fatalf("retry with tracing on again: %v, want a replay", a)
+	}
+	if got := e.Charges("ORD-RELOAD"); got != 1 {
+		t.Errorf("charges = %d, want 1", got)
+	}
+	spans := r.WaitFor(t, 10*time.Second, "the charge's span and the last retry's", nServers(2))
+	var charge, retry otlptest.Span
+	for _, s := range serverSpans(spans) {
+		switch s.Attr("idemproxy.outcome") {
+		case "committed":
+			charge = s
+		case "replayed":
+			retry = s
+		}
+	}
+	if charge.SpanID == "" || len(retry.Links) != 1 || retry.Links[0].SpanID != charge.SpanID {
+		t.Errorf("retry's links = %+v, want one to the charge's span %q", retry.Links, charge.SpanID)
+	}
+}
+
+// TestLongHeadersCannotSinkABatch: a client's long User-Agent (the proxy
+// takes headers of up to 64 KiB) is cut in the spans, and its tracestate,
+// which every span of the trace carries, cut to the W3C's 512 characters,
+// so that a few dozen such requests do not make an export larger than a
+// collector takes (an OTLP/gRPC receiver's 4 MiB by default), which would
+// lose the spans of everyone else in the batch.
+func TestLongHeadersCannotSinkABatch(t *testing.T) {
+	var members []string
+	for i := range 32 { // the most a tracestate may have, each the longest
+		members = append(members, fmt.Sprintf("k%0255d=%s", i, strings.Repeat("v", 256)))
+	}
+	for _, tc := range []struct {
+		name   string
+		header []string
+		check  func(t *testing.T, s otlptest.Span)
+	}{
+		{"user agent", []string{"User-Agent", strings.Repeat("A", 60<<10)}, func(t *testing.T, s otlptest.Span) {
+			if got := len(s.Attr("user_agent.original")); got > tracing.AttributeValueLengthLimit {
+				t.Errorf("user_agent.original of %d bytes, want at most %d", got, tracing.AttributeValueLengthLimit)
+			}
+		}},
+		{"tracestate", []string{"traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "tracestate", strings.Join(members, ",")},
+			func(t *testing.T, s otlptest.Span) {
+				if s.TraceID != "0af7651916cd43dd8448eb211c80319c" {
+					t.Errorf("span of trace %s, want the caller's", s.TraceID)
+				}
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := otlptest.NewGRPC(t)
+			r.Setenv(t)
+			t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "600000") // one export, at Shutdown
+			tr := tracing.New(nil)
+			if err := tr.Configure(true); err != nil {
+				t.Fatal(err)
+			}
+			e := &proxytest.Env{T: t, Tracing: tr}
+			e.Stub = httptest.NewServer(stub.New(slog.New(slog.DiscardHandler)))
+			t.Cleanup(e.Stub.Close)
+			e.Start(e.Stub.URL, tracedRoute)
+			const n = 80
+			for i := range n {
+				proxytest.WantStatus(t, "charge", e.Charge(fmt.Sprintf(`"ORD-LONG-%d"`, i), 1, tc.header...), http.StatusCreated, "")
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if err := tr.Shutdown(ctx); err != nil {
+				t.Fatalf("flushing the spans of %d requests: %v", n, err)
+			}
+			spans := serverSpans(r.Spans())
+			if len(spans) != n {
+				t.Fatalf("%d server spans exported, want %d", len(spans), n)
+			}
+			tc.check(t, spans[0])
+		})
 	}
 }
 

@@ -26,7 +26,6 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemproxy/idemproxy/config"
@@ -275,8 +274,7 @@ func endSpan(span trace.Span, out Outcome, err error) {
 	case err != nil:
 		span.SetAttributes(attribute.String("idemproxy.reconcile.result", "refused"))
 		if failure := !errors.Is(err, store.ErrNotInDoubt) && !errors.Is(err, store.ErrLookupBusy) && !errors.Is(err, store.ErrNotDue); failure {
-			span.RecordError(err)
-			span.SetStatus(codes.Error, err.Error())
+			tracing.RecordError(span, err)
 		}
 	default:
 		span.SetAttributes(attribute.String("idemproxy.reconcile.result", out.Result))
@@ -284,7 +282,7 @@ func endSpan(span trace.Span, out Outcome, err error) {
 			span.SetAttributes(attribute.Int("idemproxy.reconcile.lookup_status", out.LookupStatus))
 		}
 		if out.Error != "" {
-			span.SetStatus(codes.Error, out.Error)
+			tracing.SetError(span, out.Error) // may quote the upstream's reason phrase
 		}
 	}
 	span.End()
@@ -327,6 +325,18 @@ func (r *Reconciler) lookup(ctx context.Context, cfg *config.Route, key string) 
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.UpstreamTimeout.D())
 	defer cancel()
+	if trace.SpanFromContext(ctx).IsRecording() {
+		// The lookup's span names the URL as configured: the key is in
+		// the URL sent, and the traces name it only by its hash (nor
+		// the upstream's credentials, nor the query).
+		base := ""
+		if u, err := url.Parse(r.p.Upstream()); err == nil {
+			u.User = nil
+			base = u.String()
+		}
+		path, _, _ := strings.Cut(cfg.Reconcile.LookupPath(), "?")
+		ctx = tracing.WithURL(ctx, base+path)
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, target.String(), nil)
 	if err != nil {
 		return fail(fmt.Errorf("lookup request: %w", err))

@@ -14,7 +14,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"net/url"
 	"os"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,6 +27,7 @@ import (
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
@@ -56,12 +60,67 @@ const (
 	EventWaitEnd             = "idemproxy.wait_end"
 )
 
+// AttributeValueLengthLimit is how many characters of a span's string
+// attribute are kept unless OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT or
+// OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT say otherwise (the SDK keeps them
+// whole): a client's headers (up to 64 KiB) would otherwise make a batch
+// of spans larger than a collector accepts (4 MiB over gRPC by default),
+// and the whole batch would be lost.
+const AttributeValueLengthLimit = 1024
+
 // Propagator reads and writes the W3C trace context (traceparent,
 // tracestate) of requests.
 var Propagator propagation.TextMapPropagator = propagation.TraceContext{}
 
-// Tracing holds the tracer provider while tracing is on. The zero value
-// (and nil) is off; Configure turns it on or off.
+// Extract returns ctx carrying the trace context of a request's header h
+// (traceparent, tracestate), its tracestate cut to the W3C's 512
+// characters as the recommendation says (its members longer than 128
+// characters first, then from the end): every span of the trace carries
+// it, and a client's 16 KiB of it on each would make a batch of spans
+// larger than a collector accepts, and the whole batch lost.
+func Extract(ctx context.Context, h http.Header) context.Context {
+	ctx = Propagator.Extract(ctx, propagation.HeaderCarrier(h))
+	sc := trace.SpanContextFromContext(ctx)
+	ts := sc.TraceState()
+	if ts.Len() == 0 {
+		return ctx
+	}
+	n := -1 // the header's length: members and the commas between them
+	ts.Walk(func(k, v string) bool { n += len(k) + 1 + len(v) + 1; return true })
+	if n <= maxTraceState {
+		return ctx
+	}
+	var kept []string
+	n = -1
+	ts.Walk(func(k, v string) bool {
+		m := len(k) + 1 + len(v)
+		if m > maxTraceStateMember {
+			return true
+		}
+		if n+1+m > maxTraceState {
+			return false
+		}
+		kept, n = append(kept, k+"="+v), n+1+m
+		return true
+	})
+	cut, err := trace.ParseTraceState(strings.Join(kept, ","))
+	if err != nil { // cannot be: its members were parsed already
+		cut = trace.TraceState{}
+	}
+	return trace.ContextWithRemoteSpanContext(ctx, sc.WithTraceState(cut))
+}
+
+// The W3C's limits of a tracestate propagated: the whole header, and the
+// members removed first when it must be cut.
+const (
+	maxTraceState       = 512
+	maxTraceStateMember = 128
+)
+
+// Tracing holds the tracer provider from the first time tracing is turned
+// on until Shutdown (a reload that turns it off keeps it for the spans of
+// the requests in flight). The zero value (and nil) is off; Configure
+// turns it on or off.
 type Tracing struct {
 	log *slog.Logger
 
@@ -95,32 +154,39 @@ func (t *Tracing) Tracer() trace.Tracer {
 // On reports whether tracing is on.
 func (t *Tracing) On() bool { return t != nil && t.cur.Load() != nil }
 
-// Configure turns tracing on (enabled) or off. Turning it on builds a
-// tracer provider from the OTEL_* environment (CheckEnv's rules);
-// OTEL_SDK_DISABLED=true keeps it off. Turning it off flushes the spans
-// still buffered, in the background. Configuring the state tracing is in
-// already does nothing.
+// Configure turns tracing on (enabled) or off. Turning it on the first
+// time builds a tracer provider from the OTEL_* environment (CheckEnv's
+// rules); OTEL_SDK_DISABLED=true keeps it off. Turning it off starts no
+// more spans and flushes those buffered, in the background; the provider
+// stays (until Shutdown), so that the requests in flight end and export
+// their spans (a charge's span, which its replays link to, is not lost
+// to a reload), and turning tracing on again takes it up. Configuring the
+// state tracing is in already does nothing.
 func (t *Tracing) Configure(enabled bool) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if !enabled {
-		if t.tp == nil {
+		if t.cur.Load() == nil {
 			return nil
 		}
-		tp := t.tp
-		t.tp = nil
 		t.cur.Store(nil)
+		tp := t.tp
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			if err := tp.Shutdown(ctx); err != nil {
+			if err := tp.ForceFlush(ctx); err != nil {
 				t.log.Warn("tracing: flushing the last spans failed", "err", err)
 			}
 		}()
 		t.log.Info("tracing off")
 		return nil
 	}
-	if t.tp != nil {
+	if t.cur.Load() != nil {
+		return nil
+	}
+	if t.tp != nil { // turned off by a reload, on again
+		t.cur.Store(&tracer{t.tp.Tracer(ScopeName)})
+		t.log.Info("tracing on again", "endpoint", endpoint(), "sampler", samplerName())
 		return nil
 	}
 	if Disabled() {
@@ -139,7 +205,11 @@ func (t *Tracing) Configure(enabled bool) error {
 		t.log.Warn("tracing: the OTEL_RESOURCE_ATTRIBUTES were partly ignored", "err", err)
 	}
 	otel.SetErrorHandler(errorHandler{t.log})
-	t.tp = sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+	limits := sdktrace.NewSpanLimits()
+	if os.Getenv("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT") == "" && os.Getenv("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT") == "" {
+		limits.AttributeValueLengthLimit = AttributeValueLengthLimit
+	}
+	t.tp = sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res), sdktrace.WithRawSpanLimits(limits))
 	t.cur.Store(&tracer{t.tp.Tracer(ScopeName)})
 	t.log.Info("tracing on", "protocol", proto, "endpoint", endpoint(), "sampler", samplerName())
 	return nil
@@ -249,10 +319,18 @@ func newResource() (*resource.Resource, error) {
 	return res, err
 }
 
+// endpoint is the collector's address for the start log: without the
+// credentials or the query its URL may carry (the exporters use neither;
+// authentication goes in OTEL_EXPORTER_OTLP_HEADERS).
 func endpoint() string {
 	for _, k := range []string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"} {
 		if v := os.Getenv(k); v != "" {
-			return v
+			u, err := url.Parse(v)
+			if err != nil {
+				return "(" + k + " is not a URL)"
+			}
+			u.User, u.RawQuery, u.ForceQuery, u.Fragment, u.RawFragment = nil, "", false, "", ""
+			return u.String()
 		}
 	}
 	return "(the exporter's default: localhost)"
@@ -293,6 +371,52 @@ func Text(s string) string {
 		return s
 	}
 	return strings.ToValidUTF8(s, "\uFFFD")
+}
+
+// RecordError records err on span (an exception event) and sets the
+// span's status to the error, both with err's message cleaned by Text: an
+// error may quote what a peer sent (an upstream's reason phrase in
+// ISO 8859-1), and one string that is not UTF-8 would cost the whole batch
+// its spans.
+func RecordError(span trace.Span, err error) {
+	msg := err.Error()
+	if utf8.ValidString(msg) {
+		span.RecordError(err)
+	} else {
+		msg = Text(msg)
+		span.AddEvent(semconv.ExceptionEventName, trace.WithAttributes(semconv.ExceptionType(errorType(err)), semconv.ExceptionMessage(msg)))
+	}
+	span.SetStatus(codes.Error, msg)
+}
+
+// SetError sets span's status to an error described by msg, cleaned by
+// Text.
+func SetError(span trace.Span, msg string) { span.SetStatus(codes.Error, Text(msg)) }
+
+// errorType is the exception.type of err, as the SDK's RecordError names
+// it.
+func errorType(err error) string {
+	t := reflect.TypeOf(err)
+	if t.PkgPath() == "" && t.Name() == "" {
+		return t.String()
+	}
+	return t.PkgPath() + "." + t.Name()
+}
+
+// urlKey is the context key of WithURL's URL.
+type urlKey struct{}
+
+// WithURL returns ctx telling the traced transport to name its request's
+// URL shown in the client span's url.full instead of the URL it sends: a
+// lookup's URL holds the key, which the traces name only by its hash.
+func WithURL(ctx context.Context, shown string) context.Context {
+	return context.WithValue(ctx, urlKey{}, shown)
+}
+
+// URL returns the URL WithURL set in ctx, if any.
+func URL(ctx context.Context) (string, bool) {
+	u, ok := ctx.Value(urlKey{}).(string)
+	return u, ok
 }
 
 // Origin returns how a record keeps the span sc: "<trace ID>-<span ID>" in

@@ -1,7 +1,11 @@
 package tracing_test
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -136,6 +140,36 @@ func TestConfigureOffFlushes(t *testing.T) {
 	}
 }
 
+// TestSpanEndedAfterOffIsExported: a span started while tracing was on
+// (a request in flight during the reload that turns it off) is exported
+// when it ends, and no new span starts while off.
+func TestSpanEndedAfterOffIsExported(t *testing.T) {
+	r := otlptest.NewHTTP(t)
+	r.Setenv(t)
+	tr := tracing.New(nil)
+	t.Cleanup(func() { tr.Shutdown(context.Background()) })
+	if err := tr.Configure(true); err != nil {
+		t.Fatal(err)
+	}
+	_, inFlight := tr.Tracer().Start(context.Background(), "in flight")
+	_, ended := tr.Tracer().Start(context.Background(), "ended")
+	ended.End()
+	if err := tr.Configure(false); err != nil {
+		t.Fatal(err)
+	}
+	// Turning off has flushed the spans that had ended.
+	r.WaitFor(t, 10*time.Second, "the span ended before tracing was turned off", func(s []otlptest.Span) bool {
+		return len(otlptest.Find(s, otlptest.Named("ended"))) > 0
+	})
+	inFlight.End()
+	r.WaitFor(t, 10*time.Second, "the span ended after tracing was turned off", func(s []otlptest.Span) bool {
+		return len(otlptest.Find(s, otlptest.Named("in flight"))) > 0
+	})
+	if tr.Tracer() != nil {
+		t.Error("off: a tracer, want none")
+	}
+}
+
 func TestSDKDisabled(t *testing.T) {
 	r := otlptest.NewHTTP(t)
 	r.Setenv(t)
@@ -168,5 +202,58 @@ func TestNilTracingIsOff(t *testing.T) {
 	}
 	if err := tr.Shutdown(context.Background()); err != nil {
 		t.Errorf("Shutdown of nil = %v", err)
+	}
+}
+
+// TestStartLogLeavesCredentialsOut: the "tracing on" line names the
+// collector without the credentials or query its URL may carry (which the
+// exporters do not use, but an operator may have written).
+func TestStartLogLeavesCredentialsOut(t *testing.T) {
+	r := otlptest.NewHTTP(t)
+	r.Setenv(t)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", strings.Replace(r.Endpoint, "http://", "http://otel:s3cret@", 1)+"/?api_key=k3y")
+	var log bytes.Buffer
+	tr := tracing.New(slog.New(slog.NewTextHandler(&log, nil)))
+	t.Cleanup(func() { tr.Shutdown(context.Background()) })
+	if err := tr.Configure(true); err != nil {
+		t.Fatal(err)
+	}
+	got := log.String()
+	if !strings.Contains(got, "tracing on") || !strings.Contains(got, strings.TrimPrefix(r.Endpoint, "http://")) {
+		t.Errorf("log = %q, want the tracing on line with the collector's address", got)
+	}
+	for _, secret := range []string{"s3cret", "k3y"} {
+		if strings.Contains(got, secret) {
+			t.Errorf("log = %q, holds %q", got, secret)
+		}
+	}
+}
+
+// TestExtractCutsTraceState: a caller's tracestate past the W3C's 512
+// characters loses its members longer than 128 characters, then members
+// from its end, as the recommendation says; a shorter one is kept whole.
+func TestExtractCutsTraceState(t *testing.T) {
+	member := func(k string, n int) string { return k + "=" + strings.Repeat("v", n-len(k)-1) }
+	var fifty []string // 10 members of 50 characters: 509 with the commas
+	for i := range 10 {
+		fifty = append(fifty, member(fmt.Sprintf("k%d", i), 50))
+	}
+	for _, tc := range []struct {
+		name, in, want string
+	}{
+		{"short", "a=1,b=2", "a=1,b=2"},
+		{"at the limit", strings.Join(fifty, ","), strings.Join(fifty, ",")},
+		{"long members first", member("big", 129) + "," + strings.Join(fifty, ","), strings.Join(fifty, ",")},
+		{"then from the end", strings.Join(fifty, ",") + "," + member("z", 20), strings.Join(fifty, ",")},
+		{"both", member("big", 200) + "," + strings.Join(fifty[:9], ",") + "," + member("y", 100), strings.Join(fifty[:9], ",")},
+	} {
+		h := http.Header{"Traceparent": {"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}, "Tracestate": {tc.in}}
+		sc := trace.SpanContextFromContext(tracing.Extract(context.Background(), h))
+		if !sc.IsValid() || sc.TraceID().String() != "0af7651916cd43dd8448eb211c80319c" {
+			t.Errorf("%s: span context %v, want the caller's", tc.name, sc)
+		}
+		if got := sc.TraceState().String(); got != tc.want {
+			t.Errorf("%s: tracestate (%d characters) = %q, want %q", tc.name, len(got), got, tc.want)
+		}
 	}
 }

@@ -25,8 +25,11 @@
 //	lookup_lease_until  end of that lookup's lease
 //	listed_by           the process DueLookups last listed the record for
 //	listed_until        until when that listing holds
-//	origin              the reservation's store.Reservation.Origin (NULL:
-//	                    none, or a row of an earlier release)
+//	origin              the reservation's store.Reservation.Origin and
+//	                    its token, "<origin> <token>" (NULL: none, or a
+//	                    row of an earlier release; an origin stored with
+//	                    another token than the row's is none: the row was
+//	                    reserved again by an earlier release)
 //
 // with an index on expires_at, a partial index on next_lookup (scheduled
 // lookups only) and a partial index on key of the records in flight or in

@@ -121,6 +121,39 @@ func TestTableOfThePreviousRelease(t *testing.T) {
 	}
 }
 
+// TestOriginOfAKeyTheEarlierReleaseReservedAgain: a key whose record
+// expired, reserved again by the release before origins (a replica not yet
+// upgraded, or a rollback), does not keep the origin of the expired
+// reservation: that release's statement leaves the column as it was, and
+// a replay would link to another request's span.
+func TestOriginOfAKeyTheEarlierReleaseReservedAgain(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.Start(t)
+	srv.MustExec(previousSchema)
+	s, c := newStore(t, srv, postgres.Options{Table: "prev"}), ctx(t)
+	const key = "charges/-/ORD-AGAIN"
+	res := store.Reservation{Token: "tok-first", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Origin: testOrigin}
+	if rec, err := s.Reserve(c, key, res); err != nil || rec != nil {
+		t.Fatalf("Reserve = %+v, %v; want reserved", rec, err)
+	}
+	srv.MustExec(`UPDATE prev SET expires_at = now() - interval '1 second' WHERE key = '` + key + `'`)
+	// The earlier release's reserve statement, as it ran.
+	srv.MustExec(`INSERT INTO "public"."prev" AS r (key, state, token, fingerprint, created_at, lease_expires_at, expires_at)
+SELECT '` + key + `', 'in_flight', 'tok-earlier', 'fp', now(), now() + interval '1 hour', now() + interval '1 day'
+ON CONFLICT (key) DO UPDATE SET
+	state = excluded.state, token = excluded.token, fingerprint = excluded.fingerprint,
+	created_at = excluded.created_at, lease_expires_at = excluded.lease_expires_at,
+	expires_at = excluded.expires_at, response = NULL, body = NULL
+WHERE r.expires_at <= now()`)
+	rec, err := s.Get(c, key)
+	if err != nil || rec == nil || rec.Token != "tok-earlier" {
+		t.Fatalf("Get = %+v, %v; want the earlier release's reservation", rec, err)
+	}
+	if rec.Origin != "" {
+		t.Errorf("Get: origin %q, want none (it was the expired reservation's)", rec.Origin)
+	}
+}
+
 // TestTableOfThePreviousReleaseNotOwned: a table of the release before
 // origins that an administrator created, which the proxy's role may not
 // alter, fails New with the statement to run; once the owner ran it, New

@@ -597,12 +597,18 @@ func (s *Store) get(ctx context.Context, c *pgxpool.Conn, key string) (*store.Re
 
 // decodeRecord builds the record of a row as the get statement (and the
 // batch statement, for a key it did not reserve) returns it; a NULL
-// origin (none, or a row of an earlier release) is "".
+// origin (none, or a row of an earlier release), or one stored with
+// another token, is "".
 func decodeRecord(st, tok, fp string, cr time.Time, lease *time.Time, exp time.Time, meta, respBody []byte, origin *string) (*store.Record, error) {
 	hasMeta, hasBody := meta != nil, respBody != nil
 	rec := &store.Record{State: store.State(st), Token: tok, Fingerprint: fp, CreatedAt: cr, ExpiresAt: exp}
 	if origin != nil {
-		rec.Origin = *origin
+		// Kept only with the token it was stored with: the release
+		// before origins reserves an expired row again without touching
+		// the column, which then holds another reservation's origin.
+		if o, ok := strings.CutSuffix(*origin, " "+tok); ok {
+			rec.Origin = o
+		}
 	}
 	switch rec.State {
 	case store.StateInFlight:

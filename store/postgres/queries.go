@@ -90,9 +90,10 @@ func newQueries(schema, table string) queries {
 		// $6 is the reservation's deadline (see clock.go), compared with
 		// clock_timestamp(): the time the row is written, after any wait
 		// for a lock, not when the statement started. $7 is its origin,
-		// stored as NULL when empty.
+		// stored with the token it belongs to ("<origin> <token>",
+		// decodeRecord), NULL when empty.
 		reserve: q(`INSERT INTO {t} AS r (key, state, token, fingerprint, created_at, lease_expires_at, expires_at, origin)
-SELECT $1, 'in_flight', $2, $3, {ts}, {ts} + $4::bigint{us}, {ts} + $5::bigint{us}, NULLIF($7::text, '')
+SELECT $1, 'in_flight', $2, $3, {ts}, {ts} + $4::bigint{us}, {ts} + $5::bigint{us}, NULLIF($7::text, '') || ' ' || $2::text
 WHERE clock_timestamp() <= $6::timestamptz
 ON CONFLICT (key) DO UPDATE SET
 	state = excluded.state, token = excluded.token, fingerprint = excluded.fingerprint,
@@ -100,7 +101,7 @@ ON CONFLICT (key) DO UPDATE SET
 	expires_at = excluded.expires_at, origin = excluded.origin, response = NULL, body = NULL, {cleared}
 WHERE r.expires_at <= {ts} AND clock_timestamp() <= $6::timestamptz`),
 		reserveEpoch: q(`INSERT INTO {t} AS r (key, state, token, fingerprint, created_at, lease_expires_at, expires_at, origin)
-SELECT $1, 'in_flight', $2, $3, {ts}, {ts} + $4::bigint{us}, {ts} + $5::bigint{us}, NULLIF($7::text, '')
+SELECT $1, 'in_flight', $2, $3, {ts}, {ts} + $4::bigint{us}, {ts} + $5::bigint{us}, NULLIF($7::text, '') || ' ' || $2::text
 WHERE clock_timestamp() <= $6::timestamptz AND {epoch}
 ON CONFLICT (key) DO UPDATE SET
 	state = excluded.state, token = excluded.token, fingerprint = excluded.fingerprint,
@@ -135,7 +136,7 @@ WHERE r.expires_at <= {ts} AND clock_timestamp() <= $6::timestamptz AND {epoch}`
 	SELECT v.* FROM p, unnest(p.rk, p.rt, p.rf, p.rl, p.rx, p.rd, p.re, p.ro) AS v (key, token, fingerprint, lease, ttl, deadline, epoch, origin)
 ), ins AS (
 	INSERT INTO {t} AS r (key, state, token, fingerprint, created_at, lease_expires_at, expires_at, origin)
-	SELECT v.key, 'in_flight', v.token, v.fingerprint, {ts}, {ts} + v.lease{us}, {ts} + v.ttl{us}, NULLIF(v.origin, '')
+	SELECT v.key, 'in_flight', v.token, v.fingerprint, {ts}, {ts} + v.lease{us}, {ts} + v.ttl{us}, NULLIF(v.origin, '') || ' ' || v.token
 	FROM v WHERE clock_timestamp() <= v.deadline AND {vepoch}
 	ORDER BY v.key
 	ON CONFLICT (key) DO UPDATE SET
