@@ -9,6 +9,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/idemproxy/idemproxy/internal/statuswriter"
 	"github.com/idemproxy/idemproxy/internal/tracing"
 )
 
@@ -43,22 +44,22 @@ func (h *Handler) serveTraced(w http.ResponseWriter, r *http.Request, pattern st
 	ctx, span := tr.Start(ctx, r.Method+" "+route, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(
 		semconv.HTTPRequestMethodKey.String(r.Method), semconv.HTTPRoute(route)))
 	defer span.End()
-	sw := &spanStatus{ResponseWriter: w}
+	sw := &statuswriter.Writer{ResponseWriter: w}
 	rc := r.WithContext(ctx)
 	h.mux.ServeHTTP(sw, rc)
-	if sw.status == 0 {
-		sw.status = http.StatusOK
+	if sw.Status == 0 {
+		sw.Status = http.StatusOK
 	}
-	span.SetAttributes(semconv.HTTPResponseStatusCode(sw.status), semconv.URLPath(tracing.Text(spanPath(rc, route))))
+	span.SetAttributes(semconv.HTTPResponseStatusCode(sw.Status), semconv.URLPath(tracing.Text(spanPath(rc, route))))
 	if route := rc.PathValue("route"); route != "" {
 		span.SetAttributes(tracing.AttrRoute.String(tracing.Text(route)))
 	}
 	if op := r.Header.Get("X-Operator"); op != "" {
 		span.SetAttributes(tracing.AttrOperator.String(tracing.Text(op[:min(len(op), 256)]))) // as sent, before the token was checked
 	}
-	if sw.status >= 500 {
+	if sw.Status >= 500 {
 		span.SetStatus(codes.Error, "")
-		span.SetAttributes(semconv.ErrorTypeKey.String(strconv.Itoa(sw.status)))
+		span.SetAttributes(semconv.ErrorTypeKey.String(strconv.Itoa(sw.Status)))
 	}
 	return true
 }
@@ -73,26 +74,3 @@ func spanPath(r *http.Request, route string) string {
 	}
 	return strings.NewReplacer("{route}", r.PathValue("route"), "{key...}", "{key}").Replace(route)
 }
-
-// spanStatus keeps the status of an answer for its span.
-type spanStatus struct {
-	http.ResponseWriter
-	status int
-}
-
-func (s *spanStatus) WriteHeader(code int) {
-	if s.status == 0 {
-		s.status = code
-	}
-	s.ResponseWriter.WriteHeader(code)
-}
-
-func (s *spanStatus) Write(b []byte) (int, error) {
-	if s.status == 0 {
-		s.status = http.StatusOK
-	}
-	return s.ResponseWriter.Write(b)
-}
-
-// Unwrap lets http.ResponseController reach the connection.
-func (s *spanStatus) Unwrap() http.ResponseWriter { return s.ResponseWriter }

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/idemproxy/idemproxy/internal/statuswriter"
 )
 
 // servePassthrough proxies a request that matches no route, untouched.
@@ -21,12 +23,12 @@ func (p *Proxy) servePassthrough(w http.ResponseWriter, r *http.Request, t *tabl
 	defer cancel()
 	a.upstreamAt = time.Now()
 	out := r.WithContext(a.traced(context.WithValue(ctx, attemptKey{}, a)))
-	sw := &statusWriter{ResponseWriter: w}
+	sw := &statuswriter.Writer{ResponseWriter: w}
 	t.passthrough.ServeHTTP(sw, out)
 	if a.status == 0 {
-		a.status = sw.status
+		a.status = sw.Status
 	}
 	if a.upstream == 0 {
-		a.upstreamDone(strconv.Itoa(sw.status))
+		a.upstreamDone(strconv.Itoa(sw.Status))
 	}
 }
