@@ -1,7 +1,6 @@
 package admin_test
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"strings"
@@ -10,7 +9,6 @@ import (
 
 	"github.com/idemproxy/idemproxy/admin"
 	"github.com/idemproxy/idemproxy/internal/otlptest"
-	"github.com/idemproxy/idemproxy/internal/tracing"
 	"github.com/idemproxy/idemproxy/store"
 )
 
@@ -20,11 +18,7 @@ import (
 // pages, which only read, and the probes are not traced.
 func TestOperatorActsAreTraced(t *testing.T) {
 	r := otlptest.NewHTTP(t)
-	r.Setenv(t)
-	tr := tracing.New(nil)
-	if err := tr.Configure(true); err != nil {
-		t.Fatal(err)
-	}
+	tr := r.Tracing(t)
 	e := newConsoleEnv(t, func(o *admin.Options) { o.Tracing = tr })
 	seed(t, e.st, store.Key("charges", "", "tr-api"), seedInDoubt)
 	seed(t, e.st, store.Key("charges", "", "tr-ui"), seedInDoubt)
@@ -67,12 +61,7 @@ func TestOperatorActsAreTraced(t *testing.T) {
 func TestAdminSpansLeaveTheKeyOut(t *testing.T) {
 	const key = "ORD-SECRET-4111/1"
 	r := otlptest.NewHTTP(t)
-	r.Setenv(t)
-	tr := tracing.New(nil)
-	if err := tr.Configure(true); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { tr.Shutdown(context.Background()) })
+	tr := r.Tracing(t)
 	st := openStore(t)
 	seed(t, st, store.Key("charges", "", key), seedInDoubt)
 	h := newHandler(t, st, func(o *admin.Options) { o.Tracing = tr })

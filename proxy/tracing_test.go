@@ -33,12 +33,7 @@ func tracedEnv(t *testing.T, routes string) (*proxytest.Env, *otlptest.Receiver,
 func tracedEnvLog(t *testing.T, routes string) (*proxytest.Env, *otlptest.Receiver, *parents, *lockedBuffer) {
 	t.Helper()
 	r := otlptest.NewHTTP(t)
-	r.Setenv(t)
-	tr := tracing.New(nil)
-	if err := tr.Configure(true); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { tr.Shutdown(context.Background()) })
+	tr := r.Tracing(t)
 	seen := &parents{}
 	h := stub.New(slog.New(slog.DiscardHandler))
 	log := &lockedBuffer{}

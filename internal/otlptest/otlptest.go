@@ -25,6 +25,8 @@ import (
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/idemproxy/idemproxy/internal/tracing"
 )
 
 // Span is a received span, flattened with its resource's service name.
@@ -125,6 +127,20 @@ func (r *Receiver) Setenv(t testing.TB) {
 		k, v, _ := strings.Cut(kv, "=")
 		t.Setenv(k, v)
 	}
+}
+
+// Tracing points the exporter's environment at r (Setenv) and returns a
+// Tracing switched on, as tracing: {enabled: true} switches the proxy's,
+// shut down (its last spans exported) when the test ends.
+func (r *Receiver) Tracing(t testing.TB) *tracing.Tracing {
+	t.Helper()
+	r.Setenv(t)
+	tr := tracing.New(nil)
+	if err := tr.Configure(true); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tr.Shutdown(context.Background()) })
+	return tr
 }
 
 // NewHTTP starts an OTLP/HTTP receiver, closed when the test ends.

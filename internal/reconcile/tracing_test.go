@@ -1,7 +1,6 @@
 package reconcile_test
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/idemproxy/idemproxy/internal/otlptest"
 	"github.com/idemproxy/idemproxy/internal/reconcile"
-	"github.com/idemproxy/idemproxy/internal/tracing"
 	"github.com/idemproxy/idemproxy/proxy/proxytest"
 	"github.com/idemproxy/idemproxy/store"
 )
@@ -24,12 +22,7 @@ import (
 func tracedReconcileEnv(t *testing.T, upstream http.Handler) (*proxytest.Env, *reconcile.Reconciler, *otlptest.Receiver) {
 	t.Helper()
 	r := otlptest.NewHTTP(t)
-	r.Setenv(t)
-	tr := tracing.New(nil)
-	if err := tr.Configure(true); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { tr.Shutdown(context.Background()) })
+	tr := r.Tracing(t)
 	e := &proxytest.Env{T: t, Tracing: tr}
 	e.Stub = httptest.NewServer(upstream)
 	t.Cleanup(e.Stub.Close)
