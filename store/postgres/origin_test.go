@@ -10,9 +10,8 @@ import (
 	"github.com/idemproxy/idemproxy/internal/pgtest"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/postgres"
+	"github.com/idemproxy/idemproxy/store/storetest"
 )
-
-const testOrigin = "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"
 
 // previousSchema is the table as the release before origins created it
 // (its SchemaSQL("public", "prev")), and rows as its statements wrote
@@ -73,14 +72,7 @@ func TestTableOfThePreviousRelease(t *testing.T) {
 	s, c := stores[0], ctx(t)
 	wantNone := func(what, key string, want store.State) {
 		t.Helper()
-		rec, err := s.Get(c, key)
-		if err != nil || rec == nil || rec.State != want || rec.Origin != "" {
-			t.Errorf("%s: Get(%s) = %+v, %v; want %s without origin", what, key, rec, err, want)
-		}
-		other := store.Reservation{Token: "other", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Origin: testOrigin}
-		if rec, err := s.Reserve(c, key, other); err != nil || rec == nil || rec.Origin != "" {
-			t.Errorf("%s: Reserve(%s) = %+v, %v; want the record, without origin", what, key, rec, err)
-		}
+		storetest.WantNoOrigin(t, c, s, what, key, want)
 	}
 	wantNone("read", "charges/-/ORD-INFLIGHT", store.StateInFlight)
 	wantNone("read", "charges/-/ORD-LAPSED", store.StateInDoubt)
@@ -103,13 +95,13 @@ func TestTableOfThePreviousRelease(t *testing.T) {
 	wantNone("reconciled", "charges/-/ORD-LAPSED", store.StateCompleted)
 
 	// A new reservation keeps its origin, seen by every replica.
-	res := store.Reservation{Token: "tok-new", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Origin: testOrigin}
+	res := store.Reservation{Token: "tok-new", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Origin: storetest.Origin}
 	if rec, err := stores[1].Reserve(c, "charges/-/ORD-NEW", res); err != nil || rec != nil {
 		t.Fatalf("Reserve(ORD-NEW) = %+v, %v; want reserved", rec, err)
 	}
 	for i, r := range stores {
-		if rec, err := r.Get(c, "charges/-/ORD-NEW"); err != nil || rec == nil || rec.Origin != testOrigin {
-			t.Errorf("replica %d: Get(ORD-NEW) = %+v, %v; want origin %q", i, rec, err, testOrigin)
+		if rec, err := r.Get(c, "charges/-/ORD-NEW"); err != nil || rec == nil || rec.Origin != storetest.Origin {
+			t.Errorf("replica %d: Get(ORD-NEW) = %+v, %v; want origin %q", i, rec, err, storetest.Origin)
 		}
 	}
 	// Stored as NULL when empty: a row without origin costs nothing more.
@@ -132,7 +124,7 @@ func TestOriginOfAKeyTheEarlierReleaseReservedAgain(t *testing.T) {
 	srv.MustExec(previousSchema)
 	s, c := newStore(t, srv, postgres.Options{Table: "prev"}), ctx(t)
 	const key = "charges/-/ORD-AGAIN"
-	res := store.Reservation{Token: "tok-first", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Origin: testOrigin}
+	res := store.Reservation{Token: "tok-first", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Origin: storetest.Origin}
 	if rec, err := s.Reserve(c, key, res); err != nil || rec != nil {
 		t.Fatalf("Reserve = %+v, %v; want reserved", rec, err)
 	}

@@ -7,9 +7,8 @@ import (
 
 	"github.com/idemproxy/idemproxy/internal/redistest"
 	"github.com/idemproxy/idemproxy/store"
+	"github.com/idemproxy/idemproxy/store/storetest"
 )
-
-const testOrigin = "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"
 
 // packedValues counts the MessagePack values of the packed record at the
 // full key k, as the scripts unpack it.
@@ -70,7 +69,7 @@ func TestOriginInBothLayouts(t *testing.T) {
 	for _, writer := range []RecordLayout{LayoutPacked, LayoutHash} {
 		for _, changer := range []RecordLayout{LayoutPacked, LayoutHash} {
 			for _, ch := range changes {
-				for _, og := range []string{testOrigin, ""} {
+				for _, og := range []string{storetest.Origin, ""} {
 					name := fmt.Sprintf("%s writes, %s %s, origin %q", writer, ch.name, changer, og)
 					key := fmt.Sprintf("charges/-/%s-%s-%s-%d", writer, changer, ch.name, len(og))
 					res := store.Reservation{Token: "tok-a", Fingerprint: "fp-a", Lease: time.Minute, TTL: time.Hour, Origin: og}
@@ -120,14 +119,7 @@ func TestRecordsOfEarlierReleasesHaveNoOrigin(t *testing.T) {
 	}
 	wantNone := func(what, key string, want store.State) {
 		t.Helper()
-		rec, err := s.Get(c, key)
-		if err != nil || rec == nil || rec.State != want || rec.Origin != "" {
-			t.Errorf("%s: Get(%s) = %+v, %v; want %s without origin", what, key, rec, err, want)
-		}
-		other := store.Reservation{Token: "other", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Origin: testOrigin}
-		if rec, err := s.Reserve(c, key, other); err != nil || rec == nil || rec.Origin != "" {
-			t.Errorf("%s: Reserve(%s) = %+v, %v; want the record, without origin", what, key, rec, err)
-		}
+		storetest.WantNoOrigin(t, c, s, what, key, want)
 	}
 	wantNone("read", "charges/-/ORD-INFLIGHT", store.StateInFlight)
 	wantNone("read", "charges/-/ORD-DONE", store.StateCompleted)

@@ -1,16 +1,18 @@
 package storetest
 
 import (
+	"context"
 	"errors"
 	"strings"
+	"testing"
 	"time"
 
 	"github.com/idemproxy/idemproxy/store"
 )
 
-// origin is a Reservation.Origin as the proxy sends it: a trace ID and a
+// Origin is a Reservation.Origin as the proxy sends it: a trace ID and a
 // span ID, "<32 hex>-<16 hex>".
-const origin = "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"
+const Origin = "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7"
 
 // reserveOrigin reserves key for tok-a with origin o and the lease lease.
 func (e *env) reserveOrigin(key, o string, lease time.Duration) {
@@ -32,10 +34,26 @@ func (e *env) wantOrigin(what string, rec *store.Record, want string) {
 	}
 }
 
+// WantNoOrigin checks that key, in s, is a record in the state want
+// without an origin, as a record a release before origins wrote must
+// stay (what says what was done to it): read, and returned to another
+// reservation, which carries an origin of its own.
+func WantNoOrigin(t testing.TB, ctx context.Context, s store.Store, what, key string, want store.State) {
+	t.Helper()
+	rec, err := s.Get(ctx, key)
+	if err != nil || rec == nil || rec.State != want || rec.Origin != "" {
+		t.Errorf("%s: Get(%s) = %+v, %v; want %s without origin", what, key, rec, err, want)
+	}
+	other := store.Reservation{Token: "other", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour, Origin: Origin}
+	if rec, err := s.Reserve(ctx, key, other); err != nil || rec == nil || rec.Origin != "" {
+		t.Errorf("%s: Reserve(%s) = %+v, %v; want the record, without origin", what, key, rec, err)
+	}
+}
+
 // originCases are the cases of Reservation.Origin, part of cases.
 var originCases = []testCase{
 	{"origin is kept with the record in every state", func(e *env) {
-		for _, o := range []string{origin, ""} {
+		for _, o := range []string{Origin, ""} {
 			type step struct {
 				name   string
 				lease  time.Duration
@@ -68,13 +86,13 @@ var originCases = []testCase{
 		}
 	}},
 	{"a reservation after a release or expiry has its own origin", func(e *env) {
-		e.reserveOrigin(e.key, origin, longLease)
+		e.reserveOrigin(e.key, Origin, longLease)
 		e.release(e.key, "tok-a", nil)
 		e.reserveOK(e.key, "tok-b", "fp-b", longLease, longTTL)
 		e.wantOrigin("Get after a release and a reservation without origin", e.get(e.key), "")
 
 		expired := e.key + "/expired"
-		rec, err := e.s.Reserve(e.ctx, expired, store.Reservation{Token: "tok-a", Fingerprint: "fp-a", Lease: shortLease, TTL: shortTTL, Origin: origin})
+		rec, err := e.s.Reserve(e.ctx, expired, store.Reservation{Token: "tok-a", Fingerprint: "fp-a", Lease: shortLease, TTL: shortTTL, Origin: Origin})
 		if err != nil || rec != nil {
 			e.t.Fatalf("Reserve(%q) = %+v, %v; want nil, nil (reserved)", expired, rec, err)
 		}
@@ -116,7 +134,7 @@ func (e *env) waitForKey(key string, ok func(*store.Record) bool) *store.Record 
 // of reconcileCases.
 var originReconcileCases = []reconcileCase{
 	{"a lookup keeps the origin: scheduled, claimed, retried and applied", func(e *renv) {
-		for _, o := range []string{origin, ""} {
+		for _, o := range []string{Origin, ""} {
 			e.key = newKey("origin lookup " + o)
 			e.reserveOrigin(e.key, o, shortLease)
 			e.waitFor(func(r *store.Record) bool { return r != nil && r.State == store.StateInDoubt })
