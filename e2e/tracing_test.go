@@ -47,6 +47,15 @@ import (
 // tracingOn is the configuration's section that turns tracing on.
 const tracingOn = "tracing:\n  enabled: true\n"
 
+// startTracedProxy starts the binary with tracing on, the charges route
+// to upstream and a Badger directory of its own, and env added to its
+// environment (the receiver's OTEL_* variables, say).
+func startTracedProxy(t *testing.T, upstream string, env ...string) *proc {
+	t.Helper()
+	dir := t.TempDir()
+	return startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), upstream, filepath.Join(dir, "data"), tracingOn, chargesRoute), env...)
+}
+
 // spanWait is how long a test waits for spans to arrive: a wait, not an
 // assertion on time (they come within about 50 ms, OTEL_BSP_SCHEDULE_DELAY).
 const spanWait = 15 * time.Second
@@ -233,9 +242,7 @@ func TestTracingSpanTreeAndReplayLink(t *testing.T) {
 			t.Parallel()
 			rcv := tt.receiver(t)
 			up := startTracedStub(t)
-			dir := t.TempDir()
-			p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), tracingOn, chargesRoute),
-				append(rcv.Env(), "IDEMPROXY_ADMIN_TOKEN=tok")...)
+			p := startTracedProxy(t, up.URL, append(rcv.Env(), "IDEMPROXY_ADMIN_TOKEN=tok")...)
 			first := charge(p, "TR-1")
 			wantForwarded(t, "TR-1", first)
 			wantReplay(t, "TR-1's retry", charge(p, "TR-1"), first)
@@ -568,9 +575,7 @@ func TestTracingContinuesClientTrace(t *testing.T) {
 			t.Parallel()
 			rcv := otlptest.NewHTTP(t)
 			up := startTracedStub(t)
-			dir := t.TempDir()
-			p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), tracingOn, chargesRoute),
-				append(rcv.Env(), tt.env...)...)
+			p := startTracedProxy(t, up.URL, append(rcv.Env(), tt.env...)...)
 			wantForwarded(t, "TR-C0", charge(p, "TR-C0", "Traceparent", "00-"+unsampledTrace+"-"+clientSpan+"-00"))
 			wantForwarded(t, "TR-C1", charge(p, "TR-C1", "Traceparent", "00-"+sampledTrace+"-"+clientSpan+"-01"))
 			wantForwarded(t, "TR-C2", charge(p, "TR-C2"))
@@ -657,9 +662,7 @@ func TestTracingExportsNothing(t *testing.T) {
 			t.Parallel()
 			rcv := otlptest.NewHTTP(t)
 			up := startStub(t)
-			dir := t.TempDir()
-			p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), tracingOn, chargesRoute),
-				append(append(rcv.Env(), "IDEMPROXY_ADMIN_TOKEN=tok"), tt.env...)...)
+			p := startTracedProxy(t, up.URL, append(append(rcv.Env(), "IDEMPROXY_ADMIN_TOKEN=tok"), tt.env...)...)
 			first := charge(p, "TR-N1", "Traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
 			wantForwarded(t, "TR-N1", first)
 			wantReplay(t, "TR-N1's retry", charge(p, "TR-N1"), first)
@@ -724,9 +727,7 @@ func TestTracingExemplars(t *testing.T) {
 	t.Parallel()
 	rcv := otlptest.NewHTTP(t)
 	up := startStub(t)
-	dir := t.TempDir()
-	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), tracingOn, chargesRoute),
-		rcv.Env()...)
+	p := startTracedProxy(t, up.URL, rcv.Env()...)
 	wantForwarded(t, "TR-X1", charge(p, "TR-X1"))
 	spans := waitSpans(t, rcv, "TR-X1's span", requestSpan("TR-X1", "committed"))
 	server := oneSpan(t, spans, "TR-X1's span", requestSpan("TR-X1", "committed"))
@@ -861,9 +862,7 @@ func TestTracingSurvivesInvalidUTF8(t *testing.T) {
 	t.Parallel()
 	rcv := otlptest.NewHTTP(t)
 	up := startStub(t)
-	dir := t.TempDir()
-	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), tracingOn, chargesRoute),
-		rcv.Env()...)
+	p := startTracedProxy(t, up.URL, rcv.Env()...)
 	if r := do("GET", p.url("/orders/%FF/charges"), "", "User-Agent", "curl\xff/8"); r.err != nil || r.status == 0 {
 		t.Fatalf("GET /orders/%%FF/charges: %d %v", r.status, r.err)
 	}
@@ -901,8 +900,7 @@ func TestTracingCollectorDown(t *testing.T) {
 	down := "http://" + ln.Addr().String()
 	ln.Close()
 	up := startStub(t)
-	dir := t.TempDir()
-	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), tracingOn, chargesRoute),
+	p := startTracedProxy(t, up.URL,
 		"OTEL_EXPORTER_OTLP_ENDPOINT="+down, "OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf", "OTEL_BSP_SCHEDULE_DELAY=50",
 		"OTEL_EXPORTER_OTLP_TIMEOUT=300")
 	first := charge(p, "TR-D1")
