@@ -382,3 +382,28 @@ func TestMemoryFiguresComeFromOneTable(t *testing.T) {
 		t.Errorf("only %d memory figures found in the docs: the patterns of this test no longer match how they are written", stated)
 	}
 }
+
+// TestContributingNamesEveryInternalPackage: CONTRIBUTING.md's map of the
+// code says what each package under internal/ is for, so a newcomer who
+// meets one in an import finds it there.
+func TestContributingNamesEveryInternalPackage(t *testing.T) {
+	contributing := read(t, "CONTRIBUTING.md")
+	dirs, err := os.ReadDir(doctest.Path(t, "internal"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, d := range dirs {
+		if !d.IsDir() {
+			continue
+		}
+		n++
+		name := d.Name()
+		if !strings.Contains(contributing, "`"+name+"`") && !strings.Contains(contributing, "internal/"+name) {
+			t.Errorf("CONTRIBUTING.md does not name internal/%s", name)
+		}
+	}
+	if n == 0 {
+		t.Fatal("no package under internal/")
+	}
+}
