@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"strings"
 	"testing"
 
 	"github.com/idemproxy/idemproxy/admin"
@@ -61,6 +62,35 @@ func TestIfMatch(t *testing.T) {
 			ok := serve(t, h, tc.method, target+tc.suffix, bearer, http.Header{"If-Match": {fresh}})
 			if ok.Code != http.StatusOK {
 				t.Errorf("%s with the current ETag = %d %s, want 200", tc.name, ok.Code, ok.Body)
+			}
+		})
+	}
+}
+
+// TestIfMatchWithoutAVersion: an If-Match that names no version (a
+// script's ETag variable left empty: "", or nothing) matches no record,
+// as any If-Match that is not the record's version: the act is refused
+// 412 and the key left as it is, not done without the check it asked for.
+func TestIfMatchWithoutAVersion(t *testing.T) {
+	st := openStore(t)
+	h := newHandler(t, st, func(o *admin.Options) { o.Reconciler = reconcileApplied{} })
+	for _, tc := range []struct {
+		name, method, suffix, ifMatch string
+	}{
+		{"release, quotes", http.MethodDelete, "", `""`},
+		{"release, empty", http.MethodDelete, "", ""},
+		{"reconcile, quotes", http.MethodPost, "/reconcile", `""`},
+		{"reconcile, empty", http.MethodPost, "/reconcile", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := "ifmatch-none-" + strings.NewReplacer(",", "", " ", "-").Replace(tc.name)
+			sk := store.Key("charges", "", key)
+			seed(t, st, sk, seedInDoubt)
+			target := "/v1/keys/charges/" + key
+			got := serve(t, h, tc.method, target+tc.suffix, bearer, http.Header{"If-Match": {tc.ifMatch}})
+			checkProblem(t, got, target+tc.suffix, http.StatusPreconditionFailed, "key-changed-since-read")
+			if rec, err := st.Get(t.Context(), sk); err != nil || rec == nil || rec.State != store.StateInDoubt {
+				t.Fatalf("after a refused %s: record %+v, %v; want it in doubt still", tc.name, rec, err)
 			}
 		})
 	}

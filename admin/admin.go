@@ -481,8 +481,14 @@ func (h *Handler) reconcileKey(w http.ResponseWriter, r *http.Request) {
 // (X-Operator), reason (?reason=) and the version it was read at
 // (If-Match, as GET's ETag gave it).
 func apiAction(r *http.Request) Action {
-	return Action{Operator: r.Header.Get("X-Operator"), Reason: r.URL.Query().Get("reason"),
+	act := Action{Operator: r.Header.Get("X-Operator"), Reason: r.URL.Query().Get("reason"),
 		Version: strings.Trim(r.Header.Get("If-Match"), `"`), RemoteAddr: r.RemoteAddr, UserAgent: r.UserAgent(), Via: "api"}
+	if _, sent := r.Header["If-Match"]; sent && act.Version == "" {
+		// An If-Match that names no version ("", a script's ETag left
+		// empty) matches no record, rather than asking for no check.
+		act.Version = `""`
+	}
+	return act
 }
 
 // actFailed answers an act on the key storeKey that was refused or failed;

@@ -257,6 +257,13 @@ func nextPage(next string) string {
 		!strings.HasPrefix(next, "/ui/") || strings.ContainsAny(next, "\\\r\n\t") || strings.HasPrefix(next, "//") {
 		return "/ui/"
 	}
+	// A dot segment, escaped (%2e) or not, would leave /ui/ once the
+	// redirect or the browser removes it; no console link has one.
+	for seg := range strings.SplitSeq(u.EscapedPath(), "/") {
+		if seg, err := url.PathUnescape(seg); err != nil || seg == "." || seg == ".." {
+			return "/ui/"
+		}
+	}
 	return next
 }
 

@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -205,7 +206,8 @@ func parseAge(s string) (time.Duration, error) {
 		return 0, nil
 	}
 	if days, ok := strings.CutSuffix(s, "d"); ok {
-		if n, err := strconv.Atoi(days); err == nil && n >= 0 {
+		// A number of days past time.Duration's range would wrap.
+		if n, err := strconv.Atoi(days); err == nil && n >= 0 && n <= int(math.MaxInt64/(24*time.Hour)) {
 			return time.Duration(n) * 24 * time.Hour, nil
 		}
 	}

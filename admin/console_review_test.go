@@ -373,6 +373,12 @@ func TestConsoleLoginReturnsToThePage(t *testing.T) {
 		{"/\\evil.example/ui/", "/ui/"},
 		{"/ui/\\..\\x", "/ui/"},
 		{"/v1/keys/charges", "/ui/"},
+		// A dot segment leaves /ui/ once the redirect, or the browser,
+		// removes it, escaped or not.
+		{"/ui/../v1/keys/charges", "/ui/"},
+		{"/ui/%2e%2e/v1/keys/charges", "/ui/"},
+		{"/ui/.%2E/metrics", "/ui/"},
+		{"/ui/keys/charges/a%2F..%2Fb", "/ui/keys/charges/a%2F..%2Fb"},
 		{"javascript:alert(1)//ui/", "/ui/"},
 		{"", "/ui/"},
 	} {

@@ -296,6 +296,10 @@ func TestConsoleList(t *testing.T) {
 		{name: "older than an hour", query: "route=charges&min_age=1h", status: 200, wantRows: 0, wantNext: true},
 		{name: "older than 2 days", query: "route=charges&min_age=2d", status: 200, wantRows: 0, wantNext: true},
 		{name: "a bad age", query: "route=charges&min_age=soon", status: 400, wantErr: "min_age"},
+		// 106752 days is past time.Duration's 292 years: it would wrap to
+		// a negative age, and list every key as older than it.
+		{name: "an age past the largest duration", query: "route=charges&min_age=106752d", status: 400, wantErr: "min_age"},
+		{name: "a number of hours past the largest duration", query: "route=charges&min_age=2562048h", status: 400, wantErr: "min_age"},
 		{name: "a bad key hash", query: "route=charges&key_hash=XYZ", status: 400, wantErr: "12 lower-case hex digits"},
 		{name: "an unknown route", query: "route=nope", status: 404, wantErr: "no route named"},
 		{name: "a bad cursor", query: "route=charges&cursor=garbage", status: 400, wantErr: "cursor"},

@@ -54,7 +54,9 @@ func (h *Handler) serveTraced(w http.ResponseWriter, r *http.Request, pattern st
 	if route := rc.PathValue("route"); route != "" {
 		span.SetAttributes(tracing.AttrRoute.String(tracing.Text(route)))
 	}
-	if op := r.Header.Get("X-Operator"); op != "" {
+	// A console act's operator is its session's (console.act): an
+	// X-Operator the request carries names no one there.
+	if op := r.Header.Get("X-Operator"); op != "" && pattern != "/ui/" {
 		span.SetAttributes(tracing.AttrOperator.String(tracing.Text(op[:min(len(op), 256)]))) // as sent, before the token was checked
 	}
 	if sw.Status >= 500 {

@@ -89,3 +89,38 @@ func TestAdminSpansLeaveTheKeyOut(t *testing.T) {
 		}
 	}
 }
+
+// TestConsoleActSpanNamesTheSession: a console act's span names the
+// session's operator, as its audit line does, whatever X-Operator the
+// request carries (a console request is not the key API's: that header
+// names no one there).
+func TestConsoleActSpanNamesTheSession(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		header http.Header
+	}{
+		{"no X-Operator", nil},
+		{"another name in X-Operator", http.Header{"X-Operator": {"mallory"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := otlptest.NewHTTP(t)
+			tr := r.Tracing(t)
+			e := newConsoleEnv(t, func(o *admin.Options) { o.Tracing = tr })
+			seed(t, e.st, store.Key("charges", "", "tr-op"), seedInDoubt)
+			b := e.login("frank")
+			page := b.keyPage("tr-op")
+			if rec := b.doHeader(http.MethodPost, "/ui/release", actForm(t, page, "y"), tc.header); rec.Code != http.StatusOK {
+				t.Fatalf("console release = %d %s", rec.Code, rec.Body)
+			}
+			if err := tr.Shutdown(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			spans := r.WaitFor(t, 10*time.Second, "the release's span", func(s []otlptest.Span) bool {
+				return len(otlptest.Find(s, otlptest.Named("POST /ui/release"))) > 0
+			})
+			if got := otlptest.Find(spans, otlptest.Named("POST /ui/release"))[0].Attr("idemproxy.operator"); got != "frank" {
+				t.Errorf("span's idemproxy.operator = %q, want the session's, %q", got, "frank")
+			}
+		})
+	}
+}

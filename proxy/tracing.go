@@ -232,6 +232,10 @@ func (t tracedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	// The requests this transport carries are the proxy's own (the
 	// reverse proxy's outgoing copy, a lookup it built), so their headers
 	// are set in place rather than on a clone.
+	// Inject sets a tracestate only when the context has one: the
+	// client's, as it came (not cut, or sent with a traceparent that
+	// could not be read), must not go with the proxy's traceparent.
+	req.Header.Del("tracestate")
 	if !parent.IsRecording() {
 		// Not sampled: the upstream continues the request's trace
 		// context as it is, and no client span is built that nobody

@@ -467,3 +467,64 @@ func TestUnsampledRequests(t *testing.T) {
 		t.Errorf("%d exports of requests the sampler dropped, want 0", n)
 	}
 }
+
+// TestUpstreamGetsOnlyTheProxysTracestate: the upstream gets the
+// tracestate of the trace context the proxy sends it, the one it cut, not
+// the client's as it came: a client's 16 KiB of tracestate, every member
+// longer than the W3C's 128 characters (cut to none), would reach every
+// span of an upstream traced too; and a tracestate sent with a traceparent
+// the proxy could not read belongs to no trace the upstream gets.
+func TestUpstreamGetsOnlyTheProxysTracestate(t *testing.T) {
+	var long []string
+	for i := range 32 {
+		long = append(long, fmt.Sprintf("k%0255d=%s", i, strings.Repeat("v", 256)))
+	}
+	const parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	tests := []struct {
+		name        string
+		sampler     string
+		traceparent string
+		tracestate  string
+		want        string
+	}{
+		{name: "a short tracestate", traceparent: parent, tracestate: "vendor=abc", want: "vendor=abc"},
+		{name: "every member too long", traceparent: parent, tracestate: strings.Join(long, ","), want: ""},
+		{name: "every member too long, not sampled", sampler: "always_off", traceparent: parent, tracestate: strings.Join(long, ","), want: ""},
+		{name: "an unreadable traceparent", traceparent: "00-zz-b7ad6b7169203331-01", tracestate: "vendor=abc", want: ""},
+		{name: "no traceparent", tracestate: "vendor=abc", want: ""},
+	}
+	for i, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.sampler != "" {
+				t.Setenv("OTEL_TRACES_SAMPLER", tc.sampler)
+			}
+			r := otlptest.NewHTTP(t)
+			var mu sync.Mutex
+			var got []string
+			h := stub.New(slog.New(slog.DiscardHandler))
+			e := &proxytest.Env{T: t, Tracing: r.Tracing(t)}
+			e.Stub = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+				mu.Lock()
+				got = append(got, req.Header.Get("tracestate"))
+				mu.Unlock()
+				h.ServeHTTP(w, req)
+			}))
+			t.Cleanup(e.Stub.Close)
+			e.Start(e.Stub.URL, tracedRoute)
+			var hdr []string
+			if tc.traceparent != "" {
+				hdr = append(hdr, "traceparent", tc.traceparent)
+			}
+			hdr = append(hdr, "tracestate", tc.tracestate)
+			proxytest.WantStatus(t, "charge", e.Charge(fmt.Sprintf(`"ORD-TS-%d"`, i), 1, hdr...), http.StatusCreated, "")
+			mu.Lock()
+			defer mu.Unlock()
+			if len(got) != 1 {
+				t.Fatalf("the upstream got %d requests, want 1", len(got))
+			}
+			if got[0] != tc.want {
+				t.Errorf("the upstream got a tracestate of %d bytes %.60q, want %q", len(got[0]), got[0], tc.want)
+			}
+		})
+	}
+}
