@@ -7,6 +7,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -95,4 +96,54 @@ func TestAcceptLoss(t *testing.T) {
 	without := newHandler(t, st, nil)
 	rec = serve(t, without, http.MethodPost, "/v1/store/accept-loss", bearer, nil)
 	checkProblem(t, rec, "/v1/store/accept-loss", http.StatusNotFound, "not-found")
+}
+
+// TestAcceptLossTextIsBounded: accept-loss's X-Operator and reason go to
+// the audit line and the stored marker as a release's do, so they are
+// held to the same rules: refused 400 with the marker left lost and no
+// audit line.
+func TestAcceptLossTextIsBounded(t *testing.T) {
+	st := openStore(t)
+	ctx := context.Background()
+	lost := store.Epoch{ID: "lost-1", State: store.EpochLost, Gen: 7, CreatedAt: time.Now()}
+	if _, ok, err := st.SwapEpoch(ctx, "", lost); err != nil || !ok {
+		t.Fatalf("SwapEpoch = %v, %v", ok, err)
+	}
+	var logs bytes.Buffer
+	h := newHandler(t, st, func(o *admin.Options) {
+		o.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
+		o.AcceptLoss = func(ctx context.Context, operator, reason string) (*store.Epoch, *store.Epoch, error) {
+			return epoch.Accept(ctx, st, operator, reason, time.Now(), 0)
+		}
+	})
+	for _, tc := range []struct {
+		name, reason, operator string
+	}{
+		{"long reason", strings.Repeat("r", 1001), ""},
+		{"newline in reason", "INC-1\nlevel=INFO msg=fine", ""},
+		{"bidi in reason", "INC-1 \u202eko", ""},
+		{"not UTF-8 reason", "INC-\xff", ""},
+		{"bidi in operator", "INC-1", "eve\u202eecila"},
+		{"long operator", "INC-1", strings.Repeat("o", 129)},
+	} {
+		logs.Reset()
+		hdr := http.Header{}
+		if tc.operator != "" {
+			hdr.Set("X-Operator", tc.operator)
+		}
+		target := "/v1/store/accept-loss?reason=" + url.QueryEscape(tc.reason)
+		checkProblem(t, serve(t, h, http.MethodPost, target, bearer, hdr), "/v1/store/accept-loss", http.StatusBadRequest, "invalid-parameter")
+		if got, _ := st.Epoch(ctx); got == nil || got.ID != "lost-1" || got.State != store.EpochLost {
+			t.Errorf("%s: marker %+v, want lost-1 still lost", tc.name, got)
+		}
+		if logs.Len() != 0 {
+			t.Errorf("%s: log %s, want none", tc.name, logs.String())
+		}
+	}
+	// The rules refuse only what the line could not hold: a plain reason
+	// and operator are accepted.
+	rec := serve(t, h, http.MethodPost, "/v1/store/accept-loss?reason=INC-9", bearer, http.Header{"X-Operator": {"dana"}})
+	if rec.Code != http.StatusOK {
+		t.Fatalf("a plain acceptance = %d %s, want 200", rec.Code, rec.Body)
+	}
 }

@@ -516,10 +516,14 @@ func (h *Handler) actFailed(w http.ResponseWriter, r *http.Request, storeKey str
 }
 
 // acceptLoss accepts that the store lost its keys, audited like a
-// release: the operator (X-Operator) and the reason (?reason=) are logged
-// with the epochs.
+// release: the operator (X-Operator) and the reason (?reason=), held to a
+// release's text rules, are logged with the epochs.
 func (h *Handler) acceptLoss(w http.ResponseWriter, r *http.Request) {
 	operator, reason := r.Header.Get("X-Operator"), r.URL.Query().Get("reason")
+	if err := (Action{Operator: operator, Reason: reason}).checkText(); err != nil {
+		problem.Write(w, r, problemFor(err), err.Error(), 0, nil)
+		return
+	}
 	old, acc, err := h.opts.AcceptLoss(r.Context(), operator, reason)
 	if err != nil {
 		problem.Write(w, r, problemFor(err), err.Error(), 0, nil)
