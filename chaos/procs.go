@@ -16,6 +16,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/idemproxy/idemproxy/internal/freeport"
 )
 
 // proc is one child process the run starts, and may kill and start again.
@@ -256,15 +258,11 @@ func (p *proc) waitExit(d time.Duration) bool {
 	}
 }
 
-// freePort returns a loopback port that was free a moment ago.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
+// freePort returns a loopback port that was free a moment ago, below the
+// kernel's ephemeral range: the run kills and restarts proxies and stores
+// on their ports, and a port from that range may meanwhile be taken by
+// any process's outgoing connection ("address already in use").
+func freePort() (int, error) { return freeport.Pick(0) }
 
 // waitHTTP waits until url answers 200, up to d.
 func waitHTTP(ctx context.Context, url string, d time.Duration) error {

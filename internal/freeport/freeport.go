@@ -1,5 +1,6 @@
-// Package freeport picks loopback TCP ports for servers that tests start and
-// restart on the same port (redis-server, PostgreSQL).
+// Package freeport picks loopback TCP ports for servers that tests and the
+// chaos run start and restart on the same port (redis-server, PostgreSQL,
+// the proxies).
 //
 // A port the kernel hands out for "127.0.0.1:0" lies in its ephemeral range,
 // the range it also takes the local ports of outgoing connections from. Once
