@@ -15,6 +15,7 @@ import (
 	"github.com/idemproxy/idemproxy/admin"
 	"github.com/idemproxy/idemproxy/internal/epoch"
 	"github.com/idemproxy/idemproxy/store"
+	"github.com/idemproxy/idemproxy/store/badger"
 )
 
 // TestAcceptLoss: POST /v1/store/accept-loss is behind the token, writes
@@ -23,12 +24,8 @@ import (
 // reason and the epochs, like a release; a store that fails is 503, and
 // without AcceptLoss the endpoint does not exist.
 func TestAcceptLoss(t *testing.T) {
-	st := openStore(t)
+	st := openLostStore(t)
 	ctx := context.Background()
-	lost := store.Epoch{ID: "lost-1", State: store.EpochLost, Gen: 7, CreatedAt: time.Now()}
-	if _, ok, err := st.SwapEpoch(ctx, "", lost); err != nil || !ok {
-		t.Fatalf("SwapEpoch = %v, %v", ok, err)
-	}
 	var logs bytes.Buffer
 	fail := false
 	h := newHandler(t, st, func(o *admin.Options) {
@@ -72,7 +69,7 @@ func TestAcceptLoss(t *testing.T) {
 	}
 	decode(t, rec, &body)
 	got, _ := st.Epoch(ctx)
-	if !body.Accepted || got == nil || body.Epoch != got.ID || got.State != store.EpochAccepted || body.Gen <= lost.Gen ||
+	if !body.Accepted || got == nil || body.Epoch != got.ID || got.State != store.EpochAccepted || body.Gen <= lostGen ||
 		body.PreviousEpoch != "lost-1" || body.PreviousState != "lost" {
 		t.Errorf("answer %+v, marker %+v; want the new accepted marker, above gen 7, replacing lost-1", body, got)
 	}
@@ -103,12 +100,8 @@ func TestAcceptLoss(t *testing.T) {
 // held to the same rules: refused 400 with the marker left lost and no
 // audit line.
 func TestAcceptLossTextIsBounded(t *testing.T) {
-	st := openStore(t)
+	st := openLostStore(t)
 	ctx := context.Background()
-	lost := store.Epoch{ID: "lost-1", State: store.EpochLost, Gen: 7, CreatedAt: time.Now()}
-	if _, ok, err := st.SwapEpoch(ctx, "", lost); err != nil || !ok {
-		t.Fatalf("SwapEpoch = %v, %v", ok, err)
-	}
 	var logs bytes.Buffer
 	h := newHandler(t, st, func(o *admin.Options) {
 		o.Logger = slog.New(slog.NewJSONHandler(&logs, nil))
@@ -146,4 +139,19 @@ func TestAcceptLossTextIsBounded(t *testing.T) {
 	if rec.Code != http.StatusOK {
 		t.Fatalf("a plain acceptance = %d %s, want 200", rec.Code, rec.Body)
 	}
+}
+
+// lostGen is the generation of openLostStore's marker.
+const lostGen = 7
+
+// openLostStore opens a Badger store whose epoch marker, lost-1 at
+// generation lostGen, says it lost its keys.
+func openLostStore(t *testing.T) *badger.Store {
+	t.Helper()
+	st := openStore(t)
+	lost := store.Epoch{ID: "lost-1", State: store.EpochLost, Gen: lostGen, CreatedAt: time.Now()}
+	if _, ok, err := st.SwapEpoch(context.Background(), "", lost); err != nil || !ok {
+		t.Fatalf("SwapEpoch = %v, %v", ok, err)
+	}
+	return st
 }
