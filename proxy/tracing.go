@@ -232,6 +232,7 @@ func (t tracedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	// The requests this transport carries are the proxy's own (the
 	// reverse proxy's outgoing copy, a lookup it built), so their headers
 	// are set in place rather than on a clone.
+	//
 	// Inject sets a tracestate only when the context has one: the
 	// client's, as it came (not cut, or sent with a traceparent that
 	// could not be read), must not go with the proxy's traceparent.
