@@ -374,8 +374,7 @@ func (s *Store) checkpoint() error {
 	if err != nil || len(old) == 0 {
 		return err
 	}
-	// Recovered: a Badger that failed panics rather than fail.
-	if err := recovered(func() error { return syncBadger(s.db, s.dir) }); err != nil {
+	if err := syncBadger(s.dir); err != nil {
 		return err
 	}
 	if err := writeCheckpoint(l.dir, needed); err != nil {
@@ -614,7 +613,7 @@ func (s *Store) rewriteValueLog() error {
 		if s.afterRewrite != nil {
 			s.afterRewrite()
 		}
-		if err := syncBadger(s.db, s.dir); err != nil {
+		if err := syncBadger(s.dir); err != nil {
 			s.log.Warn("syncing after value-log garbage collection failed", "err", err)
 		}
 		return nil

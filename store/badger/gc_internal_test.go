@@ -70,7 +70,7 @@ func TestValueLogGCCrashKeepsAnswers(t *testing.T) {
 	if err := s.db.Flatten(1); err != nil {
 		t.Fatal(err)
 	}
-	if err := syncBadger(s.db, dir); err != nil {
+	if err := syncBadger(dir); err != nil {
 		t.Fatal(err)
 	}
 	durable := filepath.Join(t.TempDir(), "durable")

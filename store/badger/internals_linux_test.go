@@ -66,7 +66,7 @@ func syncChild(dir string) int {
 		fmt.Println("error", err)
 		return 3
 	}
-	if err := syncBadger(s.db, dir); err != nil {
+	if err := syncBadger(dir); err != nil {
 		fmt.Println("error", err)
 		return 3
 	}
@@ -108,7 +108,7 @@ func TestBadgerSyncCoversEveryCommit(t *testing.T) {
 		}
 	}
 	if len(lost) > 0 {
-		t.Errorf("after DB.Sync and an fsync of every *.mem and *.vlog (syncBadger), a power cut lost %d keys (%s): another file holds them",
+		t.Errorf("after an fsync of every *.mem and *.vlog (syncBadger), a power cut lost %d keys (%s): another file holds them",
 			len(lost), strings.Join(lost[:min(5, len(lost))], ", "))
 	}
 	if unsynced == 0 {

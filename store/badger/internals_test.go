@@ -77,8 +77,9 @@ package badger
 //     Changed, a power failure after a collection can lose answers, or
 //     RunGC never stops. TestBadgerValueLogGC (and
 //     TestValueLogGCCrashKeepsAnswers).
-// 11. DB.Sync, plus an fsync of every *.mem and *.vlog and of the
-//     directory (syncBadger), makes everything committed durable: no
+// 11. An fsync of every *.mem and *.vlog and of the directory
+//     (syncBadger; DB.Sync is not called, see there), makes everything
+//     committed durable, mappings included: no
 //     other file holds committed writes that are not synced by then.
 //     Relied on by the log's checkpoints (wal.go): segments are deleted
 //     once Badger is synced so. Changed, a power failure after a

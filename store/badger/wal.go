@@ -41,8 +41,8 @@ import (
 // and whenever a segment fills does the same in the background: under the
 // writer's exclusive lock the active segment is synced and a new one
 // begun, so that the older segments hold everything Badger committed so
-// far; then Badger is made durable (DB.Sync, and an fsync of every memtable
-// log and value-log file, and of the directory), the sequence number of
+// far; then Badger is made durable (an fsync of every memtable log and
+// value-log file, and of the directory: syncBadger), the sequence number of
 // the oldest record still needed written to <log>/checkpoint (fsynced,
 // renamed into place), and only then are the older segments deleted.
 //
@@ -558,7 +558,7 @@ func replayWAL(db *bdg.DB, dbDir, dir string, now time.Time) (records int, nextN
 	if err := ap.flush(); err != nil {
 		return 0, 0, 0, fmt.Errorf("replay the reservation log: %w", err)
 	}
-	if err := syncBadger(db, dbDir); err != nil {
+	if err := syncBadger(dbDir); err != nil {
 		return 0, 0, 0, fmt.Errorf("replay the reservation log: %w", err)
 	}
 	nextSeq = max(last, scan.maxSeq, floor) + 1
@@ -777,15 +777,19 @@ func (r *replayer) discard() {
 	}
 }
 
-// syncBadger makes everything Badger committed so far durable: DB.Sync
-// syncs the active memtable's log and value-log file, and the memtable logs
-// waiting to be flushed and the older value-log files are fsynced here. A
-// file removed meanwhile was flushed into a table (synced by Badger) or
-// collected.
-func syncBadger(db *bdg.DB, dir string) error {
-	if err := db.Sync(); err != nil {
-		return fmt.Errorf("sync badger: %w", err)
-	}
+// syncBadger makes everything Badger committed so far durable: every
+// memtable log (*.mem: the active one and those waiting to be flushed)
+// and value-log file (*.vlog) is fsynced, then the directory. Badger
+// writes both through shared mappings, and an fsync writes a mapping's
+// dirty pages back as msync(MS_SYNC) does. A file removed meanwhile was
+// flushed into a table (synced by Badger) or collected.
+//
+// DB.Sync is not called: it takes Badger's lock and then reads the active
+// memtable, which is nil once Badger failed to create the next one (out
+// of file descriptors or of disk), and the panic leaves the lock taken:
+// the store's Close, and so the Guard's reopen, then wait for ever
+// (TestCheckpointAfterAFailedRotation).
+func syncBadger(dir string) error {
 	for _, pattern := range []string{"*.mem", "*.vlog"} {
 		files, err := filepath.Glob(filepath.Join(dir, pattern))
 		if err != nil {

@@ -71,7 +71,7 @@ func TestBadgerAheadOfLog(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := syncBadger(s.db, dir); err != nil { // the kernel's writeback
+			if err := syncBadger(dir); err != nil { // the kernel's writeback
 				t.Fatal(err)
 			}
 			crashed := crashCopy(t, dir, logBefore)
