@@ -594,20 +594,23 @@ func (s *Store) RunGC() int {
 // it): that is logged.
 func (s *Store) rewriteValueLog() error {
 	// Recovered: a Badger that lost its memtable (a failed rotation)
-	// panics on the rewrite's first read, here in the gc goroutine.
+	// panics on the iterator's first read, here in the gc goroutine,
+	// before the rewrite takes any lock. The rewrite itself would panic
+	// on it with Badger's lock held (DB.MaxVersion), which no later
+	// operation, Close included, would ever get back
+	// (TestValueLogGCAfterAFailedRotation).
 	return recovered(func() error {
-		var hold *bdg.Iterator
-		if s.w.wal != nil {
-			txn := s.db.NewTransaction(false)
-			defer txn.Discard()
-			// A prefix no key has: no table is read.
-			hold = txn.NewIterator(bdg.IteratorOptions{Prefix: memtableProbe})
-			defer hold.Close() // deletes the rewritten file, once synced
-		}
-		s.w.exclusive.Lock() // no rewrite between a batch's commit and its sync
-		err := s.db.RunValueLogGC(0.5)
-		s.w.exclusive.Unlock()
-		if err != nil || hold == nil {
+		txn := s.db.NewTransaction(false)
+		defer txn.Discard()
+		// A prefix no key has: no table is read.
+		hold := txn.NewIterator(bdg.IteratorOptions{Prefix: memtableProbe})
+		defer hold.Close() // with the log: deletes the rewritten file, once synced
+		err := func() error {
+			s.w.exclusive.Lock() // no rewrite between a batch's commit and its sync
+			defer s.w.exclusive.Unlock()
+			return s.db.RunValueLogGC(0.5)
+		}()
+		if err != nil || s.w.wal == nil {
 			return err
 		}
 		if s.afterRewrite != nil {
