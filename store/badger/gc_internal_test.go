@@ -27,49 +27,7 @@ func TestValueLogGCCrashKeepsAnswers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { s.Close() }()
-	body := func(i int) []byte { return bytes.Repeat([]byte{byte('a' + i%26)}, 256<<10) }
-	key := func(i int) []byte { return []byte(fmt.Sprintf("pay/-/k%02d", i)) }
-	// 70 answers of 256 KiB: the first 16 MiB value-log file fills.
-	const n, live = 70, 5
-	for i := range n {
-		err := s.update(func(txn *wtxn) error {
-			rec := &record{State: store.StateCompleted, Token: "tok", Fingerprint: "fp",
-				Response: &store.Response{Status: 201, Body: body(i), BodyStored: true}}
-			return put(txn, key(i), rec, time.Now(), time.Hour)
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	// Each reopen flushes the memtable into a level-0 table: the answers,
-	// then their deletion (all but the first few: most of the first file
-	// becomes garbage), then enough tables that level 0 is compacted,
-	// which counts that garbage.
-	reopen := func() {
-		t.Helper()
-		if err := s.Close(); err != nil {
-			t.Fatal(err)
-		}
-		if s, err = Open(opts); err != nil {
-			t.Fatal(err)
-		}
-	}
-	reopen()
-	for i := live; i < n; i++ {
-		if err := s.update(func(txn *wtxn) error { return txn.Delete(key(i)) }); err != nil {
-			t.Fatal(err)
-		}
-	}
-	reopen()
-	for i := range 3 {
-		if err := s.update(func(txn *wtxn) error { return txn.Set([]byte(fmt.Sprintf("filler%d", i)), []byte("x")) }); err != nil {
-			t.Fatal(err)
-		}
-		reopen()
-	}
-	if err := s.db.Flatten(1); err != nil {
-		t.Fatal(err)
-	}
+	s = garbageLog(t, s, opts)
 	if err := syncBadger(dir); err != nil {
 		t.Fatal(err)
 	}
@@ -107,11 +65,65 @@ func TestValueLogGCCrashKeepsAnswers(t *testing.T) {
 		t.Fatalf("open after the crash: %v", err)
 	}
 	defer crashed.Close()
-	for i := range live {
-		rec, err := crashed.Get(context.Background(), string(key(i)))
-		if err != nil || rec == nil || rec.State != store.StateCompleted || !bytes.Equal(rec.Response.Body, body(i)) {
+	for i := range gcLive {
+		rec, err := crashed.Get(context.Background(), string(gcKey(i)))
+		if err != nil || rec == nil || rec.State != store.StateCompleted || !bytes.Equal(rec.Response.Body, gcBody(i)) {
 			t.Errorf("Get(%s) after a crash during value-log GC = %v, %v; want its completed answer (value-log files deleted before the moves were synced: %v)",
-				key(i), rec != nil, err, gone)
+				gcKey(i), rec != nil, err, gone)
 		}
 	}
+}
+
+// gcAnswers answers of 256 KiB are stored by garbageLog (gcKey(i),
+// gcBody(i)), and the first gcLive of them kept.
+const gcAnswers, gcLive = 70, 5
+
+func gcKey(i int) []byte  { return fmt.Appendf(nil, "pay/-/k%02d", i) }
+func gcBody(i int) []byte { return bytes.Repeat([]byte{byte('a' + i%26)}, 256<<10) }
+
+// garbageLog makes the first value-log file of s, opened with opts, due
+// for a rewrite, and returns the store reopened (s is closed). It stores
+// gcAnswers answers (the first 16 MiB file fills) and deletes all but the
+// first gcLive; each reopen flushes the memtable into a level-0 table (the
+// answers, then their deletion, then enough tables that level 0 is
+// compacted, which counts that garbage).
+func garbageLog(t *testing.T, s *Store, opts Options) *Store {
+	t.Helper()
+	reopen := func() {
+		t.Helper()
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		if s, err = Open(opts); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range gcAnswers {
+		err := s.update(func(txn *wtxn) error {
+			rec := &record{State: store.StateCompleted, Token: "tok", Fingerprint: "fp",
+				Response: &store.Response{Status: 201, Body: gcBody(i), BodyStored: true}}
+			return put(txn, gcKey(i), rec, time.Now(), time.Hour)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	reopen()
+	for i := gcLive; i < gcAnswers; i++ {
+		if err := s.update(func(txn *wtxn) error { return txn.Delete(gcKey(i)) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reopen()
+	for i := range 3 {
+		if err := s.update(func(txn *wtxn) error { return txn.Set(fmt.Appendf(nil, "filler%d", i), []byte("x")) }); err != nil {
+			t.Fatal(err)
+		}
+		reopen()
+	}
+	if err := s.db.Flatten(1); err != nil {
+		t.Fatal(err)
+	}
+	return s
 }

@@ -34,16 +34,6 @@ func TestCheckpointAfterAFailedRotation(t *testing.T) {
 			s.Close()
 		}
 	}()
-	// The next memtables' files cannot be created: a directory is in
-	// each one's place.
-	var blocked []string
-	for fid := 2; fid < 10; fid++ {
-		p := filepath.Join(dir, fmt.Sprintf("%05d.mem", fid))
-		if err := os.Mkdir(p, 0o700); err != nil {
-			t.Fatal(err)
-		}
-		blocked = append(blocked, p)
-	}
 	put1 := func(i int) error {
 		return s.update(func(txn *wtxn) error {
 			rec := &record{State: store.StateCompleted, Token: "tok", Fingerprint: "fp",
@@ -57,29 +47,13 @@ func TestCheckpointAfterAFailedRotation(t *testing.T) {
 			t.Fatalf("write %d before the memtable fills: %v", i, err)
 		}
 	}
-	// Fill the memtable (1 MiB) until Badger fails to rotate it.
-	var failed error
-	for i := before; i < 100000 && failed == nil; i++ {
-		failed = recovered(func() error { return put1(i) })
-	}
-	if failed == nil {
-		t.Fatal("Badger never failed to create its next memtable; the test proves nothing")
-	}
+	unblock := loseMemtableTo(t, s, dir)
 	// The checkpoint may succeed (what Badger committed is in its files)
 	// or fail; what matters is that it leaves the store closable.
 	s.checkpoint()
-	done := make(chan error, 1)
-	go func() { done <- s.Close() }()
-	select {
-	case <-done:
-	case <-time.After(time.Minute):
-		closed = true // the Close under way would never return either
-		t.Fatal("Close after a checkpoint on a store whose memtable rotation failed: not within a minute (Badger's lock left taken)")
-	}
 	closed = true
-	for _, p := range blocked {
-		os.Remove(p)
-	}
+	endsWithinAMinute(t, "Close after a checkpoint on a store whose memtable rotation failed", s.Close)
+	unblock()
 	s, err = Open(opts)
 	if err != nil {
 		t.Fatalf("open once the memtable's file can be created: %v", err)
@@ -115,49 +89,33 @@ func TestValueLogGCAfterAFailedRotation(t *testing.T) {
 			s.Close()
 		}
 	}()
-	body := func(i int) []byte { return bytes.Repeat([]byte{byte('a' + i%26)}, 256<<10) }
-	key := func(i int) []byte { return fmt.Appendf(nil, "pay/-/k%02d", i) }
-	write := func(k, v []byte) error {
-		return s.update(func(txn *wtxn) error {
-			rec := &record{State: store.StateCompleted, Token: "tok", Fingerprint: "fp",
-				Response: &store.Response{Status: 201, Body: v, BodyStored: true}}
-			return put(txn, k, rec, time.Now(), time.Hour)
-		})
+	// A value-log file that is mostly garbage: a rewrite is due.
+	s = garbageLog(t, s, opts)
+	unblock := loseMemtableTo(t, s, dir)
+	closed = true
+	endsWithinAMinute(t, "value-log GC and Close on a store whose memtable rotation failed", func() error {
+		s.RunGC() // fails: nothing to assert but what follows
+		return s.Close()
+	})
+	unblock()
+	if s, err = Open(opts); err != nil {
+		t.Fatalf("open once the memtable's file can be created: %v", err)
 	}
-	reopen := func() {
-		t.Helper()
-		if err := s.Close(); err != nil {
-			t.Fatal(err)
-		}
-		if s, err = Open(opts); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// A value-log file that is mostly garbage, as in
-	// TestValueLogGCCrashKeepsAnswers: a rewrite is due.
-	const n, live = 70, 5
-	for i := range n {
-		if err := write(key(i), body(i)); err != nil {
-			t.Fatal(err)
+	closed = false
+	for i := range gcLive {
+		rec, err := s.Get(t.Context(), string(gcKey(i)))
+		if err != nil || rec == nil || rec.State != store.StateCompleted || !bytes.Equal(rec.Response.Body, gcBody(i)) {
+			t.Errorf("%s committed before the failure: %v, %v", gcKey(i), rec != nil, err)
 		}
 	}
-	reopen()
-	for i := live; i < n; i++ {
-		if err := s.update(func(txn *wtxn) error { return txn.Delete(key(i)) }); err != nil {
-			t.Fatal(err)
-		}
-	}
-	reopen()
-	for i := range 3 {
-		if err := s.update(func(txn *wtxn) error { return txn.Set(fmt.Appendf(nil, "filler%d", i), []byte("x")) }); err != nil {
-			t.Fatal(err)
-		}
-		reopen()
-	}
-	if err := s.db.Flatten(1); err != nil {
-		t.Fatal(err)
-	}
-	// The next memtables' files cannot be created.
+}
+
+// loseMemtableTo leaves s, open in dir, without a memtable, as running out
+// of file descriptors or of disk does: a directory takes the place of each
+// of the next memtables' files, and s is written to until Badger fails to
+// create one. unblock removes the directories.
+func loseMemtableTo(t *testing.T, s *Store, dir string) (unblock func()) {
+	t.Helper()
 	mems, _ := filepath.Glob(filepath.Join(dir, "*.mem"))
 	next := 0
 	for _, m := range mems {
@@ -167,6 +125,11 @@ func TestValueLogGCAfterAFailedRotation(t *testing.T) {
 		}
 	}
 	var blocked []string
+	unblock = func() {
+		for _, p := range blocked {
+			os.Remove(p)
+		}
+	}
 	for fid := next; fid < next+8; fid++ {
 		p := filepath.Join(dir, fmt.Sprintf("%05d.mem", fid))
 		if err := os.Mkdir(p, 0o700); err != nil {
@@ -174,36 +137,28 @@ func TestValueLogGCAfterAFailedRotation(t *testing.T) {
 		}
 		blocked = append(blocked, p)
 	}
-	var failed error
-	for i := 0; i < 100000 && failed == nil; i++ {
-		failed = recovered(func() error { return write(fmt.Appendf(nil, "pay/-/f%06d", i), []byte("ok")) })
+	// Records small enough to stay in the memtable (1 MiB).
+	for i := range 100000 {
+		err := recovered(func() error {
+			return s.update(func(txn *wtxn) error { return txn.Set(fmt.Appendf(nil, "filler-%06d", i), make([]byte, 64)) })
+		})
+		if err != nil {
+			return unblock
+		}
 	}
-	if failed == nil {
-		t.Fatal("Badger never failed to create its next memtable; the test proves nothing")
-	}
+	t.Fatal("Badger never failed to create its next memtable; the test proves nothing")
+	return nil
+}
+
+// endsWithinAMinute runs fn, failing the test when it has not returned
+// within a minute: a lock left taken, which it would wait on for ever.
+func endsWithinAMinute(t *testing.T, what string, fn func() error) {
+	t.Helper()
 	done := make(chan error, 1)
-	go func() {
-		s.RunGC() // fails: nothing to assert but what follows
-		done <- s.Close()
-	}()
+	go func() { done <- fn() }()
 	select {
 	case <-done:
 	case <-time.After(time.Minute):
-		closed = true // the Close under way would never return either
-		t.Fatal("value-log GC and Close on a store whose memtable rotation failed: not within a minute (a lock left taken)")
-	}
-	closed = true
-	for _, p := range blocked {
-		os.Remove(p)
-	}
-	if s, err = Open(opts); err != nil {
-		t.Fatalf("open once the memtable's file can be created: %v", err)
-	}
-	closed = false
-	for i := range live {
-		rec, err := s.Get(t.Context(), string(key(i)))
-		if err != nil || rec == nil || rec.State != store.StateCompleted || !bytes.Equal(rec.Response.Body, body(i)) {
-			t.Errorf("%s committed before the failure: %v, %v", key(i), rec != nil, err)
-		}
+		t.Fatalf("%s: not within a minute (a lock left taken)", what)
 	}
 }
