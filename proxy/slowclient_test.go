@@ -36,7 +36,7 @@ const slowRoutes = `
   - name: charges
     match: POST /charges
     key: {header: Idempotency-Key}
-    upstream_timeout: 6s
+    upstream_timeout: 15s
     lease: 1h
     max_stored_body_bytes: 16777216
 `
@@ -56,11 +56,11 @@ func rawCharge(t *testing.T, e *proxytest.Env, key string, rcvbuf int) net.Conn 
 }
 
 // TestSlowClientOfAStoredAnswer: the upstream answers 12 MiB at once; the
-// client reads it at its own steady pace (32 KiB every 20 ms, about
-// 1.5 MiB/s), so that it takes longer than the route's upstream_timeout
-// (6s, which a loaded machine under the race detector needs to read the
-// answer from the upstream) in all. The
-// answer belongs to the upstream: it is read at the upstream's pace and
+// client reads it at its own steady pace (32 KiB every 45 ms, about
+// 0.7 MiB/s: 17 s at least), so that it takes longer in all than the
+// route's upstream_timeout (15s: a loaded machine under the race detector
+// took more than 6 s to read the answer from the upstream, in a CI run).
+// The answer belongs to the upstream: it is read at the upstream's pace and
 // committed, and the slow client still gets all of it at its own pace;
 // the key is completed, not in doubt, and a retry gets the whole answer
 // replayed without charging again.
@@ -70,7 +70,7 @@ func TestSlowClientOfAStoredAnswer(t *testing.T) {
 	e.Start(bigUpstream(t, &calls).URL, slowRoutes)
 	conn := rawCharge(t, e, "k-slow", 64<<10)
 	conn.SetReadDeadline(time.Now().Add(time.Minute))
-	resp, err := http.ReadResponse(bufio.NewReaderSize(&pacedReader{r: conn, chunk: 32 << 10, every: 20 * time.Millisecond}, 32<<10), nil)
+	resp, err := http.ReadResponse(bufio.NewReaderSize(&pacedReader{r: conn, chunk: 32 << 10, every: 45 * time.Millisecond}, 32<<10), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
