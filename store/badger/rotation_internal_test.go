@@ -28,12 +28,8 @@ func TestCheckpointAfterAFailedRotation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	closed := false
-	defer func() {
-		if !closed {
-			s.Close()
-		}
-	}()
+	// Bounded: a Close that hangs (the bug) must not hang the test too.
+	defer func() { closeWithin(&guarded{Store: s}, 5*time.Second) }()
 	put1 := func(i int) error {
 		return s.update(func(txn *wtxn) error {
 			rec := &record{State: store.StateCompleted, Token: "tok", Fingerprint: "fp",
@@ -51,14 +47,12 @@ func TestCheckpointAfterAFailedRotation(t *testing.T) {
 	// The checkpoint may succeed (what Badger committed is in its files)
 	// or fail; what matters is that it leaves the store closable.
 	s.checkpoint()
-	closed = true
 	endsWithinAMinute(t, "Close after a checkpoint on a store whose memtable rotation failed", s.Close)
 	unblock()
 	s, err = Open(opts)
 	if err != nil {
 		t.Fatalf("open once the memtable's file can be created: %v", err)
 	}
-	closed = false
 	for i := range before {
 		rec, err := s.Get(t.Context(), fmt.Sprintf("pay/-/k%05d", i))
 		if err != nil || rec == nil || rec.State != store.StateCompleted {
@@ -83,16 +77,11 @@ func TestValueLogGCAfterAFailedRotation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	closed := false
-	defer func() {
-		if !closed {
-			s.Close()
-		}
-	}()
+	// Bounded: a Close that hangs (the bug) must not hang the test too.
+	defer func() { closeWithin(&guarded{Store: s}, 5*time.Second) }()
 	// A value-log file that is mostly garbage: a rewrite is due.
 	s = garbageLog(t, s, opts)
 	unblock := loseMemtableTo(t, s, dir)
-	closed = true
 	endsWithinAMinute(t, "value-log GC and Close on a store whose memtable rotation failed", func() error {
 		s.RunGC() // fails: nothing to assert but what follows
 		return s.Close()
@@ -101,7 +90,6 @@ func TestValueLogGCAfterAFailedRotation(t *testing.T) {
 	if s, err = Open(opts); err != nil {
 		t.Fatalf("open once the memtable's file can be created: %v", err)
 	}
-	closed = false
 	for i := range gcLive {
 		rec, err := s.Get(t.Context(), string(gcKey(i)))
 		if err != nil || rec == nil || rec.State != store.StateCompleted || !bytes.Equal(rec.Response.Body, gcBody(i)) {
