@@ -241,6 +241,40 @@ func (w *Watcher) Verify(m *store.Epoch) error {
 	return fmt.Errorf("%w: %s", store.ErrKeysLost, w.reason)
 }
 
+// MarkLost turns the replica lost because something other than the marker
+// showed that the store forgot keys it had: a canary missing before its
+// TTL, a key this replica answered found free again, keys evicted. reason
+// says what was seen; it becomes the lost marker's note, which every
+// replica logs and shows on /readyz. The check it kicks writes the lost
+// marker, so that every replica refuses reservations until an operator
+// accepts the loss, exactly as for a marker gone missing. It reports
+// whether the replica turned lost: a replica that trusts no epoch (lost
+// already, establishing, not checked) reserves nothing anyway, and it
+// returns false then.
+func (w *Watcher) MarkLost(reason string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.state != OK {
+		return false
+	}
+	w.changes.Add(1)
+	attrs := []any{"trusted_epoch", w.mine.ID, "trusted_gen", w.mine.Gen}
+	if w.incarnation != "" {
+		attrs = append(attrs, "store_instance", w.incarnation)
+	}
+	attrs = append(attrs, "seen", reason)
+	w.log.Error("the store lost keys: protected routes answer 503 store-lost-keys until an operator accepts the loss "+
+		"(idemproxy store accept-loss); retries of keys answered before would be charged again", attrs...)
+	lost := *w.mine
+	lost.State = store.EpochLost
+	w.state, w.mine, w.reason = Lost, &lost, reason
+	// A check that read the marker before this must not trust it again.
+	w.verified++
+	w.trust("")
+	w.Kick()
+	return true
+}
+
 // fits reports whether m is the trusted epoch or an acceptance to adopt.
 func (w *Watcher) fits(m *store.Epoch) bool {
 	return m != nil && (m.ID == w.mine.ID || (m.State == store.EpochAccepted && m.Gen > w.mine.Gen))

@@ -56,7 +56,7 @@ func (s *memStore) SwapEpoch(_ context.Context, old string, e store.Epoch) (*sto
 type step struct {
 	after   time.Duration // the clock moves on first
 	who     string        // the replica: "a", "b", "c"
-	do      string        // check, verify, wipe, down, up, accept, restore
+	do      string        // check, verify, marklost, wipe, down, up, accept, restore
 	want    State         // the replica's state after the step (check, verify)
 	wantErr error         // Err after the step: nil, store.ErrKeysLost, errNotChecked
 }
@@ -134,6 +134,21 @@ func TestWatcherRules(t *testing.T) {
 			{who: "a", do: "check", want: Lost, wantErr: store.ErrKeysLost},         // now it is
 			{after: grace, who: "b", do: "check", want: Lost, wantErr: store.ErrKeysLost},
 		}},
+		{"a loss seen by other means (a canary) is lost for everyone until accepted, the marker intact", grace, []step{
+			{who: "a", do: "check", want: Establishing, wantErr: store.ErrKeysLost},
+			{who: "b", do: "marklost", want: Unknown, wantErr: errNotChecked}, // trusts nothing: nothing to lose
+			{after: grace, who: "a", do: "check", want: OK},
+			{who: "b", do: "check", want: OK},
+			{who: "a", do: "marklost", want: Lost, wantErr: store.ErrKeysLost},
+			{who: "b", do: "check", want: OK}, // the lost marker is not written yet
+			{who: "a", do: "check", want: Lost, wantErr: store.ErrKeysLost},
+			{who: "b", do: "check", want: Lost, wantErr: store.ErrKeysLost},
+			{who: "c", do: "check", want: Lost, wantErr: store.ErrKeysLost},
+			{who: "a", do: "marklost", want: Lost, wantErr: store.ErrKeysLost},
+			{do: "accept"},
+			{who: "a", do: "check", want: OK},
+			{who: "b", do: "check", want: OK},
+		}},
 		{"an acceptance written on the empty store before anyone marked it lost is adopted", grace, []step{
 			{who: "a", do: "check", want: Establishing, wantErr: store.ErrKeysLost},
 			{after: grace, who: "a", do: "check", want: OK},
@@ -178,6 +193,8 @@ func TestWatcherRules(t *testing.T) {
 					if err := w.Verify(m); !errors.Is(err, store.ErrKeysLost) {
 						t.Fatalf("step %d: Verify = %v, want ErrKeysLost", i, err)
 					}
+				case "marklost":
+					w.MarkLost("a canary is missing")
 				case "wipe":
 					st.m = nil
 				case "down", "up":
