@@ -1,7 +1,10 @@
 package check
 
 import (
+	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -427,6 +430,76 @@ func TestAForwardBeforeACutIsJudgedByTheStatement(t *testing.T) {
 			}
 			if c := res.Cuts; c.Reserved != 1 || c.ReservedForwarded != tt.forwarded || c.ReservedUncharged != tt.uncharged {
 				t.Errorf("counts: %v; want 1 reserved, %d forwarded again, %d of them not charged before the cut", c, tt.forwarded, tt.uncharged)
+			}
+		})
+	}
+}
+
+// TestSeed1299329503 replays the keys of issue 40's false alarm, from the
+// run `go run ./chaos -faults default,slow,power-loss -duration 150s -seed
+// 1299329503` (reproduced on 7 December 2026; the two keys of its two
+// property-7 violations, testdata/seed-1299329503.*): each key was
+// forwarded on the route that reconciles (504 upstream-timeout, then 409
+// outcome-in-doubt) before the power cut of b0 at 145.065 s, and charged
+// once, by the probe after the cut; the upstream never recorded the first
+// request. The same history with a charge of the first request in the
+// statement is a real second charge, and is caught.
+func TestSeed1299329503(t *testing.T) {
+	var h History
+	raw, err := os.ReadFile(filepath.Join("testdata", "seed-1299329503.history.json"))
+	if err == nil {
+		err = json.Unmarshal(raw, &h)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err = os.ReadFile(filepath.Join("testdata", "seed-1299329503.statement.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := ParseStatement(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A charge of request #3232 (b-c-1354, forwarded at 136.328 s), as the
+	// upstream would have recorded it before the cut.
+	first := time.Unix(0, h.StartUnixNano+136_500_000_000).UTC().Format(time.RFC3339Nano)
+	early := Charge{ChargeID: "ch_first", OrderID: "b-c-1354",
+		Raw: []byte(`{"chargeId":"ch_first","orderId":"b-c-1354","amount":5,"createdAt":"` + first + `"}`)}
+	tests := []struct {
+		name string
+		st   Statement
+		want []int // the properties that must be reported, and no other
+		// the counts: keys forwarded before the cut, forwarded again
+		// after it, of them not charged before it
+		reserved, forwarded, uncharged int
+	}{
+		{name: "as the run ended: one charge each, made after the cut", st: st, reserved: 2, forwarded: 2, uncharged: 2},
+		{name: "the first request charged too", st: append(Statement{early}, st...),
+			want: []int{PropChargedOnce, PropTwoXX, PropPowerCut}, reserved: 2, forwarded: 2, uncharged: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res := Check(h, tt.st, Options{Dir: t.TempDir()})
+			got := map[int]bool{}
+			for _, v := range res.Violations {
+				got[v.Property] = true
+				if v.Property == PropPowerCut && v.Order != "b-c-1354" {
+					t.Errorf("property 7 reported for %s, which the upstream charged once: %v", v.Order, v)
+				}
+			}
+			for _, p := range tt.want {
+				if !got[p] {
+					t.Errorf("property %d not reported; violations: %v", p, res.Violations)
+				}
+			}
+			for p := range got {
+				if !contains(tt.want, p) {
+					t.Errorf("property %d reported, want only %v: %v", p, tt.want, res.Violations)
+				}
+			}
+			if c := res.Cuts; c.Reserved != tt.reserved || c.ReservedForwarded != tt.forwarded || c.ReservedUncharged != tt.uncharged {
+				t.Errorf("counts: %v; want %d reserved, %d forwarded again, %d of them not charged before the cut", c, tt.reserved, tt.forwarded, tt.uncharged)
 			}
 		})
 	}
