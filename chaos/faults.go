@@ -55,7 +55,7 @@ const (
 // at once.
 func instant(k string) bool {
 	switch k {
-	case kFailBefore, kFailAfter, kDelay, kDrop, k429, kStallPastLease, kUpReset, kHup,
+	case kFailBefore, kFailAfter, kDelay, kDrop, k429, kStallPastLease, kUpReset, kHup, kReloadRename,
 		"net-redis-reset", "net-postgres-reset":
 		return true
 	}
