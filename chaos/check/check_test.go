@@ -256,6 +256,25 @@ func TestParseStatement(t *testing.T) {
 	}
 }
 
+// wantOnly fails t unless vs report every property of want, and no other.
+func wantOnly(t *testing.T, vs []Violation, want []int) {
+	t.Helper()
+	got := map[int]bool{}
+	for _, v := range vs {
+		got[v.Property] = true
+	}
+	for _, p := range want {
+		if !got[p] {
+			t.Errorf("property %d not reported; violations: %v", p, vs)
+		}
+	}
+	for p := range got {
+		if !contains(want, p) {
+			t.Errorf("property %d reported, want only %v: %v", p, want, vs)
+		}
+	}
+}
+
 func contains(s []int, v int) bool {
 	for _, x := range s {
 		if x == v {
@@ -460,20 +479,7 @@ func TestPartialLosses(t *testing.T) {
 			h.Starts = tt.starts
 			h.Final = append(h.Final, Sample{Proxy: "r1", Ready: true})
 			res := Check(h, tt.st, Options{Dir: t.TempDir()})
-			got := map[int]bool{}
-			for _, v := range res.Violations {
-				got[v.Property] = true
-			}
-			for _, p := range tt.want {
-				if !got[p] {
-					t.Errorf("property %d not reported; violations: %v", p, res.Violations)
-				}
-			}
-			for p := range got {
-				if !contains(tt.want, p) {
-					t.Errorf("property %d reported, want only %v: %v", p, tt.want, res.Violations)
-				}
-			}
+			wantOnly(t, res.Violations, tt.want)
 			if res.WindowRetried != tt.retried || res.WindowRecharged != tt.recharged {
 				t.Errorf("retried in the window %d, charged again in it %d; want %d, %d", res.WindowRetried, res.WindowRecharged, tt.retried, tt.recharged)
 			}
