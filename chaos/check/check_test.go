@@ -460,6 +460,14 @@ func TestPartialLosses(t *testing.T) {
 			want: []int{PropTwoXX, PropLinearizable},
 		},
 		{
+			// An older dump restored: the key is back in flight, its lease
+			// long over, so in doubt ever after; never forwarded again.
+			name: "set back in doubt by the loss: property 1 only",
+			ops: []Op{answered, via("r1", problem("charges-wait", "A", 1600, 1610, 409, "outcome-in-doubt")),
+				probe(problem("charges-wait", "A", 2000, 2010, 409, "outcome-in-doubt"))},
+			st: statement([2]string{"ch_1", "A"}),
+		},
+		{
 			name: "no proxy marked the loss: charged again after the window",
 			ops: []Op{answered, via("r1", fresh("charges-wait", "A", 1100, 1200, 201, c2)),
 				probe(replay("charges-wait", "A", 2000, 2010, 201, c2))},
