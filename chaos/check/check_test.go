@@ -462,7 +462,7 @@ func TestPartialLosses(t *testing.T) {
 		{
 			// An older dump restored: the key is back in flight, its lease
 			// long over, so in doubt ever after; never forwarded again.
-			name: "set back in doubt by the loss: property 1 only",
+			name: "set back in doubt by the loss, never forwarded again: no violation",
 			ops: []Op{answered, via("r1", problem("charges-wait", "A", 1600, 1610, 409, "outcome-in-doubt")),
 				probe(problem("charges-wait", "A", 2000, 2010, 409, "outcome-in-doubt"))},
 			st: statement([2]string{"ch_1", "A"}),
