@@ -77,6 +77,9 @@ type options struct {
 	// keeps anyway (powerloss.Options.Writeback); zero drops them all.
 	writeback float64
 	harsh     bool // power-loss: only a directory's own fsync makes its names durable
+	// detectWithin is how long after a partial loss the proxies may take
+	// to refuse (-detect-within).
+	detectWithin time.Duration
 	// redisWait is store.redis.wait_replicas of the Redis replicas: how
 	// many replicas acknowledge a write before it counts; zero writes to
 	// the master alone, and a failover may lose what it acknowledged;
@@ -111,6 +114,7 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 		return nil
 	})
 	fs.Float64Var(&o.writeback, "writeback", 0, "power-loss: the share, 0 to 1, of the pages written and not synced that survive a power cut anyway, drawn at random (the kernel's writeback); 0 drops them all")
+	fs.DurationVar(&o.detectWithin, "detect-within", defaultDetectWithin, "partial losses: how long after the loss every proxy of the store must refuse; a retry before, on a replica that cannot know the key, may be charged again (counted, not a violation)")
 	fs.BoolVar(&o.harsh, "harsh", false, "power-loss: only a directory's own fsync makes the names in it durable (not any fsync, as ext4's journal does)")
 	var kinds string
 	fs.StringVar(&kinds, "faults", "", "only these fault kinds, comma-separated, e.g. redis-lost-keys,postgres-lost-keys; \"default\" stands for the default kinds, \"slow\" for the failovers and the pauses past the lease, \"partial\" for the stores that lose some keys (redis-evict, redis-failover-lagging, postgres-restore-old) and proxy-reload-rename (default: every kind the stores allow, but the slow ones, the partial ones and power-loss, which puts Badger's data directory on a FUSE mount and runs only when named)")
@@ -134,6 +138,9 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	}
 	if o.duration < 5*time.Second {
 		return o, fmt.Errorf("-duration must be at least 5s, got %v", o.duration)
+	}
+	if o.detectWithin <= 0 {
+		return o, fmt.Errorf("-detect-within must be positive, got %v", o.detectWithin)
 	}
 	if o.interval <= 0 {
 		return o, fmt.Errorf("-fault-interval must be positive, got %v", o.interval)
@@ -392,7 +399,7 @@ func (r *run) execute(ctx context.Context) (int, error) {
 	}
 	if n, seen := partialLosses(h.Losses); n > 0 {
 		fmt.Fprintf(r.log, "chaos: %d partial losses (%d marked lost by a proxy): %d keys retried between a loss and the end of its detection window (%v), %d of them charged again by such a retry\n",
-			n, seen, res.WindowRetried, detectWithin, res.WindowRecharged)
+			n, seen, res.WindowRetried, r.opts.detectWithin, res.WindowRecharged)
 	}
 	if len(h.Cuts) > 0 {
 		fmt.Fprintf(r.log, "chaos: %v\n", res.Cuts)

@@ -39,13 +39,14 @@ func partial(k string) bool {
 	return false
 }
 
-// detectWithin is the bound the run holds the proxies to for a partial
-// loss: from the loss until every proxy of the store refuses (the setting
-// checks within a few seconds, the canaries within about their interval
-// and a read, the witness at the first retry on the replica that answered
-// the key). A retry in that window on a replica that cannot know the key
-// may be charged again; the checker counts it (check.Loss.Detect).
-const detectWithin = 5 * time.Second
+// defaultDetectWithin is the default of -detect-within, the bound the run
+// holds the proxies to for a partial loss: from the loss until every
+// proxy of the store refuses (the setting checks within a few seconds,
+// the canaries within about their interval and a read, the witness at the
+// first retry on the replica that answered the key). A retry in that
+// window on a replica that cannot know the key may be charged again; the
+// checker counts it (check.Loss.Detect).
+const defaultDetectWithin = 5 * time.Second
 
 // renamed is the name proxy-reload-rename gives the route charges, without
 // keyspace: the reload must be refused, its keys left unclaimed.
@@ -88,13 +89,13 @@ func (in *injector) acceptLoss(ctx context.Context, s *storeSrv, f fault) (int64
 
 // acceptPartial plays the operator after a partial loss of s that began at
 // at (run time): it waits until a proxy of s marks the store lost
-// (idemproxy_store_keys_lost 1), for detectWithin and a margin, then
+// (idemproxy_store_keys_lost 1), for -detect-within and a margin, then
 // accepts the loss. The loss goes into the history, accepted or not (not:
 // no proxy saw it, and the keys it took and charged again are property
 // 1's).
 func (in *injector) acceptPartial(ctx context.Context, s *storeSrv, f fault, at int64) error {
 	r := in.r
-	loss := check.Loss{Store: s.name, Kind: f.Kind, At: at, Partial: true, Detect: at + int64(detectWithin)}
+	loss := check.Loss{Store: s.name, Kind: f.Kind, At: at, Partial: true, Detect: at + int64(r.opts.detectWithin)}
 	var ps []*proxyProc
 	for _, p := range r.proxies {
 		if p.store == s.name {
@@ -107,7 +108,7 @@ func (in *injector) acceptPartial(ctx context.Context, s *storeSrv, f fault, at 
 		r.losses = append(r.losses, loss)
 		r.mu.Unlock()
 	}()
-	deadline := time.Now().Add(detectWithin + 5*time.Second)
+	deadline := time.Now().Add(r.opts.detectWithin + 5*time.Second)
 	for {
 		for _, p := range ps {
 			if metrics(p.admin)["idemproxy_store_keys_lost"] == 1 {
