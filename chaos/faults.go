@@ -404,7 +404,7 @@ func (in *injector) heal(ctx context.Context) error {
 		os.Remove(filepath.Join(r.badgerDir, "ballast"))
 	}
 	for _, s := range r.stores {
-		s.eachFault(func(p *faultProxy) { p.set(0, false, 0); p.setStall(false) })
+		s.eachFault(func(p *faultProxy) { p.set(0, false, 0); p.setStall(false); p.cutSource("") })
 		for _, p := range s.procs() {
 			p.signal(syscall.SIGCONT)
 		}
