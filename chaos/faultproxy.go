@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"slices"
 	"sync"
 	"time"
 )
@@ -19,31 +20,35 @@ import (
 type faultProxy struct {
 	ln     net.Listener
 	target string
-	// exempt, when set, is a source IP whose connections pass untouched:
-	// the store's own traffic (replication, Sentinel's checks), which a
-	// fault of the clients' network must not reach.
-	exempt string
+	// exempt are the source IPs whose connections pass untouched: the
+	// store's own traffic (replication, Sentinel's checks), which a fault
+	// of the clients' network must not reach.
+	exempt []string
 
 	mu        sync.Mutex
 	latency   time.Duration
 	blackhole bool
 	stall     bool
 	slowClose time.Duration
-	conns     map[*pipePair]struct{}
-	wg        sync.WaitGroup
+	// cut is a source IP whose connections are reset and refused (a
+	// replica cut off from its master); "" cuts none.
+	cut   string
+	conns map[*pipePair]struct{}
+	wg    sync.WaitGroup
 }
 
 type pipePair struct {
 	client, server net.Conn
-	tainted        bool // it lost bytes to a blackhole
-	exempt         bool // from the exempt address: no fault applies
+	tainted        bool   // it lost bytes to a blackhole
+	exempt         bool   // from an exempt address: no fault of the clients' network applies
+	source         string // the client's IP
 }
 
-func newFaultProxy(target string) (*faultProxy, error) { return newFaultProxyExempt(target, "") }
+func newFaultProxy(target string) (*faultProxy, error) { return newFaultProxyExempt(target) }
 
 // newFaultProxyExempt is newFaultProxy whose faults spare the connections
-// that come from the IP exempt.
-func newFaultProxyExempt(target, exempt string) (*faultProxy, error) {
+// that come from the IPs exempt.
+func newFaultProxyExempt(target string, exempt ...string) (*faultProxy, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -63,17 +68,23 @@ func (p *faultProxy) serve() {
 		if err != nil {
 			return
 		}
+		var source string
+		if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+			source = a.IP.String()
+		}
+		p.mu.Lock()
+		cut := p.cut != "" && source == p.cut
+		p.mu.Unlock()
+		if cut {
+			resetConn(c)
+			continue
+		}
 		s, err := net.DialTimeout("tcp", p.target, time.Second)
 		if err != nil {
 			resetConn(c)
 			continue
 		}
-		pp := &pipePair{client: c, server: s}
-		if p.exempt != "" {
-			if a, ok := c.RemoteAddr().(*net.TCPAddr); ok && a.IP.String() == p.exempt {
-				pp.exempt = true
-			}
-		}
+		pp := &pipePair{client: c, server: s, source: source, exempt: slices.Contains(p.exempt, source)}
 		p.mu.Lock()
 		p.conns[pp] = struct{}{}
 		p.mu.Unlock()
@@ -192,6 +203,24 @@ func (p *faultProxy) resetAll() int {
 		n++
 	}
 	return n
+}
+
+// cutSource resets every connection from the IP source and refuses new
+// ones until it is called with "": a replica cut off from its master,
+// which sees it gone at once.
+func (p *faultProxy) cutSource(source string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = source
+	if source == "" {
+		return
+	}
+	for pp := range p.conns {
+		if pp.source == source {
+			resetConn(pp.client)
+			resetConn(pp.server)
+		}
+	}
 }
 
 func (p *faultProxy) close() {

@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -56,7 +55,7 @@ const (
 // at once.
 func instant(k string) bool {
 	switch k {
-	case kFailBefore, kFailAfter, kDelay, kDrop, k429, kStallPastLease, kUpReset, kHup,
+	case kFailBefore, kFailAfter, kDelay, kDrop, k429, kStallPastLease, kUpReset, kHup, kReloadRename,
 		"net-redis-reset", "net-postgres-reset":
 		return true
 	}
@@ -210,6 +209,14 @@ func (in *injector) apply(ctx context.Context, f fault) error {
 		p.signal(syscall.SIGHUP)
 	case kPowerLoss:
 		return in.cutPower(ctx, f)
+	case kReloadRename:
+		return in.reloadRename(ctx, f)
+	case kEvict:
+		return in.evict(ctx, r.store("redis"), f)
+	case kLagging:
+		return in.laggingFailover(ctx, r.store("redis"), f)
+	case kRestoreOld:
+		return in.restoreOld(ctx, r.store("postgres"), f)
 	case kDiskFull:
 		path := filepath.Join(r.badgerDir, "ballast")
 		fillDisk(path)
@@ -293,12 +300,10 @@ func (in *injector) applyStore(ctx context.Context, f fault) error {
 // again. The loss goes into the history.
 func (in *injector) loseKeys(ctx context.Context, s *storeSrv, f fault) error {
 	r := in.r
-	loss := check.Loss{Store: s.name}
-	var op *proxyProc
+	loss := check.Loss{Store: s.name, Kind: f.Kind}
 	for _, p := range r.proxies {
 		if p.store == s.name {
 			loss.Proxies = append(loss.Proxies, p.name)
-			op = p
 		}
 	}
 	err := s.forget(ctx)
@@ -312,28 +317,8 @@ func (in *injector) loseKeys(ctx context.Context, s *storeSrv, f fault) error {
 		return err
 	}
 	sleep(ctx, f.For)
-	// The operator accepts the loss even when the load ends meanwhile
-	// (ctx is the load's): the proxies must serve again before the heal.
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	cmd := exec.CommandContext(actx, filepath.Join(r.bin, "idemproxy"), "store", "accept-loss", "-config", op.config,
-		"-operator", "chaos", "-reason", fmt.Sprintf("chaos fault %s at %.3fs", f.Kind, f.At.Seconds()))
-	cmd.Env = append(os.Environ(), op.env...)
-	out, err := cmd.CombinedOutput()
-	loss.Accepted = r.rec.now()
-	if err != nil {
-		loss.Accepted = 0
-		return fmt.Errorf("idemproxy store accept-loss: %v: %s", err, out)
-	}
-	fmt.Fprintf(r.log, "chaos: %s forgot its keys; loss accepted: %s", s.name, out)
-	for _, p := range r.proxies {
-		if p.store == s.name {
-			if err := waitHTTP(actx, "http://"+p.admin+"/readyz", 30*time.Second); err != nil {
-				return fmt.Errorf("%s after the accepted loss: %w", p.name, err)
-			}
-		}
-	}
-	return nil
+	loss.Accepted, err = in.acceptLoss(ctx, s, f)
+	return err
 }
 
 // cutPower cuts the power of the Badger proxy's disk: the proxy is frozen
@@ -419,7 +404,7 @@ func (in *injector) heal(ctx context.Context) error {
 		os.Remove(filepath.Join(r.badgerDir, "ballast"))
 	}
 	for _, s := range r.stores {
-		s.eachFault(func(p *faultProxy) { p.set(0, false, 0); p.setStall(false) })
+		s.eachFault(func(p *faultProxy) { p.set(0, false, 0); p.setStall(false); p.cutSource("") })
 		for _, p := range s.procs() {
 			p.signal(syscall.SIGCONT)
 		}

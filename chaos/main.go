@@ -44,6 +44,9 @@ import (
 	"github.com/idemproxy/idemproxy/chaos/check"
 )
 
+// waitAuto is -redis-wait-replicas auto.
+const waitAuto = -1
+
 // The run's timing: short, so that keys settle quickly after the faults.
 const (
 	upstreamTimeout = time.Second
@@ -74,9 +77,14 @@ type options struct {
 	// keeps anyway (powerloss.Options.Writeback); zero drops them all.
 	writeback float64
 	harsh     bool // power-loss: only a directory's own fsync makes its names durable
+	// detectWithin is how long after a partial loss the proxies may take
+	// to refuse (-detect-within).
+	detectWithin time.Duration
 	// redisWait is store.redis.wait_replicas of the Redis replicas: how
 	// many replicas acknowledge a write before it counts; zero writes to
-	// the master alone, and a failover may lose what it acknowledged.
+	// the master alone, and a failover may lose what it acknowledged;
+	// waitAuto (auto) waits whenever the master reports a replica
+	// connected.
 	redisWait int
 }
 
@@ -92,11 +100,24 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	fs.IntVar(&o.clients, "clients", 4, "client goroutines (each a retrying client, duplicate deliveries, storms)")
 	fs.BoolVar(&o.keep, "keep", false, "keep the folder when the run passes")
 	fs.DurationVar(&o.interval, "fault-interval", defaultInterval, "the mean time between the end of a fault and the start of the next (longer lets a Badger proxy reach its 30 s checkpoint between power cuts)")
-	fs.IntVar(&o.redisWait, "redis-wait-replicas", 1, "store.redis.wait_replicas of the Redis replicas: every write waits for the replica, and a Redis failover is held to every property; 0: a write is acknowledged by the master alone, and a key a Redis failover loses is counted, not a violation")
+	o.redisWait = 1
+	fs.Func("redis-wait-replicas", "store.redis.wait_replicas of the Redis replicas (default 1): every write waits for the replica, and a Redis failover is held to every property; 0: a write is acknowledged by the master alone, and a key a Redis failover loses is counted, not a violation; auto: writes wait while the master reports its replica connected (a replica cut off, redis-failover-lagging, loses what the master acknowledged alone, which the canaries must catch)", func(v string) error {
+		if v == "auto" {
+			o.redisWait = waitAuto
+			return nil
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > 1 {
+			return fmt.Errorf("must be 0, 1 (the run's Redis has one replica) or auto, got %q", v)
+		}
+		o.redisWait = n
+		return nil
+	})
 	fs.Float64Var(&o.writeback, "writeback", 0, "power-loss: the share, 0 to 1, of the pages written and not synced that survive a power cut anyway, drawn at random (the kernel's writeback); 0 drops them all")
+	fs.DurationVar(&o.detectWithin, "detect-within", defaultDetectWithin, "partial losses: how long after the loss every proxy of the store must refuse; a retry before, on a replica that cannot know the key, may be charged again (counted, not a violation)")
 	fs.BoolVar(&o.harsh, "harsh", false, "power-loss: only a directory's own fsync makes the names in it durable (not any fsync, as ext4's journal does)")
 	var kinds string
-	fs.StringVar(&kinds, "faults", "", "only these fault kinds, comma-separated, e.g. redis-lost-keys,postgres-lost-keys; \"default\" stands for the default kinds, \"slow\" for the failovers and the pauses past the lease (default: every kind the stores allow, but the slow ones and power-loss, which puts Badger's data directory on a FUSE mount and runs only when named)")
+	fs.StringVar(&kinds, "faults", "", "only these fault kinds, comma-separated, e.g. redis-lost-keys,postgres-lost-keys; \"default\" stands for the default kinds, \"slow\" for the failovers and the pauses past the lease, \"partial\" for the stores that lose some keys (redis-evict, redis-failover-lagging, postgres-restore-old) and proxy-reload-rename (default: every kind the stores allow, but the slow ones, the partial ones and power-loss, which puts Badger's data directory on a FUSE mount and runs only when named)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -118,14 +139,14 @@ func parseFlags(args []string, stderr io.Writer) (options, error) {
 	if o.duration < 5*time.Second {
 		return o, fmt.Errorf("-duration must be at least 5s, got %v", o.duration)
 	}
+	if o.detectWithin <= 0 {
+		return o, fmt.Errorf("-detect-within must be positive, got %v", o.detectWithin)
+	}
 	if o.interval <= 0 {
 		return o, fmt.Errorf("-fault-interval must be positive, got %v", o.interval)
 	}
 	if o.writeback < 0 || o.writeback > 1 {
 		return o, fmt.Errorf("-writeback must be between 0 and 1, got %v", o.writeback)
-	}
-	if o.redisWait < 0 || o.redisWait > 1 {
-		return o, fmt.Errorf("-redis-wait-replicas must be 0 or 1 (the run's Redis has one replica), got %d", o.redisWait)
 	}
 	if o.clients < 1 || o.clients > 64 {
 		return o, fmt.Errorf("-clients must be between 1 and 64, got %d", o.clients)
@@ -213,6 +234,7 @@ type run struct {
 	rec       *recorder
 	losses    []check.Loss     // guarded by mu
 	cuts      []check.Cut      // guarded by mu
+	starts    []check.Start    // guarded by mu
 	failovers []check.Failover // guarded by mu
 	outages   []check.Outage   // guarded by mu
 	// storeFault is when the last process fault of each store began,
@@ -332,6 +354,7 @@ func (r *run) execute(ctx context.Context) (int, error) {
 	r.mu.Lock()
 	h.Losses = r.losses
 	h.Cuts = r.cuts
+	h.Starts = r.starts
 	h.Failovers = r.failovers
 	h.Outages = r.outages
 	r.mu.Unlock()
@@ -373,6 +396,10 @@ func (r *run) execute(ctx context.Context) (int, error) {
 	if len(h.Losses) > 0 {
 		fmt.Fprintf(r.log, "chaos: %d store losses: %d keys sent before a loss, %d of them charged again after it was accepted\n",
 			len(h.Losses), res.Exposed, res.Recharged)
+	}
+	if n, seen := partialLosses(h.Losses); n > 0 {
+		fmt.Fprintf(r.log, "chaos: %d partial losses (%d marked lost by a proxy): %d keys retried between a loss and the end of its detection window (%v), %d of them charged again by such a retry\n",
+			n, seen, res.WindowRetried, r.opts.detectWithin, res.WindowRecharged)
 	}
 	if len(h.Cuts) > 0 {
 		fmt.Fprintf(r.log, "chaos: %v\n", res.Cuts)
@@ -416,16 +443,20 @@ func (r *run) store(name string) *storeSrv {
 }
 
 // chosenKinds returns the kinds of -faults, each one this run can inject,
-// or the default kinds (every kind it can but the slow ones) when -faults
-// is empty. In -faults, "default" stands for the default kinds and "slow"
-// for the slow ones (the failovers, the pauses past the lease).
+// or the default kinds (every kind it can but the slow and the partial
+// ones) when -faults is empty. In -faults, "default" stands for the
+// default kinds, "slow" for the slow ones (the failovers, the pauses past
+// the lease), "partial" for the partial losses and the rename by reload.
 func (r *run) chosenKinds() ([]string, error) {
 	all := r.kinds()
-	var fast, slowKinds []string
+	var fast, slowKinds, partialKinds []string
 	for _, k := range all {
-		if slow(k) {
+		switch {
+		case partial(k):
+			partialKinds = append(partialKinds, k)
+		case slow(k):
 			slowKinds = append(slowKinds, k)
-		} else {
+		default:
 			fast = append(fast, k)
 		}
 	}
@@ -440,10 +471,12 @@ func (r *run) chosenKinds() ([]string, error) {
 			add = fast
 		case k == "slow":
 			add = slowKinds
+		case k == partialSet:
+			add = partialKinds
 		case slices.Contains(all, k):
 			add = []string{k}
 		default:
-			return nil, fmt.Errorf("-faults: this run cannot inject %q; it can: %s (default: every one but %s)", k, strings.Join(all, ", "), strings.Join(slowKinds, ", "))
+			return nil, fmt.Errorf("-faults: this run cannot inject %q; it can: %s (default: every one but %s)", k, strings.Join(all, ", "), strings.Join(append(slowKinds, partialKinds...), ", "))
 		}
 		for _, a := range add {
 			if !slices.Contains(out, a) {
@@ -465,6 +498,13 @@ func (r *run) kinds() []string {
 	for _, s := range r.stores {
 		k = append(k, "net-"+s.name+"-latency", "net-"+s.name+"-reset", "net-"+s.name+"-blackhole",
 			"net-"+s.name+"-stall", s.name+"-kill-restart", s.name+"-sigstop", s.name+pastLease, s.name+lostKeys, s.name+failover)
+	}
+	k = append(k, kReloadRename)
+	if r.store("redis") != nil {
+		k = append(k, kEvict, kLagging)
+	}
+	if r.store("postgres") != nil {
+		k = append(k, kRestoreOld)
 	}
 	if r.tmpfs {
 		k = append(k, kDiskFull)
@@ -613,8 +653,7 @@ func (r *run) addProxy(name, store string) error {
 // supervisor would, for up to a minute.
 func (r *run) startProxy(ctx context.Context, p *proxyProc) error {
 	deadline := time.Now().Add(time.Minute)
-	p.starts++
-	if err := p.start(); err != nil {
+	if err := r.start(p); err != nil {
 		return err
 	}
 	for {
@@ -626,17 +665,32 @@ func (r *run) startProxy(ctx context.Context, p *proxyProc) error {
 			return fmt.Errorf("%s: %w", p.name, err)
 		}
 		if !p.running() {
-			p.starts++
-			if err := p.start(); err != nil {
+			if err := r.start(p); err != nil {
 				return err
 			}
 		}
 	}
 }
 
+// start starts p's process and records the start in the history: the
+// process's memory of the keys it answered begins empty.
+func (r *run) start(p *proxyProc) error {
+	p.starts++
+	if r.rec != nil {
+		r.mu.Lock()
+		r.starts = append(r.starts, check.Start{Proxy: p.name, At: r.rec.now()})
+		r.mu.Unlock()
+	}
+	return p.start()
+}
+
 // writeConfig writes p's configuration. Each reload alternates the wait
 // routes' wait_timeout, so that a SIGHUP has something to apply.
-func (r *run) writeConfig(p *proxyProc) error {
+func (r *run) writeConfig(p *proxyProc) error { return r.writeRoutes(p, "charges") }
+
+// writeRoutes writes p's configuration with the route charges named
+// charges (proxy-reload-rename renames it).
+func (r *run) writeRoutes(p *proxyProc, charges string) error {
 	var store string
 	switch p.store {
 	case "badger":
@@ -644,7 +698,10 @@ func (r *run) writeConfig(p *proxyProc) error {
 	case "redis":
 		store = fmt.Sprintf("  redis:\n    addrs: [%s]\n    master_name: %s\n    key_prefix: \"chaos:\"\n    op_timeout: 500ms\n",
 			r.store("redis").sentinelAddr(), sentinelMaster)
-		if r.opts.redisWait > 0 {
+		// Written even when 0: the default is auto once the proxies have it.
+		if r.opts.redisWait == waitAuto {
+			store += "    wait_replicas: auto\n"
+		} else {
 			store += fmt.Sprintf("    wait_replicas: %d\n", r.opts.redisWait)
 		}
 	case "postgres":
@@ -659,7 +716,7 @@ store:
 %sserver:
   shutdown_timeout: %v
 routes:
-  - name: charges
+  - name: %s
     match: POST /charges
     key: {json: orderId}
     policy: reserve-then-commit
@@ -689,7 +746,7 @@ routes:
     ttl: 1h
     lease: %v
     upstream_timeout: %v
-`, p.addr, r.upFault.addr(), p.admin, store, shutdownTimeout, lease, upstreamTimeout, grace, wait, lease, upstreamTimeout, wait, lease, upstreamTimeout)
+`, p.addr, r.upFault.addr(), p.admin, store, shutdownTimeout, charges, lease, upstreamTimeout, grace, wait, lease, upstreamTimeout, wait, lease, upstreamTimeout)
 	return os.WriteFile(p.config, []byte(y), 0o644)
 }
 
@@ -736,32 +793,40 @@ func (r *run) probe(ctx context.Context, w *workload) {
 
 // samples reads every proxy's readiness, goroutines and heap.
 func (r *run) samples(ctx context.Context) []check.Sample {
-	c := &http.Client{Timeout: 2 * time.Second}
 	var out []check.Sample
 	for _, p := range r.proxies {
 		s := check.Sample{Proxy: p.name}
-		if resp, err := c.Get("http://" + p.admin + "/readyz"); err == nil {
+		if resp, err := metricsClient.Get("http://" + p.admin + "/readyz"); err == nil {
 			s.Ready = resp.StatusCode == 200
 			resp.Body.Close()
 		}
-		if resp, err := c.Get("http://" + p.admin + "/metrics"); err == nil {
-			sc := bufio.NewScanner(resp.Body)
-			for sc.Scan() {
-				name, val, ok := strings.Cut(sc.Text(), " ")
-				if !ok {
-					continue
-				}
-				v, _ := strconv.ParseFloat(val, 64)
-				switch name {
-				case "go_goroutines":
-					s.Goroutines = v
-				case "go_memstats_heap_inuse_bytes":
-					s.HeapBytes = v
-				}
-			}
-			resp.Body.Close()
-		}
+		m := metrics(p.admin)
+		s.Goroutines, s.HeapBytes = m["go_goroutines"], m["go_memstats_heap_inuse_bytes"]
 		out = append(out, s)
+	}
+	return out
+}
+
+var metricsClient = &http.Client{Timeout: 2 * time.Second}
+
+// metrics reads the metrics without labels of the admin listener at
+// admin; an empty map when it does not answer.
+func metrics(admin string) map[string]float64 {
+	out := map[string]float64{}
+	resp, err := metricsClient.Get("http://" + admin + "/metrics")
+	if err != nil {
+		return out
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		name, val, ok := strings.Cut(sc.Text(), " ")
+		if !ok || strings.HasPrefix(name, "#") {
+			continue
+		}
+		if v, err := strconv.ParseFloat(val, 64); err == nil {
+			out[name] = v
+		}
 	}
 	return out
 }

@@ -240,3 +240,90 @@ func TestDocChaosFaultTableListsEveryKind(t *testing.T) {
 		}
 	}
 }
+
+// TestFaultProxyCutsASource: redis-failover-lagging cuts the replica off
+// its master at the master's fault layer: the connections from the
+// replica's address are reset and new ones refused, the others (the
+// Sentinel's, exempt too; the proxies') pass, until the cut is lifted.
+func TestFaultProxyCutsASource(t *testing.T) {
+	fp, err := newFaultProxyExempt(echoServer(t), storeSource, replSource)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fp.close()
+	dial := func(from string) (net.Conn, error) {
+		d := net.Dialer{Timeout: time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+		return d.Dial("tcp", fp.addr())
+	}
+	echo := func(c net.Conn, msg string) error {
+		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+		if _, err := c.Write([]byte(msg + "\n")); err != nil {
+			return err
+		}
+		got, err := bufio.NewReader(c).ReadString('\n')
+		if err == nil && got != msg+"\n" {
+			err = io.ErrUnexpectedEOF
+		}
+		return err
+	}
+	conns := map[string]net.Conn{}
+	for _, from := range []string{replSource, storeSource, "127.0.0.1"} {
+		c, err := dial(from)
+		if err != nil {
+			t.Fatalf("dial from %s: %v", from, err)
+		}
+		defer c.Close()
+		if err := echo(c, "a"); err != nil {
+			t.Fatalf("from %s before the cut: %v", from, err)
+		}
+		conns[from] = c
+	}
+	fp.cutSource(replSource)
+	if err := echo(conns[replSource], "b"); err == nil {
+		t.Errorf("the replica's connection passed the cut")
+	}
+	if c, err := dial(replSource); err == nil {
+		if echo(c, "c") == nil {
+			t.Errorf("a new connection from the replica passed the cut")
+		}
+		c.Close()
+	}
+	for _, from := range []string{storeSource, "127.0.0.1"} {
+		if err := echo(conns[from], "d"); err != nil {
+			t.Errorf("from %s during the cut: %v", from, err)
+		}
+	}
+	fp.cutSource("")
+	c, err := dial(replSource)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := echo(c, "e"); err != nil {
+		t.Errorf("from the replica once the cut is lifted: %v", err)
+	}
+}
+
+// TestPartialKindsAreANamedSet: the partial losses and the rename by
+// reload are not default kinds; -faults partial names them.
+func TestPartialKindsAreANamedSet(t *testing.T) {
+	r := &run{stores: []*storeSrv{{name: "redis"}, {name: "postgres"}}}
+	def, err := r.chosenKinds()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.opts.kinds = []string{partialSet}
+	got, err := r.chosenKinds()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{kReloadRename, kEvict, kLagging, kRestoreOld}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("-faults partial: %v, want %v", got, want)
+	}
+	for _, k := range want {
+		if slices.Contains(def, k) {
+			t.Errorf("%s is a default kind", k)
+		}
+	}
+}

@@ -52,6 +52,8 @@ type storeSrv struct {
 	// failover stops the primary without warning and promotes the other
 	// node; once the new primary serves, the old node follows it.
 	failover func(ctx context.Context, f fault) error
+	// psql runs sql on node n of PostgreSQL and returns its output.
+	psql func(ctx context.Context, n *storeNode, sql string) (string, error)
 }
 
 // prim returns the node that takes writes, and the other one. For Redis
@@ -107,6 +109,12 @@ func (s *storeSrv) procs() []*proc {
 // proxies and the store, not inside the store.
 const storeSource = "127.0.0.3"
 
+// replSource is the loopback address the Redis nodes' own connections
+// (replication) come from: exempt like storeSource, and apart from the
+// Sentinel's, so that redis-failover-lagging can cut the replica off its
+// master alone.
+const replSource = "127.0.0.4"
+
 // sentinelMaster is the master's name in the Sentinel.
 const sentinelMaster = "chaos"
 
@@ -139,7 +147,7 @@ func (r *run) startRedis(ctx context.Context) (*storeSrv, error) {
 		if err := os.MkdirAll(n.dir, 0o755); err != nil {
 			return nil, err
 		}
-		if n.fault, err = newFaultProxyExempt(n.addr(), storeSource); err != nil {
+		if n.fault, err = newFaultProxyExempt(n.addr(), storeSource, replSource); err != nil {
 			return nil, err
 		}
 		n.proc = &proc{name: n.name, bin: bin, log: filepath.Join(r.out, n.name+".log")}
@@ -210,7 +218,7 @@ sentinel parallel-syncs %s 1
 		_, err := redisDo(m.addr(), "FLUSHALL", "SYNC")
 		return err
 	}
-	s.failover = func(ctx context.Context, f fault) error { return r.redisFailover(ctx, s, f) }
+	s.failover = func(ctx context.Context, f fault) error { return r.redisFailover(ctx, s, f, nil) }
 	if err := s.ready(ctx); err != nil {
 		return s, err
 	}
@@ -221,7 +229,7 @@ sentinel parallel-syncs %s 1
 // unless master is nil.
 func redisArgs(n, master *storeNode) []string {
 	args := []string{
-		"--port", strconv.Itoa(n.port), "--bind", "127.0.0.1", "--bind-source-addr", storeSource,
+		"--port", strconv.Itoa(n.port), "--bind", "127.0.0.1", "--bind-source-addr", replSource,
 		"--dir", n.dir, "--daemonize", "no",
 		"--protected-mode", "no", "--save", "", "--appendonly", "yes", "--appendfsync", "always",
 		"--maxmemory-policy", "noeviction", "--repl-diskless-sync-delay", "0",
@@ -326,8 +334,10 @@ func (s *storeSrv) waitSentinel(ctx context.Context, d time.Duration) error {
 // promoted the replica, and starts the old master again as a replica of the
 // new one (it never serves as a master again: a master that comes back
 // before the Sentinel turns it into a replica takes writes it then
-// drops).
-func (r *run) redisFailover(ctx context.Context, s *storeSrv, f fault) error {
+// drops). lag, if set, is called once the replica is in sync, before the
+// kill: it cuts the replica off (redis-failover-lagging), and returns what
+// to call once the replica is promoted.
+func (r *run) redisFailover(ctx context.Context, s *storeSrv, f fault, lag func(old, next *storeNode) (promoted func())) error {
 	bctx := context.WithoutCancel(ctx)
 	if err := s.waitRedisReplica(bctx, time.Minute); err != nil {
 		return err
@@ -336,6 +346,10 @@ func (r *run) redisFailover(ctx context.Context, s *storeSrv, f fault) error {
 		return err
 	}
 	old, next := s.prim()
+	promoted := func() {}
+	if lag != nil {
+		promoted = lag(old, next)
+	}
 	old.proc.kill()
 	deadline := time.Now().Add(sentinelDownAfter + 2*sentinelFailoverTimeout + 30*time.Second)
 	for {
@@ -349,6 +363,7 @@ func (r *run) redisFailover(ctx context.Context, s *storeSrv, f fault) error {
 		time.Sleep(50 * time.Millisecond)
 	}
 	s.setPrimary(next)
+	promoted()
 	old.proc.args = redisArgs(old, next)
 	if err := old.proc.start(); err != nil {
 		return err
@@ -432,6 +447,7 @@ func (r *run) startPostgres(ctx context.Context) (*storeSrv, error) {
 		}
 		return strings.TrimSpace(string(out)), nil
 	}
+	s.psql = psql
 	// up waits until n answers; with primary set, until it takes writes
 	// and its standby is synchronous.
 	up := func(ctx context.Context, n *storeNode, primary bool, d time.Duration) error {

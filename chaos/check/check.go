@@ -59,6 +59,13 @@ type Result struct {
 	// FailoverRecharged those of them charged again by an attempt that
 	// started after the failover began, which a lossy failover allows.
 	FailoverExposed, FailoverRecharged int
+	// WindowRetried counts the keys a partial loss took (Loss.Partial)
+	// that were retried through the store's proxies between the loss and
+	// the end of its detection window; WindowRecharged those of them
+	// charged again by such a retry on a replica that could not know the
+	// key (another replica than the one that answered it, or one started
+	// since): the window's cost by design, not a violation.
+	WindowRetried, WindowRecharged int
 	// InDoubt counts the keys some client was answered in doubt (409
 	// outcome-in-doubt, 504 upstream-timeout, 502 upstream-reset);
 	// Reconciled the keys the reconciler resolved (a replay with
@@ -126,7 +133,7 @@ func Check(h History, st Statement, opts Options) Result {
 		if recon {
 			res.Reconciled++
 		}
-		if loss := exposedTo(h.Losses, ops); loss != nil {
+		if loss := exposedTo(h.Losses, ops, route); loss != nil {
 			res.Exposed++
 			l := *loss
 			if f := exposedToFailover(h.Failovers, ops); f != nil && f.At < l.Accepted {
@@ -134,14 +141,21 @@ func Check(h History, st Statement, opts Options) Result {
 				// lost the key already.
 				l.Accepted = f.At
 			}
-			if checkExposed(order, ops, route, charges[order], l, "loss was accepted (or a failover without wait_replicas began)", add) {
+			e := checkExposed(h, order, ops, route, charges[order], l, "loss was accepted (or a failover without wait_replicas began)", add)
+			if e.recharged {
 				res.Recharged++
+			}
+			if e.retried {
+				res.WindowRetried++
+			}
+			if e.windowRecharged {
+				res.WindowRecharged++
 			}
 			continue
 		}
 		if f := exposedToFailover(h.Failovers, ops); f != nil {
 			res.FailoverExposed++
-			if checkExposed(order, ops, route, charges[order], Loss{Store: f.Store, Proxies: f.Proxies, At: f.At, Accepted: f.At}, "began a failover without wait_replicas", add) {
+			if checkExposed(h, order, ops, route, charges[order], Loss{Store: f.Store, Proxies: f.Proxies, At: f.At, Accepted: f.At}, "began a failover without wait_replicas", add).recharged {
 				res.FailoverRecharged++
 			}
 			continue
@@ -313,16 +327,57 @@ func checkOrder(order string, ops []Op, route Route, charges []Charge, add func(
 }
 
 // exposedTo returns the first loss that may have taken the key of ops: a
-// loss of the store of a proxy that one of ops was sent to before it.
-func exposedTo(losses []Loss, ops []Op) *Loss {
+// loss of the store of a proxy that one of ops was sent to before it. A
+// partial loss took only some keys: one that was not forwarded (or may
+// have been) through the store's proxies since is held to every property.
+func exposedTo(losses []Loss, ops []Op, route Route) *Loss {
 	for i, l := range losses {
+		before, since := false, !l.Partial
 		for _, o := range ops {
-			if o.Start < l.At && slices.Contains(l.Proxies, o.Proxy) {
-				return &losses[i]
+			if !slices.Contains(l.Proxies, o.Proxy) {
+				continue
 			}
+			c := classify(o, route)
+			before = before || o.Start < l.At
+			since = since || o.Start >= l.At && (forwarded(c) || c == cUnknown)
+		}
+		if before && since {
+			return &losses[i]
 		}
 	}
 	return nil
+}
+
+// witnessWindow is how long a replica's witness of recent answers is
+// held to remember a key it answered: less than the "few minutes" it
+// promises, more than the run's retries take.
+const witnessWindow = int64(60 * time.Second)
+
+// witness returns the attempt by which o's proxy answered the key of ops
+// before the loss l, within witnessWindow of o and with no start of that
+// proxy in between (a start forgets), or nil: that proxy's witness must
+// refuse o, a retry of a key it answered that the store no longer holds.
+func witness(h History, ops []Op, route Route, l Loss, o Op) *Op {
+	for i := len(ops) - 1; i >= 0; i-- {
+		a := &ops[i]
+		if a.Proxy != o.Proxy || a.Err != "" || classify(*a, route) != cCommit || a.End >= l.At || o.Start-a.End > witnessWindow {
+			continue
+		}
+		for _, s := range h.Starts {
+			if s.Proxy == o.Proxy && s.At > a.End && s.At < o.Start {
+				return nil
+			}
+		}
+		return a
+	}
+	return nil
+}
+
+// exposure is what a loss let happen to a key.
+type exposure struct {
+	recharged       bool // charged again by an attempt after the acceptance
+	retried         bool // retried in a partial loss's detection window
+	windowRecharged bool // charged again by such a retry
 }
 
 // exposedToFailover returns the first lossy failover that may have lost a
@@ -359,34 +414,61 @@ func forwarded(c class) bool { return c == cCommit || c == cRelease || c == cDou
 
 // checkExposed checks property 1 for a key that a store forgot: it may be
 // charged again only after the operator accepted the loss, once for each
-// attempt forwarded since (or that may have been). The other properties
-// do not hold across a loss by design: the accepted store no longer knows
-// the first answer. It reports whether the key was charged again after
-// the acceptance.
-func checkExposed(order string, ops []Op, route Route, charges []Charge, loss Loss, what string, add func(int, string, string, ...any)) bool {
+// attempt forwarded since (or that may have been), and, for a partial
+// loss, by an attempt in its detection window on a replica that could not
+// know the key (a retry on the replica that answered it, which its
+// witness must refuse, breaks property 6). The other properties do not
+// hold across a loss by design: the accepted store no longer knows the
+// first answer.
+func checkExposed(h History, order string, ops []Op, route Route, charges []Charge, loss Loss, what string, add func(int, string, string, ...any)) exposure {
 	allowed := chargesAllowed(ops, route)
-	again := 0
+	var e exposure
+	again, window := 0, 0
 	for _, o := range ops {
-		if c := classify(o, route); loss.Accepted > 0 && o.Start > loss.Accepted && (forwarded(c) || c == cUnknown) {
-			again++
+		c := classify(o, route)
+		may := forwarded(c) || c == cUnknown
+		switch {
+		case loss.Accepted > 0 && o.Start > loss.Accepted:
+			if may {
+				again++
+			}
+		case o.Start >= loss.At && o.Start < loss.detected() && slices.Contains(loss.Proxies, o.Proxy):
+			e.retried = true
+			if !may {
+				break
+			}
+			if w := witness(h, ops, route, loss, o); w != nil && forwarded(c) {
+				add(PropLossRefused, order, "attempt #%d (%s via %s, %.3fs) was forwarded (%d) %.3fs after %s lost keys (%s), yet %s had answered the key (#%d, %.3fs) "+
+					"and not restarted since: its witness of recent answers must refuse the retry",
+					o.ID, o.Kind, o.Proxy, sec(o.Start), o.Status, sec(o.Start-loss.At), loss.Store, loss.Kind, o.Proxy, w.ID, sec(w.End))
+				break
+			}
+			window++
 		}
 	}
-	if len(charges) > allowed+again {
-		add(PropChargedOnce, order, "charged %d times on a %s route: %d allowed by the outcome table, and %d attempts after the %s %s: %s",
-			len(charges), route.Policy, allowed, again, loss.Store, what, chargeIDs(charges))
+	if len(charges) > allowed+again+window {
+		add(PropChargedOnce, order, "charged %d times on a %s route: %d allowed by the outcome table, %d attempts after the %s %s and %d in the detection window of a partial loss: %s",
+			len(charges), route.Policy, allowed, again, loss.Store, what, window, chargeIDs(charges))
 	}
-	return again > 0 && len(charges) > allowed
+	e.recharged = again > 0 && len(charges) > allowed
+	e.windowRecharged = window > 0 && len(charges) > allowed
+	return e
 }
 
 // checkLosses checks property 6: between a store's loss of its keys and the
 // operator's acceptance, its proxies forward nothing on a protected route
 // (they answer 503 store-lost-keys), whether or not the key was sent
-// before.
+// before. For a partial loss the refusal starts when its detection window
+// ends, and only if a proxy marked the store lost (else the keys it took
+// and charged again are property 1's).
 func checkLosses(h History, add func(int, string, string, ...any)) {
 	for _, l := range h.Losses {
+		if l.Partial && l.Accepted == 0 {
+			continue
+		}
 		for _, o := range h.Ops {
 			route, ok := h.Routes[o.Route]
-			if !ok || !slices.Contains(l.Proxies, o.Proxy) || o.Start < l.At || (l.Accepted > 0 && o.End > l.Accepted) {
+			if !ok || !slices.Contains(l.Proxies, o.Proxy) || o.Start < l.detected() || (l.Accepted > 0 && o.End > l.Accepted) {
 				continue
 			}
 			if c := classify(o, route); forwarded(c) {

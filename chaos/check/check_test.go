@@ -256,6 +256,25 @@ func TestParseStatement(t *testing.T) {
 	}
 }
 
+// wantOnly fails t unless vs report every property of want, and no other.
+func wantOnly(t *testing.T, vs []Violation, want []int) {
+	t.Helper()
+	got := map[int]bool{}
+	for _, v := range vs {
+		got[v.Property] = true
+	}
+	for _, p := range want {
+		if !got[p] {
+			t.Errorf("property %d not reported; violations: %v", p, vs)
+		}
+	}
+	for p := range got {
+		if !contains(want, p) {
+			t.Errorf("property %d reported, want only %v: %v", p, want, vs)
+		}
+	}
+}
+
 func contains(s []int, v int) bool {
 	for _, x := range s {
 		if x == v {
@@ -356,6 +375,121 @@ func TestStoreLosses(t *testing.T) {
 			}
 			if res.Recharged != tt.wantRecharged {
 				t.Errorf("Recharged = %d, want %d", res.Recharged, tt.wantRecharged)
+			}
+		})
+	}
+}
+
+// TestPartialLosses pins how the checker reads a store that lost some keys
+// (redis-evict, redis-failover-lagging, postgres-restore-old): the loss at
+// 500 ns, its detection window until 1000, accepted at 1500, on a store
+// shared by r0 and r1. A key answered by r0 before the loss and retried in
+// the window on r1, which cannot know it, may be charged again: counted,
+// not a violation. Retried on r0 itself, whose witness of recent answers
+// must refuse it, or anywhere after the window before the acceptance, it
+// is a violation. A key the loss did not visibly take is held to every
+// property, and a loss no proxy marked (never accepted) excuses nothing
+// after its window.
+func TestPartialLosses(t *testing.T) {
+	loss := Loss{Store: "redis", Kind: "redis-evict", Proxies: []string{"r0", "r1"}, At: 500, Partial: true, Detect: 1000, Accepted: 1500}
+	c1, c2 := chargeJSON("ch_1", "A"), chargeJSON("ch_2", "A")
+	via := func(p string, o Op) Op { o.Proxy = p; return o }
+	answered := fresh("charges-wait", "A", 0, 100, 201, c1) // by r0
+	twice := statement([2]string{"ch_1", "A"}, [2]string{"ch_2", "A"})
+	tests := []struct {
+		name    string
+		ops     []Op
+		st      Statement
+		starts  []Start
+		notSeen bool  // no proxy marked the store lost
+		want    []int // properties that must be reported, and no other
+		// the counts: keys retried in the window, charged again in it
+		retried, recharged int
+	}{
+		{
+			name: "retried in the window on another replica, charged again: counted",
+			ops: []Op{answered, via("r1", fresh("charges-wait", "A", 600, 700, 201, c2)),
+				probe(replay("charges-wait", "A", 2000, 2010, 201, c2))},
+			st:      twice,
+			retried: 1, recharged: 1,
+		},
+		{
+			name: "retried in the window on the replica that answered it",
+			ops: []Op{answered, fresh("charges-wait", "A", 600, 700, 201, c2),
+				probe(replay("charges-wait", "A", 2000, 2010, 201, c2))},
+			st:      twice,
+			want:    []int{PropChargedOnce, PropLossRefused},
+			retried: 1,
+		},
+		{
+			name: "retried in the window on the replica that answered it, started again since: counted",
+			ops: []Op{answered, fresh("charges-wait", "A", 600, 700, 201, c2),
+				probe(replay("charges-wait", "A", 2000, 2010, 201, c2))},
+			st:      twice,
+			starts:  []Start{{Proxy: "r0", At: 300}},
+			retried: 1, recharged: 1,
+		},
+		{
+			name: "refused in the window on the replica that answered it, charged again after the acceptance: allowed",
+			ops: []Op{answered, problem("charges-wait", "A", 600, 610, 503, "store-lost-keys"),
+				via("r1", problem("charges-wait", "A", 1200, 1210, 503, "store-lost-keys")),
+				via("r1", fresh("charges-wait", "A", 1600, 1700, 201, c2)), probe(replay("charges-wait", "A", 2000, 2010, 201, c2))},
+			st:      twice,
+			retried: 1,
+		},
+		{
+			name: "forwarded after the window, before the acceptance",
+			ops: []Op{answered, via("r1", fresh("charges-wait", "A", 1100, 1200, 201, c2)),
+				probe(replay("charges-wait", "A", 2000, 2010, 201, c2))},
+			st:   twice,
+			want: []int{PropChargedOnce, PropLossRefused},
+		},
+		{
+			// A refusal of the proxy's own whose name the checker does
+			// not know (a setting that loses keys) forwards nothing.
+			name: "not taken: refused for a setting, then replayed, held to every property",
+			ops: []Op{answered, via("r1", problem("charges-wait", "A", 600, 610, 503, "store-setting-evicts")),
+				probe(replay("charges-wait", "A", 2000, 2010, 201, c1))},
+			st: statement([2]string{"ch_1", "A"}),
+		},
+		{
+			name: "not taken: a replay that is not byte-identical is still caught",
+			ops: []Op{answered, via("r1", replay("charges-wait", "A", 600, 610, 201, c2)),
+				probe(replay("charges-wait", "A", 2000, 2010, 201, c1))},
+			st:   statement([2]string{"ch_1", "A"}),
+			want: []int{PropTwoXX, PropLinearizable},
+		},
+		{
+			// An older dump restored: the key is back in flight, its lease
+			// long over, so in doubt ever after; never forwarded again.
+			name: "set back in doubt by the loss, never forwarded again: no violation",
+			ops: []Op{answered, via("r1", problem("charges-wait", "A", 1600, 1610, 409, "outcome-in-doubt")),
+				probe(problem("charges-wait", "A", 2000, 2010, 409, "outcome-in-doubt"))},
+			st: statement([2]string{"ch_1", "A"}),
+		},
+		{
+			name: "no proxy marked the loss: charged again after the window",
+			ops: []Op{answered, via("r1", fresh("charges-wait", "A", 1100, 1200, 201, c2)),
+				probe(replay("charges-wait", "A", 2000, 2010, 201, c2))},
+			st:      twice,
+			notSeen: true,
+			want:    []int{PropChargedOnce},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := hist(tt.ops...)
+			l := loss
+			if tt.notSeen {
+				l.Accepted = 0
+			}
+			h.Losses = []Loss{l}
+			h.Starts = tt.starts
+			h.Final = append(h.Final, Sample{Proxy: "r1", Ready: true})
+			res := Check(h, tt.st, Options{Dir: t.TempDir()})
+			wantOnly(t, res.Violations, tt.want)
+			if res.WindowRetried != tt.retried || res.WindowRecharged != tt.recharged {
+				t.Errorf("retried in the window %d, charged again in it %d; want %d, %d", res.WindowRetried, res.WindowRecharged, tt.retried, tt.recharged)
 			}
 		})
 	}

@@ -55,19 +55,44 @@ type Sample struct {
 }
 
 // Loss is a fault that made a shared store forget every key it held (the
-// server restarted empty, or its table was emptied) and, later, an
-// operator's acceptance of the loss (idemproxy store accept-loss). Times
-// are nanoseconds since the start of the run.
+// server restarted empty, or its table was emptied), or some of them (a
+// partial loss: keys evicted, a lagging replica promoted, an older dump
+// restored), and, later, an operator's acceptance of the loss (idemproxy
+// store accept-loss). Times are nanoseconds since the start of the run.
 type Loss struct {
 	// Store names the store server (redis, postgres).
 	Store string `json:"store"`
+	// Kind is the fault kind that caused it.
+	Kind string `json:"kind,omitempty"`
 	// Proxies are the proxies that share the store.
 	Proxies []string `json:"proxies"`
 	// At is when the store had forgotten its keys and served again.
 	At int64 `json:"at"`
+	// Partial says the store forgot some keys, not its epoch marker: the
+	// proxies find out by other means (canaries, the witness of recent
+	// answers, the setting checks), within the detection window.
+	Partial bool `json:"partial,omitempty"`
+	// Detect is the end of the detection window of a partial loss: the
+	// promised bound by which every proxy of the store refuses. A key
+	// retried in [At, Detect) on a replica that cannot know it (not the
+	// one that answered it, or one that restarted since) may be charged
+	// again: counted, not a violation. 0: At (the marker catches a loss
+	// of every key at once).
+	Detect int64 `json:"detect,omitempty"`
 	// Accepted is when the operator's acceptance returned; 0: never
-	// accepted during the run.
+	// accepted during the run (for a partial loss: no proxy marked the
+	// store lost).
 	Accepted int64 `json:"accepted"`
+}
+
+// detected is when the proxies of the store must refuse from.
+func (l Loss) detected() int64 { return max(l.At, l.Detect) }
+
+// Start is a proxy process started (at the run's start, or again after a
+// fault): its memory of the keys it answered is empty.
+type Start struct {
+	Proxy string `json:"proxy"`
+	At    int64  `json:"at"`
 }
 
 // History is everything the run recorded.
@@ -79,6 +104,8 @@ type History struct {
 	Final    []Sample         `json:"final"`
 	Losses   []Loss           `json:"losses,omitempty"`
 	Cuts     []Cut            `json:"cuts,omitempty"`
+	// Starts are the proxies' process starts.
+	Starts []Start `json:"starts,omitempty"`
 	// Failovers are the shared stores' failovers.
 	Failovers []Failover `json:"failovers,omitempty"`
 	// Outages are the windows in which a shared store took no writes for

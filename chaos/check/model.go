@@ -59,6 +59,11 @@ func classify(o Op, r Route) class {
 	case "store-unavailable", "store-lost-keys", "overloaded", "shutting-down", "body-timeout":
 		return cNoop
 	default:
+		if o.Status == 503 {
+			// A refusal of the proxy's own (a setting that loses keys,
+			// a keyspace left unclaimed): nothing forwarded.
+			return cNoop
+		}
 		return cIllegal
 	}
 }

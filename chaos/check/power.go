@@ -3,6 +3,7 @@ package check
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -60,11 +61,18 @@ type CutCounts struct {
 	// on a key the upstream charged before the cut: the statement's
 	// createdAt, placed by History.StartUnixNano). After the cut they were
 	// replayed (their commit survived, or a lookup reconciled them), were
-	// in doubt, were forwarded again (a violation of property 7; a double
+	// in doubt, were forwarded again (a violation of property 7, unless
+	// the statement says the request before the cut charged nothing and
+	// the route's lookup released the key: ReservedUncharged; a double
 	// charge if the upstream charged again, property 1), were unavailable
 	// at the final probe (a violation of property 7: the reservation
 	// neither survived nor left its key in doubt), or were not asked.
 	Reserved, ReservedReplayed, ReservedInDoubt, ReservedForwarded, ReservedUnavailable, ReservedUnasked int
+	// ReservedUncharged counts those of ReservedForwarded on the route
+	// with reconcile whose request before the cut the statement does not
+	// hold: the lookup found it not applied and released the key, and the
+	// forward after the cut is its one charge (no violation).
+	ReservedUncharged int
 	// Recharged counts the keys of the cut proxies charged more often than
 	// the outcome table allows (property 1's violations among them).
 	Recharged int
@@ -77,11 +85,11 @@ func (c CutCounts) String() string {
 	return fmt.Sprintf("%d power cuts; answered before a cut: %d keys, %d covered by a later sync "+
 		"(after the cut: %d replayed, %d in doubt, %d forwarded again, %d unavailable at the final probe, %d not asked), "+
 		"%d not yet synced (%d replayed, %d in doubt as allowed, %d forwarded again, %d unavailable at the final probe, %d not asked); "+
-		"forwarded (charged) before a cut, no answer received: %d keys (%d replayed, %d in doubt, %d forwarded again, %d unavailable at the final probe, %d not asked); "+
+		"forwarded before a cut, no answer received: %d keys (%d replayed, %d in doubt, %d forwarded again (%d of them not charged before the cut, reconciled as not applied), %d unavailable at the final probe, %d not asked); "+
 		"%d keys charged more than once; %d starts after a cut exited before ready",
 		c.Cuts, c.Answered, c.Synced, c.SyncedReplayed, c.SyncedInDoubt, c.SyncedForwarded, c.SyncedUnavailable, c.SyncedUnasked,
 		c.Answered-c.Synced, c.UnsyncedReplayed, c.UnsyncedInDoubt, c.UnsyncedForwarded, c.UnsyncedUnavailable, c.UnsyncedUnasked,
-		c.Reserved, c.ReservedReplayed, c.ReservedInDoubt, c.ReservedForwarded, c.ReservedUnavailable, c.ReservedUnasked, c.Recharged, c.FailedStarts)
+		c.Reserved, c.ReservedReplayed, c.ReservedInDoubt, c.ReservedForwarded, c.ReservedUncharged, c.ReservedUnavailable, c.ReservedUnasked, c.Recharged, c.FailedStarts)
 }
 
 // cutClient is the porcupine client of the first power cut's operations
@@ -388,7 +396,16 @@ func checkCuts(h History, byOrder map[string][]Op, orders []string, charges map[
 					"yet its request #%d (%.3fs) had been forwarded before it (%s); since the cut: %s",
 					cuts[i].Proxy, sec(cuts[i].At), o.ID, sec(o.Start), chargeIDs(charges[order]), since(ops, cuts[i], last))
 			}
-			if what == aForwarded && route.Policy == ReserveThenCommit { // release-on-5xx may have released it
+			// Forwarded again: a second charge only if the request before
+			// the cut made one (the statement is the authority). On the
+			// route with reconcile the lookup releases a key the upstream
+			// never charged, and its next request charges it once; on a
+			// route without, nothing but an operator releases a key in
+			// doubt, so a forward after the cut means the cut lost the
+			// synced reservation. release-on-5xx may have released it.
+			if what == aForwarded && route.Reconcile && !chargedBeforeCut(h, ops, route, charges[order], cuts[i]) {
+				n.ReservedUncharged++
+			} else if what == aForwarded && route.Policy == ReserveThenCommit {
 				for _, a := range ops {
 					if cl := classify(a, route); a.Start > cuts[i].Off && forwarded(cl) {
 						add(PropPowerCut, order, "attempt #%d (%s via %s, %.3fs) was forwarded (%d) after the power cut of %s at %.3fs, "+
@@ -405,6 +422,24 @@ func checkCuts(h History, byOrder map[string][]Op, orders []string, charges map[
 }
 
 func sec(ns int64) float64 { return float64(ns) / 1e9 }
+
+// chargedBeforeCut reports whether the statement holds a charge that the
+// key's request before the cut c made: a charge that no attempt forwarded
+// after the cut received as its answer and that the upstream recorded
+// before the cut was complete (its createdAt; when the history cannot
+// place it, any such charge counts).
+func chargedBeforeCut(h History, ops []Op, route Route, charges []Charge, c Cut) bool {
+	for _, ch := range charges {
+		one := []Charge{ch}
+		later := slices.ContainsFunc(ops, func(o Op) bool {
+			return o.Start > c.Off && forwarded(classify(o, route)) && matchesCharge(o.Body, one)
+		})
+		if !later && (h.StartUnixNano == 0 || chargedBefore(h, one, c.Off)) {
+			return true
+		}
+	}
+	return false
+}
 
 // forwardedAfter reports whether an attempt of ops that started after the
 // cut c was complete was forwarded.

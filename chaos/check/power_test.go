@@ -1,6 +1,10 @@
 package check
 
 import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -318,4 +322,161 @@ func countProp(vs []Violation, p int) int {
 		}
 	}
 	return n
+}
+
+// TestAForwardBeforeACutIsJudgedByTheStatement pins issue 40's finding
+// 11: a request forwarded before a power cut without an answer (504
+// upstream-timeout) counts as charged only if the upstream's statement
+// holds its charge. On the route that reconciles, the lookup after the
+// restart finds it not applied (404), releases the key, and the next
+// request charges it once: no violation. A real second charge is still
+// caught, and on a route without reconcile, where nothing but an operator
+// releases a key in doubt, a forward after the cut still means the cut
+// lost a synced reservation. The cut is at 500 (complete at 520) of r0;
+// chargeJSON's createdAt is 450 ns into the run, lateJSON's 1450 ns.
+func TestAForwardBeforeACutIsJudgedByTheStatement(t *testing.T) {
+	cut := Cut{Proxy: "r0", At: 500, Off: 520, Up: 600}
+	lateJSON := func(id string) string {
+		return fmt.Sprintf(`{"chargeId":%q,"orderId":"A","amount":5,"createdAt":"2026-12-01T22:00:00.000001Z"}`, id)
+	}
+	early, late := chargeJSON("ch_1", "A"), lateJSON("ch_2")
+	timeout := func(route string) Op { return problem(route, "A", 300, 400, 504, "upstream-timeout") }
+	reconciled := func(o Op) Op { o.Recon = true; return o }
+	charge := func(id, raw string) Charge { return Charge{ChargeID: id, OrderID: "A", Raw: []byte(raw)} }
+	tests := []struct {
+		name    string
+		ops     []Op
+		st      Statement
+		noStart bool  // the history cannot place the statement's createdAt
+		want    []int // the properties that must be reported, and no other
+		// what the counts must say about the key forwarded before the cut
+		forwarded, uncharged int
+	}{
+		{
+			// The seed's case: the statement holds one charge, the one
+			// made after the cut.
+			name: "reconciled as not applied, then charged once",
+			ops: []Op{timeout("charges"), fresh("charges", "A", 1000, 1100, 201, late),
+				probe(replay("charges", "A", 2000, 2010, 201, late))},
+			st:        Statement{charge("ch_2", late)},
+			forwarded: 1, uncharged: 1,
+		},
+		{
+			name: "reconciled as not applied, then charged once; the history cannot place createdAt",
+			ops: []Op{timeout("charges"), fresh("charges", "A", 1000, 1100, 201, late),
+				probe(replay("charges", "A", 2000, 2010, 201, late))},
+			st:        Statement{charge("ch_2", late)},
+			noStart:   true,
+			forwarded: 1, uncharged: 1,
+		},
+		{
+			name: "charged before the cut and again after it",
+			ops: []Op{timeout("charges"), fresh("charges", "A", 1000, 1100, 201, late),
+				probe(replay("charges", "A", 2000, 2010, 201, late))},
+			st:        Statement{charge("ch_1", early), charge("ch_2", late)},
+			want:      []int{PropChargedOnce, PropTwoXX, PropPowerCut},
+			forwarded: 1,
+		},
+		{
+			// The statement's one charge was made before the cut, yet a
+			// forward after it answered 504 again: the key was forwarded
+			// a second time, whatever the upstream did with it.
+			name: "charged before the cut, forwarded again after it without a charge",
+			ops: []Op{timeout("charges"), problem("charges", "A", 1000, 1100, 504, "upstream-timeout"),
+				probe(reconciled(replay("charges", "A", 2000, 2010, 201, early)))},
+			st:        Statement{charge("ch_1", early)},
+			want:      []int{PropPowerCut},
+			forwarded: 1,
+		},
+		{
+			name: "charged before the cut and again after it; the history cannot place createdAt",
+			ops: []Op{timeout("charges"), fresh("charges", "A", 1000, 1100, 201, late),
+				probe(replay("charges", "A", 2000, 2010, 201, late))},
+			st:        Statement{charge("ch_1", early), charge("ch_2", late)},
+			noStart:   true,
+			want:      []int{PropChargedOnce, PropTwoXX, PropPowerCut},
+			forwarded: 1,
+		},
+		{
+			name: "not charged before the cut, forwarded again on a route without reconcile",
+			ops: []Op{timeout("charges-wait"), fresh("charges-wait", "A", 1000, 1100, 201, late),
+				probe(replay("charges-wait", "A", 2000, 2010, 201, late))},
+			st:        Statement{charge("ch_2", late)},
+			want:      []int{PropLinearizable, PropPowerCut},
+			forwarded: 1,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := hist(tt.ops...)
+			h.Cuts = []Cut{cut}
+			if !tt.noStart {
+				h.StartUnixNano = time.Date(2026, 12, 1, 22, 0, 0, 0, time.UTC).UnixNano() - 450
+			}
+			res := Check(h, tt.st, Options{Dir: t.TempDir()})
+			wantOnly(t, res.Violations, tt.want)
+			if c := res.Cuts; c.Reserved != 1 || c.ReservedForwarded != tt.forwarded || c.ReservedUncharged != tt.uncharged {
+				t.Errorf("counts: %v; want 1 reserved, %d forwarded again, %d of them not charged before the cut", c, tt.forwarded, tt.uncharged)
+			}
+		})
+	}
+}
+
+// TestSeed1299329503 replays the keys of issue 40's false alarm, from the
+// run `go run ./chaos -faults default,slow,power-loss -duration 150s -seed
+// 1299329503` (reproduced on 7 December 2026; the two keys of its two
+// property-7 violations, testdata/seed-1299329503.*): each key was
+// forwarded on the route that reconciles (504 upstream-timeout, then 409
+// outcome-in-doubt) before the power cut of b0 at 145.065 s, and charged
+// once, by the probe after the cut; the upstream never recorded the first
+// request. The same history with a charge of the first request in the
+// statement is a real second charge, and is caught.
+func TestSeed1299329503(t *testing.T) {
+	var h History
+	raw, err := os.ReadFile(filepath.Join("testdata", "seed-1299329503.history.json"))
+	if err == nil {
+		err = json.Unmarshal(raw, &h)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err = os.ReadFile(filepath.Join("testdata", "seed-1299329503.statement.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := ParseStatement(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A charge of request #3232 (b-c-1354, forwarded at 136.328 s), as the
+	// upstream would have recorded it before the cut.
+	first := time.Unix(0, h.StartUnixNano+136_500_000_000).UTC().Format(time.RFC3339Nano)
+	early := Charge{ChargeID: "ch_first", OrderID: "b-c-1354",
+		Raw: []byte(`{"chargeId":"ch_first","orderId":"b-c-1354","amount":5,"createdAt":"` + first + `"}`)}
+	tests := []struct {
+		name string
+		st   Statement
+		want []int // the properties that must be reported, and no other
+		// the counts: keys forwarded before the cut, forwarded again
+		// after it, of them not charged before it
+		reserved, forwarded, uncharged int
+	}{
+		{name: "as the run ended: one charge each, made after the cut", st: st, reserved: 2, forwarded: 2, uncharged: 2},
+		{name: "the first request charged too", st: append(Statement{early}, st...),
+			want: []int{PropChargedOnce, PropTwoXX, PropPowerCut}, reserved: 2, forwarded: 2, uncharged: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res := Check(h, tt.st, Options{Dir: t.TempDir()})
+			wantOnly(t, res.Violations, tt.want)
+			for _, v := range res.Violations {
+				if v.Property == PropPowerCut && v.Order != "b-c-1354" {
+					t.Errorf("property 7 reported for %s, which the upstream charged once: %v", v.Order, v)
+				}
+			}
+			if c := res.Cuts; c.Reserved != tt.reserved || c.ReservedForwarded != tt.forwarded || c.ReservedUncharged != tt.uncharged {
+				t.Errorf("counts: %v; want %d reserved, %d forwarded again, %d of them not charged before the cut", c, tt.reserved, tt.forwarded, tt.uncharged)
+			}
+		})
+	}
 }
