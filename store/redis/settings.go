@@ -307,10 +307,11 @@ func (s *Store) CheckSettings(ctx context.Context) error {
 		s.pipe.setReplicas(reports[0].replicas)
 	}
 	for _, l := range losses {
-		st.log.Error("redis evicted keys: the store is marked lost", "seen", l)
-		if st.evicted != nil {
-			st.evicted(l)
+		if st.evicted == nil {
+			st.log.Error("redis evicted keys", "seen", l)
+			continue
 		}
+		st.evicted(l) // which logs the loss
 	}
 	return nil
 }
