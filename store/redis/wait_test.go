@@ -230,6 +230,22 @@ func TestWaitReplicasOptions(t *testing.T) {
 // is not waited on.
 func TestWaitAuto(t *testing.T) {
 	t.Parallel()
+	t.Run("sentinel", func(t *testing.T) {
+		t.Parallel()
+		primary, replica := startReplicated(t)
+		opts := waitTopologies[1].opts(t, primary)
+		opts.WaitAuto, opts.WaitTimeout = true, testWaitTimeout
+		s := newStore(t, opts)
+		c := ctx(t)
+		if err := s.CheckSettings(c); err != nil {
+			t.Fatal(err)
+		}
+		replica.Pause()
+		defer replica.Resume()
+		if rec, err := s.Reserve(c, "r/-/paused", store.Reservation{Token: "tok", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}); !errors.Is(err, ErrNotReplicated) || rec != nil {
+			t.Fatalf("Reserve through the Sentinel with the replica stopped = %v, %v; want an error wrapping ErrNotReplicated", rec, err)
+		}
+	})
 	primary, replica := startReplicated(t)
 	s := newStore(t, Options{Addrs: []string{primary.Addr()}, WaitAuto: true, WaitTimeout: testWaitTimeout})
 	c := ctx(t)
