@@ -166,6 +166,9 @@ type Store struct {
 	// single is set for a single-node client (neither Cluster nor
 	// Sentinel), whose node must not be a Cluster node.
 	single bool
+	// masterName is Options.MasterName: the checks name the Sentinel
+	// master by it (its client's address is not a node's).
+	masterName string
 	// settings is the view of the settings that lose keys; nil with
 	// Options.SkipEvictionCheck.
 	settings *settings
@@ -221,6 +224,7 @@ func New(opts Options) (*Store, error) {
 		opTimeout:    opts.OpTimeout,
 		writeTimeout: writeTimeout,
 		single:       !sentinel && !cluster,
+		masterName:   opts.MasterName,
 		epochSeen:    opts.EpochSeen,
 		scripts:      scripts,
 	}

@@ -271,6 +271,9 @@ func (s *Store) CheckSettings(ctx context.Context) error {
 	)
 	err := s.forEachNode(ctx, func(ctx context.Context, c *goredis.Client) error {
 		addr := c.Options().Addr
+		if s.masterName != "" {
+			addr = "the Sentinel master " + s.masterName
+		}
 		r, err := readNode(ctx, c, addr)
 		if err != nil {
 			return fmt.Errorf("node %s: %w", addr, err)

@@ -241,9 +241,22 @@ func TestWaitAuto(t *testing.T) {
 			t.Fatal(err)
 		}
 		replica.Pause()
-		defer replica.Resume()
 		if rec, err := s.Reserve(c, "r/-/paused", store.Reservation{Token: "tok", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}); !errors.Is(err, ErrNotReplicated) || rec != nil {
-			t.Fatalf("Reserve through the Sentinel with the replica stopped = %v, %v; want an error wrapping ErrNotReplicated", rec, err)
+			t.Errorf("Reserve through the Sentinel with the replica stopped = %v, %v; want an error wrapping ErrNotReplicated", rec, err)
+		}
+		replica.Resume()
+		// The settings are the master's, named by the Sentinel's name.
+		for _, kv := range [][2]string{{"maxmemory", "100mb"}, {"maxmemory-policy", "volatile-lru"}} {
+			if _, err := primary.Do("CONFIG", "SET", kv[0], kv[1]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s.CheckSettings(c); err != nil {
+			t.Fatal(err)
+		}
+		var se *store.SettingError
+		if _, err := s.Reserve(c, "r/-/evicting", store.Reservation{Token: "tok", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}); !errors.As(err, &se) || se.Node != "the Sentinel master mymaster" {
+			t.Errorf("Reserve through the Sentinel on a master that may evict = %v; want a *store.SettingError naming the Sentinel master", err)
 		}
 	})
 	primary, replica := startReplicated(t)
