@@ -187,18 +187,19 @@ func TestMain(m *testing.M) {
 }
 
 // TestSharedStoreRowsShowDatabaseCPU: in a real run, every shared-store
-// row, the Cluster's and the prefilled twins included, shows the database's
+// row, the Cluster's, the replicated Redis' and the prefilled twins included, shows the database's
 // CPU per request; only the rows without a database server show "-".
 func TestSharedStoreRowsShowDatabaseCPU(t *testing.T) {
 	tmp := sharedTempDir(t)
-	c := bench(t, tmp, "-targets", "bare,redis,redis-cluster,postgres-nosync", "-prefill", "100",
+	c := bench(t, tmp, "-targets", "bare,redis,redis-replica,redis-cluster,postgres-nosync", "-prefill", "100",
 		"-duration", "1s", "-single=false", "-driver", "go", "-log-level", "error")
 	out, err := c.CombinedOutput()
 	if err != nil {
 		t.Fatalf("bench: %v\n%s", err, out)
 	}
 	want := map[string]bool{ // target: has a database server
-		"bare": false, "redis": true, "redis@100": true, "redis-cluster": true, "redis-cluster@100": true,
+		"bare": false, "redis": true, "redis@100": true, "redis-replica": true, "redis-replica@100": true,
+		"redis-cluster": true, "redis-cluster@100": true,
 		"postgres-nosync": true, "postgres-nosync@100": true,
 	}
 	db := -1 // the DB CPU/req column

@@ -42,7 +42,14 @@ func (rc *redisCluster) cpu() time.Duration {
 }
 
 // isRedis says whether a target needs redis-server.
-func isRedis(name string) bool { return name == "redis" || name == "redis-cluster" }
+func isRedis(name string) bool {
+	return name == "redis" || name == "redis-cluster" || isReplicated(name)
+}
+
+// isReplicated says whether a target's Redis has a replica: redis-replica
+// (wait_replicas auto, the default: every write waits for it) and
+// redis-replica-nowait (wait_replicas: 0).
+func isReplicated(name string) bool { return name == "redis-replica" || name == "redis-replica-nowait" }
 
 // redisAvailable returns names without the targets whose programs are not
 // on the PATH (redis-server for redis and redis-cluster; redis-cli, which

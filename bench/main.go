@@ -85,7 +85,9 @@ import (
 
 // defaultTargets are the targets measured without -targets: all of them
 // but the tracing ones (badger-sync-trace, badger-sync-trace1: otlp.go),
-// which measure what tracing costs, not a store.
+// which measure what tracing costs, not a store, and the replicated Redis
+// ones (redis-replica, redis-replica-nowait), which measure what waiting
+// for a replica costs.
 const defaultTargets = "bare,badger-sync,badger-nosync,redis,redis-cluster,postgres-sync,postgres-nosync"
 
 // clkTck is the kernel's clock tick for /proc/<pid>/stat CPU times; 100 on
@@ -328,7 +330,7 @@ func run(o options, ps *procSet) error {
 		case "bare":
 			c = pinned(exec.Command(self, "-bare-listen", addr, "-bare-upstream", stubURL), o.pin)
 			err = startCmd(c)
-		case "badger-sync", "badger-nosync", "badger-sync-trace", "badger-sync-trace1", "redis", "redis-cluster", "postgres-sync", "postgres-nosync":
+		case "badger-sync", "badger-nosync", "badger-sync-trace", "badger-sync-trace1", "redis", "redis-replica", "redis-replica-nowait", "redis-cluster", "postgres-sync", "postgres-nosync":
 			dataDir = filepath.Join(tmp, "data-"+sp.name)
 			if sp.prefill > 0 && strings.HasPrefix(n, "badger") {
 				// Filled once, copied for the other Badger twin.
@@ -346,11 +348,17 @@ func run(o options, ps *procSet) error {
 			}
 			store := fmt.Sprintf("  badger:\n    dir: %s\n    sync_writes: %v\n", dataDir, n == "badger-sync" || isTraced(n))
 			switch {
-			case n == "redis":
+			case n == "redis" || isReplicated(n):
 				// Its own server, so that the fresh target's stays fresh.
 				raddr, rpid, err := startRedis(filepath.Join(tmp, "redis-"+sp.name), start)
 				if err != nil {
 					return fmt.Errorf("%s: %w", sp.name, err)
+				}
+				replicaPID := 0
+				if isReplicated(n) {
+					if replicaPID, err = startRedisReplica(filepath.Join(tmp, "redis-replica-"+sp.name), start, raddr); err != nil {
+						return fmt.Errorf("%s: %w", sp.name, err)
+					}
 				}
 				dataDir = filepath.Join(tmp, "redis-"+sp.name)
 				if sp.prefill > 0 {
@@ -362,7 +370,14 @@ func run(o options, ps *procSet) error {
 						time.Since(t0).Round(time.Second), mib(procStatus(rpid, "VmRSS")))
 				}
 				store = fmt.Sprintf("  redis:\n    addrs: [%s]\n", raddr)
+				if n == "redis-replica-nowait" {
+					store += "    wait_replicas: 0\n"
+				}
 				storeCPU = func() time.Duration { return cpuTime(rpid) }
+				if replicaPID != 0 {
+					// The database's CPU is the master's and the replica's.
+					storeCPU = func() time.Duration { return cpuTime(rpid) + cpuTime(replicaPID) }
+				}
 			case n == "redis-cluster":
 				// Its own nodes, as the redis target has its own server.
 				dataDir = filepath.Join(tmp, "redis-"+sp.name)

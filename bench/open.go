@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 )
@@ -35,6 +36,36 @@ func startRedis(dir string, start func(name string, args ...string) (*exec.Cmd, 
 		return "", 0, fmt.Errorf("redis: %w", err)
 	}
 	return addr, c.Process.Pid, nil
+}
+
+// startRedisReplica starts a redis-server in dir as startRedis does, a
+// replica of the Redis at master, and waits until the master counts it
+// (connected_slaves:1) and its link is up. It returns the replica's
+// process id.
+func startRedisReplica(dir string, start func(name string, args ...string) (*exec.Cmd, error), master string) (int, error) {
+	addr := freeAddr()
+	_, port, _ := net.SplitHostPort(addr)
+	mhost, mport, _ := net.SplitHostPort(master)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return 0, err
+	}
+	c, err := start("redis-server", "--bind", "127.0.0.1", "--port", port, "--dir", dir,
+		"--save", "", "--appendonly", "yes", "--appendfsync", "everysec", "--replicaof", mhost, mport)
+	if err != nil {
+		return 0, err
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		r, err1 := redisDo(addr, "INFO", "replication")
+		m, err2 := redisDo(master, "INFO", "replication")
+		if err1 == nil && err2 == nil && strings.Contains(r, "master_link_status:up") && strings.Contains(m, "connected_slaves:1") {
+			return c.Process.Pid, nil
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("redis replica on %s not in sync within 30s: %v, %v", addr, err1, err2)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // openResult is one target's open-loop measurement.

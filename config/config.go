@@ -226,21 +226,32 @@ type Redis struct {
 	// trust instead of the system's.
 	TLS       bool   `yaml:"tls"`
 	TLSCAFile string `yaml:"tls_ca_file"`
-	// SkipEvictionCheck stops /readyz from checking that Redis cannot
-	// evict records (maxmemory-policy noeviction), for a Redis that hides
-	// INFO memory and is known to be configured so.
+	// SkipEvictionCheck stops the checks of the settings that lose keys
+	// (eviction policy, persistence, evictions, connected replicas), for a
+	// Redis that hides INFO and is known to be configured safely.
 	SkipEvictionCheck bool `yaml:"skip_eviction_check"`
+	// AllowEviction accepts a maxmemory-policy other than noeviction (with
+	// a maxmemory): protected requests are served instead of refused with
+	// 503 store-unsafe-settings. An eviction seen still marks the store
+	// lost.
+	AllowEviction bool `yaml:"allow_eviction"`
+	// AllowNoPersistence accepts a Redis with neither the append-only file
+	// nor RDB snapshots: protected requests are served instead of refused.
+	AllowNoPersistence bool `yaml:"allow_no_persistence"`
 	// KeyPrefix prefixes every Redis key. Default "idemproxy:".
 	KeyPrefix string `yaml:"key_prefix"`
 	// DialTimeout default 1s; OpTimeout default 500ms.
 	DialTimeout Duration `yaml:"dial_timeout"`
 	OpTimeout   Duration `yaml:"op_timeout"`
-	// WaitReplicas, when positive, makes every write of a record wait
-	// (Redis WAIT) until that many replicas acknowledged it; fewer within
-	// WaitTimeout fail the write (a reservation answers 503). Zero, the
-	// default: no waiting, and a failover may lose the writes of the last
-	// replication lag. Not on a Redis Cluster.
-	WaitReplicas int `yaml:"wait_replicas"`
+	// WaitReplicas is auto (the default) or a number of replicas. A
+	// number N above 0 makes every write of a record wait (Redis WAIT)
+	// until N replicas acknowledged it; fewer within WaitTimeout fail the
+	// write (a reservation answers 503). Auto waits for one replica
+	// whenever the master reports one or more connected, and for none
+	// when it reports none (and on a Redis Cluster). 0: no waiting, and a
+	// failover may lose the writes of the last replication lag. A number
+	// above 0 is not supported on a Redis Cluster. See ReplicaWait.
+	WaitReplicas string `yaml:"wait_replicas"`
 	// WaitTimeout bounds each wait for the replicas. Default 500ms; it
 	// must be shorter than every route's lease minus its
 	// upstream_timeout.
@@ -250,6 +261,19 @@ type Redis struct {
 	// releases before the packed layout, which cannot read packed
 	// records). Either is read whatever it says. Empty means packed.
 	RecordLayout string `yaml:"record_layout"`
+}
+
+// RedisWaitAuto is store.redis.wait_replicas' auto.
+const RedisWaitAuto = "auto"
+
+// ReplicaWait returns store.redis.wait_replicas (validated): auto, or the
+// number of replicas every write waits for.
+func (r *Redis) ReplicaWait() (n int, auto bool) {
+	if r.WaitReplicas == RedisWaitAuto {
+		return 0, true
+	}
+	n, _ = strconv.Atoi(r.WaitReplicas)
+	return n, false
 }
 
 // Postgres configures the PostgreSQL store.

@@ -727,6 +727,10 @@ func TestRedis(t *testing.T) {
 			[]string{"store.redis.dial_timeout: must be positive", "store.redis.op_timeout: must be positive"}},
 		{"negative wait_replicas", redis("    addrs: [r:6379]\n    wait_replicas: -1\n"),
 			[]string{"store.redis.wait_replicas: must not be negative"}},
+		{"wait_replicas neither auto nor a number", redis("    addrs: [r:6379]\n    wait_replicas: one\n"),
+			[]string{`store.redis.wait_replicas: "one" is neither auto nor a number of replicas`}},
+		{"auto without a timeout", redis("    addrs: [r:6379]\n    wait_timeout: -1ms\n"),
+			[]string{"store.redis.wait_timeout: must be positive when wait_replicas is set"}},
 		{"wait without a timeout", redis("    addrs: [r:6379]\n    wait_replicas: 1\n    wait_timeout: -1ms\n"),
 			[]string{"store.redis.wait_timeout: must be positive when wait_replicas is set"}},
 		{"wait on a cluster", redis("    addrs: [r1:6379, r2:6379]\n    wait_replicas: 1\n"),
@@ -759,8 +763,8 @@ func TestRedis(t *testing.T) {
 		})
 	}
 
-	if r.WaitReplicas != 0 || r.WaitTimeout.D() != 500*time.Millisecond {
-		t.Errorf("redis defaults: wait_replicas %d, wait_timeout %v; want 0, 500ms", r.WaitReplicas, r.WaitTimeout.D())
+	if n, auto := r.ReplicaWait(); r.WaitReplicas != "auto" || !auto || n != 0 || r.WaitTimeout.D() != 500*time.Millisecond {
+		t.Errorf("redis defaults: wait_replicas %q (%d, auto %v), wait_timeout %v; want auto, 500ms", r.WaitReplicas, n, auto, r.WaitTimeout.D())
 	}
 	if r.RecordLayout != "packed" {
 		t.Errorf("redis default record_layout %q, want packed", r.RecordLayout)
@@ -771,12 +775,21 @@ func TestRedis(t *testing.T) {
 		}
 	}
 	// Waiting for replicas: a single node or Sentinel, within the margin.
-	for _, src := range []string{
-		redis("    addrs: [r:6379]\n    wait_replicas: 1\n"),
-		redis("    addrs: [s1:26379, s2:26379]\n    master_name: m\n    wait_replicas: 2\n    wait_timeout: 4s\n"),
+	// An integer keeps its meaning (0: no waiting); auto, the default,
+	// is allowed on a Cluster too, where it waits for none.
+	for _, tc := range []struct {
+		src  string
+		n    int
+		auto bool
+	}{
+		{redis("    addrs: [r:6379]\n    wait_replicas: 1\n"), 1, false},
+		{redis("    addrs: [s1:26379, s2:26379]\n    master_name: m\n    wait_replicas: 2\n    wait_timeout: 4s\n"), 2, false},
+		{redis("    addrs: [r:6379]\n    wait_replicas: 0\n"), 0, false},
+		{redis("    addrs: [r:6379]\n    wait_replicas: auto\n"), 0, true},
+		{redis("    addrs: [r1:6379, r2:6379]\n"), 0, true},
 	} {
-		if c := mustParse(t, src); c.Store.Redis.WaitReplicas == 0 {
-			t.Errorf("wait_replicas not read from\n%s", src)
+		if n, auto := mustParse(t, tc.src).Store.Redis.ReplicaWait(); n != tc.n || auto != tc.auto {
+			t.Errorf("wait_replicas of\n%s= %d, auto %v; want %d, auto %v", tc.src, n, auto, tc.n, tc.auto)
 		}
 	}
 

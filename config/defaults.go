@@ -21,6 +21,7 @@ const (
 	DefaultRedisDialTimeout         = time.Second
 	DefaultRedisOpTimeout           = 500 * time.Millisecond
 	DefaultRedisRecordLayout        = RecordLayoutPacked
+	DefaultRedisWaitReplicas        = RedisWaitAuto          // wait for one replica whenever the master reports one: a promotion loses no acknowledged write
 	DefaultRedisWaitTimeout         = 500 * time.Millisecond // a replica nearby acks in ~1ms: 500ms means down or far behind; 503 within op_timeout + wait_timeout (1s), well inside the 5s lease margin
 	DefaultEpochCheckInterval       = 2 * time.Second
 	DefaultPostgresMaxConns         = 16
@@ -175,6 +176,7 @@ func (r *Redis) applyDefaults() {
 	setDuration(&r.OpTimeout, DefaultRedisOpTimeout)
 	setDuration(&r.WaitTimeout, DefaultRedisWaitTimeout)
 	setString(&r.RecordLayout, DefaultRedisRecordLayout)
+	setString(&r.WaitReplicas, DefaultRedisWaitReplicas)
 }
 
 func (pg *Postgres) applyDefaults() {

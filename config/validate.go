@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -239,14 +240,19 @@ func (r *Redis) validate(p *problems) {
 		p.add("store.redis.op_timeout", "must be positive")
 	}
 	oneOf(p, "store.redis.record_layout", r.RecordLayout, RecordLayoutPacked, RecordLayoutHash)
-	if r.WaitReplicas < 0 {
+	n, err := strconv.Atoi(r.WaitReplicas)
+	switch {
+	case r.WaitReplicas == RedisWaitAuto:
+	case err != nil:
+		p.add("store.redis.wait_replicas", "%q is neither auto nor a number of replicas (0: do not wait for replicas)", r.WaitReplicas)
+	case n < 0:
 		p.add("store.redis.wait_replicas", "must not be negative (0: do not wait for replicas)")
 	}
-	if r.WaitReplicas > 0 {
+	if n, auto := r.ReplicaWait(); n > 0 || auto {
 		if r.WaitTimeout <= 0 {
 			p.add("store.redis.wait_timeout", "must be positive when wait_replicas is set")
 		}
-		if (len(r.Addrs) > 1 || r.Cluster) && r.MasterName == "" {
+		if n > 0 && (len(r.Addrs) > 1 || r.Cluster) && r.MasterName == "" {
 			p.add("store.redis.wait_replicas", "is not supported on a Redis Cluster: WAIT covers one node's connection, and a pipeline spans nodes; use a single node with replicas, or Sentinel")
 		}
 	}
@@ -258,7 +264,10 @@ func (r *Redis) validate(p *problems) {
 // outlast upstream_timeout.
 func (c *Config) validateRedisWait(p *problems, f string, r *Route) {
 	rd := c.Store.Redis
-	if rd == nil || rd.WaitReplicas <= 0 || rd.WaitTimeout <= 0 || r.Lease <= r.UpstreamTimeout {
+	if rd == nil || rd.WaitTimeout <= 0 || r.Lease <= r.UpstreamTimeout {
+		return
+	}
+	if n, auto := rd.ReplicaWait(); n <= 0 && !auto {
 		return
 	}
 	if margin := r.Lease - r.UpstreamTimeout; rd.WaitTimeout >= margin {

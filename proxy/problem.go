@@ -14,29 +14,30 @@ type problem = rfc9457.Type
 // domain error becomes an HTTP status; the problems others answer with
 // too are declared in internal/problem.
 var (
-	probMissingKey        = problem{Name: "missing-key", Status: http.StatusBadRequest, Title: "Idempotency key missing"}
-	probInvalidKey        = problem{Name: "invalid-key", Status: http.StatusBadRequest, Title: "Idempotency key invalid"}
-	probInvalidJSON       = problem{Name: "invalid-json", Status: http.StatusBadRequest, Title: "Request body is not valid JSON"}
-	probMissingScope      = problem{Name: "missing-scope", Status: http.StatusBadRequest, Title: "Scope header missing"}
-	probInvalidScope      = problem{Name: "invalid-scope", Status: http.StatusBadRequest, Title: "Scope header invalid"}
-	probUnreadableBody    = problem{Name: "unreadable-body", Status: http.StatusBadRequest, Title: "Request body could not be read"}
-	probInvalidUpgrade    = problem{Name: "invalid-upgrade", Status: http.StatusBadRequest, Title: "Upgrade protocol invalid"}
-	probBodyTooLarge      = problem{Name: "body-too-large", Status: http.StatusRequestEntityTooLarge, Title: "Request body too large"}
-	probUnsupportedCoding = problem{Name: "unsupported-content-encoding", Status: http.StatusUnsupportedMediaType, Title: "Request content encoding not supported"}
-	probHeaderFields      = rfc9457.TooManyHeaderFields
-	probBodyTimeout       = problem{Name: "body-timeout", Status: http.StatusRequestTimeout, Title: "Request body not received in time"}
-	probInFlight          = problem{Name: "request-in-flight", Status: http.StatusConflict, Title: "A request with this key is being processed"}
-	probInDoubt           = problem{Name: "outcome-in-doubt", Status: http.StatusConflict, Title: "The outcome of an earlier request with this key is unknown"}
-	probDuplicate         = problem{Name: "duplicate-request", Status: http.StatusConflict, Title: "Duplicate request"}
-	probNotReplayable     = problem{Name: "response-not-replayable", Status: http.StatusConflict, Title: "Duplicate request whose answer was too large to store"}
-	probMismatch          = problem{Name: "fingerprint-mismatch", Status: http.StatusUnprocessableEntity, Title: "Idempotency key reused with a different request"}
-	probUpstreamDown      = problem{Name: "upstream-unreachable", Status: http.StatusBadGateway, Title: "Upstream not reached"}
-	probUpstreamReset     = problem{Name: "upstream-reset", Status: http.StatusBadGateway, Title: "Upstream connection lost before an answer"}
-	probUpstreamTimeout   = problem{Name: "upstream-timeout", Status: http.StatusGatewayTimeout, Title: "Upstream did not answer in time"}
-	probStoreUnavailable  = rfc9457.StoreUnavailable
-	probStoreLostKeys     = problem{Name: "store-lost-keys", Status: http.StatusServiceUnavailable, Title: "Idempotency store lost its keys"}
-	probOverloaded        = rfc9457.Overloaded
-	probShuttingDown      = problem{Name: "shutting-down", Status: http.StatusServiceUnavailable, Title: "Proxy shutting down"}
+	probMissingKey          = problem{Name: "missing-key", Status: http.StatusBadRequest, Title: "Idempotency key missing"}
+	probInvalidKey          = problem{Name: "invalid-key", Status: http.StatusBadRequest, Title: "Idempotency key invalid"}
+	probInvalidJSON         = problem{Name: "invalid-json", Status: http.StatusBadRequest, Title: "Request body is not valid JSON"}
+	probMissingScope        = problem{Name: "missing-scope", Status: http.StatusBadRequest, Title: "Scope header missing"}
+	probInvalidScope        = problem{Name: "invalid-scope", Status: http.StatusBadRequest, Title: "Scope header invalid"}
+	probUnreadableBody      = problem{Name: "unreadable-body", Status: http.StatusBadRequest, Title: "Request body could not be read"}
+	probInvalidUpgrade      = problem{Name: "invalid-upgrade", Status: http.StatusBadRequest, Title: "Upgrade protocol invalid"}
+	probBodyTooLarge        = problem{Name: "body-too-large", Status: http.StatusRequestEntityTooLarge, Title: "Request body too large"}
+	probUnsupportedCoding   = problem{Name: "unsupported-content-encoding", Status: http.StatusUnsupportedMediaType, Title: "Request content encoding not supported"}
+	probHeaderFields        = rfc9457.TooManyHeaderFields
+	probBodyTimeout         = problem{Name: "body-timeout", Status: http.StatusRequestTimeout, Title: "Request body not received in time"}
+	probInFlight            = problem{Name: "request-in-flight", Status: http.StatusConflict, Title: "A request with this key is being processed"}
+	probInDoubt             = problem{Name: "outcome-in-doubt", Status: http.StatusConflict, Title: "The outcome of an earlier request with this key is unknown"}
+	probDuplicate           = problem{Name: "duplicate-request", Status: http.StatusConflict, Title: "Duplicate request"}
+	probNotReplayable       = problem{Name: "response-not-replayable", Status: http.StatusConflict, Title: "Duplicate request whose answer was too large to store"}
+	probMismatch            = problem{Name: "fingerprint-mismatch", Status: http.StatusUnprocessableEntity, Title: "Idempotency key reused with a different request"}
+	probUpstreamDown        = problem{Name: "upstream-unreachable", Status: http.StatusBadGateway, Title: "Upstream not reached"}
+	probUpstreamReset       = problem{Name: "upstream-reset", Status: http.StatusBadGateway, Title: "Upstream connection lost before an answer"}
+	probUpstreamTimeout     = problem{Name: "upstream-timeout", Status: http.StatusGatewayTimeout, Title: "Upstream did not answer in time"}
+	probStoreUnavailable    = rfc9457.StoreUnavailable
+	probStoreLostKeys       = problem{Name: "store-lost-keys", Status: http.StatusServiceUnavailable, Title: "Idempotency store lost its keys"}
+	probStoreUnsafeSettings = problem{Name: "store-unsafe-settings", Status: http.StatusServiceUnavailable, Title: "Idempotency store runs with a setting that may lose keys"}
+	probOverloaded          = rfc9457.Overloaded
+	probShuttingDown        = problem{Name: "shutting-down", Status: http.StatusServiceUnavailable, Title: "Proxy shutting down"}
 )
 
 // Problems lists every problem the proxy can answer with, for the docs and
@@ -44,7 +45,7 @@ var (
 func Problems() []rfc9457.Type {
 	all := []problem{probMissingKey, probInvalidKey, probInvalidJSON, probMissingScope, probInvalidScope, probUnreadableBody,
 		probInvalidUpgrade, probBodyTooLarge, probHeaderFields, probBodyTimeout, probInFlight, probInDoubt, probDuplicate, probNotReplayable, probMismatch,
-		probUpstreamDown, probUpstreamReset, probUpstreamTimeout, probStoreUnavailable, probStoreLostKeys, probOverloaded, probShuttingDown,
+		probUpstreamDown, probUpstreamReset, probUpstreamTimeout, probStoreUnavailable, probStoreLostKeys, probStoreUnsafeSettings, probOverloaded, probShuttingDown,
 		probUnsupportedCoding}
 	return all
 }

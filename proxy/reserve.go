@@ -73,7 +73,7 @@ func (a *attempt) reserveAndForward(w http.ResponseWriter, body []byte, id ident
 			// The reservation may have been applied with its reply lost:
 			// take it back, so the key is not left in flight (and then in
 			// doubt) for a request that was never forwarded.
-			if !errors.Is(err, store.ErrKeysLost) { // refused before the store was written
+			if !errors.Is(err, store.ErrKeysLost) && !errors.Is(err, store.ErrUnsafeSettings) { // refused before the store was written
 				a.p.releaseLater(a.storeKey, res.Token, a.reservedAt.Add(cfg.Lease.D()))
 			}
 			a.storeFailed(w, body, "reserve", err)
@@ -238,9 +238,13 @@ func (a *attempt) answerExisting(w http.ResponseWriter, rec *store.Record) {
 // the transition, so each refusal is logged at debug level only.
 func (a *attempt) storeFailed(w http.ResponseWriter, body []byte, op string, err error) {
 	lost := errors.Is(err, store.ErrKeysLost)
-	if lost {
+	var unsafe *store.SettingError
+	switch {
+	case lost:
 		a.p.log.Debug("store lost its keys: reservation refused", "route", a.routeName(), "key_hash", store.KeyHash(a.storeKey), "err", err)
-	} else {
+	case errors.As(err, &unsafe):
+		a.p.log.Debug("store runs with a setting that may lose keys: reservation refused", "route", a.routeName(), "key_hash", store.KeyHash(a.storeKey), "err", err)
+	default:
 		a.p.log.Error("store failed", "route", a.routeName(), "operation", op, "key_hash", store.KeyHash(a.storeKey), "err", err)
 	}
 	a.outcome = OutcomeStoreError
@@ -252,6 +256,12 @@ func (a *attempt) storeFailed(w http.ResponseWriter, body []byte, op string, err
 		a.problem(w, OutcomeStoreError, probStoreLostKeys, "the idempotency store no longer has the keys it had "+
 			"(restarted empty, flushed or truncated), or a new store waits for the other replicas to object: "+
 			"nothing was forwarded; retry later (an operator must accept a loss)", 5, nil)
+		return
+	}
+	if unsafe != nil {
+		a.problem(w, OutcomeStoreError, probStoreUnsafeSettings, "the idempotency store's "+unsafe.Setting+" is "+unsafe.Seen+
+			" ("+unsafe.Why+"): nothing was forwarded; retry later (an operator must "+unsafe.Fix+")", 5,
+			map[string]any{"setting": unsafe.Setting})
 		return
 	}
 	a.problem(w, OutcomeStoreError, probStoreUnavailable, "the idempotency store cannot be reached; retry later", 1, nil)

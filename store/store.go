@@ -372,3 +372,41 @@ type EpochStore interface {
 // no operator has accepted the loss yet, or because the replica is still
 // waiting for other replicas to object to a new marker.
 var ErrKeysLost = errors.New("the idempotency store lost its keys")
+
+// ErrUnsafeSettings is returned (wrapped, usually in a *SettingError) for
+// a reservation refused because the store runs with a setting that loses
+// keys (Redis' eviction policy, no persistence) and the operator has not
+// opted in to it: nothing was written, and the request must not be
+// forwarded.
+var ErrUnsafeSettings = errors.New("the idempotency store runs with a setting that may lose keys")
+
+// SettingError says which setting of the store may lose keys and how to
+// fix it. It wraps Err, which wraps ErrUnsafeSettings.
+type SettingError struct {
+	// Err is the backend's sentinel (for example redis.ErrEvictionPolicy).
+	Err error
+	// Setting names the store's setting, as its own configuration spells
+	// it ("maxmemory-policy", "appendonly").
+	Setting string
+	// Seen is what was seen, without where ("allkeys-lru with maxmemory
+	// 1048576 bytes").
+	Seen string
+	// Node is where it was seen (a Redis address), for logs; "" when not
+	// known. It is never shown to a client.
+	Node string
+	// Why says how the setting loses keys.
+	Why string
+	// Fix says what the operator does: the setting's safe value, and the
+	// opt-in that accepts it.
+	Fix string
+}
+
+func (e *SettingError) Error() string {
+	where := ""
+	if e.Node != "" {
+		where = " on " + e.Node
+	}
+	return fmt.Sprintf("%v: %s is %s%s; %s: %s", e.Err, e.Setting, e.Seen, where, e.Why, e.Fix)
+}
+
+func (e *SettingError) Unwrap() error { return e.Err }

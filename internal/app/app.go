@@ -53,6 +53,10 @@ type app struct {
 	// epoch marker read on each new connection (epoch.go); nil outside
 	// serve.
 	epochSeen func(m *store.Epoch, read bool) error
+	// keysEvicted is given to the Redis store, which calls it when it saw
+	// keys evicted: the epoch watcher marks the store lost; nil outside
+	// serve.
+	keysEvicted func(reason string)
 }
 
 // storeCloser is a store the program opens and closes; every backend
@@ -147,6 +151,11 @@ func (a *app) serve(ctx context.Context) error {
 	a.settler = settle.New(log)
 	var watcher atomic.Pointer[epoch.Watcher]
 	a.epochSeen = func(m *store.Epoch, read bool) error { return epochSeen(watcher.Load(), m, read) }
+	a.keysEvicted = func(reason string) {
+		if w := watcher.Load(); w != nil {
+			w.MarkLost(reason)
+		}
+	}
 	st, storeName, err := a.openStore(reg)
 	if err != nil {
 		return fmt.Errorf("open store: %w", err)

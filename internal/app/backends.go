@@ -80,19 +80,25 @@ func (a *app) openStore(reg prometheus.Registerer) (storeCloser, string, error) 
 // openRedis opens the shared Redis store of store.redis.
 func openRedis(a *app) (storeCloser, error) {
 	r := a.cfg.Store.Redis
+	wait, auto := r.ReplicaWait()
 	opts := redis.Options{
-		Addrs:             r.Addrs,
-		MasterName:        r.MasterName,
-		ClusterMode:       r.Cluster,
-		SkipEvictionCheck: r.SkipEvictionCheck,
-		DB:                r.DB,
-		KeyPrefix:         r.KeyPrefix,
-		DialTimeout:       r.DialTimeout.D(),
-		OpTimeout:         r.OpTimeout.D(),
-		EpochSeen:         a.epochSeen,
-		WaitReplicas:      r.WaitReplicas,
-		WaitTimeout:       r.WaitTimeout.D(),
-		RecordLayout:      redis.RecordLayout(r.RecordLayout),
+		Addrs:              r.Addrs,
+		MasterName:         r.MasterName,
+		ClusterMode:        r.Cluster,
+		SkipEvictionCheck:  r.SkipEvictionCheck,
+		AllowEviction:      r.AllowEviction,
+		AllowNoPersistence: r.AllowNoPersistence,
+		KeysEvicted:        a.keysEvicted,
+		Logger:             a.log.With("store", config.StoreRedis),
+		DB:                 r.DB,
+		KeyPrefix:          r.KeyPrefix,
+		DialTimeout:        r.DialTimeout.D(),
+		OpTimeout:          r.OpTimeout.D(),
+		EpochSeen:          a.epochSeen,
+		WaitReplicas:       wait,
+		WaitAuto:           auto,
+		WaitTimeout:        r.WaitTimeout.D(),
+		RecordLayout:       redis.RecordLayout(r.RecordLayout),
 	}
 	for _, c := range []struct {
 		env string

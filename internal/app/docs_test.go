@@ -84,7 +84,7 @@ func registeredMetrics(t *testing.T) map[string][]string {
 	store.RegisterProbeMetrics(rec, store.NewWriteProbe(st, store.ProbeOptions{}))
 	admin.NewHandler(admin.Options{Store: st, Registerer: rec})
 	registerEpochMetrics(rec, epoch.New(epoch.Options{Store: st, Interval: time.Second}))
-	registerStoreRisk(rec)
+	registerStoreRisk(rec, nil)
 	return rec.labels
 }
 

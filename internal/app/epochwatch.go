@@ -62,9 +62,10 @@ func (a *app) watchEpoch(ctx context.Context, reg prometheus.Registerer, st stor
 	w := epoch.New(opts)
 	slot.Store(w)
 	registerEpochMetrics(reg, w)
-	risk := registerStoreRisk(reg)
-	if rs, ok := st.(*redis.Store); ok {
-		a.checkRedisConfig(risk, rs)
+	rs, _ := st.(*redis.Store)
+	registerStoreRisk(reg, rs)
+	if rs != nil {
+		a.checkRedisSettings(ctx, rs)
 	}
 	cctx, cancel := context.WithTimeout(ctx, epochStartTimeout)
 	if err := w.Check(cctx); err != nil {
@@ -94,9 +95,24 @@ func (a *app) watchEpoch(ctx context.Context, reg prometheus.Registerer, st stor
 		defer wg.Done()
 		w.Run(ctx)
 	}()
+	if rs != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rs.WatchSettings(ctx, interval)
+		}()
+	}
 	ready := func() error {
+		if a.storeOptional() {
+			return nil
+		}
 		err := w.Err()
-		if err == nil || a.storeOptional() {
+		if err == nil {
+			if rs != nil {
+				if err := rs.SettingsErr(); err != nil {
+					return fmt.Errorf("store-unsafe-settings: %w", err)
+				}
+			}
 			return nil
 		}
 		if st := w.Status(); st.State != epoch.Unknown {
@@ -107,19 +123,35 @@ func (a *app) watchEpoch(ctx context.Context, reg prometheus.Registerer, st stor
 	return epoch.Gate(st, w), ready, func() { cancel(); wg.Wait() }
 }
 
-// registerStoreRisk registers idemproxy_store_config_risk, every risk at
-// 0: on every store, so that its series exist for the alert; only Redis'
-// configuration is read (checkRedisConfig).
-func registerStoreRisk(reg prometheus.Registerer) *prometheus.GaugeVec {
-	risk := prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "idemproxy_store_config_risk",
-		Help: "1 when the store's configuration, read at start, risks losing keys: risk eviction (Redis maxmemory-policy is not noeviction) or no_persistence (Redis with neither AOF nor RDB). Redis only, where CONFIG GET is allowed; 0 otherwise.",
-	}, []string{"risk"})
-	reg.MustRegister(risk)
+// registerStoreRisk registers idemproxy_store_config_risk and
+// idemproxy_store_config_risk_allowed, every risk: on every store, so that
+// their series exist for the alert; only Redis' settings are read (rs;
+// nil for another store: 0).
+func registerStoreRisk(reg prometheus.Registerer, rs *redis.Store) {
 	for _, r := range redis.Risks {
-		risk.WithLabelValues(r).Set(0)
+		labels := prometheus.Labels{"risk": r}
+		allowed := 0.0
+		if rs != nil && rs.Allowed(r) {
+			allowed = 1
+		}
+		reg.MustRegister(
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name:        "idemproxy_store_config_risk",
+				Help:        "1 while the store runs with a setting that may lose keys, as its checks (every store.epoch_check_interval, on each new connection, on every master) last saw it: risk eviction (Redis maxmemory above 0 with a maxmemory-policy other than noeviction) or no_persistence (Redis with neither AOF nor RDB snapshots). Protected routes answer 503 store-unsafe-settings meanwhile, unless idemproxy_store_config_risk_allowed is 1. Redis only; 0 otherwise.",
+				ConstLabels: labels,
+			}, func() float64 {
+				if rs != nil && rs.Risks()[r] != "" {
+					return 1
+				}
+				return 0
+			}),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name:        "idemproxy_store_config_risk_allowed",
+				Help:        "1 when the configuration opts in to the risk (store.redis.allow_eviction, store.redis.allow_no_persistence): protected requests are served while it is seen. Redis only; 0 otherwise.",
+				ConstLabels: labels,
+			}, func() float64 { return allowed }),
+		)
 	}
-	return risk
 }
 
 // registerEpochMetrics exports the watcher's view, for the alert on a
@@ -142,27 +174,30 @@ func registerEpochMetrics(reg prometheus.Registerer, w *epoch.Watcher) {
 	)
 }
 
-// checkRedisConfig warns, once at start, of a Redis configuration that
-// forgets keys (an eviction policy, no persistence), where CONFIG GET is
-// allowed, and exports it.
-func (a *app) checkRedisConfig(risk *prometheus.GaugeVec, rs *redis.Store) {
-	ctx, cancel := context.WithTimeout(context.Background(), epochStartTimeout)
-	defer cancel()
-	risks, known, err := rs.ConfigRisks(ctx)
-	switch {
-	case err != nil:
-		a.log.Warn("redis configuration not checked", "err", err)
-		return
-	case !known:
-		a.log.Info("redis refuses CONFIG GET: its eviction policy and persistence were not checked")
+// checkRedisSettings logs the operator's opt-ins to settings that lose
+// keys, at every start, and checks Redis' settings once before the proxy
+// serves (rs logs what it sees).
+func (a *app) checkRedisSettings(ctx context.Context, rs *redis.Store) {
+	r := a.cfg.Store.Redis
+	for _, o := range []struct {
+		on         bool
+		field, why string
+	}{
+		{r.AllowEviction, "store.redis.allow_eviction", "a maxmemory-policy that evicts records is accepted: an eviction lets retries of answered requests through until it is seen (then the store is marked lost)"},
+		{r.AllowNoPersistence, "store.redis.allow_no_persistence", "a Redis without AOF or RDB snapshots is accepted: a restart forgets every key (the epoch marker then refuses protected requests until an operator accepts the loss)"},
+	} {
+		if o.on {
+			a.log.Warn("redis settings that may lose idempotency keys are allowed by the configuration", "field", o.field, "risk", o.why)
+		}
+	}
+	if r.SkipEvictionCheck {
+		a.log.Warn("redis settings are not checked (store.redis.skip_eviction_check): an eviction policy or no persistence would not be refused, and evictions not seen")
 		return
 	}
-	for _, r := range redis.Risks {
-		if seen := risks[r]; seen != "" {
-			risk.WithLabelValues(r).Set(1)
-			a.log.Warn("redis may lose idempotency keys: a restart or eviction would let retries of answered requests through again "+
-				"(the epoch marker detects it and refuses them until an operator accepts the loss)", "risk", r, "seen", seen)
-		}
+	cctx, cancel := context.WithTimeout(ctx, epochStartTimeout)
+	defer cancel()
+	if err := rs.CheckSettings(cctx); err != nil {
+		a.log.Warn("redis settings not checked at start: checked again every store.epoch_check_interval", "err", err)
 	}
 }
 

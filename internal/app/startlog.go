@@ -71,7 +71,7 @@ func redisAttrs(s config.Store, _ func(string) string) []any {
 	if s.Redis.RecordLayout != "" {
 		attrs = append(attrs, "redis_record_layout", s.Redis.RecordLayout)
 	}
-	if s.Redis.WaitReplicas > 0 {
+	if w := s.Redis.WaitReplicas; w != "" && w != "0" {
 		attrs = append(attrs, "redis_wait_replicas", s.Redis.WaitReplicas)
 	}
 	return attrs

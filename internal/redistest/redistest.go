@@ -51,8 +51,11 @@ type Server struct {
 }
 
 // Start starts redis-server on a free loopback port with its own data
-// directory in tb.TempDir(), persistence off (--save "" --appendonly no) unless
-// args say otherwise, and waits until it answers PING and INFO server shows
+// directory in tb.TempDir(), the append-only file off and RDB snapshots on
+// a schedule they never reach in a test (--save "86400 1" --appendonly no:
+// persistence as the proxy's settings check sees it, with nothing written
+// to disk, so that Stop's SIGKILL and Restart bring it back empty; --save
+// "" turns persistence off) unless args say otherwise, and waits until it answers PING and INFO server shows
 // the process_id of the process it started (so a foreign redis-server that
 // holds the port is never mistaken for it). Extra args are passed
 // after the defaults, so they override them (for example "--appendonly",
@@ -161,7 +164,7 @@ func (s *Server) start() error {
 		"--logfile", s.logPath(),
 		"--daemonize", "no",
 		"--protected-mode", "no",
-		"--save", "",
+		"--save", "86400 1",
 		"--appendonly", "no",
 	)
 	args = append(args, s.args...)

@@ -59,9 +59,25 @@ func TestPingEvictionPolicy(t *testing.T) {
 			if !errors.Is(err, ErrEvictionPolicy) {
 				t.Errorf("Ping = %v; want errors.Is ErrEvictionPolicy", err)
 			}
-			// The check is a readiness check only: the store still works.
-			if rec, err := s.Reserve(ctx(t), "k/evict", res); rec != nil || err != nil {
-				t.Errorf("Reserve = %+v, %v; want nil, nil", rec, err)
+			// Reservations are refused, naming the setting, and write
+			// nothing.
+			var se *store.SettingError
+			if rec, err := s.Reserve(ctx(t), "k/evict", res); rec != nil || !errors.As(err, &se) || se.Setting != "maxmemory-policy" || !errors.Is(err, store.ErrUnsafeSettings) {
+				t.Errorf("Reserve = %+v, %v; want a *store.SettingError for maxmemory-policy", rec, err)
+			}
+			if n, _ := srv.Do("DBSIZE"); n != "0" {
+				t.Errorf("DBSIZE after the refused reservation = %s, want 0", n)
+			}
+			// AllowEviction serves.
+			allow := newStore(t, Options{Addrs: []string{srv.Addr()}, AllowEviction: true})
+			if err := allow.Ping(ctx(t)); err != nil {
+				t.Errorf("Ping with AllowEviction = %v, want nil", err)
+			}
+			if rec, err := allow.Reserve(ctx(t), "k/evict", res); rec != nil || err != nil {
+				t.Errorf("Reserve with AllowEviction = %+v, %v; want nil, nil", rec, err)
+			}
+			if got := allow.Risks()[RiskEviction]; !strings.Contains(got, "maxmemory-policy") {
+				t.Errorf("Risks()[eviction] with AllowEviction = %q, want what was seen", got)
 			}
 			// SkipEvictionCheck turns the check off.
 			skip := newStore(t, Options{Addrs: []string{srv.Addr()}, SkipEvictionCheck: true})
@@ -108,8 +124,8 @@ func TestPingInfoRefused(t *testing.T) {
 	c := ctx(t)
 	err := s.Ping(c)
 	t.Logf("Ping: %v", err)
-	if err == nil || !strings.Contains(err.Error(), "INFO memory") || !strings.Contains(err.Error(), "SkipEvictionCheck") {
-		t.Fatalf("Ping for a user without INFO = %v; want an error naming INFO memory and SkipEvictionCheck", err)
+	if err == nil || !strings.Contains(err.Error(), "INFO") || !strings.Contains(err.Error(), "SkipEvictionCheck") {
+		t.Fatalf("Ping for a user without INFO = %v; want an error naming INFO and SkipEvictionCheck", err)
 	}
 	s = newStore(t, Options{Addrs: []string{srv.Addr()}, Username: "app", Password: "app-pw", SkipEvictionCheck: true})
 	if err := s.Ping(c); err != nil {
@@ -117,21 +133,27 @@ func TestPingInfoRefused(t *testing.T) {
 	}
 }
 
-func TestCheckEviction(t *testing.T) {
+func TestJudge(t *testing.T) {
 	for _, tc := range []struct {
-		info    string
+		r       nodeReport
 		wantErr string
 	}{
-		{"# Memory\r\nmaxmemory:0\r\nmaxmemory_human:0B\r\nmaxmemory_policy:noeviction\r\n", ""},
-		{"maxmemory:0\r\nmaxmemory_policy:allkeys-lru\r\n", ""},
-		{"maxmemory:1024\r\nmaxmemory_policy:noeviction\r\n", ""},
-		{"maxmemory:1024\r\nmaxmemory_policy:volatile-random\r\n", "maxmemory-policy is volatile-random with maxmemory 1024 bytes"},
-		{"maxmemory:1024\r\n", "no maxmemory_policy"},
-		{"maxmemory:lots\r\nmaxmemory_policy:allkeys-lru\r\n", `maxmemory "lots" is not a number`},
+		{nodeReport{policy: "noeviction", aof: true}, ""},
+		{nodeReport{policy: "allkeys-lru", aof: true}, ""},
+		{nodeReport{policy: "noeviction", maxmemory: 1024, aof: true}, ""},
+		{nodeReport{node: "n:1", policy: "volatile-random", maxmemory: 1024, aof: true}, "maxmemory-policy is volatile-random with maxmemory 1024 bytes on n:1"},
+		{nodeReport{policy: "noeviction", save: "", saveKnown: true}, `appendonly is no, with save ""`},
+		{nodeReport{policy: "noeviction", save: "3600 1", saveKnown: true}, ""},
+		{nodeReport{policy: "noeviction"}, ""}, // CONFIG refused: not judged
 	} {
-		err := checkEviction(tc.info)
-		if tc.wantErr == "" && err != nil || tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
-			t.Errorf("checkEviction(%q) = %v, want %q", tc.info, err, tc.wantErr)
+		var got []string
+		for _, r := range Risks {
+			if e := judge(tc.r)[r]; e != nil {
+				got = append(got, e.Error())
+			}
+		}
+		if tc.wantErr == "" && len(got) > 0 || tc.wantErr != "" && (len(got) != 1 || !strings.Contains(got[0], tc.wantErr)) {
+			t.Errorf("judge(%+v) = %q, want %q", tc.r, got, tc.wantErr)
 		}
 	}
 }

@@ -24,20 +24,27 @@
 // report for a Sentinel master. A ServerName that is set applies to every
 // node.
 //
-// # Readiness and eviction
+// # Settings that lose keys
 //
 // Every record has a TTL, so Redis' volatile-* eviction policies may evict
-// live records just as the allkeys-* ones do; an evicted record lets a
-// retried request reach the upstream again (a double charge). Ping, which
-// /readyz uses, therefore fails with ErrEvictionPolicy when INFO memory
-// shows maxmemory above 0 with a maxmemory_policy other than noeviction, on
-// the node, the Sentinel master, or any Cluster master. It reads INFO, not
-// CONFIG, which managed services often refuse, and looks again on every
-// call. An ACL user for the proxy therefore needs INFO besides the script
-// and key commands; Options.SkipEvictionCheck turns the check off where INFO
-// memory is not available. With noeviction a full Redis refuses writes, and
+// live records just as the allkeys-* ones do, and a Redis without
+// persistence forgets every record when it restarts; an evicted or
+// forgotten record lets a retried request reach the upstream again (a
+// double charge). The store reads both settings continuously (every
+// interval of WatchSettings, in Ping, and on every new connection, on the
+// node, the Sentinel master, or every Cluster master), and while one is
+// seen that Options.AllowEviction or Options.AllowNoPersistence does not
+// accept, Reserve and Ping fail with a *store.SettingError (wrapping
+// ErrEvictionPolicy or ErrNoPersistence, and store.ErrUnsafeSettings)
+// that names the setting and the fix; a rise of INFO stats evicted_keys
+// calls Options.KeysEvicted. The checks read INFO, not CONFIG, which
+// managed services often refuse (CONFIG GET save where it is allowed). An
+// ACL user for the proxy therefore needs INFO besides the script and key
+// commands; Options.SkipEvictionCheck turns the checks off where INFO is
+// not available. With noeviction a full Redis refuses writes, and
 // reservations fail with an error (a 503), never silently; commits of
-// requests already forwarded still succeed (see commitScript).
+// requests already forwarded still succeed (see commitScript). See
+// settings.go.
 //
 // # Data layout
 //

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -142,12 +141,19 @@ func (s *Store) epochChanged(ctx context.Context) {
 	}
 }
 
-// onConnect is the go-redis OnConnect hook: Options.EpochSeen with the
-// marker read on the new connection. A failed read does not fail the
+// onConnect is the go-redis OnConnect hook: the settings that lose keys
+// checked on the new connection (settings.go), and Options.EpochSeen with
+// the marker read on it. A failed read does not fail the
 // connection: the watcher's checks see the store as it is.
 func (s *Store) onConnect(cluster bool) func(ctx context.Context, cn *goredis.Conn) error {
 	key := s.EpochKey()
 	return func(ctx context.Context, cn *goredis.Conn) error {
+		if s.settings != nil {
+			s.connSettings(ctx, cn)
+		}
+		if s.epochSeen == nil {
+			return nil
+		}
 		if cluster {
 			return s.epochSeen(nil, false)
 		}
@@ -196,58 +202,4 @@ func (s *Store) Incarnation(ctx context.Context) (string, error) {
 	default:
 		return "", fmt.Errorf("unexpected client %T", s.client)
 	}
-}
-
-// The risks ConfigRisks reports.
-const (
-	// RiskEviction: maxmemory-policy is not noeviction. With maxmemory 0
-	// nothing is evicted yet, but a maxmemory set later (CONFIG SET, a
-	// managed service's default) evicts live records.
-	RiskEviction = "eviction"
-	// RiskNoPersistence: neither the append-only file nor RDB snapshots
-	// are on: a restart forgets every key.
-	RiskNoPersistence = "no_persistence"
-)
-
-// Risks lists every risk ConfigRisks can report, for metrics.
-var Risks = []string{RiskEviction, RiskNoPersistence}
-
-// ConfigRisks reads the configuration of every Redis node that keeps
-// records (CONFIG GET) and returns the risks to the keys it shows, each
-// with what was seen. A node that refuses CONFIG (a managed service, an
-// ACL without it) is passed over: known is false when no node answered.
-func (s *Store) ConfigRisks(ctx context.Context) (risks map[string]string, known bool, err error) {
-	ctx, cancel := context.WithTimeout(ctx, s.opTimeout)
-	defer cancel()
-	var mu sync.Mutex
-	risks = map[string]string{}
-	check := func(ctx context.Context, c *goredis.Client) error {
-		cfg := map[string]string{}
-		for _, p := range []string{"maxmemory*", "appendonly", "save"} {
-			v, err := c.ConfigGet(ctx, p).Result()
-			var refused goredis.Error
-			if errors.As(err, &refused) {
-				return nil // CONFIG refused: not an error
-			}
-			if err != nil {
-				return err
-			}
-			maps.Copy(cfg, v)
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		known = true
-		addr := c.Options().Addr
-		if p := cfg["maxmemory-policy"]; p != "" && p != "noeviction" {
-			risks[RiskEviction] = fmt.Sprintf("%s: maxmemory-policy %s (maxmemory %s)", addr, p, cfg["maxmemory"])
-		}
-		if cfg["appendonly"] != "yes" && strings.TrimSpace(cfg["save"]) == "" {
-			risks[RiskNoPersistence] = addr + ": appendonly no and save \"\""
-		}
-		return nil
-	}
-	if err := s.forEachNode(ctx, check); err != nil {
-		return nil, false, fmt.Errorf("redis store: CONFIG GET: %w", err)
-	}
-	return risks, known, nil
 }

@@ -110,32 +110,31 @@ func TestNewConnectionChecksTheEpoch(t *testing.T) {
 	}
 }
 
-// TestConfigRisks: a Redis that would forget (an eviction policy, no
-// persistence) is named; one with noeviction and the append-only file is
-// not; a Redis that refuses CONFIG is no error.
+// TestConfigRisks: a Redis that would forget (an eviction policy with a
+// maxmemory, no persistence) is named; one with noeviction and the
+// append-only file is not, nor one whose policy evicts nothing without a
+// maxmemory; a Redis that refuses CONFIG is no error, and its persistence
+// is not judged.
 func TestConfigRisks(t *testing.T) {
 	cases := []struct {
-		name  string
-		args  []string
-		want  []string
-		known bool
+		name string
+		args []string
+		want []string
 	}{
-		{"defaults of the tests: no persistence", nil, []string{RiskNoPersistence}, true},
-		{"an eviction policy, snapshots on", []string{"--maxmemory-policy", "allkeys-lru", "--save", "60 1"}, []string{RiskEviction}, true},
-		{"noeviction with the append-only file", []string{"--appendonly", "yes"}, nil, true},
-		{"CONFIG refused", []string{"--rename-command", "CONFIG", ""}, nil, false},
+		{"no persistence", []string{"--save", ""}, []string{RiskNoPersistence}},
+		{"an eviction policy, snapshots on", []string{"--maxmemory", "100mb", "--maxmemory-policy", "allkeys-lru", "--save", "60 1"}, []string{RiskEviction}},
+		{"an eviction policy without maxmemory", []string{"--maxmemory-policy", "allkeys-lru"}, nil},
+		{"noeviction with the append-only file", []string{"--save", "", "--appendonly", "yes"}, nil},
+		{"CONFIG refused", []string{"--save", "", "--rename-command", "CONFIG", ""}, nil},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			srv := redistest.Start(t, c.args...)
 			s := newStore(t, Options{Addrs: []string{srv.Addr()}})
-			risks, known, err := s.ConfigRisks(ctx(t))
-			if err != nil {
+			if err := s.CheckSettings(ctx(t)); err != nil {
 				t.Fatal(err)
 			}
-			if known != c.known {
-				t.Errorf("known = %v, want %v", known, c.known)
-			}
+			risks := s.Risks()
 			var got []string
 			for _, r := range Risks {
 				if risks[r] != "" {

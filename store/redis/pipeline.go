@@ -73,17 +73,34 @@ type pipeliner struct {
 	// microseconds of latency when the proxy is not loaded).
 	calls atomic.Int64
 	// waitReplicas and waitTimeout are Options.WaitReplicas and
-	// WaitTimeout: 0 replicas sends no WAIT.
+	// WaitTimeout: 0 replicas sends no WAIT. With auto (Options.WaitAuto)
+	// the writes wait for one replica while replicas, the master's
+	// connected replicas as the settings checks last read them, is above
+	// 0 (setReplicas).
 	waitReplicas int
+	auto         bool
+	replicas     atomic.Int64
 	waitTimeout  time.Duration
 	// waitFailures counts the writes failed with ErrNotReplicated.
 	waitFailures atomic.Uint64
 }
 
-func newPipeliner(c goredis.UniversalClient, opTimeout time.Duration, waitReplicas int, waitTimeout time.Duration) *pipeliner {
-	p := &pipeliner{client: c, opTimeout: opTimeout, waitReplicas: waitReplicas, waitTimeout: waitTimeout}
+func newPipeliner(c goredis.UniversalClient, opTimeout time.Duration, waitReplicas int, auto bool, waitTimeout time.Duration) *pipeliner {
+	p := &pipeliner{client: c, opTimeout: opTimeout, waitReplicas: waitReplicas, auto: auto, waitTimeout: waitTimeout}
 	p.q = batch.New(maxPipeline, p.send)
 	return p
+}
+
+// setReplicas records n, the replicas the master reports connected, for
+// auto.
+func (p *pipeliner) setReplicas(n int) { p.replicas.Store(int64(n)) }
+
+// want is the number of replicas a write waits for now.
+func (p *pipeliner) want() int {
+	if p.auto {
+		return int(min(p.replicas.Load(), 1))
+	}
+	return p.waitReplicas
 }
 
 // run runs script like Script.Run, sharing a round trip with the calls
@@ -92,18 +109,19 @@ func newPipeliner(c goredis.UniversalClient, opTimeout time.Duration, waitReplic
 // script may write a record: with WaitReplicas set, it then waits for the
 // replicas.
 func (p *pipeliner) run(ctx context.Context, write bool, script *goredis.Script, keys []string, args ...any) *goredis.Cmd {
-	if !write && p.waitReplicas > 0 {
+	want := p.want()
+	if !write && want > 0 {
 		// Not queued behind a pipeline that waits for the replicas (up to
 		// WaitTimeout, longer than the read's OpTimeout may last): a read
 		// answers whatever the replicas do.
 		return script.Run(ctx, p.client, keys, args...)
 	}
 	defer p.calls.Add(-1)
-	waits := write && p.waitReplicas > 0
+	waits := write && want > 0
 	if p.calls.Add(1) == 1 {
 		if waits { // alone: as send would
 			c := &call{ctx: ctx, script: script, keys: keys, args: args, write: true}
-			p.sendWaiting(ctx, []*call{c})
+			p.sendWaiting(ctx, []*call{c}, want)
 			return c.cmd
 		}
 		return script.Run(ctx, p.client, keys, args...) // alone: as send would
@@ -111,7 +129,7 @@ func (p *pipeliner) run(ctx context.Context, write bool, script *goredis.Script,
 	c := &call{ctx: ctx, script: script, keys: keys, args: args, write: write, done: make(chan struct{})}
 	if !p.q.Put(c) {
 		if waits {
-			p.sendWaiting(ctx, []*call{c}) // closed: fails on the closed client
+			p.sendWaiting(ctx, []*call{c}, want) // closed: fails on the closed client
 			return c.cmd
 		}
 		return script.Run(ctx, p.client, keys, args...) // closed: fails on the closed client
@@ -145,12 +163,12 @@ func (p *pipeliner) send(batch []*call) {
 	if len(live) == 0 {
 		return
 	}
-	if p.waitReplicas > 0 && hasWrite(live) {
+	if want := p.want(); want > 0 && hasWrite(live) {
 		// The pipeline gets a whole op timeout and wait timeout of its
 		// own, as below.
 		ctx, cancel := context.WithTimeout(context.Background(), p.opTimeout+p.waitTimeout)
 		defer cancel()
-		p.sendWaiting(ctx, live)
+		p.sendWaiting(ctx, live, want)
 		for _, c := range live {
 			close(c.done)
 		}
@@ -195,8 +213,8 @@ func hasWrite(calls []*call) bool {
 // replicas") and sets each call's cmd; it does not close done. Scripts
 // Redis has forgotten (NOSCRIPT) are sent again with their body, followed
 // by a WAIT of their own.
-func (p *pipeliner) sendWaiting(ctx context.Context, calls []*call) {
-	p.pipeWait(ctx, calls, false)
+func (p *pipeliner) sendWaiting(ctx context.Context, calls []*call, want int) {
+	p.pipeWait(ctx, calls, false, want)
 	var again []*call
 	for _, c := range calls {
 		if err := c.cmd.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
@@ -204,14 +222,14 @@ func (p *pipeliner) sendWaiting(ctx context.Context, calls []*call) {
 		}
 	}
 	if len(again) > 0 {
-		p.pipeWait(ctx, again, true)
+		p.pipeWait(ctx, again, true, want)
 	}
 }
 
 // pipeWait sends calls (by SHA, or with their bodies when eval is set)
 // and a WAIT in one pipeline, and fails every write of calls when fewer
-// than waitReplicas replicas acknowledged.
-func (p *pipeliner) pipeWait(ctx context.Context, calls []*call, eval bool) {
+// than want replicas acknowledged.
+func (p *pipeliner) pipeWait(ctx context.Context, calls []*call, eval bool, want int) {
 	pipe := p.client.Pipeline()
 	for _, c := range calls {
 		if eval {
@@ -220,16 +238,16 @@ func (p *pipeliner) pipeWait(ctx context.Context, calls []*call, eval bool) {
 			c.cmd = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
 		}
 	}
-	wait := pipe.Do(ctx, "wait", p.waitReplicas, millis(p.waitTimeout))
+	wait := pipe.Do(ctx, "wait", want, millis(p.waitTimeout))
 	pipe.Exec(ctx) // each command carries its own error
 	n, err := wait.Int64()
-	if err == nil && n >= int64(p.waitReplicas) {
+	if err == nil && n >= int64(want) {
 		return
 	}
 	if err != nil {
 		err = fmt.Errorf("%w: WAIT: %w", ErrNotReplicated, err)
 	} else {
-		err = fmt.Errorf("%w: %d of %d replicas acknowledged within %v", ErrNotReplicated, n, p.waitReplicas, p.waitTimeout)
+		err = fmt.Errorf("%w: %d of %d replicas acknowledged within %v", ErrNotReplicated, n, want, p.waitTimeout)
 	}
 	for _, c := range calls {
 		if c.write && c.cmd.Err() == nil {

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -66,11 +67,24 @@ type Options struct {
 	// OpTimeout bounds every store operation, retries included, on top of the
 	// caller's context. It must be positive: New returns an error otherwise.
 	OpTimeout time.Duration
-	// SkipEvictionCheck turns off Ping's check of the eviction policy (see
-	// Store.Ping). Only for a Redis that refuses or hides INFO memory and is
-	// known to run with maxmemory-policy noeviction or without maxmemory: an
+	// SkipEvictionCheck turns off the checks of the settings that lose
+	// keys (see "The settings that lose keys" in settings.go): the
+	// eviction policy, persistence, evictions, and the replicas WaitAuto
+	// waits for. Only for a Redis that refuses or hides INFO and is known
+	// to run with maxmemory-policy noeviction or without maxmemory: an
 	// evicted record lets a retried request through a second time.
 	SkipEvictionCheck bool
+	// AllowEviction and AllowNoPersistence are the operator's opt-ins to
+	// an eviction policy and to no persistence: with them, such a setting
+	// is reported (Risks, a log line) but reservations are not refused.
+	// Evictions seen still call KeysEvicted.
+	AllowEviction, AllowNoPersistence bool
+	// KeysEvicted, when set, is called with what was seen when a master's
+	// evicted_keys rose: the store lost keys. Nil: nothing is called.
+	KeysEvicted func(reason string)
+	// Logger receives a line whenever a setting that loses keys is seen
+	// or goes, and for evictions; nil discards them.
+	Logger *slog.Logger
 	// EpochSeen, when set, is called with the epoch marker (epoch.go) read
 	// on every new connection, before the connection is used; an error
 	// fails the connection, so that nothing is reserved on a store that
@@ -91,8 +105,15 @@ type Options struct {
 	// it, on a new connection, would count replicas that never got the
 	// first one.
 	WaitReplicas int
+	// WaitAuto makes every write of a record wait for one replica
+	// whenever the master reports one or more connected (INFO replication
+	// connected_slaves, read by the settings checks: CheckSettings, Ping,
+	// a new connection), and for none while it reports none; it needs
+	// WaitReplicas 0. On a Redis Cluster it waits for none.
+	WaitAuto bool
 	// WaitTimeout bounds each WAIT; it must be positive when WaitReplicas
-	// is, and adds to OpTimeout for the writes that wait.
+	// is or WaitAuto is set, and adds to OpTimeout for the writes that
+	// wait.
 	WaitTimeout time.Duration
 	// RecordLayout is the layout the store writes records in (see "The
 	// record layout" in scripts.go); records of either layout are read,
@@ -127,9 +148,10 @@ var layouts = map[RecordLayout]recordScripts{
 	LayoutHash:   {reserveHashScript, reserveHashEpochScript, commitHashScript, markInDoubtHashScript},
 }
 
-// ErrEvictionPolicy is returned (wrapped) by Ping when Redis may evict
-// records: maxmemory is set and maxmemory-policy is not noeviction.
-var ErrEvictionPolicy = errors.New("redis may evict idempotency records")
+// ErrEvictionPolicy is wrapped by the *store.SettingError of a Redis that
+// may evict records: maxmemory is set and maxmemory-policy is not
+// noeviction.
+var ErrEvictionPolicy = fmt.Errorf("%w: redis may evict idempotency records", store.ErrUnsafeSettings)
 
 // Store is a store.Store kept in Redis. It is safe for concurrent use, also
 // by several processes sharing one Redis.
@@ -143,9 +165,14 @@ type Store struct {
 	writeTimeout time.Duration
 	// single is set for a single-node client (neither Cluster nor
 	// Sentinel), whose node must not be a Cluster node.
-	single        bool
-	checkEviction bool
-	clock         redisClock // for reservation deadlines (deadline.go)
+	single bool
+	// masterName is Options.MasterName: the checks name the Sentinel
+	// master by it (its client's address is not a node's).
+	masterName string
+	// settings is the view of the settings that lose keys; nil with
+	// Options.SkipEvictionCheck.
+	settings *settings
+	clock    redisClock // for reservation deadlines (deadline.go)
 	// expect is the epoch ID reservations check (ExpectEpoch); nil or
 	// "": none.
 	expect    atomic.Pointer[string]
@@ -171,8 +198,10 @@ func New(opts Options) (*Store, error) {
 		return nil, fmt.Errorf("redis store: op timeout %v is not positive", opts.OpTimeout)
 	case opts.WaitReplicas < 0:
 		return nil, fmt.Errorf("redis store: wait replicas %d is negative", opts.WaitReplicas)
-	case opts.WaitReplicas > 0 && opts.WaitTimeout <= 0:
+	case (opts.WaitReplicas > 0 || opts.WaitAuto) && opts.WaitTimeout <= 0:
 		return nil, fmt.Errorf("redis store: wait timeout %v is not positive", opts.WaitTimeout)
+	case opts.WaitAuto && opts.WaitReplicas > 0:
+		return nil, fmt.Errorf("redis store: wait replicas %d with wait auto", opts.WaitReplicas)
 	}
 	scripts, ok := layouts[opts.RecordLayout]
 	if !ok {
@@ -183,25 +212,31 @@ func New(opts Options) (*Store, error) {
 	if cluster && opts.WaitReplicas > 0 {
 		return nil, errors.New("redis store: waiting for replicas is not supported on a Redis Cluster")
 	}
+	if cluster {
+		opts.WaitAuto = false // WAIT covers one node's connection: see Options.WaitReplicas
+	}
 	writeTimeout := opts.OpTimeout
-	if opts.WaitReplicas > 0 {
+	if opts.WaitReplicas > 0 || opts.WaitAuto {
 		writeTimeout += opts.WaitTimeout
 	}
 	s := &Store{
-		prefix:        opts.KeyPrefix,
-		opTimeout:     opts.OpTimeout,
-		writeTimeout:  writeTimeout,
-		single:        !sentinel && !cluster,
-		checkEviction: !opts.SkipEvictionCheck,
-		epochSeen:     opts.EpochSeen,
-		scripts:       scripts,
+		prefix:       opts.KeyPrefix,
+		opTimeout:    opts.OpTimeout,
+		writeTimeout: writeTimeout,
+		single:       !sentinel && !cluster,
+		masterName:   opts.MasterName,
+		epochSeen:    opts.EpochSeen,
+		scripts:      scripts,
+	}
+	if !opts.SkipEvictionCheck {
+		s.settings = newSettings(opts)
 	}
 	uo := universalOptions(opts)
-	if opts.EpochSeen != nil {
+	if opts.EpochSeen != nil || s.settings != nil {
 		uo.OnConnect = s.onConnect(cluster)
 	}
 	s.client = goredis.NewUniversalClient(uo)
-	s.pipe = newPipeliner(s.client, s.opTimeout, opts.WaitReplicas, opts.WaitTimeout)
+	s.pipe = newPipeliner(s.client, s.opTimeout, opts.WaitReplicas, opts.WaitAuto, opts.WaitTimeout)
 	return s, nil
 }
 
@@ -239,7 +274,7 @@ func universalOptions(opts Options) *goredis.UniversalOptions {
 		// ErrNotOwner or false, which leaves the key in the same, released,
 		// state.
 	}
-	if opts.WaitReplicas > 0 {
+	if opts.WaitReplicas > 0 || opts.WaitAuto {
 		// A resent script that finds its own write makes none, and the
 		// WAIT after it would count replicas that never got the first
 		// write (see Options.WaitReplicas): no resending. A reply to WAIT
@@ -275,6 +310,9 @@ func (s *Store) Reserve(ctx context.Context, key string, res store.Reservation) 
 		return nil, fmt.Errorf("redis store: reserve: lease %v and ttl %v must be positive", res.Lease, res.TTL)
 	}
 	if err := store.CheckOrigin(res.Origin); err != nil {
+		return nil, fmt.Errorf("redis store: reserve: %w", err)
+	}
+	if err := s.SettingsErr(); err != nil {
 		return nil, fmt.Errorf("redis store: reserve: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.writeTimeout)
@@ -397,17 +435,15 @@ func (s *Store) forEachNode(ctx context.Context, fn func(context.Context, *gored
 // Ping implements store.Store: Redis answers, and is fit to keep records.
 // On a Redis Cluster every master must pass; with Sentinel, the master.
 //
-// Fit means: unless Options.SkipEvictionCheck, INFO memory shows maxmemory 0
-// or maxmemory_policy noeviction. Every record has a TTL, so the volatile-*
-// policies evict live records as readily as the allkeys-* ones, and an
-// evicted record lets a retried request reach the upstream a second time;
-// Ping then fails with ErrEvictionPolicy, naming the policy. (With
-// noeviction, a full Redis refuses writes: reservations fail with an error,
-// never silently.) A single-node Store also fails when its node is a
+// Fit means: unless Options.SkipEvictionCheck, no setting that loses keys
+// is seen that the operator did not opt in to (see "The settings that
+// lose keys" in settings.go; Ping checks them again, as CONFIG SET can
+// change them at any time), and Ping fails with the *store.SettingError
+// that names it. A single-node Store also fails when its node is a
 // Cluster node, since most keys would then be answered with MOVED: that
-// address needs Options.ClusterMode. The checks use INFO, not CONFIG GET,
-// which managed services often refuse; they run on every Ping because
-// CONFIG SET can change the policy at any time.
+// address needs Options.ClusterMode. The checks use INFO, not CONFIG,
+// which managed services often refuse (CONFIG GET save only where it is
+// allowed).
 func (s *Store) Ping(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, s.opTimeout)
 	defer cancel()
@@ -425,28 +461,24 @@ func (s *Store) Ping(ctx context.Context) error {
 	default:
 		err = fmt.Errorf("unexpected client %T", s.client)
 	}
+	if err == nil && s.settings != nil {
+		if err = s.CheckSettings(ctx); err == nil {
+			err = s.SettingsErr()
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("redis store: ping: %w", err)
 	}
 	return nil
 }
 
-// checkNode pings one node and checks its eviction policy and, with
-// single, that it is not a Cluster node. The commands go one by one, not in
-// a pipeline: go-redis gives pipelines a connection pool of their own, and
-// Ping must exercise the pool that the store's operations use.
+// checkNode pings one node and, with single, checks that it is not a
+// Cluster node. The commands go one by one, not in a pipeline: go-redis
+// gives pipelines a connection pool of their own, and Ping must exercise
+// the pool that the store's operations use.
 func (s *Store) checkNode(ctx context.Context, c *goredis.Client, single bool) error {
 	if err := c.Ping(ctx).Err(); err != nil {
 		return err
-	}
-	if s.checkEviction {
-		info, err := c.Info(ctx, "memory").Result()
-		if err != nil {
-			return fmt.Errorf("INFO memory, to check the eviction policy (see Options.SkipEvictionCheck): %w", err)
-		}
-		if err := checkEviction(info); err != nil {
-			return err
-		}
 	}
 	if single {
 		info, err := c.Info(ctx, "cluster").Result()
@@ -462,28 +494,6 @@ func (s *Store) checkNode(ctx context.Context, c *goredis.Client, single bool) e
 		}
 	}
 	return nil
-}
-
-// checkEviction checks the INFO memory text info: maxmemory 0, or policy
-// noeviction.
-func checkEviction(info string) error {
-	policy := infoField(info, "maxmemory_policy")
-	if policy == "" {
-		return errors.New("INFO memory shows no maxmemory_policy, so the eviction policy cannot be checked (see Options.SkipEvictionCheck)")
-	}
-	if policy == "noeviction" {
-		return nil
-	}
-	limit := infoField(info, "maxmemory")
-	n, err := strconv.ParseInt(limit, 10, 64)
-	if err != nil {
-		return fmt.Errorf("INFO memory: maxmemory %q is not a number", limit)
-	}
-	if n == 0 {
-		return nil
-	}
-	return fmt.Errorf("%w: maxmemory-policy is %s with maxmemory %d bytes; every record has a TTL, so Redis may evict live records and a retried request would reach the upstream twice: set maxmemory-policy noeviction (or maxmemory 0)",
-		ErrEvictionPolicy, policy, n)
 }
 
 // infoField returns the value of field in INFO text, or "".

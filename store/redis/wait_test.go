@@ -222,3 +222,96 @@ func TestWaitReplicasOptions(t *testing.T) {
 		})
 	}
 }
+
+// TestWaitAuto: with WaitAuto, a write waits for one replica while the
+// master reports one connected: a stopped replica makes it fail after the
+// wait timeout, and a promotion of the replica keeps every reservation
+// acknowledged; a master that reports none (never had one, or lost it)
+// is not waited on.
+func TestWaitAuto(t *testing.T) {
+	t.Parallel()
+	t.Run("sentinel", func(t *testing.T) {
+		t.Parallel()
+		primary, replica := startReplicated(t)
+		opts := waitTopologies[1].opts(t, primary)
+		opts.WaitAuto, opts.WaitTimeout = true, testWaitTimeout
+		s := newStore(t, opts)
+		c := ctx(t)
+		if err := s.CheckSettings(c); err != nil {
+			t.Fatal(err)
+		}
+		replica.Pause()
+		if rec, err := s.Reserve(c, "r/-/paused", store.Reservation{Token: "tok", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}); !errors.Is(err, ErrNotReplicated) || rec != nil {
+			t.Errorf("Reserve through the Sentinel with the replica stopped = %v, %v; want an error wrapping ErrNotReplicated", rec, err)
+		}
+		replica.Resume()
+		// The settings are the master's, named by the Sentinel's name.
+		for _, kv := range [][2]string{{"maxmemory", "100mb"}, {"maxmemory-policy", "volatile-lru"}} {
+			if _, err := primary.Do("CONFIG", "SET", kv[0], kv[1]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s.CheckSettings(c); err != nil {
+			t.Fatal(err)
+		}
+		var se *store.SettingError
+		if _, err := s.Reserve(c, "r/-/evicting", store.Reservation{Token: "tok", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}); !errors.As(err, &se) || se.Node != "the Sentinel master mymaster" {
+			t.Errorf("Reserve through the Sentinel on a master that may evict = %v; want a *store.SettingError naming the Sentinel master", err)
+		}
+	})
+	primary, replica := startReplicated(t)
+	s := newStore(t, Options{Addrs: []string{primary.Addr()}, WaitAuto: true, WaitTimeout: testWaitTimeout})
+	c := ctx(t)
+	if err := s.CheckSettings(c); err != nil {
+		t.Fatal(err)
+	}
+	res := store.Reservation{Token: "tok", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
+
+	replica.Pause()
+	start := time.Now()
+	rec, err := s.Reserve(c, "r/-/paused", res)
+	took := time.Since(start)
+	replica.Resume()
+	if !errors.Is(err, ErrNotReplicated) || rec != nil {
+		t.Fatalf("Reserve with the replica stopped = %v, %v; want an error wrapping ErrNotReplicated", rec, err)
+	}
+	if took < testWaitTimeout {
+		t.Errorf("Reserve failed after %v, before the wait timeout %v: it did not wait", took, testWaitTimeout)
+	}
+
+	// Every reservation acknowledged is on the replica, which a promotion
+	// then serves.
+	var acked []string
+	for i := range 50 {
+		k := fmt.Sprintf("r/-/acked%d", i)
+		if rec, err := s.Reserve(c, k, res); err == nil && rec == nil {
+			acked = append(acked, k)
+		}
+	}
+	if len(acked) == 0 {
+		t.Fatal("no reservation acknowledged with the replica back")
+	}
+	primary.Stop()
+	if _, err := replica.Do("REPLICAOF", "NO", "ONE"); err != nil {
+		t.Fatal(err)
+	}
+	promoted := newStore(t, Options{Addrs: []string{replica.Addr()}, KeyPrefix: s.prefix})
+	for _, k := range acked {
+		if rec, err := promoted.Get(c, k); err != nil || rec == nil || rec.State != store.StateInFlight {
+			t.Errorf("%s on the promoted replica = %+v, %v; want the acknowledged reservation", k, rec, err)
+		}
+	}
+
+	// No replica: no WAIT at all.
+	lone := redistest.Start(t)
+	s = newStore(t, Options{Addrs: []string{lone.Addr()}, WaitAuto: true, WaitTimeout: testWaitTimeout})
+	if err := s.CheckSettings(c); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := s.Reserve(c, "r/-/lone", res); err != nil || rec != nil {
+		t.Fatalf("Reserve without a replica = %v, %v; want reserved", rec, err)
+	}
+	if stats, err := lone.Do("INFO", "commandstats"); err != nil || strings.Contains(stats, "cmdstat_wait:") {
+		t.Errorf("INFO commandstats = %q, %v; want no WAIT sent to a master without replicas", stats, err)
+	}
+}

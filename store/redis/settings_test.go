@@ -1,0 +1,263 @@
+package redis
+
+import (
+	"bytes"
+	"errors"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/store"
+)
+
+// lockedBuffer is a log destination safe for the store's goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// count returns the lines holding s.
+func (l *lockedBuffer) count(s string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Count(l.b.String(), s)
+}
+
+// wantRefused checks that a reservation is refused for setting, writing
+// nothing.
+func wantRefused(t *testing.T, s *Store, srv *redistest.Server, key, setting string, sentinel error) {
+	t.Helper()
+	rec, err := s.Reserve(ctx(t), key, res)
+	var se *store.SettingError
+	if rec != nil || !errors.As(err, &se) || se.Setting != setting || !errors.Is(err, sentinel) || !errors.Is(err, store.ErrUnsafeSettings) {
+		t.Fatalf("Reserve(%s) = %+v, %v; want a *store.SettingError for %s", key, rec, err, setting)
+	}
+	if n, _ := srv.Do("EXISTS", s.prefix+key); n != "0" {
+		t.Errorf("EXISTS %s after the refused reservation = %s, want 0", key, n)
+	}
+}
+
+// TestSettingsChangedAtRunTime: the settings are checked again at every
+// check: an eviction policy, then no persistence, set on a running Redis
+// refuse reservations, and the fix serves again; each change is one line.
+func TestSettingsChangedAtRunTime(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, "--appendonly", "yes")
+	var logs lockedBuffer
+	s := newStore(t, Options{Addrs: []string{srv.Addr()}, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	c := ctx(t)
+	check := func() {
+		t.Helper()
+		for range 2 { // a second check of the same settings logs nothing
+			if err := s.CheckSettings(c); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	check()
+	if rec, err := s.Reserve(c, "k/1", res); rec != nil || err != nil {
+		t.Fatalf("Reserve = %+v, %v; want nil, nil", rec, err)
+	}
+	for _, step := range []struct {
+		name    string
+		config  [][2]string
+		setting string // "": served
+		err     error
+	}{
+		{"allkeys-lru", [][2]string{{"maxmemory", "50mb"}, {"maxmemory-policy", "allkeys-lru"}}, "maxmemory-policy", ErrEvictionPolicy},
+		{"noeviction", [][2]string{{"maxmemory-policy", "noeviction"}}, "", nil},
+		{"no persistence", [][2]string{{"appendonly", "no"}, {"save", ""}}, "appendonly", ErrNoPersistence},
+		{"snapshots", [][2]string{{"save", "3600 1"}}, "", nil},
+	} {
+		for _, kv := range step.config {
+			if _, err := srv.Do("CONFIG", "SET", kv[0], kv[1]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		check()
+		key := "k/" + step.name
+		if step.setting != "" {
+			wantRefused(t, s, srv, key, step.setting, step.err)
+			if err := s.Ping(c); !errors.Is(err, step.err) {
+				t.Errorf("%s: Ping = %v, want %v", step.name, err, step.err)
+			}
+			continue
+		}
+		if rec, err := s.Reserve(c, key, res); rec != nil || err != nil {
+			t.Errorf("%s: Reserve = %+v, %v; want nil, nil", step.name, rec, err)
+		}
+		if err := s.Ping(c); err != nil {
+			t.Errorf("%s: Ping = %v, want nil", step.name, err)
+		}
+	}
+	for _, want := range []struct {
+		line string
+		n    int
+	}{
+		{"level=ERROR msg=\"redis runs with a setting that may lose idempotency keys", 2},
+		{"level=WARN msg=\"redis no longer runs with a setting", 2},
+	} {
+		if got := logs.count(want.line); got != want.n {
+			t.Errorf("%d lines %q, want %d; log:\n%s", got, want.line, want.n, logs.b.String())
+		}
+	}
+
+	// The opt-in serves, and says what it sees.
+	allow := newStore(t, Options{Addrs: []string{srv.Addr()}, AllowNoPersistence: true})
+	if _, err := srv.Do("CONFIG", "SET", "save", ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := allow.Ping(c); err != nil {
+		t.Fatalf("Ping with AllowNoPersistence = %v, want nil", err)
+	}
+	if rec, err := allow.Reserve(c, "k/allowed", res); rec != nil || err != nil {
+		t.Errorf("Reserve with AllowNoPersistence = %+v, %v; want nil, nil", rec, err)
+	}
+	if got := allow.Risks()[RiskNoPersistence]; got == "" {
+		t.Errorf("Risks() with AllowNoPersistence = %v, want no_persistence seen", allow.Risks())
+	}
+}
+
+// TestSettingsSeenOnANewConnection: a new connection checks the settings
+// before it is used, so a policy set between two checks refuses the
+// reservations that follow a reconnection, without waiting for the next
+// check.
+func TestSettingsSeenOnANewConnection(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	s := newStore(t, Options{Addrs: []string{srv.Addr()}})
+	c := ctx(t)
+	if rec, err := s.Reserve(c, "k/1", res); rec != nil || err != nil {
+		t.Fatalf("Reserve = %+v, %v; want nil, nil", rec, err)
+	}
+	for _, kv := range [][2]string{{"maxmemory", "50mb"}, {"maxmemory-policy", "volatile-lru"}} {
+		if _, err := srv.Do("CONFIG", "SET", kv[0], kv[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := srv.Do("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"); err != nil {
+		t.Fatal(err)
+	}
+	// The next command reconnects (the first may fail on the killed
+	// connection); the one after that is refused.
+	s.Get(c, "k/1")
+	s.Get(c, "k/1")
+	wantRefused(t, s, srv, "k/2", "maxmemory-policy", ErrEvictionPolicy)
+}
+
+// TestEvictionsCallKeysEvicted: evicted_keys rising is reported (with
+// AllowEviction, which serves meanwhile), once per rise; a restart, which
+// resets the counter, is not an eviction.
+func TestEvictionsCallKeysEvicted(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, "--maxmemory-policy", "volatile-lru")
+	var (
+		mu      sync.Mutex
+		reasons []string
+	)
+	s := newStore(t, Options{Addrs: []string{srv.Addr()}, AllowEviction: true, KeysEvicted: func(r string) {
+		mu.Lock()
+		defer mu.Unlock()
+		reasons = append(reasons, r)
+	}})
+	got := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), reasons...)
+	}
+	c := ctx(t)
+	if err := s.CheckSettings(c); err != nil {
+		t.Fatal(err)
+	}
+	// Records, which all have a TTL, and a maxmemory below what they
+	// take.
+	for i := range 2000 {
+		if rec, err := s.Reserve(c, "k/"+strconv.Itoa(i), store.Reservation{Token: "t", Fingerprint: strings.Repeat("f", 500), Lease: time.Minute, TTL: time.Hour}); rec != nil || err != nil {
+			t.Fatalf("Reserve = %+v, %v", rec, err)
+		}
+	}
+	used, err := srv.Do("INFO", "memory")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, _ := strconv.ParseInt(infoField(used, "used_memory"), 10, 64)
+	if _, err := srv.Do("CONFIG", "SET", "maxmemory", strconv.FormatInt(n-300_000, 10)); err != nil {
+		t.Fatal(err)
+	}
+	srv.Do("SET", "trigger", "x") // evicts before it runs
+	if err := s.CheckSettings(c); err != nil {
+		t.Fatal(err)
+	}
+	if r := got(); len(r) != 1 || !strings.Contains(r[0], "evicted") || !strings.Contains(r[0], srv.Addr()) || !strings.Contains(r[0], "volatile-lru") {
+		t.Fatalf("KeysEvicted called with %q; want once, naming the node, the evictions and the policy", r)
+	}
+	if rec, err := s.Reserve(c, "k/after", res); err != nil {
+		t.Errorf("Reserve with AllowEviction after the evictions = %+v, %v; want it served", rec, err)
+	}
+	if err := s.CheckSettings(c); err != nil {
+		t.Fatal(err)
+	}
+	if r := got(); len(r) != 1 {
+		t.Errorf("KeysEvicted called %d times after a check with no new eviction, want 1", len(r))
+	}
+	srv.Restart() // evicted_keys back to 0, a new run_id
+	if _, err := srv.Do("CONFIG", "SET", "maxmemory", "0"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for s.CheckSettings(c) != nil && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if r := got(); len(r) != 1 {
+		t.Errorf("KeysEvicted called %d times after a restart, want 1 (the counter starts again)", len(r))
+	}
+}
+
+// TestClusterSettingsOnEveryMaster: one master of a Cluster with an
+// eviction policy refuses every reservation, whichever master holds the
+// key, until it is fixed.
+func TestClusterSettingsOnEveryMaster(t *testing.T) {
+	t.Parallel()
+	cl := redistest.StartCluster(t, 3)
+	s := newStore(t, Options{Addrs: cl.Addrs()})
+	c := ctx(t)
+	if err := s.CheckSettings(c); err != nil {
+		t.Fatal(err)
+	}
+	bad := cl.Nodes[2]
+	for _, kv := range [][2]string{{"maxmemory", "100mb"}, {"maxmemory-policy", "allkeys-lfu"}} {
+		if _, err := bad.Do("CONFIG", "SET", kv[0], kv[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.CheckSettings(c); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		key := "route/scope/key-" + strconv.Itoa(i)
+		rec, err := s.Reserve(c, key, res)
+		var se *store.SettingError
+		if rec != nil || !errors.As(err, &se) || se.Node != bad.Addr() {
+			t.Fatalf("Reserve(%s) = %+v, %v; want a *store.SettingError naming %s", key, rec, err, bad.Addr())
+		}
+	}
+	if _, err := bad.Do("CONFIG", "SET", "maxmemory-policy", "noeviction"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CheckSettings(c); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := s.Reserve(c, "route/scope/fixed", res); rec != nil || err != nil {
+		t.Fatalf("Reserve after noeviction = %+v, %v; want nil, nil", rec, err)
+	}
+}
