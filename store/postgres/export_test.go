@@ -19,3 +19,11 @@ func (s *Store) Queued() int {
 	defer s.batch.mu.Unlock()
 	return len(s.batch.queue)
 }
+
+// Serial makes the Store run one write or batch at a time, however long it
+// waits (a gate's row lock): what is written meanwhile queues behind it.
+func (s *Store) Serial() {
+	s.batch.mu.Lock()
+	defer s.batch.mu.Unlock()
+	s.batch.serial = true
+}
