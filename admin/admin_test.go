@@ -446,19 +446,9 @@ func TestKeyPaths(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.path, func(t *testing.T) {
-			req, err := http.NewRequest(http.MethodGet, srv.URL+"/v1/keys/charges/"+tt.path, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			req.Header.Set("Authorization", bearer)
-			resp, err := srv.Client().Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer resp.Body.Close()
-			body, _ := io.ReadAll(resp.Body)
-			if resp.StatusCode != tt.want {
-				t.Fatalf("GET %s = %d, want %d; body %s", tt.path, resp.StatusCode, tt.want, body)
+			code, body := sendKeyAPI(t, srv, http.MethodGet, "charges/"+tt.path)
+			if code != tt.want {
+				t.Fatalf("GET %s = %d, want %d; body %s", tt.path, code, tt.want, body)
 			}
 			if tt.want != http.StatusOK {
 				return
@@ -1119,6 +1109,25 @@ func TestReadyzReadsTheWriteProbe(t *testing.T) {
 	}
 }
 
+// sendKeyAPI sends method to the key API's path /v1/keys/ + path, as
+// given (escaped or not), with the token, through the real server srv and
+// its client; it returns the status and the body.
+func sendKeyAPI(t *testing.T, srv *httptest.Server, method, path string) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, srv.URL+"/v1/keys/"+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", bearer)
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, body
+}
+
 // reconcileSeen is a reconciler that answers applied and remembers the
 // store keys it was asked about.
 type reconcileSeen struct {
@@ -1142,21 +1151,7 @@ func TestKeyWithSlashesThroughEveryAct(t *testing.T) {
 	seen := &reconcileSeen{}
 	srv := httptest.NewServer(newHandler(t, st, func(o *admin.Options) { o.Reconciler = seen }))
 	defer srv.Close()
-	do := func(method, path string) (int, []byte) {
-		t.Helper()
-		req, err := http.NewRequest(method, srv.URL+"/v1/keys/charges/"+path, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		req.Header.Set("Authorization", bearer)
-		resp, err := srv.Client().Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, body
-	}
+	do := func(method, path string) (int, []byte) { return sendKeyAPI(t, srv, method, "charges/"+path) }
 	for _, tc := range []struct{ key, path string }{
 		{"orders/2024/4711", "orders/2024/4711"},
 		{"orders/2024/4712", "orders%2F2024%2F4712"},

@@ -2,7 +2,6 @@ package proxy_test
 
 import (
 	"context"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -10,9 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/proxy/proxytest"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/badger"
@@ -48,7 +44,9 @@ func TestWaitersOnOneKeyShareOnePoll(t *testing.T) {
 	var once sync.Once
 	unblock := func() { once.Do(func() { close(release) }) }
 	defer unblock()
-	cfg := proxytest.ParseConfig(t, up.URL, `  - name: charges
+	st := &countingStore{}
+	e := &proxytest.Env{T: t, WrapStore: func(bs *badger.Store) store.Store { st.Store = bs; return st }}
+	e.Start(up.URL, `  - name: charges
     match: POST /charges
     key: {header: Idempotency-Key}
     concurrent: wait
@@ -56,21 +54,8 @@ func TestWaitersOnOneKeyShareOnePoll(t *testing.T) {
     lease: 90s
     upstream_timeout: 80s
 `)
-	bs, err := badger.Open(badger.Options{Dir: t.TempDir(), SyncWrites: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bs.Close()
-	st := &countingStore{Store: bs}
-	p, err := proxy.New(cfg, proxy.Options{Store: st, StoreName: "badger",
-		Metrics: proxy.NewMetrics(prometheus.NewRegistry()), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(p)
-	defer srv.Close()
 	send := func() proxytest.Answer {
-		return proxytest.Send(srv.Client(), "POST", srv.URL+"/charges", `{"amount":5}`, "Idempotency-Key", "K-WAIT")
+		return e.Do("POST", "/charges", `{"amount":5}`, "Idempotency-Key", "K-WAIT")
 	}
 
 	first := make(chan proxytest.Answer, 1)

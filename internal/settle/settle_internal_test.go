@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -73,51 +74,36 @@ func TestRetriesAreBounded(t *testing.T) {
 			t.Fatal("a settle past the bound was not ended at once")
 		}
 	}
-	if got := gathered(t, reg, "idemproxy_settle_retries_waiting", ""); got != 3 {
-		t.Errorf("idemproxy_settle_retries_waiting = %v, want 3", got)
-	}
-	if got := gathered(t, reg, "idemproxy_settle_left_to_lease_total", "retry_cap"); got != 2 {
-		t.Errorf(`idemproxy_settle_left_to_lease_total{reason="retry_cap"} = %v, want 2`, got)
-	}
+	checkMetrics(t, reg, 3, 2, 0)
 	expired, cancel := context.WithCancel(context.Background())
 	cancel()
 	s.Close(expired)
-	if got := gathered(t, reg, "idemproxy_settle_retries_waiting", ""); got != 0 {
-		t.Errorf("idemproxy_settle_retries_waiting after Close = %v, want 0", got)
-	}
-	if got := gathered(t, reg, "idemproxy_settle_left_to_lease_total", "shutdown"); got != 3 {
-		t.Errorf(`idemproxy_settle_left_to_lease_total{reason="shutdown"} = %v, want 3`, got)
-	}
+	checkMetrics(t, reg, 0, 2, 3)
 }
 
-// gathered is the value of the metric name in reg, of the series whose
-// reason label is reason ("" for a metric without labels).
-func gathered(t *testing.T, reg *prometheus.Registry, name, reason string) float64 {
+// checkMetrics checks the settle counts RegisterMetrics exports from reg:
+// waiting retries, and settles left to their leases past the bound and at
+// shutdown (none whose lease ended).
+func checkMetrics(t *testing.T, reg *prometheus.Registry, waiting, capped, shutdown int) {
 	t.Helper()
+	got := map[string]float64{}
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
 		for _, m := range mf.GetMetric() {
-			r := ""
+			name := mf.GetName()
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "reason" {
-					r = l.GetValue()
-				}
+				name += "/" + l.GetValue()
 			}
-			if r != reason {
-				continue
-			}
-			if g := m.GetGauge(); g != nil {
-				return g.GetValue()
-			}
-			return m.GetCounter().GetValue()
+			got[name] = m.GetGauge().GetValue() + m.GetCounter().GetValue()
 		}
 	}
-	t.Fatalf("%s{reason=%q} is not registered", name, reason)
-	return 0
+	want := map[string]float64{"idemproxy_settle_retries_waiting": float64(waiting),
+		"idemproxy_settle_left_to_lease_total/retry_cap": float64(capped), "idemproxy_settle_left_to_lease_total/shutdown": float64(shutdown),
+		"idemproxy_settle_left_to_lease_total/lease_ended": 0}
+	if !maps.Equal(got, want) {
+		t.Errorf("metrics = %v, want %v", got, want)
+	}
 }
