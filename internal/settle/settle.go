@@ -183,8 +183,13 @@ func (s *Settler) Settle(j Job, err error) (retrying bool) {
 		s.takenOver(j, 1)
 		s.end(j, err)
 		return false
-	case !time.Now().Before(j.Until) || !s.enter():
+	case !time.Now().Before(j.Until):
 		s.counts.leftEnd.Add(1)
+		s.gaveUp(j, 1, err)
+		s.end(j, err)
+		return false
+	case !s.enter(): // closed: the program stops
+		s.counts.leftStop.Add(1)
 		s.gaveUp(j, 1, err)
 		s.end(j, err)
 		return false

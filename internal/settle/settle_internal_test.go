@@ -78,7 +78,10 @@ func TestRetriesAreBounded(t *testing.T) {
 	expired, cancel := context.WithCancel(context.Background())
 	cancel()
 	s.Close(expired)
-	checkMetrics(t, reg, 0, 2, 3)
+	if s.Settle(Job{Key: "pay/-/late", Operation: "commit", Until: time.Now().Add(time.Hour)}, failed) {
+		t.Error("a settle after Close is retried")
+	}
+	checkMetrics(t, reg, 0, 2, 4) // the three retrying, and the one after Close
 }
 
 // checkMetrics checks the settle counts RegisterMetrics exports from reg:
