@@ -138,8 +138,14 @@ type batcher struct {
 	// busy key waits for it (one row changed by two batches at once would
 	// wait for itself, and a key whose row is locked elsewhere would stall
 	// a second batch).
-	busy  map[string]int
-	queue []*op
+	busy map[string]int
+	// The queue: each key's writes in the order they came (pending), and
+	// the keys whose first write may go in the next batch, in the order
+	// that write came (ready: not busy, each once). queued counts the
+	// writes of pending.
+	pending map[string][]*op
+	ready   []string
+	queued  int
 	// timer, when set, dispatches again once the running writes count as
 	// stalled.
 	timer *time.Timer
@@ -158,11 +164,19 @@ type run struct{ keys []string }
 func (b *batcher) enter(o *op) (*run, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if (len(b.running) == 0 && len(b.queue) == 0 && !b.noAlone) || len(b.queue) >= maxQueued {
+	if (len(b.running) == 0 && b.queued == 0 && !b.noAlone) || b.queued >= maxQueued {
 		return b.start([]string{o.key}), true
 	}
 	o.done = make(chan struct{})
-	b.queue = append(b.queue, o)
+	if b.pending == nil {
+		b.pending = map[string][]*op{}
+	}
+	q := b.pending[o.key]
+	if len(q) == 0 && b.busy[o.key] == 0 {
+		b.ready = append(b.ready, o.key)
+	}
+	b.pending[o.key] = append(q, o)
+	b.queued++
 	b.dispatch()
 	return nil, false
 }
@@ -193,6 +207,9 @@ func (b *batcher) finish(r *run) {
 	for _, k := range r.keys {
 		if b.busy[k]--; b.busy[k] == 0 {
 			delete(b.busy, k)
+			if len(b.pending[k]) > 0 {
+				b.ready = append(b.ready, k) // its next write's turn
+			}
 		}
 	}
 	b.dispatch()
@@ -203,7 +220,7 @@ func (b *batcher) finish(r *run) {
 // with writes queued, it makes sure it is called again when the newest
 // run counts as stalled (b.mu held).
 func (b *batcher) dispatch() {
-	for len(b.queue) > 0 && len(b.running) < maxRunning {
+	for len(b.ready) > 0 && len(b.running) < maxRunning {
 		newest := time.Time{}
 		for _, at := range b.running {
 			if at.After(newest) {
@@ -239,27 +256,31 @@ func (b *batcher) dispatch() {
 	}
 }
 
-// take removes the next batch from the queue, with b.mu held: up to
-// maxBatch writes of distinct keys not at the database, and answers of up
-// to maxBatchBytes (or one write), in the order they were queued. The
-// others stay, in their order. The queue is bounded (maxQueued).
+// take removes the next batch from the queue, with b.mu held: the first
+// write of each ready key, up to maxBatch of them and answers of up to
+// maxBatchBytes (or one write), in the order they came; the other writes
+// of those keys wait for the batch. Its cost is the batch's size, not the
+// queue's.
 func (b *batcher) take() []*op {
-	batch := make([]*op, 0, min(len(b.queue), maxBatch))
-	keys := make(map[string]bool, cap(batch))
-	rest := b.queue[:0]
-	size := 0
-	for _, o := range b.queue {
-		n := len(o.body) + len(o.meta)
-		if len(batch) < maxBatch && !keys[o.key] && b.busy[o.key] == 0 && (len(batch) == 0 || size+n <= maxBatchBytes) {
-			keys[o.key] = true
-			batch = append(batch, o)
-			size += n
-			continue
+	batch := make([]*op, 0, min(len(b.ready), maxBatch))
+	size, n := 0, 0
+	for _, k := range b.ready {
+		o := b.pending[k][0]
+		if len(batch) == maxBatch || (len(batch) > 0 && size+len(o.body)+len(o.meta) > maxBatchBytes) {
+			break
 		}
-		rest = append(rest, o)
+		batch = append(batch, o)
+		size += len(o.body) + len(o.meta)
+		n++
+		if q := b.pending[k]; len(q) == 1 {
+			delete(b.pending, k)
+		} else {
+			q[0] = nil
+			b.pending[k] = q[1:]
+		}
 	}
-	clear(b.queue[len(rest):])
-	b.queue = rest
+	b.ready = b.ready[n:]
+	b.queued -= n
 	return batch
 }
 

@@ -17,7 +17,7 @@ func (s *Store) AlwaysBatch() {
 func (s *Store) Queued() int {
 	s.batch.mu.Lock()
 	defer s.batch.mu.Unlock()
-	return len(s.batch.queue)
+	return s.batch.queued
 }
 
 // Serial makes the Store run one write or batch at a time, however long it
