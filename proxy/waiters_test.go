@@ -26,11 +26,18 @@ func (s *countingStore) Get(ctx context.Context, key string) (*store.Record, err
 }
 
 // TestWaitersOnOneKeyShareOnePoll: many duplicates waiting (concurrent:
-// wait) on one key that this replica's request holds cost the store one
-// read per poll interval between them, not one each; when the holder
-// settles, every waiter gets its answer replayed, and the upstream was
-// asked once.
+// wait) on one key cost the store one read per poll interval between
+// them, not one each, whether the request holding the key is this
+// replica's (its settle wakes them) or another's sharing the store (only
+// the poll sees it settle); when the holder settles, every waiter gets
+// its answer replayed, and the upstream was asked once.
 func TestWaitersOnOneKeyShareOnePoll(t *testing.T) {
+	for _, holder := range []string{"this replica", "another replica"} {
+		t.Run(holder, func(t *testing.T) { testWaitersShareOnePoll(t, holder == "another replica") })
+	}
+}
+
+func testWaitersShareOnePoll(t *testing.T, otherReplica bool) {
 	const waiters = 20
 	var upstream atomic.Int64
 	release := make(chan struct{})
@@ -46,20 +53,26 @@ func TestWaitersOnOneKeyShareOnePoll(t *testing.T) {
 	defer unblock()
 	st := &countingStore{}
 	e := &proxytest.Env{T: t, WrapStore: func(bs *badger.Store) store.Store { st.Store = bs; return st }}
-	e.Start(up.URL, `  - name: charges
+	const routes = `  - name: charges
     match: POST /charges
     key: {header: Idempotency-Key}
     concurrent: wait
     wait_timeout: 60s
     lease: 90s
     upstream_timeout: 80s
-`)
+`
+	e.Start(up.URL, routes)
 	send := func() proxytest.Answer {
 		return e.Do("POST", "/charges", `{"amount":5}`, "Idempotency-Key", "K-WAIT")
 	}
+	holder := e
+	if otherReplica { // a second proxy on the same store holds the key
+		holder = &proxytest.Env{T: t, WrapStore: func(*badger.Store) store.Store { return st.Store }}
+		holder.Start(up.URL, routes)
+	}
 
 	first := make(chan proxytest.Answer, 1)
-	go func() { first <- send() }()
+	go func() { first <- holder.Do("POST", "/charges", `{"amount":5}`, "Idempotency-Key", "K-WAIT") }()
 	for deadline := time.Now().Add(30 * time.Second); upstream.Load() == 0; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("the first request never reached the upstream")
