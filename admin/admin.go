@@ -158,9 +158,9 @@ func NewHandler(opts Options) *Handler {
 	h.mux.HandleFunc("GET /readyz", h.readyz)
 	h.mux.Handle("POST /-/reload", h.auth(h.reload)) // a reload is an operator's act too
 	h.mux.Handle("GET /v1/keys/{route}", h.auth(h.listKeys))
-	h.mux.Handle("GET /v1/keys/{route}/{key...}", h.auth(h.getKey))
-	h.mux.Handle("DELETE /v1/keys/{route}/{key...}", h.auth(h.deleteKey))
-	h.mux.Handle("POST /v1/keys/{route}/{key}/reconcile", h.auth(h.reconcileKey))
+	h.mux.Handle("GET "+keyPattern, h.auth(h.getKey))
+	h.mux.Handle("DELETE "+keyPattern, h.auth(h.deleteKey))
+	h.mux.Handle("POST "+keyPattern, postKey(h.auth(h.reconcileKey)))
 	// The console: pages for operators, behind a login with the token.
 	h.mux.Handle("/ui/", newConsole(h))
 	if opts.AcceptLoss != nil {
@@ -195,6 +195,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		case http.StatusMethodNotAllowed:
 			allow := rec.header.Get("Allow")
+			if allow == keyMethods+", POST" && !strings.HasSuffix(r.URL.EscapedPath(), reconcileSuffix) {
+				allow = keyMethods // a key's path takes POST only as its reconcile (postKey)
+			}
 			w.Header().Set("Allow", allow)
 			problem.Write(w, r, probMethod, r.Method+" is not allowed here; allowed: "+allow, 0, nil)
 			return
@@ -458,6 +461,37 @@ func operatorAttr(operator string) slog.Attr {
 		return slog.Attr{} // an empty Attr: the handler writes nothing
 	}
 	return slog.String("operator", operator)
+}
+
+// The key API's paths. A key may hold '/': GET and DELETE take the rest of
+// the path as the key. ServeMux ends a pattern at such a wildcard, so
+// reconcile, whose path goes on after the key, is served under POST of
+// keyPattern too (postKey), and a key with '/' is reconciled whether or not
+// its slashes are escaped, as it is read and released.
+const (
+	keyPattern      = "/v1/keys/{route}/{key...}"
+	reconcileSuffix = "/reconcile"
+	// reconcileRoute is the reconcile endpoint's path as its spans name it.
+	reconcileRoute = "/v1/keys/{route}/{key}" + reconcileSuffix
+	// keyMethods are the methods of a key's own path, as ServeMux lists
+	// them in the Allow header of a 405.
+	keyMethods = "DELETE, GET, HEAD"
+)
+
+// postKey serves a POST under keyPattern: the key's reconcile when the
+// path's last segment, as sent, is "reconcile" after a key; else 405, as
+// ServeMux answers a method a path does not take.
+func postKey(reconcile http.Handler) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		key, ok := strings.CutSuffix(r.PathValue("key"), reconcileSuffix)
+		if !ok || key == "" || !strings.HasSuffix(r.URL.EscapedPath(), reconcileSuffix) {
+			w.Header().Set("Allow", keyMethods)
+			problem.Write(w, r, probMethod, r.Method+" is not allowed here; allowed: "+keyMethods, 0, nil)
+			return
+		}
+		r.SetPathValue("key", key)
+		reconcile.ServeHTTP(w, r)
+	}
 }
 
 // reconcileKey runs the reconcile lookup of an in-doubt key now and

@@ -15,6 +15,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -445,19 +446,9 @@ func TestKeyPaths(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.path, func(t *testing.T) {
-			req, err := http.NewRequest(http.MethodGet, srv.URL+"/v1/keys/charges/"+tt.path, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			req.Header.Set("Authorization", bearer)
-			resp, err := srv.Client().Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer resp.Body.Close()
-			body, _ := io.ReadAll(resp.Body)
-			if resp.StatusCode != tt.want {
-				t.Fatalf("GET %s = %d, want %d; body %s", tt.path, resp.StatusCode, tt.want, body)
+			code, body := sendKeyAPI(t, srv, http.MethodGet, "charges/"+tt.path)
+			if code != tt.want {
+				t.Fatalf("GET %s = %d, want %d; body %s", tt.path, code, tt.want, body)
 			}
 			if tt.want != http.StatusOK {
 				return
@@ -1115,5 +1106,86 @@ func TestReadyzReadsTheWriteProbe(t *testing.T) {
 				t.Errorf("/readyz = %d %q, want %d containing %q", rec.Code, rec.Body, tt.wantReady, tt.wantBody)
 			}
 		})
+	}
+}
+
+// sendKeyAPI sends method to the key API's path /v1/keys/ + path, as
+// given (escaped or not), with the token, through the real server srv and
+// its client; it returns the status and the body.
+func sendKeyAPI(t *testing.T, srv *httptest.Server, method, path string) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, srv.URL+"/v1/keys/"+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", bearer)
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, body
+}
+
+// reconcileSeen is a reconciler that answers applied and remembers the
+// store keys it was asked about.
+type reconcileSeen struct {
+	mu   sync.Mutex
+	keys []string
+}
+
+func (r *reconcileSeen) Reconcile(_ context.Context, storeKey string) (reconcile.Outcome, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.keys = append(r.keys, storeKey)
+	return reconcile.Outcome{Result: reconcile.ResultApplied, LookupStatus: http.StatusOK}, nil
+}
+
+// TestKeyWithSlashesThroughEveryAct: a key holding '/' is read, reconciled
+// and released through the key API, with its slashes as sent or escaped
+// (as `idemproxy keys` sends them), always the same key; a POST to a key's
+// path that is not a reconcile is a 405.
+func TestKeyWithSlashesThroughEveryAct(t *testing.T) {
+	st := openStore(t)
+	seen := &reconcileSeen{}
+	srv := httptest.NewServer(newHandler(t, st, func(o *admin.Options) { o.Reconciler = seen }))
+	defer srv.Close()
+	do := func(method, path string) (int, []byte) { return sendKeyAPI(t, srv, method, "charges/"+path) }
+	for _, tc := range []struct{ key, path string }{
+		{"orders/2024/4711", "orders/2024/4711"},
+		{"orders/2024/4712", "orders%2F2024%2F4712"},
+		{"a/reconcile", "a/reconcile"}, // a key that ends as the endpoint does
+		{"reconcile", "reconcile"},
+	} {
+		sk := store.Key("charges", "", tc.key)
+		seed(t, st, sk, seedInDoubt)
+		code, body := do(http.MethodGet, tc.path)
+		var got keyView
+		if err := json.Unmarshal(body, &got); code != http.StatusOK || err != nil || got.Key != tc.key {
+			t.Errorf("GET %s = %d %s, want 200 with key %q", tc.path, code, body, tc.key)
+		}
+		seen.mu.Lock()
+		seen.keys = nil
+		seen.mu.Unlock()
+		if code, body := do(http.MethodPost, tc.path+"/reconcile"); code != http.StatusOK {
+			t.Errorf("POST %s/reconcile = %d %s, want 200", tc.path, code, body)
+		}
+		seen.mu.Lock()
+		if !slices.Equal(seen.keys, []string{sk}) {
+			t.Errorf("POST %s/reconcile reconciled %q, want the key %q", tc.path, seen.keys, tc.key)
+		}
+		seen.mu.Unlock()
+		if code, body := do(http.MethodDelete, tc.path); code != http.StatusOK {
+			t.Errorf("DELETE %s = %d %s, want 200", tc.path, code, body)
+		}
+		if rec, err := st.Get(t.Context(), sk); err != nil || rec != nil {
+			t.Errorf("after DELETE %s: record %+v, %v; want none", tc.path, rec, err)
+		}
+	}
+	for _, path := range []string{"orders/2024/4711", "a%2Freconcile"} {
+		if code, body := do(http.MethodPost, path); code != http.StatusMethodNotAllowed {
+			t.Errorf("POST %s = %d %s, want 405", path, code, body)
+		}
 	}
 }

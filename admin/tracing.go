@@ -39,6 +39,8 @@ func (h *Handler) serveTraced(w http.ResponseWriter, r *http.Request, pattern st
 		route = r.URL.Path
 	case !tracedPattern(pattern):
 		return false
+	case pattern == http.MethodPost+" "+keyPattern:
+		route = reconcileRoute // the one POST a key's path takes (postKey)
 	}
 	ctx := tracing.Extract(r.Context(), r.Header)
 	ctx, span := tr.Start(ctx, r.Method+" "+route, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(

@@ -84,6 +84,9 @@ type Proxy struct {
 	// settling retries settling writes in the background; Wait waits for
 	// it, Abort stops it.
 	settling *settle.Settler
+	// waiters are the duplicates waiting on keys (concurrent: wait), one
+	// poll per key (waiters.go).
+	waiters waiters
 }
 
 // tracker counts the requests that may still write to the store, and

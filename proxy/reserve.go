@@ -121,10 +121,11 @@ func (a *attempt) awaitSettled(w http.ResponseWriter, body []byte, rec *store.Re
 	if a.span != nil {
 		a.event(tracing.EventWait, attribute.String("idemproxy.wait_until", until.UTC().Format(time.RFC3339Nano)))
 		// The polls are not traced one by one (up to one every 100 ms
-		// until wait_timeout): the two events say what the wait was.
+		// until wait_timeout, shared by the waiters of the key:
+		// waiters.go): the two events say what the wait was.
 		poll = trace.ContextWithSpanContext(ctx, a.span.SpanContext())
 	}
-	got, err := a.p.waitSettled(poll, a.storeKey, until)
+	got, err := a.p.waitSettled(poll, a.storeKey, rec, until)
 	if a.span != nil {
 		state := "released"
 		if got != nil {
@@ -149,27 +150,6 @@ func (a *attempt) awaitSettled(w http.ResponseWriter, body []byte, rec *store.Re
 		return false
 	}
 	return true
-}
-
-// waitSettled polls the record under key until it is no longer in flight,
-// the deadline passes or the client goes away, and returns it (nil when it
-// was released).
-func (p *Proxy) waitSettled(ctx context.Context, key string, until time.Time) (*store.Record, error) {
-	delay := 5 * time.Millisecond
-	for {
-		t := time.NewTimer(min(delay, time.Until(until)))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, ctx.Err()
-		case <-t.C:
-		}
-		rec, err := p.store.Get(ctx, key)
-		if err != nil || rec == nil || rec.State != store.StateInFlight || !time.Now().Before(until) {
-			return rec, err
-		}
-		delay = min(delay*2, 100*time.Millisecond)
-	}
 }
 
 // mismatched answers 422 (or, in observe mode, forwards) when rec was

@@ -97,10 +97,11 @@ func (a *attempt) settle(opName string, op func(ctx context.Context) error) {
 
 // settleErr hands the result err of a settling write to the settler, which
 // retries retry (nil: not retried) while the lease holds and logs how the
-// key was left. A write that failed counts as a store error now, retried
+// key was left; a write that succeeded wakes the key's waiters. A write that failed counts as a store error now, retried
 // or not: the key is not settled yet.
 func (a *attempt) settleErr(op string, err error, retry func(ctx context.Context) error) {
 	if err == nil {
+		a.p.waiters.settled(a.storeKey) // its waiters here read it now
 		return
 	}
 	j := settle.Job{Key: a.storeKey, Operation: op, Attrs: []any{"route", a.routeName()}}

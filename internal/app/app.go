@@ -149,6 +149,7 @@ func (a *app) serve(ctx context.Context) error {
 	// the store's own (a Badger commit whose batch failed): shutdown waits
 	// for them up to its deadline, before the store closes.
 	a.settler = settle.New(log)
+	settle.RegisterMetrics(reg, a.settler)
 	var watcher atomic.Pointer[epoch.Watcher]
 	a.epochSeen = func(m *store.Epoch, read bool) error { return epochSeen(watcher.Load(), m, read) }
 	a.keysEvicted = func(reason string) {

@@ -15,6 +15,7 @@ import (
 	"github.com/idemproxy/idemproxy/internal/doctest"
 	"github.com/idemproxy/idemproxy/internal/epoch"
 	"github.com/idemproxy/idemproxy/internal/reconcile"
+	"github.com/idemproxy/idemproxy/internal/settle"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/badger"
@@ -85,6 +86,7 @@ func registeredMetrics(t *testing.T) map[string][]string {
 	admin.NewHandler(admin.Options{Store: st, Registerer: rec})
 	registerEpochMetrics(rec, epoch.New(epoch.Options{Store: st, Interval: time.Second}))
 	registerStoreRisk(rec, nil)
+	settle.RegisterMetrics(rec, nil)
 	return rec.labels
 }
 

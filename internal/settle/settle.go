@@ -16,6 +16,14 @@
 // it. A retry that finds the key taken over (store.ErrNotOwner) stops at
 // once; one that cannot be written leaves the key in flight, in doubt when
 // its lease ends, and never released.
+//
+// The settles waiting to retry are bounded (MaxRetrying, for the Settler
+// New makes and all its Groups): each holds a goroutine and a timer, and a
+// store that fails every write for a lease's length must not grow them
+// without end. Past the bound a failed settle is not retried: it is left
+// to its lease, as one whose lease ends before it could be written (the
+// key in flight, then in doubt, never released, never charged twice), and
+// counted (RegisterMetrics).
 package settle
 
 import (
@@ -24,7 +32,10 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemproxy/idemproxy/store"
 )
@@ -36,6 +47,13 @@ const (
 	FirstDelay = 50 * time.Millisecond
 	MaxDelay   = time.Second
 )
+
+// MaxRetrying bounds the settles that wait to retry at once, in a Settler
+// New makes and its Groups together; a settle that fails beyond it is left
+// to its lease (see the package doc). With a retry's goroutine and timer
+// at a few KiB, the bound holds them to some tens of MiB, while a replica
+// settles far fewer than this in one lease unless its store is down.
+const MaxRetrying = 10_000
 
 // AttemptTimeout bounds one attempt (and no retry's attempt runs past the
 // job's Until).
@@ -70,6 +88,19 @@ type Settler struct {
 	mu     sync.Mutex
 	closed bool // no new jobs
 	jobs   sync.WaitGroup
+
+	// counts is New's Settler's, shared by its Groups.
+	counts *counts
+}
+
+// counts are the retries of a Settler and its Groups: those waiting now,
+// the bound on them, and the settles left to their leases, by reason.
+type counts struct {
+	limit    int64
+	retrying atomic.Int64
+	leftCap  atomic.Uint64 // past limit: never retried
+	leftEnd  atomic.Uint64 // retried until the lease ended
+	leftStop atomic.Uint64 // retrying when the program stopped
 }
 
 // New returns a Settler that logs to log (nil discards).
@@ -78,7 +109,7 @@ func New(log *slog.Logger) *Settler {
 		log = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Settler{log: log, ctx: ctx, cancel: cancel}
+	return &Settler{log: log, ctx: ctx, cancel: cancel, counts: &counts{limit: MaxRetrying}}
 }
 
 // Group returns a Settler whose jobs are also s's: closing s closes the
@@ -86,7 +117,38 @@ func New(log *slog.Logger) *Settler {
 // waits for its own jobs only.
 func (s *Settler) Group() *Settler {
 	ctx, cancel := context.WithCancel(s.ctx)
-	return &Settler{log: s.log, parent: s, ctx: ctx, cancel: cancel}
+	return &Settler{log: s.log, parent: s, ctx: ctx, cancel: cancel, counts: s.counts}
+}
+
+// RegisterMetrics registers s's metrics on reg: the settles waiting to
+// retry, and those left to their leases, by reason. They are read when
+// scraped; a nil s reads zero.
+func RegisterMetrics(reg prometheus.Registerer, s *Settler) {
+	c := &counts{}
+	if s != nil {
+		c = s.counts
+	}
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "idemproxy_settle_retries_waiting",
+		Help: "Commits, releases and in-doubt marks that failed and wait to be retried (at most " + fmt.Sprint(MaxRetrying) + ").",
+	}, func() float64 { return float64(c.retrying.Load()) }))
+	for reason, n := range map[string]*atomic.Uint64{"retry_cap": &c.leftCap, "lease_ended": &c.leftEnd, "shutdown": &c.leftStop} {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "idemproxy_settle_left_to_lease_total",
+			Help:        "Settles that were not written, their keys left in flight and in doubt when their leases end, by reason.",
+			ConstLabels: prometheus.Labels{"reason": reason},
+		}, func() float64 { return float64(n.Load()) }))
+	}
+}
+
+// startRetry counts a settle waiting to retry, unless MaxRetrying of them
+// wait already.
+func (c *counts) startRetry() bool {
+	if c.retrying.Add(1) > c.limit {
+		c.retrying.Add(-1)
+		return false
+	}
+	return true
 }
 
 // enter counts a new job, and reports false once s (or a Settler above
@@ -121,8 +183,21 @@ func (s *Settler) Settle(j Job, err error) (retrying bool) {
 		s.takenOver(j, 1)
 		s.end(j, err)
 		return false
-	case !time.Now().Before(j.Until) || !s.enter():
+	case !time.Now().Before(j.Until):
+		s.counts.leftEnd.Add(1)
 		s.gaveUp(j, 1, err)
+		s.end(j, err)
+		return false
+	case !s.enter(): // closed: the program stops
+		s.counts.leftStop.Add(1)
+		s.gaveUp(j, 1, err)
+		s.end(j, err)
+		return false
+	case !s.counts.startRetry():
+		s.leave()
+		s.counts.leftCap.Add(1)
+		s.log.Error("store failed to settle a key, and too many settles wait to retry; it will be in doubt when its lease ends",
+			s.attrs(j, 1, err, "waiting", s.counts.limit)...)
 		s.end(j, err)
 		return false
 	}
@@ -135,6 +210,7 @@ func (s *Settler) Settle(j Job, err error) (retrying bool) {
 // passes or s is aborted. Its first attempt failed with err.
 func (s *Settler) retry(j Job, err error) {
 	defer s.leave()
+	defer s.counts.retrying.Add(-1)
 	attempt := 1
 	defer s.recover(j, &attempt, &err)
 	for delay := FirstDelay; ; delay = min(2*delay, MaxDelay) {
@@ -142,6 +218,7 @@ func (s *Settler) retry(j Job, err error) {
 		select {
 		case <-s.ctx.Done():
 			wait.Stop()
+			s.counts.leftStop.Add(1)
 			s.log.Error("settling stopped: shutting down; the key will be in doubt when its lease ends",
 				s.attrs(j, attempt, err)...)
 			s.end(j, err)
@@ -158,6 +235,7 @@ func (s *Settler) retry(j Job, err error) {
 		case errors.Is(err, store.ErrNotOwner):
 			s.takenOver(j, attempt)
 		case !time.Now().Before(j.Until):
+			s.counts.leftEnd.Add(1)
 			s.gaveUp(j, attempt, err)
 		default:
 			continue

@@ -60,6 +60,10 @@ type Env struct {
 	// Tracing, when set before Start, traces the proxy's requests; nil:
 	// no traces.
 	Tracing *tracing.Tracing
+	// WrapStore, when set before Start, gives the store the proxy uses in
+	// place of the Badger store (a wrapper of it that counts or fails
+	// calls); Store is still the Badger store.
+	WrapStore func(*badger.Store) store.Store
 }
 
 // New starts the stub and a proxy whose configuration is routes (the
@@ -97,7 +101,11 @@ func (e *Env) StartConfig(cfg *config.Config) {
 	if e.Log != nil {
 		logger = slog.New(slog.NewJSONHandler(e.Log, nil))
 	}
-	e.Proxy, err = proxy.New(cfg, proxy.Options{Store: st, StoreName: "badger", Metrics: proxy.NewMetrics(e.Registry), Logger: logger,
+	var ps store.Store = st
+	if e.WrapStore != nil {
+		ps = e.WrapStore(st)
+	}
+	e.Proxy, err = proxy.New(cfg, proxy.Options{Store: ps, StoreName: "badger", Metrics: proxy.NewMetrics(e.Registry), Logger: logger,
 		Tracing: e.Tracing})
 	if err != nil {
 		t.Fatal(err)

@@ -634,7 +634,7 @@ func (s *Store) orphansInDoubt() (int, error) {
 		expiresAt uint64
 	}
 	var orphans []orphan
-	err := s.db.View(func(txn *bdg.Txn) error {
+	err := s.view(func(txn *bdg.Txn) error {
 		it := txn.NewIterator(bdg.IteratorOptions{PrefetchValues: false})
 		defer it.Close()
 		for it.Rewind(); it.Valid(); it.Next() {
@@ -827,7 +827,7 @@ func (s *Store) Get(ctx context.Context, key string) (*store.Record, error) {
 		return nil, err
 	}
 	var out *store.Record
-	err := s.db.View(func(txn *bdg.Txn) error {
+	err := s.view(func(txn *bdg.Txn) error {
 		rec, exp, err := get(txn, []byte(key))
 		if rec != nil {
 			out = s.public(rec, exp)
@@ -846,7 +846,7 @@ func (s *Store) Ping(ctx context.Context) error {
 		return err
 	}
 	if s.db.IsClosed() {
-		return errors.New("badger: database is closed")
+		return asFault(errors.New("badger: database is closed"))
 	}
 	return nil
 }
@@ -874,6 +874,20 @@ func (s *Store) public(rec *record, expiresAt uint64) *store.Record {
 	return out
 }
 
+// view runs fn in a read-only transaction of the database. An error of
+// Badger's own, not fn's, is a fault of the store (fault.go).
+func (s *Store) view(fn func(txn *bdg.Txn) error) error {
+	var fnErr error
+	err := s.db.View(func(txn *bdg.Txn) error {
+		fnErr = fn(txn)
+		return fnErr
+	})
+	if err != nil && err != fnErr {
+		return asFault(err)
+	}
+	return err
+}
+
 // getter is a transaction get reads from: Badger's (a read-only view) or
 // the writer's.
 type getter interface {
@@ -887,7 +901,7 @@ func get(txn getter, k []byte) (*record, uint64, error) {
 		return nil, 0, nil
 	}
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, asFault(err)
 	}
 	var rec record
 	err = item.Value(rec.unmarshal)

@@ -48,7 +48,7 @@ func readEpoch(txn getter) (*store.Epoch, error) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, err
+		return nil, asFault(err)
 	}
 	var v epochValue
 	if err := item.Value(func(b []byte) error { return json.Unmarshal(b, &v) }); err != nil {
@@ -64,7 +64,7 @@ func (s *Store) Epoch(ctx context.Context) (*store.Epoch, error) {
 		return nil, err
 	}
 	var e *store.Epoch
-	err := s.db.View(func(txn *bdg.Txn) error {
+	err := s.view(func(txn *bdg.Txn) error {
 		var err error
 		e, err = readEpoch(txn)
 		return err

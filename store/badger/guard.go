@@ -416,19 +416,6 @@ func (g *Guard) acquire() *guarded {
 	return g.cur
 }
 
-// isFault reports whether err from a store operation means that Badger
-// itself failed, rather than the caller's context, fencing or a record in
-// another state.
-func isFault(err error) bool {
-	for _, domain := range []error{store.ErrNotOwner, store.ErrNotInDoubt, store.ErrLookupBusy, store.ErrNotDue, store.ErrKeysLost,
-		store.ErrOriginTooLong, errCorrupt, context.Canceled, context.DeadlineExceeded} {
-		if errors.Is(err, domain) {
-			return false
-		}
-	}
-	return true
-}
-
 // Reserve implements store.Store; below the free-space floor it refuses.
 func (g *Guard) Reserve(ctx context.Context, key string, res store.Reservation) (rec *store.Record, err error) {
 	if g.belowFloor() {

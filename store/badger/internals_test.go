@@ -17,10 +17,14 @@ package badger
 //     (lost in a power failure), tables made to fail instead of wait.
 //     TestBadgerFileNames.
 //  2. The directory lock. A second Open of a directory in use fails
-//     (LOCK). Relied on by the writer being the only writer (writer.go),
-//     the log's replay and the Guard's reopen (it closes before it opens
-//     again). Changed, two processes on one directory would each reserve
-//     the same key: charged twice. TestBadgerLocksItsDirectory.
+//     (LOCK), with an error that says so only in its text ("Another
+//     process is using this Badger database"). Relied on by the writer
+//     being the only writer (writer.go), the log's replay and the Guard's
+//     reopen (it closes before it opens again), and by inUse
+//     (degraded.go), which matches the text. Changed, two processes on
+//     one directory would each reserve the same key: charged twice; the
+//     text changed, a replica replaced on the same volume waits a growing
+//     delay to open instead of a second. TestBadgerLocksItsDirectory.
 //  3. A commit is in Badger's files when Txn.Commit returns, unsynced:
 //     the memtable log (and the value log, for large values) are shared
 //     mappings, written in the page cache, which outlives the process.
@@ -117,6 +121,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -251,6 +256,11 @@ func TestBadgerLocksItsDirectory(t *testing.T) {
 	if err == nil {
 		db.Close()
 		t.Fatal("a second Open of a directory in use succeeded; want it refused (its LOCK)")
+	}
+	// Badger wraps the refusal as text: inUse (degraded.go) matches it, so
+	// that the Guard tries a directory in use again every second.
+	if !strings.Contains(err.Error(), "Another process is using this Badger database") || !inUse(err) {
+		t.Errorf("second Open: %q; want Badger's text, which inUse (degraded.go) matches", err)
 	}
 }
 

@@ -35,7 +35,7 @@ func (s *Store) List(ctx context.Context, q store.ListQuery) ([]store.Listed, st
 		recs []store.Listed
 		next string
 	)
-	err = s.db.View(func(txn *bdg.Txn) error {
+	err = s.view(func(txn *bdg.Txn) error {
 		recs, next = nil, ""
 		p := []byte(q.Prefix)
 		it := txn.NewIterator(bdg.IteratorOptions{PrefetchValues: false, Prefix: p})
@@ -107,7 +107,7 @@ func (s *Store) listed(item *bdg.Item, q store.ListQuery) (store.Listed, bool, e
 			s.log.Error("record cannot be decoded; not listed", "key_hash", store.KeyHash(key), "err", err)
 			return store.Listed{}, false, nil
 		}
-		return store.Listed{}, false, err
+		return store.Listed{}, false, asFault(err) // Badger could not read the value
 	}
 	pub := s.public(&rec, item.ExpiresAt())
 	if !q.Matches(key, pub.State) {

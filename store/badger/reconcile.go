@@ -199,7 +199,7 @@ func (s *Store) DueLookups(ctx context.Context, limit int) ([]string, error) {
 	var keys []string
 	var stale [][]byte
 	now := s.now().UnixMilli()
-	err := s.db.View(func(txn *bdg.Txn) error {
+	err := s.view(func(txn *bdg.Txn) error {
 		prefix := []byte(scheduleIndex)
 		it := txn.NewIterator(bdg.IteratorOptions{PrefetchValues: false, Prefix: prefix})
 		defer it.Close()
@@ -264,7 +264,7 @@ const staleChunk = 128
 func (s *Store) Unscheduled(ctx context.Context, prefix string, limit int) ([]string, error) {
 	var keys []string
 	now := s.now().UnixMilli()
-	err := s.db.View(func(txn *bdg.Txn) error {
+	err := s.view(func(txn *bdg.Txn) error {
 		p := []byte(prefix)
 		it := txn.NewIterator(bdg.IteratorOptions{PrefetchValues: false, Prefix: p})
 		defer it.Close()

@@ -39,11 +39,11 @@ import (
 const maxBatchOps = 256
 
 // errClosed is returned by update after Close.
-var errClosed = errors.New("badger: store is closed")
+var errClosed error = &fault{errors.New("badger: store is closed")}
 
 // errStalled is returned by update when its batch was not applied within
 // the writer's wait.
-var errStalled = errors.New("badger: the writer did not apply the write in time")
+var errStalled error = &fault{errors.New("badger: the writer did not apply the write in time")}
 
 // defaultWriteWait bounds how long update waits for its batch: far beyond
 // a sync on a loaded disk, short enough that a stuck Badger answers 503s.
@@ -105,19 +105,34 @@ type writer struct {
 
 // wtxn is the writer's transaction: Badger's, whose writes are recorded
 // for the reservation log when there is one. The closures of a batch write
-// through it only.
+// through it only, and it offers no write but the recorded ones (Set,
+// SetEntry, Delete): Badger's transaction is a field only the writer uses
+// (to commit, and to set the batch's applied mark, which the log's record
+// carries as its sequence number), never embedded, so a new write path
+// cannot bypass the log unseen (TestWtxnRecordsEveryWrite).
 type wtxn struct {
-	*bdg.Txn
+	txn *bdg.Txn
 	rec *walRecorder // nil without a log
 	// seq is the sequence number the batch's log record will carry (with
 	// a log): putAt stamps it into every record it writes.
 	seq uint64
 }
 
+// Get reads k in the transaction, the batch's writes before it included.
+// Badger's failure to read is a fault of the store (fault.go); a key that
+// is not there is bdg.ErrKeyNotFound, as from Badger.
+func (t *wtxn) Get(k []byte) (*bdg.Item, error) {
+	item, err := t.txn.Get(k)
+	if err != nil && !errors.Is(err, bdg.ErrKeyNotFound) {
+		return nil, asFault(err)
+	}
+	return item, err
+}
+
 // SetEntry sets e in the transaction and records it.
 func (t *wtxn) SetEntry(e *bdg.Entry) error {
-	if err := t.Txn.SetEntry(e); err != nil {
-		return err
+	if err := t.txn.SetEntry(e); err != nil {
+		return asFault(err)
 	}
 	if t.rec != nil {
 		t.rec.set(e.Key, e.Value, e.UserMeta, e.ExpiresAt)
@@ -130,8 +145,8 @@ func (t *wtxn) Set(k, v []byte) error { return t.SetEntry(bdg.NewEntry(k, v)) }
 
 // Delete deletes k in the transaction and records it.
 func (t *wtxn) Delete(k []byte) error {
-	if err := t.Txn.Delete(k); err != nil {
-		return err
+	if err := t.txn.Delete(k); err != nil {
+		return asFault(err)
 	}
 	if t.rec != nil {
 		t.rec.del(k)
@@ -227,7 +242,7 @@ func (w *writer) apply(batch []*op) {
 // the others are rerun without it, in a fresh transaction.
 func (w *writer) applyOnce(batch []*op) []*op {
 	for {
-		txn := &wtxn{Txn: w.db.NewTransaction(true)}
+		txn := &wtxn{txn: w.db.NewTransaction(true)}
 		if w.wal != nil {
 			w.rec.reset() // a discarded transaction's entries go with it
 			txn.rec, txn.seq = &w.rec, w.wal.seq
@@ -257,19 +272,19 @@ func (w *writer) applyOnce(batch []*op) []*op {
 			// skips the records Badger holds (replayWAL). Not in a batch
 			// that writes nothing, which has no record.
 			setApplied(&w.applied, w.appliedBuf[:], w.wal.seq)
-			if err := txn.Txn.SetEntry(&w.applied); errors.Is(err, bdg.ErrTxnTooBig) && n > 1 {
+			if err := txn.txn.SetEntry(&w.applied); errors.Is(err, bdg.ErrTxnTooBig) && n > 1 {
 				n-- // full: the last closure goes to the next transaction
 			} else if err != nil {
-				txn.Discard()
+				txn.txn.Discard()
 				for _, o := range batch {
-					o.answer(fmt.Errorf("commit batch: %w", err))
+					o.answer(asFault(fmt.Errorf("commit batch: %w", err)))
 				}
 				return nil
 			}
 		}
 		if failed || n < len(batch) {
 			// Discard whatever the failed or overflowing closure wrote.
-			txn.Discard()
+			txn.txn.Discard()
 			if failed {
 				if len(batch) == 0 {
 					return nil
@@ -294,7 +309,7 @@ func (w *writer) applyOnce(batch []*op) []*op {
 		if err == nil {
 			err = w.commitTxn(txn)
 		}
-		txn.Discard()
+		txn.txn.Discard()
 		if err == nil && w.wal != nil && w.rec.entries > 0 {
 			// Applied, but maybe not logged: on failure, fail them all.
 			err = w.wal.append(&w.rec)
@@ -312,7 +327,8 @@ func (w *writer) applyOnce(batch []*op) []*op {
 		// No ErrConflict to retry: the writer is the only writer, and
 		// Open turns conflict detection off (WithDetectConflicts).
 		if err != nil {
-			err = fmt.Errorf("commit batch: %w", err)
+			// Badger's commit, the log or the sync failed: the store's fault.
+			err = asFault(fmt.Errorf("commit batch: %w", err))
 		}
 		for _, o := range batch {
 			o.answer(err)
@@ -346,7 +362,7 @@ func (w *writer) commitTxn(txn *wtxn) error {
 		if _, err := txn.Get(memtableProbe); err != nil && !errors.Is(err, bdg.ErrKeyNotFound) {
 			return err
 		}
-		return w.commit(txn.Txn)
+		return w.commit(txn.txn)
 	})
 }
 
@@ -362,7 +378,7 @@ var memtableProbe = []byte("\x00idemproxy:memtable-probe")
 func recovered(fn func() error) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = fmt.Errorf("badger: panic: %v", p)
+			err = asFault(fmt.Errorf("badger: panic: %v", p))
 		}
 	}()
 	return fn()

@@ -8,7 +8,9 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"reflect"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -553,4 +555,56 @@ func loseMemtable(t *testing.T, s *Store, dir string) {
 		s.Commit(ctx, k, r.Token, store.Response{Status: 201, Body: body, BodyStored: true}, time.Hour)
 	}
 	t.Fatal("Badger never lost its memtable with its directory removed; the test proves nothing")
+}
+
+// TestWtxnRecordsEveryWrite: the writer's transaction offers no write that
+// the reservation log does not see. It embeds nothing (an embedded
+// *bdg.Txn would offer Badger's every method, unrecorded); its methods are
+// a read and the recorded writes, and each write kind a closure can make
+// is in the batch's log record.
+func TestWtxnRecordsEveryWrite(t *testing.T) {
+	typ := reflect.TypeFor[wtxn]()
+	for i := range typ.NumField() {
+		if f := typ.Field(i); f.Anonymous {
+			t.Errorf("wtxn embeds %s: its methods would write around the log", f.Type)
+		}
+	}
+	writes := map[string]func(*wtxn) error{
+		"Set": func(txn *wtxn) error { return txn.Set([]byte("k-set"), []byte("v1")) },
+		"SetEntry": func(txn *wtxn) error {
+			return txn.SetEntry(bdg.NewEntry([]byte("k-entry"), []byte("v2")).WithMeta(metaCompleted))
+		},
+		"Delete": func(txn *wtxn) error { return txn.Delete([]byte("k-del")) },
+	}
+	var methods []string
+	for i := range reflect.PointerTo(typ).NumMethod() {
+		name := reflect.PointerTo(typ).Method(i).Name
+		methods = append(methods, name)
+		if _, ok := writes[name]; !ok && name != "Get" {
+			t.Errorf("wtxn offers %s, neither a read nor a recorded write", name)
+		}
+	}
+	for name := range writes {
+		if !slices.Contains(methods, name) {
+			t.Errorf("wtxn lacks %s", name)
+		}
+	}
+	want := map[string]byte{"k-set": walSet, "k-entry": walSet, "k-del": walDelete}
+	s := openInternal(t)
+	for name, write := range writes {
+		var rec walRecorder
+		rec.reset()
+		txn := &wtxn{txn: s.db.NewTransaction(true), rec: &rec}
+		if err := write(txn); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		txn.txn.Discard()
+		var got []walEntry
+		if err := decodeRecord(rec.buf[walHeader:], func(e walEntry) error { got = append(got, e); return nil }); err != nil {
+			t.Fatalf("%s: decode the record: %v", name, err)
+		}
+		if len(got) != 1 || want[string(got[0].key)] != got[0].kind {
+			t.Errorf("%s: the log's record holds %+v, want the one write", name, got)
+		}
+	}
 }

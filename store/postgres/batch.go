@@ -19,13 +19,19 @@ import (
 //
 // The writes of the proxy's requests (Reserve, Commit, Release and
 // MarkInDoubt) go through one batcher per Store, which runs one thing at a
-// time. A write made while nothing runs is run at once by its caller, with
-// the single statements, as if there were no batcher. Writes made while
-// something runs wait in a queue; when it is done, everything queued (up to
-// maxBatch) goes to the database as one statement, the batch statement of
+// time while the database answers promptly. A write made while nothing
+// runs is run at once by its caller, with the single statements, as if
+// there were no batcher. Writes made while something runs wait in a queue;
+// when it is done, everything queued (up to maxBatch) goes to the database
+// as one statement, the batch statement of
 // queries.go: one round trip, one transaction, one commit (one WAL flush,
 // one wait for a synchronous standby) for all of them. There is no timer: a
-// batch is what queued while the previous write was at the database.
+// batch is what queued while the previous write was at the database. When
+// what runs has been at the database for stallAfter (a row lock another
+// session holds), the queued writes of other keys go in a batch of their
+// own, up to maxRunning at once: a key's stalled write stalls its own
+// batch, not the replica's writes. A queued write of a key at the database
+// waits for it.
 //
 // Each write gets its own answer: a reservation whether it took the key
 // and otherwise the record it found, a fenced write whether it changed the
@@ -64,11 +70,26 @@ const maxBatch = 128
 // batch.
 const maxBatchBytes = 1 << 20
 
-// maxRunning is how many writes or batches of one Store may be at the
-// database at once. One: with two, the bench's database CPU per request
-// doubled or tripled (batches half as large, twice the transactions) for
-// no steady gain in requests per second on a 2-core machine.
-const maxRunning = 1
+// maxRunning is how many writes run alone and batches of one Store may be
+// at the database at once. Normally one is: the next batch is what queued
+// while it ran, and with two in flight the bench's database CPU per request
+// doubled or tripled (batches half as large, twice the transactions) for no
+// steady gain in requests per second on a 2-core machine. Another starts
+// only when every one at the database has been there stallAfter (a row
+// lock held by another session, a slow commit): one key's wait then stalls
+// its own batch, not every write of the replica.
+const maxRunning = 4
+
+// stallAfter is how long the writes at the database may take before the
+// writes queued behind them go in a batch of their own: far beyond a
+// batch's round trip and commit, short enough that a row lock held
+// elsewhere costs the other keys a fraction of a second.
+const stallAfter = 100 * time.Millisecond
+
+// maxQueued bounds the writes waiting for a batch: enough for every
+// running batch's successor to be full. A write that finds the queue full
+// runs alone, as if there were no batcher.
+const maxQueued = maxRunning * maxBatch
 
 // The kinds of batched writes.
 const (
@@ -109,83 +130,158 @@ type op struct {
 type batcher struct {
 	s  *Store
 	mu sync.Mutex
-	// running is the number of writes run alone and batches at the
-	// database; while it is maxRunning, writes queue.
-	running int
-	queue   []*op
+	// running are the writes run alone and the batches at the database,
+	// and when each started; while one started less than stallAfter ago,
+	// or maxRunning run, writes queue.
+	running map[*run]time.Time
+	// busy counts the writes at the database by key: a queued write of a
+	// busy key waits for it (one row changed by two batches at once would
+	// wait for itself, and a key whose row is locked elsewhere would stall
+	// a second batch).
+	busy map[string]int
+	// The queue: each key's writes in the order they came (pending), and
+	// the keys whose first write may go in the next batch, in the order
+	// that write came (ready: not busy, each once). queued counts the
+	// writes of pending.
+	pending map[string][]*op
+	ready   []string
+	queued  int
+	// timer, when set, dispatches again once the running writes count as
+	// stalled.
+	timer *time.Timer
 	// noAlone makes every write go through a batch, even one made while
-	// nothing runs (tests).
-	noAlone bool
+	// nothing runs (tests); serial runs one thing at a time whatever
+	// stalls (tests that hold the queue behind one write).
+	noAlone, serial bool
 }
 
-// enter reports whether o's caller runs it alone now: nothing runs. The
-// caller then calls leave when done. Otherwise o is queued, and the caller
-// waits for it.
-func (b *batcher) enter(o *op) bool {
+// run is one write run alone or one batch, at the database.
+type run struct{ keys []string }
+
+// enter reports whether o's caller runs it alone now: nothing runs, or
+// the queue is full. The caller then calls leave with the returned run
+// when done. Otherwise o is queued, and the caller waits for it.
+func (b *batcher) enter(o *op) (*run, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.running < maxRunning && len(b.queue) == 0 && !b.noAlone {
-		b.running++
-		return true
+	if (len(b.running) == 0 && b.queued == 0 && !b.noAlone) || b.queued >= maxQueued {
+		return b.start([]string{o.key}), true
 	}
 	o.done = make(chan struct{})
-	b.queue = append(b.queue, o)
-	if b.running < maxRunning {
-		b.running++
-		go b.loop(b.take())
+	if b.pending == nil {
+		b.pending = map[string][]*op{}
 	}
-	return false
+	q := b.pending[o.key]
+	if len(q) == 0 && b.busy[o.key] == 0 {
+		b.ready = append(b.ready, o.key)
+	}
+	b.pending[o.key] = append(q, o)
+	b.queued++
+	b.dispatch()
+	return nil, false
 }
 
 // leave ends a write run alone, and runs what queued meanwhile.
-func (b *batcher) leave() {
+func (b *batcher) leave(r *run) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if len(b.queue) == 0 {
-		b.running--
-		return
-	}
-	go b.loop(b.take())
+	b.finish(r)
 }
 
-// take removes the next batch from the queue, with b.mu held: up to
-// maxBatch writes of distinct keys, and answers of up to maxBatchBytes
-// (or one write), in the order they were queued. The others stay, in
-// their order.
+// start counts a run of keys at the database (b.mu held).
+func (b *batcher) start(keys []string) *run {
+	if b.running == nil {
+		b.running, b.busy = map[*run]time.Time{}, map[string]int{}
+	}
+	r := &run{keys: keys}
+	b.running[r] = time.Now()
+	for _, k := range keys {
+		b.busy[k]++
+	}
+	return r
+}
+
+// finish uncounts r and dispatches what queued (b.mu held).
+func (b *batcher) finish(r *run) {
+	delete(b.running, r)
+	for _, k := range r.keys {
+		if b.busy[k]--; b.busy[k] == 0 {
+			delete(b.busy, k)
+			if len(b.pending[k]) > 0 {
+				b.ready = append(b.ready, k) // its next write's turn
+			}
+		}
+	}
+	b.dispatch()
+}
+
+// dispatch starts batches of the queue while nothing runs, or while every
+// run has been at the database stallAfter, up to maxRunning; otherwise,
+// with writes queued, it makes sure it is called again when the newest
+// run counts as stalled (b.mu held).
+func (b *batcher) dispatch() {
+	for len(b.ready) > 0 && len(b.running) < maxRunning {
+		newest := time.Time{}
+		for _, at := range b.running {
+			if at.After(newest) {
+				newest = at
+			}
+		}
+		if len(b.running) > 0 {
+			if wait := stallAfter - time.Since(newest); b.serial || wait > 0 {
+				if b.timer == nil && !b.serial {
+					b.timer = time.AfterFunc(wait, func() {
+						b.mu.Lock()
+						defer b.mu.Unlock()
+						b.timer = nil
+						b.dispatch()
+					})
+				}
+				return
+			}
+		}
+		batch := b.take()
+		if len(batch) == 0 {
+			return // every queued key is busy: its run's finish dispatches
+		}
+		keys := make([]string, len(batch))
+		for i, o := range batch {
+			keys[i] = o.key
+		}
+		r := b.start(keys)
+		go func() {
+			b.s.runBatch(batch)
+			b.leave(r)
+		}()
+	}
+}
+
+// take removes the next batch from the queue, with b.mu held: the first
+// write of each ready key, up to maxBatch of them and answers of up to
+// maxBatchBytes (or one write), in the order they came; the other writes
+// of those keys wait for the batch. Its cost is the batch's size, not the
+// queue's.
 func (b *batcher) take() []*op {
-	batch := make([]*op, 0, min(len(b.queue), maxBatch))
-	keys := make(map[string]bool, cap(batch))
-	rest := b.queue[:0]
-	size := 0
-	for _, o := range b.queue {
-		n := len(o.body) + len(o.meta)
-		if len(batch) < maxBatch && !keys[o.key] && (len(batch) == 0 || size+n <= maxBatchBytes) {
-			keys[o.key] = true
-			batch = append(batch, o)
-			size += n
-			continue
+	batch := make([]*op, 0, min(len(b.ready), maxBatch))
+	size, n := 0, 0
+	for _, k := range b.ready {
+		o := b.pending[k][0]
+		if len(batch) == maxBatch || (len(batch) > 0 && size+len(o.body)+len(o.meta) > maxBatchBytes) {
+			break
 		}
-		rest = append(rest, o)
+		batch = append(batch, o)
+		size += len(o.body) + len(o.meta)
+		n++
+		if q := b.pending[k]; len(q) == 1 {
+			delete(b.pending, k)
+		} else {
+			q[0] = nil
+			b.pending[k] = q[1:]
+		}
 	}
-	clear(b.queue[len(rest):])
-	b.queue = rest
+	b.ready = b.ready[n:]
+	b.queued -= n
 	return batch
-}
-
-// loop runs batch, then the batches queued meanwhile, until the queue is
-// empty.
-func (b *batcher) loop(batch []*op) {
-	for {
-		b.s.runBatch(batch)
-		b.mu.Lock()
-		if len(b.queue) == 0 {
-			b.running--
-			b.mu.Unlock()
-			return
-		}
-		batch = b.take()
-		b.mu.Unlock()
-	}
 }
 
 // wait waits until o is done or ctx ends, and returns ctx's error then.

@@ -68,6 +68,7 @@ var gates atomic.Int64
 func closeGate(t *testing.T, srv *pgtest.Server, s *postgres.Store, table string) *gate {
 	t.Helper()
 	c := ctx(t)
+	s.Serial() // the gate's stalled commit holds every write behind it
 	key := "gate/-/" + strconv.FormatInt(gates.Add(1), 10)
 	if rec, err := s.Reserve(c, key, store.Reservation{Token: "g", Lease: time.Hour, TTL: time.Hour}); err != nil || rec != nil {
 		t.Fatalf("Reserve(gate) = %+v, %v", rec, err)
@@ -498,4 +499,80 @@ func mustInt(t *testing.T, s string) int {
 		t.Fatal(err)
 	}
 	return n
+}
+
+// TestRowLockStallsOnlyItsKey: another session holds one key's row (SELECT
+// ... FOR UPDATE in an open transaction). The write of that key waits for
+// the lock, and the writes of other keys made meanwhile, reservations and
+// commits, complete while it waits; once the lock is let go the held
+// key's write completes too.
+func TestRowLockStallsOnlyItsKey(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.Start(t)
+	const table = "lock_one_key"
+	// Longer than the lock is held: the held key's write must wait, not
+	// time out.
+	s := newStore(t, srv, postgres.Options{Table: table, StatementTimeout: 2 * time.Minute})
+	c := ctx(t)
+	const held = "r/-/held"
+	res := func(tok string) store.Reservation {
+		return store.Reservation{Token: tok, Fingerprint: "fp", Lease: 5 * time.Minute, TTL: time.Hour}
+	}
+	if rec, err := s.Reserve(c, held, res("h")); err != nil || rec != nil {
+		t.Fatalf("Reserve(held) = %+v, %v", rec, err)
+	}
+	tx := lockRow(t, srv, table, held)
+	heldDone := make(chan error, 1)
+	go func() {
+		heldDone <- s.Commit(context.Background(), held, "h", store.Response{Status: 201, BodyStored: true}, time.Hour)
+	}()
+	waitFor(t, "the held key's commit to wait for its row lock", func() bool {
+		return srv.MustExec(`SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%`+table+`%'`) == "1"
+	})
+
+	// Other keys, written while the held key's commit waits: several
+	// rounds, so that some queue behind it and others behind them.
+	const n = 40
+	others, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key, tok := "r/-/"+strconv.Itoa(i), "t"+strconv.Itoa(i)
+			if rec, err := s.Reserve(others, key, res(tok)); err != nil || rec != nil {
+				errs <- fmt.Errorf("Reserve(%s) while another key's row is locked = %+v, %w", key, rec, err)
+				return
+			}
+			if err := s.Commit(others, key, tok, store.Response{Status: 201, BodyStored: true}, time.Hour); err != nil {
+				errs <- fmt.Errorf("Commit(%s) while another key's row is locked: %w", key, err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	select {
+	case err := <-heldDone:
+		t.Fatalf("the held key's commit returned (%v) while its row was locked", err)
+	default:
+	}
+	if err := tx.Rollback(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-heldDone:
+		if err != nil {
+			t.Errorf("the held key's commit after the lock was let go: %v", err)
+		}
+	case <-time.After(hangGuard):
+		t.Fatal("the held key's commit did not complete after the lock was let go")
+	}
+	if rec, err := s.Get(c, held); err != nil || rec == nil || rec.State != store.StateCompleted {
+		t.Errorf("held key after its commit = %+v, %v; want completed", rec, err)
+	}
 }

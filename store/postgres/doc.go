@@ -86,7 +86,10 @@
 // fails its own caller only; a batch whose outcome is unknown (the
 // connection lost, a commit the synchronous standby did not confirm) fails
 // every caller in it, as it would fail a single write. A caller that gives up returns at once and
-// leaves the batch to the others.
+// leaves the batch to the others. One batch is at the database at a
+// time while it answers promptly; one that waits (a row lock another
+// session holds) for 100 ms lets the writes of other keys go in a batch of
+// their own, up to 4 at once, so a key's lock stalls its own batch only.
 //
 // # Failures
 //

@@ -17,5 +17,13 @@ func (s *Store) AlwaysBatch() {
 func (s *Store) Queued() int {
 	s.batch.mu.Lock()
 	defer s.batch.mu.Unlock()
-	return len(s.batch.queue)
+	return s.batch.queued
+}
+
+// Serial makes the Store run one write or batch at a time, however long it
+// waits (a gate's row lock): what is written meanwhile queues behind it.
+func (s *Store) Serial() {
+	s.batch.mu.Lock()
+	defer s.batch.mu.Unlock()
+	s.batch.serial = true
 }

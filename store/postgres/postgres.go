@@ -389,8 +389,8 @@ func (s *Store) Reserve(ctx context.Context, key string, res store.Reservation) 
 	if batchable(res.Token, res.Fingerprint, res.Origin) {
 		o := &op{kind: opReserve, ctx: ctx, key: key, token: res.Token, fingerprint: res.Fingerprint,
 			lease: micros(res.Lease), ttl: micros(res.TTL), epoch: expect, origin: res.Origin}
-		if s.batch.enter(o) {
-			defer s.batch.leave()
+		if r, alone := s.batch.enter(o); alone {
+			defer s.batch.leave(r)
 		} else {
 			if err := o.wait(ctx); err != nil {
 				return nil, fmt.Errorf("postgres store: reserve: %w", err)
@@ -525,8 +525,8 @@ func (s *Store) fenced(ctx context.Context, op string, b *op, sql, key, token st
 	}
 	if b != nil && batchable(token) {
 		b.ctx, b.key, b.token = ctx, key, token
-		if s.batch.enter(b) {
-			defer s.batch.leave()
+		if r, alone := s.batch.enter(b); alone {
+			defer s.batch.leave(r)
 		} else {
 			if err := b.wait(ctx); err != nil {
 				return fmt.Errorf("postgres store: %s: %w", op, err)
