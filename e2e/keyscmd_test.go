@@ -37,7 +37,7 @@ func cleanEnv() []string {
 	for _, kv := range exec.Command("true").Environ() {
 		name, _, _ := strings.Cut(kv, "=")
 		switch name {
-		case "IDEMPROXY_ADMIN_TOKEN", "IDEMPROXY_ADMIN_URL", "IDEMPROXY_CONFIG":
+		case "IDEMPROXY_ADMIN_TOKEN", "IDEMPROXY_ADMIN_URL", "IDEMPROXY_CONFIG", "IDEMPROXY_LISTEN", "IDEMPROXY_ADMIN_LISTEN", "IDEMPROXY_UPSTREAM":
 			continue
 		}
 		env = append(env, kv)
