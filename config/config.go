@@ -404,6 +404,11 @@ type Reconcile struct {
 	// Interval is the time between lookups of a key that stays in doubt.
 	// Default DefaultReconcileInterval.
 	Interval Duration `yaml:"interval"`
+	// AppliedStatus is the status a key the lookup found applied replays:
+	// the answer the route's request gives when it succeeds, not the
+	// lookup's (a GET's 200). Default DefaultReconcileAppliedStatus (201,
+	// what a client of a POST that creates expects); 200 to 299.
+	AppliedStatus int `yaml:"applied_status"`
 }
 
 // LookupMethod and LookupPath split Lookup ("GET /orders/{key}/charge").
