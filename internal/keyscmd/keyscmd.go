@@ -70,15 +70,7 @@ type keysCmd struct {
 // Run runs "idemproxy keys ..." with args (after "keys") and returns the
 // exit status: 0 on success, 1 on a failure, 2 on bad usage.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
-	fs := flag.NewFlagSet("idemproxy keys", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, keysUsage)
-		fs.PrintDefaults()
-	}
-	c := &keysCmd{name: "idemproxy keys", stdout: stdout, stderr: stderr, client: &http.Client{Timeout: 30 * time.Second}}
-	fs.StringVar(&c.admin, "admin", adminURLOf(getenv), "admin API `URL`")
-	tokenEnv := fs.String("token-env", config.DefaultAdminTokenEnv, "environment `variable` holding the admin token")
+	fs, c, tokenEnv := newCmd("idemproxy keys", keysUsage, stdout, stderr, getenv)
 	fs.StringVar(&c.output, "o", "table", "output: table or json")
 	fs.StringVar(&c.scope, "scope", "", "the scope value, for a route scoped by a header")
 	fs.StringVar(&c.operator, "operator", audit.Operator(getenv), "who acts, for the audit log line of release and reconcile ($USER, else the OS account, when not given)")
@@ -129,13 +121,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	case *limit < 0:
 		return usageErr("-limit %d: a positive number", *limit)
 	}
-	if !strings.Contains(c.admin, "://") {
-		c.admin = "http://" + c.admin
-	}
-	c.admin = strings.TrimRight(c.admin, "/")
-	c.token = getenv(*tokenEnv)
-	if c.token == "" {
-		return usageErr("%s is not set: export the admin token the proxy reads (admin.token_env)", *tokenEnv)
+	if msg := c.connect(*tokenEnv, getenv); msg != "" {
+		return usageErr("%s", msg)
 	}
 
 	route := url.PathEscape(pos[0])

@@ -45,18 +45,41 @@ func adminURLOf(getenv func(string) string) string {
 	return defaultAdminURL
 }
 
+// newCmd returns the flag set of a command of the admin API, name
+// ("idemproxy keys"), whose -h prints usage, and the command its -admin
+// flag fills, with its -token-env flag (connect completes the command once
+// the flags are parsed).
+func newCmd(name, usage string, stdout, stderr io.Writer, getenv func(string) string) (*flag.FlagSet, *keysCmd, *string) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usage)
+		fs.PrintDefaults()
+	}
+	c := &keysCmd{name: name, stdout: stdout, stderr: stderr, client: &http.Client{Timeout: 30 * time.Second}}
+	fs.StringVar(&c.admin, "admin", adminURLOf(getenv), "admin API `URL`")
+	tokenEnv := fs.String("token-env", config.DefaultAdminTokenEnv, "environment `variable` holding the admin token")
+	return fs, c, tokenEnv
+}
+
+// connect completes c once its flags are parsed: the admin URL with a
+// scheme, and the token of the variable tokenEnv. It returns what is
+// wrong, for a usage error, or "".
+func (c *keysCmd) connect(tokenEnv string, getenv func(string) string) string {
+	if !strings.Contains(c.admin, "://") {
+		c.admin = "http://" + c.admin
+	}
+	c.admin = strings.TrimRight(c.admin, "/")
+	if c.token = getenv(tokenEnv); c.token == "" {
+		return tokenEnv + " is not set: export the admin token the proxy reads (admin.token_env)"
+	}
+	return ""
+}
+
 // RunReload runs "idemproxy reload" with args (after "reload") and returns
 // the exit status: 0 on success, 1 on a failure, 2 on bad usage.
 func RunReload(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
-	fs := flag.NewFlagSet("idemproxy reload", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, reloadUsage)
-		fs.PrintDefaults()
-	}
-	c := &keysCmd{name: "idemproxy reload", stdout: stdout, stderr: stderr, client: &http.Client{Timeout: 30 * time.Second}}
-	fs.StringVar(&c.admin, "admin", adminURLOf(getenv), "admin API `URL`")
-	tokenEnv := fs.String("token-env", config.DefaultAdminTokenEnv, "environment `variable` holding the admin token")
+	fs, c, tokenEnv := newCmd("idemproxy reload", reloadUsage, stdout, stderr, getenv)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -67,12 +90,8 @@ func RunReload(ctx context.Context, args []string, stdout, stderr io.Writer, get
 		fmt.Fprintf(stderr, "idemproxy reload: unexpected arguments: %v (see idemproxy reload -h)\n", fs.Args())
 		return 2
 	}
-	if !strings.Contains(c.admin, "://") {
-		c.admin = "http://" + c.admin
-	}
-	c.admin = strings.TrimRight(c.admin, "/")
-	if c.token = getenv(*tokenEnv); c.token == "" {
-		fmt.Fprintf(stderr, "idemproxy reload: %s is not set: export the admin token the proxy reads (admin.token_env) (see idemproxy reload -h)\n", *tokenEnv)
+	if msg := c.connect(*tokenEnv, getenv); msg != "" {
+		fmt.Fprintf(stderr, "idemproxy reload: %s (see idemproxy reload -h)\n", msg)
 		return 2
 	}
 	c.output = "table"
