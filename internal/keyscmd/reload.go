@@ -20,7 +20,7 @@ reload asks a running idemproxy to read its configuration file again and
 apply it (POST /-/reload on its admin listener), as SIGHUP does: a file that
 does not load, or that changes what only a restart applies, keeps the
 running configuration, and reload says why. In a container without a shell
-or curl: kubectl exec POD -c idemproxy -- /idemproxy reload.
+or curl: kubectl exec POD -c idemproxy -- /usr/local/bin/idemproxy reload.
 
 It calls the admin API at -admin (default $` + adminURLEnv + `, else
 http:// and $` + config.AdminListenEnv + `, else ` + defaultAdminURL + `) with the
