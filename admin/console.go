@@ -93,6 +93,7 @@ func newConsole(h *Handler) *console {
 	mux.HandleFunc("POST /ui/reconcile", c.act(c.reconcile))
 	mux.HandleFunc("POST /ui/release", c.act(c.release))
 	mux.HandleFunc("POST /ui/bulk-release", c.act(c.bulkRelease))
+	mux.HandleFunc("GET /ui/bulk-release", c.page(c.bulkResult))
 	mux.HandleFunc("/ui/", func(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, c.current(r), http.StatusNotFound, "there is no such console page")
 	})

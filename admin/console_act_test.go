@@ -321,3 +321,51 @@ func keysOf(m map[string]any) string {
 	slices.Sort(ks)
 	return strings.Join(ks, ",")
 }
+
+// TestConsoleActsRedirectToTheirOutcome: an act answers 303 to the page of
+// its outcome (post/redirect/get), which shows the outcome once: reloading
+// that page shows the key as it is and does nothing again. The in-doubt
+// list ticks no key for a bulk release, and a key without an answer says
+// why instead of showing empty boxes.
+func TestConsoleActsRedirectToTheirOutcome(t *testing.T) {
+	e := newConsoleEnv(t, nil)
+	sk := store.Key("charges", "", "prg-1")
+	seed(t, e.st, sk, seedInDoubt)
+	b := e.login("alice")
+	list := b.do(http.MethodGet, "/ui/keys?route=charges", nil).Body.String()
+	if !strings.Contains(list, `name="sel"`) || strings.Contains(list, "checked") {
+		t.Errorf("the in-doubt list ticks keys for a bulk release by default:\n%s", list)
+	}
+	page := b.keyPage("prg-1")
+	if _, ok := element(page, "pre", "stored-body"); ok || !strings.Contains(page, `<p id="no-answer" class="note">No answer is stored, and none will come`) {
+		t.Errorf("the in-doubt key's page shows stored-answer boxes, or not why there is no answer:\n%s", page)
+	}
+
+	b.noFollow = true
+	rec := b.do(http.MethodPost, "/ui/release", actForm(t, page, "INC-1 not charged"))
+	loc := rec.Header().Get("Location")
+	if rec.Code != http.StatusSeeOther || !strings.HasPrefix(loc, "/ui/keys/charges/prg-1?done=") {
+		t.Fatalf("release = %d, Location %q; want 303 to the key page with its outcome", rec.Code, loc)
+	}
+	if e.record(sk) != nil {
+		t.Errorf("the release did not release the key")
+	}
+	shown := b.do(http.MethodGet, loc, nil)
+	if class, text := result(shown.Body.String()); shown.Code != http.StatusOK || class != "ok" || !strings.Contains(text, "released") {
+		t.Errorf("the outcome's page = %d, div#result %s %q; want 200, ok, released", shown.Code, class, text)
+	}
+	again := b.do(http.MethodGet, loc, nil)
+	if class, _ := result(again.Body.String()); again.Code != http.StatusNotFound || class != "" {
+		t.Errorf("the outcome's page reloaded = %d, div#result %q; want the key as it is (404, no record) and no outcome", again.Code, class)
+	}
+	if n := len(e.auditLines()); n != 1 {
+		t.Errorf("audit lines = %d, want 1", n)
+	}
+	// Another session cannot see the outcome.
+	seed(t, e.st, store.Key("charges", "", "prg-2"), seedInDoubt)
+	rec = b.do(http.MethodPost, "/ui/release", actForm(t, b.keyPage("prg-2"), "INC-2"))
+	other := e.login("mallory")
+	if class, _ := result(other.do(http.MethodGet, rec.Header().Get("Location"), nil).Body.String()); class != "" {
+		t.Errorf("another session sees this session's outcome (div#result %q)", class)
+	}
+}

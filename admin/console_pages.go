@@ -259,6 +259,9 @@ type recordView struct {
 	Status                  string
 	Headers, Trailers       string
 	Body                    bodyView
+	// NoAnswer, for a record without an answer, says why there is none,
+	// in place of the stored headers and body.
+	NoAnswer string
 }
 
 // keyPageView is the key page.
@@ -281,7 +284,23 @@ func (c *console) key(w http.ResponseWriter, r *http.Request, se *session) {
 		c.fail(w, r, se, status, msg)
 		return
 	}
-	c.showKey(w, r, se, p, http.StatusOK, nil)
+	status, res := http.StatusOK, (*resultView)(nil)
+	if f, ok := se.takeFlash(qv.Get("done")); ok {
+		status, res = f.status, f.result
+	}
+	c.showKey(w, r, se, p, status, res)
+}
+
+// actDone answers an act on the key p with a redirect to its key page,
+// which shows res once, with status (post/redirect/get): reloading the
+// page shows the key as it is, and submits nothing again.
+func (c *console) actDone(w http.ResponseWriter, r *http.Request, se *session, p keyPlace, status int, res *resultView) {
+	link := keyLink(p.route, p.scopeHash, p.key)
+	sep := "?"
+	if strings.Contains(link, "?") {
+		sep = "&"
+	}
+	http.Redirect(w, r, link+sep+"done="+se.putFlash(flash{status: status, result: res}), http.StatusSeeOther)
 }
 
 // showKey answers the key page of p, read now, with the result of an act
@@ -316,7 +335,7 @@ func (c *console) showKey(w http.ResponseWriter, r *http.Request, se *session, p
 func showRecord(rec *store.Record, now time.Time) *recordView {
 	v := &recordView{State: rec.State, Created: timeOf(rec.CreatedAt), Expires: whenOf(ptrTime(rec.ExpiresAt), now),
 		Lease: whenOf(ptrTime(rec.LeaseExpiresAt), now), Token: rec.Token, Fingerprint: rec.Fingerprint, Origin: "none (not traced)",
-		Status: "none", Body: bodyView{Note: "no stored answer: the key is " + string(rec.State)}}
+		Status: "none", NoAnswer: noAnswer(rec.State)}
 	if rec.Origin != "" {
 		v.Origin = rec.Origin
 		if trace, span, ok := strings.Cut(rec.Origin, "-"); ok {
@@ -326,6 +345,7 @@ func showRecord(rec *store.Record, now time.Time) *recordView {
 		}
 	}
 	if resp := rec.Response; resp != nil {
+		v.NoAnswer = ""
 		v.Status = strconv.Itoa(resp.Status)
 		if t := http.StatusText(resp.Status); t != "" {
 			v.Status += " " + t
@@ -344,6 +364,21 @@ func showRecord(rec *store.Record, now time.Time) *recordView {
 		}
 	}
 	return v
+}
+
+// noAnswer says why a record in state has no stored answer.
+func noAnswer(state store.State) string {
+	switch state {
+	case store.StateInDoubt:
+		return "No answer is stored, and none will come: the request reached the upstream, but its answer was lost " +
+			"(a timeout, a reset, a crash or a shutdown of the proxy). Whether the upstream processed it is what " +
+			"you decide here: ask the upstream (reconcile, where the route has a lookup), or release the key once " +
+			"you know it did not; until then retries get 409 outcome-in-doubt."
+	case store.StateInFlight:
+		return "No answer is stored yet: the request is being forwarded now, and its answer is stored when it comes " +
+			"(or the key turns in doubt when its lease ends without one)."
+	}
+	return "No answer is stored: the key is " + string(state) + "."
 }
 
 // showHeader is h as lines "Name: value", sorted by name.
@@ -427,7 +462,7 @@ func (c *console) reconcile(w http.ResponseWriter, r *http.Request, se *session)
 	}
 	out, err := c.h.reconcileKeyAct(r.Context(), p.route, p.storeKey, act)
 	if err != nil {
-		c.showKey(w, r, se, p, problemFor(err).Status, &resultView{Message: "reconcile refused: " + actMessage(err)})
+		c.actDone(w, r, se, p, problemFor(err).Status, &resultView{Message: "reconcile refused: " + actMessage(err)})
 		return
 	}
 	res := &resultView{OK: out.Result != reconcile.ResultError, Message: "reconcile: " + out.Result}
@@ -445,7 +480,7 @@ func (c *console) reconcile(w http.ResponseWriter, r *http.Request, se *session)
 	if out.Error != "" {
 		res.Lines = append(res.Lines, "error: "+out.Error)
 	}
-	c.showKey(w, r, se, p, http.StatusOK, res)
+	c.actDone(w, r, se, p, http.StatusOK, res)
 }
 
 func (c *console) release(w http.ResponseWriter, r *http.Request, se *session) {
@@ -456,10 +491,10 @@ func (c *console) release(w http.ResponseWriter, r *http.Request, se *session) {
 	}
 	prev, err := c.h.releaseKey(r.Context(), p.route, p.storeKey, act)
 	if err != nil {
-		c.showKey(w, r, se, p, problemFor(err).Status, &resultView{Message: "release refused: " + actMessage(err)})
+		c.actDone(w, r, se, p, problemFor(err).Status, &resultView{Message: "release refused: " + actMessage(err)})
 		return
 	}
-	c.showKey(w, r, se, p, http.StatusOK, &resultView{OK: true,
+	c.actDone(w, r, se, p, http.StatusOK, &resultView{OK: true,
 		Message: "released: the key was " + string(prev.State) + "; the next retry with it is forwarded"})
 }
 
@@ -470,7 +505,7 @@ func (c *console) refuse(w http.ResponseWriter, r *http.Request, se *session, p 
 		c.fail(w, r, se, status, msg)
 		return
 	}
-	c.showKey(w, r, se, p, status, &resultView{Message: msg})
+	c.actDone(w, r, se, p, status, &resultView{Message: msg})
 }
 
 // actMessage says why an act was refused or failed, and what to do.
@@ -510,11 +545,10 @@ func (c *console) bulkRelease(w http.ResponseWriter, r *http.Request, se *sessio
 	route := f.Get("route")
 	back := "/ui/keys?" + url.Values{"route": {route}, "min_age": {f.Get("min_age")}, "key_hash": {f.Get("key_hash")}, "cursor": {f.Get("cursor")}}.Encode()
 	data := map[string]any{"Back": back}
-	page := pageView{Title: "Bulk release", Session: viewOf(se), Data: data}
-	refuse := func(status int, msg string) {
-		page.Result = &resultView{Message: msg + ": nothing was done"}
-		c.render(w, status, "bulk", page)
+	done := func(status int, res *resultView) {
+		http.Redirect(w, r, "/ui/bulk-release?done="+se.putFlash(flash{status: status, result: res, data: data}), http.StatusSeeOther)
 	}
+	refuse := func(status int, msg string) { done(status, &resultView{Message: msg + ": nothing was done"}) }
 	sel := f["sel"]
 	reason, confirm := strings.TrimSpace(f.Get("reason")), strings.Join(strings.Fields(f.Get("confirm")), " ")
 	want := "release " + strconv.Itoa(len(sel)) + " keys"
@@ -565,9 +599,21 @@ func (c *console) bulkRelease(w http.ResponseWriter, r *http.Request, se *sessio
 		outcomes = append(outcomes, o)
 	}
 	data["Outcomes"] = outcomes
-	page.Result = &resultView{OK: released == len(places),
-		Message: "released " + strconv.Itoa(released) + " of " + strconv.Itoa(len(places)) + " keys"}
-	c.render(w, http.StatusOK, "bulk", page)
+	done(http.StatusOK, &resultView{OK: released == len(places),
+		Message: "released " + strconv.Itoa(released) + " of " + strconv.Itoa(len(places)) + " keys"})
+}
+
+// bulkResult shows a bulk release's outcome once, the page its POST
+// redirects to; shown already, or never made, it says so.
+func (c *console) bulkResult(w http.ResponseWriter, r *http.Request, se *session) {
+	f, ok := se.takeFlash(r.URL.Query().Get("done"))
+	if !ok {
+		c.render(w, http.StatusNotFound, "bulk", pageView{Title: "Bulk release", Session: viewOf(se),
+			Error: "no outcome of a bulk release to show: an outcome is shown once, after the release; the keys as they are now are on the list",
+			Data:  map[string]any{"Back": "/ui/keys"}})
+		return
+	}
+	c.render(w, f.status, "bulk", pageView{Title: "Bulk release", Session: viewOf(se), Result: f.result, Data: f.data})
 }
 
 // ptrTime is t, nil for the zero time.

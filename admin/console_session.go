@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"slices"
 	"sync"
 	"time"
 )
@@ -30,6 +31,54 @@ type session struct {
 	// sessions.order.
 	hash [sha256.Size]byte
 	elem *list.Element
+
+	// flashes are the outcomes of the session's acts, each shown once by
+	// the page its POST redirects to (post/redirect/get: reloading that
+	// page repeats nothing); the oldest go beyond maxFlashes.
+	flashMu  sync.Mutex
+	flashes  map[string]flash
+	flashIDs []string
+}
+
+// maxFlashes is how many outcomes of acts not yet shown a session keeps.
+const maxFlashes = 16
+
+// flash is the outcome of an act, kept for the page that shows it: its
+// status, div#result, and the page's own data (a bulk release's table).
+type flash struct {
+	status int
+	result *resultView
+	data   any
+}
+
+// putFlash keeps f and returns its ID, for the redirect's ?done=.
+func (se *session) putFlash(f flash) string {
+	id := randomHex(8)
+	se.flashMu.Lock()
+	defer se.flashMu.Unlock()
+	if se.flashes == nil {
+		se.flashes = map[string]flash{}
+	}
+	for len(se.flashIDs) >= maxFlashes {
+		delete(se.flashes, se.flashIDs[0])
+		se.flashIDs = se.flashIDs[1:]
+	}
+	se.flashes[id] = f
+	se.flashIDs = append(se.flashIDs, id)
+	return id
+}
+
+// takeFlash returns the outcome kept under id and forgets it: a page
+// shows an act's outcome once.
+func (se *session) takeFlash(id string) (flash, bool) {
+	se.flashMu.Lock()
+	defer se.flashMu.Unlock()
+	f, ok := se.flashes[id]
+	if ok {
+		delete(se.flashes, id)
+		se.flashIDs = slices.DeleteFunc(se.flashIDs, func(x string) bool { return x == id })
+	}
+	return f, ok
 }
 
 // sessions are the console's logins, in memory: a restart logs every

@@ -79,6 +79,9 @@ type browser struct {
 	remote  string
 	session string
 	tls     bool
+	// noFollow: an act's redirect to its outcome is answered as it is,
+	// not followed.
+	noFollow bool
 }
 
 // do sends a request; a non-nil form is its urlencoded body.
@@ -110,8 +113,16 @@ func (b *browser) doHeader(method, target string, form url.Values, header http.H
 	}
 	rec := httptest.NewRecorder()
 	b.e.h.ServeHTTP(rec, req)
+	if loc := rec.Header().Get("Location"); method == http.MethodPost && rec.Code == http.StatusSeeOther && actPaths[target] && !b.noFollow {
+		// Post/redirect/get: an act answers a redirect to the page of its
+		// outcome, which a browser follows.
+		return b.doHeader(http.MethodGet, loc, nil, nil)
+	}
 	return rec
 }
+
+// actPaths are the console's acts, which redirect to their outcome.
+var actPaths = map[string]bool{"/ui/reconcile": true, "/ui/release": true, "/ui/bulk-release": true}
 
 // login logs operator in from a fresh address and returns the browser.
 func (e *consoleEnv) login(operator string) *browser {

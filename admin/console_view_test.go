@@ -534,7 +534,7 @@ func TestConsoleDOMContract(t *testing.T) {
 				`<form id="bulk-release"`, `name="reason"`, `name="confirm"`, `id="bulk-release-submit"`}},
 		{"key in doubt", b.keyPage("dom-doubt"),
 			[]string{`<form id="logout"`, `<dl id="record"`, `<dd id="state"`, `<dd id="token"`, `<dd id="fingerprint"`, `<dd id="origin"`, `<dd id="stored-status"`,
-				`<pre id="stored-headers"`, `<pre id="stored-body"`, `<form id="reconcile"`, `id="reconcile-submit"`, `<form id="release"`, `id="release-submit"`,
+				`<p id="no-answer"`, `<form id="reconcile"`, `id="reconcile-submit"`, `<form id="release"`, `id="release-submit"`,
 				`name="reason"`, `name="version"`, `name="csrf"`}},
 		{"key in flight", b.keyPage("dom-flying"), []string{`<form id="release"`, `name="force"`}},
 		{"error", b.do(http.MethodGet, "/ui/nowhere", nil).Body.String(), []string{`<div id="error"`, `<form id="logout"`}},

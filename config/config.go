@@ -91,6 +91,9 @@ type Config struct {
 	Metrics Metrics `yaml:"metrics"`
 	// Tracing turns OpenTelemetry traces on; its zero value is off.
 	Tracing Tracing `yaml:"tracing"`
+	// File is about the configuration file itself: whether a change of
+	// its content is applied without being asked.
+	File File `yaml:"config"`
 	// Routes are the protected routes. Requests that match none are proxied
 	// untouched.
 	Routes []Route `yaml:"routes"`
@@ -100,6 +103,18 @@ type Config struct {
 	// DefaultMemoryLimit. -1 means no soft limit.
 	MemoryLimit int64 `yaml:"memory_limit"`
 }
+
+// File is the configuration file's own section, "config".
+type File struct {
+	// Watch applies a change of the file's content as a reload does,
+	// checked every WatchInterval: a file rewritten in place, renamed over,
+	// or a Kubernetes ConfigMap's symlink swap. A file that fails to load
+	// keeps the running configuration. Default false.
+	Watch bool `yaml:"watch"`
+}
+
+// WatchInterval is how often config.watch reads the file for a change.
+const WatchInterval = time.Second
 
 // UpstreamTLS configures TLS to an https upstream. Its files are checked
 // whenever the configuration is loaded (at start, by -check, by a reload)
@@ -413,6 +428,11 @@ type Reconcile struct {
 	// Interval is the time between lookups of a key that stays in doubt.
 	// Default DefaultReconcileInterval.
 	Interval Duration `yaml:"interval"`
+	// AppliedStatus is the status a key the lookup found applied replays:
+	// the answer the route's request gives when it succeeds, not the
+	// lookup's (a GET's 200). Default DefaultReconcileAppliedStatus (201,
+	// what a client of a POST that creates expects); 200 to 299.
+	AppliedStatus int `yaml:"applied_status"`
 }
 
 // LookupMethod and LookupPath split Lookup ("GET /orders/{key}/charge").
@@ -540,7 +560,12 @@ func Load(path string) (*Config, error) {
 // field, a value of the wrong type, a validation failure) is reported in
 // one *ValidationError, each problem with its field path and, when the
 // file writes the field (or a section around it), its line.
-func Parse(b []byte) (*Config, error) {
+func Parse(b []byte) (*Config, error) { return parse(b, Overrides{}) }
+
+// ParseWith is Parse with the overrides in place of the file's values.
+func ParseWith(b []byte, o Overrides) (*Config, error) { return parse(b, o) }
+
+func parse(b []byte, o Overrides) (*Config, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(b))
 	var root yaml.Node
 	if err := dec.Decode(&root); err != nil {
@@ -576,6 +601,7 @@ func Parse(b []byte) (*Config, error) {
 	} else if err := root.Decode(&c); err != nil {
 		dc.problems = append(dc.problems, lineRE.ReplaceAllString(strings.TrimPrefix(err.Error(), "yaml: unmarshal errors:\n  "), ""))
 	}
+	o.apply(&c)
 	c.applyDefaults()
 	problems := dc.problems // each with its line already
 	for _, p := range empty {
@@ -584,7 +610,9 @@ func Parse(b []byte) (*Config, error) {
 	var ve *ValidationError
 	if err := c.Validate(); errors.As(err, &ve) {
 		for _, p := range ve.Problems {
-			if !dc.covers(p) {
+			if named, ok := o.name(p); ok {
+				problems = append(problems, named)
+			} else if !dc.covers(p) {
 				problems = append(problems, withLine(root.Content[0], p))
 			}
 		}

@@ -41,6 +41,10 @@ const (
 	DefaultBodyTimeout              = 10 * time.Second
 	DefaultReconcileGrace           = 5 * time.Minute
 	DefaultReconcileInterval        = time.Minute
+	// DefaultReconcileAppliedStatus is reconcile.applied_status's default:
+	// the status of a POST that created what it was asked to (201
+	// Created), which a client retrying a charge expects.
+	DefaultReconcileAppliedStatus = http.StatusCreated
 	// DefaultRouteHistograms is metrics.route_histograms' default: each
 	// route with its own histograms adds about 200 series (19 KiB of
 	// text) at start and 17 more per upstream status, so 50 keep them
@@ -132,6 +136,9 @@ func (c *Config) applyDefaults() {
 			// original request may still be processed upstream.
 			setDuration(&rc.Grace, max(DefaultReconcileGrace, 2*r.Lease.D()))
 			setDuration(&rc.Interval, DefaultReconcileInterval)
+			if rc.AppliedStatus == 0 {
+				rc.AppliedStatus = DefaultReconcileAppliedStatus
+			}
 		}
 	}
 }

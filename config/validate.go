@@ -413,6 +413,9 @@ func (r *Route) validateReconcile(p *problems, f string) {
 	if rc.Interval <= 0 {
 		p.add(f+".interval", "must be positive")
 	}
+	if rc.AppliedStatus < 200 || rc.AppliedStatus > 299 {
+		p.add(f+".applied_status", "%d is not a 2xx status: a key found applied replays a success", rc.AppliedStatus)
+	}
 }
 
 func oneOf(p *problems, field, v string, allowed ...string) {

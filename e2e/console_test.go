@@ -309,6 +309,11 @@ func TestConsoleInDoubtToDecision(t *testing.T) {
 	if got := strings.TrimSpace(b.Text("dl#record dd#state")); got != "in_doubt" {
 		t.Errorf("key page of ORD-A: state = %q, want in_doubt", got)
 	}
+	// No empty boxes of a stored answer: why there is none.
+	if b.Has("pre#stored-body") || b.Has("pre#stored-headers") || !strings.Contains(b.Text("p#no-answer"), "its answer was lost") {
+		t.Errorf("key page of ORD-A in doubt: stored-body %v, stored-headers %v, p#no-answer %q; want no boxes, and why there is no answer",
+			b.Has("pre#stored-body"), b.Has("pre#stored-headers"), b.Text("p#no-answer"))
+	}
 	// The reason, and Enter to submit it: no third click.
 	b.Press("form#reconcile input[name=reason]", "INC-7 stub charged it\n")
 	if got := b.Clicks() - before; got != 2 {
@@ -323,13 +328,25 @@ func TestConsoleInDoubtToDecision(t *testing.T) {
 			t.Errorf("reconcile result %q does not say %q (the lookup's answer)", result, want)
 		}
 	}
-	if rec := e.record("charges", "ORD-A"); rec == nil || rec.State != "completed" || !rec.Reconciled || rec.StoredStatus != http.StatusOK {
-		t.Errorf("ORD-A after the console's reconcile = %+v, want completed, reconciled, stored 200", rec)
+	if rec := e.record("charges", "ORD-A"); rec == nil || rec.State != "completed" || !rec.Reconciled || rec.StoredStatus != http.StatusCreated {
+		t.Errorf("ORD-A after the console's reconcile = %+v, want completed, reconciled, stored 201 (reconcile.applied_status)", rec)
 	}
 	e.checkAudit("key reconciled by an operator", hashA, "alice", "INC-7 stub charged it", map[string]any{"route": "charges", "result": "applied"})
+	// Post/redirect/get: the result is the key page, got; reloading it
+	// shows the key as it is and submits nothing again.
+	if u := b.URL(); !strings.Contains(u, "/ui/keys/charges/ORD-A?done=") {
+		t.Errorf("after the reconcile the browser is at %s, want the key page (a GET), not the form's POST", u)
+	}
+	if status := b.Navigate(b.URL()); status != http.StatusOK || b.Has("div#result") || strings.TrimSpace(b.Text("dd#state")) != "completed" {
+		t.Errorf("the result page reloaded = %d, div#result %v, state %q; want 200, the outcome shown once, completed",
+			status, b.Has("div#result"), b.Text("dd#state"))
+	}
+	if got := len(e.audit("key reconciled by an operator", hashA)); got != 1 {
+		t.Errorf("audit lines of ORD-A's reconcile after a reload = %d, want 1: the reload repeated the act", got)
+	}
 	replay := charge(e.p, "ORD-A")
-	if replay.status != http.StatusOK || replay.header.Get("Idempotent-Reconciled") != "true" || !strings.Contains(replay.body, `"orderId":"ORD-A"`) {
-		t.Errorf("retry of ORD-A = %d %v %s, want the lookup's charge replayed", replay.status, replay.header, replay.body)
+	if replay.status != http.StatusCreated || replay.header.Get("Idempotent-Reconciled") != "true" || !strings.Contains(replay.body, `"orderId":"ORD-A"`) {
+		t.Errorf("retry of ORD-A = %d %v %s, want the lookup's charge replayed with the route's 201", replay.status, replay.header, replay.body)
 	}
 
 	// The other key: released, with a reason, by its page's button.
@@ -342,6 +359,9 @@ func TestConsoleInDoubtToDecision(t *testing.T) {
 	b.Click("button#release-submit")
 	if !b.Has("div#result.ok") {
 		t.Fatalf("release of ORD-B, at %s: no div#result.ok", b.URL())
+	}
+	if status := b.Navigate(b.URL()); status != http.StatusNotFound || b.Has("div#result") || !b.Has("p#no-record") {
+		t.Errorf("the release's result page reloaded = %d, div#result %v; want 404 no-record, the outcome shown once", status, b.Has("div#result"))
 	}
 	if got := e.state("charges", "ORD-B"); got != "" {
 		t.Errorf("ORD-B after the console's release is %q, want no record", got)
@@ -515,6 +535,19 @@ func TestConsoleBulkRelease(t *testing.T) {
 	if got := b.Count("table#keys tr[data-key-hash]"); got != len(orders) {
 		t.Fatalf("the list of charges has %d rows, want %d", got, len(orders))
 	}
+	// Nothing is selected for a bulk release until the operator ticks it.
+	if got := b.Count("table#keys input[name=sel]:checked"); got != 0 {
+		t.Errorf("keys ticked for the bulk release when the list opens = %d, want none", got)
+	}
+	tickAll := func() {
+		for _, o := range orders {
+			b.Tick(fmt.Sprintf(`table#keys tr[data-key-hash=%q] input[name=sel]`, store.KeyHash(store.Key("charges", "", o))))
+		}
+		if got := b.Count("table#keys input[name=sel]:checked"); got != len(orders) {
+			t.Fatalf("keys ticked = %d, want %d", got, len(orders))
+		}
+	}
+	tickAll()
 	b.Fill("form#bulk-release input[name=reason]", "INC-9 upstream rolled back")
 	b.Fill("form#bulk-release input[name=confirm]", "release 2 keys")
 	if status := b.Click("button#bulk-release-submit"); status != http.StatusBadRequest {
@@ -530,6 +563,7 @@ func TestConsoleBulkRelease(t *testing.T) {
 	}
 
 	b.Navigate(e.p.adminURL("/ui/keys?route=charges"))
+	tickAll()
 	b.Fill("form#bulk-release input[name=reason]", "INC-9 upstream rolled back")
 	b.Fill("form#bulk-release input[name=confirm]", fmt.Sprintf("release %d keys", len(orders)))
 	b.Click("button#bulk-release-submit")
@@ -538,6 +572,10 @@ func TestConsoleBulkRelease(t *testing.T) {
 	}
 	if got := b.Count("table#bulk-results tr.ok[data-key-hash]"); got != len(orders) {
 		t.Errorf("bulk release results: %d keys released, want %d", got, len(orders))
+	}
+	// Post/redirect/get: reloading the outcome releases nothing again.
+	if status := b.Navigate(b.URL()); status != http.StatusNotFound || b.Has("table#bulk-results") {
+		t.Errorf("the bulk release's outcome reloaded = %d, results shown %v; want 404, the outcome shown once", status, b.Has("table#bulk-results"))
 	}
 	for _, o := range orders {
 		if got := e.state("charges", o); got != "" {

@@ -37,7 +37,7 @@ func cleanEnv() []string {
 	for _, kv := range exec.Command("true").Environ() {
 		name, _, _ := strings.Cut(kv, "=")
 		switch name {
-		case "IDEMPROXY_ADMIN_TOKEN", "IDEMPROXY_ADMIN_URL", "IDEMPROXY_CONFIG":
+		case "IDEMPROXY_ADMIN_TOKEN", "IDEMPROXY_ADMIN_URL", "IDEMPROXY_CONFIG", "IDEMPROXY_LISTEN", "IDEMPROXY_ADMIN_LISTEN", "IDEMPROXY_UPSTREAM":
 			continue
 		}
 		env = append(env, kv)
@@ -170,8 +170,9 @@ func TestKeysUsage(t *testing.T) {
 }
 
 // TestKeysReconcile: a key left in doubt by a crash is reconciled by the
-// operator with keys reconcile: the route's lookup finds the charge, and
-// the retry is replayed, not charged again.
+// operator with keys reconcile -reason: the route's lookup finds the
+// charge, the audit line has the reason, and the retry is replayed with
+// the charge's 201, not charged again.
 func TestKeysReconcile(t *testing.T) {
 	t.Parallel()
 	up := startStub(t)
@@ -199,7 +200,7 @@ func TestKeysReconcile(t *testing.T) {
 	var out, errOut string
 	eventually(t, "keys reconcile succeeds", func() bool {
 		var code int
-		out, errOut, code = runBin(t, env, "keys", "reconcile", "charges", "CR-9")
+		out, errOut, code = runBin(t, env, "keys", "reconcile", "charges", "CR-9", "-reason", "INC-9 charged upstream")
 		if code == 1 && !strings.Contains(errOut, "Key not in doubt (409)") {
 			t.Fatalf("keys reconcile = exit 1: %s", errOut)
 		}
@@ -208,8 +209,11 @@ func TestKeysReconcile(t *testing.T) {
 	if !strings.Contains(out, "result") || !strings.Contains(out, "applied") {
 		t.Errorf("keys reconcile printed:\n%s\nwant result applied", out)
 	}
-	if r := do("POST", p.url("/charges"), `{"orderId": "CR-9", "amount": 5}`); r.status != http.StatusOK || r.header.Get("Idempotent-Reconciled") != "true" {
-		t.Errorf("retry = %d %v, want the reconciled charge replayed", r.status, r.header)
+	if l := p.log.logLines("key reconciled by an operator"); len(l) != 1 || l[0]["reason"] != "INC-9 charged upstream" {
+		t.Errorf("audit log lines = %v, want one with the reason INC-9 charged upstream", l)
+	}
+	if r := do("POST", p.url("/charges"), `{"orderId": "CR-9", "amount": 5}`); r.status != http.StatusCreated || r.header.Get("Idempotent-Reconciled") != "true" {
+		t.Errorf("retry = %d %v, want the reconciled charge replayed with the route's 201", r.status, r.header)
 	}
 	if n := chargeCount(t, up.URL, "CR-9"); n != 1 {
 		t.Errorf("charges of CR-9 = %d, want 1", n)

@@ -29,9 +29,45 @@ func docBlock(t *testing.T, file, heading string) []string {
 
 // shellWords splits a command line as sh would for the README's simple
 // commands (single and double quotes, no expansion) and drops a trailing
-// comment.
+// comment. A $NAME is left as it is (to compare commands as written).
 func shellWords(t *testing.T, line string) []string {
 	t.Helper()
+	return shellWordsIn(t, line, nil)
+}
+
+// varName is a variable of a command line, $NAME.
+var varName = regexp.MustCompile(`^\$([A-Z_][A-Z0-9_]*)`)
+
+// shellWordsIn is shellWords expanding each $NAME outside single quotes
+// with env (NAME=value); nil env leaves them as written. A variable env
+// does not set is a failure: the walk-through must say to export it.
+func shellWordsIn(t *testing.T, line string, env []string) []string {
+	t.Helper()
+	expand := func(s string) string {
+		if env == nil {
+			return s
+		}
+		for {
+			i := strings.IndexByte(s, '$')
+			if i < 0 {
+				return s
+			}
+			m := varName.FindStringSubmatch(s[i:])
+			if m == nil {
+				t.Fatalf("expansion in %q: the walk-through must be runnable as written", line)
+			}
+			val, ok := "", false
+			for _, kv := range env {
+				if k, v, _ := strings.Cut(kv, "="); k == m[1] {
+					val, ok = v, true
+				}
+			}
+			if !ok {
+				t.Fatalf("%q uses $%s, which the set-up does not export", line, m[1])
+			}
+			s = s[:i] + val + s[i+len(m[0]):]
+		}
+	}
 	var words []string
 	var cur strings.Builder
 	inWord := false
@@ -43,8 +79,11 @@ func shellWords(t *testing.T, line string) []string {
 				t.Fatalf("unbalanced quote in %q", line)
 			}
 			q := line[i+1 : i+1+j]
-			if c == '"' && strings.ContainsAny(q, "$`\\") {
-				t.Fatalf("expansion in %q: the walk-through must be runnable as written", line)
+			if c == '"' {
+				if strings.ContainsAny(q, "`\\") {
+					t.Fatalf("expansion in %q: the walk-through must be runnable as written", line)
+				}
+				q = expand(q)
 			}
 			cur.WriteString(q)
 			inWord = true
@@ -58,7 +97,13 @@ func shellWords(t *testing.T, line string) []string {
 		case c == '#' && !inWord:
 			i = len(line)
 		case c == '$':
-			t.Fatalf("expansion in %q: the walk-through must be runnable as written", line)
+			m := varName.FindString(line[i:])
+			if m == "" {
+				t.Fatalf("expansion in %q: the walk-through must be runnable as written", line)
+			}
+			cur.WriteString(expand(m))
+			inWord = true
+			i += len(m) - 1
 		default:
 			cur.WriteByte(c)
 			inWord = true
@@ -169,55 +214,55 @@ const (
 // forget is a section's reset of its key in the proxy: 404 no-record the
 // first time, released when an earlier run left the key.
 func forget(url string) walkStep {
-	return walkStep{demoAuth + "'" + url + "'", 404, []string{`no-record`}, 200, []string{`"released": true`}}
+	return walkStep{demoAuth + `"` + url + `"`, 404, []string{`no-record`}, 200, []string{`"released": true`}}
 }
 
 var walkThrough = []walkSection{
 	{"### Same order twice: charged once", []walkStep{
 		{cmd: stubReset, status: 204},
-		forget("localhost:9091/v1/keys/charges/ORD-2001?force=true"),
-		{cmd: `curl -si localhost:8080/charges -d '{"orderId": "ORD-2001", "amount": 100}'`, status: 201, want: []string{`"chargeId"`}},
-		{cmd: `curl -si localhost:8080/charges -d '{"orderId": "ORD-2001", "amount": 100}'`, status: 201, want: []string{"Idempotent-Replayed: true"}},
+		forget("$IDEMPROXY_ADMIN_LISTEN/v1/keys/charges/ORD-2001?force=true"),
+		{cmd: `curl -si $IDEMPROXY_LISTEN/charges -d '{"orderId": "ORD-2001", "amount": 100}'`, status: 201, want: []string{`"chargeId"`}},
+		{cmd: `curl -si $IDEMPROXY_LISTEN/charges -d '{"orderId": "ORD-2001", "amount": 100}'`, status: 201, want: []string{"Idempotent-Replayed: true"}},
 		{cmd: `curl -s localhost:9000/orders/ORD-2001/charges`, status: 200, want: []string{`"charges":1,`}},
-		{cmd: `curl -s localhost:8080/charges -H 'X-Correlation-ID: CLIENT-TRY-2' -d '{"orderId": "ORD-2001", "amount": 100}'`, status: 201},
-		{cmd: `curl -si localhost:8080/charges -d '{"orderId": "ORD-2001", "amount": 999}'`, status: 422, want: []string{"fingerprint-mismatch"}},
+		{cmd: `curl -s $IDEMPROXY_LISTEN/charges -H 'X-Correlation-ID: CLIENT-TRY-2' -d '{"orderId": "ORD-2001", "amount": 100}'`, status: 201},
+		{cmd: `curl -si $IDEMPROXY_LISTEN/charges -d '{"orderId": "ORD-2001", "amount": 999}'`, status: 422, want: []string{"fingerprint-mismatch"}},
 		{cmd: `curl -s localhost:9000/orders/ORD-2001/charges`, status: 200, want: []string{`"charges":1,`}},
 	}},
 	{"### A send timestamp is not part of the request", []walkStep{
 		{cmd: stubReset, status: 204},
-		forget("localhost:9091/v1/keys/charges/1001?force=true"),
-		{cmd: `curl -s localhost:8080/charges -d '{"orderId": 1001, "amount": 5, "sentAt": "10:00"}'`, status: 201},
-		{cmd: `curl -si localhost:8080/charges -d '{"orderId": 1001, "amount": 5, "sentAt": "10:05"}'`, status: 201, want: []string{"Idempotent-Replayed: true"}},
-		{cmd: `curl -si localhost:8080/charges -d '{"orderId": "1001", "amount": 5, "sentAt": "10:00"}'`, status: 422, want: []string{"fingerprint-mismatch"}},
+		forget("$IDEMPROXY_ADMIN_LISTEN/v1/keys/charges/1001?force=true"),
+		{cmd: `curl -s $IDEMPROXY_LISTEN/charges -d '{"orderId": 1001, "amount": 5, "sentAt": "10:00"}'`, status: 201},
+		{cmd: `curl -si $IDEMPROXY_LISTEN/charges -d '{"orderId": 1001, "amount": 5, "sentAt": "10:05"}'`, status: 201, want: []string{"Idempotent-Replayed: true"}},
+		{cmd: `curl -si $IDEMPROXY_LISTEN/charges -d '{"orderId": "1001", "amount": 5, "sentAt": "10:00"}'`, status: 422, want: []string{"fingerprint-mismatch"}},
 		{cmd: `curl -s localhost:9000/orders/1001/charges`, status: 200, want: []string{`"charges":1,`}},
 	}},
 	{"### The trap: the charge fails before charging", []walkStep{
 		{cmd: stubReset, status: 204},
-		forget("localhost:9091/v1/keys/charges/ORD-3001?force=true"),
+		forget("$IDEMPROXY_ADMIN_LISTEN/v1/keys/charges/ORD-3001?force=true"),
 		{cmd: `curl -s localhost:9000/faults -d '{"fault": "fail-before-charge"}'`, status: 201},
-		{cmd: `curl -si localhost:8080/charges -d '{"orderId": "ORD-3001", "amount": 10}'`, status: 500},
-		{cmd: `curl -si localhost:8080/charges -d '{"orderId": "ORD-3001", "amount": 10}'`, status: 500, want: []string{"Idempotent-Replayed: true"}},
+		{cmd: `curl -si $IDEMPROXY_LISTEN/charges -d '{"orderId": "ORD-3001", "amount": 10}'`, status: 500},
+		{cmd: `curl -si $IDEMPROXY_LISTEN/charges -d '{"orderId": "ORD-3001", "amount": 10}'`, status: 500, want: []string{"Idempotent-Replayed: true"}},
 		{cmd: `curl -s localhost:9000/orders/ORD-3001/charges`, status: 200, want: []string{`"charges":0,`}},
-		{cmd: `curl -s -X DELETE -H 'Authorization: Bearer demo' localhost:9091/v1/keys/charges/ORD-3001`, status: 200, want: []string{`"released": true`}},
-		{cmd: `curl -si localhost:8080/charges -d '{"orderId": "ORD-3001", "amount": 10}'`, status: 201},
+		{cmd: `curl -s -X DELETE -H 'Authorization: Bearer demo' $IDEMPROXY_ADMIN_LISTEN/v1/keys/charges/ORD-3001`, status: 200, want: []string{`"released": true`}},
+		{cmd: `curl -si $IDEMPROXY_LISTEN/charges -d '{"orderId": "ORD-3001", "amount": 10}'`, status: 201},
 		{cmd: `curl -s localhost:9000/orders/ORD-3001/charges`, status: 200, want: []string{`"charges":1,`}},
 	}},
 	{"### An answer that comes too late: the key is in doubt", []walkStep{
 		{cmd: stubReset, status: 204},
-		forget("localhost:9091/v1/keys/charges/ORD-4001?force=true"),
+		forget("$IDEMPROXY_ADMIN_LISTEN/v1/keys/charges/ORD-4001?force=true"),
 		{cmd: `curl -s localhost:9000/faults -d '{"fault": "delay", "delay": "40s"}'`, status: 201},
-		{cmd: `curl -si localhost:8080/charges -d '{"orderId": "ORD-4001", "amount": 10}'`, status: 504},
-		{cmd: `curl -si localhost:8080/charges -d '{"orderId": "ORD-4001", "amount": 10}'`, status: 409, want: []string{"outcome-in-doubt"}},
-		{cmd: `curl -s -H 'Authorization: Bearer demo' localhost:9091/v1/keys/charges/ORD-4001`, status: 200, want: []string{`"state": "in_doubt"`}},
+		{cmd: `curl -si $IDEMPROXY_LISTEN/charges -d '{"orderId": "ORD-4001", "amount": 10}'`, status: 504},
+		{cmd: `curl -si $IDEMPROXY_LISTEN/charges -d '{"orderId": "ORD-4001", "amount": 10}'`, status: 409, want: []string{"outcome-in-doubt"}},
+		{cmd: `curl -s -H 'Authorization: Bearer demo' $IDEMPROXY_ADMIN_LISTEN/v1/keys/charges/ORD-4001`, status: 200, want: []string{`"state": "in_doubt"`}},
 		{cmd: `curl -s localhost:9000/orders/ORD-4001/charges`, status: 200, want: []string{`"charges":1,`}},
 		{cmd: `export IDEMPROXY_ADMIN_TOKEN=demo`},
 		{cmd: `./idemproxy keys list charges -state in_doubt`, want: []string{`(?m)^ORD-4001\s+in_doubt\s`}},
 	}},
 	{"### A client-chosen key, one key space per API key", []walkStep{
 		{cmd: stubReset, status: 204},
-		forget("localhost:9091/v1/keys/order-charges/7f1c?scope=alice&force=true"),
-		{cmd: `curl -si localhost:8080/orders/ORD-5001/charges -H 'Idempotency-Key: 7f1c' -H 'X-Api-Key: alice' -d '{"amount": 3}'`, status: 201},
-		{cmd: `curl -si localhost:8080/orders/ORD-5001/charges -H 'Idempotency-Key: 7f1c' -H 'X-Api-Key: alice' -d '{"amount": 3}'`, status: 201, want: []string{"Idempotent-Replayed: true"}},
+		forget("$IDEMPROXY_ADMIN_LISTEN/v1/keys/order-charges/7f1c?scope=alice&force=true"),
+		{cmd: `curl -si $IDEMPROXY_LISTEN/orders/ORD-5001/charges -H 'Idempotency-Key: 7f1c' -H 'X-Api-Key: alice' -d '{"amount": 3}'`, status: 201},
+		{cmd: `curl -si $IDEMPROXY_LISTEN/orders/ORD-5001/charges -H 'Idempotency-Key: 7f1c' -H 'X-Api-Key: alice' -d '{"amount": 3}'`, status: 201, want: []string{"Idempotent-Replayed: true"}},
 		{cmd: `curl -s localhost:9000/orders/ORD-5001/charges`, status: 200, want: []string{`"charges":1,`}},
 	}},
 }
@@ -263,6 +308,9 @@ func sameCommand(t *testing.T, a, b string) bool {
 type walkTarget struct {
 	hosts map[string]string // localhost:8080 and the others, to the real address
 	admin string            // the admin listener, for the key commands
+	// exported are the set-up's exports (NAME=value), which the reader
+	// runs in every terminal.
+	exported []string
 }
 
 // runSection runs one section's commands as a reader would type them in
@@ -270,13 +318,13 @@ type walkTarget struct {
 // again says that the section ran before on this proxy.
 func runSection(t *testing.T, run string, sec walkSection, to walkTarget, again bool) {
 	t.Helper()
-	var exported []string
+	exported := append([]string(nil), to.exported...)
 	for i, s := range sec.steps {
 		status, want := s.status, s.want
 		if again && s.again != 0 {
 			status, want = s.again, s.againWant
 		}
-		words := shellWords(t, strings.Replace(s.cmd, `"delay": "40s"`, `"delay": "8s"`, 1))
+		words := shellWordsIn(t, strings.Replace(s.cmd, `"delay": "40s"`, `"delay": "8s"`, 1), exported)
 		var out string
 		var got int
 		switch words[0] {
@@ -289,10 +337,11 @@ func runSection(t *testing.T, run string, sec walkSection, to walkTarget, again 
 			exported = append(exported, words[1])
 			continue
 		case "./idemproxy":
-			// The set-up's ./idemproxy is the binary the tests built; the
-			// admin address is the test's free port, as for curl.
+			// The set-up's ./idemproxy is the binary the tests built; it
+			// finds the admin listener from the exported
+			// $IDEMPROXY_ADMIN_LISTEN, as the reader's does.
 			var stderr string
-			out, stderr, got = runBin(t, append(exported, "IDEMPROXY_ADMIN_URL=http://"+to.admin), words[1:]...)
+			out, stderr, got = runBin(t, exported, words[1:]...)
 			out += stderr
 		default:
 			t.Fatalf("%s: the test cannot run %q", sec.heading, s.cmd)
@@ -319,10 +368,33 @@ func runSection(t *testing.T, run string, sec walkSection, to walkTarget, again 
 // addresses are free ports; nothing else differs.
 func TestREADMEWalkThroughTwice(t *testing.T) {
 	t.Parallel()
-	setup := docBlock(t, "README.md", "## Set up")[0]
+	setupLines := docBlock(t, "README.md", "## Set up")
+	if len(setupLines) != 2 {
+		t.Fatalf("the set-up is %d lines, the test knows 2: the export of the addresses, then the command", len(setupLines))
+	}
+	// The export of the addresses: the test's free ports take the place of
+	// the README's, as a reader whose 8080 is taken changes that line.
+	exportWords := shellWords(t, setupLines[0])
+	if len(exportWords) != 3 || exportWords[0] != "export" {
+		t.Fatalf("the set-up's first line %q is not the export of the two addresses", setupLines[0])
+	}
+	ports := pickPorts(t, 2)
+	free := map[string]string{
+		"IDEMPROXY_LISTEN":       fmt.Sprintf("127.0.0.1:%d", ports[0]),
+		"IDEMPROXY_ADMIN_LISTEN": fmt.Sprintf("127.0.0.1:%d", ports[1]),
+	}
+	var exports []string
+	for _, kv := range exportWords[1:] {
+		name, _, _ := strings.Cut(kv, "=")
+		if free[name] == "" {
+			t.Fatalf("the set-up exports %q, the test knows IDEMPROXY_LISTEN and IDEMPROXY_ADMIN_LISTEN", kv)
+		}
+		exports = append(exports, name+"="+free[name])
+	}
+	setup := setupLines[1]
 	// The set-up command: its parts, as sh runs them.
 	var removes []string
-	var env []string
+	env := append([]string(nil), exports...)
 	var cfgFile string
 	built := false
 	for _, part := range strings.FieldsFunc(setup, func(r rune) bool { return r == ';' || r == '&' }) {
@@ -355,8 +427,6 @@ func TestREADMEWalkThroughTwice(t *testing.T) {
 	data := filepath.Join(dir, "data")
 	cfg := string(b)
 	for _, r := range []struct{ old, new string }{
-		{"listen: 127.0.0.1:8080", "listen: 127.0.0.1:0"},
-		{"listen: 127.0.0.1:9091", "listen: 127.0.0.1:0"},
 		{"upstream: http://127.0.0.1:9000", "upstream: " + up.URL},
 		{"dir: ./data", "dir: " + data},
 		{"lease: 35s", "lease: 5s"},
@@ -424,7 +494,11 @@ func TestREADMEWalkThroughTwice(t *testing.T) {
 			os.RemoveAll(data)
 		}
 		p := startProxy(t, path, env...)
-		return p, walkTarget{map[string]string{"localhost:8080": p.addr, "localhost:9091": p.admin, "localhost:9000": stubAddr}, p.admin}
+		if p.addr != free["IDEMPROXY_LISTEN"] || p.admin != free["IDEMPROXY_ADMIN_LISTEN"] {
+			t.Fatalf("the proxy listens on %s, admin %s; the set-up exported %v", p.addr, p.admin, exports)
+		}
+		return p, walkTarget{map[string]string{"localhost:8080": p.addr, "localhost:9091": p.admin, "localhost:9000": stubAddr,
+			p.addr: p.addr, p.admin: p.admin}, p.admin, exports}
 	}
 	stop := func(run string, p *proc) {
 		p.signal(syscall.SIGINT) // Ctrl-C

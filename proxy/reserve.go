@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -205,10 +206,39 @@ func (a *attempt) answerExisting(w http.ResponseWriter, rec *store.Record) {
 		if !rec.ExpiresAt.IsZero() {
 			ext["expires_at"] = rec.ExpiresAt.UTC().Format(time.RFC3339)
 		}
+		if rc := a.rt.cfg.Reconcile; rc != nil {
+			detail, first, retryAfter := reconcileSchedule(rec, &a.rt.cfg, rc, time.Now())
+			ext["reconcile_after"] = first.UTC().Format(time.RFC3339)
+			a.problem(w, OutcomeConflict, probInDoubt, detail, retryAfter, ext)
+			return
+		}
 		a.problem(w, OutcomeConflict, probInDoubt,
 			"an earlier request with this key may have reached the upstream, but its answer was lost; "+
 				"check the upstream, then release the key through the admin API, or wait for it to expire", 0, ext)
 	}
+}
+
+// reconcileSchedule is the in-doubt 409's detail on a route with
+// reconcile, and its Retry-After in seconds: when the upstream is asked
+// about the key. The first lookup is due grace after the key turned in
+// doubt, which is at most the lease after its reservation (sooner after a
+// timeout), then one every interval until the upstream answers.
+func reconcileSchedule(rec *store.Record, cfg *config.Route, rc *config.Reconcile, now time.Time) (detail string, first time.Time, retryAfter int) {
+	created := rec.CreatedAt
+	if created.IsZero() { // a store that did not say: the grace from now
+		created = now.Add(-cfg.Lease.D())
+	}
+	first = created.Add(cfg.Lease.D() + rc.Grace.D())
+	const lost = "an earlier request with this key may have reached the upstream, but its answer was lost; "
+	if wait := first.Sub(now); wait > 0 {
+		return fmt.Sprintf(lost+"this route reconciles it: the upstream is asked about the key by %s (in %s, its grace "+
+			"after the key turned in doubt), then every %s until it answers; retry after that, or an operator "+
+			"releases or reconciles the key now through the admin API",
+			first.UTC().Format(time.RFC3339), wait.Round(time.Second), rc.Interval.D()), first, int(wait.Seconds()) + 1
+	}
+	return fmt.Sprintf(lost+"this route reconciles it: the upstream has been asked about the key since %s, and is "+
+		"asked again every %s until it answers; retry after that, or an operator releases or reconciles the key "+
+		"now through the admin API", first.UTC().Format(time.RFC3339), rc.Interval.D()), first, int(rc.Interval.D().Seconds())
 }
 
 // storeFailed answers a store failure: 503, or the request forwarded

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"log/slog"
 	"net"
@@ -38,7 +39,10 @@ type app struct {
 	// made by serve.
 	settler *settle.Settler
 	path    string
-	getenv  func(string) string
+	// overrides are the flags' and variables' values that replace the
+	// file's, on every reload as at start.
+	overrides config.Overrides
+	getenv    func(string) string
 
 	tracing *tracing.Tracing // on while tracing.enabled; made by serve
 
@@ -48,6 +52,11 @@ type app struct {
 	conns    *admission.Limiter // the client listener's limits; set by serve
 	reloadOK prometheus.Gauge
 	reloadTS prometheus.Gauge
+	reloads  *prometheus.CounterVec // by trigger and result
+	// loadedSum is the hash of the file's content last read by a start or
+	// a reload, applied or not: config.watch reloads when the file's
+	// differs.
+	loadedSum [sha256.Size]byte
 
 	// epochSeen is given to the shared stores, which call it with the
 	// epoch marker read on each new connection (epoch.go); nil outside
@@ -90,10 +99,18 @@ func (a *app) registerMetrics(reg prometheus.Registerer) {
 		Name: "idemproxy_config_last_reload_success_timestamp_seconds",
 		Help: "Unix time of the last successful configuration (re)load.",
 	})
+	a.reloads = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "idemproxy_config_reloads_total",
+		Help: "Configuration reloads, by trigger (signal, api, watch) and result (applied, failed).",
+	}, []string{"trigger", "result"})
+	for _, t := range []string{reloadBySignal, reloadByAPI, reloadByWatch} {
+		a.reloads.WithLabelValues(t, "applied")
+		a.reloads.WithLabelValues(t, "failed")
+	}
 	reg.MustRegister(
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		buildInfo, a.reloadOK, a.reloadTS,
+		buildInfo, a.reloadOK, a.reloadTS, a.reloads,
 	)
 	a.reloadOK.Set(1)
 	a.reloadTS.SetToCurrentTime()
@@ -106,13 +123,15 @@ type Options struct {
 	Access *proxy.AccessLog // nil: the access log is off
 	Path   string           // the configuration file, read again on reload
 	Config *config.Config   // the configuration loaded from Path
-	Getenv func(string) string
+	// Overrides were applied to Config; a reload applies them again.
+	Overrides config.Overrides
+	Getenv    func(string) string
 }
 
 // Serve runs the proxy until ctx is cancelled, then shuts down gracefully;
 // it returns why it could not start or serve, nil after a clean stop.
 func Serve(ctx context.Context, o Options) error {
-	a := &app{log: o.Log, access: o.Access, path: o.Path, cfg: o.Config, getenv: o.Getenv}
+	a := &app{log: o.Log, access: o.Access, path: o.Path, cfg: o.Config, overrides: o.Overrides, getenv: o.Getenv}
 	return a.serve(ctx)
 }
 
@@ -228,7 +247,7 @@ func (a *app) serve(ctx context.Context) error {
 		}
 		adm = admin.NewHandler(admin.Options{
 			Store: a.p.Store(), Lister: st, Routes: a, Gatherer: reg, Token: token, TokenEnv: cfg.Admin.TokenEnv,
-			Reload: a.reload, StoreOptional: a.storeOptional, Logger: log, Reconciler: reconciler,
+			Reload: func() error { return a.reload(reloadByAPI) }, StoreOptional: a.storeOptional, Logger: log, Reconciler: reconciler,
 			AcceptLoss: a.acceptLossFunc(st, &watcher),
 			Pprof:      cfg.Admin.Pprof, ReadyChecks: []func() error{conns.Saturated, a.p.BuffersSaturated, a.storeOpenReady(st), epochReady},
 			StoreProbe: probe, Registerer: reg, Tracing: a.tracing,
@@ -255,6 +274,11 @@ func (a *app) serve(ctx context.Context) error {
 	log.Info("idemproxy listening", "addr", ln.Addr().String(), "upstream", redactURL(cfg.Upstream),
 		"store", storeName, "routes", len(cfg.Routes), "version", buildinfo.Version(), "config", a.path)
 
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	watchDone := make(chan struct{})
+	go func() { defer close(watchDone); a.watchConfig(watchCtx, config.WatchInterval) }()
+	defer func() { stopWatch(); <-watchDone }()
+
 	for done := false; !done; {
 		select {
 		case err := <-errc:
@@ -264,7 +288,7 @@ func (a *app) serve(ctx context.Context) error {
 			}
 			return fmt.Errorf("serve: %w", err)
 		case <-hup:
-			a.reload()
+			a.reload(reloadBySignal)
 		case <-ctx.Done():
 			done = true
 		}
@@ -366,13 +390,28 @@ func (a *app) storeOptional() bool {
 	return true
 }
 
+// What asked for a reload, the trigger label of
+// idemproxy_config_reloads_total.
+const (
+	reloadBySignal = "signal" // SIGHUP
+	reloadByAPI    = "api"    // POST /-/reload, idemproxy reload
+	reloadByWatch  = "watch"  // config.watch saw the file change
+)
+
 // reload re-reads the configuration file and swaps it in; a file that does
 // not load, or that changes what only a restart can change, keeps the
 // running configuration.
-func (a *app) reload() error {
+func (a *app) reload(trigger string) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	cfg, err := config.Load(a.path)
+	b, err := os.ReadFile(a.path)
+	var cfg *config.Config
+	if err != nil {
+		err = fmt.Errorf("read config: %w", err)
+	} else {
+		a.loadedSum = sha256.Sum256(b)
+		cfg, err = config.ParseWith(b, a.overrides)
+	}
 	if err == nil {
 		err = needsRestart(a.cfg, cfg)
 	}
@@ -386,7 +425,8 @@ func (a *app) reload() error {
 	}
 	if err != nil {
 		a.reloadOK.Set(0)
-		a.log.Error("configuration reload failed; the running configuration is kept", "config", a.path, "err", err)
+		a.reloads.WithLabelValues(trigger, "failed").Inc()
+		a.log.Error("configuration reload failed; the running configuration is kept", "config", a.path, "trigger", trigger, "err", err)
 		return err
 	}
 	for _, w := range keysMoved(a.cfg, cfg) {
@@ -402,7 +442,8 @@ func (a *app) reload() error {
 	a.cfg = cfg
 	a.reloadOK.Set(1)
 	a.reloadTS.SetToCurrentTime()
-	a.log.Info("configuration reloaded", "config", a.path, "routes", len(cfg.Routes))
+	a.reloads.WithLabelValues(trigger, "applied").Inc()
+	a.log.Info("configuration reloaded", "config", a.path, "trigger", trigger, "routes", len(cfg.Routes))
 	return nil
 }
 

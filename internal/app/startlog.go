@@ -31,7 +31,9 @@ func (a *app) startAttrs() []any {
 	if more := len(a.cfg.Routes) - n; more > 0 {
 		attrs = append(attrs, "routes_not_listed", more)
 	}
-	return append(attrs, "upstream", redactURL(a.cfg.Upstream), "tracing", a.cfg.Tracing.Enabled)
+	attrs = append(attrs, "listen", a.cfg.Listen, "admin_listen", a.cfg.Admin.Listen, "upstream", redactURL(a.cfg.Upstream))
+	attrs = append(attrs, a.overrides.Sources()...)
+	return append(attrs, "tracing", a.cfg.Tracing.Enabled)
 }
 
 // startLogRoutes is how many route names the first log line lists; the

@@ -217,6 +217,15 @@ func (b *Browser) Click(sel string) int {
 	return int(resp.Status)
 }
 
+// Tick clicks the element sel, a checkbox or a radio button, with the
+// mouse: it loads no page, so nothing is waited for. It is counted as a
+// click (Clicks).
+func (b *Browser) Tick(sel string) {
+	b.t.Helper()
+	b.clicks++
+	b.run("tick "+sel, chromedp.Click(chromedp.CSS(sel), chromedp.NodeVisible))
+}
+
 // Press types keys into the field sel and waits for the page that loads:
 // "\n" at the end of keys submits the field's form, as Enter does. It
 // returns the page's HTTP status.

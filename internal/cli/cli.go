@@ -30,6 +30,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	if len(args) > 0 && args[0] == "keys" {
 		return keyscmd.Run(ctx, args[1:], stdout, stderr, getenv)
 	}
+	if len(args) > 0 && args[0] == "reload" {
+		return keyscmd.RunReload(ctx, args[1:], stdout, stderr, getenv)
+	}
 	if len(args) > 0 && args[0] == "store" {
 		return app.RunStore(ctx, args[1:], stdout, stderr, getenv)
 	}
@@ -42,6 +45,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	logFormat := fs.String("log-format", "json", "log format: json or text")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn or error")
 	showVersion := fs.Bool("version", false, "print the version, the commit and its date, and exit")
+	listen := fs.String("listen", "", "the `address` clients connect to, in place of the file's listen (default $"+config.ListenEnv+", else the file's)")
+	adminListen := fs.String("admin-listen", "", "the admin listener's `address`, in place of the file's admin.listen (default $"+config.AdminListenEnv+", else the file's)")
+	upstream := fs.String("upstream", "", "the protected service's base `URL`, in place of the file's upstream (default $"+config.UpstreamEnv+", else the file's)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -72,7 +78,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 		access, _ = proxy.NewAccessLog(sink.Lines(), *logFormat) // the format was checked by newLogger
 	}
 	configPath, from := config.PathOf(*configFlag, getenv)
-	cfg, err := config.Load(configPath)
+	overrides := config.OverridesOf(*listen, *adminListen, *upstream, getenv)
+	cfg, err := config.LoadWith(configPath, overrides)
 	if err != nil {
 		fmt.Fprintf(stderr, "idemproxy: %s: %v\n", configPath, err)
 		if errors.Is(err, iofs.ErrNotExist) {
@@ -97,10 +104,14 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 				return 1
 			}
 		}
+		if given := overrides.Given(); len(given) > 0 {
+			fmt.Fprintf(stdout, "%s: ok (%d routes) with %s\n", configPath, len(cfg.Routes), strings.Join(given, ", "))
+			return 0
+		}
 		fmt.Fprintf(stdout, "%s: ok (%d routes)\n", configPath, len(cfg.Routes))
 		return 0
 	}
-	if err := app.Serve(ctx, app.Options{Log: log, Access: access, Path: configPath, Config: cfg, Getenv: getenv}); err != nil {
+	if err := app.Serve(ctx, app.Options{Log: log, Access: access, Path: configPath, Config: cfg, Overrides: overrides, Getenv: getenv}); err != nil {
 		log.Error("idemproxy failed", "err", err)
 		return 1
 	}

@@ -36,7 +36,7 @@ const keysUsage = `Usage:
   idemproxy keys list ROUTE [-state in_doubt|in_flight|completed] [-limit N] [-cursor C] [-key-hash H]
   idemproxy keys show ROUTE KEY
   idemproxy keys release ROUTE KEY [-reason TEXT] [-force]
-  idemproxy keys reconcile ROUTE KEY
+  idemproxy keys reconcile ROUTE KEY [-reason TEXT]
 
 list shows a route's keys (all states unless -state), a page at a time; show
 one key's record; release deletes a key's record so that the next request with
@@ -44,7 +44,8 @@ it is forwarded again; reconcile runs the route's reconcile lookup of a key in
 doubt now.
 
 They call the admin API of a running idemproxy at -admin (default
-$` + adminURLEnv + `, else ` + defaultAdminURL + `) with the bearer token of
+$` + adminURLEnv + `, else http:// and $` + config.AdminListenEnv + `, else
+` + defaultAdminURL + `) with the bearer token of
 $` + config.DefaultAdminTokenEnv + ` (or of the variable -token-env names, as
 admin.token_env does). Output is a table, or the API's JSON with -o json.
 Exit status: 0 ok, 1 the API answered a problem or could not be reached, 2 bad
@@ -55,6 +56,7 @@ Flags (before or after the arguments):
 
 // keysCmd is one keys invocation.
 type keysCmd struct {
+	name     string // the command, in its messages: "idemproxy keys"
 	admin    string
 	token    string
 	output   string
@@ -68,19 +70,7 @@ type keysCmd struct {
 // Run runs "idemproxy keys ..." with args (after "keys") and returns the
 // exit status: 0 on success, 1 on a failure, 2 on bad usage.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
-	fs := flag.NewFlagSet("idemproxy keys", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, keysUsage)
-		fs.PrintDefaults()
-	}
-	adminDefault := getenv(adminURLEnv)
-	if adminDefault == "" {
-		adminDefault = defaultAdminURL
-	}
-	c := &keysCmd{stdout: stdout, stderr: stderr, client: &http.Client{Timeout: 30 * time.Second}}
-	fs.StringVar(&c.admin, "admin", adminDefault, "admin API `URL`")
-	tokenEnv := fs.String("token-env", config.DefaultAdminTokenEnv, "environment `variable` holding the admin token")
+	fs, c, tokenEnv := newCmd("idemproxy keys", keysUsage, stdout, stderr, getenv)
 	fs.StringVar(&c.output, "o", "table", "output: table or json")
 	fs.StringVar(&c.scope, "scope", "", "the scope value, for a route scoped by a header")
 	fs.StringVar(&c.operator, "operator", audit.Operator(getenv), "who acts, for the audit log line of release and reconcile ($USER, else the OS account, when not given)")
@@ -88,7 +78,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	limit := fs.Int("limit", 0, "list: at most `N` keys (the API's default 100, at most 1000)")
 	cursor := fs.String("cursor", "", "list: the page after the one that printed this cursor")
 	keyHash := fs.String("key-hash", "", "list: only the key with this key_hash (the 12 hex digits of log lines)")
-	reason := fs.String("reason", "", "release: why, for the audit log line")
+	reason := fs.String("reason", "", "release and reconcile: why, for the audit log line (the console asks for one too)")
 	force := fs.Bool("force", false, "release: even a key in flight (its request may be at the upstream now)")
 
 	// Flags may follow the arguments: "keys list charges -state in_doubt".
@@ -131,19 +121,17 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	case *limit < 0:
 		return usageErr("-limit %d: a positive number", *limit)
 	}
-	if !strings.Contains(c.admin, "://") {
-		c.admin = "http://" + c.admin
-	}
-	c.admin = strings.TrimRight(c.admin, "/")
-	c.token = getenv(*tokenEnv)
-	if c.token == "" {
-		return usageErr("%s is not set: export the admin token the proxy reads (admin.token_env)", *tokenEnv)
+	if msg := c.connect(*tokenEnv, getenv); msg != "" {
+		return usageErr("%s", msg)
 	}
 
 	route := url.PathEscape(pos[0])
 	q := url.Values{}
 	if c.scope != "" {
 		q.Set("scope", c.scope)
+	}
+	if *reason != "" && (sub == "release" || sub == "reconcile") {
+		q.Set("reason", *reason) // for the audit line
 	}
 	switch sub {
 	case "list":
@@ -159,9 +147,6 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	case "show":
 		return c.call(ctx, http.MethodGet, "/v1/keys/"+route+"/"+keySegment(pos[1]), q, c.printFields)
 	case "release":
-		if *reason != "" {
-			q.Set("reason", *reason)
-		}
 		if *force {
 			q.Set("force", "true")
 		}
@@ -180,7 +165,7 @@ func (c *keysCmd) call(ctx context.Context, method, path string, q url.Values, p
 	}
 	req, err := http.NewRequestWithContext(ctx, method, u, nil)
 	if err != nil {
-		fmt.Fprintf(c.stderr, "idemproxy keys: -admin %s: %v\n", c.admin, err)
+		fmt.Fprintf(c.stderr, "%s: -admin %s: %v\n", c.name, c.admin, err)
 		return 2
 	}
 	req.Header.Set("Authorization", "Bearer "+c.token)
@@ -190,17 +175,17 @@ func (c *keysCmd) call(ctx context.Context, method, path string, q url.Values, p
 	}
 	resp, err := c.client.Do(req)
 	if err != nil {
-		fmt.Fprintf(c.stderr, "idemproxy keys: the admin API at %s did not answer: %v\n", c.admin, err)
+		fmt.Fprintf(c.stderr, "%s: the admin API at %s did not answer: %v\n", c.name, c.admin, err)
 		return 1
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
-		fmt.Fprintf(c.stderr, "idemproxy keys: read the answer of %s %s: %v\n", method, path, err)
+		fmt.Fprintf(c.stderr, "%s: read the answer of %s %s: %v\n", c.name, method, path, err)
 		return 1
 	}
 	if resp.StatusCode/100 != 2 {
-		fmt.Fprintln(c.stderr, "idemproxy keys: "+problemText(resp, body))
+		fmt.Fprintln(c.stderr, c.name+": "+problemText(resp, body))
 		return 1
 	}
 	if c.output == "json" {
@@ -211,7 +196,7 @@ func (c *keysCmd) call(ctx context.Context, method, path string, q url.Values, p
 		return 0
 	}
 	if err := print(body); err != nil {
-		fmt.Fprintf(c.stderr, "idemproxy keys: the answer of %s %s: %v\n", method, path, err)
+		fmt.Fprintf(c.stderr, "%s: the answer of %s %s: %v\n", c.name, method, path, err)
 		return 1
 	}
 	return 0

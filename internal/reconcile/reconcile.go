@@ -360,7 +360,9 @@ func (r *Reconciler) lookup(ctx context.Context, cfg *config.Route, key string) 
 			return out, retry
 		}
 		stored := int64(len(body)) <= limit
-		ans := store.Response{Status: resp.StatusCode, Header: http.Header{}, BodyStored: stored, Reconciled: true}
+		// The route's status for an applied request, not the lookup's:
+		// the retry of a POST that created expects its 201, not a GET's 200.
+		ans := store.Response{Status: cfg.Reconcile.AppliedStatus, Header: http.Header{}, BodyStored: stored, Reconciled: true}
 		for _, name := range cfg.ReplayHeaders {
 			if vs := resp.Header.Values(name); len(vs) > 0 {
 				ans.Header[name] = vs

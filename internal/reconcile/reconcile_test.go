@@ -122,15 +122,31 @@ func reconcileUntil(t *testing.T, rec *reconcile.Reconciler, what string, cond f
 	})
 }
 
+// TestReconcileAppliedBecomesReplayOfTheLookup: a key the lookup found
+// applied replays the lookup's answer with the route's status for an
+// applied charge (reconcile.applied_status, 201 by default: what the
+// client of the POST expects, not the GET's 200); while in doubt, the 409
+// says when the lookup is scheduled.
 func TestReconcileAppliedBecomesReplayOfTheLookup(t *testing.T) {
 	g := newGate()
 	e, rec := newReconcileEnv(t, g, reconcileRoute)
 	inDoubtCharged(e, `"R-1"`)
-	proxytest.WantStatus(t, "retry while in doubt", e.Charge(`"R-1"`, 5), http.StatusConflict, "outcome-in-doubt")
+	doubt := e.Charge(`"R-1"`, 5)
+	proxytest.WantStatus(t, "retry while in doubt", doubt, http.StatusConflict, "outcome-in-doubt")
+	if d, _ := doubt.Field("detail").(string); !strings.Contains(d, "this route reconciles it: the upstream is asked about the key") ||
+		strings.Contains(d, "wait for it to expire") {
+		t.Errorf("in-doubt detail = %q, want when the lookup is scheduled, not to wait for the expiry", d)
+	}
+	if after, _ := doubt.Field("reconcile_after").(string); after == "" {
+		t.Errorf("in-doubt problem has no reconcile_after: %s", doubt.Body)
+	}
+	if doubt.Header.Get("Retry-After") == "" {
+		t.Errorf("in-doubt 409 on a route that reconciles has no Retry-After: %v", doubt.Header)
+	}
 
 	reconcileUntil(t, rec, "the key is completed", func() bool { return e.State("charges", "", "R-1") == store.StateCompleted })
 	a := e.Charge(`"R-1"`, 5)
-	proxytest.WantStatus(t, "retry after reconciliation", a, http.StatusOK, "")
+	proxytest.WantStatus(t, "retry after reconciliation", a, http.StatusCreated, "")
 	if !a.Replayed() || a.Header.Get("Idempotent-Reconciled") != "true" {
 		t.Errorf("retry headers = %v, want Idempotent-Replayed and Idempotent-Reconciled true", a.Header)
 	}
@@ -145,6 +161,20 @@ func TestReconcileAppliedBecomesReplayOfTheLookup(t *testing.T) {
 	}
 	if got := g.lookups.Load(); got != 1 {
 		t.Errorf("lookups = %d, want 1", got)
+	}
+}
+
+// TestReconcileAppliedStatusIsTheRoutes: reconcile.applied_status sets
+// the status a reconciled key replays.
+func TestReconcileAppliedStatusIsTheRoutes(t *testing.T) {
+	g := newGate()
+	e, rec := newReconcileEnv(t, g, strings.Replace(reconcileRoute, "interval: 100ms}", "interval: 100ms, applied_status: 200}", 1))
+	inDoubtCharged(e, `"R-9"`)
+	reconcileUntil(t, rec, "the key is completed", func() bool { return e.State("charges", "", "R-9") == store.StateCompleted })
+	a := e.Charge(`"R-9"`, 5)
+	proxytest.WantStatus(t, "retry after reconciliation", a, http.StatusOK, "")
+	if a.Header.Get("Idempotent-Reconciled") != "true" || a.Field("orderId") != "R-9" {
+		t.Errorf("retry = %v %s, want the lookup's answer, reconciled", a.Header, a.Body)
 	}
 }
 
