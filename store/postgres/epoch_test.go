@@ -21,6 +21,14 @@ func TestEpochConformance(t *testing.T) {
 	})
 }
 
+func TestKeyspaceConformance(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.Start(t)
+	storetest.RunKeyspaces(t, func(t *testing.T) storetest.KeyspaceStore {
+		return newStore(t, srv, postgres.Options{})
+	})
+}
+
 // TestEpochMarkerGoesWithTheKeys pins where the marker lives: in the key
 // table, so that a TRUNCATE of that table (or its replacement) takes the
 // marker too and the replicas see the loss; and never swept as expired.
