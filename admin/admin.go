@@ -54,6 +54,25 @@ type Routes interface {
 	RouteScope(name string) (header string, ok bool)
 }
 
+// RouteKeyspaces is implemented by the Routes whose routes may store their
+// keys under a keyspace other than their name (routes[].keyspace): the
+// key API addresses a key by its route, and finds it in the route's
+// keyspace. Without it, a route's keyspace is its name.
+type RouteKeyspaces interface {
+	RouteKeyspace(name string) string
+}
+
+// keyspace returns the keyspace of route, as the running configuration
+// says (RouteKeyspaces).
+func (h *Handler) keyspace(route string) string {
+	if ks, ok := h.opts.Routes.(RouteKeyspaces); ok {
+		if k := ks.RouteKeyspace(route); k != "" {
+			return k
+		}
+	}
+	return route
+}
+
 // Options configures NewHandler.
 type Options struct {
 	// Store is the key store. Required.
@@ -356,7 +375,7 @@ func (h *Handler) storeKey(w http.ResponseWriter, r *http.Request) (string, bool
 		problem.Write(w, r, probScopeNotAllowed, "route "+route+" is not scoped: drop ?scope=", 0, nil)
 		return "", false
 	}
-	return store.Key(route, scope, key), true
+	return store.Key(h.keyspace(route), scope, key), true
 }
 
 // keyView is a record as the key API shows it: never the stored body.

@@ -35,6 +35,7 @@ var (
 	probUpstreamTimeout   = problem{Name: "upstream-timeout", Status: http.StatusGatewayTimeout, Title: "Upstream did not answer in time"}
 	probStoreUnavailable  = rfc9457.StoreUnavailable
 	probStoreLostKeys     = problem{Name: "store-lost-keys", Status: http.StatusServiceUnavailable, Title: "Idempotency store lost its keys"}
+	probKeyspaceHeld      = problem{Name: "keyspace-held", Status: http.StatusServiceUnavailable, Title: "The route's keys are held until an operator decides"}
 	probOverloaded        = rfc9457.Overloaded
 	probShuttingDown      = problem{Name: "shutting-down", Status: http.StatusServiceUnavailable, Title: "Proxy shutting down"}
 )
@@ -44,7 +45,7 @@ var (
 func Problems() []rfc9457.Type {
 	all := []problem{probMissingKey, probInvalidKey, probInvalidJSON, probMissingScope, probInvalidScope, probUnreadableBody,
 		probInvalidUpgrade, probBodyTooLarge, probHeaderFields, probBodyTimeout, probInFlight, probInDoubt, probDuplicate, probNotReplayable, probMismatch,
-		probUpstreamDown, probUpstreamReset, probUpstreamTimeout, probStoreUnavailable, probStoreLostKeys, probOverloaded, probShuttingDown,
+		probUpstreamDown, probUpstreamReset, probUpstreamTimeout, probStoreUnavailable, probStoreLostKeys, probKeyspaceHeld, probOverloaded, probShuttingDown,
 		probUnsupportedCoding}
 	return all
 }
