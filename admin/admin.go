@@ -130,9 +130,8 @@ type Options struct {
 	// token: it removes the keyspace from the store's registry (its keys
 	// are left to expire, unclaimed), so that a configuration that leaves
 	// it, or makes its keys otherwise, is accepted; it returns the entry
-	// it removed. ErrNoKeyspace: the registry has none of that name;
-	// ErrKeyspaceClaimed: a route of the running configuration claims it.
-	// Nil: that endpoint is 404.
+	// it removed, or ErrNoKeyspace when the registry has none of that
+	// name. Nil: that endpoint is 404.
 	DropKeyspace func(ctx context.Context, keyspace string) (store.Keyspace, error)
 	// Tracing, while on, traces the operators' actions (the key API,
 	// accept-loss, reload); nil is never on.
@@ -578,11 +577,9 @@ func (h *Handler) acceptLoss(w http.ResponseWriter, r *http.Request) {
 		"previous_epoch": prevID, "previous_state": prevState})
 }
 
-// Errors of Options.DropKeyspace.
-var (
-	ErrNoKeyspace      = errors.New("the store's registry has no keyspace of this name")
-	ErrKeyspaceClaimed = errors.New("a route of the running configuration claims this keyspace")
-)
+// ErrNoKeyspace is Options.DropKeyspace's error for a keyspace the
+// store's registry does not hold.
+var ErrNoKeyspace = errors.New("the store's registry has no keyspace of this name")
 
 // dropKeyspace lets a keyspace's keys go on purpose, audited like a
 // release: the operator (X-Operator) and the reason (?reason=), held to a

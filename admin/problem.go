@@ -36,7 +36,6 @@ var (
 	probNoReload        = problem.Type{Name: "reload-unavailable", Status: http.StatusNotFound, Title: "Reload not available"}
 	probReloadFailed    = problem.Type{Name: "reload-failed", Status: http.StatusBadRequest, Title: "Reload failed; the running configuration is kept"}
 	probNoKeyspace      = problem.Type{Name: "unknown-keyspace", Status: http.StatusNotFound, Title: "No keyspace of this name in the store's registry"}
-	probClaimed         = problem.Type{Name: "keyspace-claimed", Status: http.StatusConflict, Title: "A route of the running configuration claims this keyspace"}
 	// The proxy's problem of the same name: the store did not answer.
 	probStoreUnavailable = problem.StoreUnavailable
 	probInternal         = problem.Type{Name: "internal-error", Status: http.StatusInternalServerError, Title: "Answer could not be encoded"}
@@ -68,8 +67,6 @@ func problemFor(err error) problem.Type {
 		return probNoReconciler
 	case errors.Is(err, ErrNoKeyspace):
 		return probNoKeyspace
-	case errors.Is(err, ErrKeyspaceClaimed):
-		return probClaimed
 	default:
 		return probStoreUnavailable
 	}
@@ -78,7 +75,7 @@ func problemFor(err error) problem.Type {
 // problems is every problem the admin API can answer with.
 var problems = []problem.Type{probUnauthorized, probDisabled, probAuthThrottled, probNotFound, probMethod, probUnknownRoute, probScopeRequired,
 	probScopeNotAllowed, probNoRecord, probKeyInFlight, probKeyChanged, probStale, probNotInDoubt, probLookupBusy,
-	probNoReconcile, probNoReconciler, probBadParameter, probNoLister, probNoReload, probReloadFailed, probNoKeyspace, probClaimed, probStoreUnavailable, probInternal}
+	probNoReconcile, probNoReconciler, probBadParameter, probNoLister, probNoReload, probReloadFailed, probNoKeyspace, probStoreUnavailable, probInternal}
 
 // Problems lists every problem the admin API can answer with, for the docs
 // and tests: name, status and title.

@@ -42,6 +42,13 @@ type keyspaces struct {
 	mu     sync.Mutex
 	logged string
 	kick   chan struct{}
+	// pending is set until the keyspaces of the configuration started or
+	// reloaded are recorded; held names the keyspaces the last check
+	// held. A periodic check records only those two: a keyspace an
+	// operator dropped while a route still claims it stays dropped until
+	// the next start or reload. Guarded by a.mu.
+	pending bool
+	held    map[string]bool
 }
 
 // startKeyspaces checks the keyspaces of the running configuration once,
@@ -52,7 +59,7 @@ func (a *app) startKeyspaces(st storeCloser, interval time.Duration) (*keyspaces
 	if !ok {
 		return nil, func() {}
 	}
-	k := &keyspaces{a: a, st: ks, kick: make(chan struct{}, 1)}
+	k := &keyspaces{a: a, st: ks, kick: make(chan struct{}, 1), pending: true}
 	k.check()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -115,8 +122,17 @@ func (k *keyspaces) apply(ctx context.Context, res keyspace.Result) {
 			k.a.log.Info("keyspaces checked: every route's keyspace and key recipe agree with the store's registry")
 		}
 	})
+	if !k.pending {
+		res.Record = slices.DeleteFunc(res.Record, func(e store.Keyspace) bool { return !k.held[e.Name] })
+	}
 	if err := keyspace.Record(ctx, k.st, res); err != nil {
 		k.a.log.Warn("the routes' keyspaces could not be recorded in the store's registry; recorded at the next check", "err", err)
+		return
+	}
+	k.pending = false
+	k.held = map[string]bool{}
+	for _, f := range res.Findings {
+		k.held[f.Keyspace] = true
 	}
 }
 
@@ -149,7 +165,7 @@ func (k *keyspaces) reload(old, cfg *config.Config) (applied func(), err error) 
 		cancel()
 		return nil, fmt.Errorf("keyspace held: %w", err)
 	}
-	return func() { defer cancel(); k.apply(ctx, res) }, nil
+	return func() { defer cancel(); k.pending = true; k.apply(ctx, res) }, nil
 }
 
 // claims is what a configuration claims of keyspaces, to compare two.
@@ -185,15 +201,10 @@ func (k *keyspaces) dropFunc() func(context.Context, string) (store.Keyspace, er
 }
 
 // drop is the admin API's drop-keyspace: it removes the keyspace from the
-// registry unless a route of the running configuration claims it, then
-// checks again at once.
+// registry, then checks again at once (the routes it held serve). A
+// keyspace that a running route claims is not recorded again until the
+// next start or reload, so that a reload that leaves it is accepted.
 func (k *keyspaces) drop(ctx context.Context, name string) (store.Keyspace, error) {
-	k.a.mu.Lock()
-	claimed := slices.ContainsFunc(k.a.cfg.Routes, func(r config.Route) bool { return r.Keyspace == name })
-	k.a.mu.Unlock()
-	if claimed {
-		return store.Keyspace{}, admin.ErrKeyspaceClaimed
-	}
 	all, err := k.st.Keyspaces(ctx)
 	if err != nil {
 		return store.Keyspace{}, err
