@@ -567,14 +567,17 @@ func (h *Handler) acceptLoss(w http.ResponseWriter, r *http.Request) {
 		"gen", acc.Gen,
 		"previous_epoch", prevID,
 		"previous_state", prevState,
-		operatorAttr(operator),
-		"reason", reason,
-		"via", "admin",
-		"remote_addr", r.RemoteAddr,
-		"user_agent", r.UserAgent(),
-		"at", time.Now().UTC().Format(time.RFC3339Nano))
+		adminAudit(r, operator, reason))
 	writeJSON(w, r, http.StatusOK, map[string]any{"accepted": true, "epoch": acc.ID, "gen": acc.Gen,
 		"previous_epoch": prevID, "previous_state": prevState})
+}
+
+// adminAudit is the end of the audit line of an act of the admin API on
+// the whole store (accept-loss, drop-keyspace): who, why, from where and
+// when.
+func adminAudit(r *http.Request, operator, reason string) slog.Attr {
+	return slog.Group("", operatorAttr(operator), "reason", reason, "via", "admin",
+		"remote_addr", r.RemoteAddr, "user_agent", r.UserAgent(), "at", time.Now().UTC().Format(time.RFC3339Nano))
 }
 
 // ErrNoKeyspace is Options.DropKeyspace's error for a keyspace the
@@ -604,12 +607,7 @@ func (h *Handler) dropKeyspace(w http.ResponseWriter, r *http.Request) {
 		"keyspace", k.Name,
 		"recipe", k.Recipe,
 		"routes", k.Routes,
-		operatorAttr(operator),
-		"reason", reason,
-		"via", "admin",
-		"remote_addr", r.RemoteAddr,
-		"user_agent", r.UserAgent(),
-		"at", time.Now().UTC().Format(time.RFC3339Nano))
+		adminAudit(r, operator, reason))
 	writeJSON(w, r, http.StatusOK, map[string]any{"dropped": true, "keyspace": k.Name, "recipe": k.Recipe, "routes": k.Routes})
 }
 

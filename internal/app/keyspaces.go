@@ -152,9 +152,9 @@ func (k *keyspaces) note(text string, log func()) {
 // that changes a keyspace or a key recipe, and lets any other through.
 func (k *keyspaces) reload(old, cfg *config.Config) (applied func(), err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), keyspaceTimeout)
+	defer cancel()
 	res, err := keyspace.Check(ctx, k.st, cfg.Routes, time.Now())
 	if err != nil {
-		cancel()
 		if claims(old) != claims(cfg) {
 			return nil, fmt.Errorf("the routes' keyspaces could not be checked against the store's registry (%w), "+
 				"and this configuration changes a keyspace or a key recipe: reload again once the store answers", err)
@@ -162,10 +162,14 @@ func (k *keyspaces) reload(old, cfg *config.Config) (applied func(), err error) 
 		return func() {}, nil
 	}
 	if err := res.Err(); err != nil {
-		cancel()
 		return nil, fmt.Errorf("keyspace held: %w", err)
 	}
-	return func() { defer cancel(); k.pending = true; k.apply(ctx, res) }, nil
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), keyspaceTimeout)
+		defer cancel()
+		k.pending = true
+		k.apply(ctx, res)
+	}, nil
 }
 
 // claims is what a configuration claims of keyspaces, to compare two.
