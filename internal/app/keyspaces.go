@@ -27,9 +27,14 @@ import (
 // a registry read and a few listings of one key.
 const keyspaceTimeout = 10 * time.Second
 
+// keyspaceInterval is the least time between two periodic checks of the
+// keyspaces (store.epoch_check_interval, when longer): on Redis a
+// keyspace without live keys is a SCAN of the database.
+const keyspaceInterval = 10 * time.Second
+
 // keyspaces runs the checks of the routes' keyspaces against the store's
 // registry: at start, at every reload (reload), after a drop-keyspace and
-// every store.epoch_check_interval. It holds the routes whose keys would
+// every keyspaceInterval (or store.epoch_check_interval, when longer). It holds the routes whose keys would
 // be made anew in a keyspace with live keys (proxy.Hold), and records
 // the keyspaces of the others.
 type keyspaces struct {
@@ -65,7 +70,7 @@ func (a *app) startKeyspaces(st storeCloser, interval time.Duration) (*keyspaces
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		t := time.NewTicker(interval)
+		t := time.NewTicker(max(interval, keyspaceInterval))
 		defer t.Stop()
 		for {
 			select {
@@ -91,7 +96,7 @@ func (k *keyspaces) check() {
 	res, err := keyspace.Check(ctx, k.st, cfg.Routes, time.Now())
 	if err != nil {
 		k.note(fmt.Sprintf("not checked: %v", err), func() {
-			k.a.log.Warn("the routes' keyspaces could not be checked against the store's registry; checked again every store.epoch_check_interval", "err", err)
+			k.a.log.Warn("the routes' keyspaces could not be checked against the store's registry; checked again within 10 s (or store.epoch_check_interval)", "err", err)
 		})
 		return
 	}

@@ -150,13 +150,7 @@ func Check(ctx context.Context, st Store, routes []config.Route, now time.Time) 
 		}
 		c.routes = append(c.routes, r.Name)
 	}
-	live := func(keyspace string) (bool, error) {
-		recs, _, err := st.List(ctx, store.ListQuery{Prefix: keyspace + "/", Limit: 1})
-		if err != nil {
-			return false, fmt.Errorf("look for live keys of keyspace %s: %w", keyspace, err)
-		}
-		return len(recs) > 0, nil
-	}
+	live := func(keyspace string) (bool, error) { return hasLiveKeys(ctx, st, keyspace) }
 	var orphans []store.Keyspace
 	for _, k := range recorded {
 		if claims[k.Name] != nil {
@@ -210,6 +204,33 @@ func Check(ctx context.Context, st Store, routes []config.Route, now time.Time) 
 		}
 	}
 	return res, nil
+}
+
+// MaxListCalls bounds the listing calls that look for a keyspace's live
+// keys: a store that lists by key order (Badger, PostgreSQL) answers in
+// one, but Redis SCANs the whole database, store.ListBudget keys a call.
+// A keyspace whose listing is not over after that many calls is taken to
+// have live keys: a false alarm costs an operator's drop, a miss a charge
+// made twice.
+const MaxListCalls = 16
+
+// hasLiveKeys reports whether keyspace holds a live key.
+func hasLiveKeys(ctx context.Context, st store.Lister, keyspace string) (bool, error) {
+	q := store.ListQuery{Prefix: keyspace + "/", Limit: 1}
+	for range MaxListCalls {
+		recs, next, err := st.List(ctx, q)
+		if err != nil {
+			return false, fmt.Errorf("look for live keys of keyspace %s: %w", keyspace, err)
+		}
+		if len(recs) > 0 {
+			return true, nil
+		}
+		if next == "" {
+			return false, nil
+		}
+		q.Cursor = next
+	}
+	return true, nil
 }
 
 // compatible reports whether keys made by the recorded recipe are still

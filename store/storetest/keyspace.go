@@ -82,6 +82,14 @@ func RunKeyspaces(t *testing.T, newStore func(t *testing.T) KeyspaceStore) {
 					t.Errorf("List(%q) = %+v, want only the record %q", prefix, recs, key)
 				}
 			}
+			if rs, ok := s.(store.ReconcileStore); ok {
+				if keys, err := rs.Unscheduled(ctx, "", 100); err != nil || len(keys) != 0 {
+					t.Errorf("Unscheduled = %q, %v; want no key (the record is in flight, the registry no record)", keys, err)
+				}
+				if keys, err := rs.DueLookups(ctx, 100); err != nil || len(keys) != 0 {
+					t.Errorf("DueLookups = %q, %v; want none", keys, err)
+				}
+			}
 			if err := s.Release(ctx, key, "t"); err != nil {
 				t.Fatal(err)
 			}
