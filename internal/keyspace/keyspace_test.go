@@ -131,3 +131,30 @@ func TestFindingsSayTheFix(t *testing.T) {
 		}
 	}
 }
+
+// TestUpgradeRecordsWhatRuns: a store written by a release without the
+// registry holds keys but no entry; the first check records the routes it
+// runs, and finds nothing (a rename in the same deploy is not caught, as
+// the docs say), and a rename after that is.
+func TestUpgradeRecordsWhatRuns(t *testing.T) {
+	ctx := context.Background()
+	st, err := badger.Open(badger.Options{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	res := store.Reservation{Token: "t", Fingerprint: "f", Lease: time.Minute, TTL: time.Hour}
+	if _, err := st.Reserve(ctx, store.Key("charges", "", "ORD-1"), res); err != nil {
+		t.Fatal(err)
+	}
+	first, err := keyspace.Check(ctx, st, routes(t, charges), time.Now())
+	if err != nil || len(first.Findings) != 0 || len(first.Record) != 1 || first.Record[0].Name != "charges" {
+		t.Fatalf("first check after the upgrade = %+v, %v; want charges recorded, no finding", first, err)
+	}
+	if err := keyspace.Record(ctx, st, first); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := keyspace.Check(ctx, st, routes(t, renamed), time.Now()); err != nil || len(got.Findings) != 1 || got.Findings[0].Route != "charges-v2" {
+		t.Errorf("a rename after the upgrade = %+v, %v; want charges-v2 held", got, err)
+	}
+}
