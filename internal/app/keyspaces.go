@@ -47,12 +47,14 @@ type keyspaces struct {
 	mu     sync.Mutex
 	logged string
 	kick   chan struct{}
+	// checking serialises the checks (check).
+	checking sync.Mutex
 	// pending is set until the keyspaces of the configuration started or
-	// reloaded are recorded; held names the keyspaces the last check
-	// held. A periodic check records only those two: a keyspace an
-	// operator dropped while a route still claims it stays dropped until
-	// the next start or reload. Guarded by a.mu.
-	pending bool
+	// reloaded are recorded; held (guarded by checking) names the
+	// keyspaces the last check held. A check records only those two: a
+	// keyspace an operator dropped while a route still claims it stays
+	// dropped until the next start or reload.
+	pending atomic.Bool
 	held    map[string]bool
 }
 
@@ -64,7 +66,8 @@ func (a *app) startKeyspaces(st storeCloser, interval time.Duration) (*keyspaces
 	if !ok {
 		return nil, func() {}
 	}
-	k := &keyspaces{a: a, st: ks, kick: make(chan struct{}, 1), pending: true}
+	k := &keyspaces{a: a, st: ks, kick: make(chan struct{}, 1)}
+	k.pending.Store(true)
 	k.check()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -85,9 +88,13 @@ func (a *app) startKeyspaces(st storeCloser, interval time.Duration) (*keyspaces
 	return k, func() { cancel(); <-done }
 }
 
-// check checks the running configuration, and applies the result unless
-// a reload swapped another in meanwhile (that reload checked its own).
+// check checks the running configuration: it holds the routes of the
+// findings and logs them, unless a reload swapped another configuration
+// in meanwhile (that reload checked its own), then records what is due.
+// Only the store's calls run without a.mu; checks run one at a time.
 func (k *keyspaces) check() {
+	k.checking.Lock()
+	defer k.checking.Unlock()
 	k.a.mu.Lock()
 	cfg := k.a.cfg
 	k.a.mu.Unlock()
@@ -101,16 +108,32 @@ func (k *keyspaces) check() {
 		return
 	}
 	k.a.mu.Lock()
-	defer k.a.mu.Unlock()
-	if k.a.cfg != cfg {
+	current := k.a.cfg == cfg
+	if current {
+		k.hold(res)
+	}
+	k.a.mu.Unlock()
+	if !current {
 		return
 	}
-	k.apply(ctx, res)
+	pending := k.pending.Load()
+	if !pending {
+		res.Record = slices.DeleteFunc(res.Record, func(e store.Keyspace) bool { return !k.held[e.Name] })
+	}
+	if err := keyspace.Record(ctx, k.st, res); err != nil {
+		k.a.log.Warn("the routes' keyspaces could not be recorded in the store's registry; recorded at the next check", "err", err)
+		return
+	}
+	k.pending.CompareAndSwap(pending, false)
+	k.held = map[string]bool{}
+	for _, f := range res.Findings {
+		k.held[f.Keyspace] = true
+	}
 }
 
-// apply holds the routes of res's findings, logs the findings once, and
-// records the other keyspaces. The caller holds a.mu.
-func (k *keyspaces) apply(ctx context.Context, res keyspace.Result) {
+// hold holds the routes of res's findings, and logs the findings once.
+// The caller holds a.mu.
+func (k *keyspaces) hold(res keyspace.Result) {
 	k.last.Store(&res)
 	k.a.p.Hold(res.Held())
 	text := ""
@@ -121,24 +144,12 @@ func (k *keyspaces) apply(ctx context.Context, res keyspace.Result) {
 		for _, f := range res.Findings {
 			k.a.log.Error("keyspace held: its keys would be made anew while the store holds live keys made before; "+
 				"the route answers 503 keyspace-held until an operator decides",
-				"route", f.Route, "keyspace", f.Keyspace, "reason", f.Reason(), "live_keys", "has live keys", "fix", f.Fix())
+				"route", f.Route, "keyspace", f.Keyspace, "reason", f.Reason(), "fix", f.Fix())
 		}
 		if len(res.Findings) == 0 {
 			k.a.log.Info("keyspaces checked: every route's keyspace and key recipe agree with the store's registry")
 		}
 	})
-	if !k.pending {
-		res.Record = slices.DeleteFunc(res.Record, func(e store.Keyspace) bool { return !k.held[e.Name] })
-	}
-	if err := keyspace.Record(ctx, k.st, res); err != nil {
-		k.a.log.Warn("the routes' keyspaces could not be recorded in the store's registry; recorded at the next check", "err", err)
-		return
-	}
-	k.pending = false
-	k.held = map[string]bool{}
-	for _, f := range res.Findings {
-		k.held[f.Keyspace] = true
-	}
 }
 
 // note calls log when text differs from what was noted last.
@@ -169,11 +180,14 @@ func (k *keyspaces) reload(old, cfg *config.Config) (applied func(), err error) 
 	if err := res.Err(); err != nil {
 		return nil, fmt.Errorf("keyspace held: %w", err)
 	}
+	// Recorded by the next check, at once: the caller holds a.mu.
 	return func() {
-		ctx, cancel := context.WithTimeout(context.Background(), keyspaceTimeout)
-		defer cancel()
-		k.pending = true
-		k.apply(ctx, res)
+		k.hold(res)
+		k.pending.Store(true)
+		select {
+		case k.kick <- struct{}{}:
+		default:
+		}
 	}, nil
 }
 
