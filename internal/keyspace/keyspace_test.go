@@ -22,6 +22,17 @@ func routes(t *testing.T, items string) []config.Route {
 	return c.Routes
 }
 
+// openStore opens a Badger store of the test's own, closed with it.
+func openStore(t *testing.T) *badger.Store {
+	t.Helper()
+	st, err := badger.Open(badger.Options{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
 const (
 	charges   = "  - {name: charges, match: POST /charges, key: {json: orderId}}\n"
 	renamed   = "  - {name: charges-v2, match: POST /charges, key: {json: orderId}}\n"
@@ -62,11 +73,7 @@ func TestCheck(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			st, err := badger.Open(badger.Options{Dir: t.TempDir()})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { st.Close() })
+			st := openStore(t)
 			first, err := keyspace.Check(ctx, st, routes(t, tt.before), time.Now())
 			if err != nil || len(first.Findings) != 0 {
 				t.Fatalf("first check = %+v, %v; want no findings", first, err)
@@ -111,11 +118,7 @@ func TestCheck(t *testing.T) {
 // live keys and both fixes.
 func TestFindingsSayTheFix(t *testing.T) {
 	ctx := context.Background()
-	st, err := badger.Open(badger.Options{Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := openStore(t)
 	first, _ := keyspace.Check(ctx, st, routes(t, charges), time.Now())
 	keyspace.Record(ctx, st, first)
 	st.Reserve(ctx, store.Key("charges", "", "ORD-1"), store.Reservation{Token: "t", Fingerprint: "f", Lease: time.Minute, TTL: time.Hour})
@@ -138,11 +141,7 @@ func TestFindingsSayTheFix(t *testing.T) {
 // the docs say), and a rename after that is.
 func TestUpgradeRecordsWhatRuns(t *testing.T) {
 	ctx := context.Background()
-	st, err := badger.Open(badger.Options{Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
+	st := openStore(t)
 	res := store.Reservation{Token: "t", Fingerprint: "f", Lease: time.Minute, TTL: time.Hour}
 	if _, err := st.Reserve(ctx, store.Key("charges", "", "ORD-1"), res); err != nil {
 		t.Fatal(err)
