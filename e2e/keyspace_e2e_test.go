@@ -83,6 +83,11 @@ func TestKeyspaceRenameByReload(t *testing.T) {
 	}
 
 	writeConfig(t, path, up.URL, data, "", renamedRoute)
+	// The running proxy holds the Badger directory: -check cannot look.
+	if out, errOut, code := runBin(t, nil, "-config", path, "-check"); code != 0 || !strings.Contains(out, "ok (1 routes)") ||
+		!strings.Contains(errOut, "warning: the routes' keyspaces were not checked against the store's registry") {
+		t.Errorf("-check while the proxy holds the store = exit %d %q %q, want 0, ok and a warning that it could not check", code, out, errOut)
+	}
 	r := reloadBy(p, token)
 	if r.status != 400 || problemType(r) != "reload-failed" || !strings.Contains(r.body, "keyspace charges") {
 		t.Errorf("reload renaming charges = %d %s, want 400 reload-failed naming keyspace charges", r.status, r.body)
@@ -201,6 +206,9 @@ func TestKeyspaceRenameByRestart(t *testing.T) {
 		t.Fatalf("reload with keyspace: charges = %d %s, want 200", r.status, r.body)
 	}
 	wantReplayed(t, "after the reload that kept the keyspace", up.URL, p, orders...)
+	if out, errOut, code := runBin(t, nil, "-config", path, "-check"); code != 0 || errOut != "" || !strings.Contains(out, "ok (2 routes)") {
+		t.Errorf("-check of the fixed configuration = exit %d %q %q, want 0 and ok", code, out, errOut)
+	}
 	if rz := do("GET", p.adminURL("/readyz"), ""); rz.status != 200 {
 		t.Errorf("/readyz = %d %q after the fix, want 200", rz.status, rz.body)
 	}
