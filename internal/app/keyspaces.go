@@ -34,9 +34,10 @@ const keyspaceInterval = 10 * time.Second
 
 // keyspaces runs the checks of the routes' keyspaces against the store's
 // registry: at start, at every reload (reload), after a drop-keyspace and
-// every keyspaceInterval (or store.epoch_check_interval, when longer). It holds the routes whose keys would
-// be made anew in a keyspace with live keys (proxy.Hold), and records
-// the keyspaces of the others.
+// every keyspaceInterval (or store.epoch_check_interval, when longer; every
+// store.epoch_check_interval until one succeeded). It holds the routes
+// whose keys would be made anew in a keyspace with live keys
+// (proxy.Hold), and records the keyspaces of the others.
 type keyspaces struct {
 	a  *app
 	st keyspace.Store
@@ -73,14 +74,22 @@ func (a *app) startKeyspaces(st storeCloser, interval time.Duration) (*keyspaces
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		t := time.NewTicker(max(interval, keyspaceInterval))
-		defer t.Stop()
 		for {
+			// Until a check succeeded (a store that did not answer at
+			// start), every interval: a route renamed is held soon
+			// after the store answers.
+			wait := max(interval, keyspaceInterval)
+			if k.last.Load() == nil {
+				wait = interval
+			}
+			t := time.NewTimer(wait)
 			select {
 			case <-ctx.Done():
+				t.Stop()
 				return
 			case <-t.C:
 			case <-k.kick:
+				t.Stop()
 			}
 			k.check()
 		}
