@@ -146,13 +146,14 @@ func (h *Handler) listRoute(ctx context.Context, route string, qv url.Values, ca
 // calls store calls.
 func (h *Handler) listPages(ctx context.Context, lister store.Lister, route string, q store.ListQuery, calls int) (listPage, error) {
 	page, limit := listPage{Keys: []listView{}}, q.Limit
+	keyspace, _, _ := strings.Cut(q.Prefix, "/") // the one the query was made for
 	for range calls {
 		recs, next, err := lister.List(ctx, q)
 		if err != nil {
 			return listPage{}, err
 		}
 		for _, l := range recs {
-			page.Keys = append(page.Keys, view(route, h.keyspace(route), l))
+			page.Keys = append(page.Keys, view(route, keyspace, l))
 		}
 		page.NextCursor = next
 		if next == "" || len(page.Keys) == limit || (q.KeyHash != "" && len(page.Keys) > 0) {

@@ -324,8 +324,8 @@ type Server struct {
 
 // Route is one protected route.
 type Route struct {
-	// Name is used in metrics, logs and the store key. Required; letters,
-	// digits, '.', '_' and '-'.
+	// Name is used in metrics, logs and the admin API, and is the default
+	// Keyspace. Required; letters, digits, '.', '_' and '-'.
 	Name string `yaml:"name"`
 	// Keyspace is the prefix the route's keys are stored under. Default:
 	// the route's name; the same characters as a name. A route renamed
