@@ -64,7 +64,7 @@ func (c *console) overview(w http.ResponseWriter, r *http.Request, se *session) 
 		row := routeRow{Name: name, Link: "/ui/keys?" + url.Values{"route": {name}}.Encode()}
 		// One store call reads at most overviewScan keys (the listing's
 		// own bound): every state, counted here.
-		page, err := c.h.listPages(r.Context(), lister, name, store.ListQuery{Prefix: name + "/", Limit: overviewScan}, 1)
+		page, err := c.h.listPages(r.Context(), lister, name, store.ListQuery{Prefix: c.h.keyspace(name) + "/", Limit: overviewScan}, 1)
 		if err != nil {
 			_, row.Err = listProblem(err)
 			rows = append(rows, row)
