@@ -54,6 +54,25 @@ type Routes interface {
 	RouteScope(name string) (header string, ok bool)
 }
 
+// RouteKeyspaces is implemented by the Routes whose routes may store their
+// keys under a keyspace other than their name (routes[].keyspace): the
+// key API addresses a key by its route, and finds it in the route's
+// keyspace. Without it, a route's keyspace is its name.
+type RouteKeyspaces interface {
+	RouteKeyspace(name string) string
+}
+
+// keyspace returns the keyspace of route, as the running configuration
+// says (RouteKeyspaces).
+func (h *Handler) keyspace(route string) string {
+	if ks, ok := h.opts.Routes.(RouteKeyspaces); ok {
+		if k := ks.RouteKeyspace(route); k != "" {
+			return k
+		}
+	}
+	return route
+}
+
 // Options configures NewHandler.
 type Options struct {
 	// Store is the key store. Required.
@@ -107,6 +126,13 @@ type Options struct {
 	// (every replica adopts it and serves again), and returns the marker
 	// it replaced (nil: none) and the new one. Nil: that endpoint is 404.
 	AcceptLoss func(ctx context.Context, operator, reason string) (old, accepted *store.Epoch, err error)
+	// DropKeyspace serves POST /v1/keyspaces/{keyspace}/drop, behind the
+	// token: it removes the keyspace from the store's registry (its keys
+	// are left to expire, unclaimed), so that a configuration that leaves
+	// it, or makes its keys otherwise, is accepted; it returns the entry
+	// it removed, or ErrNoKeyspace when the registry has none of that
+	// name. Nil: that endpoint is 404.
+	DropKeyspace func(ctx context.Context, keyspace string) (store.Keyspace, error)
 	// Tracing, while on, traces the operators' actions (the key API,
 	// accept-loss, reload); nil is never on.
 	Tracing *tracing.Tracing
@@ -165,6 +191,9 @@ func NewHandler(opts Options) *Handler {
 	h.mux.Handle("/ui/", newConsole(h))
 	if opts.AcceptLoss != nil {
 		h.mux.Handle("POST /v1/store/accept-loss", h.auth(h.acceptLoss))
+	}
+	if opts.DropKeyspace != nil {
+		h.mux.Handle("POST /v1/keyspaces/{keyspace}/drop", h.auth(h.dropKeyspace))
 	}
 	if opts.Pprof {
 		// A profile shows the process's internals and costs CPU while it
@@ -359,7 +388,7 @@ func (h *Handler) storeKey(w http.ResponseWriter, r *http.Request) (string, bool
 		problem.Write(w, r, probScopeNotAllowed, "route "+route+" is not scoped: drop ?scope=", 0, nil)
 		return "", false
 	}
-	return store.Key(route, scope, key), true
+	return store.Key(h.keyspace(route), scope, key), true
 }
 
 // keyView is a record as the key API shows it: never the stored body.
@@ -572,14 +601,48 @@ func (h *Handler) acceptLoss(w http.ResponseWriter, r *http.Request) {
 		"gen", acc.Gen,
 		"previous_epoch", prevID,
 		"previous_state", prevState,
-		operatorAttr(operator),
-		"reason", reason,
-		"via", "admin",
-		"remote_addr", r.RemoteAddr,
-		"user_agent", r.UserAgent(),
-		"at", time.Now().UTC().Format(time.RFC3339Nano))
+		adminAudit(r, operator, reason))
 	writeJSON(w, r, http.StatusOK, map[string]any{"accepted": true, "epoch": acc.ID, "gen": acc.Gen,
 		"previous_epoch": prevID, "previous_state": prevState})
+}
+
+// adminAudit is the end of the audit line of an act of the admin API on
+// the whole store (accept-loss, drop-keyspace): who, why, from where and
+// when.
+func adminAudit(r *http.Request, operator, reason string) slog.Attr {
+	return slog.Group("", operatorAttr(operator), "reason", reason, "via", "admin",
+		"remote_addr", r.RemoteAddr, "user_agent", r.UserAgent(), "at", time.Now().UTC().Format(time.RFC3339Nano))
+}
+
+// ErrNoKeyspace is Options.DropKeyspace's error for a keyspace the
+// store's registry does not hold.
+var ErrNoKeyspace = errors.New("the store's registry has no keyspace of this name")
+
+// dropKeyspace lets a keyspace's keys go on purpose, audited like a
+// release: the operator (X-Operator) and the reason (?reason=), held to a
+// release's text rules, are logged with the keyspace's entry.
+func (h *Handler) dropKeyspace(w http.ResponseWriter, r *http.Request) {
+	operator, reason := r.Header.Get("X-Operator"), r.URL.Query().Get("reason")
+	if err := (Action{Operator: operator, Reason: reason}).checkText(); err != nil {
+		problem.Write(w, r, problemFor(err), err.Error(), 0, nil)
+		return
+	}
+	if reason == "" {
+		problem.Write(w, r, probBadParameter, "reason: say why the keyspace's keys may go, for the audit log line", 0, nil)
+		return
+	}
+	name := r.PathValue("keyspace")
+	k, err := h.opts.DropKeyspace(r.Context(), name)
+	if err != nil {
+		problem.Write(w, r, problemFor(err), "keyspace "+strconv.Quote(name)+": "+err.Error(), 0, nil)
+		return
+	}
+	h.opts.Logger.Warn("keyspace dropped by an operator: its keys are no longer claimed, so retries of the requests they answered will be forwarded again",
+		"keyspace", k.Name,
+		"recipe", k.Recipe,
+		"routes", k.Routes,
+		adminAudit(r, operator, reason))
+	writeJSON(w, r, http.StatusOK, map[string]any{"dropped": true, "keyspace": k.Name, "recipe": k.Recipe, "routes": k.Routes})
 }
 
 func hexPrefix(b []byte) string {

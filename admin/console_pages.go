@@ -64,7 +64,7 @@ func (c *console) overview(w http.ResponseWriter, r *http.Request, se *session) 
 		row := routeRow{Name: name, Link: "/ui/keys?" + url.Values{"route": {name}}.Encode()}
 		// One store call reads at most overviewScan keys (the listing's
 		// own bound): every state, counted here.
-		page, err := c.h.listPages(r.Context(), lister, name, store.ListQuery{Prefix: name + "/", Limit: overviewScan}, 1)
+		page, err := c.h.listPages(r.Context(), lister, name, store.ListQuery{Prefix: c.h.keyspace(name) + "/", Limit: overviewScan}, 1)
 		if err != nil {
 			_, row.Err = listProblem(err)
 			rows = append(rows, row)
@@ -156,7 +156,7 @@ func (c *console) keys(w http.ResponseWriter, r *http.Request, se *session) {
 		if now.Sub(k.CreatedAt) < minAge {
 			continue
 		}
-		sk := v.Route + "/" + k.ScopeHash + "/" + k.Key
+		sk := c.h.keyspace(v.Route) + "/" + k.ScopeHash + "/" + k.Key
 		// The version the page shows, for a bulk release to refuse a key
 		// that changed since; a key gone or settled meanwhile is left out.
 		rec, err := c.h.opts.Store.Get(r.Context(), sk)
@@ -246,7 +246,7 @@ func (c *console) place(route, key, scope, scopeHash string) (keyPlace, int, str
 	case header == "" && scopeHash != "-":
 		return keyPlace{}, http.StatusBadRequest, "route " + route + " is not scoped: drop ?scope="
 	}
-	return keyPlace{route: route, key: key, scopeHash: scopeHash, storeKey: route + "/" + scopeHash + "/" + key}, 0, ""
+	return keyPlace{route: route, key: key, scopeHash: scopeHash, storeKey: c.h.keyspace(route) + "/" + scopeHash + "/" + key}, 0, ""
 }
 
 // recordView is a record as the key page shows it: everything the store

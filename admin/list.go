@@ -112,12 +112,13 @@ func (h *Handler) listRoute(ctx context.Context, route string, qv url.Values, ca
 	if !ok {
 		return listPage{}, &listError{probUnknownRoute, "no route named " + strconv.Quote(route)}
 	}
-	q := store.ListQuery{Prefix: route + "/", Limit: DefaultListLimit, Cursor: qv.Get("cursor")}
+	keyspace := h.keyspace(route)
+	q := store.ListQuery{Prefix: keyspace + "/", Limit: DefaultListLimit, Cursor: qv.Get("cursor")}
 	if scope := qv.Get("scope"); scope != "" {
 		if header == "" {
 			return listPage{}, &listError{probScopeNotAllowed, "route " + route + " is not scoped: drop ?scope="}
 		}
-		q.Prefix = store.Key(route, scope, "") // "route/<scope hash>/"
+		q.Prefix = store.Key(keyspace, scope, "") // "keyspace/<scope hash>/"
 	}
 	switch st := store.State(qv.Get("state")); st {
 	case "", store.StateInFlight, store.StateCompleted, store.StateInDoubt:
@@ -145,13 +146,14 @@ func (h *Handler) listRoute(ctx context.Context, route string, qv url.Values, ca
 // calls store calls.
 func (h *Handler) listPages(ctx context.Context, lister store.Lister, route string, q store.ListQuery, calls int) (listPage, error) {
 	page, limit := listPage{Keys: []listView{}}, q.Limit
+	keyspace, _, _ := strings.Cut(q.Prefix, "/") // the one the query was made for
 	for range calls {
 		recs, next, err := lister.List(ctx, q)
 		if err != nil {
 			return listPage{}, err
 		}
 		for _, l := range recs {
-			page.Keys = append(page.Keys, view(route, l))
+			page.Keys = append(page.Keys, view(route, keyspace, l))
 		}
 		page.NextCursor = next
 		if next == "" || len(page.Keys) == limit || (q.KeyHash != "" && len(page.Keys) > 0) {
@@ -162,9 +164,9 @@ func (h *Handler) listPages(ctx context.Context, lister store.Lister, route stri
 	return page, nil
 }
 
-// view is how the listing shows l, a key of route.
-func view(route string, l store.Listed) listView {
-	rest := strings.TrimPrefix(l.Key, route+"/")
+// view is how the listing shows l, a key of route in keyspace.
+func view(route, keyspace string, l store.Listed) listView {
+	rest := strings.TrimPrefix(l.Key, keyspace+"/")
 	scope, key, _ := strings.Cut(rest, "/")
 	v := listView{
 		Route: route, Key: key, ScopeHash: scope, KeyHash: store.KeyHash(l.Key), State: l.State,

@@ -35,6 +35,7 @@ var (
 	probNoLister        = problem.Type{Name: "listing-unavailable", Status: http.StatusNotFound, Title: "Listing keys not available"}
 	probNoReload        = problem.Type{Name: "reload-unavailable", Status: http.StatusNotFound, Title: "Reload not available"}
 	probReloadFailed    = problem.Type{Name: "reload-failed", Status: http.StatusBadRequest, Title: "Reload failed; the running configuration is kept"}
+	probNoKeyspace      = problem.Type{Name: "unknown-keyspace", Status: http.StatusNotFound, Title: "No keyspace of this name in the store's registry"}
 	// The proxy's problem of the same name: the store did not answer.
 	probStoreUnavailable = problem.StoreUnavailable
 	probInternal         = problem.Type{Name: "internal-error", Status: http.StatusInternalServerError, Title: "Answer could not be encoded"}
@@ -64,6 +65,8 @@ func problemFor(err error) problem.Type {
 		return probStale
 	case errors.Is(err, errNoReconciler):
 		return probNoReconciler
+	case errors.Is(err, ErrNoKeyspace):
+		return probNoKeyspace
 	default:
 		return probStoreUnavailable
 	}
@@ -72,7 +75,7 @@ func problemFor(err error) problem.Type {
 // problems is every problem the admin API can answer with.
 var problems = []problem.Type{probUnauthorized, probDisabled, probAuthThrottled, probNotFound, probMethod, probUnknownRoute, probScopeRequired,
 	probScopeNotAllowed, probNoRecord, probKeyInFlight, probKeyChanged, probStale, probNotInDoubt, probLookupBusy,
-	probNoReconcile, probNoReconciler, probBadParameter, probNoLister, probNoReload, probReloadFailed, probStoreUnavailable, probInternal}
+	probNoReconcile, probNoReconciler, probBadParameter, probNoLister, probNoReload, probReloadFailed, probNoKeyspace, probStoreUnavailable, probInternal}
 
 // Problems lists every problem the admin API can answer with, for the docs
 // and tests: name, status and title.

@@ -363,9 +363,14 @@ type Server struct {
 
 // Route is one protected route.
 type Route struct {
-	// Name is used in metrics, logs and the store key. Required; letters,
-	// digits, '.', '_' and '-'.
+	// Name is used in metrics, logs and the admin API, and is the default
+	// Keyspace. Required; letters, digits, '.', '_' and '-'.
 	Name string `yaml:"name"`
+	// Keyspace is the prefix the route's keys are stored under. Default:
+	// the route's name; the same characters as a name. A route renamed
+	// with its keyspace kept finds every key stored before; two routes
+	// share a keyspace only when their keys are made alike (KeyRecipe).
+	Keyspace string `yaml:"keyspace"`
 	// Match is a Go 1.22 ServeMux pattern ("POST /charges",
 	// "PUT /orders/{id}").
 	Match string `yaml:"match"`

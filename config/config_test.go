@@ -428,6 +428,14 @@ func TestValidationProblems(t *testing.T) {
 		{"long name", head + "  - name: " + strings.Repeat("n", 65) + "\n    match: POST /a\n    key: {json: a}\n", `routes[0].name: "nnnn`},
 		{"duplicate names", head + "  - name: a\n    match: POST /a\n    key: {json: a}\n  - name: a\n    match: POST /b\n    key: {json: a}\n",
 			`routes[1].name: "a" is already used by routes[0]`},
+		{"keyspace with a slash", head + "  - name: a\n    keyspace: a/b\n    match: POST /a\n    key: {json: a}\n", `routes[0].keyspace: "a/b" must be 1 to 64 letters, digits, '.', '_' or '-'`},
+		{"keyspace too long", head + "  - name: a\n    keyspace: " + strings.Repeat("k", 65) + "\n    match: POST /a\n    key: {json: a}\n", `routes[0].keyspace: "kkkk`},
+		{"keyspace shared with another key", head + "  - name: a\n    match: POST /a\n    key: {json: a}\n  - name: b\n    keyspace: a\n    match: POST /b\n    key: {header: Idempotency-Key}\n",
+			`routes[1].keyspace: "a" is also routes[0]'s keyspace, whose keys are made otherwise (json a; scope none; normalize none; here header Idempotency-Key; scope none; normalize none)`},
+		{"keyspace shared with another scope", head + "  - name: a\n    match: POST /a\n    key: {json: a}\n  - name: b\n    keyspace: a\n    match: POST /b\n    key: {json: a}\n    scope: {header: X-Api-Key}\n",
+			`routes[1].keyspace: "a" is also routes[0]'s keyspace, whose keys are made otherwise (json a; scope none; normalize none; here json a; scope header X-Api-Key; normalize none)`},
+		{"keyspace is another route's name", head + "  - name: a\n    match: POST /a\n    key: {json: a}\n  - name: b\n    match: POST /b\n    key: {json: b}\n  - name: c\n    keyspace: b\n    match: POST /c\n    key: {json: b, normalize: nfc}\n",
+			`routes[2].keyspace: "b" is also routes[1]'s keyspace, whose keys are made otherwise (json b; scope none; normalize none; here json b; scope none; normalize nfc)`},
 		{"no match", head + "  - name: a\n    key: {json: a}\n", "routes[0].match: required"},
 		{"two methods", head + "  - name: a\n    match: \"POST PUT /a\"\n    key: {json: a}\n", `routes[0].match: "POST PUT /a" never matches: its host part "PUT " holds white space`},
 		{"leading space", head + "  - name: a\n    match: \" POST /a\"\n    key: {json: a}\n", `routes[0].match: " POST /a" never matches: its host part "POST " holds white space`},
@@ -901,6 +909,38 @@ func TestListenersAndHostKey(t *testing.T) {
 			t.Errorf("%s: %v, want no error", tt.name, err)
 		case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
 			t.Errorf("%s: %v, want an error naming %s", tt.name, err, tt.want)
+		}
+	}
+}
+
+// TestKeyspaces: a route's keyspace is its name unless set; routes share
+// one when their keys are made alike (header names in any case), and the
+// recipe says how, in words.
+func TestKeyspaces(t *testing.T) {
+	c, err := Parse([]byte(head + `  - name: charges-v2
+    keyspace: charges
+    match: POST /v2/charges
+    key: {header: idempotency-key}
+    scope: {header: x-api-key}
+  - name: charges
+    match: POST /charges
+    key: {header: Idempotency-Key}
+    scope: {header: X-Api-Key}
+  - name: orders
+    match: POST /orders/{id}
+    key: {parts: [{path: id}, {json: line}], normalize: nfc}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []struct{ keyspace, recipe string }{
+		{"charges", "header Idempotency-Key; scope header X-Api-Key; normalize none"},
+		{"charges", "header Idempotency-Key; scope header X-Api-Key; normalize none"},
+		{"orders", "parts(path id, json line); scope none; normalize nfc"},
+	} {
+		r := c.Routes[i]
+		if r.Keyspace != want.keyspace || r.KeyRecipe() != want.recipe {
+			t.Errorf("routes[%d] (%s): keyspace %q, recipe %q; want %q, %q", i, r.Name, r.Keyspace, r.KeyRecipe(), want.keyspace, want.recipe)
 		}
 	}
 }

@@ -108,6 +108,7 @@ func (c *Config) applyDefaults() {
 	}
 	for i := range c.Routes {
 		r := &c.Routes[i]
+		setString(&r.Keyspace, r.Name)
 		setString(&r.Policy, PolicyReserveThenCommit)
 		setString(&r.Duplicate, DuplicateReplay)
 		setString(&r.Concurrent, ConcurrentReject)

@@ -118,15 +118,25 @@ func (c *Config) Validate() error {
 		p.add("routes", "at least one route is required (requests matching no route are proxied unprotected)")
 	}
 	names := map[string]int{}
+	keyspaces := map[string]int{}
 	patterns := &patternSet{mux: http.NewServeMux()}
 	for i := range c.Routes {
 		r := &c.Routes[i]
 		f := fmt.Sprintf("routes[%d]", i)
-		if j, dup := names[r.Name]; dup && r.Name != "" {
+		j, dupName := names[r.Name]
+		if dupName && r.Name != "" {
 			p.add(f+".name", "%q is already used by routes[%d]", r.Name, j)
 		}
 		names[r.Name] = i
 		r.validate(&p, f, patterns)
+		if j, shared := keyspaces[r.Keyspace]; shared && r.Keyspace != "" && !(dupName && r.Keyspace == r.Name) {
+			if o := c.Routes[j]; o.KeyRecipe() != r.KeyRecipe() {
+				p.add(f+".keyspace", "%q is also routes[%d]'s keyspace, whose keys are made otherwise (%s; here %s): "+
+					"routes share a keyspace only with the same key, scope and normalize", r.Keyspace, j, o.KeyRecipe(), r.KeyRecipe())
+			}
+		} else {
+			keyspaces[r.Keyspace] = i
+		}
 		c.validateRedisWait(&p, f, r)
 		if s.MaxBufferedBytes > 0 && r.MaxBodyBytes > s.MaxBufferedBytes {
 			p.add(f+".max_body_bytes", "%d exceeds server.max_buffered_bytes (%d): such a body could never be buffered", r.MaxBodyBytes, s.MaxBufferedBytes)
@@ -317,6 +327,9 @@ func (pg *Postgres) validate(p *problems) {
 func (r *Route) validate(p *problems, f string, patterns *patternSet) {
 	if !routeName.MatchString(r.Name) {
 		p.add(f+".name", "%q must be 1 to 64 letters, digits, '.', '_' or '-'", r.Name)
+	}
+	if r.Keyspace != r.Name && !routeName.MatchString(r.Keyspace) {
+		p.add(f+".keyspace", "%q must be 1 to 64 letters, digits, '.', '_' or '-'", r.Keyspace)
 	}
 	wildcards, ok := checkPattern(p, f+".match", r.Match, patterns)
 	r.Key.validate(p, f+".key", wildcards, ok)
@@ -581,6 +594,46 @@ func (k *Key) sources() []string {
 		}
 	}
 	return s
+}
+
+// KeyRecipe says, in one canonical line, how the route's store keys are
+// made from a request: the key's sources, the scope and the
+// normalisation ("header Idempotency-Key; scope header Authorization;
+// normalize none"). Header names are in canonical case. Two routes (or two
+// configurations) with the same recipe make the same store key of the same
+// request in one keyspace; the store's keyspace registry records it.
+func (r Route) KeyRecipe() string {
+	scope := "none"
+	if r.Scope.Header != "" {
+		scope = "header " + http.CanonicalHeaderKey(r.Scope.Header)
+	}
+	normalize := r.Key.Normalize
+	if normalize == "" {
+		normalize = NormalizeNone
+	}
+	return r.Key.recipe() + "; scope " + scope + "; normalize " + normalize
+}
+
+// recipe is the sources part of Route.KeyRecipe.
+func (k Key) recipe() string {
+	if len(k.Parts) > 0 {
+		parts := make([]string, len(k.Parts))
+		for i, part := range k.Parts {
+			parts[i] = part.recipe()
+		}
+		return "parts(" + strings.Join(parts, ", ") + ")"
+	}
+	switch {
+	case k.JSON != "":
+		return "json " + k.JSON
+	case k.Header != "":
+		return "header " + http.CanonicalHeaderKey(k.Header)
+	case k.Query != "":
+		return "query " + k.Query
+	case k.Path != "":
+		return "path " + k.Path
+	}
+	return "none"
 }
 
 // Spec converts the key configuration to a key extraction spec.

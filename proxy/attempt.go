@@ -115,6 +115,9 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 		return
 	}
 	defer p.active.leave()
+	if a.refuseHeld(w) {
+		return
+	}
 	defer func() {
 		p.budget.Give(a.held)
 		p.budget.Release(a.clientID, a.bodyHeld)
@@ -133,7 +136,7 @@ func (p *Proxy) serveRoute(w http.ResponseWriter, r *http.Request, rt *route) {
 	if !ok {
 		return
 	}
-	a.storeKey = store.Key(rt.cfg.Name, id.scope, id.key)
+	a.storeKey = store.Key(rt.cfg.Keyspace, id.scope, id.key)
 	if rec := a.earlierRecord(body, id.scope, id.key); rec != nil {
 		// Stored by a configuration or version that derived this key
 		// differently: its answer, not a second forward under the key's

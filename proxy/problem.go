@@ -36,6 +36,7 @@ var (
 	probStoreUnavailable    = rfc9457.StoreUnavailable
 	probStoreLostKeys       = problem{Name: "store-lost-keys", Status: http.StatusServiceUnavailable, Title: "Idempotency store lost its keys"}
 	probStoreUnsafeSettings = problem{Name: "store-unsafe-settings", Status: http.StatusServiceUnavailable, Title: "Idempotency store runs with a setting that may lose keys"}
+	probKeyspaceHeld        = problem{Name: "keyspace-held", Status: http.StatusServiceUnavailable, Title: "The route's keys are held until an operator decides"}
 	probOverloaded          = rfc9457.Overloaded
 	probShuttingDown        = problem{Name: "shutting-down", Status: http.StatusServiceUnavailable, Title: "Proxy shutting down"}
 )
@@ -45,7 +46,7 @@ var (
 func Problems() []rfc9457.Type {
 	all := []problem{probMissingKey, probInvalidKey, probInvalidJSON, probMissingScope, probInvalidScope, probUnreadableBody,
 		probInvalidUpgrade, probBodyTooLarge, probHeaderFields, probBodyTimeout, probInFlight, probInDoubt, probDuplicate, probNotReplayable, probMismatch,
-		probUpstreamDown, probUpstreamReset, probUpstreamTimeout, probStoreUnavailable, probStoreLostKeys, probStoreUnsafeSettings, probOverloaded, probShuttingDown,
+		probUpstreamDown, probUpstreamReset, probUpstreamTimeout, probStoreUnavailable, probStoreLostKeys, probStoreUnsafeSettings, probKeyspaceHeld, probOverloaded, probShuttingDown,
 		probUnsupportedCoding}
 	return all
 }

@@ -74,6 +74,8 @@ type Proxy struct {
 	budget    admission.Budget // request bytes buffered at once
 	tracing   *tracing.Tracing // nil: off
 	storeName string           // Options.StoreName
+	// held maps the routes held by Hold to why (nil: none).
+	held atomic.Pointer[map[string]string]
 
 	// life is the parent of every upstream request's context: Abort
 	// cancels it, which turns the requests still waiting for an answer in
@@ -142,6 +144,9 @@ type table struct {
 	ptTimeout   time.Duration
 	upstream    string // the upstream's base URL, without a trailing '/'
 	reconciles  bool   // a route has a reconcile section
+	// byKeyspace lists the routes of each keyspace (routes[].keyspace):
+	// several when routes share one.
+	byKeyspace map[string][]*route
 	// bodyTimeout bounds the arrival of a protected request's body
 	// (server.body_timeout, at most read_timeout); readTimeout is the
 	// server's read_timeout.
@@ -226,11 +231,12 @@ func (p *Proxy) Reload(cfg *config.Config) error {
 		return fmt.Errorf("proxy: upstream: %w", err)
 	}
 	t := &table{
-		mux:       http.NewServeMux(),
-		routes:    make(map[string]*route, len(cfg.Routes)),
-		ptTimeout: cfg.Server.PassthroughTimeout.D(),
-		upstream:  strings.TrimSuffix(up.String(), "/"),
-		ptSeries:  p.m.routeSeries("", true),
+		mux:        http.NewServeMux(),
+		routes:     make(map[string]*route, len(cfg.Routes)),
+		byKeyspace: make(map[string][]*route, len(cfg.Routes)),
+		ptTimeout:  cfg.Server.PassthroughTimeout.D(),
+		upstream:   strings.TrimSuffix(up.String(), "/"),
+		ptSeries:   p.m.routeSeries("", true),
 	}
 	t.passthrough = p.reverseProxy(up, nil)
 	own := ownHistograms(cfg)
@@ -248,6 +254,7 @@ func (p *Proxy) Reload(cfg *config.Config) error {
 			return fmt.Errorf("proxy: route %s: %w", rc.Name, err)
 		}
 		t.routes[rc.Name] = rt
+		t.byKeyspace[rc.Keyspace] = append(t.byKeyspace[rc.Keyspace], rt)
 		p.m.initRoute(rt.series, i < own)
 		p.m.rec.initRoute(rc)
 		t.reconciles = t.reconciles || rc.Reconcile != nil

@@ -91,14 +91,21 @@ func (h ReconcileHost) Routes() []config.Route {
 	return out
 }
 
-// Route returns the running configuration of the route name, as the proxy
-// serves it; false when no route has that name.
-func (h ReconcileHost) Route(name string) (config.Route, bool) {
-	rt := h.p.table.Load().routes[name]
-	if rt == nil {
-		return config.Route{}, false
+// Route returns the running configuration of the route whose keys are
+// stored under keyspace, as the proxy serves it: of the routes that share
+// the keyspace, one with a reconcile section if there is one (they make
+// their keys alike: config's validation). False when no route claims it.
+func (h ReconcileHost) Route(keyspace string) (config.Route, bool) {
+	var (
+		found config.Route
+		ok    bool
+	)
+	for _, rt := range h.p.table.Load().byKeyspace[keyspace] {
+		if !ok || (found.Reconcile == nil && rt.cfg.Reconcile != nil) {
+			found, ok = rt.cfg, true
+		}
 	}
-	return rt.cfg, true
+	return found, ok
 }
 
 // Upstream returns the running configuration's upstream URL, without a

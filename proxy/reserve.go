@@ -40,7 +40,7 @@ func (a *attempt) earlierRecord(body []byte, scope, key string) *store.Record {
 			return nil
 		}
 		tried = k
-		storeKey := store.Key(a.rt.cfg.Name, scope, k)
+		storeKey := store.Key(a.rt.cfg.Keyspace, scope, k)
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(a.in.Context()), storeTimeout)
 		defer cancel()
 		rec, err := a.p.store.Get(ctx, storeKey)

@@ -410,3 +410,42 @@ func (e *SettingError) Error() string {
 }
 
 func (e *SettingError) Unwrap() error { return e.Err }
+
+// Keyspace is a keyspace's entry in a store's registry: the prefix under
+// which routes store their keys (store.Key's first part) and the recipe
+// those keys are made by. A key stored by one recipe is not found by
+// another, so a keyspace whose recipe changed, or that no route claims
+// any more while it still holds live keys, would forget answered requests:
+// the program refuses or holds such a configuration until an operator
+// decides.
+type Keyspace struct {
+	// Name is the keyspace (a route's keyspace, by default its name).
+	Name string
+	// Digest is a canonical digest of Recipe (lower-case hex).
+	Digest string
+	// Recipe says, for people, how the keys are made: the key's sources,
+	// the scope and the normalisation.
+	Recipe string
+	// Routes names the routes that claimed the keyspace when it was
+	// recorded, comma-separated.
+	Routes string
+	// UpdatedAt is when the entry was written (the writer's clock).
+	UpdatedAt time.Time
+}
+
+// KeyspaceStore is implemented by the stores that keep a registry of
+// keyspaces: every store of idemproxy. Like the epoch marker, the registry
+// is kept where the key records are, so that whatever forgets them forgets
+// it too, and it is never listed, expired, swept or reconciled as a key
+// record.
+type KeyspaceStore interface {
+	// Keyspaces returns every entry of the registry, in no particular
+	// order; none when it is empty.
+	Keyspaces(ctx context.Context) ([]Keyspace, error)
+	// PutKeyspace writes k, replacing the entry of the same name.
+	PutKeyspace(ctx context.Context, k Keyspace) error
+	// DropKeyspace removes the entry named name, and reports whether there
+	// was one. The keys under the keyspace are left as they are (they
+	// expire by their TTL).
+	DropKeyspace(ctx context.Context, name string) (bool, error)
+}

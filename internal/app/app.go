@@ -58,6 +58,10 @@ type app struct {
 	// differs.
 	loadedSum [sha256.Size]byte
 
+	// keyspaces checks the routes' keyspaces against the store's registry
+	// (keyspaces.go); nil outside serve, or for a store without one.
+	keyspaces *keyspaces
+
 	// epochSeen is given to the shared stores, which call it with the
 	// epoch marker read on each new connection (epoch.go); nil outside
 	// serve.
@@ -203,6 +207,13 @@ func (a *app) serve(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Before the listener opens: a route whose keys would be made anew
+	// in a keyspace with live keys never serves a request.
+	ks, stopKeyspaces := a.startKeyspaces(st, cfg.Store.EpochCheckInterval.D())
+	defer stopKeyspaces()
+	a.mu.Lock()
+	a.keyspaces = ks
+	a.mu.Unlock()
 	reconciler, stopReconciler, err := a.startReconciler(st)
 	if err != nil {
 		return err
@@ -248,8 +259,8 @@ func (a *app) serve(ctx context.Context) error {
 		adm = admin.NewHandler(admin.Options{
 			Store: a.p.Store(), Lister: st, Routes: a, Gatherer: reg, Token: token, TokenEnv: cfg.Admin.TokenEnv,
 			Reload: func() error { return a.reload(reloadByAPI) }, StoreOptional: a.storeOptional, Logger: log, Reconciler: reconciler,
-			AcceptLoss: a.acceptLossFunc(st, &watcher),
-			Pprof:      cfg.Admin.Pprof, ReadyChecks: []func() error{conns.Saturated, a.p.BuffersSaturated, a.storeOpenReady(st), epochReady},
+			AcceptLoss: a.acceptLossFunc(st, &watcher), DropKeyspace: ks.dropFunc(),
+			Pprof: cfg.Admin.Pprof, ReadyChecks: []func() error{conns.Saturated, a.p.BuffersSaturated, a.storeOpenReady(st), epochReady, ks.ready},
 			StoreProbe: probe, Registerer: reg, Tracing: a.tracing,
 		})
 		raw, err := net.Listen("tcp", cfg.Admin.Listen)
@@ -363,6 +374,21 @@ func (a *app) RouteScope(name string) (string, bool) {
 	return "", false
 }
 
+var _ admin.RouteKeyspaces = (*app)(nil)
+
+// RouteKeyspace implements admin.RouteKeyspaces over the running
+// configuration: the keyspace the route's keys are stored under.
+func (a *app) RouteKeyspace(name string) string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, r := range a.cfg.Routes {
+		if r.Name == name {
+			return r.Keyspace
+		}
+	}
+	return ""
+}
+
 var _ admin.RouteNamer = (*app)(nil)
 
 // RouteNames implements admin.RouteNamer over the running configuration:
@@ -415,6 +441,10 @@ func (a *app) reload(trigger string) error {
 	if err == nil {
 		err = needsRestart(a.cfg, cfg)
 	}
+	keyspacesApplied := func() {}
+	if err == nil && a.keyspaces != nil {
+		keyspacesApplied, err = a.keyspaces.reload(a.cfg, cfg)
+	}
 	if err == nil {
 		err = a.tracing.Configure(cfg.Tracing.Enabled)
 	}
@@ -429,10 +459,6 @@ func (a *app) reload(trigger string) error {
 		a.log.Error("configuration reload failed; the running configuration is kept", "config", a.path, "trigger", trigger, "err", err)
 		return err
 	}
-	for _, w := range keysMoved(a.cfg, cfg) {
-		a.log.Warn("route key definition changed: keys stored under the old definition are no longer found, "+
-			"so their duplicates will be forwarded", "route", w)
-	}
 	if cfg.MemoryLimit != a.cfg.MemoryLimit {
 		a.applyMemoryLimit(cfg)
 	}
@@ -440,28 +466,12 @@ func (a *app) reload(trigger string) error {
 		a.conns.SetClientLimits(cfg.Server)
 	}
 	a.cfg = cfg
+	keyspacesApplied()
 	a.reloadOK.Set(1)
 	a.reloadTS.SetToCurrentTime()
 	a.reloads.WithLabelValues(trigger, "applied").Inc()
 	a.log.Info("configuration reloaded", "config", a.path, "trigger", trigger, "routes", len(cfg.Routes))
 	return nil
-}
-
-// keysMoved names the routes of old whose store keys new builds
-// differently (renamed away, or another key source or scope).
-func keysMoved(old, new *config.Config) []string {
-	byName := map[string]config.Route{}
-	for _, r := range new.Routes {
-		byName[r.Name] = r
-	}
-	var moved []string
-	for _, r := range old.Routes {
-		n, ok := byName[r.Name]
-		if !ok || !reflect.DeepEqual(n.Key, r.Key) || n.Scope != r.Scope {
-			moved = append(moved, r.Name)
-		}
-	}
-	return moved
 }
 
 // needsRestart reports the settings that differ between old and new but

@@ -104,6 +104,11 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 				return 1
 			}
 		}
+		// The store, when it can be reached: would a route start its
+		// keyspace anew while the store holds live keys made before?
+		if !app.CheckKeyspaces(ctx, cfg, configPath, getenv, stderr) {
+			return 1
+		}
 		if given := overrides.Given(); len(given) > 0 {
 			fmt.Fprintf(stdout, "%s: ok (%d routes) with %s\n", configPath, len(cfg.Routes), strings.Join(given, ", "))
 			return 0

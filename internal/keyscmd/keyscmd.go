@@ -37,11 +37,15 @@ const keysUsage = `Usage:
   idemproxy keys show ROUTE KEY
   idemproxy keys release ROUTE KEY [-reason TEXT] [-force]
   idemproxy keys reconcile ROUTE KEY [-reason TEXT]
+  idemproxy keys drop-keyspace KEYSPACE -reason TEXT
 
 list shows a route's keys (all states unless -state), a page at a time; show
 one key's record; release deletes a key's record so that the next request with
 it is forwarded again; reconcile runs the route's reconcile lookup of a key in
-doubt now.
+doubt now; drop-keyspace lets the keys of a keyspace that no route claims any
+more (a route renamed) or that were made by another key recipe go on purpose:
+the store forgets the keyspace's record, so that the proxy serves the routes it
+held and accepts the configuration (their retries are forwarded again).
 
 They call the admin API of a running idemproxy at -admin (default
 $` + adminURLEnv + `, else http:// and $` + config.AdminListenEnv + `, else
@@ -78,7 +82,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	limit := fs.Int("limit", 0, "list: at most `N` keys (the API's default 100, at most 1000)")
 	cursor := fs.String("cursor", "", "list: the page after the one that printed this cursor")
 	keyHash := fs.String("key-hash", "", "list: only the key with this key_hash (the 12 hex digits of log lines)")
-	reason := fs.String("reason", "", "release and reconcile: why, for the audit log line (the console asks for one too)")
+	reason := fs.String("reason", "", "release, reconcile and drop-keyspace: why, for the audit log line (the console asks for one too; drop-keyspace requires one)")
 	force := fs.Bool("force", false, "release: even a key in flight (its request may be at the upstream now)")
 
 	// Flags may follow the arguments: "keys list charges -state in_doubt".
@@ -106,12 +110,16 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 	}
 	sub, pos := pos[0], pos[1:]
 	want := 2
-	if sub == "list" {
+	if sub == "list" || sub == "drop-keyspace" {
 		want = 1
 	}
 	switch {
-	case !slices.Contains([]string{"list", "show", "release", "reconcile"}, sub):
-		return usageErr("unknown subcommand %q: list, show, release or reconcile", sub)
+	case !slices.Contains([]string{"list", "show", "release", "reconcile", "drop-keyspace"}, sub):
+		return usageErr("unknown subcommand %q: list, show, release, reconcile or drop-keyspace", sub)
+	case sub == "drop-keyspace" && len(pos) != 1:
+		return usageErr("drop-keyspace takes KEYSPACE")
+	case sub == "drop-keyspace" && *reason == "":
+		return usageErr("drop-keyspace needs -reason TEXT, for the audit log line")
 	case len(pos) != want && want == 1:
 		return usageErr("%s takes ROUTE", sub)
 	case len(pos) != want:
@@ -144,6 +152,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv fu
 			q.Set("limit", strconv.Itoa(*limit))
 		}
 		return c.call(ctx, http.MethodGet, "/v1/keys/"+route, q, c.printList)
+	case "drop-keyspace":
+		return c.call(ctx, http.MethodPost, "/v1/keyspaces/"+route+"/drop", url.Values{"reason": {*reason}}, c.printFields)
 	case "show":
 		return c.call(ctx, http.MethodGet, "/v1/keys/"+route+"/"+keySegment(pos[1]), q, c.printFields)
 	case "release":
@@ -288,7 +298,7 @@ func (c *keysCmd) printList(body []byte) error {
 // the others follow in the order of their names.
 var fieldOrder = []string{"route", "key", "key_hash", "scope_hash", "state", "created_at", "expires_at",
 	"lease_expires_at", "stored_status", "stored_body_bytes", "fingerprint", "reconciled", "origin",
-	"released", "previous_state", "result", "lookup_status", "error"}
+	"released", "previous_state", "result", "lookup_status", "error", "dropped", "keyspace", "recipe", "routes"}
 
 // printFields prints a JSON object as one "name  value" line per field.
 func (c *keysCmd) printFields(body []byte) error {

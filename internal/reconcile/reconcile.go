@@ -49,8 +49,10 @@ type Host interface {
 	// Routes returns the running routes that have a reconcile section,
 	// none when no route has one.
 	Routes() []config.Route
-	// Route returns the running route name; false when there is none.
-	Route(name string) (config.Route, bool)
+	// Route returns the running route whose keys are stored under
+	// keyspace (one with a reconcile section, when several share it);
+	// false when there is none.
+	Route(keyspace string) (config.Route, bool)
 	// Upstream returns the upstream's base URL, without a trailing '/'.
 	Upstream() string
 	// Transport carries the lookups to the upstream.
@@ -148,7 +150,7 @@ func (r *Reconciler) Run(ctx context.Context) {
 // from every discovery.
 func (r *Reconciler) Discover(ctx context.Context) {
 	for _, rc := range r.p.Routes() {
-		keys, err := r.st.Unscheduled(ctx, store.Key(rc.Name, "", ""), r.opts.Batch)
+		keys, err := r.st.Unscheduled(ctx, store.Key(rc.Keyspace, "", ""), r.opts.Batch)
 		if err != nil {
 			if ctx.Err() == nil {
 				r.p.Logger().Error("reconciler: find unscheduled in-doubt keys", "route", rc.Name, "err", err)
@@ -235,8 +237,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, storeKey string) (Outcome, e
 var ErrNoLookup = errors.New("the route has no reconcile lookup")
 
 func (r *Reconciler) reconcile(ctx context.Context, key string, force bool) (Outcome, error) {
-	name, scope, _, ok := splitStoreKey(key)
-	rc, found := r.p.Route(name)
+	keyspace, scope, _, ok := splitStoreKey(key)
+	rc, found := r.p.Route(keyspace)
 	// A scoped key (left by the route's earlier, scoped definition) is
 	// never looked up: the answer could be another client's.
 	if !ok || !found || rc.Reconcile == nil || scope != "-" {
@@ -400,10 +402,10 @@ func lookupURL(base, lookupPath, key string) (*url.URL, error) {
 	return u, nil
 }
 
-// splitStoreKey undoes store.Key: route names and the scope part hold no
+// splitStoreKey undoes store.Key: keyspaces and the scope part hold no
 // '/', the key may.
-func splitStoreKey(k string) (route, scope, key string, ok bool) {
-	route, rest, ok1 := strings.Cut(k, "/")
+func splitStoreKey(k string) (keyspace, scope, key string, ok bool) {
+	keyspace, rest, ok1 := strings.Cut(k, "/")
 	scope, key, ok2 := strings.Cut(rest, "/")
-	return route, scope, key, ok1 && ok2 && key != ""
+	return keyspace, scope, key, ok1 && ok2 && key != ""
 }

@@ -22,6 +22,15 @@ func TestEpochConformance(t *testing.T) {
 	})
 }
 
+func TestKeyspaceConformance(t *testing.T) {
+	storetest.RunKeyspaces(t, func(t *testing.T) storetest.KeyspaceStore { return open(t, t.TempDir()) })
+	t.Run("guarded", func(t *testing.T) {
+		storetest.RunKeyspaces(t, func(t *testing.T) storetest.KeyspaceStore {
+			return openGuarded(t, t.TempDir(), badger.GuardOptions{})
+		})
+	})
+}
+
 // TestEpochSurvivesARestart: a normal restart keeps the marker (no false
 // alarm); a directory of its own starts without one.
 func TestEpochSurvivesARestart(t *testing.T) {

@@ -21,6 +21,32 @@ func TestEpochConformance(t *testing.T) {
 	})
 }
 
+func TestKeyspaceConformance(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.Start(t)
+	storetest.RunKeyspaces(t, func(t *testing.T) storetest.KeyspaceStore {
+		return newStore(t, srv, postgres.Options{})
+	})
+}
+
+// TestKeyspaceRegistryIsNeverSwept: the registry's rows, in the key
+// table, outlive a sweep of expired keys.
+func TestKeyspaceRegistryIsNeverSwept(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.Start(t)
+	s := newStore(t, srv, postgres.Options{Table: "ks_keys", SweepInterval: -1})
+	k := store.Keyspace{Name: "charges", Digest: "d1", Recipe: "json orderId; scope none; normalize none", Routes: "charges", UpdatedAt: time.Now()}
+	if err := s.PutKeyspace(ctx(t), k); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Sweep(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Keyspaces(ctx(t)); err != nil || len(got) != 1 || got[0].Name != "charges" {
+		t.Fatalf("after a sweep: Keyspaces = %+v, %v; want charges kept", got, err)
+	}
+}
+
 // TestEpochMarkerGoesWithTheKeys pins where the marker lives: in the key
 // table, so that a TRUNCATE of that table (or its replacement) takes the
 // marker too and the replicas see the loss; and never swept as expired.

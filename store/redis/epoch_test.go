@@ -26,6 +26,20 @@ func TestEpochConformance(t *testing.T) {
 	})
 }
 
+func TestKeyspaceConformance(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	storetest.RunKeyspaces(t, func(t *testing.T) storetest.KeyspaceStore {
+		return newStore(t, Options{Addrs: []string{srv.Addr()}})
+	})
+	c := redistest.StartCluster(t, 3)
+	t.Run("cluster", func(t *testing.T) {
+		storetest.RunKeyspaces(t, func(t *testing.T) storetest.KeyspaceStore {
+			return newStore(t, Options{Addrs: c.Addrs()})
+		})
+	})
+}
+
 // TestReserveChecksTheEpoch: with ExpectEpoch, a reservation on a Redis
 // whose marker is gone (FLUSHALL: the connections stay open, so no new
 // connection tells) is refused with store.ErrKeysLost, and nothing is
