@@ -13,7 +13,9 @@ import (
 	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/internal/admission"
 	"github.com/idemproxy/idemproxy/internal/doctest"
+	"github.com/idemproxy/idemproxy/internal/canary"
 	"github.com/idemproxy/idemproxy/internal/epoch"
+	"github.com/idemproxy/idemproxy/internal/witness"
 	"github.com/idemproxy/idemproxy/internal/reconcile"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store"
@@ -85,6 +87,7 @@ func registeredMetrics(t *testing.T) map[string][]string {
 	admin.NewHandler(admin.Options{Store: st, Registerer: rec})
 	registerEpochMetrics(rec, epoch.New(epoch.Options{Store: st, Interval: time.Second}))
 	registerStoreRisk(rec)
+	registerLossMetrics(rec, canary.New(canary.Options{Store: st, Interval: time.Second}), witness.New(witness.Options{Window: time.Minute}))
 	return rec.labels
 }
 
