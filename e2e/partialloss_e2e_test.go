@@ -430,3 +430,92 @@ func TestPostgresRestoredFromAnOlderDump(t *testing.T) {
 		})
 	}
 }
+
+// shortRoute is the charges route releasing on a 5xx, with a TTL shorter
+// than the witness window.
+const shortRoute = `
+  - name: charges
+    match: POST /charges
+    key: {json: orderId}
+    policy: release-on-5xx
+    upstream_timeout: 1s
+    lease: 2s
+    ttl: 4s
+`
+
+// TestWitnessNoFalseAlarm: two replicas sharing a Redis. Keys answered and
+// then let go on purpose are reserved again without an alarm: released by
+// an operator through the admin API of the replica that answered them or
+// of the other one (a release mark in the store tells the witness), by a
+// route's policy (a 429 refused, a 5xx under release-on-5xx: never
+// answered, never witnessed), or expired by a route's TTL shorter than the
+// window (a third replica, whose route says so). The store stays trusted, nothing is refused.
+func TestWitnessNoFalseAlarm(t *testing.T) {
+	t.Parallel()
+	rd := redistest.Start(t)
+	up := startStub(t)
+	cfg := writeLossConfig(t, up.URL, redisStore(rd.Addr(), "200ms"), chargesRoute)
+	a := startProxy(t, cfg, "IDEMPROXY_ADMIN_TOKEN="+adminToken)
+	b := startProxy(t, cfg, "IDEMPROXY_ADMIN_TOKEN="+adminToken)
+	// c, on the same store, keys its route for a short TTL and releases
+	// it on a 5xx.
+	c := startProxy(t, writeLossConfig(t, up.URL, redisStore(rd.Addr(), "200ms"), shortRoute))
+	forwarded := func(what string, r result) {
+		t.Helper()
+		if r.status != 201 || r.header.Get("Idempotent-Replayed") != "" {
+			t.Errorf("%s = %d %s, want a forwarded 201", what, r.status, r.body)
+		}
+	}
+	release := func(p *proc, order string) {
+		t.Helper()
+		r := do("DELETE", p.adminURL("/v1/keys/charges/"+order+"?reason=refund+reissued"), "",
+			"Authorization", "Bearer "+adminToken, "X-Operator", "alice")
+		if r.status != 200 {
+			t.Fatalf("release of %s = %d %s, want 200", order, r.status, r.body)
+		}
+	}
+	// An operator's release, on the replica that answered and on the other.
+	for _, tc := range []struct {
+		order    string
+		releaser *proc
+	}{{"ORD-NA-1", a}, {"ORD-NA-2", b}} {
+		forwarded(tc.order, charge(a, tc.order))
+		release(tc.releaser, tc.order)
+		forwarded(tc.order+" after its release", charge(a, tc.order))
+	}
+	// A route's policy: a 429 is released, a 500 under release-on-5xx too.
+	if r := charge(a, "ORD-NA-3", "X-Stub-Fault", "reject-429"); r.status != 429 {
+		t.Fatalf("ORD-NA-3 with the 429 fault = %d %s, want 429", r.status, r.body)
+	}
+	forwarded("ORD-NA-3 after its 429", charge(a, "ORD-NA-3"))
+	if r := charge(c, "ORD-NA-4", "X-Stub-Fault", "fail-before-charge"); r.status != 500 {
+		t.Fatalf("ORD-NA-4 with the 500 fault = %d %s, want 500", r.status, r.body)
+	}
+	forwarded("ORD-NA-4 after its 500", charge(c, "ORD-NA-4"))
+	// A TTL (4s) shorter than the window (5m).
+	forwarded("ORD-NA-5", charge(c, "ORD-NA-5"))
+	time.Sleep(4500 * time.Millisecond)
+	forwarded("ORD-NA-5 after its TTL", charge(c, "ORD-NA-5"))
+
+	time.Sleep(time.Second) // canaries read back meanwhile
+	for name, p := range map[string]*proc{"a": a, "b": b, "c": c} {
+		if got := metricSum(t, p, "idemproxy_store_keys_lost"); got != 0 {
+			t.Errorf("replica %s: idemproxy_store_keys_lost = %v, want 0", name, got)
+		}
+		if l := keysLostLines(p); len(l) != 0 {
+			t.Errorf("replica %s: ERROR lines %q, want none", name, l)
+		}
+	}
+	if got := metricSum(t, a, "idemproxy_witness_hits_total", `verdict="released"`); got != 2 {
+		t.Errorf("idemproxy_witness_hits_total{verdict=released} = %v, want 2 (the operator's releases)", got)
+	}
+	if got := metricSum(t, a, "idemproxy_witness_hits_total", `verdict="lost"`); got != 0 {
+		t.Errorf("idemproxy_witness_hits_total{verdict=lost} = %v, want 0", got)
+	}
+	if got := metricSum(t, a, "idemproxy_store_canary_checks_total", `result="ok"`); got < 1 {
+		t.Errorf("idemproxy_store_canary_checks_total{result=ok} = %v, want canaries read back", got)
+	}
+	if r := charge(b, "ORD-NA-6"); r.status != 201 {
+		t.Errorf("a new order on b = %d %s, want 201", r.status, r.body)
+	}
+}
