@@ -24,8 +24,8 @@ import (
 // released on purpose is not known: the reservation is released and the
 // request answered as a store failure.
 func (a *attempt) witnessLost(w http.ResponseWriter, body []byte) bool {
-	if a.p.witness == nil {
-		return false
+	if a.p.witness == nil || !a.p.witness.Seen(a.storeKey) {
+		return false // the normal path: one look at the table
 	}
 	ctx, cancel := context.WithTimeout(a.detached(), storeTimeout)
 	defer cancel()

@@ -132,6 +132,10 @@ func (w *Witness) Answered(storeKey string, ttl time.Duration, at time.Time) {
 	w.forgotten.Add(1)
 }
 
+// Seen reports whether this replica answered storeKey within its window:
+// the cheap look of the normal path (no allocation), before Judge.
+func (w *Witness) Seen(storeKey string) bool { return w.seen(storeKey, time.Now().UnixNano()) }
+
 // seen reports whether storeKey was answered within its window.
 func (w *Witness) seen(storeKey string, now int64) bool {
 	h, set, mu := w.place(storeKey)
