@@ -25,7 +25,15 @@ const releaseMarkMargin = time.Minute
 // admin API, and the function that stops the canaries.
 func (a *app) watchLosses(reg prometheus.Registerer, st store.Store, w *epoch.Watcher) (*witness.Witness, func(context.Context, string) error, func()) {
 	sc := a.cfg.Store
-	opts := canary.Options{Store: st, Interval: sc.CanaryInterval.D(), Lost: w.MarkLost, Logger: a.log,
+	lost := func(reason string) bool {
+		// The marker first: a store that forgot everything (restarted
+		// empty, flushed) is told as such, with what the marker shows.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		w.Check(ctx)
+		return w.MarkLost(reason)
+	}
+	opts := canary.Options{Store: st, Interval: sc.CanaryInterval.D(), Lost: lost, Logger: a.log,
 		Epoch: func() string {
 			if s := w.Status(); s.State == epoch.OK {
 				return s.Epoch.ID
@@ -43,7 +51,7 @@ func (a *app) watchLosses(reg prometheus.Registerer, st store.Store, w *epoch.Wa
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			c.Round(ctx, true)
-			w.MarkLost(reason)
+			lost(reason)
 		}})
 	registerLossMetrics(reg, c, wit)
 	ctx, cancel := context.WithCancel(context.Background())
