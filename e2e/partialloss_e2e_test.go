@@ -127,6 +127,15 @@ func wantPartialLoss(t *testing.T, name string, p *proc, want string) {
 	}
 }
 
+// canariesWritten waits until p wrote two more canaries.
+func canariesWritten(t *testing.T, p *proc) {
+	t.Helper()
+	n := metricSum(t, p, "idemproxy_store_canary_writes_total", `result="ok"`)
+	eventually(t, "two canaries written", func() bool {
+		return metricSum(t, p, "idemproxy_store_canary_writes_total", `result="ok"`) >= n+2
+	})
+}
+
 // fillUntilEvicted writes filler keys to the Redis at addr (with a TTL
 // when ttl) until it evicted at least n keys.
 func fillUntilEvicted(t *testing.T, addr string, n int, ttl bool) {
@@ -368,7 +377,7 @@ func TestRedisReplicaPromotedWithoutTheLastWrites(t *testing.T) {
 			link.switchTo("") // the replica falls behind
 			lagged := orderNames("ORD-LB-", 20)
 			chargeAll(t, p, lagged)
-			time.Sleep(time.Second) // canaries written to the master alone
+			canariesWritten(t, p) // to the master alone
 
 			switch topo {
 			case "single":
@@ -415,7 +424,7 @@ func TestPostgresRestoredFromAnOlderDump(t *testing.T) {
 			pg.MustExec("CREATE TABLE dump AS SELECT * FROM public.idemproxy_keys")
 			after := orderNames("ORD-PA-", 10)
 			chargeAll(t, p, after)
-			time.Sleep(time.Second) // canaries written after the dump
+			canariesWritten(t, p) // after the dump
 			switch how {
 			case "in-place":
 				pg.MustExec("BEGIN; DELETE FROM public.idemproxy_keys; INSERT INTO public.idemproxy_keys SELECT * FROM dump; COMMIT")
