@@ -458,7 +458,8 @@ const shortRoute = `
 // of the other one (a release mark in the store tells the witness), by a
 // route's policy (a 429 refused, a 5xx under release-on-5xx: never
 // answered, never witnessed), or expired by a route's TTL shorter than the
-// window (a third replica, whose route says so). The store stays trusted, nothing is refused.
+// window (a third replica, whose route says so). The store stays trusted,
+// nothing is refused.
 func TestWitnessNoFalseAlarm(t *testing.T) {
 	t.Parallel()
 	rd := redistest.Start(t)

@@ -23,13 +23,7 @@ import (
 // proxy's handler (body read, key, fingerprint, reserve, forward to a real
 // HTTP upstream, capture, commit) with a new key each time, and a replay.
 func BenchmarkProxiedRequest(b *testing.B) {
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(201)
-		w.Write([]byte(`{"chargeId":"ch_1","orderId":"x","amount":10}`))
-	}))
-	defer up.Close()
+	up := benchUpstream(b)
 	for _, sync := range []bool{false, true} {
 		st, err := badger.Open(badger.Options{Dir: b.TempDir(), SyncWrites: sync})
 		if err != nil {
@@ -77,13 +71,7 @@ func BenchmarkProxiedRequest(b *testing.B) {
 // default size), whose insert on every commit and look-up on every
 // reservation must not cost measurable throughput.
 func BenchmarkProxiedRequestWitness(b *testing.B) {
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(201)
-		w.Write([]byte(`{"chargeId":"ch_1","orderId":"x","amount":10}`))
-	}))
-	defer up.Close()
+	up := benchUpstream(b)
 	st, err := badger.Open(badger.Options{Dir: b.TempDir()})
 	if err != nil {
 		b.Fatal(err)
@@ -115,13 +103,7 @@ func BenchmarkProxiedRequestWitness(b *testing.B) {
 // request on the Redis store (a real redis-server, AOF everysec as in
 // go run ./bench).
 func BenchmarkProxiedRequestRedis(b *testing.B) {
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(201)
-		w.Write([]byte(`{"chargeId":"ch_1","orderId":"x","amount":10}`))
-	}))
-	defer up.Close()
+	up := benchUpstream(b)
 	srv := redistest.Start(b, "--appendonly", "yes", "--appendfsync", "everysec")
 	st, err := redis.New(redis.Options{Addrs: []string{srv.Addr()}, KeyPrefix: "bench:", DialTimeout: time.Second, OpTimeout: 5 * time.Second})
 	if err != nil {
@@ -149,6 +131,19 @@ func BenchmarkProxiedRequestRedis(b *testing.B) {
 			serve(b, p, body, 201)
 		}
 	})
+}
+
+// benchUpstream is the benchmarks' upstream: a 201 with a small JSON
+// body, closed when the benchmark ends.
+func benchUpstream(b *testing.B) *httptest.Server {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(201)
+		w.Write([]byte(`{"chargeId":"ch_1","orderId":"x","amount":10}`))
+	}))
+	b.Cleanup(up.Close)
+	return up
 }
 
 func serve(b *testing.B, h http.Handler, body string, want int) {
