@@ -198,7 +198,7 @@ func TestRedisEvictionWitnessed(t *testing.T) {
 			// Canaries once a minute: the witness, not a canary, sees
 			// the eviction here.
 			cfg := writeLossConfig(t, up.URL, redisStore(rd.Addr(), "1m"), chargesRoute)
-			p := startProxy(t, cfg)
+			p := startProxy(t, cfg, "IDEMPROXY_ADMIN_TOKEN="+adminToken)
 			orders := orderNames("ORD-EV-", 200)
 			chargeAll(t, p, orders)
 			used, err := rd.Do("INFO", "memory")
@@ -234,6 +234,31 @@ func TestRedisEvictionWitnessed(t *testing.T) {
 				t.Errorf("idemproxy_witness_hits_total{verdict=lost} = %v, want 1 (the first retry of an evicted key)", got)
 			}
 			wantPartialLoss(t, policy, p, "route charges")
+
+			// Accepted: a retry of a key answered before the loss is
+			// forwarded again, on purpose, and is no new alarm.
+			if _, err := rd.Do("CONFIG", "SET", "maxmemory", "0"); err != nil {
+				t.Fatal(err)
+			}
+			ra := do("POST", p.adminURL("/v1/store/accept-loss?reason=evicted"), "",
+				"Authorization", "Bearer "+adminToken, "X-Operator", "bob")
+			if ra.status != 200 {
+				t.Fatalf("accept-loss = %d %s, want 200", ra.status, ra.body)
+			}
+			eventually(t, "serving again", func() bool { return metricSum(t, p, "idemproxy_store_keys_lost") == 0 })
+			var evicted string
+			for _, o := range orders {
+				if v, _ := rd.Do("EXISTS", e2eKeyPrefix+"charges/-/"+o); v == "0" {
+					evicted = o
+					break
+				}
+			}
+			if r := charge(p, evicted); r.status != 201 || r.header.Get("Idempotent-Replayed") != "" {
+				t.Errorf("evicted %s after the acceptance = %d %s, want a forwarded 201", evicted, r.status, r.body)
+			}
+			if got := metricSum(t, p, "idemproxy_store_keys_lost"); got != 0 || len(keysLostLines(p)) != 1 {
+				t.Errorf("after the acceptance: idemproxy_store_keys_lost = %v, %d ERROR lines; want 0 and still 1", got, len(keysLostLines(p)))
+			}
 		})
 	}
 }

@@ -33,18 +33,14 @@ func (a *app) watchLosses(reg prometheus.Registerer, st store.Store, w *epoch.Wa
 		w.Check(ctx)
 		return w.MarkLost(reason)
 	}
-	opts := canary.Options{Store: st, Interval: sc.CanaryInterval.D(), Lost: lost, Logger: a.log,
-		Epoch: func() string {
-			if s := w.Status(); s.State == epoch.OK {
-				return s.Epoch.ID
-			}
-			return ""
-		}}
-	if rs, ok := st.(*redis.Store); ok {
-		opts.Tags = func(ctx context.Context) ([]string, error) { return rs.CanaryTags(ctx, canary.Prefix+"canary/") }
+	trusted := func() string {
+		if s := w.Status(); s.State == epoch.OK {
+			return s.Epoch.ID
+		}
+		return ""
 	}
-	c := canary.New(opts)
-	wit := witness.New(witness.Options{Window: sc.WitnessWindow.D(), MaxKeys: sc.WitnessMaxKeys,
+	var c *canary.Canaries
+	wit := witness.New(witness.Options{Window: sc.WitnessWindow.D(), MaxKeys: sc.WitnessMaxKeys, Epoch: trusted,
 		Released: func(ctx context.Context, key string) (bool, error) { return canary.Released(ctx, st, key) },
 		Lost: func(reason string) {
 			// The canaries first, at once: what else the store lost.
@@ -53,6 +49,18 @@ func (a *app) watchLosses(reg prometheus.Registerer, st store.Store, w *epoch.Wa
 			c.Round(ctx, true)
 			lost(reason)
 		}})
+	opts := canary.Options{Store: st, Interval: sc.CanaryInterval.D(), Lost: lost, Logger: a.log,
+		Epoch: func() string {
+			// Every interval: the witness forgets the answers of an
+			// epoch no longer trusted (a loss accepted) at once.
+			id := trusted()
+			wit.Sync(id)
+			return id
+		}}
+	if rs, ok := st.(*redis.Store); ok {
+		opts.Tags = func(ctx context.Context) ([]string, error) { return rs.CanaryTags(ctx, canary.Prefix+"canary/") }
+	}
+	c = canary.New(opts)
 	registerLossMetrics(reg, c, wit)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup

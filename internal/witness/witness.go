@@ -50,6 +50,13 @@ type Options struct {
 	// Lost is told that the store lost a key this replica answered; reason
 	// says what was seen. Nil: nobody is told.
 	Lost func(reason string)
+	// Epoch returns the ID of the epoch marker the replica trusts ("":
+	// none). The answers remembered belong to one epoch: when it changes
+	// (an operator accepted a loss, after which a retry of a key answered
+	// before is forwarded again on purpose), they are all forgotten,
+	// before a hit is judged and whenever Sync is called. Nil: one epoch
+	// for ever.
+	Epoch func() string
 }
 
 type entry struct {
@@ -69,6 +76,8 @@ type Witness struct {
 	entries []entry
 	sets    uint64 // a power of two
 	shards  []shard
+
+	epoch atomic.Pointer[string] // the epoch of the answers remembered
 
 	forgotten atomic.Uint64 // live entries given up for a newer key
 	lost      atomic.Uint64
@@ -161,6 +170,29 @@ func (w *Witness) forget(storeKey string) {
 	}
 }
 
+// Sync forgets every answer remembered when epoch is not the epoch they
+// were remembered in, and reports whether it did. The first call only
+// records epoch.
+func (w *Witness) Sync(epoch string) bool {
+	old := w.epoch.Load()
+	if old != nil && *old == epoch {
+		return false
+	}
+	if !w.epoch.CompareAndSwap(old, &epoch) {
+		return false // another caller synced meanwhile
+	}
+	if old == nil {
+		return false
+	}
+	for set := range w.sets {
+		mu := &w.shards[set&uint64(len(w.shards)-1)].mu
+		mu.Lock()
+		clear(w.entries[set*ways : set*ways+ways])
+		mu.Unlock()
+	}
+	return true
+}
+
 // Verdict is what Judge found.
 type Verdict int
 
@@ -184,6 +216,9 @@ const (
 func (w *Witness) Judge(ctx context.Context, storeKey, reason string) (Verdict, error) {
 	if !w.seen(storeKey, time.Now().UnixNano()) {
 		return Fresh, nil
+	}
+	if w.opts.Epoch != nil && w.Sync(w.opts.Epoch()) {
+		return Fresh, nil // answered in an epoch the replica no longer trusts
 	}
 	if w.opts.Released != nil {
 		rel, err := w.opts.Released(ctx, storeKey)

@@ -132,3 +132,28 @@ func BenchmarkAnsweredAndJudge(b *testing.B) {
 		}
 	})
 }
+
+// TestEpochChangeForgets: answers remembered under one epoch are
+// forgotten when the replica trusts another (an operator accepted a loss):
+// a retry of one is then Fresh, and nobody is told of a loss.
+func TestEpochChangeForgets(t *testing.T) {
+	epoch := "e1"
+	told := 0
+	w := New(Options{Window: time.Minute, MaxKeys: 64, Epoch: func() string { return epoch }, Lost: func(string) { told++ }})
+	if w.Sync("e1") {
+		t.Fatal("the first Sync forgot")
+	}
+	w.Answered("a", time.Hour, time.Now())
+	w.Answered("b", time.Hour, time.Now())
+	if got := judge(t, w, "a"); got != Lost {
+		t.Fatalf("Judge(a) in the same epoch = %v, want Lost", got)
+	}
+	epoch = "e2" // accepted
+	if got := judge(t, w, "b"); got != Fresh || told != 1 {
+		t.Errorf("Judge(b) after the epoch changed = %v (told %d), want Fresh, told once in all", got, told)
+	}
+	w.Answered("c", time.Hour, time.Now())
+	if !w.Sync("e3") || w.Seen("c") {
+		t.Errorf("Sync of a new epoch kept the answers")
+	}
+}
