@@ -134,6 +134,13 @@ func (h *Handler) releaseKey(ctx context.Context, route, storeKey string, act Ac
 		// by a release would be forwarded a second time.
 		return prev, ErrKeyInFlight
 	}
+	if h.opts.MarkReleased != nil {
+		// First: from the release on, a replica that answered the key
+		// must find the mark when it sees the key free.
+		if err := h.opts.MarkReleased(ctx, storeKey); err != nil {
+			return prev, err
+		}
+	}
 	if err := h.opts.Store.Release(ctx, storeKey, prev.Token); err != nil {
 		return prev, err
 	}

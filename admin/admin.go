@@ -133,6 +133,14 @@ type Options struct {
 	// it removed, or ErrNoKeyspace when the registry has none of that
 	// name. Nil: that endpoint is 404.
 	DropKeyspace func(ctx context.Context, keyspace string) (store.Keyspace, error)
+
+	// MarkReleased, when set, writes a release mark of a store key in the
+	// store before an operator's release (API, CLI or console) deletes
+	// it: a replica whose witness remembers answering the key
+	// (internal/witness) reads it and knows that the key was released on
+	// purpose, not lost. A mark that cannot be written fails the release.
+	// Nil: no mark.
+	MarkReleased func(ctx context.Context, storeKey string) error
 	// Tracing, while on, traces the operators' actions (the key API,
 	// accept-loss, reload); nil is never on.
 	Tracing *tracing.Tracing

@@ -1189,3 +1189,42 @@ func TestKeyWithSlashesThroughEveryAct(t *testing.T) {
 		}
 	}
 }
+
+// TestReleaseWritesItsMarkFirst: a release writes the key's release mark
+// (Options.MarkReleased) before it removes the record, so that a witness
+// of the key on any replica reads it; a mark that cannot be written
+// refuses the release with 503 and removes nothing.
+func TestReleaseWritesItsMarkFirst(t *testing.T) {
+	st := openStore(t)
+	var marked []string
+	var markErr error
+	h := newHandler(t, st, func(o *admin.Options) {
+		o.MarkReleased = func(ctx context.Context, sk string) error {
+			if markErr != nil {
+				return markErr
+			}
+			if rec, err := st.Get(ctx, sk); err != nil || rec == nil {
+				t.Errorf("the mark of %s written after its record was removed (%v, %v)", sk, rec, err)
+			}
+			marked = append(marked, sk)
+			return nil
+		}
+	})
+	sk := store.Key("charges", "", "mark-1")
+	seed(t, st, sk, seedCompleted)
+	if rec := serve(t, h, http.MethodDelete, "/v1/keys/charges/mark-1", bearer, nil); rec.Code != http.StatusOK {
+		t.Fatalf("DELETE = %d %s, want 200", rec.Code, rec.Body)
+	}
+	if len(marked) != 1 || marked[0] != sk {
+		t.Errorf("marks written %q, want one for %s", marked, sk)
+	}
+	sk2 := store.Key("charges", "", "mark-2")
+	seed(t, st, sk2, seedCompleted)
+	markErr = errors.New("store down")
+	if rec := serve(t, h, http.MethodDelete, "/v1/keys/charges/mark-2", bearer, nil); rec.Code != http.StatusServiceUnavailable {
+		t.Errorf("DELETE with the mark refused = %d %s, want 503", rec.Code, rec.Body)
+	}
+	if rec, err := st.Get(context.Background(), sk2); err != nil || rec == nil {
+		t.Errorf("the release without a mark removed the record: %v, %v", rec, err)
+	}
+}

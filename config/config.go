@@ -197,7 +197,28 @@ type Store struct {
 	// store's new marker waits three intervals for replicas that remember
 	// an older one to object. Default 2s.
 	EpochCheckInterval Duration `yaml:"epoch_check_interval"`
+	// CanaryInterval is how often each replica writes a canary record to
+	// the store and reads back one it wrote earlier (internal/canary): a
+	// canary missing before its TTL means the store lost writes (an
+	// eviction, a failover to a replica that missed them, a restore of an
+	// older backup). Default 1s.
+	CanaryInterval Duration `yaml:"canary_interval"`
+	// WitnessWindow is how long each replica remembers the keys it
+	// answered (internal/witness): a reservation that succeeds on one of
+	// them within the window, released by no one on purpose, means the
+	// store lost it. Default 5m.
+	WitnessWindow Duration `yaml:"witness_window"`
+	// WitnessMaxKeys bounds the keys the witness remembers (16 bytes
+	// each, allocated at start); past it, the oldest are forgotten early.
+	// Default 262144 (4 MiB).
+	WitnessMaxKeys int `yaml:"witness_max_keys"`
 }
+
+// The bounds of store.witness_max_keys: 16 KiB to 1 GiB of memory.
+const (
+	MinWitnessMaxKeys = 1 << 10
+	MaxWitnessMaxKeys = 1 << 26
+)
 
 // Badger configures the embedded store.
 type Badger struct {

@@ -24,6 +24,9 @@ const (
 	DefaultRedisWaitReplicas        = RedisWaitAuto          // wait for one replica whenever the master reports one: a promotion loses no acknowledged write
 	DefaultRedisWaitTimeout         = 500 * time.Millisecond // a replica nearby acks in ~1ms: 500ms means down or far behind; 503 within op_timeout + wait_timeout (1s), well inside the 5s lease margin
 	DefaultEpochCheckInterval       = 2 * time.Second
+	DefaultCanaryInterval           = time.Second
+	DefaultWitnessWindow            = 5 * time.Minute
+	DefaultWitnessMaxKeys           = 1 << 18
 	DefaultPostgresMaxConns         = 16
 	DefaultPostgresConnectTimeout   = time.Second
 	DefaultPostgresStatementTimeout = 500 * time.Millisecond
@@ -160,6 +163,11 @@ func (s *Store) applyDefaults() {
 		}
 	}
 	setDuration(&s.EpochCheckInterval, DefaultEpochCheckInterval)
+	setDuration(&s.CanaryInterval, DefaultCanaryInterval)
+	setDuration(&s.WitnessWindow, DefaultWitnessWindow)
+	if s.WitnessMaxKeys == 0 {
+		s.WitnessMaxKeys = DefaultWitnessMaxKeys
+	}
 	for _, k := range s.kindsSet() {
 		k.section(s).applyDefaults()
 	}

@@ -190,6 +190,15 @@ func (c *Config) validateStore(p *problems) {
 	if st.EpochCheckInterval < 0 || st.EpochCheckInterval.D() > time.Minute {
 		p.add("store.epoch_check_interval", "must be positive and at most 1m: a store that forgot its keys is found within it")
 	}
+	if st.CanaryInterval < 0 || st.CanaryInterval.D() > time.Minute {
+		p.add("store.canary_interval", "must be positive and at most 1m: a store that lost writes is found within it")
+	}
+	if st.WitnessWindow < 0 || st.WitnessWindow.D() > time.Hour {
+		p.add("store.witness_window", "must be positive and at most 1h")
+	}
+	if st.WitnessMaxKeys < MinWitnessMaxKeys || st.WitnessMaxKeys > MaxWitnessMaxKeys {
+		p.add("store.witness_max_keys", "must be %d to %d (16 bytes a key)", MinWitnessMaxKeys, MaxWitnessMaxKeys)
+	}
 	for _, k := range st.kindsSet() {
 		k.section(st).validate(p)
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/idemproxy/idemproxy/internal/admission"
 	"github.com/idemproxy/idemproxy/internal/settle"
 	"github.com/idemproxy/idemproxy/internal/tracing"
+	"github.com/idemproxy/idemproxy/internal/witness"
 	"github.com/idemproxy/idemproxy/keyextract"
 	"github.com/idemproxy/idemproxy/store"
 )
@@ -57,6 +58,10 @@ type Options struct {
 	// Tracing, while on, traces every request (proxy/tracing.go); nil is
 	// never on.
 	Tracing *tracing.Tracing
+	// Witness remembers the keys this replica answered, and judges a
+	// reservation that succeeds on one of them (proxy/witness.go); nil:
+	// none.
+	Witness *witness.Witness
 }
 
 // Proxy is the idempotency proxy, an http.Handler. Reload swaps its routes
@@ -75,7 +80,8 @@ type Proxy struct {
 	tracing   *tracing.Tracing // nil: off
 	storeName string           // Options.StoreName
 	// held maps the routes held by Hold to why (nil: none).
-	held atomic.Pointer[map[string]string]
+	held    atomic.Pointer[map[string]string]
+	witness *witness.Witness // nil: none
 
 	// life is the parent of every upstream request's context: Abort
 	// cancels it, which turns the requests still waiting for an answer in
@@ -205,6 +211,7 @@ func New(cfg *config.Config, opts Options) (*Proxy, error) {
 		protected: tracedTransport{next: newNoResend(opts.Transport), tracing: opts.Tracing},
 		tracing:   opts.Tracing,
 		storeName: opts.StoreName,
+		witness:   opts.Witness,
 	}
 	if rs, ok := opts.Store.(store.ReconcileStore); ok {
 		p.rstore = instrumentedReconcile{ReconcileStore: rs, s: p.store.(instrumented)}

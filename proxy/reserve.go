@@ -82,6 +82,9 @@ func (a *attempt) reserveAndForward(w http.ResponseWriter, body []byte, id ident
 		}
 		if rec == nil {
 			a.token = res.Token
+			if a.witnessLost(w, body) {
+				return
+			}
 			a.p.forward(w, a, body)
 			return
 		}

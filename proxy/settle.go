@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/idemproxy/idemproxy/internal/settle"
 	"github.com/idemproxy/idemproxy/internal/tracing"
@@ -43,7 +44,10 @@ func (a *attempt) commit(status int, header, trailer http.Header, body []byte, s
 		resp.Trailer = trailer
 	}
 	key, token, ttl := a.storeKey, a.token, a.rt.cfg.TTL.D()
-	a.settle("commit", func(ctx context.Context) error { return a.p.store.Commit(ctx, key, token, resp, ttl) })
+	at := time.Now()
+	if a.settle("commit", func(ctx context.Context) error { return a.p.store.Commit(ctx, key, token, resp, ttl) }) == nil && a.p.witness != nil {
+		a.p.witness.Answered(key, ttl, at)
+	}
 }
 
 // validLength reports whether s is a Content-Length value: decimal digits
@@ -87,12 +91,13 @@ func (a *attempt) settleUnknown() {
 // it fails (a stalled store, op_timeout), the proxy's settler retries it in
 // the background as long as the reservation's lease holds: giving up at
 // once would leave the key in flight and then in doubt for its whole TTL,
-// although the outcome is known.
-func (a *attempt) settle(opName string, op func(ctx context.Context) error) {
+// although the outcome is known. It returns the first attempt's error.
+func (a *attempt) settle(opName string, op func(ctx context.Context) error) error {
 	ctx, cancel := context.WithTimeout(a.detached(), storeTimeout)
 	err := op(ctx)
 	cancel()
 	a.settleErr(opName, err, op)
+	return err
 }
 
 // settleErr hands the result err of a settling write to the settler, which

@@ -27,6 +27,7 @@ import (
 	"github.com/idemproxy/idemproxy/internal/reconcile"
 	"github.com/idemproxy/idemproxy/internal/settle"
 	"github.com/idemproxy/idemproxy/internal/tracing"
+	"github.com/idemproxy/idemproxy/internal/witness"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store"
 )
@@ -199,10 +200,19 @@ func (a *app) serve(ctx context.Context) error {
 	// proxy's reservations report to it between probes.
 	reserveStore, epochReady, stopEpoch := a.watchEpoch(ctx, reg, st, storeName, &watcher)
 	defer stopEpoch() // before the store closes
+	// The canaries and the witness of answered keys: a store that lost
+	// some keys, not all, marked lost too.
+	var wit *witness.Witness
+	var markReleased func(context.Context, string) error
+	if w := watcher.Load(); w != nil {
+		var stopLosses func()
+		wit, markReleased, stopLosses = a.watchLosses(reg, st, w)
+		defer stopLosses() // before the store closes
+	}
 	probe := store.NewWriteProbe(st, store.ProbeOptions{})
 	a.p, err = proxy.New(cfg, proxy.Options{
 		Store: probe.Observe(reserveStore), StoreName: storeName, Logger: log, AccessLog: a.access, Metrics: proxy.NewMetrics(reg),
-		Settler: a.settler, Tracing: a.tracing,
+		Settler: a.settler, Tracing: a.tracing, Witness: wit,
 	})
 	if err != nil {
 		return err
@@ -259,7 +269,7 @@ func (a *app) serve(ctx context.Context) error {
 		adm = admin.NewHandler(admin.Options{
 			Store: a.p.Store(), Lister: st, Routes: a, Gatherer: reg, Token: token, TokenEnv: cfg.Admin.TokenEnv,
 			Reload: func() error { return a.reload(reloadByAPI) }, StoreOptional: a.storeOptional, Logger: log, Reconciler: reconciler,
-			AcceptLoss: a.acceptLossFunc(st, &watcher), DropKeyspace: ks.dropFunc(),
+			AcceptLoss: a.acceptLossFunc(st, &watcher), DropKeyspace: ks.dropFunc(), MarkReleased: markReleased,
 			Pprof: cfg.Admin.Pprof, ReadyChecks: []func() error{conns.Saturated, a.p.BuffersSaturated, a.storeOpenReady(st), epochReady, ks.ready},
 			StoreProbe: probe, Registerer: reg, Tracing: a.tracing,
 		})

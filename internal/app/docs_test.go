@@ -12,10 +12,12 @@ import (
 	"github.com/idemproxy/idemproxy/admin"
 	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/internal/admission"
+	"github.com/idemproxy/idemproxy/internal/canary"
 	"github.com/idemproxy/idemproxy/internal/doctest"
 	"github.com/idemproxy/idemproxy/internal/epoch"
 	"github.com/idemproxy/idemproxy/internal/reconcile"
 	"github.com/idemproxy/idemproxy/internal/settle"
+	"github.com/idemproxy/idemproxy/internal/witness"
 	"github.com/idemproxy/idemproxy/proxy"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/badger"
@@ -87,6 +89,7 @@ func registeredMetrics(t *testing.T) map[string][]string {
 	registerEpochMetrics(rec, epoch.New(epoch.Options{Store: st, Interval: time.Second}))
 	registerStoreRisk(rec, nil)
 	settle.RegisterMetrics(rec, nil)
+	registerLossMetrics(rec, canary.New(canary.Options{Store: st, Interval: time.Second}), witness.New(witness.Options{Window: time.Minute}))
 	return rec.labels
 }
 
