@@ -50,9 +50,16 @@ func keysLostLines(p *proc) []string {
 // under "store:", indented by two) and returns its path.
 func writeLossConfig(t *testing.T, upstream, st, routes string) string {
 	t.Helper()
+	return writeLossConfigEvery(t, upstream, epochInterval, st, routes)
+}
+
+// writeLossConfigEvery is writeLossConfig with the store checked every
+// interval (the epoch marker, and Redis' settings and evictions).
+func writeLossConfigEvery(t *testing.T, upstream, interval, st, routes string) string {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "c.yaml")
 	y := fmt.Sprintf("listen: 127.0.0.1:0\nupstream: %s\nadmin:\n  listen: 127.0.0.1:0\nstore:\n  epoch_check_interval: %s\n%sroutes:\n%s",
-		upstream, epochInterval, st, routes)
+		upstream, interval, st, routes)
 	if err := os.WriteFile(path, []byte(y), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -190,28 +197,42 @@ func infoValue(info, field string) string {
 // line.
 func TestRedisEvictionWitnessed(t *testing.T) {
 	t.Parallel()
-	for _, policy := range []string{"allkeys-lru", "volatile-lru"} {
+	for _, policy := range []string{"allkeys-lru", "volatile-lru", "del"} {
 		t.Run(policy, func(t *testing.T) {
 			t.Parallel()
 			rd := redistest.Start(t)
 			up := startStub(t)
-			// Canaries once a minute: the witness, not a canary, sees
-			// the eviction here.
-			cfg := writeLossConfig(t, up.URL, redisStore(rd.Addr(), "1m"), chargesRoute)
+			// Canaries once a minute, and the eviction policy opted in
+			// to (without the opt-in the policy set at run time is
+			// refused within a check interval:
+			// TestRedisEvictionPolicySetAtRunTimeRefuses): the witness
+			// or the check of Redis' evicted_keys sees the eviction,
+			// whichever comes first; keys deleted behind the proxy's
+			// back ("del") only the witness can see.
+			st := strings.Replace(redisStore(rd.Addr(), "1m"), "    wait_replicas: 0\n", "    wait_replicas: 0\n    allow_eviction: true\n", 1)
+			cfg := writeLossConfig(t, up.URL, st, chargesRoute)
 			p := startProxy(t, cfg, "IDEMPROXY_ADMIN_TOKEN="+adminToken)
 			orders := orderNames("ORD-EV-", 200)
 			chargeAll(t, p, orders)
-			used, err := rd.Do("INFO", "memory")
-			if err != nil {
-				t.Fatal(err)
-			}
-			mem, _ := strconv.Atoi(infoValue(used, "used_memory"))
-			for _, kv := range [][2]string{{"maxmemory-policy", policy}, {"maxmemory", strconv.Itoa(mem + 2<<20)}} {
-				if _, err := rd.Do("CONFIG", "SET", kv[0], kv[1]); err != nil {
+			if policy == "del" {
+				for _, o := range orders[:100] {
+					if _, err := rd.Do("DEL", e2eKeyPrefix+"charges/-/"+o); err != nil {
+						t.Fatal(err)
+					}
+				}
+			} else {
+				used, err := rd.Do("INFO", "memory")
+				if err != nil {
 					t.Fatal(err)
 				}
+				mem, _ := strconv.Atoi(infoValue(used, "used_memory"))
+				for _, kv := range [][2]string{{"maxmemory-policy", policy}, {"maxmemory", strconv.Itoa(mem + 2<<20)}} {
+					if _, err := rd.Do("CONFIG", "SET", kv[0], kv[1]); err != nil {
+						t.Fatal(err)
+					}
+				}
+				fillUntilEvicted(t, rd.Addr(), 2000, policy == "volatile-lru")
 			}
-			fillUntilEvicted(t, rd.Addr(), 2000, policy == "volatile-lru")
 			refused := retryAll(t, p, up.URL, orders)
 			if refused == 0 {
 				t.Fatalf("no retry refused after evictions: the eviction was not seen")
@@ -228,12 +249,22 @@ func TestRedisEvictionWitnessed(t *testing.T) {
 				return
 			}
 			if v, _ := rd.Do("HGET", e2eKeyPrefix+"epoch", "eid"); v == "" {
-				t.Errorf("the epoch marker, which has no TTL, was evicted under volatile-lru")
+				t.Errorf("the epoch marker, which has no TTL, was evicted under %s", policy)
 			}
-			if got := metricSum(t, p, "idemproxy_witness_hits_total", `verdict="lost"`); got != 1 {
-				t.Errorf("idemproxy_witness_hits_total{verdict=lost} = %v, want 1 (the first retry of an evicted key)", got)
+			hits := metricSum(t, p, "idemproxy_witness_hits_total", `verdict="lost"`)
+			if policy == "del" {
+				if hits != 1 {
+					t.Errorf("idemproxy_witness_hits_total{verdict=lost} = %v, want 1 (the first retry of a deleted key)", hits)
+				}
+				wantPartialLoss(t, policy, p, "route charges")
+			} else {
+				// The witness (the first retry of an evicted key) or
+				// the next check of evicted_keys: one of them.
+				if hits > 1 {
+					t.Errorf("idemproxy_witness_hits_total{verdict=lost} = %v, want at most 1", hits)
+				}
+				wantPartialLoss(t, policy, p, "")
 			}
-			wantPartialLoss(t, policy, p, "route charges")
 
 			// Accepted: a retry of a key answered before the loss is
 			// forwarded again, on purpose, and is no new alarm.

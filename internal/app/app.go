@@ -39,6 +39,10 @@ type app struct {
 	// settler retries the writes that settle keys (internal/settle);
 	// made by serve.
 	settler *settle.Settler
+	// onTrust, when set, is told the ID of the epoch the replica trusts
+	// whenever it changes ("" for none), after the store is: the witness
+	// of answered keys forgets those of an epoch no longer trusted.
+	onTrust atomic.Pointer[func(id string)]
 	path    string
 	// overrides are the flags' and variables' values that replace the
 	// file's, on every reload as at start.

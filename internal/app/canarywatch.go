@@ -57,6 +57,12 @@ func (a *app) watchLosses(reg prometheus.Registerer, st store.Store, w *epoch.Wa
 			wit.Sync(id)
 			return id
 		}}
+	// The answers remembered belong to the epoch trusted when they were
+	// answered: the witness learns each change of trust as it happens
+	// (a loss, an acceptance), not at the canaries' next round.
+	syncWitness := func(id string) { wit.Sync(id) }
+	a.onTrust.Store(&syncWitness)
+	wit.Sync(trusted())
 	if rs, ok := st.(*redis.Store); ok {
 		opts.Tags = func(ctx context.Context) ([]string, error) { return rs.CanaryTags(ctx, canary.Prefix+"canary/") }
 	}

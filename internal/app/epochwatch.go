@@ -56,8 +56,14 @@ func (a *app) watchEpoch(ctx context.Context, reg prometheus.Registerer, st stor
 	}); ok {
 		opts.Incarnation = inc.Incarnation
 	}
-	if ex, ok := st.(interface{ ExpectEpoch(string) }); ok {
-		opts.OnTrust = ex.ExpectEpoch
+	ex, _ := st.(interface{ ExpectEpoch(string) })
+	opts.OnTrust = func(id string) {
+		if ex != nil {
+			ex.ExpectEpoch(id)
+		}
+		if f := a.onTrust.Load(); f != nil {
+			(*f)(id)
+		}
 	}
 	w := epoch.New(opts)
 	slot.Store(w)
