@@ -320,7 +320,7 @@ func chargeCount(t *testing.T, stubURL, order string) int {
 	return st.Charges
 }
 
-// eventually waits, at most 15 s, for cond (h2attack.Eventually).
+// eventually waits, at most 30 s, for cond (h2attack.Eventually).
 var eventually = h2attack.Eventually
 
 // scrapeValue reads one series of the proxy's /metrics as a number.
