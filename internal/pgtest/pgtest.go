@@ -404,7 +404,11 @@ func (s *Server) start() error {
 	cmd.Dir = s.dir
 	cmd.Stdout, cmd.Stderr = log, log
 	s.asServerUser(cmd)
-	setProcAttr(cmd)
+	// Its own process group, and killed by the kernel if the test binary
+	// dies without running its cleanups (its backends then exit on their
+	// own when they notice the postmaster is gone; under testrun the PID
+	// namespace ends them too).
+	testrun.SetProcAttr(cmd)
 	err = cmd.Start()
 	_ = log.Close()
 	if err != nil {
