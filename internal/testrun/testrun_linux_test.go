@@ -149,6 +149,7 @@ func TestNothingOutlivesAKilledRun(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel() // each waits on its own run; the timeout case for 30 s
 			token := fmt.Sprintf("%x", rand.Uint64())
 			ready := filepath.Join(t.TempDir(), "ready.json")
 			env := append(outsideEnv(), "TMPDIR="+tmp, envReady+"="+ready, envToken+"="+token)
