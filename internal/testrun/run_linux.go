@@ -18,6 +18,11 @@ import (
 // own, which it finishes setting up (enterNamespaces).
 const envNamespaces = "IDEMPROXY_TESTRUN_NAMESPACES"
 
+// exitNoNamespaces is the run's exit code when it cannot set up its
+// namespaces (a container that lets it create them but not mount /proc):
+// the supervisor then starts it again without them.
+const exitNoNamespaces = 97
+
 // killAfter is how long Main waits after interrupting the run, when go
 // test went away, before it kills the run.
 const killAfter = 10 * time.Second
@@ -30,8 +35,8 @@ func isolate() {
 	// run itself is the first process of its PID namespace.
 	if os.Getenv(envNamespaces) != "" && os.Getpid() == 1 {
 		if err := enterNamespaces(); err != nil {
-			fmt.Fprintf(os.Stderr, "testrun: %v\n", err)
-			os.Exit(1)
+			fmt.Fprintf(os.Stderr, "testrun: %v: the tests run without namespaces of their own\n", err)
+			os.Exit(exitNoNamespaces)
 		}
 	}
 }
@@ -69,23 +74,33 @@ func supervise() int {
 	defer lock.Close()
 	defer removeRunDir(dir)
 
-	cmd, err := startRun(dir, cache)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "testrun: start the tests: %v\n", err)
-		return 1
+	namespaces := os.Geteuid() == 0
+	var cmd *exec.Cmd
+	for {
+		c, inNamespaces, err := startRun(dir, cache, namespaces)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "testrun: start the tests: %v\n", err)
+			return 1
+		}
+		done := make(chan struct{})
+		go passSignals(c, done)
+		err = c.Wait()
+		close(done)
+		if inNamespaces && c.ProcessState.ExitCode() == exitNoNamespaces {
+			namespaces = false
+			continue
+		}
+		var exit *exec.ExitError
+		if err != nil && !errors.As(err, &exit) {
+			fmt.Fprintf(os.Stderr, "testrun: %v\n", err)
+			return 1
+		}
+		cmd = c
+		break
 	}
-	done := make(chan struct{})
-	go passSignals(cmd, done)
-	err = cmd.Wait()
-	close(done)
 	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		fmt.Fprintf(os.Stderr, "testrun: the tests were killed by %v\n", ws.Signal())
 		return 128 + int(ws.Signal())
-	}
-	var exit *exec.ExitError
-	if err != nil && !errors.As(err, &exit) {
-		fmt.Fprintf(os.Stderr, "testrun: %v\n", err)
-		return 1
 	}
 	return cmd.ProcessState.ExitCode()
 }
@@ -208,11 +223,12 @@ func unescapeMountinfo(s string) string {
 }
 
 // startRun starts the test binary again, as the run, with TMPDIR dir: in
-// new PID and mount namespaces when it may, else without.
-func startRun(dir, cache string) (*exec.Cmd, error) {
+// new PID and mount namespaces when asked and allowed, else without. It
+// reports which.
+func startRun(dir, cache string, namespaces bool) (*exec.Cmd, bool, error) {
 	exe, err := os.Executable()
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	mk := func(namespaces bool) *exec.Cmd {
 		cmd := exec.Command(exe, os.Args[1:]...)
@@ -226,15 +242,15 @@ func startRun(dir, cache string) (*exec.Cmd, error) {
 		}
 		return cmd
 	}
-	if os.Geteuid() == 0 {
+	if namespaces {
 		cmd := mk(true)
 		if err := cmd.Start(); err == nil {
-			return cmd, nil
+			return cmd, true, nil
 		}
 		// A container without CAP_SYS_ADMIN: run without the namespaces.
 	}
 	cmd := mk(false)
-	return cmd, cmd.Start()
+	return cmd, false, cmd.Start()
 }
 
 // passSignals passes the signals a user or go test sends on to the run,
