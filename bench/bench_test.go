@@ -19,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/idemproxy/idemproxy/internal/testrun"
 )
 
 // TestRedisAvailable: a target whose program is missing is left out with a
@@ -179,6 +181,7 @@ func bench(t *testing.T, tmp string, args ...string) *exec.Cmd {
 }
 
 func TestMain(m *testing.M) {
+	testrun.Isolate() // no server of a bench run outlives the test binary
 	code := m.Run()
 	if benchBin != "" {
 		os.RemoveAll(filepath.Dir(benchBin))

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/idemproxy/idemproxy/internal/testrun"
 )
 
 // The admission tests run the real binary: what is pinned is what one
@@ -243,11 +245,26 @@ func sendUntilHeld(t *testing.T, p *proc, source string, length, prefix int, wan
 // TestClientShare: one client (one address, any number of connections)
 // holds at most max_buffered_bytes_per_client beyond one body; its next
 // body is 503 overloaded while other clients are served.
+//
+// Everything until the held bodies are cut must happen within
+// body_timeout: about 20 round trips to the proxy. body_timeout is the
+// machine's: 60 times the slowest of three charges and /metrics reads on
+// a first proxy (5 s at least), so that a busy machine does not cut the
+// held bodies before the test has seen what their share refuses.
 func TestClientShare(t *testing.T) {
 	up := startStub(t)
 	dir := t.TempDir()
+	paced := startProxy(t, writeConfig(t, filepath.Join(dir, "pace.yaml"), up.URL, filepath.Join(dir, "pace"), "", chargesRoute))
+	var n int
+	step := testrun.Pace(func() {
+		n++
+		chargeFrom(paced, "127.0.0.3", fmt.Sprintf("ORD-PACE-%d", n))
+		paced.metric("idemproxy_buffered_bytes")
+	})
+	bodyTimeout := max(5*time.Second, 60*step).Round(time.Millisecond)
+	t.Logf("a charge and a /metrics read take %v: body_timeout %v", step, bodyTimeout)
 	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"),
-		"server:\n  body_timeout: 5s\n  max_buffered_bytes_per_client: 524288\n", chargesRoute))
+		fmt.Sprintf("server:\n  body_timeout: %v\n  max_buffered_bytes_per_client: 524288\n", bodyTimeout), chargesRoute))
 	// 200 KiB of a 1 MiB body arrives into chunks of 4, 4, 8, 16, 32, 64,
 	// 64 and 64 KiB: 256 KiB held.
 	const held = 256 << 10

@@ -36,6 +36,12 @@ func socketsOf(pid int) int {
 // request. Every newcomer is served, the oldest idle connections are the
 // ones closed to admit it, and the process never holds more client
 // connections than the limit (plus the one being admitted).
+//
+// The 1100 clients connect one after the other, which on a busy machine
+// takes longer than the default idle_timeout (120 s): the oldest would
+// then be closed for their idleness, not shed to admit a newcomer, and
+// the counts below would not add up. idle_timeout is an hour, so only
+// shedding closes them, however long the machine takes.
 func TestIdleConnectionsDoNotLockOutNewClients(t *testing.T) {
 	for _, tt := range []struct {
 		name      string
@@ -52,7 +58,7 @@ func TestIdleConnectionsDoNotLockOutNewClients(t *testing.T) {
 			up := startStub(t)
 			dir := t.TempDir()
 			p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"),
-				serverLimits(tt.max), chargesRoute))
+				serverLimits(tt.max, "idle_timeout: 1h"), chargesRoute))
 			pid := p.cmd.Process.Pid
 			// The baseline: listeners, the store, a pooled upstream connection.
 			if r := do("GET", p.url("/charges"), ""); r.status != 200 {

@@ -36,6 +36,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/internal/h2attack"
+	"github.com/idemproxy/idemproxy/internal/testrun"
 	"github.com/idemproxy/idemproxy/upstream-stub/stub"
 )
 
@@ -44,6 +45,9 @@ import (
 var bin string
 
 func TestMain(m *testing.M) {
+	// Under testrun's supervisor: no proxy, server, browser or mount of
+	// these tests outlives the test binary, even when it is killed.
+	testrun.Isolate()
 	dir, err := os.MkdirTemp("", "idemproxy-test")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -186,6 +190,9 @@ func startCmd(t *testing.T, cmd *exec.Cmd, env ...string) *proc {
 	p := &proc{t: t, log: newFileLog(t), exited: make(chan struct{}), cmd: cmd}
 	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stderr = p.log.f
+	// It dies with the test binary, and its process group (prlimit's, or
+	// anything it starts) with the test.
+	testrun.SetProcAttr(p.cmd)
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -194,7 +201,7 @@ func startCmd(t *testing.T, cmd *exec.Cmd, env ...string) *proc {
 		close(p.exited)
 	}()
 	t.Cleanup(func() {
-		p.cmd.Process.Kill()
+		testrun.KillGroup(p.cmd)
 		<-p.exited
 	})
 	deadline := time.Now().Add(20 * time.Second)
@@ -313,7 +320,7 @@ func chargeCount(t *testing.T, stubURL, order string) int {
 	return st.Charges
 }
 
-// eventually waits, at most 15 s, for cond (h2attack.Eventually).
+// eventually waits, at most 30 s, for cond (h2attack.Eventually).
 var eventually = h2attack.Eventually
 
 // scrapeValue reads one series of the proxy's /metrics as a number.

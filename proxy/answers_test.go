@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemproxy/idemproxy/internal/testrun"
 	"github.com/idemproxy/idemproxy/proxy/proxytest"
 	"github.com/idemproxy/idemproxy/store"
 )
@@ -69,6 +70,12 @@ func TestPassthroughEarlyHintsStatus(t *testing.T) {
 // holding the handler, the connection and the reservation for as long as
 // the client keeps its connection open. A slow client never turns a
 // finished answer into in doubt.
+//
+// upstream_timeout is set from the machine's pace: the proxy cuts the slow
+// client a quarter of it before its end and then takes the rest of the
+// upstream's answer, so that quarter must hold that read with room to
+// spare, on a busy machine too: 10 times the slowest of three reads of the
+// whole answer straight from the upstream, and 3 s at least.
 func TestClientThatStopsReading(t *testing.T) {
 	chunk := bytes.Repeat([]byte("x"), 64<<10)
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -84,14 +91,19 @@ func TestClientThatStopsReading(t *testing.T) {
 		}
 	}))
 	defer up.Close()
+	read := testrun.Pace(func() {
+		proxytest.WantStatus(t, "the whole answer from the upstream", proxytest.Send(up.Client(), "POST", up.URL+"/charges", "{}", "Idempotency-Key", "k1"), 200, "")
+	})
+	timeout := max(3*time.Second, 40*read).Round(time.Millisecond)
+	t.Logf("the answer takes %v to read: upstream_timeout %v", read, timeout)
 	e := &proxytest.Env{T: t}
-	e.Start(up.URL, `
+	e.Start(up.URL, fmt.Sprintf(`
   - name: charges
     match: POST /charges
     key: {header: Idempotency-Key}
-    upstream_timeout: 3s
+    upstream_timeout: %v
     lease: 1h
-`)
+`, timeout))
 	conn, err := net.Dial("tcp", e.Server.Listener.Addr().String())
 	if err != nil {
 		t.Fatal(err)
@@ -100,7 +112,7 @@ func TestClientThatStopsReading(t *testing.T) {
 	conn.(*net.TCPConn).SetReadBuffer(4 << 10)
 	fmt.Fprintf(conn, "POST /charges HTTP/1.1\r\nHost: x\r\nIdempotency-Key: k1\r\nContent-Length: 2\r\n\r\n{}")
 	proxytest.Eventually(t, "the charge is reserved", func() bool { return e.State("charges", "", "k1") != "" })
-	proxytest.Eventually(t, "the key settles although the client stopped reading", func() bool {
+	proxytest.EventuallyWithin(t, timeout+proxytest.EventuallyLimit, "the key settles although the client stopped reading", func() bool {
 		return e.State("charges", "", "k1") != store.StateInFlight
 	})
 	// The answer, too large to store, was streamed: the client, too slow
@@ -115,7 +127,7 @@ func TestClientThatStopsReading(t *testing.T) {
 	// request on a kept-alive connection, after it, is answered.
 	c := e.Server.Client()
 	proxytest.WantStatus(t, "first on the connection", proxytest.Send(c, "POST", e.Server.URL+"/charges", "{}", "Idempotency-Key", "k2"), 200, "")
-	time.Sleep(3500 * time.Millisecond) // past the first request's upstream_timeout
+	time.Sleep(timeout + 500*time.Millisecond) // past the first request's upstream_timeout
 	proxytest.WantStatus(t, "next on the connection", proxytest.Send(c, "POST", e.Server.URL+"/charges", "{}", "Idempotency-Key", "k3"), 200, "")
 }
 

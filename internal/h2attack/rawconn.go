@@ -65,13 +65,14 @@ func (c *RawConn) ClosedByPeer() bool {
 	return err != nil && !(errors.As(err, &ne) && ne.Timeout())
 }
 
-// Eventually waits, at most 15 s, for cond to hold, polling it every
-// 10 ms; it fails the test, naming what, if cond never does.
+// Eventually waits, at most 30 s (enough for a loaded machine: a test that
+// passes waits only as long as cond takes), for cond to hold, polling it
+// every 10 ms; it fails the test, naming what, if cond never does.
 func Eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(15 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 15s", what)
+			t.Fatalf("%s: not within 30s", what)
 		}
 	}
 }

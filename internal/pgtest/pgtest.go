@@ -15,8 +15,9 @@
 // package) in a directory it owns; otherwise they run as the current user.
 //
 // initdb costs a second or two of CPU, paid once: the first Start on a
-// machine initialises a template cluster in the temporary directory,
-// named for the server binaries and their version, its owner and
+// machine initialises a template cluster in the temporary directory
+// (testrun.CacheDir: outside a test run's own directory, which is removed
+// when the run ends), named for the server binaries and their version, its owner and
 // initdb's arguments (pgtest-template-...), and every Start copies it
 // (cp -a). The template
 // is never started; it is kept, as a build cache is, for the next test
@@ -45,6 +46,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/internal/freeport"
+	"github.com/idemproxy/idemproxy/internal/testrun"
 )
 
 const (
@@ -340,7 +342,7 @@ func (s *Server) template() (string, error) {
 	h := fnv.New32a()
 	h.Write([]byte(s.bin + "\x00" + string(ver) + "\x00" + strings.Join(initdbArgs, "\x00")))
 	name := fmt.Sprintf("pgtest-template-%d-%x", owner, h.Sum32())
-	tpl := filepath.Join(os.TempDir(), name)
+	tpl := filepath.Join(testrun.CacheDir(), name)
 	if _, err := os.Stat(filepath.Join(tpl, "PG_VERSION")); err == nil {
 		return tpl, nil
 	}
@@ -402,7 +404,11 @@ func (s *Server) start() error {
 	cmd.Dir = s.dir
 	cmd.Stdout, cmd.Stderr = log, log
 	s.asServerUser(cmd)
-	setProcAttr(cmd)
+	// Its own process group, and killed by the kernel if the test binary
+	// dies without running its cleanups (its backends then exit on their
+	// own when they notice the postmaster is gone; under testrun the PID
+	// namespace ends them too).
+	testrun.SetProcAttr(cmd)
 	err = cmd.Start()
 	_ = log.Close()
 	if err != nil {

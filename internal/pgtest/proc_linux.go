@@ -2,23 +2,11 @@ package pgtest
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 )
-
-// setProcAttr puts the postmaster in its own process group and makes the
-// kernel kill it if the test binary dies without running its cleanups (its
-// backends then exit on their own when they notice the postmaster is gone).
-func setProcAttr(cmd *exec.Cmd) {
-	if cmd.SysProcAttr == nil {
-		cmd.SysProcAttr = &syscall.SysProcAttr{}
-	}
-	cmd.SysProcAttr.Setpgid = true
-	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
-}
 
 // killLocked kills the postmaster and its children (backends and auxiliary
 // processes, each in a session of its own, so a process-group signal would

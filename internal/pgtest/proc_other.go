@@ -2,10 +2,6 @@
 
 package pgtest
 
-import "os/exec"
-
-func setProcAttr(cmd *exec.Cmd) {}
-
 // killLocked kills the postmaster with SIGKILL and waits for it to exit.
 func (s *Server) killLocked() {
 	if s.cmd == nil {

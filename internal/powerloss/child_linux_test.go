@@ -18,11 +18,17 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/idemproxy/idemproxy/internal/testrun"
 )
 
 // The test binary doubles as the child process a power cut kills: with
 // POWERLOSS_CHILD set, TestMain runs that child instead of the tests.
 func TestMain(m *testing.M) {
+	// Under testrun's supervisor, no mount outlives the tests, even when
+	// the test binary is killed; the children inherit the run's marks and
+	// pass through.
+	testrun.Isolate()
 	switch mode := os.Getenv("POWERLOSS_CHILD"); mode {
 	case "":
 	case "badger":

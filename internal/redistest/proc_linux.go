@@ -1,15 +1,6 @@
 package redistest
 
-import (
-	"os/exec"
-	"syscall"
-)
-
-// setProcAttr makes the kernel kill redis-server if the test binary dies
-// without running its cleanups.
-func setProcAttr(cmd *exec.Cmd) {
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-}
+import "syscall"
 
 // Pause freezes the server with SIGSTOP: connections stay open but nothing
 // answers, as in a network partition or a stalled host. Resume undoes it;

@@ -2,10 +2,6 @@
 
 package redistest
 
-import "os/exec"
-
-func setProcAttr(cmd *exec.Cmd) {}
-
 // Pause is only supported on Linux.
 func (s *Server) Pause() { s.tb.Helper(); s.tb.Fatal("redistest: Pause needs Linux") }
 

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/internal/freeport"
+	"github.com/idemproxy/idemproxy/internal/testrun"
 )
 
 const (
@@ -170,7 +171,7 @@ func (s *Server) start() error {
 	args = append(args, s.args...)
 	cmd := exec.Command(s.bin, args...)
 	cmd.Dir = s.dir
-	setProcAttr(cmd)
+	testrun.SetProcAttr(cmd) // dies with the test binary, cleanups run or not
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("start redis-server: %w", err)
 	}

@@ -307,13 +307,25 @@ func CounterValue(t testing.TB, reg prometheus.Gatherer, name string, labels map
 	return 0
 }
 
-// Eventually polls cond for up to 10 s, and fails the test with what if it
+// Eventually polls cond for up to EventuallyLimit, and fails the test with what if it
 // never holds.
 func Eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+	EventuallyWithin(t, EventuallyLimit, what, cond)
+}
+
+// EventuallyLimit is how long Eventually waits: long enough for a loaded
+// machine (the tests pass with both cores of a 2-core machine kept busy);
+// a test that passes waits only as long as its condition takes.
+const EventuallyLimit = 30 * time.Second
+
+// EventuallyWithin is Eventually with a limit of the test's own (a bound
+// that the test derived from its settings, plus EventuallyLimit).
+func EventuallyWithin(t testing.TB, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(limit); !cond(); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 10s", what)
+			t.Fatalf("%s: not within %v", what, limit)
 		}
 	}
 }

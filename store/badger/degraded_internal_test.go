@@ -175,6 +175,7 @@ func (l *syncLog) String() string {
 // leaves the files as they are, and opens the store, with its keys,
 // without a restart once an operator repaired it.
 func TestGuardStartsDegradedOnAStoreThatDoesNotOpen(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name   string
 		damage func(t *testing.T, dir string) (undo func())

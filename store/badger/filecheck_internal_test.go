@@ -55,6 +55,7 @@ func TestOpenRefusesValueLogWithoutManifest(t *testing.T) {
 // TestCheckFiles: what `idemproxy store check` reports about Badger's own
 // files, without opening the store or changing it.
 func TestCheckFiles(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name   string
 		damage func(t *testing.T, dir string)

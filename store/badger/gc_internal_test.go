@@ -20,6 +20,7 @@ import (
 // pointing into a file that is gone, every such key failing (503) for its
 // whole TTL, its answer lost. The file must outlive the sync of the moves.
 func TestValueLogGCCrashKeepsAnswers(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	opts := Options{Dir: dir, SyncWrites: true, checkpointEvery: -1}
 	s, err := Open(opts)

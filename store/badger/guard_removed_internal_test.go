@@ -92,6 +92,7 @@ func copyRegularFiles(t *testing.T, src, dst string) {
 // created: it would delete that store's write-ahead log by name, and every
 // reservation made since would be lost on the next crash (charged twice).
 func TestReopenAfterDirectoryRemovedKeepsReservationsDurable(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "data")
 	g, err := OpenGuarded(Options{Dir: dir, SyncWrites: true}, GuardOptions{})
 	if err != nil {

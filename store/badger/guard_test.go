@@ -66,6 +66,7 @@ var res = store.Reservation{Token: "tok", Fingerprint: "fp", Lease: time.Minute,
 // next operation's goroutine. The guarded store answers errors instead,
 // fails Ping, and reopens itself: it serves again without a restart.
 func TestGuardDirectoryRemoved(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "data")
 	s := openGuarded(t, dir, badger.GuardOptions{})
 	ctx := context.Background()

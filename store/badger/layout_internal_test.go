@@ -19,6 +19,7 @@ import (
 // the tree. With answers in the tree (the earlier layout) a million keys
 // made a tree of 300 MiB instead of 40.
 func TestAnswersLiveInTheValueLog(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s, err := Open(Options{Dir: dir})
 	if err != nil {

@@ -113,6 +113,7 @@ func stateBody(r *store.Record) string {
 // Sequence numbers restarting at each open would make the next replay
 // skip the new records as already applied.
 func TestSequenceGoesOnAcrossOpens(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	ctx := context.Background()
 	res := store.Reservation{Token: "t", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}

@@ -474,6 +474,7 @@ func TestStalledReservationReleased(t *testing.T) {
 // closures only write (the reconciler's delete of stale index entries)
 // must fail, not end the process.
 func TestWriteAfterFailedRotation(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "data")
 	s, err := Open(Options{Dir: dir})
 	if err != nil {
@@ -494,6 +495,7 @@ func TestWriteAfterFailedRotation(t *testing.T) {
 // goroutine, where nothing recovered it: the process died at the next GC
 // tick. The GC now fails like any operation on a failed store.
 func TestGCAfterFailedRotation(t *testing.T) {
+	t.Parallel()
 	dir := filepath.Join(t.TempDir(), "data")
 	value := make([]byte, 1<<20)
 	fill := func(round byte) {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/internal/pgtest"
+	"github.com/idemproxy/idemproxy/internal/testrun"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/postgres"
 )
@@ -19,17 +20,35 @@ import (
 // timeout. The store must then start (a proxy restarted during the
 // failover) and take a reservation, not give up on the whole host list
 // after one host's connect_timeout.
+//
+// connect_timeout is the machine's: 5 times the slowest of three
+// reservations on a new connection to the live host alone (500 ms at
+// least), so that the live host is reached within it on a busy machine
+// too.
 func TestAFrozenFirstHostIsPassedOver(t *testing.T) {
 	frozen := pgtest.Start(t)
 	live := pgtest.Start(t)
+	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	alone := newStore(t, live, postgres.Options{Table: "hosts"})
+	var i int
+	connect := testrun.Pace(func() {
+		alone.ResetPool()
+		i++
+		if _, err := alone.Reserve(c, fmt.Sprintf("r/-/pace-%d", i), store.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour}); err != nil {
+			t.Fatalf("Reserve on a new connection to the live host alone: %v", err)
+		}
+	})
+	timeout := max(500*time.Millisecond, 5*connect)
+	t.Logf("a reservation on a new connection takes %v: connect_timeout %v", connect, timeout)
 	frozen.Pause()
 	defer frozen.Resume()
 	dsn := fmt.Sprintf("postgres://%s@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&target_session_attrs=read-write",
 		pgtest.User, frozen.Port(), live.Port())
-	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	c, cancel = context.WithTimeout(context.Background(), 30*time.Second+4*timeout)
 	defer cancel()
 	s, err := postgres.New(c, postgres.Options{
-		DSN: dsn, Table: "hosts", ConnectTimeout: 500 * time.Millisecond, StatementTimeout: postgres.DefaultStatementTimeout,
+		DSN: dsn, Table: "hosts", ConnectTimeout: timeout, StatementTimeout: postgres.DefaultStatementTimeout,
 	})
 	if err != nil {
 		t.Fatalf("New with the first host frozen: %v", err)

@@ -4,6 +4,8 @@ import (
 	"flag"
 	"os"
 	"testing"
+
+	"github.com/idemproxy/idemproxy/internal/testrun"
 )
 
 // TestMain raises -test.parallel to 4 unless it was given: each test starts
@@ -11,7 +13,11 @@ import (
 // for outages, timeouts and standbys), so running more of them at once
 // shortens the package's wall time even on 2 cores. A -parallel given on the
 // command line wins.
+//
+// The tests run under testrun's supervisor, so that no PostgreSQL server
+// outlives the test binary, even when it is killed.
 func TestMain(m *testing.M) {
+	testrun.Isolate()
 	flag.Parse()
 	given := false
 	flag.Visit(func(f *flag.Flag) {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/internal/pgtest"
+	"github.com/idemproxy/idemproxy/internal/testrun"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/postgres"
 )
@@ -72,26 +73,42 @@ VALUES ($1, 'in_flight', 'x', '', now(), now() + interval '1 hour', now() + inte
 // batch of them must not fail them all (57014 fails every caller of the
 // batch, and the settler's retries batch them again), leaving their keys
 // in flight and then in doubt for the whole TTL.
+//
+// The statement timeout is the machine's: 8 times the slowest of three
+// commits alone (500 ms at least), measured first on the same table with
+// a generous timeout, so that each alone fits it on a busy machine too;
+// the 63 commits in one statement would take about 63 times one.
 func TestBatchOfLargeCommitsFitsTheStatementTimeout(t *testing.T) {
 	t.Parallel()
 	srv := pgtest.Start(t)
 	const table = "large_commits"
-	s := newStore(t, srv, postgres.Options{Table: table, StatementTimeout: 500 * time.Millisecond})
 	c := ctx(t)
 	const n = 64
 	body := make([]byte, 1<<20)
 	rand.Read(body)
-	for i := range n {
-		if rec, err := s.Reserve(c, "r/-/"+strconv.Itoa(i), store.Reservation{Token: "t", Lease: time.Hour, TTL: time.Hour}); err != nil || rec != nil {
-			t.Fatalf("Reserve(%d) = %+v, %v", i, rec, err)
+	reserve := func(s *postgres.Store, key string) {
+		t.Helper()
+		if rec, err := s.Reserve(c, key, store.Reservation{Token: "t", Lease: time.Hour, TTL: time.Hour}); err != nil || rec != nil {
+			t.Fatalf("Reserve(%s) = %+v, %v", key, rec, err)
 		}
 	}
-	// Alone: one commit takes well inside the timeout.
-	start := time.Now()
-	if err := s.Commit(c, "r/-/0", "t", store.Response{Status: 200, Body: body, BodyStored: true}, time.Hour); err != nil {
-		t.Fatalf("Commit alone: %v", err)
+	// Alone: how long one commit takes here, now.
+	paced := newStore(t, srv, postgres.Options{Table: table})
+	var i int
+	alone := testrun.Pace(func() {
+		key := "r/-/alone-" + strconv.Itoa(i)
+		i++
+		reserve(paced, key)
+		if err := paced.Commit(c, key, "t", store.Response{Status: 200, Body: body, BodyStored: true}, time.Hour); err != nil {
+			t.Fatalf("Commit alone: %v", err)
+		}
+	})
+	timeout := max(500*time.Millisecond, 8*alone)
+	t.Logf("one 1 MiB commit alone (with its reservation): %v; statement timeout %v", alone, timeout)
+	s := newStore(t, srv, postgres.Options{Table: table, StatementTimeout: timeout})
+	for i := 1; i < n; i++ {
+		reserve(s, "r/-/"+strconv.Itoa(i))
 	}
-	t.Logf("one 1 MiB commit alone: %v", time.Since(start))
 	g := closeGate(t, srv, s, table)
 	errs := make(chan error, n)
 	for i := 1; i < n; i++ {

@@ -1,0 +1,12 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/idemproxy/idemproxy/internal/testrun"
+)
+
+// TestMain runs the tests under testrun's supervisor: they start the chaos
+// run's binaries and mount file systems, which must not outlive the test
+// binary, even when it is killed.
+func TestMain(m *testing.M) { testrun.Main(m) }
