@@ -1,0 +1,11 @@
+package canary_test
+
+import (
+	"testing"
+
+	"github.com/idemproxy/idemproxy/internal/testrun"
+)
+
+// TestMain runs the tests under testrun's supervisor: they start Redis
+// servers, which must not outlive the test binary, even when it is killed.
+func TestMain(m *testing.M) { testrun.Main(m) }
