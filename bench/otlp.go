@@ -163,13 +163,14 @@ func countSpans(b []byte) (spans, server int64, err error) {
 	return spans, server, err
 }
 
-// eachField calls f with each field of the message b: a length-delimited
-// field's bytes in v, a varint's value in x (other types get neither).
+// eachField calls f with each field of the protobuf message b (OTLP's, a
+// CPU profile's: budget.go): a length-delimited field's bytes in v, a
+// varint's value in x (other types get neither).
 func eachField(b []byte, f func(num protowire.Number, typ protowire.Type, v []byte, x uint64) error) error {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
-			return fmt.Errorf("not an OTLP message: %w", protowire.ParseError(n))
+			return fmt.Errorf("not a protobuf message: %w", protowire.ParseError(n))
 		}
 		b = b[n:]
 		var (
@@ -185,7 +186,7 @@ func eachField(b []byte, f func(num protowire.Number, typ protowire.Type, v []by
 			n = protowire.ConsumeFieldValue(num, typ, b)
 		}
 		if n < 0 {
-			return fmt.Errorf("not an OTLP message: %w", protowire.ParseError(n))
+			return fmt.Errorf("not a protobuf message: %w", protowire.ParseError(n))
 		}
 		b = b[n:]
 		if err := f(num, typ, v, x); err != nil {
