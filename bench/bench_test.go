@@ -188,7 +188,9 @@ func TestMain(m *testing.M) {
 
 // TestSharedStoreRowsShowDatabaseCPU: in a real run, every shared-store
 // row, the Cluster's and the prefilled twins included, shows the database's
-// CPU per request; only the rows without a database server show "-".
+// CPU per request; only the rows without a database server show "-". Every
+// row, the bare proxy's included, shows the budget: allocations, bytes and
+// syscalls per request.
 func TestSharedStoreRowsShowDatabaseCPU(t *testing.T) {
 	tmp := sharedTempDir(t)
 	c := bench(t, tmp, "-targets", "bare,redis,redis-cluster,postgres-nosync", "-prefill", "100",
@@ -202,6 +204,8 @@ func TestSharedStoreRowsShowDatabaseCPU(t *testing.T) {
 		"postgres-nosync": true, "postgres-nosync@100": true,
 	}
 	db := -1 // the DB CPU/req column
+	var budget []int // the allocs/req, B/req and syscalls/req columns
+	number := regexp.MustCompile(`^\d+(\.\d+)?$`)
 	seen := map[string]bool{}
 	// tabwriter pads cells with at least two spaces; "0.42 ms" is one cell.
 	sep := regexp.MustCompile(`\s{2,}`)
@@ -210,6 +214,7 @@ func TestSharedStoreRowsShowDatabaseCPU(t *testing.T) {
 		f := sep.Split(strings.TrimSpace(line), -1)
 		if f[0] == "target" {
 			db = slices.Index(f, "DB CPU/req")
+			budget = []int{slices.Index(f, "allocs/req"), slices.Index(f, "B/req"), slices.Index(f, "syscalls/req")}
 			continue
 		}
 		hasDB, ok := want[f[0]]
@@ -223,6 +228,12 @@ func TestSharedStoreRowsShowDatabaseCPU(t *testing.T) {
 		}
 		if !hasDB && got != "-" {
 			t.Errorf("%s: DB CPU/req %q, want - (no database server)", f[0], got)
+		}
+		for _, i := range budget {
+			if i < 0 || len(f) <= i || !number.MatchString(f[i]) || f[i] == "0" {
+				t.Errorf("%s: the budget's columns %v (allocs/req, B/req, syscalls/req) hold no count:\n%s", f[0], budget, line)
+				break
+			}
 		}
 	}
 	for name := range want {
