@@ -203,7 +203,7 @@ func TestSharedStoreRowsShowDatabaseCPU(t *testing.T) {
 		"bare": false, "redis": true, "redis@100": true, "redis-cluster": true, "redis-cluster@100": true,
 		"postgres-nosync": true, "postgres-nosync@100": true,
 	}
-	db := -1 // the DB CPU/req column
+	db := -1         // the DB CPU/req column
 	var budget []int // the allocs/req, B/req and syscalls/req columns
 	number := regexp.MustCompile(`^\d+(\.\d+)?$`)
 	seen := map[string]bool{}
