@@ -43,7 +43,15 @@ func (a *attempt) commit(status int, header, trailer http.Header, body []byte, s
 		resp.Trailer = trailer
 	}
 	key, token, ttl := a.storeKey, a.token, a.rt.cfg.TTL.D()
-	a.settle("commit", func(ctx context.Context) error { return a.p.store.Commit(ctx, key, token, resp, ttl) })
+	ctx, cancel := context.WithTimeout(a.detached(), storeTimeout)
+	err := a.p.store.Commit(ctx, key, token, resp, ttl)
+	cancel()
+	if err != nil {
+		// settle's work, but the retry's closure (and a heap copy of the
+		// answer) made only for a commit that failed, not for every one.
+		resp := resp
+		a.settleErr("commit", err, func(ctx context.Context) error { return a.p.store.Commit(ctx, key, token, resp, ttl) })
+	}
 }
 
 // validLength reports whether s is a Content-Length value: decimal digits
