@@ -45,14 +45,11 @@ func (c allocCounters) sub(before allocCounters) allocCounters {
 // go_memstats_alloc_bytes_total from a Prometheus text exposition at
 // http://addr/metrics.
 func scrapeAllocs(addr string) (allocCounters, error) {
-	resp, err := http.Get("http://" + addr + "/metrics")
+	resp, err := getOK("http://" + addr + "/metrics")
 	if err != nil {
 		return allocCounters{}, err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return allocCounters{}, fmt.Errorf("GET /metrics: %s", resp.Status)
-	}
 	var c allocCounters
 	found := 0
 	sc := bufio.NewScanner(resp.Body)
@@ -85,6 +82,20 @@ func scrapeAllocs(addr string) (allocCounters, error) {
 		return allocCounters{}, errors.New("/metrics has no go_memstats_mallocs_total or go_memstats_alloc_bytes_total")
 	}
 	return c, nil
+}
+
+// getOK GETs url, within 5 s, and returns its answer if it is 200 OK.
+func getOK(url string) (*http.Response, error) {
+	c := &http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		resp.Body.Close()
+		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return resp, nil
 }
 
 // serveMemstats serves the two allocation counters that scrapeAllocs

@@ -198,15 +198,11 @@ func eachField(b []byte, f func(num protowire.Number, typ protowire.Type, v []by
 
 // fetchOTLPStats asks the receiver at addr what it got.
 func fetchOTLPStats(addr string) (otlpStats, error) {
-	c := &http.Client{Timeout: 5 * time.Second}
-	resp, err := c.Get("http://" + addr + "/stats")
+	resp, err := getOK("http://" + addr + "/stats")
 	if err != nil {
-		return otlpStats{}, err
+		return otlpStats{}, fmt.Errorf("receiver stats: %w", err)
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return otlpStats{}, fmt.Errorf("receiver stats: %s", resp.Status)
-	}
 	var s otlpStats
 	if err := json.NewDecoder(resp.Body).Decode(&s); err != nil {
 		return otlpStats{}, fmt.Errorf("receiver stats: %w", err)
