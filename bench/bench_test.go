@@ -191,7 +191,9 @@ func TestMain(m *testing.M) {
 
 // TestSharedStoreRowsShowDatabaseCPU: in a real run, every shared-store
 // row, the Cluster's, the replicated Redis' and the prefilled twins included, shows the database's
-// CPU per request; only the rows without a database server show "-".
+// CPU per request; only the rows without a database server show "-". Every
+// row, the bare proxy's included, shows the budget: allocations, bytes and
+// syscalls per request.
 func TestSharedStoreRowsShowDatabaseCPU(t *testing.T) {
 	tmp := sharedTempDir(t)
 	c := bench(t, tmp, "-targets", "bare,redis,redis-replica,redis-cluster,postgres-nosync", "-prefill", "100",
@@ -205,7 +207,9 @@ func TestSharedStoreRowsShowDatabaseCPU(t *testing.T) {
 		"redis-cluster": true, "redis-cluster@100": true,
 		"postgres-nosync": true, "postgres-nosync@100": true,
 	}
-	db := -1 // the DB CPU/req column
+	db := -1         // the DB CPU/req column
+	var budget []int // the allocs/req, B/req and syscalls/req columns
+	number := regexp.MustCompile(`^\d+(\.\d+)?$`)
 	seen := map[string]bool{}
 	// tabwriter pads cells with at least two spaces; "0.42 ms" is one cell.
 	sep := regexp.MustCompile(`\s{2,}`)
@@ -214,6 +218,7 @@ func TestSharedStoreRowsShowDatabaseCPU(t *testing.T) {
 		f := sep.Split(strings.TrimSpace(line), -1)
 		if f[0] == "target" {
 			db = slices.Index(f, "DB CPU/req")
+			budget = []int{slices.Index(f, "allocs/req"), slices.Index(f, "B/req"), slices.Index(f, "syscalls/req")}
 			continue
 		}
 		hasDB, ok := want[f[0]]
@@ -227,6 +232,12 @@ func TestSharedStoreRowsShowDatabaseCPU(t *testing.T) {
 		}
 		if !hasDB && got != "-" {
 			t.Errorf("%s: DB CPU/req %q, want - (no database server)", f[0], got)
+		}
+		for _, i := range budget {
+			if i < 0 || len(f) <= i || !number.MatchString(f[i]) || f[i] == "0" {
+				t.Errorf("%s: the budget's columns %v (allocs/req, B/req, syscalls/req) hold no count:\n%s", f[0], budget, line)
+				break
+			}
 		}
 	}
 	for name := range want {

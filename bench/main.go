@@ -98,6 +98,7 @@ func main() {
 	bareListen := flag.String("bare-listen", "", "internal: serve the bare reverse proxy on this address")
 	bareUpstream := flag.String("bare-upstream", "", "internal: the bare proxy's upstream")
 	otlpListen := flag.String("otlp-listen", "", "internal: serve an OTLP/HTTP trace receiver on this address")
+	bareMetrics := flag.String("bare-metrics", "", "internal: serve the bare proxy's allocation counters on this address")
 	duration := flag.Duration("duration", 5*time.Second, "length of each measurement")
 	conns := flag.Int("conns", 32, "connections of the loaded measurement")
 	rounds := flag.Int("rounds", 1, "rounds over all targets (the median round is shown)")
@@ -114,6 +115,9 @@ func main() {
 	rate := flag.Int("rate", 0, "open-loop: send this many requests per second for -duration instead of the closed-loop runs (0: closed-loop)")
 	flag.Parse()
 	if *bareListen != "" {
+		if *bareMetrics != "" {
+			go serveMemstats(*bareMetrics)
+		}
 		serveBare(*bareListen, *bareUpstream)
 		return
 	}
@@ -179,9 +183,12 @@ type target struct {
 	name  string
 	cmd   *exec.Cmd
 	addr  string
-	admin string // idemproxy's admin listener (with -profile), else empty
-	pid   int
-	dir   string // Badger's or PostgreSQL's data directory, if any
+	admin string // idemproxy's admin listener, else empty
+	// metrics serves the target's go_memstats_mallocs_total and
+	// go_memstats_alloc_bytes_total on /metrics (budget.go).
+	metrics string
+	pid     int
+	dir     string // Badger's or PostgreSQL's data directory, if any
 	// storeCPU is the CPU time so far of the target's database server
 	// (Redis, PostgreSQL), nil for the others.
 	storeCPU func() time.Duration
@@ -201,6 +208,8 @@ type result struct {
 	errors       int64
 	keys         int64
 	anon, file   int64 // RSS at the end: anonymous (heap, stacks) and mapped files
+	// The budget (budget.go), per request at -conns; -1: not measured.
+	allocs, allocBytes, syscalls float64
 }
 
 // options are the command's flags.
@@ -314,7 +323,7 @@ func run(o options, ps *procSet) error {
 	badgerFilled := "" // a prefilled Badger directory, once made
 	for _, sp := range specs {
 		n := sp.kind
-		addr, adminAddr, dataDir, otlpAddr := freeAddr(), "", "", ""
+		addr, adminAddr, metricsAddr, dataDir, otlpAddr := freeAddr(), "", "", "", ""
 		var (
 			c        *exec.Cmd
 			storeCPU func() time.Duration
@@ -328,7 +337,8 @@ func run(o options, ps *procSet) error {
 		}
 		switch n {
 		case "bare":
-			c = pinned(exec.Command(self, "-bare-listen", addr, "-bare-upstream", stubURL), o.pin)
+			metricsAddr = freeAddr()
+			c = pinned(exec.Command(self, "-bare-listen", addr, "-bare-upstream", stubURL, "-bare-metrics", metricsAddr), o.pin)
 			err = startCmd(c)
 		case "badger-sync", "badger-nosync", "badger-sync-trace", "badger-sync-trace1", "redis", "redis-replica", "redis-replica-nowait", "redis-cluster", "postgres-sync", "postgres-nosync":
 			dataDir = filepath.Join(tmp, "data-"+sp.name)
@@ -439,10 +449,11 @@ func run(o options, ps *procSet) error {
 				// ttl > lease > upstream_timeout, as the configuration requires.
 				cfg += fmt.Sprintf("    ttl: %s\n    lease: %s\n    upstream_timeout: %s\n", o.ttl, o.ttl/2, o.ttl/4)
 			}
-			if profile != "" {
-				adminAddr = freeAddr()
-				cfg += fmt.Sprintf("admin:\n  listen: %s\n  pprof: true\n", adminAddr)
-			}
+			// An admin listener for the allocation counters (/metrics), and
+			// with -profile for pprof.
+			adminAddr = freeAddr()
+			metricsAddr = adminAddr
+			cfg += fmt.Sprintf("admin:\n  listen: %s\n  pprof: %v\n", adminAddr, profile != "")
 			if isTraced(n) {
 				// Its own receiver (otlp.go), a process apart, started first so
 				// that it stops after the proxy has flushed its spans into it.
@@ -472,7 +483,10 @@ func run(o options, ps *procSet) error {
 		if err := waitListening(addr); err != nil {
 			return fmt.Errorf("%s: %w", sp.name, err)
 		}
-		ts = append(ts, &target{name: sp.name, cmd: c, addr: addr, admin: adminAddr, pid: c.Process.Pid, dir: dataDir, storeCPU: storeCPU, otlp: otlpAddr})
+		if err := waitListening(metricsAddr); err != nil {
+			return fmt.Errorf("%s: %w", sp.name, err)
+		}
+		ts = append(ts, &target{name: sp.name, cmd: c, addr: addr, admin: adminAddr, metrics: metricsAddr, pid: c.Process.Pid, dir: dataDir, storeCPU: storeCPU, otlp: otlpAddr})
 	}
 	if o.prefill > 0 {
 		// A prefill leaves hundreds of MB dirty in the page cache (PostgreSQL's
@@ -498,7 +512,7 @@ func run(o options, ps *procSet) error {
 	nonce := strconv.FormatInt(time.Now().UnixNano(), 36)
 	for r := range rounds {
 		for _, t := range ts {
-			res := result{name: t.name, storeCPU: -1}
+			res := result{name: t.name, storeCPU: -1, allocs: -1, allocBytes: -1, syscalls: -1}
 			prefix := fmt.Sprintf("%s-%d-%s", nonce, r, t.name)
 			// Warm up: connections, the store's first tables.
 			warm, err := load(useWrk, t.addr, conns, time.Second, prefix+"-w", tmp)
@@ -513,12 +527,14 @@ func run(o options, ps *procSet) error {
 				}
 			}
 			var prof chan error
-			if t.admin != "" && r == rounds-1 {
+			if profile != "" && t.admin != "" && r == rounds-1 {
 				prof = make(chan error, 1)
 				go func() {
 					prof <- cpuProfile(t.admin, max(d-time.Second, time.Second), filepath.Join(profile, t.name+".pprof"))
 				}()
 			}
+			alloc0, allocErr := scrapeAllocs(t.metrics)
+			sys0 := syscalls(t.pid)
 			cpu0 := cpuTime(t.pid)
 			var store0 time.Duration
 			if t.storeCPU != nil {
@@ -534,6 +550,9 @@ func run(o options, ps *procSet) error {
 				return fmt.Errorf("%s: %w", t.name, err)
 			}
 			cpu := cpuTime(t.pid) - cpu0
+			sys1 := syscalls(t.pid)
+			alloc1, err := scrapeAllocs(t.metrics)
+			allocErr = errors.Join(allocErr, err)
 			var storeCPU time.Duration
 			if t.storeCPU != nil {
 				storeCPU = t.storeCPU() - store0
@@ -553,6 +572,16 @@ func run(o options, ps *procSet) error {
 				if t.storeCPU != nil {
 					res.storeCPU = storeCPU / time.Duration(many.requests)
 				}
+				n := float64(many.requests)
+				if allocErr == nil {
+					d := alloc1.sub(alloc0)
+					res.allocs, res.allocBytes = d.mallocs/n, d.bytes/n
+				} else {
+					fmt.Fprintf(os.Stderr, "bench: %s: allocations: %v\n", t.name, allocErr)
+				}
+				if sys0 >= 0 && sys1 >= 0 {
+					res.syscalls = float64(sys1-sys0) / n
+				}
 			}
 			res.peakRSS = vmHWM(t.pid)
 			all[t.name] = append(all[t.name], res)
@@ -571,6 +600,11 @@ func run(o options, ps *procSet) error {
 		out = append(out, m)
 	}
 	printTable(os.Stdout, out, conns)
+	if profile != "" {
+		if err := printStages(os.Stdout, profile, out); err != nil {
+			return err
+		}
+	}
 	return reportTraces(os.Stdout, ps, ts)
 }
 
@@ -582,7 +616,7 @@ func printTable(w io.Writer, rs []result, conns int) {
 		}
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "target\trps@%d\tvs bare\tp50@1\tp99@1\tp50@%d\tp99@%d\tCPU/req\tvs bare\tDB CPU/req\tpeak RSS\tRSS anon+file at end\tkeys\terrors\t\n", conns, conns, conns)
+	fmt.Fprintf(tw, "target\trps@%d\tvs bare\tp50@1\tp99@1\tp50@%d\tp99@%d\tCPU/req\tvs bare\tallocs/req\tB/req\tsyscalls/req\tDB CPU/req\tpeak RSS\tRSS anon+file at end\tkeys\terrors\t\n", conns, conns, conns)
 	for _, r := range rs {
 		ratio := func(a, b float64) string {
 			if base == nil || b == 0 {
@@ -599,12 +633,22 @@ func printTable(w io.Writer, rs []result, conns int) {
 		if r.storeCPU >= 0 {
 			db = us(r.storeCPU)
 		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f MiB\t%.0f+%.0f MiB\t%d\t%d\t\n", r.name, r.rpsN, rr,
-			ms(r.p50_1), ms(r.p99_1), ms(r.p50N), ms(r.p99N), us(r.cpuPerReq), cr, db, float64(r.peakRSS)/(1<<20),
+		perReq := func(v float64, format string) string {
+			if v < 0 {
+				return "-"
+			}
+			return fmt.Sprintf(format, v)
+		}
+		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f MiB\t%.0f+%.0f MiB\t%d\t%d\t\n", r.name, r.rpsN, rr,
+			ms(r.p50_1), ms(r.p99_1), ms(r.p50N), ms(r.p99N), us(r.cpuPerReq), cr,
+			perReq(r.allocs, "%.0f"), perReq(r.allocBytes, "%.0f"), perReq(r.syscalls, "%.1f"), db, float64(r.peakRSS)/(1<<20),
 			float64(r.anon)/(1<<20), float64(r.file)/(1<<20), r.keys, r.errors)
 	}
 	tw.Flush()
 	fmt.Fprintln(w, "CPU/req is the measured process's user+system time over the loaded run, divided by its requests;")
+	fmt.Fprintln(w, "allocs/req and B/req are the measured process's heap allocations and bytes allocated over the loaded run")
+	fmt.Fprintln(w, "(go_memstats_mallocs_total, go_memstats_alloc_bytes_total), syscalls/req its read- and write-family")
+	fmt.Fprintln(w, "system calls (syscr+syscw of /proc/<pid>/io: socket and file reads and writes), each divided by its requests;")
 	fmt.Fprintln(w, "DB CPU/req is the same for its Redis server, its Redis Cluster (every node's) or its PostgreSQL server")
 	fmt.Fprintln(w, "(the postmaster and all its children);")
 	fmt.Fprintln(w, "peak RSS is the measured process's VmHWM at the end of all rounds. The stub, the database servers")

@@ -163,13 +163,14 @@ func countSpans(b []byte) (spans, server int64, err error) {
 	return spans, server, err
 }
 
-// eachField calls f with each field of the message b: a length-delimited
-// field's bytes in v, a varint's value in x (other types get neither).
+// eachField calls f with each field of the protobuf message b (OTLP's, a
+// CPU profile's: budget.go): a length-delimited field's bytes in v, a
+// varint's value in x (other types get neither).
 func eachField(b []byte, f func(num protowire.Number, typ protowire.Type, v []byte, x uint64) error) error {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
-			return fmt.Errorf("not an OTLP message: %w", protowire.ParseError(n))
+			return fmt.Errorf("not a protobuf message: %w", protowire.ParseError(n))
 		}
 		b = b[n:]
 		var (
@@ -185,7 +186,7 @@ func eachField(b []byte, f func(num protowire.Number, typ protowire.Type, v []by
 			n = protowire.ConsumeFieldValue(num, typ, b)
 		}
 		if n < 0 {
-			return fmt.Errorf("not an OTLP message: %w", protowire.ParseError(n))
+			return fmt.Errorf("not a protobuf message: %w", protowire.ParseError(n))
 		}
 		b = b[n:]
 		if err := f(num, typ, v, x); err != nil {
@@ -197,15 +198,11 @@ func eachField(b []byte, f func(num protowire.Number, typ protowire.Type, v []by
 
 // fetchOTLPStats asks the receiver at addr what it got.
 func fetchOTLPStats(addr string) (otlpStats, error) {
-	c := &http.Client{Timeout: 5 * time.Second}
-	resp, err := c.Get("http://" + addr + "/stats")
+	resp, err := getOK("http://" + addr + "/stats")
 	if err != nil {
-		return otlpStats{}, err
+		return otlpStats{}, fmt.Errorf("receiver stats: %w", err)
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return otlpStats{}, fmt.Errorf("receiver stats: %s", resp.Status)
-	}
 	var s otlpStats
 	if err := json.NewDecoder(resp.Body).Decode(&s); err != nil {
 		return otlpStats{}, fmt.Errorf("receiver stats: %w", err)

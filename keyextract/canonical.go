@@ -182,7 +182,8 @@ func (c *canonicalizer) object(v gjson.Result, path string, tracked bool) error 
 		val  gjson.Result
 		lone bool // name holds a lone surrogate (decodeKeeping)
 	}
-	var members []member
+	var room [8]member // the members of a small object, without an allocation
+	members := room[:0]
 	seen := map[string]string{}
 	var err error
 	v.ForEach(func(k, val gjson.Result) bool {

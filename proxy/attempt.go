@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"net/http"
+	"net/http/httptrace"
 	"sync/atomic"
 	"time"
 
@@ -65,6 +66,8 @@ type attempt struct {
 	// wrote is set once the request's headers were written to the
 	// upstream connection: before that, a failure proves it was not sent.
 	wrote atomic.Bool
+	// trace sets wrote (traced): in a's allocation, not one of its own.
+	trace httptrace.ClientTrace
 	// client writes the answer to the client, once forwarded.
 	client *http.ResponseController
 

@@ -33,12 +33,12 @@ func (p *Proxy) forward(w http.ResponseWriter, a *attempt, body []byte) {
 	// that it always settles while its lease (longer) still holds.
 	ctx, cancel := context.WithTimeoutCause(p.life, a.rt.cfg.UpstreamTimeout.D(), errUpstreamTimeout)
 	defer cancel()
+	ctx = a.withSpan(ctx)
 	// The server's context value lets the reverse proxy abort the client's
 	// connection when the answer breaks off, instead of ending it as if it
 	// were complete.
-	ctx = context.WithValue(ctx, http.ServerContextKey, a.in.Context().Value(http.ServerContextKey))
-	ctx = a.withSpan(ctx)
-	out := a.in.WithContext(a.traced(context.WithValue(ctx, attemptKey{}, a)))
+	ctx = &forwardContext{Context: ctx, a: a, server: a.in.Context().Value(http.ServerContextKey)}
+	out := a.in.WithContext(a.traced(ctx))
 	if sent := a.sentURL(); sent != nil {
 		out.URL = sent // matched in cleaned form, forwarded as sent
 	}
@@ -62,10 +62,30 @@ func (p *Proxy) forward(w http.ResponseWriter, a *attempt, body []byte) {
 // route's upstream_timeout.
 var errUpstreamTimeout = fmt.Errorf("upstream timeout: %w", context.DeadlineExceeded)
 
+// forwardContext is the forwarded request's context: ctx with the
+// attempt (under attemptKey) and the server's context value, in one
+// allocation where two context.WithValue took two.
+type forwardContext struct {
+	context.Context
+	a      *attempt
+	server any
+}
+
+func (c *forwardContext) Value(key any) any {
+	switch key {
+	case attemptKey{}:
+		return c.a
+	case http.ServerContextKey:
+		return c.server
+	}
+	return c.Context.Value(key)
+}
+
 // traced returns ctx with a trace that records when a's request headers
 // have been written.
 func (a *attempt) traced(ctx context.Context) context.Context {
-	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: func() { a.wrote.Store(true) }})
+	a.trace = httptrace.ClientTrace{WroteHeaders: func() { a.wrote.Store(true) }}
+	return httptrace.WithClientTrace(ctx, &a.trace)
 }
 
 // sentURL returns the URL the request was sent with when it was matched in

@@ -45,7 +45,18 @@ func (a *attempt) commit(status int, header, trailer http.Header, body []byte, s
 	}
 	key, token, ttl := a.storeKey, a.token, a.rt.cfg.TTL.D()
 	at := time.Now()
-	if a.settle("commit", func(ctx context.Context) error { return a.p.store.Commit(ctx, key, token, resp, ttl) }) == nil && a.p.witness != nil {
+	ctx, cancel := context.WithTimeout(a.detached(), storeTimeout)
+	err := a.p.store.Commit(ctx, key, token, resp, ttl)
+	cancel()
+	if err != nil {
+		// settle's work, but the retry's closure (and a heap copy of the
+		// answer) made only for a commit that failed, not for every one.
+		resp := resp
+		a.settleErr("commit", err, func(ctx context.Context) error { return a.p.store.Commit(ctx, key, token, resp, ttl) })
+		return
+	}
+	a.settleErr("commit", nil, nil) // wakes the key's waiters here
+	if a.p.witness != nil {
 		a.p.witness.Answered(key, ttl, at)
 	}
 }

@@ -131,6 +131,9 @@ type Watcher struct {
 	prevIncarnation string
 
 	changes atomic.Uint64
+	// ok says that Err is nil, read without mu by every reservation
+	// (noted keeps it in step with state).
+	ok atomic.Bool
 
 	// verified counts the losses Verify saw (a new connection's marker);
 	// readAt is its value when the running Check read the marker. A
@@ -148,7 +151,13 @@ func New(opts Options) *Watcher {
 	if w.log == nil {
 		w.log = slog.New(slog.DiscardHandler)
 	}
+	w.noted()
 	return w
+}
+
+// noted sets ok from state, after every change of state (under mu).
+func (w *Watcher) noted() {
+	w.ok.Store(w.state == OK || w.state == Unknown && w.opts.Grace == 0)
 }
 
 // Err is nil when the replica may reserve keys on the store. Otherwise it
@@ -160,6 +169,9 @@ func New(opts Options) *Watcher {
 // and is counted as such; no other replica can have written to it, and
 // its reservations check the marker themselves once one is trusted.
 func (w *Watcher) Err() error {
+	if w.ok.Load() {
+		return nil // the reservations' path: no lock
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	switch w.state {
@@ -268,6 +280,7 @@ func (w *Watcher) MarkLost(reason string) bool {
 	lost := *w.mine
 	lost.State = store.EpochLost
 	w.state, w.mine, w.reason = Lost, &lost, reason
+	w.noted()
 	// A check that read the marker before this must not trust it again.
 	w.verified++
 	w.trust("")
@@ -443,6 +456,7 @@ func (w *Watcher) lose(m, mine *store.Epoch, where string) {
 	lost := *mine
 	lost.State = store.EpochLost
 	w.state, w.mine, w.reason = Lost, &lost, seen
+	w.noted()
 	w.trust("")
 }
 
@@ -495,6 +509,7 @@ func (w *Watcher) setLocked(state State, m *store.Epoch, reason, msg string, lev
 	same := w.state == state && w.mine != nil && w.mine.ID == m.ID
 	old := w.mine
 	w.state, w.mine, w.reason = state, m, reason
+	w.noted()
 	if state == OK {
 		w.trust(m.ID)
 	} else {

@@ -121,6 +121,13 @@ type Store struct {
 	closeOnce sync.Once
 	closeErr  error
 
+	// epochChecked is the marker a reservation's checkEpoch last found,
+	// and epochSwaps the number of SwapEpoch calls begun and ended: the
+	// process is the directory's only writer, so that while no swap ran
+	// since, the marker is unchanged and need not be read again (epoch.go).
+	epochChecked atomic.Pointer[checkedEpoch]
+	epochSwaps   atomic.Uint64
+
 	sizes    sizeCache       // Sizes' last measurement (size.go)
 	trim     *trimmer        // returns mapped table pages to the kernel (trim_linux.go)
 	settling *settle.Settler // a Group of Options.Settler: the store's retries

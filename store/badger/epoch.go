@@ -92,6 +92,9 @@ func (s *Store) SwapEpoch(ctx context.Context, old string, e store.Epoch) (*stor
 		cur     *store.Epoch
 		swapped bool
 	)
+	// Before and after: a marker checkEpoch reads meanwhile is not kept.
+	s.epochSwaps.Add(1)
+	defer s.epochSwaps.Add(1)
 	err = s.update(func(txn *wtxn) error {
 		cur, swapped = nil, false
 		got, err := readEpoch(txn)
@@ -173,8 +176,21 @@ func (g *Guard) dirReplaced() bool {
 	return true
 }
 
-// checkEpoch returns store.ErrKeysLost unless the marker's ID is id.
+// checkedEpoch is a marker ID checkEpoch found, and the value of
+// epochSwaps it was read under.
+type checkedEpoch struct {
+	id    string
+	swaps uint64
+}
+
+// checkEpoch returns store.ErrKeysLost unless the marker's ID is id. It
+// reads the marker (a read transaction and a JSON decoding) only when a
+// swap began since it last found id: every reservation calls it.
 func (s *Store) checkEpoch(ctx context.Context, id string) error {
+	swaps := s.epochSwaps.Load()
+	if c := s.epochChecked.Load(); c != nil && c.id == id && c.swaps == swaps {
+		return ctx.Err()
+	}
 	m, err := s.Epoch(ctx)
 	if err != nil {
 		return err
@@ -182,6 +198,7 @@ func (s *Store) checkEpoch(ctx context.Context, id string) error {
 	if m == nil || m.ID != id {
 		return fmt.Errorf("badger: %w: the epoch marker is not the one this replica trusts", store.ErrKeysLost)
 	}
+	s.epochChecked.Store(&checkedEpoch{id: id, swaps: swaps})
 	return nil
 }
 

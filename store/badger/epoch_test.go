@@ -104,3 +104,32 @@ func TestGuardSeesItsDirectoryReplaced(t *testing.T) {
 		t.Fatalf("Reserve of a key of the old directory = %+v, %v; want it free (the keys are gone)", rec, err)
 	}
 }
+
+// TestReservationSeesASwappedMarker: the marker a reservation found is
+// not read again by the next one (epochChecked), but a swap since makes
+// the next reservation read it: one for a marker no longer trusted is
+// refused.
+func TestReservationSeesASwappedMarker(t *testing.T) {
+	ctx := context.Background()
+	g := openGuarded(t, filepath.Join(t.TempDir(), "data"), badger.GuardOptions{})
+	if _, ok, err := g.SwapEpoch(ctx, "", store.Epoch{ID: "e1", State: store.EpochEstablished, Gen: 1, CreatedAt: time.Now()}); err != nil || !ok {
+		t.Fatalf("SwapEpoch = %v, %v", ok, err)
+	}
+	g.ExpectEpoch("e1")
+	res := store.Reservation{Token: "t", Fingerprint: "f", Lease: time.Minute, TTL: time.Hour}
+	for _, k := range []string{"r/-/a", "r/-/b"} {
+		if _, err := g.Reserve(ctx, k, res); err != nil {
+			t.Fatalf("Reserve %s under the trusted marker: %v", k, err)
+		}
+	}
+	if _, ok, err := g.SwapEpoch(ctx, "e1", store.Epoch{ID: "e2", State: store.EpochEstablished, Gen: 2, CreatedAt: time.Now()}); err != nil || !ok {
+		t.Fatalf("SwapEpoch e1 to e2 = %v, %v", ok, err)
+	}
+	if _, err := g.Reserve(ctx, "r/-/c", res); !errors.Is(err, store.ErrKeysLost) {
+		t.Fatalf("Reserve after the marker was swapped: err = %v, want ErrKeysLost", err)
+	}
+	g.ExpectEpoch("e2")
+	if _, err := g.Reserve(ctx, "r/-/c", res); err != nil {
+		t.Fatalf("Reserve under the new marker: %v", err)
+	}
+}
