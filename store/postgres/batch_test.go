@@ -576,3 +576,58 @@ func TestRowLockStallsOnlyItsKey(t *testing.T) {
 		t.Errorf("held key after its commit = %+v, %v; want completed", rec, err)
 	}
 }
+
+// TestReleaseWithAFullQueueWaitsForItsReservation: a reservation in a
+// batch that waits at the database (another key's row lock) is given up by
+// its caller (its context ends), who takes it back with Release, as the
+// proxy does, while the queue is full. The release must not run before the
+// reservation it takes back: run alone at once, it finds nothing to delete
+// (the insert is not committed yet), and the key is left in flight, then
+// in doubt, for a request that was never forwarded.
+func TestReleaseWithAFullQueueWaitsForItsReservation(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.Start(t)
+	const table = "release_full"
+	s := newStore(t, srv, postgres.Options{Table: table, StatementTimeout: 2 * time.Minute})
+	given, giveUp := context.WithCancel(context.Background())
+	defer giveUp()
+	unblock, results := blockedBatch(t, srv, s, table, 1, map[int]context.Context{0: given})
+	giveUp()
+	r := <-results[0]
+	if r.err == nil {
+		t.Fatalf("Reserve(%s) whose caller gave up = %+v, nil; want its context's error", r.key, r.rec)
+	}
+
+	// The queue full, behind the waiting batch.
+	var wg sync.WaitGroup
+	for i := range postgres.MaxQueued {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := "fill/-/" + strconv.Itoa(i)
+			if rec, err := s.Reserve(context.Background(), key, store.Reservation{Token: "f", Lease: time.Minute, TTL: time.Hour}); err != nil || rec != nil {
+				t.Errorf("Reserve(%s) = %+v, %v", key, rec, err)
+			}
+		}()
+	}
+	waitFor(t, "a full queue", func() bool { return s.Queued() >= postgres.MaxQueued })
+
+	released := make(chan error, 1)
+	go func() { released <- s.Release(context.Background(), r.key, r.token) }()
+	select {
+	case err := <-released:
+		released <- err // answered before the reservation was: the bug
+	case <-time.After(time.Second):
+	}
+	unblock()
+	if err := <-released; err != nil && !errors.Is(err, store.ErrNotOwner) {
+		t.Fatalf("Release(%s): %v", r.key, err)
+	}
+	wg.Wait()
+	for _, r := range results[1:] {
+		<-r
+	}
+	if rec, err := s.Get(ctx(t), r.key); err != nil || rec != nil {
+		t.Errorf("%s after its reservation was taken back = %+v, %v; want no record", r.key, rec, err)
+	}
+}
