@@ -631,3 +631,56 @@ func TestReleaseWithAFullQueueWaitsForItsReservation(t *testing.T) {
 		t.Errorf("%s after its reservation was taken back = %+v, %v; want no record", r.key, rec, err)
 	}
 }
+
+// TestFullQueueWriteOfAQueuedKeyWaitsItsTurn: a write made while the
+// queue is full, of a key that has a write queued, waits behind it. Run
+// alone at once, it put its key in line for the next batch a second time,
+// and that batch took the key's one queued write twice (the second time
+// from an empty queue: a panic, which ends the process).
+func TestFullQueueWriteOfAQueuedKeyWaitsItsTurn(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.Start(t)
+	const table = "full_queued_key"
+	s := newStore(t, srv, postgres.Options{Table: table})
+	g := closeGate(t, srv, s, table)
+	const key = "r/-/queued"
+	reserved := make(chan error, 1)
+	go func() {
+		rec, err := s.Reserve(context.Background(), key, store.Reservation{Token: "a", Lease: time.Minute, TTL: time.Hour})
+		if err == nil && rec != nil {
+			err = fmt.Errorf("found %+v", rec)
+		}
+		reserved <- err
+	}()
+	waitFor(t, "the key's reservation queued", func() bool { return s.Queued() == 1 })
+	var wg sync.WaitGroup
+	for i := range postgres.MaxQueued - 1 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			k := "fill/-/" + strconv.Itoa(i)
+			if rec, err := s.Reserve(context.Background(), k, store.Reservation{Token: "f", Lease: time.Minute, TTL: time.Hour}); err != nil || rec != nil {
+				t.Errorf("Reserve(%s) = %+v, %v", k, rec, err)
+			}
+		}()
+	}
+	waitFor(t, "a full queue", func() bool { return s.Queued() >= postgres.MaxQueued })
+	released := make(chan error, 1)
+	go func() { released <- s.Release(context.Background(), key, "not-a") }()
+	select {
+	case err := <-released:
+		released <- err // answered before the reservation queued before it
+	case <-time.After(time.Second):
+	}
+	g.open(0)
+	if err := <-reserved; err != nil {
+		t.Fatalf("Reserve(%s) = %v, want it reserved", key, err)
+	}
+	if err := <-released; !errors.Is(err, store.ErrNotOwner) {
+		t.Errorf("Release(%s) with another token = %v, want ErrNotOwner", key, err)
+	}
+	wg.Wait()
+	if rec, err := s.Get(ctx(t), key); err != nil || rec == nil || rec.State != store.StateInFlight || rec.Token != "a" {
+		t.Errorf("%s = %+v, %v; want in flight under token a", key, rec, err)
+	}
+}
