@@ -599,31 +599,13 @@ func TestReleaseWithAFullQueueWaitsForItsReservation(t *testing.T) {
 	}
 
 	// The queue full, behind the waiting batch.
-	var wg sync.WaitGroup
-	for i := range postgres.MaxQueued {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			key := "fill/-/" + strconv.Itoa(i)
-			if rec, err := s.Reserve(context.Background(), key, store.Reservation{Token: "f", Lease: time.Minute, TTL: time.Hour}); err != nil || rec != nil {
-				t.Errorf("Reserve(%s) = %+v, %v", key, rec, err)
-			}
-		}()
-	}
-	waitFor(t, "a full queue", func() bool { return s.Queued() >= postgres.MaxQueued })
-
-	released := make(chan error, 1)
-	go func() { released <- s.Release(context.Background(), r.key, r.token) }()
-	select {
-	case err := <-released:
-		released <- err // answered before the reservation was: the bug
-	case <-time.After(time.Second):
-	}
+	filled := fillQueue(t, s)
+	released := releaseBehind(s, r.key, r.token)
 	unblock()
 	if err := <-released; err != nil && !errors.Is(err, store.ErrNotOwner) {
 		t.Fatalf("Release(%s): %v", r.key, err)
 	}
-	wg.Wait()
+	filled.Wait()
 	for _, r := range results[1:] {
 		<-r
 	}
@@ -653,25 +635,8 @@ func TestFullQueueWriteOfAQueuedKeyWaitsItsTurn(t *testing.T) {
 		reserved <- err
 	}()
 	waitFor(t, "the key's reservation queued", func() bool { return s.Queued() == 1 })
-	var wg sync.WaitGroup
-	for i := range postgres.MaxQueued - 1 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			k := "fill/-/" + strconv.Itoa(i)
-			if rec, err := s.Reserve(context.Background(), k, store.Reservation{Token: "f", Lease: time.Minute, TTL: time.Hour}); err != nil || rec != nil {
-				t.Errorf("Reserve(%s) = %+v, %v", k, rec, err)
-			}
-		}()
-	}
-	waitFor(t, "a full queue", func() bool { return s.Queued() >= postgres.MaxQueued })
-	released := make(chan error, 1)
-	go func() { released <- s.Release(context.Background(), key, "not-a") }()
-	select {
-	case err := <-released:
-		released <- err // answered before the reservation queued before it
-	case <-time.After(time.Second):
-	}
+	filled := fillQueue(t, s)
+	released := releaseBehind(s, key, "not-a")
 	g.open(0)
 	if err := <-reserved; err != nil {
 		t.Fatalf("Reserve(%s) = %v, want it reserved", key, err)
@@ -679,8 +644,42 @@ func TestFullQueueWriteOfAQueuedKeyWaitsItsTurn(t *testing.T) {
 	if err := <-released; !errors.Is(err, store.ErrNotOwner) {
 		t.Errorf("Release(%s) with another token = %v, want ErrNotOwner", key, err)
 	}
-	wg.Wait()
+	filled.Wait()
 	if rec, err := s.Get(ctx(t), key); err != nil || rec == nil || rec.State != store.StateInFlight || rec.Token != "a" {
 		t.Errorf("%s = %+v, %v; want in flight under token a", key, rec, err)
 	}
+}
+
+// fillQueue queues reservations of new keys until s's queue is full, and
+// returns what waits for them.
+func fillQueue(t *testing.T, s *postgres.Store) *sync.WaitGroup {
+	t.Helper()
+	var wg sync.WaitGroup
+	for i := range postgres.MaxQueued - s.Queued() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := "fill/-/" + strconv.Itoa(i)
+			if rec, err := s.Reserve(context.Background(), key, store.Reservation{Token: "f", Lease: time.Minute, TTL: time.Hour}); err != nil || rec != nil {
+				t.Errorf("Reserve(%s) = %+v, %v", key, rec, err)
+			}
+		}()
+	}
+	waitFor(t, "a full queue", func() bool { return s.Queued() >= postgres.MaxQueued })
+	return &wg
+}
+
+// releaseBehind releases key under token in the background, with the
+// queue full and a write of key ahead of it, and gives it a second to
+// answer wrongly: before the write ahead of it is done. Its answer comes
+// on the channel.
+func releaseBehind(s *postgres.Store, key, token string) chan error {
+	released := make(chan error, 1)
+	go func() { released <- s.Release(context.Background(), key, token) }()
+	select {
+	case err := <-released:
+		released <- err // answered before the write ahead of it: the bug
+	case <-time.After(time.Second):
+	}
+	return released
 }

@@ -155,12 +155,10 @@ func TestSettingsSeenOnANewConnection(t *testing.T) {
 	wantRefused(t, s, srv, "k/2", "maxmemory-policy", ErrEvictionPolicy)
 }
 
-// TestEvictionsCallKeysEvicted: evicted_keys rising is reported (with
-// AllowEviction, which serves meanwhile), once per rise; a restart, which
-// resets the counter, is not an eviction.
-func TestEvictionsCallKeysEvicted(t *testing.T) {
-	t.Parallel()
-	srv := redistest.Start(t, "--maxmemory-policy", "volatile-lru")
+// evictionsSeen returns a store of srv that allows eviction, and the
+// reasons its KeysEvicted was called with so far.
+func evictionsSeen(t *testing.T, srv *redistest.Server) (*Store, func() []string) {
+	t.Helper()
 	var (
 		mu      sync.Mutex
 		reasons []string
@@ -170,11 +168,20 @@ func TestEvictionsCallKeysEvicted(t *testing.T) {
 		defer mu.Unlock()
 		reasons = append(reasons, r)
 	}})
-	got := func() []string {
+	return s, func() []string {
 		mu.Lock()
 		defer mu.Unlock()
 		return append([]string(nil), reasons...)
 	}
+}
+
+// TestEvictionsCallKeysEvicted: evicted_keys rising is reported (with
+// AllowEviction, which serves meanwhile), once per rise; a restart, which
+// resets the counter, is not an eviction.
+func TestEvictionsCallKeysEvicted(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, "--maxmemory-policy", "volatile-lru")
+	s, got := evictionsSeen(t, srv)
 	c := ctx(t)
 	if err := s.CheckSettings(c); err != nil {
 		t.Fatal(err)
@@ -306,20 +313,8 @@ func evict(t *testing.T, s *Store, srv *redistest.Server, prefix string, n int, 
 func TestEvictionsAfterTheCounterStartsAgain(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t, "--appendonly", "yes", "--maxmemory-policy", "volatile-lru")
-	var (
-		mu      sync.Mutex
-		reasons []string
-	)
-	s := newStore(t, Options{Addrs: []string{srv.Addr()}, AllowEviction: true, KeysEvicted: func(r string) {
-		mu.Lock()
-		defer mu.Unlock()
-		reasons = append(reasons, r)
-	}})
-	calls := func() int {
-		mu.Lock()
-		defer mu.Unlock()
-		return len(reasons)
-	}
+	s, got := evictionsSeen(t, srv)
+	calls := func() int { return len(got()) }
 	c := ctx(t)
 	if err := s.CheckSettings(c); err != nil {
 		t.Fatal(err)
