@@ -48,8 +48,11 @@ import (
 // append-only file is on): where CONFIG is refused (a managed service, an
 // ACL without it) and AOF is off, persistence is not judged.
 //
-// INFO replication's connected_slaves, read by the same checks, is what
-// Options.WaitAuto waits for.
+// INFO replication's replicas online (slaveN lines with state=online),
+// read by the same checks, are what Options.WaitAuto waits for: a replica
+// connected but in its full sync (wait_bgsave, send_bulk) acknowledges
+// no write and holds none a promotion would keep, and waiting for it
+// would fail every write for as long as the sync takes.
 
 // ErrNoPersistence is wrapped by the *store.SettingError of a Redis that
 // keeps no copy of its keys on disk.
@@ -101,7 +104,7 @@ func readNode(ctx context.Context, c goredis.Cmdable, node string) (nodeReport, 
 		return r, fmt.Errorf("INFO memory: maxmemory %q is not a number", limit)
 	}
 	r.evicted, _ = strconv.ParseInt(infoField(info, "evicted_keys"), 10, 64)
-	r.replicas, _ = strconv.Atoi(infoField(info, "connected_slaves"))
+	r.replicas = onlineReplicas(info)
 	up, _ := strconv.ParseInt(infoField(info, "uptime_in_seconds"), 10, 64)
 	r.uptime = time.Duration(up) * time.Second
 	if !r.aof {
@@ -116,6 +119,19 @@ func readNode(ctx context.Context, c goredis.Cmdable, node string) (nodeReport, 
 		}
 	}
 	return r, nil
+}
+
+// onlineReplicas counts the replicas INFO replication text info lists
+// (slave0:ip=…,port=…,state=online,…) whose state is online.
+func onlineReplicas(info string) int {
+	n := 0
+	for line := range strings.Lines(info) {
+		name, fields, ok := strings.Cut(line, ":")
+		if ok && strings.HasPrefix(name, "slave") && slices.Contains(strings.Split(strings.TrimSpace(fields), ","), "state=online") {
+			n++
+		}
+	}
+	return n
 }
 
 // judge returns the risks r shows, each as the error that refuses it.
