@@ -283,7 +283,7 @@ type Redis struct {
 	// number N above 0 makes every write of a record wait (Redis WAIT)
 	// until N replicas acknowledged it; fewer within WaitTimeout fail the
 	// write (a reservation answers 503). Auto waits for one replica
-	// whenever the master reports one or more connected, and for none
+	// whenever the master reports one or more online, and for none
 	// when it reports none (and on a Redis Cluster). 0: no waiting, and a
 	// failover may lose the writes of the last replication lag. A number
 	// above 0 is not supported on a Redis Cluster. See ReplicaWait.

@@ -88,7 +88,9 @@ const stallAfter = 100 * time.Millisecond
 
 // maxQueued bounds the writes waiting for a batch: enough for every
 // running batch's successor to be full. A write that finds the queue full
-// runs alone, as if there were no batcher.
+// runs alone, as if there were no batcher, unless a write of its key is
+// at the database or queued: it queues behind it (past the bound, by
+// writes of keys already there, each with its caller waiting).
 const maxQueued = maxRunning * maxBatch
 
 // The kinds of batched writes.
@@ -159,12 +161,17 @@ type batcher struct {
 type run struct{ keys []string }
 
 // enter reports whether o's caller runs it alone now: nothing runs, or
-// the queue is full. The caller then calls leave with the returned run
-// when done. Otherwise o is queued, and the caller waits for it.
+// the queue is full and no write of o's key is at the database or queued
+// (a write runs after the earlier ones of its key: a release that ran
+// alone before the reservation it takes back, still at the database,
+// would find nothing to delete). The caller then calls leave with the
+// returned run when done. Otherwise o is queued, and the caller waits for
+// it.
 func (b *batcher) enter(o *op) (*run, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if (len(b.running) == 0 && b.queued == 0 && !b.noAlone) || b.queued >= maxQueued {
+	if (len(b.running) == 0 && b.queued == 0 && !b.noAlone) ||
+		(b.queued >= maxQueued && b.busy[o.key] == 0 && len(b.pending[o.key]) == 0) {
 		return b.start([]string{o.key}), true
 	}
 	o.done = make(chan struct{})

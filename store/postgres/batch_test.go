@@ -576,3 +576,110 @@ func TestRowLockStallsOnlyItsKey(t *testing.T) {
 		t.Errorf("held key after its commit = %+v, %v; want completed", rec, err)
 	}
 }
+
+// TestReleaseWithAFullQueueWaitsForItsReservation: a reservation in a
+// batch that waits at the database (another key's row lock) is given up by
+// its caller (its context ends), who takes it back with Release, as the
+// proxy does, while the queue is full. The release must not run before the
+// reservation it takes back: run alone at once, it finds nothing to delete
+// (the insert is not committed yet), and the key is left in flight, then
+// in doubt, for a request that was never forwarded.
+func TestReleaseWithAFullQueueWaitsForItsReservation(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.Start(t)
+	const table = "release_full"
+	s := newStore(t, srv, postgres.Options{Table: table, StatementTimeout: 2 * time.Minute})
+	given, giveUp := context.WithCancel(context.Background())
+	defer giveUp()
+	unblock, results := blockedBatch(t, srv, s, table, 1, map[int]context.Context{0: given})
+	giveUp()
+	r := <-results[0]
+	if r.err == nil {
+		t.Fatalf("Reserve(%s) whose caller gave up = %+v, nil; want its context's error", r.key, r.rec)
+	}
+
+	// The queue full, behind the waiting batch.
+	filled := fillQueue(t, s)
+	released := releaseBehind(s, r.key, r.token)
+	unblock()
+	if err := <-released; err != nil && !errors.Is(err, store.ErrNotOwner) {
+		t.Fatalf("Release(%s): %v", r.key, err)
+	}
+	filled.Wait()
+	for _, r := range results[1:] {
+		<-r
+	}
+	if rec, err := s.Get(ctx(t), r.key); err != nil || rec != nil {
+		t.Errorf("%s after its reservation was taken back = %+v, %v; want no record", r.key, rec, err)
+	}
+}
+
+// TestFullQueueWriteOfAQueuedKeyWaitsItsTurn: a write made while the
+// queue is full, of a key that has a write queued, waits behind it. Run
+// alone at once, it put its key in line for the next batch a second time,
+// and that batch took the key's one queued write twice (the second time
+// from an empty queue: a panic, which ends the process).
+func TestFullQueueWriteOfAQueuedKeyWaitsItsTurn(t *testing.T) {
+	t.Parallel()
+	srv := pgtest.Start(t)
+	const table = "full_queued_key"
+	s := newStore(t, srv, postgres.Options{Table: table})
+	g := closeGate(t, srv, s, table)
+	const key = "r/-/queued"
+	reserved := make(chan error, 1)
+	go func() {
+		rec, err := s.Reserve(context.Background(), key, store.Reservation{Token: "a", Lease: time.Minute, TTL: time.Hour})
+		if err == nil && rec != nil {
+			err = fmt.Errorf("found %+v", rec)
+		}
+		reserved <- err
+	}()
+	waitFor(t, "the key's reservation queued", func() bool { return s.Queued() == 1 })
+	filled := fillQueue(t, s)
+	released := releaseBehind(s, key, "not-a")
+	g.open(0)
+	if err := <-reserved; err != nil {
+		t.Fatalf("Reserve(%s) = %v, want it reserved", key, err)
+	}
+	if err := <-released; !errors.Is(err, store.ErrNotOwner) {
+		t.Errorf("Release(%s) with another token = %v, want ErrNotOwner", key, err)
+	}
+	filled.Wait()
+	if rec, err := s.Get(ctx(t), key); err != nil || rec == nil || rec.State != store.StateInFlight || rec.Token != "a" {
+		t.Errorf("%s = %+v, %v; want in flight under token a", key, rec, err)
+	}
+}
+
+// fillQueue queues reservations of new keys until s's queue is full, and
+// returns what waits for them.
+func fillQueue(t *testing.T, s *postgres.Store) *sync.WaitGroup {
+	t.Helper()
+	var wg sync.WaitGroup
+	for i := range postgres.MaxQueued - s.Queued() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := "fill/-/" + strconv.Itoa(i)
+			if rec, err := s.Reserve(context.Background(), key, store.Reservation{Token: "f", Lease: time.Minute, TTL: time.Hour}); err != nil || rec != nil {
+				t.Errorf("Reserve(%s) = %+v, %v", key, rec, err)
+			}
+		}()
+	}
+	waitFor(t, "a full queue", func() bool { return s.Queued() >= postgres.MaxQueued })
+	return &wg
+}
+
+// releaseBehind releases key under token in the background, with the
+// queue full and a write of key ahead of it, and gives it a second to
+// answer wrongly: before the write ahead of it is done. Its answer comes
+// on the channel.
+func releaseBehind(s *postgres.Store, key, token string) chan error {
+	released := make(chan error, 1)
+	go func() { released <- s.Release(context.Background(), key, token) }()
+	select {
+	case err := <-released:
+		released <- err // answered before the write ahead of it: the bug
+	case <-time.After(time.Second):
+	}
+	return released
+}

@@ -27,3 +27,6 @@ func (s *Store) Serial() {
 	defer s.batch.mu.Unlock()
 	s.batch.serial = true
 }
+
+// MaxQueued is the bound on the writes waiting for a batch.
+const MaxQueued = maxQueued

@@ -106,9 +106,10 @@ type Options struct {
 	// first one.
 	WaitReplicas int
 	// WaitAuto makes every write of a record wait for one replica
-	// whenever the master reports one or more connected (INFO replication
-	// connected_slaves, read by the settings checks: CheckSettings, Ping,
-	// a new connection), and for none while it reports none; it needs
+	// whenever the master reports one or more online (INFO replication:
+	// connected and past the first sync; read by the settings checks:
+	// CheckSettings, Ping, a new connection), and for none while it
+	// reports none; it needs
 	// WaitReplicas 0. On a Redis Cluster it waits for none.
 	WaitAuto bool
 	// WaitTimeout bounds each WAIT; it must be positive when WaitReplicas

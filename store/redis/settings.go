@@ -33,9 +33,13 @@ import (
 // and forwards nothing. Each change of what is seen is logged once.
 //
 // Evictions are a loss, whatever the options: INFO stats evicted_keys
-// rising on a master (same run_id: a restart resets the counter) means
-// Redis dropped keys, which may be the records of answered requests, and
-// Options.KeysEvicted is called to mark the store lost. Redis does not say
+// rising on a master means Redis dropped keys, which may be the records of
+// answered requests, and Options.KeysEvicted is called to mark the store
+// lost. A counter that starts again since the last check (a restart of
+// the node: a new run_id and an uptime shorter than the time since; CONFIG
+// RESETSTAT: the same run_id, a lower count) counts every eviction it
+// shows, all made since; a new run_id that ran before the last check (a
+// Sentinel failover to another node) is a new baseline. Redis does not say
 // whose keys it evicted, so on a Redis shared with other data an eviction
 // of any key counts: the policy samples every key (or every key with a
 // TTL, which every record has) alike.
@@ -44,8 +48,11 @@ import (
 // append-only file is on): where CONFIG is refused (a managed service, an
 // ACL without it) and AOF is off, persistence is not judged.
 //
-// INFO replication's connected_slaves, read by the same checks, is what
-// Options.WaitAuto waits for.
+// INFO replication's replicas online (slaveN lines with state=online),
+// read by the same checks, are what Options.WaitAuto waits for: a replica
+// connected but in its full sync (wait_bgsave, send_bulk) acknowledges
+// no write and holds none a promotion would keep, and waiting for it
+// would fail every write for as long as the sync takes.
 
 // ErrNoPersistence is wrapped by the *store.SettingError of a Redis that
 // keeps no copy of its keys on disk.
@@ -75,6 +82,7 @@ type nodeReport struct {
 	saveKnown bool
 	evicted   int64
 	runID     string
+	uptime    time.Duration // INFO server uptime_in_seconds, truncated
 	replicas  int
 	master    bool
 }
@@ -96,7 +104,9 @@ func readNode(ctx context.Context, c goredis.Cmdable, node string) (nodeReport, 
 		return r, fmt.Errorf("INFO memory: maxmemory %q is not a number", limit)
 	}
 	r.evicted, _ = strconv.ParseInt(infoField(info, "evicted_keys"), 10, 64)
-	r.replicas, _ = strconv.Atoi(infoField(info, "connected_slaves"))
+	r.replicas = onlineReplicas(info)
+	up, _ := strconv.ParseInt(infoField(info, "uptime_in_seconds"), 10, 64)
+	r.uptime = time.Duration(up) * time.Second
 	if !r.aof {
 		v, err := c.ConfigGet(ctx, "save").Result()
 		var refused goredis.Error
@@ -109,6 +119,19 @@ func readNode(ctx context.Context, c goredis.Cmdable, node string) (nodeReport, 
 		}
 	}
 	return r, nil
+}
+
+// onlineReplicas counts the replicas INFO replication text info lists
+// (slave0:ip=…,port=…,state=online,…) whose state is online.
+func onlineReplicas(info string) int {
+	n := 0
+	for line := range strings.Lines(info) {
+		name, fields, ok := strings.Cut(line, ":")
+		if ok && strings.HasPrefix(name, "slave") && slices.Contains(strings.Split(strings.TrimSpace(fields), ","), "state=online") {
+			n++
+		}
+	}
+	return n
 }
 
 // judge returns the risks r shows, each as the error that refuses it.
@@ -133,6 +156,28 @@ func judge(r nodeReport) map[string]*store.SettingError {
 type nodeSeen struct {
 	runID   string
 	evicted int64
+	at      time.Time // when the check that read it began
+}
+
+// newEvictions returns the evictions r shows that prev, the same node's
+// previous report (ok false: none), did not, and how evicted_keys went
+// for the log line.
+func newEvictions(prev nodeSeen, ok bool, r nodeReport, now time.Time) (int64, string) {
+	switch {
+	case !ok:
+		return 0, "" // the first look: a baseline
+	case prev.runID == r.runID && r.evicted >= prev.evicted:
+		return r.evicted - prev.evicted, fmt.Sprintf("%d → %d", prev.evicted, r.evicted)
+	case prev.runID == r.runID:
+		// Reset (CONFIG RESETSTAT) since the last check: every eviction
+		// counted since is new.
+		return r.evicted, fmt.Sprintf("%d → reset → %d", prev.evicted, r.evicted)
+	case now.Sub(prev.at) > r.uptime:
+		// Restarted since the last check: every eviction of this run is
+		// new.
+		return r.evicted, fmt.Sprintf("%d in the run started %v ago", r.evicted, r.uptime)
+	}
+	return 0, "" // another node that ran before (a failover): a baseline
 }
 
 // settings is the Store's view of the settings of its nodes.
@@ -269,6 +314,10 @@ func (s *Store) CheckSettings(ctx context.Context) error {
 		mu      sync.Mutex
 		reports []nodeReport
 	)
+	// A node's run started after the last check when it did before the
+	// reads of that check (at) and is younger than the time since, read
+	// after the reads of this one (now).
+	at := time.Now()
 	err := s.forEachNode(ctx, func(ctx context.Context, c *goredis.Client) error {
 		addr := c.Options().Addr
 		if s.masterName != "" {
@@ -286,6 +335,7 @@ func (s *Store) CheckSettings(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("redis store: check settings: %w", err)
 	}
+	now := time.Now()
 	slices.SortFunc(reports, func(a, b nodeReport) int { return strings.Compare(a.node, b.node) })
 	risks := map[string]*store.SettingError{}
 	var losses []string
@@ -298,11 +348,11 @@ func (s *Store) CheckSettings(ctx context.Context) error {
 			}
 		}
 		prev, ok := st.nodes[r.node]
-		if ok && prev.runID == r.runID && r.evicted > prev.evicted {
-			losses = append(losses, fmt.Sprintf("redis %s evicted %d keys (INFO stats evicted_keys %d → %d, maxmemory-policy %s): records of answered requests may be among them",
-				r.node, r.evicted-prev.evicted, prev.evicted, r.evicted, r.policy))
+		if n, how := newEvictions(prev, ok, r, now); n > 0 {
+			losses = append(losses, fmt.Sprintf("redis %s evicted %d keys (INFO stats evicted_keys %s, maxmemory-policy %s): records of answered requests may be among them",
+				r.node, n, how, r.policy))
 		}
-		st.nodes[r.node] = nodeSeen{runID: r.runID, evicted: r.evicted}
+		st.nodes[r.node] = nodeSeen{runID: r.runID, evicted: r.evicted, at: at}
 	}
 	st.setLocked(risks)
 	st.mu.Unlock()

@@ -155,12 +155,10 @@ func TestSettingsSeenOnANewConnection(t *testing.T) {
 	wantRefused(t, s, srv, "k/2", "maxmemory-policy", ErrEvictionPolicy)
 }
 
-// TestEvictionsCallKeysEvicted: evicted_keys rising is reported (with
-// AllowEviction, which serves meanwhile), once per rise; a restart, which
-// resets the counter, is not an eviction.
-func TestEvictionsCallKeysEvicted(t *testing.T) {
-	t.Parallel()
-	srv := redistest.Start(t, "--maxmemory-policy", "volatile-lru")
+// evictionsSeen returns a store of srv that allows eviction, and the
+// reasons its KeysEvicted was called with so far.
+func evictionsSeen(t *testing.T, srv *redistest.Server) (*Store, func() []string) {
+	t.Helper()
 	var (
 		mu      sync.Mutex
 		reasons []string
@@ -170,11 +168,20 @@ func TestEvictionsCallKeysEvicted(t *testing.T) {
 		defer mu.Unlock()
 		reasons = append(reasons, r)
 	}})
-	got := func() []string {
+	return s, func() []string {
 		mu.Lock()
 		defer mu.Unlock()
 		return append([]string(nil), reasons...)
 	}
+}
+
+// TestEvictionsCallKeysEvicted: evicted_keys rising is reported (with
+// AllowEviction, which serves meanwhile), once per rise; a restart, which
+// resets the counter, is not an eviction.
+func TestEvictionsCallKeysEvicted(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, "--maxmemory-policy", "volatile-lru")
+	s, got := evictionsSeen(t, srv)
 	c := ctx(t)
 	if err := s.CheckSettings(c); err != nil {
 		t.Fatal(err)
@@ -259,5 +266,89 @@ func TestClusterSettingsOnEveryMaster(t *testing.T) {
 	}
 	if rec, err := s.Reserve(c, "route/scope/fixed", res); rec != nil || err != nil {
 		t.Fatalf("Reserve after noeviction = %+v, %v; want nil, nil", rec, err)
+	}
+}
+
+// evict reserves n records of prefix (AllowEviction) and sets maxmemory
+// margin bytes below what Redis uses, then writes once, so that Redis
+// evicts; it returns INFO stats evicted_keys after.
+func evict(t *testing.T, s *Store, srv *redistest.Server, prefix string, n int, margin int64) int64 {
+	t.Helper()
+	c := ctx(t)
+	for i := range n {
+		if rec, err := s.Reserve(c, prefix+strconv.Itoa(i), store.Reservation{Token: "t", Fingerprint: strings.Repeat("f", 500), Lease: time.Minute, TTL: time.Hour}); rec != nil || err != nil {
+			t.Fatalf("Reserve = %+v, %v", rec, err)
+		}
+	}
+	info := func(section, field string) int64 {
+		t.Helper()
+		text, err := srv.Do("INFO", section)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, _ := strconv.ParseInt(infoField(text, field), 10, 64)
+		return v
+	}
+	start := info("stats", "evicted_keys")
+	evicted := start
+	// used_memory may count a buffer freed since (the AOF's at start):
+	// a larger margin until Redis evicts.
+	for ; evicted == start && margin < 1<<30; margin *= 2 {
+		if _, err := srv.Do("CONFIG", "SET", "maxmemory", strconv.FormatInt(info("memory", "used_memory")-margin, 10)); err != nil {
+			t.Fatal(err)
+		}
+		srv.Do("SET", "trigger", "x") // evicts before it runs
+		evicted = info("stats", "evicted_keys")
+	}
+	if _, err := srv.Do("CONFIG", "SET", "maxmemory", "0"); err != nil {
+		t.Fatal(err)
+	}
+	return evicted
+}
+
+// TestEvictionsAfterTheCounterStartsAgain: evictions made after
+// evicted_keys starts again, and before the next check, are a loss: after
+// CONFIG RESETSTAT (fewer evictions than the count before the reset), and
+// after a restart of a Redis that keeps its records (AOF).
+func TestEvictionsAfterTheCounterStartsAgain(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, "--appendonly", "yes", "--maxmemory-policy", "volatile-lru")
+	s, got := evictionsSeen(t, srv)
+	calls := func() int { return len(got()) }
+	c := ctx(t)
+	if err := s.CheckSettings(c); err != nil {
+		t.Fatal(err)
+	}
+	before := evict(t, s, srv, "a/", 2000, 300_000)
+	if err := s.CheckSettings(c); err != nil {
+		t.Fatal(err)
+	}
+	if n := calls(); n != 1 {
+		t.Fatalf("KeysEvicted called %d times after %d evictions, want 1", n, before)
+	}
+
+	if _, err := srv.Do("CONFIG", "RESETSTAT"); err != nil {
+		t.Fatal(err)
+	}
+	if after := evict(t, s, srv, "b/", 200, 20_000); after == 0 || after >= before {
+		t.Fatalf("%d evictions after the reset, want some, fewer than the %d before it", after, before)
+	}
+	if err := s.CheckSettings(c); err != nil {
+		t.Fatal(err)
+	}
+	if n := calls(); n != 2 {
+		t.Fatalf("KeysEvicted called %d times after evictions that followed CONFIG RESETSTAT, want 2", n)
+	}
+
+	srv.Restart() // the records are kept (AOF); evicted_keys starts at 0
+	if after := evict(t, s, srv, "c/", 200, 20_000); after == 0 {
+		t.Fatal("no eviction after the restart")
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for s.CheckSettings(c) != nil && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := calls(); n != 3 {
+		t.Fatalf("KeysEvicted called %d times after evictions that followed a restart, want 3", n)
 	}
 }

@@ -32,14 +32,14 @@ func startReplicated(t *testing.T) (primary, replica *redistest.Server) {
 }
 
 // waitInSync waits until replica's link to primary is up and primary
-// counts it.
+// counts it online (what WaitAuto waits for).
 func waitInSync(t *testing.T, primary, replica *redistest.Server) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		r, err1 := replica.Do("INFO", "replication")
 		p, err2 := primary.Do("INFO", "replication")
-		if err1 == nil && err2 == nil && infoField(r, "master_link_status") == "up" && infoField(p, "connected_slaves") == "1" {
+		if err1 == nil && err2 == nil && infoField(r, "master_link_status") == "up" && infoField(p, "connected_slaves") == "1" && onlineReplicas(p) == 1 {
 			return
 		}
 		if time.Now().After(deadline) {
@@ -313,5 +313,58 @@ func TestWaitAuto(t *testing.T) {
 	}
 	if stats, err := lone.Do("INFO", "commandstats"); err != nil || strings.Contains(stats, "cmdstat_wait:") {
 		t.Errorf("INFO commandstats = %q, %v; want no WAIT sent to a master without replicas", stats, err)
+	}
+}
+
+// TestWaitAutoSkipsAReplicaInItsFirstSync: a replica that is connected
+// but still in its first full sync (state wait_bgsave, send_bulk: a new
+// replica, or one that lost its link and resyncs, for as long as a large
+// data set takes to copy) acknowledges nothing, and holds nothing a
+// promotion would keep: with WaitAuto, writes do not wait for it (every
+// one would fail after the wait timeout, 503 for the whole sync); once it
+// is online they do.
+func TestWaitAutoSkipsAReplicaInItsFirstSync(t *testing.T) {
+	t.Parallel()
+	// The master holds the sync back (waiting for more replicas to join
+	// a diskless transfer) until the delay is lifted.
+	primary := redistest.Start(t, "--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "600")
+	replica := redistest.Start(t, "--replicaof", "127.0.0.1", strconv.Itoa(primary.Port()))
+	waitFor := func(what string, f func(info string) bool) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+			info, err := primary.Do("INFO", "replication")
+			if err == nil && f(info) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: INFO replication %q, %v", what, info, err)
+			}
+		}
+	}
+	waitFor("the replica connected, waiting for its sync", func(info string) bool {
+		return infoField(info, "connected_slaves") == "1" && strings.Contains(info, "state=wait_bgsave")
+	})
+	s := newStore(t, Options{Addrs: []string{primary.Addr()}, WaitAuto: true, WaitTimeout: testWaitTimeout})
+	c := ctx(t)
+	if err := s.CheckSettings(c); err != nil {
+		t.Fatal(err)
+	}
+	res := store.Reservation{Token: "tok", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
+	if rec, err := s.Reserve(c, "r/-/syncing", res); err != nil || rec != nil {
+		t.Fatalf("Reserve while the only replica waits for its first sync = %v, %v; want reserved", rec, err)
+	}
+
+	if _, err := primary.Do("CONFIG", "SET", "repl-diskless-sync-delay", "0"); err != nil {
+		t.Fatal(err)
+	}
+	waitInSync(t, primary, replica)
+	if err := s.CheckSettings(c); err != nil {
+		t.Fatal(err)
+	}
+	replica.Pause()
+	rec, err := s.Reserve(c, "r/-/online", res)
+	replica.Resume()
+	if !errors.Is(err, ErrNotReplicated) || rec != nil {
+		t.Fatalf("Reserve with the online replica stopped = %v, %v; want an error wrapping ErrNotReplicated", rec, err)
 	}
 }
