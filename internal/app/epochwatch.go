@@ -57,9 +57,24 @@ func (a *app) watchEpoch(ctx context.Context, reg prometheus.Registerer, st stor
 		opts.Incarnation = inc.Incarnation
 	}
 	ex, _ := st.(interface{ ExpectEpoch(string) })
+	rs, _ := st.(*redis.Store)
+	// had: the replica trusted an epoch; lost: then none (OnTrust runs
+	// under the watcher's lock).
+	var had, lost bool
 	opts.OnTrust = func(id string) {
 		if ex != nil {
 			ex.ExpectEpoch(id)
+		}
+		switch {
+		case id == "":
+			lost = had
+		case lost && rs != nil:
+			// A loss accepted: the evictions that were part of it
+			// are not a new one.
+			rs.AcceptEvictions()
+			fallthrough
+		default:
+			had, lost = true, false
 		}
 		if f := a.onTrust.Load(); f != nil {
 			(*f)(id)
@@ -68,7 +83,6 @@ func (a *app) watchEpoch(ctx context.Context, reg prometheus.Registerer, st stor
 	w := epoch.New(opts)
 	slot.Store(w)
 	registerEpochMetrics(reg, w)
-	rs, _ := st.(*redis.Store)
 	registerStoreRisk(reg, rs)
 	if rs != nil {
 		a.checkRedisSettings(ctx, rs)

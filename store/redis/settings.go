@@ -195,6 +195,9 @@ type settings struct {
 	// refusal is the first risk of risks not allowed, nil for none.
 	refusal *store.SettingError
 	nodes   map[string]nodeSeen
+	// rebase makes the next check take every node's evicted_keys as a
+	// new baseline, reporting nothing: AcceptEvictions.
+	rebase bool
 }
 
 func newSettings(opts Options) *settings {
@@ -348,13 +351,14 @@ func (s *Store) CheckSettings(ctx context.Context) error {
 			}
 		}
 		prev, ok := st.nodes[r.node]
-		if n, how := newEvictions(prev, ok, r, now); n > 0 {
+		if n, how := newEvictions(prev, ok && !st.rebase, r, now); n > 0 {
 			losses = append(losses, fmt.Sprintf("redis %s evicted %d keys (INFO stats evicted_keys %s, maxmemory-policy %s): records of answered requests may be among them",
 				r.node, n, how, r.policy))
 		}
 		st.nodes[r.node] = nodeSeen{runID: r.runID, evicted: r.evicted, at: at}
 	}
 	st.setLocked(risks)
+	st.rebase = false
 	st.mu.Unlock()
 	if _, cluster := s.client.(*goredis.ClusterClient); !cluster && len(reports) == 1 && reports[0].master {
 		s.pipe.setReplicas(reports[0].replicas)
@@ -400,6 +404,25 @@ func (s *Store) connSettings(ctx context.Context, cn *goredis.Conn) {
 		return
 	}
 	s.settings.add(judge(r))
+	select {
+	case s.settings.kick <- struct{}{}:
+	default:
+	}
+}
+
+// AcceptEvictions takes the evictions made so far as part of a loss an
+// operator accepted: the check it asks for at once takes every node's
+// evicted_keys as a new baseline, so that evictions made before the
+// acceptance, and not yet seen by a check, are not a new loss; those
+// made after it are. The program calls it when the replica trusts the
+// store again after a loss.
+func (s *Store) AcceptEvictions() {
+	if s.settings == nil {
+		return
+	}
+	s.settings.mu.Lock()
+	s.settings.rebase = true
+	s.settings.mu.Unlock()
 	select {
 	case s.settings.kick <- struct{}{}:
 	default:

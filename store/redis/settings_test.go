@@ -352,3 +352,65 @@ func TestEvictionsAfterTheCounterStartsAgain(t *testing.T) {
 		t.Fatalf("KeysEvicted called %d times after evictions that followed a restart, want 3", n)
 	}
 }
+
+// TestAcceptedEvictionsAreNoNewLoss: evictions made before an operator
+// accepted a loss, and not yet seen by a check, are part of that loss
+// (AcceptEvictions: the next check takes a new baseline); evictions made
+// after it are a new loss.
+func TestAcceptedEvictionsAreNoNewLoss(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, "--maxmemory-policy", "volatile-lru")
+	s, got := evictionsSeen(t, srv)
+	c := ctx(t)
+	if err := s.CheckSettings(c); err != nil {
+		t.Fatal(err)
+	}
+	fill := func(from int) {
+		t.Helper()
+		for i := from; i < from+2000; i++ {
+			if rec, err := s.Reserve(c, "k/"+strconv.Itoa(i), store.Reservation{Token: "t", Fingerprint: strings.Repeat("f", 500), Lease: time.Minute, TTL: time.Hour}); rec != nil || err != nil {
+				t.Fatalf("Reserve = %+v, %v", rec, err)
+			}
+		}
+	}
+	evictions := func() int64 {
+		t.Helper()
+		info, err := srv.Do("INFO", "stats")
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, _ := strconv.ParseInt(infoField(info, "evicted_keys"), 10, 64)
+		return n
+	}
+	fill(0)
+	used, err := srv.Do("INFO", "memory")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, _ := strconv.ParseInt(infoField(used, "used_memory"), 10, 64)
+	if _, err := srv.Do("CONFIG", "SET", "maxmemory", strconv.FormatInt(n-300_000, 10)); err != nil {
+		t.Fatal(err)
+	}
+	fill(2000) // evicts as it goes
+	if evictions() == 0 {
+		t.Fatal("no key evicted")
+	}
+	s.AcceptEvictions() // the loss accepted before any check saw these
+	if err := s.CheckSettings(c); err != nil {
+		t.Fatal(err)
+	}
+	if r := got(); len(r) != 0 {
+		t.Fatalf("KeysEvicted called with %q for evictions made before the acceptance; want none", r)
+	}
+	before := evictions()
+	fill(4000)
+	if evictions() == before {
+		t.Fatal("no key evicted after the acceptance")
+	}
+	if err := s.CheckSettings(c); err != nil {
+		t.Fatal(err)
+	}
+	if r := got(); len(r) != 1 {
+		t.Errorf("KeysEvicted called %d times for evictions made after the acceptance, want 1", len(r))
+	}
+}
