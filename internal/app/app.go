@@ -43,7 +43,11 @@ type app struct {
 	// whenever it changes ("" for none), after the store is: the witness
 	// of answered keys forgets those of an epoch no longer trusted.
 	onTrust atomic.Pointer[func(id string)]
-	path    string
+	// ksOnTrust is keyspaces once serve set it (nil: none yet), for the
+	// epoch watcher's goroutine: told to record the keyspaces again when
+	// the replica trusts the store after a loss.
+	ksOnTrust atomic.Pointer[keyspaces]
+	path      string
 	// overrides are the flags' and variables' values that replace the
 	// file's, on every reload as at start.
 	overrides config.Overrides
@@ -224,6 +228,7 @@ func (a *app) serve(ctx context.Context) error {
 	// Before the listener opens: a route whose keys would be made anew
 	// in a keyspace with live keys never serves a request.
 	ks, stopKeyspaces := a.startKeyspaces(st, cfg.Store.EpochCheckInterval.D())
+	a.ksOnTrust.Store(ks)
 	defer stopKeyspaces()
 	a.mu.Lock()
 	a.keyspaces = ks

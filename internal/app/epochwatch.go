@@ -68,10 +68,18 @@ func (a *app) watchEpoch(ctx context.Context, reg prometheus.Registerer, st stor
 		switch {
 		case id == "":
 			lost = had
-		case lost && rs != nil:
+		case lost:
 			// A loss accepted: the evictions that were part of it
-			// are not a new one.
-			rs.AcceptEvictions()
+			// are not a new one, and the registry of keyspaces may
+			// have gone with the keys: the running routes record
+			// theirs again, so that a rename after the loss is
+			// still refused.
+			if rs != nil {
+				rs.AcceptEvictions()
+			}
+			if k := a.ksOnTrust.Load(); k != nil {
+				k.rerecord()
+			}
 			fallthrough
 		default:
 			had, lost = true, false

@@ -97,6 +97,20 @@ func (a *app) startKeyspaces(st storeCloser, interval time.Duration) (*keyspaces
 	return k, func() { cancel(); <-done }
 }
 
+// rerecord asks for a check that records the running configuration's
+// keyspaces, as at a start: the store may have lost its registry with its
+// keys (a loss an operator accepted). It does not wait.
+func (k *keyspaces) rerecord() {
+	if k == nil {
+		return
+	}
+	k.pending.Store(true)
+	select {
+	case k.kick <- struct{}{}:
+	default:
+	}
+}
+
 // check checks the running configuration: it holds the routes of the
 // findings and logs them, unless a reload swapped another configuration
 // in meanwhile (that reload checked its own), then records what is due.
