@@ -1,0 +1,124 @@
+package admission
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/h2attack"
+)
+
+// TestOverloadResetBudget: the budget over all connections starts shedding
+// past one second of server.max_resets_per_second and stops once it drains
+// below half of it; zero turns it off.
+func TestOverloadResetBudget(t *testing.T) {
+	var o overload
+	now := time.Unix(1000, 0)
+	if o.reset(10_000, now) {
+		t.Fatal("a budget of 0 (off) shed")
+	}
+	o.rate.Store(100)
+	if o.reset(100, now) {
+		t.Fatal("shedding at one second's worth of resets, want only past it")
+	}
+	if !o.reset(1, now) {
+		t.Fatal("not shedding past one second's worth of resets")
+	}
+	// 0.3 s later the level (capped at 150) drained by 30: still above half.
+	if !o.reset(0, now.Add(300*time.Millisecond)) {
+		t.Fatal("stopped shedding above half the budget")
+	}
+	if o.reset(0, now.Add(1500*time.Millisecond)) {
+		t.Fatal("still shedding once the resets drained below half the budget")
+	}
+	if got := o.state(); got != 0 {
+		t.Errorf("state = %v once drained, want 0", got)
+	}
+}
+
+// TestConnResetsAbusive: a connection is shed for the budget only when it
+// resets at least minShedResets streams and more than half the streams it
+// opened; a connection mostly served is not.
+func TestConnResetsAbusive(t *testing.T) {
+	for _, tc := range []struct {
+		resets, opened int64
+		want           bool
+	}{
+		{minShedResets - 1, 0, false},
+		{minShedResets, 0, true},
+		{100, 100, true},
+		{100, 200, false},
+		{10, 1000, false},
+	} {
+		var r connResets
+		r.resets.Store(tc.resets)
+		r.opened.Store(tc.opened)
+		if got := r.abusive(); got != tc.want {
+			t.Errorf("resets %d of %d opened: abusive = %v, want %v", tc.resets, tc.opened, got, tc.want)
+		}
+	}
+}
+
+// TestOverloadShedsResetsFromManyClients is issue 36's attack in this
+// process: rapid reset from 40 addresses, each far under its own
+// server.max_client_resets_per_second (set out of reach here), so only
+// the budget over all clients can meet it. The connections are closed by
+// it (idemproxy_overload_actions_total{action="close_connection",
+// reason="resets"}), and probes from another address are served while
+// and after it.
+func TestOverloadShedsResetsFromManyClients(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newLimiter(ln, 256, time.Second)
+	l.SetClientLimits(config.Server{MaxRequestsPerClient: 256, MaxClientResetsPerSecond: 1 << 30, MaxResetsPerSecond: 200})
+	srv := &http.Server{
+		Handler: l.Guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			io.Copy(io.Discard, r.Body)
+			io.WriteString(w, "ok")
+		})),
+		ConnState: l.ConnState, ConnContext: l.ConnContext,
+		Protocols: ServerProtocols(), HTTP2: ServerHTTP2(),
+	}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	from := make([]string, 40)
+	for i := range from {
+		from[i] = fmt.Sprintf("127.0.0.%d", 10+i)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	a := &h2attack.Attacker{Addr: ln.Addr().String(), From: from}
+	wg := a.Run(ctx, len(from))
+	defer wg.Wait()
+	defer cancel()
+	closed := func() uint64 { return l.over.actions[0].Load() } // close_connection, resets
+	for closed() < uint64(len(from)) && ctx.Err() == nil {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := closed(); n < uint64(len(from)) {
+		t.Fatalf("the budget over all clients closed %d attacking connections, want at least %d (%d streams reset on %d connections)",
+			n, len(from), a.Streams.Load(), a.Conns.Load())
+	}
+	if n := l.clients.refused[1].Load(); n != 0 {
+		t.Errorf("per-client limit refused %d times, want 0: the test is of the global budget", n)
+	}
+	h1, h2 := h2attack.ProbeClients("127.0.0.2")
+	for i := range 3 {
+		for _, c := range []*http.Client{h1, h2} {
+			r, _ := h2attack.Do(c, "POST", "http://"+ln.Addr().String()+"/charges", `{}`)
+			if r.Status != 200 {
+				t.Errorf("probe %d during the attack = %d %v, want 200", i, r.Status, r.Err)
+			}
+		}
+	}
+	cancel()
+	wg.Wait()
+	t.Logf("attack: %d streams reset on %d connections; %d closed by the global budget", a.Streams.Load(), a.Conns.Load(), closed())
+}
