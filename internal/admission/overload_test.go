@@ -6,6 +6,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime"
+	"runtime/debug"
 	"testing"
 	"time"
 
@@ -121,4 +123,52 @@ func TestOverloadShedsResetsFromManyClients(t *testing.T) {
 	cancel()
 	wg.Wait()
 	t.Logf("attack: %d streams reset on %d connections; %d closed by the global budget", a.Streams.Load(), a.Conns.Load(), closed())
+}
+
+// TestOverloadMemoryRefusesNewWork: with the live heap past its share of
+// the soft memory limit, a new connection is closed as it is accepted
+// (nothing is read from it) and counted; once the heap is back below its
+// resume share, new connections are served again.
+func TestOverloadMemoryRefusesNewWork(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newLimiter(ln, 64, time.Second)
+	l.SetClientLimits(config.Server{MaxRequestsPerClient: 64, MaxClientResetsPerSecond: 100, MaxResetsPerSecond: 1000})
+	srv := &http.Server{
+		Handler:   l.Guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })),
+		ConnState: l.ConnState, ConnContext: l.ConnContext,
+		Protocols: ServerProtocols(), HTTP2: ServerHTTP2(),
+	}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	addr := ln.Addr().String()
+	if st, _, err := h2attack.GetFrom(t, "127.0.0.2", addr, "/"); st != 200 {
+		t.Fatalf("before: %d %v, want 200", st, err)
+	}
+
+	// A live heap of 64 MiB against a soft limit of 80 MiB: 80 %, past
+	// the 70 % share. The ballast is never written: it costs no memory.
+	ballast := make([]byte, 64<<20)
+	runtime.GC()
+	old := debug.SetMemoryLimit(80 << 20)
+	t.Cleanup(func() { debug.SetMemoryLimit(old) })
+	h2attack.Eventually(t, "a new connection is refused", func() bool {
+		st, _, _ := h2attack.GetFrom(t, "127.0.0.2", addr, "/")
+		return st == 0
+	})
+	if n := l.over.actions[2].Load(); n == 0 { // refuse_connection, memory
+		t.Errorf("idemproxy_overload_actions_total{action=refuse_connection,reason=memory} = 0, want the refusals counted")
+	}
+	if got := l.over.state(); got != 2 {
+		t.Errorf("state = %v with the heap high, want 2", got)
+	}
+	runtime.KeepAlive(ballast)
+	ballast = nil
+	runtime.GC()
+	h2attack.Eventually(t, "new connections are served once the heap is back down", func() bool {
+		st, _, _ := h2attack.GetFrom(t, "127.0.0.2", addr, "/")
+		return st == 200
+	})
 }
