@@ -52,6 +52,39 @@ func (s *lostReplyStore) Release(ctx context.Context, key, token string) error {
 	return s.Store.Release(ctx, key, token)
 }
 
+// heal makes every release from now on reach the store.
+func (s *lostReplyStore) heal() {
+	s.mu.Lock()
+	s.failedReleases = 0
+	s.mu.Unlock()
+}
+
+// lostReplyEnv serves a proxy with the route charges (with the further
+// fields of route, in YAML) over st, a lostReplyStore on a new Badger
+// store.
+func lostReplyEnv(t *testing.T, route string, st *lostReplyStore) *proxytest.Env {
+	t.Helper()
+	up := httptest.NewServer(stub.New(slog.New(slog.DiscardHandler)))
+	t.Cleanup(up.Close)
+	cfg := proxytest.ParseConfig(t, up.URL, `  - name: charges
+    match: POST /charges
+    key: {json: orderId}
+`+route)
+	bs, err := badger.Open(badger.Options{Dir: t.TempDir(), SyncWrites: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Store = bs
+	p, err := proxy.New(cfg, proxy.Options{Store: st, StoreName: "badger",
+		Metrics: proxy.NewMetrics(prometheus.NewRegistry()), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(p)
+	t.Cleanup(func() { srv.Close(); bs.Close() })
+	return &proxytest.Env{T: t, Stub: up, Server: srv, Proxy: p, Store: bs}
+}
+
 // TestReserveWithLostReplyIsReleasedWhenTheStoreComesBack is what the chaos
 // run found with seed 101 (a Redis blackhole): a reservation applied whose
 // reply was lost is answered 503, and its release, tried once while the
@@ -59,84 +92,14 @@ func (s *lostReplyStore) Release(ctx context.Context, key, token string) error {
 // doubt for its whole TTL, for an order that was never sent. The release
 // is retried while the reservation's lease holds.
 func TestReserveWithLostReplyIsReleasedWhenTheStoreComesBack(t *testing.T) {
-	up := httptest.NewServer(stub.New(slog.New(slog.DiscardHandler)))
-	defer up.Close()
-	cfg := proxytest.ParseConfig(t, up.URL, `  - name: charges
-    match: POST /charges
-    key: {json: orderId}
-    lease: 30s
+	e := lostReplyEnv(t, `    lease: 30s
     upstream_timeout: 10s
-`)
-	bs, err := badger.Open(badger.Options{Dir: t.TempDir(), SyncWrites: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bs.Close()
-	st := &lostReplyStore{Store: bs, lostReserves: 1, failedReleases: 3}
-	p, err := proxy.New(cfg, proxy.Options{Store: st, StoreName: "badger",
-		Metrics: proxy.NewMetrics(prometheus.NewRegistry()), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(p)
-	defer srv.Close()
-	e := &proxytest.Env{T: t, Stub: up, Server: srv, Proxy: p, Store: bs}
+`, &lostReplyStore{lostReserves: 1, failedReleases: 3})
 
 	if a := e.Charge(`"ORD-LOST"`, 5); a.Status != 503 {
 		t.Fatalf("charge with the reservation's reply lost = %v, want 503 store-unavailable", a)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for e.State("charges", "", "ORD-LOST") != "" {
-		if time.Now().After(deadline) {
-			t.Fatalf("the key of a request answered 503 is still %q once the store answers again: "+
-				"its retries get 409 until the key expires, for an order never sent", e.State("charges", "", "ORD-LOST"))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if a := e.Charge(`"ORD-LOST"`, 5); a.Status != 201 {
-		t.Fatalf("retry = %v, want 201: forwarded, the first was never sent", a)
-	}
-	if n := e.Charges("ORD-LOST"); n != 1 {
-		t.Errorf("ORD-LOST charged %d times, want 1", n)
-	}
-}
-
-// failingUntilStore applies reservations but loses the reply of the first
-// one, and fails every release until healed: a store whose writer stalls
-// under a flood (issue 36: "the writer did not apply the write in time")
-// and fails and reopens for longer than a reservation's lease.
-type failingUntilStore struct {
-	*badger.Store
-	mu     sync.Mutex
-	lost   bool
-	healed bool
-}
-
-func (s *failingUntilStore) Reserve(ctx context.Context, key string, res store.Reservation) (*store.Record, error) {
-	rec, err := s.Store.Reserve(ctx, key, res)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if err == nil && !s.lost {
-		s.lost = true
-		return nil, errLostReply
-	}
-	return rec, err
-}
-
-func (s *failingUntilStore) Release(ctx context.Context, key, token string) error {
-	s.mu.Lock()
-	healed := s.healed
-	s.mu.Unlock()
-	if !healed {
-		return errLostReply
-	}
-	return s.Store.Release(ctx, key, token)
-}
-
-func (s *failingUntilStore) heal() {
-	s.mu.Lock()
-	s.healed = true
-	s.mu.Unlock()
+	freedThenCharged(e, "ORD-LOST", 20*time.Second)
 }
 
 // TestRefusedReservationNeverInDoubt pins issue 36 item 3: a request
@@ -147,29 +110,11 @@ func (s *failingUntilStore) heal() {
 // when its lease ends": the client that was refused got 409 for the
 // key's whole TTL.
 func TestRefusedReservationNeverInDoubt(t *testing.T) {
-	up := httptest.NewServer(stub.New(slog.New(slog.DiscardHandler)))
-	defer up.Close()
-	cfg := proxytest.ParseConfig(t, up.URL, `  - name: charges
-    match: POST /charges
-    key: {json: orderId}
-    lease: 2s
+	st := &lostReplyStore{lostReserves: 1, failedReleases: 1 << 30}
+	e := lostReplyEnv(t, `    lease: 2s
     upstream_timeout: 1s
     ttl: 1h
-`)
-	bs, err := badger.Open(badger.Options{Dir: t.TempDir(), SyncWrites: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bs.Close()
-	st := &failingUntilStore{Store: bs}
-	p, err := proxy.New(cfg, proxy.Options{Store: st, StoreName: "badger",
-		Metrics: proxy.NewMetrics(prometheus.NewRegistry()), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(p)
-	defer srv.Close()
-	e := &proxytest.Env{T: t, Stub: up, Server: srv, Proxy: p, Store: bs}
+`, st)
 
 	if a := e.Charge(`"ORD-REFUSED"`, 5); a.Status != 503 {
 		t.Fatalf("charge with the reservation's reply lost = %v, want 503 store-unavailable", a)
@@ -185,18 +130,25 @@ func TestRefusedReservationNeverInDoubt(t *testing.T) {
 	// Past the lease plus the settler's longest backoff, then the store heals.
 	time.Sleep(1500 * time.Millisecond)
 	st.heal()
-	deadline = time.Now().Add(30 * time.Second)
-	for e.State("charges", "", "ORD-REFUSED") != "" {
+	freedThenCharged(e, "ORD-REFUSED", 30*time.Second)
+}
+
+// freedThenCharged waits, at most wait, for the key order of a charge
+// answered 503 (never forwarded) to be free, then charges it again: the
+// retry is forwarded, and the order charged once.
+func freedThenCharged(e *proxytest.Env, order string, wait time.Duration) {
+	t := e.T
+	t.Helper()
+	for deadline := time.Now().Add(wait); e.State("charges", "", order) != ""; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the key of a request answered 503 and never forwarded is still %q once the store answers again: "+
-				"its retries get 409 for the whole TTL", e.State("charges", "", "ORD-REFUSED"))
+				"its retries get 409 until the key expires", e.State("charges", "", order))
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
-	if a := e.Charge(`"ORD-REFUSED"`, 5); a.Status != 201 {
+	if a := e.Charge(`"`+order+`"`, 5); a.Status != 201 {
 		t.Fatalf("retry = %v, want 201: forwarded, the first was never sent", a)
 	}
-	if n := e.Charges("ORD-REFUSED"); n != 1 {
-		t.Errorf("ORD-REFUSED charged %d times, want 1", n)
+	if n := e.Charges(order); n != 1 {
+		t.Errorf("%s charged %d times, want 1", order, n)
 	}
 }

@@ -74,29 +74,14 @@ func TestConnResetsAbusive(t *testing.T) {
 // reason="resets"}), and probes from another address are served while
 // and after it.
 func TestOverloadShedsResetsFromManyClients(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := newLimiter(ln, 256, time.Second)
-	l.SetClientLimits(config.Server{MaxRequestsPerClient: 256, MaxClientResetsPerSecond: 1 << 30, MaxResetsPerSecond: 200})
-	srv := &http.Server{
-		Handler: l.Guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			io.Copy(io.Discard, r.Body)
-			io.WriteString(w, "ok")
-		})),
-		ConnState: l.ConnState, ConnContext: l.ConnContext,
-		Protocols: ServerProtocols(), HTTP2: ServerHTTP2(),
-	}
-	go srv.Serve(l)
-	t.Cleanup(func() { srv.Close() })
+	l, addr := clientServer(t, 256, config.Server{MaxRequestsPerClient: 256, MaxClientResetsPerSecond: 1 << 30, MaxResetsPerSecond: 200})
 	from := make([]string, 40)
 	for i := range from {
 		from[i] = fmt.Sprintf("127.0.0.%d", 10+i)
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	a := &h2attack.Attacker{Addr: ln.Addr().String(), From: from}
+	a := &h2attack.Attacker{Addr: addr, From: from}
 	wg := a.Run(ctx, len(from))
 	defer wg.Wait()
 	defer cancel()
@@ -111,15 +96,7 @@ func TestOverloadShedsResetsFromManyClients(t *testing.T) {
 	if n := l.clients.refused[1].Load(); n != 0 {
 		t.Errorf("per-client limit refused %d times, want 0: the test is of the global budget", n)
 	}
-	h1, h2 := h2attack.ProbeClients("127.0.0.2")
-	for i := range 3 {
-		for _, c := range []*http.Client{h1, h2} {
-			r, _ := h2attack.Do(c, "POST", "http://"+ln.Addr().String()+"/charges", `{}`)
-			if r.Status != 200 {
-				t.Errorf("probe %d during the attack = %d %v, want 200", i, r.Status, r.Err)
-			}
-		}
-	}
+	probeServed(t, addr, 3)
 	cancel()
 	wg.Wait()
 	t.Logf("attack: %d streams reset on %d connections; %d closed by the global budget", a.Streams.Load(), a.Conns.Load(), closed())
@@ -130,20 +107,7 @@ func TestOverloadShedsResetsFromManyClients(t *testing.T) {
 // (nothing is read from it) and counted; once the heap is back below its
 // resume share, new connections are served again.
 func TestOverloadMemoryRefusesNewWork(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := newLimiter(ln, 64, time.Second)
-	l.SetClientLimits(config.Server{MaxRequestsPerClient: 64, MaxClientResetsPerSecond: 100, MaxResetsPerSecond: 1000})
-	srv := &http.Server{
-		Handler:   l.Guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })),
-		ConnState: l.ConnState, ConnContext: l.ConnContext,
-		Protocols: ServerProtocols(), HTTP2: ServerHTTP2(),
-	}
-	go srv.Serve(l)
-	t.Cleanup(func() { srv.Close() })
-	addr := ln.Addr().String()
+	l, addr := clientServer(t, 64, config.Server{MaxRequestsPerClient: 64, MaxClientResetsPerSecond: 100, MaxResetsPerSecond: 1000})
 	if st, _, err := h2attack.GetFrom(t, "127.0.0.2", addr, "/"); st != 200 {
 		t.Fatalf("before: %d %v, want 200", st, err)
 	}
@@ -171,4 +135,43 @@ func TestOverloadMemoryRefusesNewWork(t *testing.T) {
 		st, _, _ := h2attack.GetFrom(t, "127.0.0.2", addr, "/")
 		return st == 200
 	})
+}
+
+// clientServer serves, through a client listener's Limiter of max
+// connections with the limits of s, a handler that reads the body and
+// answers "ok"; it returns the Limiter and its address.
+func clientServer(t *testing.T, max int, s config.Server) (*Limiter, string) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newLimiter(ln, max, time.Second)
+	l.SetClientLimits(s)
+	srv := &http.Server{
+		Handler: l.Guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			io.Copy(io.Discard, r.Body)
+			io.WriteString(w, "ok")
+		})),
+		ConnState: l.ConnState, ConnContext: l.ConnContext,
+		Protocols: ServerProtocols(), HTTP2: ServerHTTP2(),
+	}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	return l, ln.Addr().String()
+}
+
+// probeServed sends n POSTs over HTTP/1.1 and n over cleartext HTTP/2
+// from 127.0.0.2 to addr, and fails the test for any answer but 200.
+func probeServed(t *testing.T, addr string, n int) {
+	t.Helper()
+	h1, h2 := h2attack.ProbeClients("127.0.0.2")
+	for i := range n {
+		for _, c := range []*http.Client{h1, h2} {
+			r, _ := h2attack.Do(c, "POST", "http://"+addr+"/charges", `{}`)
+			if r.Status != 200 {
+				t.Errorf("probe %d = %d %v, want 200", i, r.Status, r.Err)
+			}
+		}
+	}
 }
