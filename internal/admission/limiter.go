@@ -747,6 +747,13 @@ func (l *Limiter) Guard(next http.Handler) http.Handler {
 				"this HTTP/2 stream was refused before it was read; retry it", map[string]any{"setting": "memory_limit"})
 			return
 		}
+		if h2 && c != nil && c.client != nil && c.resets.abusive() && (l.over.shedding.Load() || l.over.heapHigh.Load()) {
+			// A stream of a connection that resets more than it is
+			// served, while the proxy sheds: it goes, before a handler
+			// runs for it.
+			c.refuseOverload()
+			panic(http.ErrAbortHandler)
+		}
 		if c != nil && c.client != nil {
 			e := c.client
 			if h2 {

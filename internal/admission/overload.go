@@ -177,6 +177,10 @@ func (r *connResets) abusive() bool {
 // high), and returns the read error the server ends it on. Its unread
 // frames go with it.
 func (c *trackedConn) refuseOverload() error {
+	err := &net.OpError{Op: "read", Net: "tcp", Err: errOverloadResets}
+	if c.shed.Load() {
+		return err // closed already (by a stream of it, or its read)
+	}
 	reason := reasonResets
 	if !c.l.over.shedding.Load() {
 		reason = reasonMemory
@@ -186,7 +190,7 @@ func (c *trackedConn) refuseOverload() error {
 		"reason", reason, "client", c.client.id, "setting", "server.max_resets_per_second",
 		"limit", c.l.over.rate.Load(), "resets", c.resets.resets.Load(), "streams", c.resets.opened.Load())
 	c.l.drop([]*trackedConn{c})
-	return &net.OpError{Op: "read", Net: "tcp", Err: errOverloadResets}
+	return err
 }
 
 // errOverloadResets ends a connection closed by the overload manager.
