@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math"
 	"net"
+	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
 	"sync"
@@ -41,6 +42,13 @@ const (
 	// memoryReadEvery bounds how often the heap is read (runtime/metrics,
 	// a few microseconds): never per request.
 	memoryReadEvery = 100 * time.Millisecond
+	// memoryRecheckEvery: while the heap sheds and no collection has run
+	// for this long, one is started, at most this often. The live heap is
+	// what the last collection kept; refusing work stops allocation, and
+	// with it the collections that would show the heap back down, so
+	// without this the proxy would refuse until the runtime's periodic
+	// collection (two minutes).
+	memoryRecheckEvery = time.Second
 )
 
 // Overload actions and their reasons: the labels of
@@ -75,8 +83,11 @@ type overload struct {
 	heapRead  atomic.Int64 // unix nanoseconds of the last read of the heap
 	heapHigh  atomic.Bool  // the heap is past memoryShedShare of the soft limit
 	heapBytes atomic.Int64 // the last read
-	sample    [1]metrics.Sample
+	sample    [2]metrics.Sample
 	sampleMu  sync.Mutex
+	cycles    uint64    // collections seen at the last read; under sampleMu
+	cycleAt   time.Time // when cycles last changed, or a collection was started; under sampleMu
+	collect   atomic.Bool
 
 	actions [len(overloadActions)]atomic.Uint64
 }
@@ -126,13 +137,16 @@ func (o *overload) heapHighAt(now time.Time) bool {
 		return false
 	}
 	o.sampleMu.Lock()
-	o.sample[0].Name = "/gc/heap/live:bytes"
+	defer o.sampleMu.Unlock()
+	o.sample[0].Name, o.sample[1].Name = "/gc/heap/live:bytes", "/gc/cycles/total:gc-cycles"
 	metrics.Read(o.sample[:])
-	heap := int64(0)
+	heap, cycles := int64(0), uint64(0)
 	if o.sample[0].Value.Kind() == metrics.KindUint64 {
 		heap = int64(o.sample[0].Value.Uint64())
 	}
-	o.sampleMu.Unlock()
+	if o.sample[1].Value.Kind() == metrics.KindUint64 {
+		cycles = o.sample[1].Value.Uint64()
+	}
 	o.heapBytes.Store(heap)
 	high := o.heapHigh.Load()
 	switch {
@@ -142,6 +156,15 @@ func (o *overload) heapHighAt(now time.Time) bool {
 		high = false
 	}
 	o.heapHigh.Store(high)
+	if cycles != o.cycles {
+		o.cycles, o.cycleAt = cycles, now
+	} else if high && now.Sub(o.cycleAt) >= memoryRecheckEvery && o.collect.CompareAndSwap(false, true) {
+		o.cycleAt = now
+		go func() {
+			defer o.collect.Store(false)
+			runtime.GC()
+		}()
+	}
 	return high
 }
 
