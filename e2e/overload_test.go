@@ -34,8 +34,10 @@ func TestRapidResetFromManyAddresses(t *testing.T) {
 
 	var seq atomic.Int64
 	type answer struct {
-		ok   bool
-		took time.Duration
+		ok     bool
+		took   time.Duration
+		status int
+		err    error
 	}
 	// probeRound sends one charge over each protocol, at once, and
 	// returns their answers (ok: 201 over the protocol asked for).
@@ -47,7 +49,7 @@ func TestRapidResetFromManyAddresses(t *testing.T) {
 				defer func() { done <- struct{}{} }()
 				start := time.Now()
 				r, proto := doWith(c, "POST", p.url("/charges"), fmt.Sprintf(`{"orderId": "OVL-%d", "amount": 10}`, seq.Add(1)))
-				out[i] = answer{ok: r.status == 201 && proto == i+1, took: time.Since(start)}
+				out[i] = answer{ok: r.status == 201 && proto == i+1, took: time.Since(start), status: r.status, err: r.err}
 			}()
 		}
 		<-done

@@ -35,10 +35,12 @@ const (
 	// the live heap (what the last collection kept) sheds;
 	// memoryResumeShare the share below which it stops. A collection's
 	// work grows with the live heap and its frequency with the inverse of
-	// the room left under the limit: at 70 % each byte allocated costs
-	// over two bytes marked, and the room left shrinks fast.
-	memoryShedShare   = 0.70
-	memoryResumeShare = 0.60
+	// the room left under the limit: at 85 % each byte allocated costs
+	// over five bytes marked. The shares sit above what the process keeps
+	// live at rest (the Badger store's tables: about 30 MiB of the default
+	// 48 MiB), or it would never take work in again once an attack ends.
+	memoryShedShare   = 0.85
+	memoryResumeShare = 0.75
 	// memoryReadEvery bounds how often the heap is read (runtime/metrics,
 	// a few microseconds): never per request.
 	memoryReadEvery = 100 * time.Millisecond
