@@ -442,6 +442,12 @@ func (l *Limiter) sheddable(now time.Time) *trackedConn {
 // request finishes), or max requests are in flight (a new HTTP/2 stream
 // would be refused).
 func (l *Limiter) Saturated() error {
+	// Read here too (at most every 100 ms): a replica a load balancer
+	// takes out for it gets no connection that would read it again.
+	if !l.fair && l.over.heapHighAt(time.Now()) {
+		return fmt.Errorf("memory: the live heap (%d bytes) is past %.0f%% of memory_limit, new connections and HTTP/2 streams are refused",
+			l.over.heapBytes.Load(), memoryShedShare*100)
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch {

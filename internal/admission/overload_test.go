@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"runtime"
 	"runtime/debug"
+	"strings"
 	"testing"
 	"time"
 
@@ -127,6 +128,9 @@ func TestOverloadMemoryRefusesNewWork(t *testing.T) {
 	}
 	if got := l.over.state(); got != 2 {
 		t.Errorf("state = %v with the heap high, want 2", got)
+	}
+	if err := l.Saturated(); err == nil || !strings.Contains(err.Error(), "memory_limit") {
+		t.Errorf("Saturated() = %v with the heap high, want the reason /readyz gives naming memory_limit", err)
 	}
 	runtime.KeepAlive(ballast)
 	// No runtime.GC() here: with new work refused nothing allocates, and
