@@ -440,7 +440,7 @@ func (l *Limiter) sheddable(now time.Time) *trackedConn {
 // Saturated reports, for /readyz, whether the bound is reached with no
 // connection waiting for a request (a new client would wait until a
 // request finishes), or max requests are in flight (a new HTTP/2 stream
-// would be refused).
+// would be refused), or the live heap sheds (overload.go).
 func (l *Limiter) Saturated() error {
 	// Read here too (at most every 100 ms): a replica a load balancer
 	// takes out for it gets no connection that would read it again.
