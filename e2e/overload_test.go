@@ -67,9 +67,13 @@ func TestRapidResetFromManyAddresses(t *testing.T) {
 	cpu0 := procCPU(p.cmd.Process.Pid)
 	t0 := time.Now()
 	var during []answer
+	var ready []time.Duration // /readyz on the admin port, answered (any status) during the attack
 	for time.Since(t0) < 8*time.Second {
 		round := time.Now()
 		during = append(during, probeRound()...)
+		if st, _, err := h2attack.GetFrom(t, "127.0.0.201", p.admin, "/readyz"); st != 0 && err == nil {
+			ready = append(ready, time.Since(round))
+		}
 		time.Sleep(max(500*time.Millisecond-time.Since(round), 0))
 	}
 	cpu := (procCPU(p.cmd.Process.Pid) - cpu0).Seconds() / time.Since(t0).Seconds()
@@ -94,6 +98,10 @@ func TestRapidResetFromManyAddresses(t *testing.T) {
 		served, len(during), fast, 100*float64(fast)/float64(len(during)), summary(took))
 	if served == 0 {
 		t.Errorf("no probe of %d served during the attack", len(during))
+	}
+	t.Logf("admin /readyz answered %d times during the attack", len(ready))
+	if len(ready) == 0 {
+		t.Errorf("the admin port's /readyz never answered during the attack")
 	}
 
 	// Once the attack ends, every probe is served: the first round that
