@@ -380,6 +380,12 @@ type Server struct {
 	// at once; past it the client's connections are closed and new ones
 	// refused until its resets drain (at most 10 s). Default (0) 100.
 	MaxClientResetsPerSecond int `yaml:"max_client_resets_per_second"`
+	// MaxResetsPerSecond is the rate of HTTP/2 streams all clients
+	// together may reset, one second of it at once; past it the proxy
+	// sheds: a connection that resets more than half the streams it
+	// opened is closed as it reads its next reset, whatever its address.
+	// Default (0) 1000.
+	MaxResetsPerSecond int `yaml:"max_resets_per_second"`
 }
 
 // Route is one protected route.

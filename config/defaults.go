@@ -72,6 +72,10 @@ const (
 	// a client may keep up (and ten seconds of it at once) before its
 	// connections are closed and refused.
 	DefaultMaxClientResetsPerSecond = 100
+	// DefaultMaxResetsPerSecond is the rate of HTTP/2 stream resets all
+	// clients together may keep up (one second of it at once) before the
+	// connections that reset more than they are served are shed.
+	DefaultMaxResetsPerSecond = 1000
 )
 
 // applyDefaults fills every unset field. It is the only place defaults are
@@ -105,6 +109,9 @@ func (c *Config) applyDefaults() {
 	}
 	if s.MaxClientResetsPerSecond == 0 {
 		s.MaxClientResetsPerSecond = DefaultMaxClientResetsPerSecond
+	}
+	if s.MaxResetsPerSecond == 0 {
+		s.MaxResetsPerSecond = DefaultMaxResetsPerSecond
 	}
 	if c.Metrics.RouteHistograms == 0 {
 		c.Metrics.RouteHistograms = DefaultRouteHistograms

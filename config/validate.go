@@ -111,6 +111,9 @@ func (c *Config) Validate() error {
 	if s.MaxClientResetsPerSecond < 0 {
 		p.add("server.max_client_resets_per_second", "must be positive")
 	}
+	if s.MaxResetsPerSecond < 0 {
+		p.add("server.max_resets_per_second", "must be positive")
+	}
 	if c.Metrics.RouteHistograms < -1 {
 		p.add("metrics.route_histograms", "%d: want a number of routes, 0 for the default (%d) or -1 for none", c.Metrics.RouteHistograms, DefaultRouteHistograms)
 	}

@@ -52,6 +52,39 @@ func (s *lostReplyStore) Release(ctx context.Context, key, token string) error {
 	return s.Store.Release(ctx, key, token)
 }
 
+// heal makes every release from now on reach the store.
+func (s *lostReplyStore) heal() {
+	s.mu.Lock()
+	s.failedReleases = 0
+	s.mu.Unlock()
+}
+
+// lostReplyEnv serves a proxy with the route charges (with the further
+// fields of route, in YAML) over st, a lostReplyStore on a new Badger
+// store.
+func lostReplyEnv(t *testing.T, route string, st *lostReplyStore) *proxytest.Env {
+	t.Helper()
+	up := httptest.NewServer(stub.New(slog.New(slog.DiscardHandler)))
+	t.Cleanup(up.Close)
+	cfg := proxytest.ParseConfig(t, up.URL, `  - name: charges
+    match: POST /charges
+    key: {json: orderId}
+`+route)
+	bs, err := badger.Open(badger.Options{Dir: t.TempDir(), SyncWrites: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Store = bs
+	p, err := proxy.New(cfg, proxy.Options{Store: st, StoreName: "badger",
+		Metrics: proxy.NewMetrics(prometheus.NewRegistry()), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(p)
+	t.Cleanup(func() { srv.Close(); bs.Close() })
+	return &proxytest.Env{T: t, Stub: up, Server: srv, Proxy: p, Store: bs}
+}
+
 // TestReserveWithLostReplyIsReleasedWhenTheStoreComesBack is what the chaos
 // run found with seed 101 (a Redis blackhole): a reservation applied whose
 // reply was lost is answered 503, and its release, tried once while the
@@ -59,44 +92,63 @@ func (s *lostReplyStore) Release(ctx context.Context, key, token string) error {
 // doubt for its whole TTL, for an order that was never sent. The release
 // is retried while the reservation's lease holds.
 func TestReserveWithLostReplyIsReleasedWhenTheStoreComesBack(t *testing.T) {
-	up := httptest.NewServer(stub.New(slog.New(slog.DiscardHandler)))
-	defer up.Close()
-	cfg := proxytest.ParseConfig(t, up.URL, `  - name: charges
-    match: POST /charges
-    key: {json: orderId}
-    lease: 30s
+	e := lostReplyEnv(t, `    lease: 30s
     upstream_timeout: 10s
-`)
-	bs, err := badger.Open(badger.Options{Dir: t.TempDir(), SyncWrites: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bs.Close()
-	st := &lostReplyStore{Store: bs, lostReserves: 1, failedReleases: 3}
-	p, err := proxy.New(cfg, proxy.Options{Store: st, StoreName: "badger",
-		Metrics: proxy.NewMetrics(prometheus.NewRegistry()), Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(p)
-	defer srv.Close()
-	e := &proxytest.Env{T: t, Stub: up, Server: srv, Proxy: p, Store: bs}
+`, &lostReplyStore{lostReserves: 1, failedReleases: 3})
 
 	if a := e.Charge(`"ORD-LOST"`, 5); a.Status != 503 {
 		t.Fatalf("charge with the reservation's reply lost = %v, want 503 store-unavailable", a)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for e.State("charges", "", "ORD-LOST") != "" {
-		if time.Now().After(deadline) {
-			t.Fatalf("the key of a request answered 503 is still %q once the store answers again: "+
-				"its retries get 409 until the key expires, for an order never sent", e.State("charges", "", "ORD-LOST"))
-		}
-		time.Sleep(20 * time.Millisecond)
+	freedThenCharged(e, "ORD-LOST", 20*time.Second)
+}
+
+// TestRefusedReservationNeverInDoubt pins issue 36 item 3: a request
+// answered 503 because its reservation's reply was lost was never
+// forwarded, so its key must never stay in doubt, even when the store
+// comes back only after the reservation's lease ended. The release used
+// to be retried until the lease only, then logged "it will be in doubt
+// when its lease ends": the client that was refused got 409 for the
+// key's whole TTL.
+func TestRefusedReservationNeverInDoubt(t *testing.T) {
+	st := &lostReplyStore{lostReserves: 1, failedReleases: 1 << 30}
+	e := lostReplyEnv(t, `    lease: 2s
+    upstream_timeout: 1s
+    ttl: 1h
+`, st)
+
+	if a := e.Charge(`"ORD-REFUSED"`, 5); a.Status != 503 {
+		t.Fatalf("charge with the reservation's reply lost = %v, want 503 store-unavailable", a)
 	}
-	if a := e.Charge(`"ORD-LOST"`, 5); a.Status != 201 {
+	// The store stays failing past the lease: the key reads in doubt.
+	deadline := time.Now().Add(30 * time.Second)
+	for e.State("charges", "", "ORD-REFUSED") != store.StateInDoubt {
+		if time.Now().After(deadline) {
+			t.Fatalf("the key is %q, want it to read in doubt once its lease ended", e.State("charges", "", "ORD-REFUSED"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// Past the lease plus the settler's longest backoff, then the store heals.
+	time.Sleep(1500 * time.Millisecond)
+	st.heal()
+	freedThenCharged(e, "ORD-REFUSED", 30*time.Second)
+}
+
+// freedThenCharged waits, at most wait, for the key order of a charge
+// answered 503 (never forwarded) to be free, then charges it again: the
+// retry is forwarded, and the order charged once.
+func freedThenCharged(e *proxytest.Env, order string, wait time.Duration) {
+	t := e.T
+	t.Helper()
+	for deadline := time.Now().Add(wait); e.State("charges", "", order) != ""; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the key of a request answered 503 and never forwarded is still %q once the store answers again: "+
+				"its retries get 409 until the key expires", e.State("charges", "", order))
+		}
+	}
+	if a := e.Charge(`"`+order+`"`, 5); a.Status != 201 {
 		t.Fatalf("retry = %v, want 201: forwarded, the first was never sent", a)
 	}
-	if n := e.Charges("ORD-LOST"); n != 1 {
-		t.Errorf("ORD-LOST charged %d times, want 1", n)
+	if n := e.Charges(order); n != 1 {
+		t.Errorf("%s charged %d times, want 1", order, n)
 	}
 }

@@ -75,7 +75,7 @@ func (a *attempt) reserveAndForward(w http.ResponseWriter, body []byte, id ident
 			// take it back, so the key is not left in flight (and then in
 			// doubt) for a request that was never forwarded.
 			if !errors.Is(err, store.ErrKeysLost) && !errors.Is(err, store.ErrUnsafeSettings) { // refused before the store was written
-				a.p.releaseLater(a.storeKey, res.Token, a.reservedAt.Add(cfg.Lease.D()))
+				a.p.releaseLater(a.storeKey, res.Token, a.reservedAt.Add(cfg.TTL.D()))
 			}
 			a.storeFailed(w, body, "reserve", err)
 			return
@@ -283,10 +283,17 @@ func (a *attempt) storeFailed(w http.ResponseWriter, body []byte, op string, err
 // releaseLater releases a reservation that may or may not exist, in the
 // background; the owner token makes that safe. A release that fails
 // otherwise than by finding no reservation of token is retried by the
-// settler until until (the end of the reservation's lease): the store that
-// lost the reservation's reply is often still unreachable at the first
-// attempt, and a reservation left behind is a key in doubt for its whole
-// TTL, for a request that was never forwarded. Once the proxy is shutting
+// settler until until: the store that lost the reservation's reply is
+// often still unreachable at the first attempt (a stalled Badger writer, a
+// store reopening, a flood: issue 36), and a reservation left behind is a
+// key in doubt for its whole TTL, for a request that was never forwarded.
+// The caller passes the end of the reservation's TTL, not of its lease:
+// the request was never forwarded, so releasing it after the lease is as
+// safe as before (the token names this reservation only, and a key read in
+// doubt is taken by no other request), and a store that recovers only
+// after the lease still frees the key instead of answering 409 for the
+// whole TTL. The settler's bound on retries (settle.MaxRetrying) keeps a
+// store down for long from piling them up. Once the proxy is shutting
 // down (its settler takes no more jobs), it releases at once: the store
 // closes soon.
 func (p *Proxy) releaseLater(key, token string, until time.Time) {

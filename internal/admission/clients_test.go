@@ -5,9 +5,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"net"
-	"net/http"
 	"testing"
 	"time"
 
@@ -190,39 +188,16 @@ func TestClientTableResetRate(t *testing.T) {
 // that (as long as the attack lasts), not for the probes, which may end
 // first on a loaded machine.
 func TestClientLimitsInProcess(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := newLimiter(ln, 64, time.Second)
-	l.SetClientLimits(config.Server{MaxRequestsPerClient: 16, MaxClientResetsPerSecond: 50})
-	srv := &http.Server{
-		Handler: l.Guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			io.Copy(io.Discard, r.Body)
-			io.WriteString(w, "ok")
-		})),
-		ConnState: l.ConnState, ConnContext: l.ConnContext,
-		Protocols: ServerProtocols(), HTTP2: ServerHTTP2(),
-	}
-	go srv.Serve(l)
-	t.Cleanup(func() { srv.Close() })
+	l, addr := clientServer(t, 64, config.Server{MaxRequestsPerClient: 16, MaxClientResetsPerSecond: 50})
 	// The attack lasts until the attacker is refused, at most this long.
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	a := &h2attack.Attacker{Addr: ln.Addr().String(), From: []string{"127.0.0.1"}}
+	a := &h2attack.Attacker{Addr: addr, From: []string{"127.0.0.1"}}
 	wg := a.Run(ctx, 4)
 	defer wg.Wait()
 	defer cancel()
 	refused := func() uint64 { return l.clients.refused[1].Load() } // reason resets
-	h1, h2 := h2attack.ProbeClients("127.0.0.2")
-	for i := range 10 {
-		for _, c := range []*http.Client{h1, h2} {
-			r, _ := h2attack.Do(c, "POST", "http://"+ln.Addr().String()+"/charges", `{}`)
-			if r.Status != 200 {
-				t.Errorf("probe %d = %d %v, want 200", i, r.Status, r.Err)
-			}
-		}
-	}
+	probeServed(t, addr, 10)
 	for refused() == 0 && ctx.Err() == nil {
 		time.Sleep(10 * time.Millisecond)
 	}

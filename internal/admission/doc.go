@@ -13,6 +13,9 @@
 //     (server.max_requests_per_client) and HTTP/2 resets judged against
 //     the streams opened (server.max_client_resets_per_second), bounded in
 //     memory ("One client, many streams").
+//   - overload.go: the bounds over all clients, whatever their address:
+//     HTTP/2 resets over all connections (server.max_resets_per_second)
+//     and the live heap against memory_limit ("Many clients at once").
 //   - h2frames.go: the frame headers of each HTTP/2 connection followed on
 //     its read path, for CONTINUATION floods and RST_STREAM counts
 //     ("CONTINUATION floods", "Resets are counted as they arrive").

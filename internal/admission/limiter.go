@@ -91,6 +91,9 @@ type Limiter struct {
 	// (server.max_client_resets_per_second).
 	clients *clientTable
 	log     *slog.Logger // refusals, through the process's rate-limited handler
+	// over holds the bounds over all clients (overload.go):
+	// server.max_resets_per_second and the heap.
+	over overload
 
 	emptyContinuations atomic.Uint64 // connections closed for a run of empty CONTINUATION frames
 	// fair makes admission at the bound fair between clients (the admin
@@ -135,6 +138,7 @@ func (l *Limiter) SetClientLimits(s config.Server) {
 	}
 	l.clients.maxRequests.Store(maxRequests)
 	l.clients.resetRate.Store(int64(s.MaxClientResetsPerSecond))
+	l.over.rate.Store(int64(s.MaxResetsPerSecond))
 }
 
 // NewAdminLimiter limits the admin listener ln to max connections at
@@ -219,6 +223,15 @@ func (l *Limiter) Accept() (net.Conn, error) {
 		if l.fair {
 			// The admin listener: fair between networks, and no HTTP/2.
 			return l.acceptFair(c)
+		}
+		if l.over.heapHighAt(time.Now()) {
+			// Past the heap's share of memory_limit: taking in a
+			// connection is taking in work the collector pays for.
+			l.over.count(actionRefuseConn, reasonMemory)
+			l.log.Warn("connection refused: the heap is past its share of memory_limit",
+				"reason", reasonMemory, "heap_bytes", l.over.heapBytes.Load())
+			c.Close()
+			continue
 		}
 		client := ClientOf(c.RemoteAddr().String())
 		if l.clients.refusing(client) {
@@ -427,8 +440,14 @@ func (l *Limiter) sheddable(now time.Time) *trackedConn {
 // Saturated reports, for /readyz, whether the bound is reached with no
 // connection waiting for a request (a new client would wait until a
 // request finishes), or max requests are in flight (a new HTTP/2 stream
-// would be refused).
+// would be refused), or the live heap sheds (overload.go).
 func (l *Limiter) Saturated() error {
+	// Read here too (at most every 100 ms): a replica a load balancer
+	// takes out for it gets no connection that would read it again.
+	if !l.fair && l.over.heapHighAt(time.Now()) {
+		return fmt.Errorf("memory: the live heap (%d bytes) is past %.0f%% of memory_limit, new connections and HTTP/2 streams are refused",
+			l.over.heapBytes.Load(), memoryShedShare*100)
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch {
@@ -549,6 +568,7 @@ type trackedConn struct {
 	shed atomic.Bool // the limiter closed it to admit another, or for its client's resets
 
 	client *clientEntry // its client's entry; set once, at Accept
+	resets connResets   // its HTTP/2 resets and streams opened, for the budget over all clients
 	frames h2Frames     // HTTP/2 frame headers as they are read, for runs of empty CONTINUATION frames
 
 	head  [len("PRI * HTTP/2.0")]byte // the first bytes read, until the preface is told apart
@@ -603,8 +623,12 @@ func (c *trackedConn) Read(p []byte) (int, error) {
 			}
 			if k := c.frames.resets; k > 0 && c.client != nil {
 				c.frames.resets = 0
+				c.resets.resets.Add(int64(k))
 				if shed := c.l.clients.reset(c.client, k); shed != nil {
 					return 0, c.refuseResets(shed)
+				}
+				if (c.l.over.reset(k, time.Now()) || c.l.over.heapHigh.Load()) && c.resets.abusive() {
+					return 0, c.refuseOverload()
 				}
 			}
 		}
@@ -723,8 +747,24 @@ func (l *Limiter) Guard(next http.Handler) http.Handler {
 		if h2 && r.Context().Err() != nil {
 			return // reset before its handler started: no one to answer
 		}
+		if h2 && c != nil && c.client != nil && l.over.heapHighAt(time.Now()) {
+			l.over.count(actionRefuseStrm, reasonMemory)
+			writeOverloaded(w, r, "the proxy's heap is past its share of memory_limit: "+
+				"this HTTP/2 stream was refused before it was read; retry it", map[string]any{"setting": "memory_limit"})
+			return
+		}
+		if h2 && c != nil && c.client != nil && c.resets.abusive() && (l.over.shedding.Load() || l.over.heapHigh.Load()) {
+			// A stream of a connection that resets more than it is
+			// served, while the proxy sheds: it goes, before a handler
+			// runs for it.
+			c.refuseOverload()
+			panic(http.ErrAbortHandler)
+		}
 		if c != nil && c.client != nil {
 			e := c.client
+			if h2 {
+				c.resets.opened.Add(1)
+			}
 			if why := l.clients.start(e); why != "" {
 				l.refuseClient(w, r, c, why)
 				return

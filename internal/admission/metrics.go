@@ -40,7 +40,18 @@ func RegisterMetrics(reg prometheus.Registerer, l *Limiter) {
 			ConstLabels: prometheus.Labels{"reason": reason},
 		}, func() float64 { return float64(l.clients.refused[i].Load()) }))
 	}
+	for i, a := range overloadActions {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "idemproxy_overload_actions_total",
+			Help:        "What the bounds over all clients did, by action (close_connection, refuse_connection, refuse_stream) and reason (resets: server.max_resets_per_second passed; memory: the heap past its share of memory_limit).",
+			ConstLabels: prometheus.Labels{"action": a[0], "reason": a[1]},
+		}, func() float64 { return float64(l.over.actions[i].Load()) }))
+	}
 	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "idemproxy_overload_state",
+			Help: "What the proxy sheds for now: 0 nothing, 1 connections that reset more than they are served (server.max_resets_per_second passed), 2 new connections and HTTP/2 streams (the heap past its share of memory_limit), 3 both.",
+		}, l.over.state),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "idemproxy_connections_active",
 			Help: "Client connections reading or serving a request (HTTP/2: with an open stream), or hijacked.",

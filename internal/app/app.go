@@ -518,6 +518,7 @@ func needsRestart(old, new *config.Config) error {
 	oldS.BodyTimeout, newS.BodyTimeout = 0, 0
 	oldS.MaxRequestsPerClient, newS.MaxRequestsPerClient = 0, 0
 	oldS.MaxClientResetsPerSecond, newS.MaxClientResetsPerSecond = 0, 0
+	oldS.MaxResetsPerSecond, newS.MaxResetsPerSecond = 0, 0
 	if oldS != newS {
 		changed = append(changed, "server timeouts or max_connections")
 	}

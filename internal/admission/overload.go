@@ -1,0 +1,224 @@
+package admission
+
+import (
+	"errors"
+	"math"
+	"net"
+	"runtime"
+	"runtime/debug"
+	"runtime/metrics"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// The overload manager: bounds over all clients, whatever their address
+// (docs/admission.md, "Many clients at once"). The per-client limits hold
+// against one address; a flood spread over many addresses, each under
+// its own limits, is met here:
+//
+//   - server.max_resets_per_second, HTTP/2 streams reset over all
+//     connections: one second's worth at once. Past it the proxy sheds:
+//     a connection whose resets are more than resetShare of the streams
+//     it opened (and at least minShedResets) is closed as it reads its
+//     next reset, before any further frame of it is read, so its unread
+//     backlog goes with it instead of being drained slowly; a connection
+//     whose streams are mostly served is never closed for the budget.
+//     Shedding stops once the level drains below half the budget.
+//   - the live heap: past memoryShedShare of the soft memory limit
+//     (memory_limit), read at most every memoryReadEvery, new
+//     connections are closed as they are accepted and new HTTP/2 streams
+//     answered 503 before their body is read, so the collector is not
+//     driven into a loop by more work taken in.
+const (
+	// memoryShedShare is the share of the soft memory limit past which
+	// the live heap (what the last collection kept) sheds;
+	// memoryResumeShare the share below which it stops. A collection's
+	// work grows with the live heap and its frequency with the inverse of
+	// the room left under the limit; the Go runtime caps the collector at
+	// about half the CPU when the soft limit drives it. The shares sit
+	// above what the process was seen to keep live after a rapid-reset
+	// flood ended (33 to 40 MiB of the default 48 MiB, in the e2e test,
+	// not explained yet): lower, it would never take work in again once
+	// an attack ended, the failure this bound is to prevent.
+	memoryShedShare   = 0.90
+	memoryResumeShare = 0.85
+	// memoryReadEvery bounds how often the heap is read (runtime/metrics,
+	// a few microseconds): never per request.
+	memoryReadEvery = 100 * time.Millisecond
+	// memoryRecheckEvery: while the heap sheds and no collection has run
+	// for this long, one is started, at most this often. The live heap is
+	// what the last collection kept; refusing work stops allocation, and
+	// with it the collections that would show the heap back down, so
+	// without this the proxy would refuse until the runtime's periodic
+	// collection (two minutes).
+	memoryRecheckEvery = time.Second
+)
+
+// Overload actions and their reasons: the labels of
+// idemproxy_overload_actions_total.
+const (
+	actionCloseConn   = "close_connection" // an open connection closed
+	actionRefuseConn  = "refuse_connection"
+	actionRefuseStrm  = "refuse_stream" // an HTTP/2 stream answered 503 before its body was read
+	reasonResets      = "resets"        // server.max_resets_per_second passed
+	reasonMemory      = "memory"        // the heap past its share of memory_limit
+	overloadStateNone = 0
+)
+
+// overloadActions lists the (action, reason) pairs counted, in
+// documentation order.
+var overloadActions = [...][2]string{
+	{actionCloseConn, reasonResets},
+	{actionCloseConn, reasonMemory},
+	{actionRefuseConn, reasonMemory},
+	{actionRefuseStrm, reasonMemory},
+}
+
+// overload holds the global bounds' state.
+type overload struct {
+	rate atomic.Int64 // server.max_resets_per_second; <= 0: not bounded
+
+	mu       sync.Mutex
+	level    float64   // resets over all connections, drained at rate a second since at
+	at       time.Time // when level was last drained
+	shedding atomic.Bool
+
+	heapRead  atomic.Int64 // unix nanoseconds of the last read of the heap
+	heapHigh  atomic.Bool  // the heap is past memoryShedShare of the soft limit
+	heapBytes atomic.Int64 // the last read
+	sample    [2]metrics.Sample
+	sampleMu  sync.Mutex
+	cycles    uint64    // collections seen at the last read; under sampleMu
+	cycleAt   time.Time // when cycles last changed, or a collection was started; under sampleMu
+	collect   atomic.Bool
+
+	actions [len(overloadActions)]atomic.Uint64
+}
+
+func (o *overload) count(action, reason string) {
+	for i, a := range overloadActions {
+		if a[0] == action && a[1] == reason {
+			o.actions[i].Add(1)
+		}
+	}
+}
+
+// reset counts n resets read at now, and reports whether the budget over
+// all connections is spent: the proxy sheds connections that reset more
+// than they are served.
+func (o *overload) reset(n int, now time.Time) bool {
+	rate := float64(o.rate.Load())
+	if rate <= 0 {
+		return false
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.at.IsZero() {
+		o.level = max(o.level-now.Sub(o.at).Seconds()*rate, 0)
+	}
+	o.at = now
+	o.level = min(o.level+float64(n), 1.5*rate)
+	switch {
+	case o.level > rate:
+		o.shedding.Store(true)
+	case o.level < rate/2:
+		o.shedding.Store(false)
+	}
+	return o.shedding.Load()
+}
+
+// heapHighAt reports whether the heap is past its share of the soft
+// memory limit, reading it at most every memoryReadEvery.
+func (o *overload) heapHighAt(now time.Time) bool {
+	last := o.heapRead.Load()
+	if now.UnixNano()-last < int64(memoryReadEvery) || !o.heapRead.CompareAndSwap(last, now.UnixNano()) {
+		return o.heapHigh.Load()
+	}
+	limit := debug.SetMemoryLimit(-1)
+	if limit <= 0 || limit == math.MaxInt64 {
+		o.heapHigh.Store(false)
+		return false
+	}
+	o.sampleMu.Lock()
+	defer o.sampleMu.Unlock()
+	o.sample[0].Name, o.sample[1].Name = "/gc/heap/live:bytes", "/gc/cycles/total:gc-cycles"
+	metrics.Read(o.sample[:])
+	heap, cycles := int64(0), uint64(0)
+	if o.sample[0].Value.Kind() == metrics.KindUint64 {
+		heap = int64(o.sample[0].Value.Uint64())
+	}
+	if o.sample[1].Value.Kind() == metrics.KindUint64 {
+		cycles = o.sample[1].Value.Uint64()
+	}
+	o.heapBytes.Store(heap)
+	high := o.heapHigh.Load()
+	switch {
+	case float64(heap) > memoryShedShare*float64(limit):
+		high = true
+	case float64(heap) < memoryResumeShare*float64(limit):
+		high = false
+	}
+	o.heapHigh.Store(high)
+	if cycles != o.cycles {
+		o.cycles, o.cycleAt = cycles, now
+	} else if high && now.Sub(o.cycleAt) >= memoryRecheckEvery && o.collect.CompareAndSwap(false, true) {
+		o.cycleAt = now
+		go func() {
+			defer o.collect.Store(false)
+			runtime.GC()
+		}()
+	}
+	return high
+}
+
+// state is the gauge idemproxy_overload_state: 0 none, 1 shedding for
+// resets, 2 for memory, 3 both.
+func (o *overload) state() float64 {
+	s := overloadStateNone
+	if o.shedding.Load() {
+		s |= 1
+	}
+	if o.heapHigh.Load() {
+		s |= 2
+	}
+	return float64(s)
+}
+
+// connResets are one connection's resets and streams opened, to tell a
+// connection that resets more than it is served.
+type connResets struct {
+	resets atomic.Int64
+	opened atomic.Int64
+}
+
+// abusiveConn reports whether the connection resets more than resetShare
+// of the streams it opened, with at least minShedResets resets.
+func (r *connResets) abusive() bool {
+	n := r.resets.Load()
+	return n >= minShedResets && abusive(float64(n), float64(r.opened.Load()))
+}
+
+// refuseOverload closes c, which resets more HTTP/2 streams than it is
+// served while the budget over all clients is spent (or the heap is
+// high), and returns the read error the server ends it on. Its unread
+// frames go with it.
+func (c *trackedConn) refuseOverload() error {
+	err := &net.OpError{Op: "read", Net: "tcp", Err: errOverloadResets}
+	if c.shed.Load() {
+		return err // closed already (by a stream of it, or its read)
+	}
+	reason := reasonResets
+	if !c.l.over.shedding.Load() {
+		reason = reasonMemory
+	}
+	c.l.over.count(actionCloseConn, reason)
+	c.l.log.Warn("overload: HTTP/2 connection closed: it resets more streams than it is served while the proxy sheds",
+		"reason", reason, "client", c.client.id, "setting", "server.max_resets_per_second",
+		"limit", c.l.over.rate.Load(), "resets", c.resets.resets.Load(), "streams", c.resets.opened.Load())
+	c.l.drop([]*trackedConn{c})
+	return err
+}
+
+// errOverloadResets ends a connection closed by the overload manager.
+var errOverloadResets = errors.New("http2: the connection resets more streams than it is served while the proxy sheds")
