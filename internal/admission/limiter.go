@@ -128,6 +128,22 @@ func newLimiter(ln net.Listener, max int, headerTimeout time.Duration) *Limiter 
 	}
 }
 
+// SetHeapBound sets the memory the live heap is judged against: past
+// its share of n (overload.go), new connections and streams are refused.
+// n is the soft memory limit when it stands for a real bound (a
+// container's limit, or one the operator set); zero or less (the
+// default: the default soft limit is a collector's target, which a large
+// embedded store's live heap passes in normal operation) judges nothing.
+func (l *Limiter) SetHeapBound(n int64) {
+	if l == nil {
+		return
+	}
+	l.over.heapBound.Store(n)
+	if n <= 0 {
+		l.over.heapHigh.Store(false)
+	}
+}
+
 // SetClientLimits applies the per-client limits of s; a reload applies
 // them to requests and resets from then on. A per-client cap of
 // max_connections is no cap: the bound over all clients decides.

@@ -5,7 +5,6 @@ import (
 	"math"
 	"net"
 	"runtime"
-	"runtime/debug"
 	"runtime/metrics"
 	"sync"
 	"sync/atomic"
@@ -84,6 +83,7 @@ type overload struct {
 	at       time.Time // when level was last drained
 	shedding atomic.Bool
 
+	heapBound atomic.Int64 // what the live heap is judged against (SetHeapBound); <= 0: not judged
 	heapRead  atomic.Int64 // unix nanoseconds of the last read of the heap
 	heapHigh  atomic.Bool  // the heap is past memoryShedShare of the soft limit
 	heapBytes atomic.Int64 // the last read
@@ -135,7 +135,7 @@ func (o *overload) heapHighAt(now time.Time) bool {
 	if now.UnixNano()-last < int64(memoryReadEvery) || !o.heapRead.CompareAndSwap(last, now.UnixNano()) {
 		return o.heapHigh.Load()
 	}
-	limit := debug.SetMemoryLimit(-1)
+	limit := o.heapBound.Load()
 	if limit <= 0 || limit == math.MaxInt64 {
 		o.heapHigh.Store(false)
 		return false

@@ -119,6 +119,7 @@ func TestOverloadMemoryRefusesNewWork(t *testing.T) {
 	runtime.GC()
 	old := debug.SetMemoryLimit(68 << 20)
 	t.Cleanup(func() { debug.SetMemoryLimit(old) })
+	l.SetHeapBound(68 << 20) // a container's limit, or one the operator set
 	h2attack.Eventually(t, "a new connection is refused", func() bool {
 		st, _, _ := h2attack.GetFrom(t, "127.0.0.2", addr, "/")
 		return st == 0

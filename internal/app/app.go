@@ -55,13 +55,16 @@ type app struct {
 
 	tracing *tracing.Tracing // on while tracing.enabled; made by serve
 
-	mu       sync.Mutex // serialises reloads
-	cfg      *config.Config
-	p        *proxy.Proxy
-	conns    *admission.Limiter // the client listener's limits; set by serve
-	reloadOK prometheus.Gauge
-	reloadTS prometheus.Gauge
-	reloads  *prometheus.CounterVec // by trigger and result
+	mu    sync.Mutex // serialises reloads
+	cfg   *config.Config
+	p     *proxy.Proxy
+	conns *admission.Limiter // the client listener's limits; set by serve
+	// heapBound is the memory the admission judges the live heap against
+	// (applyMemoryLimit); 0: none.
+	heapBound int64
+	reloadOK  prometheus.Gauge
+	reloadTS  prometheus.Gauge
+	reloads   *prometheus.CounterVec // by trigger and result
 	// loadedSum is the hash of the file's content last read by a start or
 	// a reload, applied or not: config.watch reloads when the file's
 	// differs.
@@ -251,6 +254,7 @@ func (a *app) serve(ctx context.Context) error {
 	conns := admission.NewLimiter(ln, cfg.Server.MaxConnections, cfg.Server.ReadHeaderTimeout.D(), log)
 	conns.SetClientLimits(cfg.Server)
 	a.conns = conns
+	conns.SetHeapBound(a.heapBound)
 	admission.RegisterMetrics(reg, conns)
 	srv := &http.Server{
 		Handler:           conns.Guard(admission.WithoutH2CUpgrade(a.p)),

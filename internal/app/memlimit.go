@@ -49,6 +49,14 @@ func memoryLimit(configured int64, getenv func(string) string, cgroupFile string
 func (a *app) applyMemoryLimit(cfg *config.Config) {
 	limit, from := memoryLimit(cfg.MemoryLimit, a.getenv, cgroupMemoryMax)
 	debug.SetMemoryLimit(limit)
+	// The admission's memory bound: the soft limit when it stands for a
+	// real one (a container's, or the operator's), not the default,
+	// which a large Badger store's live heap passes in normal operation.
+	a.heapBound = 0
+	if from != "default" && limit != math.MaxInt64 {
+		a.heapBound = limit
+	}
+	a.conns.SetHeapBound(a.heapBound)
 	v := "none"
 	if limit != math.MaxInt64 {
 		v = fmt.Sprintf("%d MiB", limit>>20)
