@@ -199,8 +199,16 @@ func (w *Witness) forget(storeKey string) {
 
 // Sync forgets every answer remembered when epoch is not the epoch they
 // were remembered in, and reports whether it did. The first call only
-// records epoch.
+// records epoch. No epoch trusted ("": the store just marked lost, or a
+// new marker not yet trusted) forgets nothing: the answers are judged
+// until an epoch is trusted again, then forgotten if it is another one
+// (an acceptance makes a new one). Forgotten at the loss, a retry whose
+// reservation succeeded just before another detector marked the store
+// lost would be found Fresh and forwarded: charged a second time.
 func (w *Witness) Sync(epoch string) bool {
+	if epoch == "" {
+		return false
+	}
 	old := w.epoch.Load()
 	if old != nil && *old == epoch {
 		return false

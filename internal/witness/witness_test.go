@@ -158,6 +158,28 @@ func TestEpochChangeForgets(t *testing.T) {
 	}
 }
 
+// TestLossKeepsAnswers: a retry whose reservation succeeded just before
+// another detector (a canary, another retry) marked the store lost, so
+// that the replica trusts no epoch when it is judged, is still Lost:
+// refused, never forwarded. The answers are forgotten only once a new
+// epoch is trusted (an operator accepted the loss).
+func TestLossKeepsAnswers(t *testing.T) {
+	epoch := "e1"
+	w := New(Options{Window: time.Minute, MaxKeys: 64, Epoch: func() string { return epoch }})
+	w.Sync(epoch)
+	w.Answered("a", time.Hour, time.Now())
+	w.Answered("b", time.Hour, time.Now())
+	epoch = "" // marked lost meanwhile (the watcher's OnTrust says so too)
+	w.Sync(epoch)
+	if got := judge(t, w, "a"); got != Lost {
+		t.Errorf("Judge(a) once the store was marked lost = %v, want Lost", got)
+	}
+	epoch = "e2" // accepted
+	if got := judge(t, w, "b"); got != Fresh {
+		t.Errorf("Judge(b) after the loss was accepted = %v, want Fresh", got)
+	}
+}
+
 // TestClockSteps: a step of this host's clock never makes a key that the
 // store expired by its TTL look answered within the window (a false
 // alarm: the store marked lost, every protected route down). The wall
