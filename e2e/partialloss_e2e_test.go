@@ -288,7 +288,7 @@ func TestRedisEvictionWitnessed(t *testing.T) {
 				t.Errorf("evicted %s after the acceptance = %d %s, want a forwarded 201", evicted, r.status, r.body)
 			}
 			if got := metricSum(t, p, "idemproxy_store_keys_lost"); got != 0 || len(keysLostLines(p)) != 1 {
-				t.Errorf("after the acceptance: idemproxy_store_keys_lost = %v, %d ERROR lines; want 0 and still 1", got, len(keysLostLines(p)))
+				t.Errorf("after the acceptance: idemproxy_store_keys_lost = %v, %d ERROR lines; want 0 and still 1: %q", got, len(keysLostLines(p)), keysLostLines(p))
 			}
 		})
 	}
