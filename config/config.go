@@ -214,6 +214,12 @@ type Store struct {
 	WitnessMaxKeys int `yaml:"witness_max_keys"`
 }
 
+// MaxWitnessWindow bounds store.witness_window. An operator's release
+// mark lasts that long (and a margin) whatever the window of the replica
+// that writes it: the replicas sharing a store may remember their answers
+// for different windows.
+const MaxWitnessWindow = time.Hour
+
 // The bounds of store.witness_max_keys: 16 KiB to 1 GiB of memory.
 const (
 	MinWitnessMaxKeys = 1 << 10

@@ -196,7 +196,7 @@ func (c *Config) validateStore(p *problems) {
 	if st.CanaryInterval < 0 || st.CanaryInterval.D() > time.Minute {
 		p.add("store.canary_interval", "must be positive and at most 1m: a store that lost writes is found within it")
 	}
-	if st.WitnessWindow < 0 || st.WitnessWindow.D() > time.Hour {
+	if st.WitnessWindow < 0 || st.WitnessWindow.D() > MaxWitnessWindow {
 		p.add("store.witness_window", "must be positive and at most 1h")
 	}
 	if st.WitnessMaxKeys < MinWitnessMaxKeys || st.WitnessMaxKeys > MaxWitnessMaxKeys {

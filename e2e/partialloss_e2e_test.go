@@ -288,7 +288,7 @@ func TestRedisEvictionWitnessed(t *testing.T) {
 				t.Errorf("evicted %s after the acceptance = %d %s, want a forwarded 201", evicted, r.status, r.body)
 			}
 			if got := metricSum(t, p, "idemproxy_store_keys_lost"); got != 0 || len(keysLostLines(p)) != 1 {
-				t.Errorf("after the acceptance: idemproxy_store_keys_lost = %v, %d ERROR lines; want 0 and still 1", got, len(keysLostLines(p)))
+				t.Errorf("after the acceptance: idemproxy_store_keys_lost = %v, %d ERROR lines; want 0 and still 1: %q", got, len(keysLostLines(p)), keysLostLines(p))
 			}
 		})
 	}
@@ -583,5 +583,42 @@ func TestWitnessNoFalseAlarm(t *testing.T) {
 	}
 	if r := charge(b, "ORD-NA-6"); r.status != 201 {
 		t.Errorf("a new order on b = %d %s, want 201", r.status, r.body)
+	}
+}
+
+// TestWitnessReleaseMarkOutlivesEveryWindow: replicas sharing a store may
+// remember their answers for different windows (store.witness_window is
+// changed by a rolling restart, or differs between two fleets). A key that
+// the replica with the long window answered, released by an operator
+// through the replica with the short one and charged again after that
+// replica's window (and its mark's margin) is forwarded: the release mark
+// outlives every replica's window, so that the store is not marked lost.
+func TestWitnessReleaseMarkOutlivesEveryWindow(t *testing.T) {
+	t.Parallel()
+	rd := redistest.Start(t)
+	up := startStub(t)
+	a := startProxy(t, writeLossConfig(t, up.URL, "  witness_window: 10m\n"+redisStore(rd.Addr(), "200ms"), chargesRoute),
+		"IDEMPROXY_ADMIN_TOKEN="+adminToken)
+	b := startProxy(t, writeLossConfig(t, up.URL, "  witness_window: 1s\n"+redisStore(rd.Addr(), "200ms"), chargesRoute),
+		"IDEMPROXY_ADMIN_TOKEN="+adminToken)
+	if r := charge(a, "ORD-MW-1"); r.status != 201 || r.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("ORD-MW-1 = %d %s, want a forwarded 201", r.status, r.body)
+	}
+	r := do("DELETE", b.adminURL("/v1/keys/charges/ORD-MW-1?reason=refund+reissued"), "",
+		"Authorization", "Bearer "+adminToken, "X-Operator", "alice")
+	if r.status != 200 {
+		t.Fatalf("release of ORD-MW-1 on b = %d %s, want 200", r.status, r.body)
+	}
+	// b's window (1 s) and the mark's margin (1 min) over; a's (10 min)
+	// is not.
+	time.Sleep(time.Minute + 3*time.Second)
+	if r := charge(a, "ORD-MW-1"); r.status != 201 || r.header.Get("Idempotent-Replayed") != "" {
+		t.Errorf("ORD-MW-1 after its release = %d %s, want a forwarded 201", r.status, r.body)
+	}
+	if got := metricSum(t, a, "idemproxy_store_keys_lost"); got != 0 {
+		t.Errorf("idemproxy_store_keys_lost = %v, want 0", got)
+	}
+	if l := keysLostLines(a); len(l) != 0 {
+		t.Errorf("ERROR lines %q, want none", l)
 	}
 }

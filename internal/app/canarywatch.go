@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/internal/canary"
 	"github.com/idemproxy/idemproxy/internal/epoch"
 	"github.com/idemproxy/idemproxy/internal/witness"
@@ -14,8 +15,8 @@ import (
 	"github.com/idemproxy/idemproxy/store/redis"
 )
 
-// releaseMarkMargin is added to the witness window for the TTL of an
-// operator's release mark.
+// releaseMarkMargin is added to the longest witness window for the TTL of
+// an operator's release mark.
 const releaseMarkMargin = time.Minute
 
 // watchLosses starts this replica's canaries on st (not gated: they are
@@ -75,7 +76,11 @@ func (a *app) watchLosses(reg prometheus.Registerer, st store.Store, w *epoch.Wa
 		defer wg.Done()
 		c.Run(ctx)
 	}()
-	markTTL := sc.WitnessWindow.D() + releaseMarkMargin
+	// The longest window any replica may have, not this one's: a replica
+	// that remembers its answers longer than this one (a rolling change
+	// of store.witness_window, another fleet on the store) would take a
+	// key released here for a loss once the mark was gone.
+	markTTL := config.MaxWitnessWindow + releaseMarkMargin
 	mark := func(ctx context.Context, key string) error { return canary.MarkReleased(ctx, st, key, markTTL) }
 	return wit, mark, func() { cancel(); wg.Wait() }
 }

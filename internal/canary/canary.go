@@ -78,8 +78,24 @@ type Options struct {
 // written is a canary this replica wrote.
 type written struct {
 	seq   uint64
-	at    time.Time
+	at    stamp
 	epoch string
+}
+
+// stamp is an instant on both of this host's clocks: the monotonic one
+// (in at) and the wall clock (Unix nanoseconds).
+type stamp struct {
+	at   time.Time
+	wall int64
+}
+
+// since is the time from t to s: the longer of the two clocks' readings.
+// The store expires a canary by its own clock, which goes on while this
+// host is suspended (a laptop asleep, a VM paused), when the monotonic
+// clock stops; the monotonic clock goes on where the wall clock is
+// stepped back. Taking the longer only ever gives a canary up sooner.
+func (s stamp) since(t stamp) time.Duration {
+	return max(s.at.Sub(t.at), time.Duration(s.wall-t.wall))
 }
 
 // place is one tag's canaries, oldest first.
@@ -95,6 +111,7 @@ type Canaries struct {
 	replica string
 	ttl     time.Duration
 	kick    chan struct{}
+	wall    func() int64 // the wall clock, Unix nanoseconds (a test steps it)
 
 	mu     sync.Mutex // one round at a time
 	seq    uint64
@@ -108,7 +125,8 @@ type Canaries struct {
 
 // New returns the canaries of a replica; Run writes them.
 func New(opts Options) *Canaries {
-	c := &Canaries{opts: opts, log: opts.Logger, replica: rand.Text()[:16], ttl: TTL(opts.Interval), kick: make(chan struct{}, 1)}
+	c := &Canaries{opts: opts, log: opts.Logger, replica: rand.Text()[:16], ttl: TTL(opts.Interval), kick: make(chan struct{}, 1),
+		wall: func() int64 { return time.Now().UnixNano() }}
 	if c.log == nil {
 		c.log = slog.New(slog.DiscardHandler)
 	}
@@ -156,12 +174,12 @@ func (c *Canaries) Round(ctx context.Context, all bool) bool {
 		return false
 	}
 	c.refreshTags(ctx)
-	now := time.Now()
+	now := stamp{at: time.Now(), wall: c.wall()}
 	c.seq++
 	for _, p := range c.places {
 		// The oldest first (the TTL's half: well inside it, whatever
 		// the clocks), then the ones of another epoch.
-		for len(p.live) > 0 && (now.Sub(p.live[0].at) > c.ttl/2 || p.live[0].epoch != epoch) {
+		for len(p.live) > 0 && (now.since(p.live[0].at) > c.ttl/2 || p.live[0].epoch != epoch) {
 			p.live = p.live[1:]
 		}
 		var check []written
@@ -184,7 +202,7 @@ func (c *Canaries) Round(ctx context.Context, all bool) bool {
 }
 
 // write writes the canary c.seq in p.
-func (c *Canaries) write(ctx context.Context, p *place, epoch string, now time.Time) {
+func (c *Canaries) write(ctx context.Context, p *place, epoch string, now stamp) {
 	res := store.Reservation{Token: rand.Text(), Fingerprint: "canary " + strconv.FormatUint(c.seq, 10), Lease: c.ttl, TTL: c.ttl}
 	if _, err := c.opts.Store.Reserve(ctx, c.key(p, c.seq), res); err != nil {
 		c.writeErrors.Add(1)
@@ -197,7 +215,7 @@ func (c *Canaries) write(ctx context.Context, p *place, epoch string, now time.T
 
 // read reads back the canary w of p, and marks the store lost if it is
 // missing (or is another one).
-func (c *Canaries) read(ctx context.Context, p *place, w written, now time.Time) bool {
+func (c *Canaries) read(ctx context.Context, p *place, w written, now stamp) bool {
 	rec, err := c.opts.Store.Get(ctx, c.key(p, w.seq))
 	if err != nil {
 		c.readErrors.Add(1)
@@ -219,7 +237,7 @@ func (c *Canaries) read(ctx context.Context, p *place, w written, now time.Time)
 	}
 	reason := fmt.Sprintf("canary %d of this replica, written %s ago with a TTL of %s, is missing%s: "+
 		"the store lost writes (evicted, a failover to a replica that missed them, or a restore of an older backup)",
-		w.seq, now.Sub(w.at).Round(time.Millisecond), c.ttl, where)
+		w.seq, now.since(w.at).Round(time.Millisecond), c.ttl, where)
 	p.live = nil
 	return c.opts.Lost(reason)
 }

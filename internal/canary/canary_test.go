@@ -115,3 +115,41 @@ func TestCanaryOnEveryClusterMaster(t *testing.T) {
 		}
 	}
 }
+
+// TestCanariesAfterSuspend: a host suspended longer than a canary's TTL
+// (a laptop asleep, a VM paused) wakes with its monotonic clock stopped
+// while the store's went on and expired every canary: that is no loss,
+// and no round marks the store lost. The same canaries gone without the
+// suspend are one.
+func TestCanariesAfterSuspend(t *testing.T) {
+	rd := redistest.Start(t)
+	st, err := redis.New(redis.Options{Addrs: []string{rd.Addr()}, KeyPrefix: "canary-test:", DialTimeout: time.Second, OpTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	ctx := context.Background()
+	for _, suspended := range []bool{true, false} {
+		var l losses
+		c := canary.New(canary.Options{Store: st, Interval: time.Second, Epoch: func() string { return "e1" }, Lost: l.lost})
+		for range 3 {
+			if c.Round(ctx, false) {
+				t.Fatalf("a round saw a loss before any: %q", l.reasons)
+			}
+		}
+		if suspended {
+			// Asleep for twice the TTL: the store expired the canaries.
+			canary.StepWall(c, 2*canary.TTL(time.Second))
+		}
+		if _, err := rd.Do("FLUSHALL"); err != nil {
+			t.Fatal(err)
+		}
+		lost := c.Round(ctx, true)
+		if suspended && (lost || len(l.reasons) != 0) {
+			t.Errorf("after a suspend longer than the canaries' TTL: lost %q, want no loss", l.reasons)
+		}
+		if !suspended && (!lost || len(l.reasons) != 1) {
+			t.Errorf("canaries gone within their TTL: lost %q, want one loss", l.reasons)
+		}
+	}
+}

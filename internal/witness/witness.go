@@ -9,7 +9,13 @@
 // The table holds 16 bytes a key: a 64-bit hash of the store key (seeded
 // per process, so that nobody can aim two keys at one hash) and the time
 // until which the answer must be in the store (the commit's time plus the
-// window, or plus the route's TTL when that is shorter). It is
+// window, or plus the route's TTL when that is shorter), on the witness'
+// own clock: the later of the monotonic and the wall clock since it was
+// made, so that no step of this host's clock makes a key expired by its
+// TTL look answered within the window (a false alarm takes every
+// protected route down): NTP stepping the wall clock back leaves the
+// monotonic one going, and a suspended host (a VM paused or migrated),
+// whose monotonic clock stops, finds the wall clock gone on. It is
 // set-associative: a key has 8 places in one set; a set that is full
 // gives the place of the entry that ends first to the new one, so that a
 // table too small for the traffic forgets keys early (a retry of them is
@@ -61,7 +67,7 @@ type Options struct {
 
 type entry struct {
 	h     uint64 // the key's hash with its low bit set; 0: empty
-	until int64  // Unix nanoseconds
+	until int64  // on the witness' clock (Witness.clock)
 }
 
 type shard struct {
@@ -77,6 +83,13 @@ type Witness struct {
 	sets    uint64 // a power of two
 	shards  []shard
 
+	// base is when the witness was made (with its monotonic reading),
+	// baseWall the same on the wall clock, and wall reads the wall clock
+	// (a test steps it).
+	base     time.Time
+	baseWall int64
+	wall     func() int64
+
 	epoch atomic.Pointer[string] // the epoch of the answers remembered
 
 	forgotten atomic.Uint64 // live entries given up for a newer key
@@ -91,8 +104,22 @@ func New(opts Options) *Witness {
 	n = 1 << bits.Len64(n-1)
 	sets := n / ways
 	nshards := min(sets, 256)
-	return &Witness{opts: opts, seed: maphash.MakeSeed(), entries: make([]entry, n), sets: sets, shards: make([]shard, nshards)}
+	base := time.Now()
+	return &Witness{opts: opts, seed: maphash.MakeSeed(), entries: make([]entry, n), sets: sets, shards: make([]shard, nshards),
+		base: base, baseWall: base.UnixNano(), wall: func() int64 { return time.Now().UnixNano() }}
 }
+
+// clock is the witness' time of an instant read as mono (monotonic, since
+// base) and wall (Unix nanoseconds): the later of the two readings since
+// base. Each clock moves on where the other one steps back or stops, and a
+// step forward only makes keys forgotten early (a retry of them is not
+// witnessed), never wrongly remembered.
+func (w *Witness) clock(mono time.Duration, wall int64) int64 {
+	return max(int64(mono), wall-w.baseWall)
+}
+
+// now is the witness' time now.
+func (w *Witness) now() int64 { return w.clock(time.Since(w.base), w.wall()) }
 
 // Window is Options.Window.
 func (w *Witness) Window() time.Duration { return w.opts.Window }
@@ -114,8 +141,8 @@ func (w *Witness) Answered(storeKey string, ttl time.Duration, at time.Time) {
 	if ttl < keep {
 		keep = ttl - margin
 	}
-	until := at.Add(keep).UnixNano()
-	now := time.Now().UnixNano()
+	until := w.clock(at.Sub(w.base), at.UnixNano()) + int64(keep)
+	now := w.now()
 	if until <= now {
 		return
 	}
@@ -143,7 +170,7 @@ func (w *Witness) Answered(storeKey string, ttl time.Duration, at time.Time) {
 
 // Seen reports whether this replica answered storeKey within its window:
 // the cheap look of the normal path (no allocation), before Judge.
-func (w *Witness) Seen(storeKey string) bool { return w.seen(storeKey, time.Now().UnixNano()) }
+func (w *Witness) Seen(storeKey string) bool { return w.seen(storeKey, w.now()) }
 
 // seen reports whether storeKey was answered within its window.
 func (w *Witness) seen(storeKey string, now int64) bool {
@@ -172,8 +199,16 @@ func (w *Witness) forget(storeKey string) {
 
 // Sync forgets every answer remembered when epoch is not the epoch they
 // were remembered in, and reports whether it did. The first call only
-// records epoch.
+// records epoch. No epoch trusted ("": the store just marked lost, or a
+// new marker not yet trusted) forgets nothing: the answers are judged
+// until an epoch is trusted again, then forgotten if it is another one
+// (an acceptance makes a new one). Forgotten at the loss, a retry whose
+// reservation succeeded just before another detector marked the store
+// lost would be found Fresh and forwarded: charged a second time.
 func (w *Witness) Sync(epoch string) bool {
+	if epoch == "" {
+		return false
+	}
 	old := w.epoch.Load()
 	if old != nil && *old == epoch {
 		return false
@@ -214,7 +249,7 @@ const (
 // within the window. Then it asks Released, and on no release tells Lost,
 // with reason. err is Released's error (Unknown).
 func (w *Witness) Judge(ctx context.Context, storeKey, reason string) (Verdict, error) {
-	if !w.seen(storeKey, time.Now().UnixNano()) {
+	if !w.seen(storeKey, w.now()) {
 		return Fresh, nil
 	}
 	if w.opts.Epoch != nil && w.Sync(w.opts.Epoch()) {

@@ -83,7 +83,7 @@ func TestFullTableForgetsEarly(t *testing.T) {
 	}
 	held := 0
 	for i := range 1000 {
-		if w.seen("k"+strconv.Itoa(i), now.UnixNano()) {
+		if w.seen("k"+strconv.Itoa(i), w.now()) {
 			held++
 		}
 	}
@@ -94,7 +94,7 @@ func TestFullTableForgetsEarly(t *testing.T) {
 		t.Errorf("Forgotten = %d, want %d", f, 1000-held)
 	}
 	for i := range 1000 {
-		if w.seen("other"+strconv.Itoa(i), now.UnixNano()) {
+		if w.seen("other"+strconv.Itoa(i), w.now()) {
 			t.Fatalf("a key never answered is seen")
 		}
 	}
@@ -155,5 +155,59 @@ func TestEpochChangeForgets(t *testing.T) {
 	w.Answered("c", time.Hour, time.Now())
 	if !w.Sync("e3") || w.Seen("c") {
 		t.Errorf("Sync of a new epoch kept the answers")
+	}
+}
+
+// TestLossKeepsAnswers: a retry whose reservation succeeded just before
+// another detector (a canary, another retry) marked the store lost, so
+// that the replica trusts no epoch when it is judged, is still Lost:
+// refused, never forwarded. The answers are forgotten only once a new
+// epoch is trusted (an operator accepted the loss).
+func TestLossKeepsAnswers(t *testing.T) {
+	epoch := "e1"
+	w := New(Options{Window: time.Minute, MaxKeys: 64, Epoch: func() string { return epoch }})
+	w.Sync(epoch)
+	w.Answered("a", time.Hour, time.Now())
+	w.Answered("b", time.Hour, time.Now())
+	epoch = "" // marked lost meanwhile (the watcher's OnTrust says so too)
+	w.Sync(epoch)
+	if got := judge(t, w, "a"); got != Lost {
+		t.Errorf("Judge(a) once the store was marked lost = %v, want Lost", got)
+	}
+	epoch = "e2" // accepted
+	if got := judge(t, w, "b"); got != Fresh {
+		t.Errorf("Judge(b) after the loss was accepted = %v, want Fresh", got)
+	}
+}
+
+// TestClockSteps: a step of this host's clock never makes a key that the
+// store expired by its TTL look answered within the window (a false
+// alarm: the store marked lost, every protected route down). The wall
+// clock stepped back (NTP after a pause) is outrun by the monotonic one,
+// and a host suspended (a VM paused or migrated: the monotonic clock
+// stopped) is told by the wall clock.
+func TestClockSteps(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		step time.Duration // of the wall clock, after the answers
+		key  string
+		want Verdict
+	}{
+		{"wall clock stepped back", -30 * time.Second, "short-ttl", Fresh},
+		{"host suspended", 10 * time.Minute, "long-ttl", Fresh},
+		{"wall clock stepped back, within the window", -30 * time.Second, "long-ttl", Lost},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := New(Options{Window: 5 * time.Minute, MaxKeys: 64})
+			// Answered now: one with a TTL of 2.5 s (remembered 0.5 s,
+			// less the margin), one with a TTL longer than the window.
+			w.Answered("short-ttl", 2500*time.Millisecond, time.Now())
+			w.Answered("long-ttl", time.Hour, time.Now())
+			time.Sleep(time.Second) // short-ttl expired in the store
+			w.wall = func() int64 { return time.Now().Add(tc.step).UnixNano() }
+			if got := judge(t, w, tc.key); got != tc.want {
+				t.Errorf("Judge(%s) after the wall clock moved %v = %v, want %v", tc.key, tc.step, got, tc.want)
+			}
+		})
 	}
 }
