@@ -26,7 +26,7 @@ const (
 	DefaultEpochCheckInterval       = 2 * time.Second
 	DefaultCanaryInterval           = time.Second
 	DefaultWitnessWindow            = 5 * time.Minute
-	DefaultWitnessMaxKeys           = 1 << 18
+	DefaultWitnessMaxKeys           = 1 << 16
 	DefaultPostgresMaxConns         = 16
 	DefaultPostgresConnectTimeout   = time.Second
 	DefaultPostgresStatementTimeout = 500 * time.Millisecond
