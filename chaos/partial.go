@@ -223,6 +223,15 @@ func (in *injector) laggingFailover(ctx context.Context, s *storeSrv, f fault) e
 		return fmt.Errorf("%s: the promoted replica holds the write the master took after the cut: it was not cut off", f.Kind)
 	}
 	fmt.Fprintf(r.log, "chaos: %s: the replica, cut off for %v, was promoted without the master's last writes\n", f.Kind, f.For.Round(time.Millisecond))
+	if r.opts.redisWait > 0 {
+		// Every write of the proxies waited for the replica: those made
+		// while it was cut off failed, and nothing they acknowledged is
+		// missing from it. No loss: were it recorded, a key lost later
+		// (an eviction the run accepted) would be put down to it, a loss
+		// no proxy could see and nobody accepted.
+		fmt.Fprintf(r.log, "chaos: %s: no write the proxies acknowledged was lost (wait_replicas %d)\n", f.Kind, r.opts.redisWait)
+		return nil
+	}
 	return in.acceptPartial(ctx, s, f, promotedAt)
 }
 
