@@ -188,19 +188,8 @@ func TestEvictionsCallKeysEvicted(t *testing.T) {
 	}
 	// Records, which all have a TTL, and a maxmemory below what they
 	// take.
-	for i := range 2000 {
-		if rec, err := s.Reserve(c, "k/"+strconv.Itoa(i), store.Reservation{Token: "t", Fingerprint: strings.Repeat("f", 500), Lease: time.Minute, TTL: time.Hour}); rec != nil || err != nil {
-			t.Fatalf("Reserve = %+v, %v", rec, err)
-		}
-	}
-	used, err := srv.Do("INFO", "memory")
-	if err != nil {
-		t.Fatal(err)
-	}
-	n, _ := strconv.ParseInt(infoField(used, "used_memory"), 10, 64)
-	if _, err := srv.Do("CONFIG", "SET", "maxmemory", strconv.FormatInt(n-300_000, 10)); err != nil {
-		t.Fatal(err)
-	}
+	reserveMany(t, s, 0)
+	limitBelowUsed(t, srv)
 	srv.Do("SET", "trigger", "x") // evicts before it runs
 	if err := s.CheckSettings(c); err != nil {
 		t.Fatal(err)
@@ -365,14 +354,6 @@ func TestAcceptedEvictionsAreNoNewLoss(t *testing.T) {
 	if err := s.CheckSettings(c); err != nil {
 		t.Fatal(err)
 	}
-	fill := func(from int) {
-		t.Helper()
-		for i := from; i < from+2000; i++ {
-			if rec, err := s.Reserve(c, "k/"+strconv.Itoa(i), store.Reservation{Token: "t", Fingerprint: strings.Repeat("f", 500), Lease: time.Minute, TTL: time.Hour}); rec != nil || err != nil {
-				t.Fatalf("Reserve = %+v, %v", rec, err)
-			}
-		}
-	}
 	evictions := func() int64 {
 		t.Helper()
 		info, err := srv.Do("INFO", "stats")
@@ -382,16 +363,9 @@ func TestAcceptedEvictionsAreNoNewLoss(t *testing.T) {
 		n, _ := strconv.ParseInt(infoField(info, "evicted_keys"), 10, 64)
 		return n
 	}
-	fill(0)
-	used, err := srv.Do("INFO", "memory")
-	if err != nil {
-		t.Fatal(err)
-	}
-	n, _ := strconv.ParseInt(infoField(used, "used_memory"), 10, 64)
-	if _, err := srv.Do("CONFIG", "SET", "maxmemory", strconv.FormatInt(n-300_000, 10)); err != nil {
-		t.Fatal(err)
-	}
-	fill(2000) // evicts as it goes
+	reserveMany(t, s, 0)
+	limitBelowUsed(t, srv)
+	reserveMany(t, s, 2000) // evicts as it goes
 	if evictions() == 0 {
 		t.Fatal("no key evicted")
 	}
@@ -403,7 +377,7 @@ func TestAcceptedEvictionsAreNoNewLoss(t *testing.T) {
 		t.Fatalf("KeysEvicted called with %q for evictions made before the acceptance; want none", r)
 	}
 	before := evictions()
-	fill(4000)
+	reserveMany(t, s, 4000)
 	if evictions() == before {
 		t.Fatal("no key evicted after the acceptance")
 	}
@@ -412,5 +386,31 @@ func TestAcceptedEvictionsAreNoNewLoss(t *testing.T) {
 	}
 	if r := got(); len(r) != 1 {
 		t.Errorf("KeysEvicted called %d times for evictions made after the acceptance, want 1", len(r))
+	}
+}
+
+// reserveMany reserves 2,000 records with a TTL, of 500-byte fingerprints,
+// from k/from on.
+func reserveMany(t *testing.T, s *Store, from int) {
+	t.Helper()
+	c := ctx(t)
+	for i := from; i < from+2000; i++ {
+		if rec, err := s.Reserve(c, "k/"+strconv.Itoa(i), store.Reservation{Token: "t", Fingerprint: strings.Repeat("f", 500), Lease: time.Minute, TTL: time.Hour}); rec != nil || err != nil {
+			t.Fatalf("Reserve = %+v, %v", rec, err)
+		}
+	}
+}
+
+// limitBelowUsed sets srv's maxmemory 300,000 bytes below the memory it
+// uses: the next writes evict.
+func limitBelowUsed(t *testing.T, srv *redistest.Server) {
+	t.Helper()
+	used, err := srv.Do("INFO", "memory")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, _ := strconv.ParseInt(infoField(used, "used_memory"), 10, 64)
+	if _, err := srv.Do("CONFIG", "SET", "maxmemory", strconv.FormatInt(n-300_000, 10)); err != nil {
+		t.Fatal(err)
 	}
 }
