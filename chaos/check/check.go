@@ -339,13 +339,21 @@ func exposedTo(losses []Loss, ops []Op, route Route) *Loss {
 			}
 			c := classify(o, route)
 			before = before || o.Start < l.At
-			since = since || o.Start >= l.At && (forwarded(c) || c == cUnknown)
+			since = since || inLossFrom(o, l) && (forwarded(c) || c == cUnknown)
 		}
 		if before && since {
 			return &losses[i]
 		}
 	}
 	return nil
+}
+
+// inLossFrom reports whether o may have reserved its key after the loss l
+// began: it started since, or, for a partial loss, it was still running
+// then (a duplicate waiting on the key, concurrent: wait, reserves it
+// again when the reservation it waited on is gone).
+func inLossFrom(o Op, l Loss) bool {
+	return o.Start >= l.At || l.Partial && o.End >= l.At
 }
 
 // witnessWindow is how long a replica's witness of recent answers is
@@ -432,7 +440,7 @@ func checkExposed(h History, order string, ops []Op, route Route, charges []Char
 			if may {
 				again++
 			}
-		case o.Start >= loss.At && o.Start < loss.detected() && slices.Contains(loss.Proxies, o.Proxy):
+		case inLossFrom(o, loss) && o.Start < loss.detected() && slices.Contains(loss.Proxies, o.Proxy):
 			e.retried = true
 			if !may {
 				break

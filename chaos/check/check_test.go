@@ -414,6 +414,18 @@ func TestPartialLosses(t *testing.T) {
 			retried: 1, recharged: 1,
 		},
 		{
+			// A duplicate waiting on the key (concurrent: wait) when the
+			// loss took the reservation it waited on reserves the key
+			// again and forwards it, on a replica that never answered
+			// it: the retry in the window the docs count.
+			name: "waiting across the loss on another replica, charged again: counted",
+			ops: []Op{fresh("charges-wait", "A", 400, 520, 201, c1),
+				via("r1", fresh("charges-wait", "A", 410, 560, 201, c2)),
+				probe(replay("charges-wait", "A", 2000, 2010, 201, c2))},
+			st:      twice,
+			retried: 1, recharged: 1,
+		},
+		{
 			name: "retried in the window on the replica that answered it",
 			ops: []Op{answered, fresh("charges-wait", "A", 600, 700, 201, c2),
 				probe(replay("charges-wait", "A", 2000, 2010, 201, c2))},
