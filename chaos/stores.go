@@ -395,18 +395,15 @@ func (r *run) startPostgres(ctx context.Context) (*storeSrv, error) {
 		cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
 	}
 	dir := filepath.Join(r.out, "postgres")
-	sock := filepath.Join(dir, "sock")
-	if err := os.MkdirAll(sock, 0o700); err != nil {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	for _, d := range []string{dir, sock} {
-		if err := os.Chmod(d, 0o700); err != nil {
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return nil, err
+	}
+	if cred != nil {
+		if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
 			return nil, err
-		}
-		if cred != nil {
-			if err := os.Chown(d, int(cred.Uid), int(cred.Gid)); err != nil {
-				return nil, err
-			}
 		}
 	}
 	s := &storeSrv{name: "postgres"}
@@ -422,7 +419,7 @@ func (r *run) startPostgres(ctx context.Context) (*storeSrv, error) {
 		n.proc = &proc{name: n.name, bin: filepath.Join(bin, "postgres"), log: filepath.Join(r.out, n.name+".log"),
 			tree: true, cred: cred, env: []string{"HOME=" + dir}, args: []string{
 				"-D", n.dir, "-p", strconv.Itoa(port), "-c", "listen_addresses=127.0.0.1",
-				"-c", "unix_socket_directories=" + sock, "-c", "fsync=on", "-c", "synchronous_commit=on",
+				"-c", "unix_socket_directories=", "-c", "fsync=on", "-c", "synchronous_commit=on",
 				"-c", "synchronous_standby_names=" + pgStandbyName, "-c", "wal_retrieve_retry_interval=500ms",
 				"-c", "shared_buffers=16MB", "-c", "max_connections=60", "-c", "logging_collector=off",
 			}}
