@@ -774,8 +774,8 @@ func TestTracingAdminAndReconcile(t *testing.T) {
 	if r := do("POST", p.adminURL("/v1/keys/charges/TR-A1/reconcile"), "", auth...); r.status != 200 || !strings.Contains(r.body, `"applied"`) {
 		t.Fatalf("reconcile = %d %s, want 200 applied", r.status, r.body)
 	}
-	if r := charge(p, "TR-A1"); r.status != 200 || r.header.Get("Idempotent-Replayed") != "true" || r.header.Get("Idempotent-Reconciled") != "true" {
-		t.Fatalf("TR-A1's retry = %d %s %v, want the lookup's answer replayed", r.status, r.body, r.header)
+	if r := charge(p, "TR-A1"); r.status != 201 || r.header.Get("Idempotent-Replayed") != "true" || r.header.Get("Idempotent-Reconciled") != "true" {
+		t.Fatalf("TR-A1's retry = %d %s %v, want the lookup's answer replayed as reconcile.applied_status (201)", r.status, r.body, r.header)
 	}
 	do("GET", p.adminURL("/metrics"), "")
 	do("GET", p.adminURL("/readyz"), "")

@@ -12,6 +12,7 @@ import (
 	"github.com/idemproxy/idemproxy/internal/epoch"
 	"github.com/idemproxy/idemproxy/internal/witness"
 	"github.com/idemproxy/idemproxy/store"
+	"github.com/idemproxy/idemproxy/store/badger"
 	"github.com/idemproxy/idemproxy/store/redis"
 )
 
@@ -64,6 +65,9 @@ func (a *app) watchLosses(reg prometheus.Registerer, st store.Store, w *epoch.Wa
 	syncWitness := func(id string) { wit.Sync(id) }
 	a.onTrust.Store(&syncWitness)
 	wit.Sync(trusted())
+	if g, ok := st.(*badger.Guard); ok {
+		opts.Paused = g.BelowFloor
+	}
 	if rs, ok := st.(*redis.Store); ok {
 		opts.Tags = func(ctx context.Context) ([]string, error) { return rs.CanaryTags(ctx, canary.Prefix+"canary/") }
 	}

@@ -70,6 +70,11 @@ type Options struct {
 	// Lost marks the store lost, with reason saying what was seen (the
 	// epoch watcher's MarkLost). Required.
 	Lost func(reason string) bool
+	// Paused, when set, reports that the store refuses writes on its own
+	// (Badger below its free-space floor, which answers every
+	// reservation 503 and counts it as refused): a round writes and reads
+	// nothing then. Nil: never.
+	Paused func() bool
 	// Logger receives debug lines of failed reads and writes; nil
 	// discards them.
 	Logger *slog.Logger
@@ -167,6 +172,9 @@ func (c *Canaries) Round(ctx context.Context, all bool) bool {
 	defer c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, max(c.opts.Interval, 5*time.Second))
 	defer cancel()
+	if c.opts.Paused != nil && c.opts.Paused() {
+		return false
+	}
 	epoch := c.opts.Epoch()
 	if epoch == "" {
 		// Nothing is reserved: nothing to vouch for. Canaries written

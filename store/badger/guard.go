@@ -199,6 +199,10 @@ func isNoRoom(err error) bool {
 	return false
 }
 
+// BelowFloor reports whether the data directory's free space is below
+// store.badger.min_free_bytes: every reservation is refused then.
+func (g *Guard) BelowFloor() bool { return g.belowFloor() }
+
 // belowFloor reports whether the data directory's free space is below the
 // floor, calling statfs at most once per guardRetry. A directory that
 // cannot be measured (removed) is not reported as full: its operations
