@@ -172,9 +172,11 @@ func newEvictions(prev nodeSeen, ok bool, r nodeReport, now time.Time) (int64, s
 		// Reset (CONFIG RESETSTAT) since the last check: every eviction
 		// counted since is new.
 		return r.evicted, fmt.Sprintf("%d → reset → %d", prev.evicted, r.evicted)
-	case now.Sub(prev.at) > r.uptime:
+	case now.Sub(prev.at)+time.Second > r.uptime:
 		// Restarted since the last check: every eviction of this run is
-		// new.
+		// new. INFO gives the uptime in whole seconds, which a restart a
+		// few hundred milliseconds after the last check can already
+		// show as 1: a second of slack.
 		return r.evicted, fmt.Sprintf("%d in the run started %v ago", r.evicted, r.uptime)
 	}
 	return 0, "" // another node that ran before (a failover): a baseline
