@@ -297,7 +297,7 @@ func (a *attempt) storeFailed(w http.ResponseWriter, body []byte, op string, err
 // down (its settler takes no more jobs), it releases at once: the store
 // closes soon.
 func (p *Proxy) releaseLater(key, token string, until time.Time) {
-	j := settle.Job{Key: key, Operation: "release", Until: until, Attempt: func(ctx context.Context) error {
+	j := settle.Job{Key: key, Operation: "release", Until: until, StopAtClose: true, Attempt: func(ctx context.Context) error {
 		return p.store.Release(ctx, key, token)
 	}}
 	first := settle.Job{Key: key, Operation: "release", Attempt: func(ctx context.Context) error {

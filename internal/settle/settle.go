@@ -75,6 +75,12 @@ type Job struct {
 	Done func(err error)
 	// Attrs are further log attributes (key-value pairs: the route).
 	Attrs []any
+	// StopAtClose ends the job's retries as soon as the program starts
+	// to close, instead of at Until or the shutdown's deadline: for a
+	// write whose Until is far off (the release of a reservation never
+	// forwarded, retried until its TTL ends), which would otherwise hold
+	// the shutdown for its whole deadline while the store is down.
+	StopAtClose bool
 }
 
 // Settler runs Jobs in the background and keeps count of them. The zero
@@ -101,6 +107,10 @@ type counts struct {
 	leftCap  atomic.Uint64 // past limit: never retried
 	leftEnd  atomic.Uint64 // retried until the lease ended
 	leftStop atomic.Uint64 // retrying when the program stopped
+	// closing is closed when the root Settler starts closing: the jobs
+	// with StopAtClose end then (nil: never).
+	closing   chan struct{}
+	closeOnce sync.Once
 }
 
 // New returns a Settler that logs to log (nil discards).
@@ -109,7 +119,7 @@ func New(log *slog.Logger) *Settler {
 		log = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Settler{log: log, ctx: ctx, cancel: cancel, counts: &counts{limit: MaxRetrying}}
+	return &Settler{log: log, ctx: ctx, cancel: cancel, counts: &counts{limit: MaxRetrying, closing: make(chan struct{})}}
 }
 
 // Group returns a Settler whose jobs are also s's: closing s closes the
@@ -215,15 +225,22 @@ func (s *Settler) retry(j Job, err error) {
 	defer s.recover(j, &attempt, &err)
 	for delay := FirstDelay; ; delay = min(2*delay, MaxDelay) {
 		wait := time.NewTimer(min(delay, max(time.Until(j.Until), 0)))
+		var closing chan struct{} // nil: never
+		if j.StopAtClose {
+			closing = s.counts.closing
+		}
 		select {
 		case <-s.ctx.Done():
+		case <-closing:
+		case <-wait.C:
+		}
+		if s.ctx.Err() != nil || closing != nil && isClosed(closing) {
 			wait.Stop()
 			s.counts.leftStop.Add(1)
 			s.log.Error("settling stopped: shutting down; the key will be in doubt when its lease ends",
 				s.attrs(j, attempt, err)...)
 			s.end(j, err)
 			return
-		case <-wait.C:
 		}
 		attempt++
 		ctx, cancel := context.WithTimeout(s.ctx, min(AttemptTimeout, max(time.Until(j.Until), time.Millisecond)))
@@ -326,6 +343,9 @@ func (s *Settler) Close(ctx context.Context) {
 	s.mu.Lock()
 	s.closed = true
 	s.mu.Unlock()
+	if s.parent == nil && s.counts.closing != nil {
+		s.counts.closeOnce.Do(func() { close(s.counts.closing) })
+	}
 	done := make(chan struct{})
 	go func() {
 		s.jobs.Wait()
@@ -340,6 +360,16 @@ func (s *Settler) Close(ctx context.Context) {
 	// Every job has ended, and none can start: the context is let go,
 	// which a Group's parent holds until then.
 	s.cancel()
+}
+
+// isClosed reports whether c is closed.
+func isClosed(c chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }
 
 // Abort stops taking jobs and stops those under way at once, without

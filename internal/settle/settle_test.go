@@ -223,3 +223,33 @@ func TestGoAndOnce(t *testing.T) {
 		t.Errorf("%d panics logged, want 2:\n%s", got, log)
 	}
 }
+
+// TestStopAtCloseEndsAtClose: a job with StopAtClose, retrying toward an
+// Until a day away (the release of a reservation never forwarded, kept
+// until its TTL), ends as soon as the settler closes, where it held the
+// shutdown for its whole deadline; a job without it is still retried
+// until the deadline stops it.
+func TestStopAtCloseEndsAtClose(t *testing.T) {
+	for _, stop := range []bool{true, false} {
+		s := settle.New(nil)
+		failing := errors.New("connection refused")
+		done := make(chan error, 1)
+		j := settle.Job{Key: "k", Operation: "release", Until: time.Now().Add(24 * time.Hour), StopAtClose: stop,
+			Attempt: func(context.Context) error { return failing }, Done: func(err error) { done <- err }}
+		if !s.Settle(j, failing) {
+			t.Fatalf("StopAtClose %v: Settle refused the job", stop)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		s.Close(ctx)
+		if stop && ctx.Err() != nil {
+			t.Errorf("StopAtClose: Close waited for its deadline (%v); want it to return when the job ended", ctx.Err())
+		}
+		if !stop && ctx.Err() == nil {
+			t.Errorf("without StopAtClose: Close returned before its deadline; want the job retried until then")
+		}
+		cancel()
+		if err := <-done; !errors.Is(err, failing) {
+			t.Errorf("StopAtClose %v: the job ended with %v, want its last error", stop, err)
+		}
+	}
+}
