@@ -90,6 +90,10 @@ type Settler struct {
 	parent *Settler // counts this Group's jobs too; nil for New's
 	ctx    context.Context
 	cancel context.CancelFunc
+	// closing ends when this Settler, or one above it, starts to close:
+	// the jobs with StopAtClose end then.
+	closing     context.Context
+	stopClosing context.CancelFunc
 
 	mu     sync.Mutex
 	closed bool // no new jobs
@@ -107,10 +111,6 @@ type counts struct {
 	leftCap  atomic.Uint64 // past limit: never retried
 	leftEnd  atomic.Uint64 // retried until the lease ended
 	leftStop atomic.Uint64 // retrying when the program stopped
-	// closing is closed when the root Settler starts closing: the jobs
-	// with StopAtClose end then (nil: never).
-	closing   chan struct{}
-	closeOnce sync.Once
 }
 
 // New returns a Settler that logs to log (nil discards).
@@ -119,7 +119,9 @@ func New(log *slog.Logger) *Settler {
 		log = slog.New(slog.DiscardHandler)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Settler{log: log, ctx: ctx, cancel: cancel, counts: &counts{limit: MaxRetrying, closing: make(chan struct{})}}
+	closing, stopClosing := context.WithCancel(context.Background())
+	return &Settler{log: log, ctx: ctx, cancel: cancel, closing: closing, stopClosing: stopClosing,
+		counts: &counts{limit: MaxRetrying}}
 }
 
 // Group returns a Settler whose jobs are also s's: closing s closes the
@@ -127,7 +129,9 @@ func New(log *slog.Logger) *Settler {
 // waits for its own jobs only.
 func (s *Settler) Group() *Settler {
 	ctx, cancel := context.WithCancel(s.ctx)
-	return &Settler{log: s.log, parent: s, ctx: ctx, cancel: cancel, counts: s.counts}
+	closing, stopClosing := context.WithCancel(s.closing)
+	return &Settler{log: s.log, parent: s, ctx: ctx, cancel: cancel, closing: closing, stopClosing: stopClosing,
+		counts: s.counts}
 }
 
 // RegisterMetrics registers s's metrics on reg: the settles waiting to
@@ -225,16 +229,16 @@ func (s *Settler) retry(j Job, err error) {
 	defer s.recover(j, &attempt, &err)
 	for delay := FirstDelay; ; delay = min(2*delay, MaxDelay) {
 		wait := time.NewTimer(min(delay, max(time.Until(j.Until), 0)))
-		var closing chan struct{} // nil: never
+		var closing <-chan struct{} // nil: never
 		if j.StopAtClose {
-			closing = s.counts.closing
+			closing = s.closing.Done()
 		}
 		select {
 		case <-s.ctx.Done():
 		case <-closing:
 		case <-wait.C:
 		}
-		if s.ctx.Err() != nil || closing != nil && isClosed(closing) {
+		if s.ctx.Err() != nil || j.StopAtClose && s.closing.Err() != nil {
 			wait.Stop()
 			s.counts.leftStop.Add(1)
 			s.log.Error("settling stopped: shutting down; the key will be in doubt when its lease ends",
@@ -343,9 +347,7 @@ func (s *Settler) Close(ctx context.Context) {
 	s.mu.Lock()
 	s.closed = true
 	s.mu.Unlock()
-	if s.parent == nil && s.counts.closing != nil {
-		s.counts.closeOnce.Do(func() { close(s.counts.closing) })
-	}
+	s.stopClosing()
 	done := make(chan struct{})
 	go func() {
 		s.jobs.Wait()
@@ -360,16 +362,6 @@ func (s *Settler) Close(ctx context.Context) {
 	// Every job has ended, and none can start: the context is let go,
 	// which a Group's parent holds until then.
 	s.cancel()
-}
-
-// isClosed reports whether c is closed.
-func isClosed(c chan struct{}) bool {
-	select {
-	case <-c:
-		return true
-	default:
-		return false
-	}
 }
 
 // Abort stops taking jobs and stops those under way at once, without

@@ -226,30 +226,46 @@ func TestGoAndOnce(t *testing.T) {
 
 // TestStopAtCloseEndsAtClose: a job with StopAtClose, retrying toward an
 // Until a day away (the release of a reservation never forwarded, kept
-// until its TTL), ends as soon as the settler closes, where it held the
+// until its TTL), ends as soon as its settler closes, where it held the
 // shutdown for its whole deadline; a job without it is still retried
-// until the deadline stops it.
+// until the deadline stops it. The proxy's jobs run on a Group, which the
+// program closes with no deadline of its own (CI: TestStoreDownLogsBounded
+// on 7244c3e, where only the root's close ended them).
 func TestStopAtCloseEndsAtClose(t *testing.T) {
-	for _, stop := range []bool{true, false} {
-		s := settle.New(nil)
+	for _, tc := range []struct {
+		name  string
+		stop  bool
+		group bool
+	}{
+		{"root, StopAtClose", true, false},
+		{"group, StopAtClose", true, true},
+		{"root, retried", false, false},
+		{"group, retried", false, true},
+	} {
+		root := settle.New(nil)
+		s := root
+		if tc.group {
+			s = root.Group()
+		}
 		failing := errors.New("connection refused")
 		done := make(chan error, 1)
-		j := settle.Job{Key: "k", Operation: "release", Until: time.Now().Add(24 * time.Hour), StopAtClose: stop,
+		j := settle.Job{Key: "k", Operation: "release", Until: time.Now().Add(24 * time.Hour), StopAtClose: tc.stop,
 			Attempt: func(context.Context) error { return failing }, Done: func(err error) { done <- err }}
 		if !s.Settle(j, failing) {
-			t.Fatalf("StopAtClose %v: Settle refused the job", stop)
+			t.Fatalf("%s: Settle refused the job", tc.name)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		s.Close(ctx)
-		if stop && ctx.Err() != nil {
-			t.Errorf("StopAtClose: Close waited for its deadline (%v); want it to return when the job ended", ctx.Err())
+		if tc.stop && ctx.Err() != nil {
+			t.Errorf("%s: Close waited for its deadline (%v); want it to return when the job ended", tc.name, ctx.Err())
 		}
-		if !stop && ctx.Err() == nil {
-			t.Errorf("without StopAtClose: Close returned before its deadline; want the job retried until then")
+		if !tc.stop && ctx.Err() == nil {
+			t.Errorf("%s: Close returned before its deadline; want the job retried until then", tc.name)
 		}
 		cancel()
 		if err := <-done; !errors.Is(err, failing) {
-			t.Errorf("StopAtClose %v: the job ended with %v, want its last error", stop, err)
+			t.Errorf("%s: the job ended with %v, want its last error", tc.name, err)
 		}
+		root.Close(context.Background())
 	}
 }
