@@ -20,7 +20,7 @@ COPY . .
 
 FROM src AS build
 ARG VERSION=dev
-RUN go build -trimpath -ldflags "-s -w -X github.com/idemproxy/idemproxy/internal/buildinfo.version=${VERSION}" -o /out/idemproxy . \
+RUN go build -trimpath -ldflags "-s -w -X github.com/idemproxy/idemproxy/internal/app/buildinfo.version=${VERSION}" -o /out/idemproxy . \
  && /out/idemproxy -check -config deploy/container-config.yaml
 # distroless has no shell: the data directory is prepared here and copied with
 # its owner set to the nonroot user (65532).

@@ -24,7 +24,7 @@ import (
 	"syscall"
 
 	"github.com/idemproxy/idemproxy/internal/app"
-	"github.com/idemproxy/idemproxy/internal/cli"
+	"github.com/idemproxy/idemproxy/internal/app/cli"
 )
 
 func main() {

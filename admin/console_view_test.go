@@ -14,7 +14,7 @@ import (
 
 	"github.com/idemproxy/idemproxy/admin"
 	"github.com/idemproxy/idemproxy/internal/reconcile"
-	"github.com/idemproxy/idemproxy/proxy/proxytest"
+	"github.com/idemproxy/idemproxy/internal/testenv/proxytest"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/badger"
 )

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/admin"
-	"github.com/idemproxy/idemproxy/internal/otlptest"
+	"github.com/idemproxy/idemproxy/internal/testenv/otlptest"
 	"github.com/idemproxy/idemproxy/store"
 )
 

@@ -178,7 +178,7 @@ var stages = []stage{
 	{"reservation", fnIs(proxyPkg + "(*attempt).reserve")},
 	{"body, key, fingerprint", fnIs(proxyPkg+"(*attempt).readBody", proxyPkg+"(*attempt).identify")},
 	{"metrics, logs", func(fn string) bool {
-		return fn == proxyPkg+"(*Proxy).finish" || strings.HasPrefix(fn, "github.com/idemproxy/idemproxy/internal/logsink.")
+		return fn == proxyPkg+"(*Proxy).finish" || strings.HasPrefix(fn, "github.com/idemproxy/idemproxy/internal/app/logsink.")
 	}},
 	{"forward (upstream, answer to client)", fnIs(proxyPkg+"(*Proxy).forward",
 		"net/http.(*persistConn).readLoop", "net/http.(*persistConn).writeLoop")},

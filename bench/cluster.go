@@ -18,7 +18,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/idemproxy/idemproxy/internal/freeport"
+	"github.com/idemproxy/idemproxy/internal/testenv/freeport"
 )
 
 // clusterNodes is the number of masters of the redis-cluster target's

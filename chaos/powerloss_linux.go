@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/idemproxy/idemproxy/internal/powerloss"
+	"github.com/idemproxy/idemproxy/internal/testenv/powerloss"
 )
 
 // powerDisk is the Badger proxy's data directory on the power-loss file

@@ -17,7 +17,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/idemproxy/idemproxy/internal/freeport"
+	"github.com/idemproxy/idemproxy/internal/testenv/freeport"
 )
 
 // proc is one child process the run starts, and may kill and start again.

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemproxy/idemproxy/internal/testpki"
+	"github.com/idemproxy/idemproxy/internal/testenv/testpki"
 )
 
 // TestRedisClientTLS: the store's TLS configuration is built where it is

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemproxy/idemproxy/internal/testpki"
+	"github.com/idemproxy/idemproxy/internal/testenv/testpki"
 )
 
 // httpsRoute is a valid configuration with an https upstream and the

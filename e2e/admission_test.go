@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/internal/testrun"
+	"github.com/idemproxy/idemproxy/internal/testenv/testrun"
 )
 
 // The admission tests run the real binary: what is pinned is what one

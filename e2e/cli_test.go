@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/idemproxy/idemproxy/config"
-	"github.com/idemproxy/idemproxy/internal/buildinfo"
+	"github.com/idemproxy/idemproxy/internal/app/buildinfo"
 )
 
 // gitCmd runs git in dir with a fixed identity and fails the test on an

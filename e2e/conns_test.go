@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/internal/admission"
-	"github.com/idemproxy/idemproxy/internal/h2attack"
+	"github.com/idemproxy/idemproxy/internal/testenv/h2attack"
 )
 
 // socketsOf counts the open sockets of process pid.

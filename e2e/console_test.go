@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/internal/browsertest"
+	"github.com/idemproxy/idemproxy/internal/testenv/browsertest"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/upstream-stub/stub"
 )

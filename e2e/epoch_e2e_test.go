@@ -20,8 +20,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/internal/pgtest"
-	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/internal/testenv/pgtest"
+	"github.com/idemproxy/idemproxy/internal/testenv/redistest"
 )
 
 // epochInterval is the store.epoch_check_interval of these tests: a new

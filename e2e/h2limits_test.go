@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/internal/h2attack"
+	"github.com/idemproxy/idemproxy/internal/testenv/h2attack"
 )
 
 // rawH2 is a hand-driven HTTP/2 connection (see h2attack for why by

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/internal/h2attack"
+	"github.com/idemproxy/idemproxy/internal/testenv/h2attack"
 )
 
 // headerOf returns a request header of n lines in all: the request line,

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/internal/testenv/redistest"
 )
 
 // TestRedisDebugSleepFailsClosed: while Redis sleeps (DEBUG SLEEP, every

@@ -6,8 +6,8 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/idemproxy/idemproxy/internal/pgtest"
-	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/internal/testenv/pgtest"
+	"github.com/idemproxy/idemproxy/internal/testenv/redistest"
 )
 
 // The routes of the keyspace tests: charges as it was, renamed, renamed

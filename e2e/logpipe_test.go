@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/internal/logsink"
+	"github.com/idemproxy/idemproxy/internal/app/logsink"
 )
 
 // TestLogReaderGoneDoesNotKill: a proxy whose log reader goes away (the

@@ -10,8 +10,8 @@ import (
 	"testing"
 
 	"github.com/idemproxy/idemproxy/admin"
-	"github.com/idemproxy/idemproxy/internal/cli"
-	"github.com/idemproxy/idemproxy/internal/doctest"
+	"github.com/idemproxy/idemproxy/internal/app/cli"
+	"github.com/idemproxy/idemproxy/internal/testenv/doctest"
 	"github.com/idemproxy/idemproxy/proxy"
 )
 

@@ -25,8 +25,8 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/idemproxy/idemproxy/internal/pgtest"
-	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/internal/testenv/pgtest"
+	"github.com/idemproxy/idemproxy/internal/testenv/redistest"
 )
 
 // keysLostLine is the start of the ERROR line of a replica that saw the

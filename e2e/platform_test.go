@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/config"
-	"github.com/idemproxy/idemproxy/internal/freeport"
+	"github.com/idemproxy/idemproxy/internal/testenv/freeport"
 )
 
 // pickPorts returns n free loopback ports.

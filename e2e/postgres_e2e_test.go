@@ -17,7 +17,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/idemproxy/idemproxy/internal/pgtest"
+	"github.com/idemproxy/idemproxy/internal/testenv/pgtest"
 	"github.com/idemproxy/idemproxy/store/postgres"
 )
 

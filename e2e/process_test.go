@@ -35,8 +35,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/internal/h2attack"
-	"github.com/idemproxy/idemproxy/internal/testrun"
+	"github.com/idemproxy/idemproxy/internal/testenv/h2attack"
+	"github.com/idemproxy/idemproxy/internal/testenv/testrun"
 	"github.com/idemproxy/idemproxy/upstream-stub/stub"
 )
 

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/internal/h2attack"
+	"github.com/idemproxy/idemproxy/internal/testenv/h2attack"
 )
 
 // probe sends n charges, one at a time, from each client and returns

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/internal/testenv/redistest"
 )
 
 // e2eKeyPrefix is the key_prefix of every Redis configuration written here.

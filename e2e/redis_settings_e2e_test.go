@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/internal/testenv/redistest"
 )
 
 // unsafeLine starts the ERROR line of a replica that saw Redis turn to a

@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/internal/testenv/redistest"
 )
 
 // inSync waits until replica's link to primary is up and primary counts

@@ -10,8 +10,8 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/idemproxy/idemproxy/internal/pgtest"
-	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/internal/testenv/pgtest"
+	"github.com/idemproxy/idemproxy/internal/testenv/redistest"
 )
 
 // selector is one series selector of a PromQL expression:

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/internal/cli"
+	"github.com/idemproxy/idemproxy/internal/app/cli"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/badger"
 )

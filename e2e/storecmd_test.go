@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemproxy/idemproxy/internal/cli"
+	"github.com/idemproxy/idemproxy/internal/app/cli"
 	"github.com/idemproxy/idemproxy/store/badger"
 )
 

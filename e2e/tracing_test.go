@@ -36,9 +36,9 @@ import (
 
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 
-	"github.com/idemproxy/idemproxy/internal/otlptest"
-	"github.com/idemproxy/idemproxy/internal/pgtest"
-	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/internal/testenv/otlptest"
+	"github.com/idemproxy/idemproxy/internal/testenv/pgtest"
+	"github.com/idemproxy/idemproxy/internal/testenv/redistest"
 	"github.com/idemproxy/idemproxy/internal/tracing"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/upstream-stub/stub"

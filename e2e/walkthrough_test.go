@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/internal/doctest"
+	"github.com/idemproxy/idemproxy/internal/testenv/doctest"
 )
 
 // docBlock returns the lines of the first ```sh block of the Markdown

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/internal/testrun"
-	"github.com/idemproxy/idemproxy/proxy/proxytest"
+	"github.com/idemproxy/idemproxy/internal/testenv/proxytest"
+	"github.com/idemproxy/idemproxy/internal/testenv/testrun"
 	"github.com/idemproxy/idemproxy/store"
 )
 

@@ -1,7 +1,7 @@
 package proxy_test
 
 import (
-	"github.com/idemproxy/idemproxy/proxy/proxytest"
+	"github.com/idemproxy/idemproxy/internal/testenv/proxytest"
 
 	"fmt"
 	"net/http"

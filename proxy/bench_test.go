@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/config"
-	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/internal/testenv/proxytest"
+	"github.com/idemproxy/idemproxy/internal/testenv/redistest"
 	"github.com/idemproxy/idemproxy/internal/witness"
 	"github.com/idemproxy/idemproxy/proxy"
-	"github.com/idemproxy/idemproxy/proxy/proxytest"
 	"github.com/idemproxy/idemproxy/store/badger"
 	"github.com/idemproxy/idemproxy/store/redis"
 )

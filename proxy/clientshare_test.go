@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/config"
-	"github.com/idemproxy/idemproxy/proxy/proxytest"
+	"github.com/idemproxy/idemproxy/internal/testenv/proxytest"
 	"github.com/idemproxy/idemproxy/upstream-stub/stub"
 )
 

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemproxy/idemproxy/internal/testenv/proxytest"
 	"github.com/idemproxy/idemproxy/keyextract"
-	"github.com/idemproxy/idemproxy/proxy/proxytest"
 	"github.com/idemproxy/idemproxy/store"
 )
 

@@ -4,8 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idemproxy/idemproxy/internal/testenv/proxytest"
 	"github.com/idemproxy/idemproxy/proxy"
-	"github.com/idemproxy/idemproxy/proxy/proxytest"
 )
 
 const keyRulesRoutes = `

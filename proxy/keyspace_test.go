@@ -4,8 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idemproxy/idemproxy/internal/testenv/proxytest"
 	"github.com/idemproxy/idemproxy/proxy"
-	"github.com/idemproxy/idemproxy/proxy/proxytest"
 )
 
 // TestHeldRoute: a held route answers 503 keyspace-held naming the route,

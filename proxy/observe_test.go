@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemproxy/idemproxy/internal/testenv/proxytest"
 	"github.com/idemproxy/idemproxy/proxy"
-	"github.com/idemproxy/idemproxy/proxy/proxytest"
 	"github.com/idemproxy/idemproxy/store"
 )
 

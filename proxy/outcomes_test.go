@@ -3,8 +3,8 @@ package proxy_test
 import (
 	"testing"
 
+	"github.com/idemproxy/idemproxy/internal/testenv/proxytest"
 	"github.com/idemproxy/idemproxy/proxy"
-	"github.com/idemproxy/idemproxy/proxy/proxytest"
 )
 
 // TestEveryOutcomeIsCounted drives one request to each outcome and checks

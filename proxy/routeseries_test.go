@@ -12,8 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemproxy/idemproxy/config"
+	"github.com/idemproxy/idemproxy/internal/testenv/proxytest"
 	"github.com/idemproxy/idemproxy/proxy"
-	"github.com/idemproxy/idemproxy/proxy/proxytest"
 )
 
 // threeRoutes are three routes with distinct patterns, in this order.

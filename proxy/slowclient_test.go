@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/proxy/proxytest"
+	"github.com/idemproxy/idemproxy/internal/testenv/proxytest"
 	"github.com/idemproxy/idemproxy/store"
 )
 

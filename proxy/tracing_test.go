@@ -15,9 +15,9 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 
-	"github.com/idemproxy/idemproxy/internal/otlptest"
+	"github.com/idemproxy/idemproxy/internal/testenv/otlptest"
+	"github.com/idemproxy/idemproxy/internal/testenv/proxytest"
 	"github.com/idemproxy/idemproxy/internal/tracing"
-	"github.com/idemproxy/idemproxy/proxy/proxytest"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/upstream-stub/stub"
 )

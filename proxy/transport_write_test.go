@@ -10,8 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/idemproxy/idemproxy/internal/testenv/proxytest"
 	"github.com/idemproxy/idemproxy/proxy"
-	"github.com/idemproxy/idemproxy/proxy/proxytest"
 	"github.com/idemproxy/idemproxy/store/badger"
 )
 

@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/idemproxy/idemproxy/internal/problem"
-	"github.com/idemproxy/idemproxy/proxy/proxytest"
+	"github.com/idemproxy/idemproxy/internal/testenv/proxytest"
 	"github.com/idemproxy/idemproxy/store"
 )
 

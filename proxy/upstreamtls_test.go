@@ -12,8 +12,8 @@ import (
 	"testing"
 
 	"github.com/idemproxy/idemproxy/config"
-	"github.com/idemproxy/idemproxy/internal/testpki"
-	"github.com/idemproxy/idemproxy/proxy/proxytest"
+	"github.com/idemproxy/idemproxy/internal/testenv/proxytest"
+	"github.com/idemproxy/idemproxy/internal/testenv/testpki"
 	"github.com/idemproxy/idemproxy/store"
 )
 

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/internal/h2attack"
+	"github.com/idemproxy/idemproxy/internal/testenv/h2attack"
 )
 
 // adminServer serves h behind the admin listener's limiter of max

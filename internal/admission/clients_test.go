@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/config"
-	"github.com/idemproxy/idemproxy/internal/h2attack"
+	"github.com/idemproxy/idemproxy/internal/testenv/h2attack"
 )
 
 // frames returns the preface followed by the frames each call of add

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/config"
-	"github.com/idemproxy/idemproxy/internal/h2attack"
+	"github.com/idemproxy/idemproxy/internal/testenv/h2attack"
 )
 
 // TestOverloadResetBudget: the budget over all connections starts shedding

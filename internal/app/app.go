@@ -22,7 +22,7 @@ import (
 	"github.com/idemproxy/idemproxy/admin"
 	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/internal/admission"
-	"github.com/idemproxy/idemproxy/internal/buildinfo"
+	"github.com/idemproxy/idemproxy/internal/app/buildinfo"
 	"github.com/idemproxy/idemproxy/internal/epoch"
 	"github.com/idemproxy/idemproxy/internal/reconcile"
 	"github.com/idemproxy/idemproxy/internal/settle"

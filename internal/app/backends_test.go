@@ -11,8 +11,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemproxy/idemproxy/config"
-	"github.com/idemproxy/idemproxy/internal/doctest"
-	"github.com/idemproxy/idemproxy/internal/pgtest"
+	"github.com/idemproxy/idemproxy/internal/testenv/doctest"
+	"github.com/idemproxy/idemproxy/internal/testenv/pgtest"
 	"github.com/idemproxy/idemproxy/store/postgres"
 )
 

@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemproxy/idemproxy/config"
-	"github.com/idemproxy/idemproxy/internal/buildinfo"
+	"github.com/idemproxy/idemproxy/internal/app/buildinfo"
 )
 
 // startAttrs are the attributes of the first log line: the version, then

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/config"
-	"github.com/idemproxy/idemproxy/internal/audit"
+	"github.com/idemproxy/idemproxy/internal/app/audit"
 	"github.com/idemproxy/idemproxy/store/badger"
 )
 

@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemproxy/idemproxy/config"
-	"github.com/idemproxy/idemproxy/internal/audit"
+	"github.com/idemproxy/idemproxy/internal/app/audit"
 	"github.com/idemproxy/idemproxy/internal/epoch"
 	"github.com/idemproxy/idemproxy/internal/settle"
 	"github.com/idemproxy/idemproxy/store"

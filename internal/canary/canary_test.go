@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/internal/canary"
-	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/internal/testenv/redistest"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/badger"
 	"github.com/idemproxy/idemproxy/store/redis"

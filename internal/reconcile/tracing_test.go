@@ -11,9 +11,9 @@ import (
 
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 
-	"github.com/idemproxy/idemproxy/internal/otlptest"
 	"github.com/idemproxy/idemproxy/internal/reconcile"
-	"github.com/idemproxy/idemproxy/proxy/proxytest"
+	"github.com/idemproxy/idemproxy/internal/testenv/otlptest"
+	"github.com/idemproxy/idemproxy/internal/testenv/proxytest"
 	"github.com/idemproxy/idemproxy/store"
 )
 

@@ -12,7 +12,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/idemproxy/idemproxy/internal/otlptest"
+	"github.com/idemproxy/idemproxy/internal/testenv/otlptest"
 	"github.com/idemproxy/idemproxy/internal/tracing"
 )
 

@@ -14,7 +14,7 @@ import (
 
 	bdg "github.com/dgraph-io/badger/v4"
 
-	"github.com/idemproxy/idemproxy/internal/powerloss"
+	"github.com/idemproxy/idemproxy/internal/testenv/powerloss"
 )
 
 // Entries 4 and 11 of internals_test.go's list, on Linux (preallocation

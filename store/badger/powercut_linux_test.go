@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/internal/powerloss"
+	"github.com/idemproxy/idemproxy/internal/testenv/powerloss"
 	"github.com/idemproxy/idemproxy/store"
 )
 

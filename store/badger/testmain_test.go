@@ -3,7 +3,7 @@ package badger
 import (
 	"testing"
 
-	"github.com/idemproxy/idemproxy/internal/testrun"
+	"github.com/idemproxy/idemproxy/internal/testenv/testrun"
 )
 
 // TestMain runs the tests under testrun's supervisor: they mount file

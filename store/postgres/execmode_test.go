@@ -3,7 +3,7 @@ package postgres_test
 import (
 	"testing"
 
-	"github.com/idemproxy/idemproxy/internal/pgtest"
+	"github.com/idemproxy/idemproxy/internal/testenv/pgtest"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/postgres"
 	"github.com/idemproxy/idemproxy/store/storetest"

@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemproxy/idemproxy/internal/pgtest"
+	"github.com/idemproxy/idemproxy/internal/testenv/pgtest"
 	"github.com/idemproxy/idemproxy/store"
 	"github.com/idemproxy/idemproxy/store/postgres"
 )

@@ -5,7 +5,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/idemproxy/idemproxy/internal/testrun"
+	"github.com/idemproxy/idemproxy/internal/testenv/testrun"
 )
 
 // TestMain raises -test.parallel to 4 unless it was given: each test starts

@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemproxy/idemproxy/internal/pgtest"
+	"github.com/idemproxy/idemproxy/internal/testenv/pgtest"
 )
 
 // TestStatementsUseIndexes plans every statement the store runs against a

@@ -22,7 +22,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/internal/testenv/redistest"
 	"github.com/idemproxy/idemproxy/store"
 )
 

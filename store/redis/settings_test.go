@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/internal/redistest"
+	"github.com/idemproxy/idemproxy/internal/testenv/redistest"
 	"github.com/idemproxy/idemproxy/store"
 )
 

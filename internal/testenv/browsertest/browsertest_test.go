@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/internal/browsertest"
+	"github.com/idemproxy/idemproxy/internal/testenv/browsertest"
 )
 
 // TestPath: $CHROMIUM names the browser; one that is not there is an error

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/internal/pgtest"
+	"github.com/idemproxy/idemproxy/internal/testenv/pgtest"
 )
 
 // TestRowsSurviveStopAndKill writes a row, stops the server cleanly, starts

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemproxy/idemproxy/internal/buildinfo"
+	"github.com/idemproxy/idemproxy/internal/app/buildinfo"
 )
 
 // TestPrint pins -version's answer for the builds it meets, among them one

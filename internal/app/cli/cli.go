@@ -16,10 +16,10 @@ import (
 
 	"github.com/idemproxy/idemproxy/config"
 	"github.com/idemproxy/idemproxy/internal/app"
-	"github.com/idemproxy/idemproxy/internal/buildinfo"
-	"github.com/idemproxy/idemproxy/internal/keyscmd"
+	"github.com/idemproxy/idemproxy/internal/app/buildinfo"
+	"github.com/idemproxy/idemproxy/internal/app/keyscmd"
+	"github.com/idemproxy/idemproxy/internal/app/logsink"
 	"github.com/idemproxy/idemproxy/internal/lograte"
-	"github.com/idemproxy/idemproxy/internal/logsink"
 	"github.com/idemproxy/idemproxy/internal/tracing"
 	"github.com/idemproxy/idemproxy/proxy"
 )

@@ -20,7 +20,7 @@ import (
 	"time"
 
 	"github.com/idemproxy/idemproxy/config"
-	"github.com/idemproxy/idemproxy/internal/audit"
+	"github.com/idemproxy/idemproxy/internal/app/audit"
 )
 
 // The keys subcommands call the admin API of a running idemproxy: list,

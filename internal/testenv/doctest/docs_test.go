@@ -10,7 +10,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/idemproxy/idemproxy/internal/doctest"
+	"github.com/idemproxy/idemproxy/internal/testenv/doctest"
 )
 
 // read returns the file (a path from the repository's root) as a string.

@@ -13,10 +13,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/internal/pgtest"
-	"github.com/idemproxy/idemproxy/internal/powerloss"
-	"github.com/idemproxy/idemproxy/internal/redistest"
-	"github.com/idemproxy/idemproxy/internal/testrun"
+	"github.com/idemproxy/idemproxy/internal/testenv/pgtest"
+	"github.com/idemproxy/idemproxy/internal/testenv/powerloss"
+	"github.com/idemproxy/idemproxy/internal/testenv/redistest"
+	"github.com/idemproxy/idemproxy/internal/testenv/testrun"
 )
 
 func TestMain(m *testing.M) { testrun.Main(m) }

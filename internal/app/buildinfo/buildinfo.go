@@ -9,7 +9,7 @@ import (
 	"runtime/debug"
 )
 
-// version is set at build time with -ldflags "-X github.com/idemproxy/idemproxy/internal/buildinfo.version=...". Left
+// version is set at build time with -ldflags "-X github.com/idemproxy/idemproxy/internal/app/buildinfo.version=...". Left
 // at "dev", it is taken from the build information: the module's version
 // when installed with go install, or the version go build derives from
 // the git checkout.

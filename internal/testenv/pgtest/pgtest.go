@@ -45,8 +45,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemproxy/idemproxy/internal/freeport"
-	"github.com/idemproxy/idemproxy/internal/testrun"
+	"github.com/idemproxy/idemproxy/internal/testenv/freeport"
+	"github.com/idemproxy/idemproxy/internal/testenv/testrun"
 )
 
 const (

@@ -3,7 +3,7 @@ package redistest_test
 import (
 	"testing"
 
-	"github.com/idemproxy/idemproxy/internal/testrun"
+	"github.com/idemproxy/idemproxy/internal/testenv/testrun"
 )
 
 // TestMain runs the tests under testrun's supervisor: they start redis-
