@@ -151,7 +151,8 @@ func startClusterNode(ps *procSet, dir string) (string, int, error) {
 // process pid: a PONG alone could come from another server on the port.
 // logPath is the server's log, named when it exits.
 func waitRedis(addr string, pid int, logPath string) error {
-	deadline := time.Now().Add(20 * time.Second)
+	const within = 90 * time.Second // generous: see waitListening
+	deadline := time.Now().Add(within)
 	for {
 		info, err := redisDo(addr, "INFO", "server")
 		if err == nil {
@@ -164,7 +165,7 @@ func waitRedis(addr string, pid int, logPath string) error {
 			return fmt.Errorf("redis-server on %s exited (its log: %s)", addr, logPath)
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("redis-server on %s not answering within 20s: %w", addr, err)
+			return fmt.Errorf("redis-server on %s not answering within %s: %w", addr, within, err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
