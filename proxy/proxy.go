@@ -95,6 +95,11 @@ type Proxy struct {
 	// waiters are the duplicates waiting on keys (concurrent: wait), one
 	// poll per key (waiters.go).
 	waiters waiters
+	// unforwarded maps a store key to the owner token of this replica's
+	// reservation of it that was never forwarded and whose release is
+	// still being retried (releaseLater): a retry of the key here takes it
+	// back at once instead of reading it in flight or in doubt.
+	unforwarded sync.Map
 }
 
 // tracker counts the requests that may still write to the store, and

@@ -152,3 +152,45 @@ func freedThenCharged(e *proxytest.Env, order string, wait time.Duration) {
 		t.Errorf("%s charged %d times, want 1", order, n)
 	}
 }
+
+// TestRetryOnTheSameReplicaTakesBackItsUnforwardedReservation is what the
+// chaos run found with seed 4001 (PostgreSQL stopped past the lease): a
+// request answered 503 with its reservation's reply lost, never
+// forwarded, was retried on the same replica once the store answered
+// reads again but before the settler's next release: the retry read the
+// reservation in doubt and was answered 409, "may have reached the
+// upstream", for an order never sent. The replica knows the reservation
+// is its own and unforwarded: the retry releases it in its own time, is
+// answered 503 while the store refuses the release, and is charged once
+// as soon as it takes it.
+func TestRetryOnTheSameReplicaTakesBackItsUnforwardedReservation(t *testing.T) {
+	st := &lostReplyStore{lostReserves: 1, failedReleases: 1 << 30}
+	e := lostReplyEnv(t, `    lease: 1s
+    upstream_timeout: 500ms
+    ttl: 1h
+`, st)
+	if a := e.Charge(`"ORD-OWN"`, 5); a.Status != 503 {
+		t.Fatalf("charge with the reservation's reply lost = %v, want 503 store-unavailable", a)
+	}
+	for _, when := range []string{"in its lease", "past its lease"} {
+		if when == "past its lease" {
+			deadline := time.Now().Add(30 * time.Second)
+			for e.State("charges", "", "ORD-OWN") != store.StateInDoubt {
+				if time.Now().After(deadline) {
+					t.Fatalf("the key is %q, want it to read in doubt once its lease ended", e.State("charges", "", "ORD-OWN"))
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+		if a := e.Charge(`"ORD-OWN"`, 5); a.Status != 503 {
+			t.Errorf("retry %s while the release still fails = %v, want 503: the first request was never forwarded", when, a)
+		}
+	}
+	st.heal()
+	if a := e.Charge(`"ORD-OWN"`, 5); a.Status != 201 {
+		t.Fatalf("retry once the store takes the release = %v, want 201: the first request was never forwarded", a)
+	}
+	if n := e.Charges("ORD-OWN"); n != 1 {
+		t.Errorf("ORD-OWN charged %d times, want 1", n)
+	}
+}

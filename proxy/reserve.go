@@ -88,6 +88,11 @@ func (a *attempt) reserveAndForward(w http.ResponseWriter, body []byte, id ident
 			a.p.forward(w, a, body)
 			return
 		}
+		if again, answered := a.takeBackUnforwarded(w, body, rec); again {
+			continue
+		} else if answered {
+			return
+		}
 		if a.mismatched(w, body, rec, id.fp, id.target) || a.observeExisting(w, body, rec) {
 			return
 		}
@@ -296,18 +301,49 @@ func (a *attempt) storeFailed(w http.ResponseWriter, body []byte, op string, err
 // store down for long from piling them up. Once the proxy is shutting
 // down (its settler takes no more jobs), it releases at once: the store
 // closes soon.
+//
+// While it is retried, the key and token are in p.unforwarded, so that a
+// retry of the key on this replica releases it in its own time
+// (takeBackUnforwarded) rather than reading this reservation in flight, or
+// in doubt once its lease has passed: a 409 that says the request may have
+// reached the upstream, for one that never did.
 func (p *Proxy) releaseLater(key, token string, until time.Time) {
-	j := settle.Job{Key: key, Operation: "release", Until: until, StopAtClose: true, Attempt: func(ctx context.Context) error {
+	p.unforwarded.Store(key, token)
+	forget := func(error) { p.unforwarded.CompareAndDelete(key, token) }
+	j := settle.Job{Key: key, Operation: "release", Until: until, StopAtClose: true, Done: forget, Attempt: func(ctx context.Context) error {
 		return p.store.Release(ctx, key, token)
 	}}
 	first := settle.Job{Key: key, Operation: "release", Attempt: func(ctx context.Context) error {
 		err := j.Attempt(ctx)
-		if err != nil && !errors.Is(err, store.ErrNotOwner) {
-			p.settling.Settle(j, err)
+		if err == nil || errors.Is(err, store.ErrNotOwner) || !p.settling.Settle(j, err) {
+			forget(err)
 		}
 		return err
 	}}
 	if !p.settling.Go(first) {
 		p.settling.Once(j)
 	}
+}
+
+// takeBackUnforwarded handles rec, the key's record, when it is this
+// replica's own reservation of a request that was never forwarded, its
+// release still being retried (releaseLater): it releases it now and
+// reports whether to ask for the key again. When the release fails it
+// answers 503, as the reservation's own request was (the store is not
+// writable yet), and reports false with answered true. Any other record
+// is left to the caller (false, false).
+func (a *attempt) takeBackUnforwarded(w http.ResponseWriter, body []byte, rec *store.Record) (again, answered bool) {
+	token, ok := a.p.unforwarded.Load(a.storeKey)
+	if !ok || rec.Token == "" || rec.Token != token {
+		return false, false
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(a.in.Context()), storeTimeout)
+	defer cancel()
+	err := a.p.store.Release(ctx, a.storeKey, rec.Token)
+	if err != nil && !errors.Is(err, store.ErrNotOwner) {
+		a.storeFailed(w, body, "release", err)
+		return false, true
+	}
+	a.p.unforwarded.CompareAndDelete(a.storeKey, rec.Token)
+	return true, false
 }
