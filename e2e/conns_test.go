@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -83,11 +84,23 @@ func TestIdleConnectionsDoNotLockOutNewClients(t *testing.T) {
 			}()
 
 			conns := make([]*h2attack.RawConn, tt.idle)
-			admitted := func() float64 { // idle now, or idle once and shed since
-				return scrapeValue(t, p, "idemproxy_connections_idle") + scrapeValue(t, p, "idemproxy_connections_shed_total")
+			admitted := func() float64 { // idle now, or idle once and shed since: one scrape
+				scrape := do("GET", p.adminURL("/metrics"), "").body
+				var sum float64
+				for _, series := range []string{"idemproxy_connections_idle", "idemproxy_connections_shed_total"} {
+					v, _ := metricValue(scrape, series)
+					f, err := strconv.ParseFloat(v, 64)
+					if err != nil {
+						t.Fatalf("%s = %q: %v", series, v, err)
+					}
+					sum += f
+				}
+				return sum
 			}
+			// The count only grows: each client's wait starts from where
+			// the last one's ended, one scrape per check (1,100 clients).
+			before := admitted()
 			for i := range conns {
-				before := admitted()
 				conns[i] = h2attack.DialRaw(t, p.addr)
 				if st, body, err := conns[i].Get("/charges"); err != nil || st != 200 {
 					t.Fatalf("idle client %d of %d (limit %d): %d %q %v", i+1, tt.idle, limit, st, body, err)
@@ -95,7 +108,14 @@ func TestIdleConnectionsDoNotLockOutNewClients(t *testing.T) {
 				// The server marks a connection idle after its answer is
 				// on the wire: wait for it, so that the connections turn
 				// idle, and are shed, in the order they were opened.
-				eventually(t, fmt.Sprintf("idle client %d turns idle", i+1), func() bool { return admitted() > before })
+				eventually(t, fmt.Sprintf("idle client %d turns idle", i+1), func() bool {
+					n := admitted()
+					if n > before {
+						before = n
+						return true
+					}
+					return false
+				})
 			}
 			// A new client is served while they all stay idle.
 			if r := charge(p, "ORD-CONN-1"); r.status != 201 {
