@@ -276,6 +276,7 @@ func h2cClient() *http.Client {
 // the same protection as an HTTP/1.1 one: one charge, a replay, 409 while
 // in flight, 422 for another body under the key; passthrough works.
 func TestH2CPriorKnowledge(t *testing.T) {
+	t.Parallel()
 	up := startStub(t)
 	dir := t.TempDir()
 	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), "", chargesRoute))
@@ -342,6 +343,7 @@ func TestH2CPriorKnowledge(t *testing.T) {
 // that accepted it would make the connection a tunnel past the proxy) as
 // on a route. A WebSocket upgrade on a passthrough path still is.
 func TestH2CUpgradeIsNotPassedOn(t *testing.T) {
+	t.Parallel()
 	up := startHoldingUpstream(t)
 	dir := t.TempDir()
 	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), "", chargesRoute))

@@ -53,6 +53,7 @@ func procMemory(t *testing.T, pid int) (rss, hwm int64) {
 // answers-not-stored counters, 201 series; nothing is counted under
 // route="(other)".
 func TestTenRoutesKeepEverySeries(t *testing.T) {
+	t.Parallel()
 	up := startStub(t)
 	dir := t.TempDir()
 	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), "", manyRoutes(10)))
