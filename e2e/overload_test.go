@@ -63,7 +63,11 @@ func TestRapidResetFromManyAddresses(t *testing.T) {
 	wg := a.Run(ctx, len(from))
 	defer wg.Wait()
 	defer cancel()
-	time.Sleep(2 * time.Second) // the attack under way
+	// The attack under way: every connection open, and the proxy
+	// counting their resets by the thousand.
+	eventually(t, "the attack under way", func() bool {
+		return a.Conns.Load() >= int64(len(from)) && scrapeValue(t, p, "idemproxy_client_stream_resets_total") >= 1000
+	})
 	cpu0 := procCPU(p.cmd.Process.Pid)
 	t0 := time.Now()
 	var during []answer
