@@ -63,11 +63,7 @@ func TestRapidResetFromManyAddresses(t *testing.T) {
 	wg := a.Run(ctx, len(from))
 	defer wg.Wait()
 	defer cancel()
-	// The attack under way: every connection open, and the proxy
-	// counting their resets by the thousand.
-	eventually(t, "the attack under way", func() bool {
-		return a.Conns.Load() >= int64(len(from)) && scrapeValue(t, p, "idemproxy_client_stream_resets_total") >= 1000
-	})
+	attackUnderWay(t, p, a, len(from))
 	cpu0 := procCPU(p.cmd.Process.Pid)
 	t0 := time.Now()
 	var during []answer
