@@ -171,7 +171,9 @@ func TestAdminFloodDoesNotStarveCharges(t *testing.T) {
 				t.Logf("slowest probe answer during the flood: %v; proxy sockets: %d", slowest, socketsOf(pid))
 			}()
 			for i := range 5 {
-				time.Sleep(time.Second) // the trickles and the churn go on meanwhile
+				// The trickles (a byte every 2 s) and the churn go on
+				// meanwhile: the last probes come after a trickle.
+				time.Sleep(500 * time.Millisecond)
 				if r := charge(p, "ORD-FLOOD-"+strconv.Itoa(i+1)); r.status != 201 {
 					t.Errorf("charge %d during the flood = %d %s %v, want 201", i+1, r.status, r.body, r.err)
 				}

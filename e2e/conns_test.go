@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -83,19 +84,49 @@ func TestIdleConnectionsDoNotLockOutNewClients(t *testing.T) {
 			}()
 
 			conns := make([]*h2attack.RawConn, tt.idle)
-			admitted := func() float64 { // idle now, or idle once and shed since
-				return scrapeValue(t, p, "idemproxy_connections_idle") + scrapeValue(t, p, "idemproxy_connections_shed_total")
+			admitted := func() float64 { // idle now, or idle once and shed since: one scrape
+				scrape := do("GET", p.adminURL("/metrics"), "").body
+				var sum float64
+				for _, series := range []string{"idemproxy_connections_idle", "idemproxy_connections_shed_total"} {
+					v, _ := metricValue(scrape, series)
+					f, err := strconv.ParseFloat(v, 64)
+					if err != nil {
+						t.Fatalf("%s = %q: %v", series, v, err)
+					}
+					sum += f
+				}
+				return sum
 			}
+			wantShed := tt.idle + 2 - limit // the idle ones, the warm-up's and the charge's, over the limit
+			// The count only grows, by one for each client (one shed to
+			// admit it takes nothing off): each wait starts from where
+			// the last one ended, one scrape per check.
+			before, pending := admitted(), 0
 			for i := range conns {
-				before := admitted()
 				conns[i] = h2attack.DialRaw(t, p.addr)
 				if st, body, err := conns[i].Get("/charges"); err != nil || st != 200 {
 					t.Fatalf("idle client %d of %d (limit %d): %d %q %v", i+1, tt.idle, limit, st, body, err)
 				}
+				pending++
 				// The server marks a connection idle after its answer is
-				// on the wire: wait for it, so that the connections turn
-				// idle, and are shed, in the order they were opened.
-				eventually(t, fmt.Sprintf("idle client %d turns idle", i+1), func() bool { return admitted() > before })
+				// on the wire, and sheds the one idle longest: wait for
+				// each, so that the connections turn idle, and are shed,
+				// in the order they were opened. The clients between the
+				// ones that will be shed (and a margin) and the last few
+				// below the limit are shed by no one: they only have to
+				// be idle before the limit is reached, and are waited
+				// for together.
+				if i >= wantShed+5 && i < limit-3 {
+					continue
+				}
+				eventually(t, fmt.Sprintf("idle client %d turns idle", i+1), func() bool {
+					n := admitted()
+					if n >= before+float64(pending) {
+						before, pending = n, 0
+						return true
+					}
+					return false
+				})
 			}
 			// A new client is served while they all stay idle.
 			if r := charge(p, "ORD-CONN-1"); r.status != 201 {
@@ -104,7 +135,6 @@ func TestIdleConnectionsDoNotLockOutNewClients(t *testing.T) {
 			close(stop)
 			<-sampled
 
-			wantShed := tt.idle + 2 - limit // the idle ones, the warm-up's and the charge's, over the limit
 			if got := scrapeValue(t, p, "idemproxy_connections_shed_total"); got != float64(wantShed) {
 				t.Errorf("idemproxy_connections_shed_total = %v, want %d", got, wantShed)
 			}
@@ -256,6 +286,7 @@ func h2cClient() *http.Client {
 // the same protection as an HTTP/1.1 one: one charge, a replay, 409 while
 // in flight, 422 for another body under the key; passthrough works.
 func TestH2CPriorKnowledge(t *testing.T) {
+	t.Parallel()
 	up := startStub(t)
 	dir := t.TempDir()
 	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), "", chargesRoute))
@@ -322,6 +353,7 @@ func TestH2CPriorKnowledge(t *testing.T) {
 // that accepted it would make the connection a tunnel past the proxy) as
 // on a route. A WebSocket upgrade on a passthrough path still is.
 func TestH2CUpgradeIsNotPassedOn(t *testing.T) {
+	t.Parallel()
 	up := startHoldingUpstream(t)
 	dir := t.TempDir()
 	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), "", chargesRoute))

@@ -16,7 +16,17 @@ import (
 	"time"
 )
 
-var diskRepeats = flag.Int("disk.repeats", 20, "times TestDiskFillsInOneBurst fills and frees the disk, per file system")
+var diskRepeats = flag.Int("disk.repeats", defaultDiskRepeats(),
+	"times TestDiskFillsInOneBurst fills and frees the disk, per file system (4, or 20 with -tags long)")
+
+// defaultDiskRepeats is 4 rounds on each file system in a plain go test,
+// 20 in the long run (-tags long).
+func defaultDiskRepeats() int {
+	if long {
+		return 20
+	}
+	return 4
+}
 
 // TestDiskFillsInOneBurst: the data directory's file system fills in one
 // burst while charges are served, again and again, on a tmpfs and on ext4
@@ -33,8 +43,10 @@ var diskRepeats = flag.Int("disk.repeats", 20, "times TestDiskFillsInOneBurst fi
 //
 // The bursts are many and fast on purpose: some fill the disk while a
 // memtable page is being written (the SIGBUS), others while a memtable
-// log, a table or a compaction is being created. A run takes about a
-// minute; -disk.repeats changes the count.
+// log, a table or a compaction is being created. The long run (-tags
+// long) fills each file system 20 times, about a minute and a half; a
+// plain go test 4 times, in a fifth of that; -disk.repeats changes the
+// count.
 //
 // min_free_bytes is 1 byte: the floor is checked at most once a second,
 // and the default floor (64 MiB, more than these file systems have free

@@ -241,6 +241,7 @@ func TestClientStreamCap(t *testing.T) {
 // TestClientStreamCapReload: a reload applies server.max_requests_per_client
 // to the requests that start from then on.
 func TestClientStreamCapReload(t *testing.T) {
+	t.Parallel()
 	up := startHoldingUpstream(t)
 	dir := t.TempDir()
 	path, data := filepath.Join(dir, "c.yaml"), filepath.Join(dir, "data")

@@ -19,6 +19,7 @@ import (
 // kills a Go program with SIGPIPE unless it handles the signal, which
 // would cut every request in flight and leave their keys in doubt.
 func TestLogReaderGoneDoesNotKill(t *testing.T) {
+	t.Parallel()
 	up := startStub(t)
 	dir := t.TempDir()
 	cfg := writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), "", chargesRoute)

@@ -63,7 +63,7 @@ func TestRapidResetFromManyAddresses(t *testing.T) {
 	wg := a.Run(ctx, len(from))
 	defer wg.Wait()
 	defer cancel()
-	time.Sleep(2 * time.Second) // the attack under way
+	attackUnderWay(t, p, a, len(from))
 	cpu0 := procCPU(p.cmd.Process.Pid)
 	t0 := time.Now()
 	var during []answer

@@ -590,9 +590,11 @@ func TestWitnessNoFalseAlarm(t *testing.T) {
 // remember their answers for different windows (store.witness_window is
 // changed by a rolling restart, or differs between two fleets). A key that
 // the replica with the long window answered, released by an operator
-// through the replica with the short one and charged again after that
-// replica's window (and its mark's margin) is forwarded: the release mark
-// outlives every replica's window, so that the store is not marked lost.
+// through the replica with the short one and charged again is forwarded:
+// the release mark outlives every replica's window, so that the store is
+// not marked lost. The mark's lifetime is read from Redis (its TTL longer
+// than the long window) rather than waited for: a mark kept for the short
+// window and its margin (1 min) would be gone within the long one.
 func TestWitnessReleaseMarkOutlivesEveryWindow(t *testing.T) {
 	t.Parallel()
 	rd := redistest.Start(t)
@@ -609,11 +611,24 @@ func TestWitnessReleaseMarkOutlivesEveryWindow(t *testing.T) {
 	if r.status != 200 {
 		t.Fatalf("release of ORD-MW-1 on b = %d %s, want 200", r.status, r.body)
 	}
-	// b's window (1 s) and the mark's margin (1 min) over; a's (10 min)
-	// is not.
-	time.Sleep(time.Minute + 3*time.Second)
+	// The mark lasts past a's window (10 min), not b's window (1 s) and
+	// the mark's margin (1 min).
+	marks, err := rd.Do("KEYS", "*released/*")
+	if err != nil || marks == "" {
+		t.Fatalf("release marks in Redis: %q %v, want the mark of ORD-MW-1", marks, err)
+	}
+	for _, k := range strings.Split(marks, "\n") {
+		ms, err := rd.Do("PTTL", k)
+		if ttl, perr := strconv.ParseInt(ms, 10, 64); err != nil || perr != nil || time.Duration(ttl)*time.Millisecond <= 10*time.Minute {
+			t.Errorf("release mark %s: PTTL %q %v, want longer than the longest window (10m)", k, ms, err)
+		}
+	}
+	time.Sleep(time.Second + 100*time.Millisecond) // b's window over
 	if r := charge(a, "ORD-MW-1"); r.status != 201 || r.header.Get("Idempotent-Replayed") != "" {
 		t.Errorf("ORD-MW-1 after its release = %d %s, want a forwarded 201", r.status, r.body)
+	}
+	if got := metricSum(t, a, "idemproxy_witness_hits_total", `verdict="released"`); got != 1 {
+		t.Errorf("idemproxy_witness_hits_total{verdict=released} on a = %v, want 1 (the mark read)", got)
 	}
 	if got := metricSum(t, a, "idemproxy_store_keys_lost"); got != 0 {
 		t.Errorf("idemproxy_store_keys_lost = %v, want 0", got)

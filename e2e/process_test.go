@@ -11,7 +11,15 @@
 // test that asserts on latency, load, timeouts under load, CPU, memory,
 // socket counts or limits, or that changes the test process (its rlimits,
 // environment or working directory), stays serial: Go runs the serial
-// tests first, one at a time, and the parallel ones only after them.
+// tests first, one at a time, and the parallel ones only after them, so
+// each serial test waits for events (a counter, a log line), not for a
+// fixed time, and keeps its load short.
+//
+// The soaks run only in the long run, built with -tags long (.ci/run runs
+// it): TestTenThousandRoutesScrapeStaysSmall (routes_scale_long_test.go),
+// and TestDiskFillsInOneBurst's full count of fills (20 on each file
+// system; 4 without the tag). Everything they assert is asserted the same
+// way there; a plain go test leaves out only their length.
 package e2e
 
 import (

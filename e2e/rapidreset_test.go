@@ -33,6 +33,16 @@ func probe(t *testing.T, p *proc, name string, c *http.Client, n int, wantProto 
 	return lat
 }
 
+// attackUnderWay waits until a's n connections are open and the proxy
+// counts their resets by the thousand: the probes then meet the attack,
+// whatever the machine's pace.
+func attackUnderWay(t *testing.T, p *proc, a *h2attack.Attacker, n int) {
+	t.Helper()
+	eventually(t, "the attack under way", func() bool {
+		return a.Conns.Load() >= int64(n) && scrapeValue(t, p, "idemproxy_client_stream_resets_total") >= 1000
+	})
+}
+
 func summary(lat []time.Duration) string {
 	s := append([]time.Duration(nil), lat...)
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
@@ -84,7 +94,7 @@ func TestRapidResetDoesNotLockOutOtherClients(t *testing.T) {
 			wg := a.Run(ctx, 24)
 			defer wg.Wait()
 			defer cancel()
-			time.Sleep(2 * time.Second) // the attack under way
+			attackUnderWay(t, p, a, 24)
 			cpu0 := procCPU(p.cmd.Process.Pid)
 			t0 := time.Now()
 			l1 := probe(t, p, "h1", h1, 5, 1)
