@@ -34,41 +34,41 @@ const (
 // Answers to duplicates, concurrent duplicates, missing keys and store
 // errors.
 const (
-	DuplicateReplay   = "replay"
+	duplicateReplay   = "replay"
 	DuplicateReject   = "reject"
-	ConcurrentReject  = "reject"
+	concurrentReject  = "reject"
 	ConcurrentWait    = "wait"
-	MissingKeyReject  = "reject"
+	missingKeyReject  = "reject"
 	MissingKeyForward = "forward"
-	StoreErrorReject  = "reject"
+	storeErrorReject  = "reject"
 	StoreErrorForward = "forward"
 )
 
 // Preallocation of the Badger store's files (store.badger.preallocate):
-// PreallocateAuto uses the seccomp supervisor when the kernel allows it and
+// preallocateAuto uses the seccomp supervisor when the kernel allows it and
 // runs without otherwise; PreallocateOff never installs it;
 // PreallocateRequired refuses to start without it.
 const (
-	PreallocateAuto     = "auto"
+	preallocateAuto     = "auto"
 	PreallocateOff      = "off"
 	PreallocateRequired = "required"
 )
 
 // Record layouts of the Redis store (store.redis.record_layout):
-// RecordLayoutPacked writes each record as one packed string (one write
-// per change), which releases before it cannot read; RecordLayoutHash
+// recordLayoutPacked writes each record as one packed string (one write
+// per change), which releases before it cannot read; recordLayoutHash
 // writes the hashes those releases wrote, for a rolling upgrade from them
 // or before a rollback to them. Both read either layout.
 const (
-	RecordLayoutPacked = "packed"
-	RecordLayoutHash   = "hash"
+	recordLayoutPacked = "packed"
+	recordLayoutHash   = "hash"
 )
 
 // Route modes: enforce answers duplicates from the store; observe does the
 // bookkeeping but forwards every request, counting what enforce would have
 // done.
 const (
-	ModeEnforce = "enforce"
+	modeEnforce = "enforce"
 	ModeObserve = "observe"
 )
 
@@ -80,20 +80,20 @@ type Config struct {
 	Upstream string `yaml:"upstream"`
 	// UpstreamTLS configures TLS to an https upstream; its zero value
 	// verifies the upstream against the system's roots.
-	UpstreamTLS UpstreamTLS `yaml:"upstream_tls"`
+	UpstreamTLS upstreamTLS `yaml:"upstream_tls"`
 	// Admin configures the admin listener; an empty Admin.Listen means none.
-	Admin Admin `yaml:"admin"`
+	Admin admin `yaml:"admin"`
 	// Store selects the key store; empty means Badger in ./data.
 	Store Store `yaml:"store"`
 	// Server holds the client-facing server's timeouts.
 	Server Server `yaml:"server"`
 	// Metrics configures the series of /metrics.
-	Metrics Metrics `yaml:"metrics"`
+	Metrics metrics `yaml:"metrics"`
 	// Tracing turns OpenTelemetry traces on; its zero value is off.
-	Tracing Tracing `yaml:"tracing"`
+	Tracing tracing `yaml:"tracing"`
 	// File is about the configuration file itself: whether a change of
 	// its content is applied without being asked.
-	File File `yaml:"config"`
+	File file `yaml:"config"`
 	// Routes are the protected routes. Requests that match none are proxied
 	// untouched.
 	Routes []Route `yaml:"routes"`
@@ -104,8 +104,8 @@ type Config struct {
 	MemoryLimit int64 `yaml:"memory_limit"`
 }
 
-// File is the configuration file's own section, "config".
-type File struct {
+// file is the configuration file's own section, "config".
+type file struct {
 	// Watch applies a change of the file's content as a reload does,
 	// checked every WatchInterval: a file rewritten in place, renamed over,
 	// or a Kubernetes ConfigMap's symlink swap. A file that fails to load
@@ -116,11 +116,11 @@ type File struct {
 // WatchInterval is how often config.watch reads the file for a change.
 const WatchInterval = time.Second
 
-// UpstreamTLS configures TLS to an https upstream. Its files are checked
+// upstreamTLS configures TLS to an https upstream. Its files are checked
 // whenever the configuration is loaded (at start, by -check, by a reload)
 // but used as read at start: a reload refuses a change to this section,
 // and a file rewritten in place takes effect at the next restart.
-type UpstreamTLS struct {
+type upstreamTLS struct {
 	// CAFile is a PEM bundle of the CAs that sign the upstream's
 	// certificate; set, they replace the system's roots (a private CA is
 	// then the only one trusted). Empty means the system's roots.
@@ -138,8 +138,8 @@ type UpstreamTLS struct {
 	MinVersion string `yaml:"min_version"`
 }
 
-// Admin configures the admin listener (metrics, health, key inspection).
-type Admin struct {
+// admin configures the admin listener (metrics, health, key inspection).
+type admin struct {
 	// Listen is the admin address; empty means no admin listener.
 	Listen string `yaml:"listen"`
 	// TokenEnv names the environment variable that holds the bearer token
@@ -159,18 +159,18 @@ type Admin struct {
 	MaxConnections int `yaml:"max_connections"`
 }
 
-// Tracing configures OpenTelemetry traces (docs/observability.md). Where
+// tracing configures OpenTelemetry traces (docs/observability.md). Where
 // spans go and which are kept is configured the standard way, by the
 // OTEL_* environment variables (OTEL_EXPORTER_OTLP_ENDPOINT,
 // OTEL_EXPORTER_OTLP_PROTOCOL, OTEL_TRACES_SAMPLER, OTEL_SERVICE_NAME,
 // OTEL_SDK_DISABLED, ...); a reload may turn tracing on or off.
-type Tracing struct {
+type tracing struct {
 	// Enabled turns tracing on. Default false.
 	Enabled bool `yaml:"enabled"`
 }
 
-// Metrics configures the series /metrics exports.
-type Metrics struct {
+// metrics configures the series /metrics exports.
+type metrics struct {
 	// RouteHistograms is how many routes, the first in the order of
 	// routes, have latency histograms of their own
 	// (idemproxy_request_duration_seconds and
@@ -222,8 +222,8 @@ const MaxWitnessWindow = time.Hour
 
 // The bounds of store.witness_max_keys: 16 KiB to 1 GiB of memory.
 const (
-	MinWitnessMaxKeys = 1 << 10
-	MaxWitnessMaxKeys = 1 << 26
+	minWitnessMaxKeys = 1 << 10
+	maxWitnessMaxKeys = 1 << 26
 )
 
 // Badger configures the embedded store.
@@ -305,13 +305,13 @@ type Redis struct {
 	RecordLayout string `yaml:"record_layout"`
 }
 
-// RedisWaitAuto is store.redis.wait_replicas' auto.
-const RedisWaitAuto = "auto"
+// redisWaitAuto is store.redis.wait_replicas' auto.
+const redisWaitAuto = "auto"
 
 // ReplicaWait returns store.redis.wait_replicas (validated): auto, or the
 // number of replicas every write waits for.
 func (r *Redis) ReplicaWait() (n int, auto bool) {
-	if r.WaitReplicas == RedisWaitAuto {
+	if r.WaitReplicas == redisWaitAuto {
 		return 0, true
 	}
 	n, _ = strconv.Atoi(r.WaitReplicas)
@@ -408,7 +408,7 @@ type Route struct {
 	// "PUT /orders/{id}").
 	Match string `yaml:"match"`
 	// Key says where the idempotency key comes from. Required.
-	Key Key `yaml:"key"`
+	Key key `yaml:"key"`
 	// Policy is reserve-then-commit (default) or release-on-5xx.
 	Policy string `yaml:"policy"`
 	// ReleaseStatuses, when set, replaces the policy's release set.
@@ -437,12 +437,12 @@ type Route struct {
 	// get 409. Default 1 MiB.
 	MaxStoredBodyBytes int64 `yaml:"max_stored_body_bytes"`
 	// ReplayHeaders is the allow-list of response headers stored and
-	// replayed. Default DefaultReplayHeaders.
+	// replayed. Default defaultReplayHeaders.
 	ReplayHeaders []string `yaml:"replay_headers"`
 	// Fingerprint configures the request fingerprint.
-	Fingerprint Fingerprint `yaml:"fingerprint"`
+	Fingerprint fingerprint `yaml:"fingerprint"`
 	// Scope gives each client its own key space.
-	Scope Scope `yaml:"scope"`
+	Scope scope `yaml:"scope"`
 	// Mode is enforce (default) or observe: keys are reserved and
 	// committed, but every request is forwarded and what enforce would
 	// have answered is only counted.
@@ -460,21 +460,21 @@ type Reconcile struct {
 	Lookup string `yaml:"lookup"`
 	// Grace is how long after a key turned in doubt the first lookup is
 	// sent: the upstream must have finished (or dropped) the original
-	// request by then. Default the larger of DefaultReconcileGrace and
+	// request by then. Default the larger of defaultReconcileGrace and
 	// twice the lease; it must exceed the lease (and so upstream_timeout).
 	Grace Duration `yaml:"grace"`
 	// Interval is the time between lookups of a key that stays in doubt.
-	// Default DefaultReconcileInterval.
+	// Default defaultReconcileInterval.
 	Interval Duration `yaml:"interval"`
 	// AppliedStatus is the status a key the lookup found applied replays:
 	// the answer the route's request gives when it succeeds, not the
-	// lookup's (a GET's 200). Default DefaultReconcileAppliedStatus (201,
+	// lookup's (a GET's 200). Default defaultReconcileAppliedStatus (201,
 	// what a client of a POST that creates expects); 200 to 299.
 	AppliedStatus int `yaml:"applied_status"`
 }
 
-// LookupMethod and LookupPath split Lookup ("GET /orders/{key}/charge").
-func (r *Reconcile) LookupMethod() string {
+// lookupMethod and LookupPath split Lookup ("GET /orders/{key}/charge").
+func (r *Reconcile) lookupMethod() string {
 	m, _, _ := strings.Cut(r.Lookup, " ")
 	return m
 }
@@ -489,13 +489,13 @@ func (r *Reconcile) LookupPath() string {
 // idempotency key goes.
 const LookupKeyPlaceholder = "{key}"
 
-// Key is exactly one key source, or Parts for a composite key.
-type Key struct {
+// key is exactly one key source, or Parts for a composite key.
+type key struct {
 	JSON   string `yaml:"json"`
 	Header string `yaml:"header"`
 	Query  string `yaml:"query"`
 	Path   string `yaml:"path"`
-	Parts  []Key  `yaml:"parts"`
+	Parts  []key  `yaml:"parts"`
 	// Normalize is "none" (the default: keys are compared byte for byte)
 	// or "nfc": the key, every part of a composite one, is put in Unicode
 	// Normalization Form C before it is checked and stored, so that two
@@ -511,8 +511,8 @@ const (
 	NormalizeNFC  = "nfc"
 )
 
-// Fingerprint configures how requests under one key are compared.
-type Fingerprint struct {
+// fingerprint configures how requests under one key are compared.
+type fingerprint struct {
 	// Ignore lists JSON paths left out of the fingerprint (a send timestamp).
 	Ignore []string `yaml:"ignore"`
 	// Disabled turns the comparison off: a different request under a known
@@ -520,15 +520,15 @@ type Fingerprint struct {
 	Disabled bool `yaml:"disabled"`
 }
 
-// Scope configures per-client key spaces.
-type Scope struct {
+// scope configures per-client key spaces.
+type scope struct {
 	// Header is hashed into the store key; a request without it is a 400.
 	Header string `yaml:"header"`
 }
 
-// DefaultReplayHeaders are the response headers stored and replayed when a
+// defaultReplayHeaders are the response headers stored and replayed when a
 // route does not list its own.
-var DefaultReplayHeaders = []string{
+var defaultReplayHeaders = []string{
 	"Content-Type", "Content-Encoding", "Content-Language", "Content-Location",
 	"Location", "ETag", "Last-Modified", "Link", "Cache-Control",
 }
@@ -553,7 +553,7 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 		return &yaml.TypeError{Errors: []string{
 			fmt.Sprintf("line %d: duration %q needs a unit, e.g. \"30s\" or \"24h\"", n.Line, n.Value)}}
 	}
-	v, err := ParseDuration(n.Value)
+	v, err := parseDuration(n.Value)
 	if err != nil {
 		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: %v", n.Line, err)}}
 	}
@@ -568,8 +568,8 @@ func (d Duration) LogValue() slog.Value { return slog.DurationValue(time.Duratio
 // MarshalYAML implements yaml.Marshaler.
 func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
 
-// ParseDuration is time.ParseDuration plus a whole number of days ("7d").
-func ParseDuration(s string) (time.Duration, error) {
+// parseDuration is time.ParseDuration plus a whole number of days ("7d").
+func parseDuration(s string) (time.Duration, error) {
 	if days, ok := strings.CutSuffix(s, "d"); ok {
 		n, err := strconv.ParseUint(days, 10, 16)
 		if err != nil {
@@ -596,7 +596,7 @@ func Load(path string) (*Config, error) {
 // Parse decodes, defaults and validates a configuration. A file that is
 // not YAML is a plain error; every other problem (an unknown or repeated
 // field, a value of the wrong type, a validation failure) is reported in
-// one *ValidationError, each problem with its field path and, when the
+// one *validationError, each problem with its field path and, when the
 // file writes the field (or a section around it), its line.
 func Parse(b []byte) (*Config, error) { return parse(b, Overrides{}) }
 
@@ -635,7 +635,7 @@ func parse(b []byte, o Overrides) (*Config, error) {
 			return nil, fmt.Errorf("parse config: %w", err)
 		}
 	} else if !fileOK {
-		return nil, &ValidationError{Problems: dc.problems}
+		return nil, &validationError{Problems: dc.problems}
 	} else if err := root.Decode(&c); err != nil {
 		dc.problems = append(dc.problems, lineRE.ReplaceAllString(strings.TrimPrefix(err.Error(), "yaml: unmarshal errors:\n  "), ""))
 	}
@@ -645,7 +645,7 @@ func parse(b []byte, o Overrides) (*Config, error) {
 	for _, p := range empty {
 		problems = append(problems, withLine(root.Content[0], p))
 	}
-	var ve *ValidationError
+	var ve *validationError
 	if err := c.Validate(); errors.As(err, &ve) {
 		for _, p := range ve.Problems {
 			if named, ok := o.name(p); ok {
@@ -658,7 +658,7 @@ func parse(b []byte, o Overrides) (*Config, error) {
 		return nil, err
 	}
 	if len(problems) > 0 {
-		return nil, &ValidationError{Problems: problems}
+		return nil, &validationError{Problems: problems}
 	}
 	return &c, nil
 }

@@ -12,23 +12,23 @@ import (
 var tlsVersions = map[string]uint16{"1.2": tls.VersionTLS12, "1.3": tls.VersionTLS13}
 
 // IsZero reports whether u sets nothing.
-func (u UpstreamTLS) IsZero() bool { return u == UpstreamTLS{} }
+func (u upstreamTLS) IsZero() bool { return u == upstreamTLS{} }
 
 // ClientConfig reads u's files and returns the TLS configuration of the
 // connections to the upstream; nil when u sets nothing (Go's defaults and
 // the system's roots). Its error names the field at fault.
-func (u UpstreamTLS) ClientConfig() (*tls.Config, error) {
+func (u upstreamTLS) ClientConfig() (*tls.Config, error) {
 	var p problems
 	c := u.load(&p)
 	if len(p) > 0 {
-		return nil, &ValidationError{Problems: p}
+		return nil, &validationError{Problems: p}
 	}
 	return c, nil
 }
 
 // load builds the TLS configuration of u, adding a problem for each field
 // at fault.
-func (u UpstreamTLS) load(p *problems) *tls.Config {
+func (u upstreamTLS) load(p *problems) *tls.Config {
 	if u.IsZero() {
 		return nil
 	}
