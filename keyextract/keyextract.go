@@ -18,21 +18,21 @@ import (
 	"golang.org/x/text/unicode/norm"
 )
 
-// MaxKeyBytes is the longest key accepted, composite keys included.
-const MaxKeyBytes = 255
+// maxKeyBytes is the longest key accepted, composite keys included.
+const maxKeyBytes = 255
 
-// Kind is where a key part comes from.
-type Kind int
+// kind is where a key part comes from.
+type kind int
 
 // The key sources.
 const (
-	JSON   Kind = iota + 1 // a path in the JSON body: orderId, order.id, items.0.sku
+	JSON   kind = iota + 1 // a path in the JSON body: orderId, order.id, items.0.sku
 	Header                 // a request header
 	Query                  // a query parameter
 	Path                   // a wildcard of the route's ServeMux pattern
 )
 
-func (k Kind) String() string {
+func (k kind) String() string {
 	switch k {
 	case JSON:
 		return "json"
@@ -48,7 +48,7 @@ func (k Kind) String() string {
 
 // Source is one place a key part comes from.
 type Source struct {
-	Kind Kind
+	Kind kind
 	// Name is the JSON path, header name, query parameter or wildcard name.
 	Name string
 }
@@ -81,10 +81,10 @@ func (s Spec) NeedsJSON() bool {
 var (
 	// ErrMissing: the source has no value (absent, empty or JSON null).
 	ErrMissing = errors.New("missing")
-	// ErrInvalid: the value is not a usable key (too long, not printable,
+	// errInvalid: the value is not a usable key (too long, not printable,
 	// not a scalar, ambiguous, read differently by mainstream decoders, a
 	// malformed structured string in a header).
-	ErrInvalid = errors.New("invalid")
+	errInvalid = errors.New("invalid")
 	// ErrBadJSON: the body is not one valid JSON value.
 	ErrBadJSON = errors.New("body is not valid JSON")
 )
@@ -92,9 +92,9 @@ var (
 // Error is a key that could not be extracted.
 type Error struct {
 	Source Source
-	// Err is ErrMissing, ErrInvalid or ErrBadJSON.
+	// Err is ErrMissing, errInvalid or ErrBadJSON.
 	Err error
-	// Reason explains ErrInvalid and ErrBadJSON in a few words.
+	// Reason explains errInvalid and ErrBadJSON in a few words.
 	Reason string
 }
 
@@ -130,7 +130,7 @@ func (s Spec) LegacyExtract(r *http.Request, body []byte) (string, error) {
 func (s Spec) extract(r *http.Request, body []byte, legacy bool) (string, error) {
 	switch len(s.Parts) {
 	case 0:
-		return "", &Error{Err: ErrInvalid, Reason: "no key source configured"}
+		return "", &Error{Err: errInvalid, Reason: "no key source configured"}
 	case 1:
 		v, err := s.Parts[0].value(r, body, legacy)
 		if err != nil {
@@ -167,7 +167,7 @@ func (s Spec) extract(r *http.Request, body []byte, legacy bool) (string, error)
 // three times shorter: a Hangul syllable from its three jamo), is returned
 // as it is, for checkKey to refuse without normalizing it.
 func nfc(v string) string {
-	if len(v) > 3*MaxKeyBytes || !utf8.ValidString(v) {
+	if len(v) > 3*maxKeyBytes || !utf8.ValidString(v) {
 		return v
 	}
 	return norm.NFC.String(v)
@@ -180,7 +180,7 @@ func (src Source) value(r *http.Request, body []byte, legacy bool) (string, erro
 	case Header:
 		vs := r.Header.Values(src.Name)
 		if len(vs) > 1 {
-			return "", &Error{Source: src, Err: ErrInvalid, Reason: "the header is repeated"}
+			return "", &Error{Source: src, Err: errInvalid, Reason: "the header is repeated"}
 		}
 		if len(vs) == 0 || vs[0] == "" {
 			return "", &Error{Source: src, Err: ErrMissing}
@@ -190,7 +190,7 @@ func (src Source) value(r *http.Request, body []byte, legacy bool) (string, erro
 		}
 		key, reason := sfHeaderValue(vs[0])
 		if reason != "" {
-			return "", &Error{Source: src, Err: ErrInvalid, Reason: "not a valid RFC 8941 structured field string: " + reason}
+			return "", &Error{Source: src, Err: errInvalid, Reason: "not a valid RFC 8941 structured field string: " + reason}
 		}
 		if key == "" {
 			return "", &Error{Source: src, Err: ErrMissing}
@@ -201,10 +201,10 @@ func (src Source) value(r *http.Request, body []byte, legacy bool) (string, erro
 		if unparsedParam(r.URL.RawQuery, src.Name) {
 			// Left out by Go, read by others: not missing, and with
 			// on_missing_key: forward it would go unprotected.
-			return "", &Error{Source: src, Err: ErrInvalid, Reason: "the parameter is not valid query syntax (a bad % escape or a ';')"}
+			return "", &Error{Source: src, Err: errInvalid, Reason: "the parameter is not valid query syntax (a bad % escape or a ';')"}
 		}
 		if len(vs) > 1 {
-			return "", &Error{Source: src, Err: ErrInvalid, Reason: "the parameter is repeated"}
+			return "", &Error{Source: src, Err: errInvalid, Reason: "the parameter is repeated"}
 		}
 		if len(vs) == 0 || vs[0] == "" {
 			return "", &Error{Source: src, Err: ErrMissing}
@@ -228,12 +228,12 @@ func (src Source) value(r *http.Request, body []byte, legacy bool) (string, erro
 		}
 		res, ambiguous := lookupFold(gjson.ParseBytes(body), src.Name)
 		if ambiguous {
-			return "", &Error{Source: src, Err: ErrInvalid, Reason: "a name on the path appears in more than one letter case"}
+			return "", &Error{Source: src, Err: errInvalid, Reason: "a name on the path appears in more than one letter case"}
 		}
 		switch res.Type {
 		case gjson.String:
 			if r, lone := loneSurrogate(res.Raw); lone {
-				return "", &Error{Source: src, Err: ErrInvalid, Reason: fmt.Sprintf(
+				return "", &Error{Source: src, Err: errInvalid, Reason: fmt.Sprintf(
 					"the string holds a lone UTF-16 surrogate (\\u%04x), which Go reads as U+FFFD and JavaScript and Python keep", r)}
 			}
 			if res.Str == "" {
@@ -248,18 +248,18 @@ func (src Source) value(r *http.Request, body []byte, legacy bool) (string, erro
 			}
 			canon, refused := number(res.Raw)
 			if refused != "" {
-				return "", &Error{Source: src, Err: ErrInvalid, Reason: "the number " + abbrev(res.Raw) + " " + refused}
+				return "", &Error{Source: src, Err: errInvalid, Reason: "the number " + abbrev(res.Raw) + " " + refused}
 			}
 			return canon, nil
 		case gjson.True, gjson.False:
 			return res.Raw, nil
 		case gjson.JSON:
-			return "", &Error{Source: src, Err: ErrInvalid, Reason: "an object or array is not a key"}
+			return "", &Error{Source: src, Err: errInvalid, Reason: "an object or array is not a key"}
 		default: // Null, or not present
 			return "", &Error{Source: src, Err: ErrMissing}
 		}
 	}
-	return "", &Error{Source: src, Err: ErrInvalid, Reason: "unknown source"}
+	return "", &Error{Source: src, Err: errInvalid, Reason: "unknown source"}
 }
 
 // unparsedParam reports whether query holds a pair named name that Go's
@@ -322,15 +322,15 @@ func lookupFold(v gjson.Result, path string) (res gjson.Result, ambiguous bool) 
 }
 
 func checkKey(src Source, key string) error {
-	if len(key) > MaxKeyBytes {
-		return &Error{Source: src, Err: ErrInvalid, Reason: fmt.Sprintf("longer than %d bytes", MaxKeyBytes)}
+	if len(key) > maxKeyBytes {
+		return &Error{Source: src, Err: errInvalid, Reason: fmt.Sprintf("longer than %d bytes", maxKeyBytes)}
 	}
 	if !utf8.ValidString(key) {
-		return &Error{Source: src, Err: ErrInvalid, Reason: "not valid UTF-8"}
+		return &Error{Source: src, Err: errInvalid, Reason: "not valid UTF-8"}
 	}
 	for _, r := range key {
 		if !unicode.IsPrint(r) {
-			return &Error{Source: src, Err: ErrInvalid, Reason: "holds a character that is not printable"}
+			return &Error{Source: src, Err: errInvalid, Reason: "holds a character that is not printable"}
 		}
 	}
 	return nil
