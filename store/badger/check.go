@@ -14,16 +14,16 @@ import (
 
 // Checking and quarantining a store that does not open.
 //
-// Open refuses a store whose reservation log is damaged (ErrLogDamaged)
+// Open refuses a store whose reservation log is damaged (errLogDamaged)
 // rather than start without the reservations the damaged records held.
 // Check reports what is wrong without changing anything, and Quarantine
 // moves the damaged log segments aside, after which the store opens with
 // the records before the damage.
 
-// ErrLogDamaged is wrapped by Open's error, and reported by Check, when a
+// errLogDamaged is wrapped by Open's error, and reported by Check, when a
 // record of the reservation log fails its checksum and valid records
 // follow it: damage, not a torn tail.
-var ErrLogDamaged = errors.New("the reservation log is damaged")
+var errLogDamaged = errors.New("the reservation log is damaged")
 
 // quarantineDirName is where Quarantine moves segments, inside the store's
 // directory.
@@ -41,8 +41,8 @@ type Damage struct {
 	Detail string
 }
 
-// Report is what Check found in a store directory.
-type Report struct {
+// report is what Check found in a store directory.
+type report struct {
 	// Dir is the store's directory.
 	Dir string
 	// Segments and Records count the log's segments and the valid records
@@ -57,19 +57,19 @@ type Report struct {
 }
 
 // OK reports whether r found nothing wrong.
-func (r Report) OK() bool { return len(r.Damage) == 0 }
+func (r report) OK() bool { return len(r.Damage) == 0 }
 
-// QuarantineLockWait is how long Quarantine waits for the lock Badger
+// quarantineLockWait is how long Quarantine waits for the lock Badger
 // takes on the store's directory: a proxy whose store does not open takes
 // it for a moment each time it tries again.
-var QuarantineLockWait = 10 * time.Second
+var quarantineLockWait = 10 * time.Second
 
 // checkLog reads the log in dir/idemproxy-wal without changing anything.
 // Not opening Badger, it judges the log with the sequence number of the
 // checkpoint file (walCheckpointName): it can report damage among records
 // that Badger already holds, which Open passes over.
-func checkLog(dir string) (rep Report, files []segmentFile, scan logScan, closeAll func(), err error) {
-	rep = Report{Dir: dir}
+func checkLog(dir string) (rep report, files []segmentFile, scan logScan, closeAll func(), err error) {
+	rep = report{Dir: dir}
 	closeAll = func() {}
 	walDir := filepath.Join(dir, walDirName)
 	nums, err := walSegments(walDir)
@@ -101,14 +101,14 @@ func checkLog(dir string) (rep Report, files []segmentFile, scan logScan, closeA
 // damaged place in it. It changes nothing and does not open Badger, so it
 // may run beside a store that failed to open. Its error is for a log it
 // could not read at all (a permission error, say).
-func Check(dir string) (Report, error) {
+func Check(dir string) (report, error) {
 	rep, _, _, closeAll, err := checkLog(dir)
 	closeAll()
 	return rep, err
 }
 
-// Quarantined is what Quarantine moved aside.
-type Quarantined struct {
+// quarantined is what Quarantine moved aside.
+type quarantined struct {
 	// Dir is the directory the segments were moved to.
 	Dir string
 	// Segments are the moved segments' original paths. The first is the
@@ -162,30 +162,30 @@ func step(name string) error {
 // its valid records before the damage: the store then opens with every
 // record before the damage. Files and directories are fsynced. It refuses
 // while a process has the store open (it takes the lock Badger takes,
-// waiting up to QuarantineLockWait: ErrInUse). It
+// waiting up to quarantineLockWait: errInUse). It
 // does nothing (and returns a zero Quarantined) when Check finds no
 // damage. Interrupted (a crash), it is finished by the next run, which
 // reports Resumed.
-func Quarantine(dir string, now time.Time) (Quarantined, error) {
-	unlock, err := LockDir(dir, QuarantineLockWait)
+func Quarantine(dir string, now time.Time) (quarantined, error) {
+	unlock, err := LockDir(dir, quarantineLockWait)
 	if err != nil {
-		return Quarantined{}, fmt.Errorf("badger: quarantine: %w", err)
+		return quarantined{}, fmt.Errorf("badger: quarantine: %w", err)
 	}
 	defer unlock()
 	qRoot := filepath.Join(dir, quarantineDirName)
 	partial, plan, err := findPartial(qRoot)
 	if err != nil {
-		return Quarantined{}, fmt.Errorf("badger: quarantine: %w", err)
+		return quarantined{}, fmt.Errorf("badger: quarantine: %w", err)
 	}
 	resumed := plan != nil
 	if plan == nil {
 		rep, files, scan, closeAll, err := checkLog(dir)
 		closeAll()
 		if err != nil {
-			return Quarantined{}, fmt.Errorf("badger: quarantine: %w", err)
+			return quarantined{}, fmt.Errorf("badger: quarantine: %w", err)
 		}
 		if rep.OK() {
-			return Quarantined{}, nil
+			return quarantined{}, nil
 		}
 		plan = &quarantinePlan{Damaged: filepath.Base(files[scan.damageSeg].name), Keep: scan.damageOff,
 			Kept: scan.records, SetAside: scan.after, Damage: scan.damage}
@@ -193,14 +193,14 @@ func Quarantine(dir string, now time.Time) (Quarantined, error) {
 			plan.Segments = append(plan.Segments, filepath.Base(sf.name))
 		}
 		if partial, err = startQuarantine(qRoot, now, plan); err != nil {
-			return Quarantined{}, fmt.Errorf("badger: quarantine: %w", err)
+			return quarantined{}, fmt.Errorf("badger: quarantine: %w", err)
 		}
 	}
 	final, err := finishQuarantine(dir, qRoot, partial, plan)
 	if err != nil {
-		return Quarantined{}, fmt.Errorf("badger: quarantine: %w", err)
+		return quarantined{}, fmt.Errorf("badger: quarantine: %w", err)
 	}
-	q := Quarantined{Dir: final, Kept: plan.Kept, SetAside: plan.SetAside, Resumed: resumed}
+	q := quarantined{Dir: final, Kept: plan.Kept, SetAside: plan.SetAside, Resumed: resumed}
 	for _, name := range plan.Segments {
 		q.Segments = append(q.Segments, filepath.Join(dir, walDirName, name))
 	}
