@@ -43,9 +43,9 @@ func runExtract(t *testing.T, tc extractCase, r *http.Request) {
 	if !errors.Is(err, tc.wantErr) {
 		t.Fatalf("Extract() = %q, %v; want error %v", got, err, tc.wantErr)
 	}
-	var ke *Error
+	var ke *extractError
 	if !errors.As(err, &ke) {
-		t.Fatalf("Extract() error %T (%v) is not a *keyextract.Error", err, err)
+		t.Fatalf("Extract() error %T (%v) is not a *keyextract.extractError", err, err)
 	}
 	if got != "" {
 		t.Errorf("Extract() returned key %q along with error %v, want \"\"", got, err)
@@ -473,9 +473,9 @@ func FuzzExtractJSON(f *testing.F) {
 			r.Header.Set("X-Part", "p|%")
 			key, err := spec.Extract(r, body)
 			if err != nil {
-				var ke *Error
+				var ke *extractError
 				if !errors.As(err, &ke) {
-					t.Fatalf("error %T (%v) is not a *keyextract.Error", err, err)
+					t.Fatalf("error %T (%v) is not a *keyextract.extractError", err, err)
 				}
 				if !errors.Is(err, ErrMissing) && !errors.Is(err, errInvalid) && !errors.Is(err, ErrBadJSON) {
 					t.Fatalf("error %v wraps none of ErrMissing, ErrInvalid, ErrBadJSON", err)
