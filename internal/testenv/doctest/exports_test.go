@@ -22,6 +22,7 @@ var deliberateExports = map[string]string{}
 
 // goFile is one parsed Go file of the module.
 type goFile struct {
+	name string // the file's path from the repository's root
 	dir  string // the package's folder from the repository's root
 	test bool   // a _test.go file
 	f    *ast.File
@@ -56,7 +57,8 @@ func moduleFiles(t *testing.T) []goFile {
 		if err != nil {
 			return err
 		}
-		files = append(files, goFile{path.Dir(filepath.ToSlash(rel)), strings.HasSuffix(name, "_test.go"), f})
+		rel = filepath.ToSlash(rel)
+		files = append(files, goFile{rel, path.Dir(rel), strings.HasSuffix(name, "_test.go"), f})
 		return nil
 	})
 	if err != nil {

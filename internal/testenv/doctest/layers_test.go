@@ -1,18 +1,13 @@
 package doctest_test
 
 import (
-	"go/parser"
-	"go/token"
-	"io/fs"
+	"maps"
 	"path"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
-
-	"github.com/idemproxy/idemproxy/internal/testenv/doctest"
 )
 
 // module is go.mod's module path.
@@ -64,60 +59,28 @@ type moduleImport struct {
 	imp  string // the imported package's folder
 }
 
-// moduleImports parses every non-test Go file of the module (whatever its
-// build constraints) and returns its imports of the module's packages, and
-// the folders that hold Go files.
+// moduleImports returns the imports of the module's packages by its
+// non-test Go files (whatever their build constraints), and the folders
+// that hold Go files.
 func moduleImports(t *testing.T) ([]moduleImport, []string) {
 	t.Helper()
-	root := doctest.Path(t, ".")
-	fset := token.NewFileSet()
 	var imports []moduleImport
 	dirs := map[string]bool{}
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
+	for _, g := range moduleFiles(t) {
+		dirs[g.dir] = true
+		if g.test {
+			continue
 		}
-		name := d.Name()
-		if d.IsDir() {
-			if p != root && (strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") || name == "testdata" || name == "node_modules") {
-				return filepath.SkipDir
-			}
-			return nil
-		}
-		if !strings.HasSuffix(name, ".go") {
-			return nil
-		}
-		rel, err := filepath.Rel(root, p)
-		if err != nil {
-			return err
-		}
-		rel = filepath.ToSlash(rel)
-		dir := path.Dir(rel)
-		dirs[dir] = true
-		if strings.HasSuffix(name, "_test.go") {
-			return nil
-		}
-		f, err := parser.ParseFile(fset, p, nil, parser.ImportsOnly)
-		if err != nil {
-			return err
-		}
-		for _, s := range f.Imports {
+		for _, s := range g.f.Imports {
 			ip, _ := strconv.Unquote(s.Path.Value)
 			if ip == module {
-				imports = append(imports, moduleImport{rel, dir, "."})
+				imports = append(imports, moduleImport{g.name, g.dir, "."})
 			} else if rest, ok := strings.CutPrefix(ip, module+"/"); ok {
-				imports = append(imports, moduleImport{rel, dir, rest})
+				imports = append(imports, moduleImport{g.name, g.dir, rest})
 			}
 		}
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
 	}
-	var ds []string
-	for d := range dirs {
-		ds = append(ds, d)
-	}
+	ds := slices.Collect(maps.Keys(dirs))
 	slices.Sort(ds)
 	return imports, ds
 }
