@@ -70,8 +70,10 @@ func moduleFiles(t *testing.T) []goFile {
 // unusedExports returns, for each domain package, the exported top-level
 // identifiers of its non-test files that no other package (another
 // folder, or the package's own external tests, package x_test) names as
-// x.Name.
+// x.Name, and that the exported API of a used one does not expose (a type
+// of an exported field, parameter or result, or an underlying type).
 func unusedExports(files []goFile) map[string][]string {
+	surfaces := exportedSurfaces(files)
 	exported := map[string]map[string]bool{} // folder → name → named elsewhere
 	for _, g := range files {
 		if g.test || !slices.Contains(domainPackages, g.dir) {
@@ -135,6 +137,21 @@ func unusedExports(files []goFile) map[string][]string {
 			return true
 		})
 	}
+	// A type the package's used API exposes is used too, named or not.
+	for dir, names := range exported {
+		s := surfaces[dir]
+		var roots []string
+		for name, used := range names {
+			if _, ok := deliberateExports[exportID(dir, name)]; used || ok {
+				roots = append(roots, name)
+			}
+		}
+		s.walk(roots, func(r typeRef) {
+			if _, ok := names[r.name]; ok {
+				names[r.name] = true
+			}
+		})
+	}
 	unused := map[string][]string{}
 	for dir, names := range exported {
 		for name, used := range names {
@@ -162,10 +179,7 @@ func TestDomainPackagesExportOnlyWhatIsUsed(t *testing.T) {
 	allowed := map[string]bool{}
 	for _, dir := range domainPackages {
 		for _, name := range unused[dir] {
-			id := path.Base(dir) + "." + name
-			if dir != path.Base(dir) {
-				id = dir + "." + name
-			}
+			id := exportID(dir, name)
 			if _, ok := deliberateExports[id]; ok {
 				allowed[id] = true
 				continue
@@ -177,5 +191,232 @@ func TestDomainPackagesExportOnlyWhatIsUsed(t *testing.T) {
 		if !allowed[id] {
 			t.Errorf("deliberateExports lists %s, which does not exist or another package now names: drop it from the list", id)
 		}
+	}
+}
+
+// exportID is how the guards name the top-level identifier name of the
+// domain package in folder dir: "config.Config", "store/badger.Open".
+func exportID(dir, name string) string {
+	if dir != path.Base(dir) {
+		return dir + "." + name
+	}
+	return path.Base(dir) + "." + name
+}
+
+// typeRef is a type of the package that a declaration's exported surface
+// names.
+type typeRef struct {
+	name     string // the type, as the package declares it
+	at       string // where: "Config.Admin", "NewWriteProbe (result)"
+	embedded bool   // an embedded field or interface: its exported parts are promoted, its name is not exposed
+}
+
+// surface is a domain package's exported surface as go/parser sees it:
+// for each top-level declaration, the package's own types that its
+// exported parts name (a type's exported fields, interface methods and
+// exported methods; a func's parameters and results; a var's or const's
+// declared type).
+type surface map[string][]typeRef
+
+// exportedSurfaces returns the surface of each domain package, from its
+// non-test files.
+func exportedSurfaces(files []goFile) map[string]surface {
+	types := map[string]map[string]bool{} // folder → the package's type names
+	for _, g := range files {
+		if g.test || !slices.Contains(domainPackages, g.dir) {
+			continue
+		}
+		if types[g.dir] == nil {
+			types[g.dir] = map[string]bool{}
+		}
+		for _, d := range g.f.Decls {
+			if d, ok := d.(*ast.GenDecl); ok && d.Tok == token.TYPE {
+				for _, s := range d.Specs {
+					types[g.dir][s.(*ast.TypeSpec).Name.Name] = true
+				}
+			}
+		}
+	}
+	surfaces := map[string]surface{}
+	for _, g := range files {
+		if g.test || types[g.dir] == nil {
+			continue
+		}
+		s := surfaces[g.dir]
+		if s == nil {
+			s = surface{}
+			surfaces[g.dir] = s
+		}
+		add := func(decl, at string, e ast.Expr) {
+			s[decl] = appendRefs(s[decl], types[g.dir], e, at, false)
+		}
+		for _, d := range g.f.Decls {
+			switch d := d.(type) {
+			case *ast.FuncDecl:
+				if !d.Name.IsExported() {
+					continue
+				}
+				if d.Recv == nil {
+					add(d.Name.Name, d.Name.Name, d.Type)
+				} else if recv := receiverType(d.Recv.List[0].Type); recv != "" {
+					add(recv, recv+"."+d.Name.Name, d.Type)
+				}
+			case *ast.GenDecl:
+				for _, sp := range d.Specs {
+					switch sp := sp.(type) {
+					case *ast.TypeSpec:
+						add(sp.Name.Name, sp.Name.Name, sp.Type)
+					case *ast.ValueSpec:
+						for _, n := range sp.Names {
+							if n.IsExported() && sp.Type != nil {
+								add(n.Name, n.Name, sp.Type)
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	return surfaces
+}
+
+// receiverType is the name of a method's receiver's type: T of t T, *T,
+// T[K] or *T[K].
+func receiverType(e ast.Expr) string {
+	for {
+		switch x := e.(type) {
+		case *ast.StarExpr:
+			e = x.X
+		case *ast.ParenExpr:
+			e = x.X
+		case *ast.IndexExpr:
+			e = x.X
+		case *ast.IndexListExpr:
+			e = x.X
+		case *ast.Ident:
+			return x.Name
+		default:
+			return ""
+		}
+	}
+}
+
+// appendRefs appends the package's types (types) that the type expression
+// e exposes: through pointers, slices, arrays, maps, channels, funcs'
+// parameters and results, type arguments, a struct's exported and embedded
+// fields, and an interface's methods and embedded interfaces. at says
+// where e is.
+func appendRefs(refs []typeRef, types map[string]bool, e ast.Expr, at string, embedded bool) []typeRef {
+	fields := func(l *ast.FieldList, at string) {
+		if l == nil {
+			return
+		}
+		for _, f := range l.List {
+			refs = appendRefs(refs, types, f.Type, at, false)
+		}
+	}
+	switch e := e.(type) {
+	case *ast.Ident:
+		if types[e.Name] {
+			refs = append(refs, typeRef{e.Name, at, embedded})
+		}
+	case *ast.StarExpr:
+		refs = appendRefs(refs, types, e.X, at, embedded)
+	case *ast.ParenExpr:
+		refs = appendRefs(refs, types, e.X, at, embedded)
+	case *ast.ArrayType:
+		refs = appendRefs(refs, types, e.Elt, at, false)
+	case *ast.Ellipsis:
+		refs = appendRefs(refs, types, e.Elt, at, false)
+	case *ast.ChanType:
+		refs = appendRefs(refs, types, e.Value, at, false)
+	case *ast.MapType:
+		refs = appendRefs(refs, types, e.Key, at, false)
+		refs = appendRefs(refs, types, e.Value, at, false)
+	case *ast.IndexExpr:
+		refs = appendRefs(refs, types, e.X, at, embedded)
+		refs = appendRefs(refs, types, e.Index, at, false)
+	case *ast.IndexListExpr:
+		refs = appendRefs(refs, types, e.X, at, embedded)
+		for _, x := range e.Indices {
+			refs = appendRefs(refs, types, x, at, false)
+		}
+	case *ast.FuncType:
+		fields(e.Params, at+" (parameter)")
+		fields(e.Results, at+" (result)")
+	case *ast.StructType:
+		for _, f := range e.Fields.List {
+			if len(f.Names) == 0 {
+				refs = appendRefs(refs, types, f.Type, at, true)
+			}
+			for _, n := range f.Names {
+				if n.IsExported() {
+					refs = appendRefs(refs, types, f.Type, at+"."+n.Name, false)
+				}
+			}
+		}
+	case *ast.InterfaceType:
+		for _, f := range e.Methods.List {
+			if len(f.Names) == 0 {
+				refs = appendRefs(refs, types, f.Type, at, true)
+			}
+			for _, n := range f.Names {
+				if n.IsExported() {
+					refs = appendRefs(refs, types, f.Type, at+"."+n.Name, false)
+				}
+			}
+		}
+	}
+	return refs
+}
+
+// walk calls visit for each type reachable from the declarations roots
+// through their surfaces, each once, by the first way found to it.
+func (s surface) walk(roots []string, visit func(typeRef)) {
+	slices.Sort(roots)
+	seen := map[string]bool{}
+	var from func(decl string)
+	from = func(decl string) {
+		for _, r := range s[decl] {
+			if seen[r.name] {
+				continue
+			}
+			seen[r.name] = true
+			visit(r)
+			from(r.name)
+		}
+	}
+	for _, d := range roots {
+		seen[d] = true
+	}
+	for _, d := range roots {
+		from(d)
+	}
+}
+
+// TestDomainPackagesExposeNoUnexportedType: an exported field, parameter
+// or result of a domain package, or an exported type's underlying type,
+// names only exported types (through pointers, slices, maps, funcs): a
+// value of a type its users cannot name hides its documentation from go
+// doc, and linters flag it (revive's unexported-return). A type exposed so
+// counts as used for TestDomainPackagesExportOnlyWhatIsUsed.
+func TestDomainPackagesExposeNoUnexportedType(t *testing.T) {
+	surfaces := exportedSurfaces(moduleFiles(t))
+	if len(surfaces) < len(domainPackages) {
+		t.Fatalf("found %d of the %d domain packages: the walk missed the tree", len(surfaces), len(domainPackages))
+	}
+	for _, dir := range domainPackages {
+		s := surfaces[dir]
+		var roots []string
+		for decl := range s {
+			if ast.IsExported(decl) {
+				roots = append(roots, decl)
+			}
+		}
+		s.walk(roots, func(r typeRef) {
+			if !r.embedded && !ast.IsExported(r.name) {
+				t.Errorf("%s names %s, which is unexported: export the type (its doc comment's first word too)", exportID(dir, r.at), exportID(dir, r.name))
+			}
+		})
 	}
 }
