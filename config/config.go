@@ -80,20 +80,20 @@ type Config struct {
 	Upstream string `yaml:"upstream"`
 	// UpstreamTLS configures TLS to an https upstream; its zero value
 	// verifies the upstream against the system's roots.
-	UpstreamTLS upstreamTLS `yaml:"upstream_tls"`
+	UpstreamTLS UpstreamTLS `yaml:"upstream_tls"`
 	// Admin configures the admin listener; an empty Admin.Listen means none.
-	Admin admin `yaml:"admin"`
+	Admin Admin `yaml:"admin"`
 	// Store selects the key store; empty means Badger in ./data.
 	Store Store `yaml:"store"`
 	// Server holds the client-facing server's timeouts.
 	Server Server `yaml:"server"`
 	// Metrics configures the series of /metrics.
-	Metrics metrics `yaml:"metrics"`
+	Metrics Metrics `yaml:"metrics"`
 	// Tracing turns OpenTelemetry traces on; its zero value is off.
-	Tracing tracing `yaml:"tracing"`
+	Tracing Tracing `yaml:"tracing"`
 	// File is about the configuration file itself: whether a change of
 	// its content is applied without being asked.
-	File file `yaml:"config"`
+	File File `yaml:"config"`
 	// Routes are the protected routes. Requests that match none are proxied
 	// untouched.
 	Routes []Route `yaml:"routes"`
@@ -104,8 +104,8 @@ type Config struct {
 	MemoryLimit int64 `yaml:"memory_limit"`
 }
 
-// file is the configuration file's own section, "config".
-type file struct {
+// File is the configuration file's own section, "config".
+type File struct {
 	// Watch applies a change of the file's content as a reload does,
 	// checked every WatchInterval: a file rewritten in place, renamed over,
 	// or a Kubernetes ConfigMap's symlink swap. A file that fails to load
@@ -116,11 +116,11 @@ type file struct {
 // WatchInterval is how often config.watch reads the file for a change.
 const WatchInterval = time.Second
 
-// upstreamTLS configures TLS to an https upstream. Its files are checked
+// UpstreamTLS configures TLS to an https upstream. Its files are checked
 // whenever the configuration is loaded (at start, by -check, by a reload)
 // but used as read at start: a reload refuses a change to this section,
 // and a file rewritten in place takes effect at the next restart.
-type upstreamTLS struct {
+type UpstreamTLS struct {
 	// CAFile is a PEM bundle of the CAs that sign the upstream's
 	// certificate; set, they replace the system's roots (a private CA is
 	// then the only one trusted). Empty means the system's roots.
@@ -138,8 +138,8 @@ type upstreamTLS struct {
 	MinVersion string `yaml:"min_version"`
 }
 
-// admin configures the admin listener (metrics, health, key inspection).
-type admin struct {
+// Admin configures the admin listener (metrics, health, key inspection).
+type Admin struct {
 	// Listen is the admin address; empty means no admin listener.
 	Listen string `yaml:"listen"`
 	// TokenEnv names the environment variable that holds the bearer token
@@ -159,18 +159,18 @@ type admin struct {
 	MaxConnections int `yaml:"max_connections"`
 }
 
-// tracing configures OpenTelemetry traces (docs/observability.md). Where
+// Tracing configures OpenTelemetry traces (docs/observability.md). Where
 // spans go and which are kept is configured the standard way, by the
 // OTEL_* environment variables (OTEL_EXPORTER_OTLP_ENDPOINT,
 // OTEL_EXPORTER_OTLP_PROTOCOL, OTEL_TRACES_SAMPLER, OTEL_SERVICE_NAME,
 // OTEL_SDK_DISABLED, ...); a reload may turn tracing on or off.
-type tracing struct {
+type Tracing struct {
 	// Enabled turns tracing on. Default false.
 	Enabled bool `yaml:"enabled"`
 }
 
-// metrics configures the series /metrics exports.
-type metrics struct {
+// Metrics configures the series /metrics exports.
+type Metrics struct {
 	// RouteHistograms is how many routes, the first in the order of
 	// routes, have latency histograms of their own
 	// (idemproxy_request_duration_seconds and
@@ -408,7 +408,7 @@ type Route struct {
 	// "PUT /orders/{id}").
 	Match string `yaml:"match"`
 	// Key says where the idempotency key comes from. Required.
-	Key key `yaml:"key"`
+	Key Key `yaml:"key"`
 	// Policy is reserve-then-commit (default) or release-on-5xx.
 	Policy string `yaml:"policy"`
 	// ReleaseStatuses, when set, replaces the policy's release set.
@@ -440,9 +440,9 @@ type Route struct {
 	// replayed. Default defaultReplayHeaders.
 	ReplayHeaders []string `yaml:"replay_headers"`
 	// Fingerprint configures the request fingerprint.
-	Fingerprint fingerprint `yaml:"fingerprint"`
+	Fingerprint Fingerprint `yaml:"fingerprint"`
 	// Scope gives each client its own key space.
-	Scope scope `yaml:"scope"`
+	Scope Scope `yaml:"scope"`
 	// Mode is enforce (default) or observe: keys are reserved and
 	// committed, but every request is forwarded and what enforce would
 	// have answered is only counted.
@@ -489,13 +489,13 @@ func (r *Reconcile) LookupPath() string {
 // idempotency key goes.
 const LookupKeyPlaceholder = "{key}"
 
-// key is exactly one key source, or Parts for a composite key.
-type key struct {
+// Key is exactly one key source, or Parts for a composite key.
+type Key struct {
 	JSON   string `yaml:"json"`
 	Header string `yaml:"header"`
 	Query  string `yaml:"query"`
 	Path   string `yaml:"path"`
-	Parts  []key  `yaml:"parts"`
+	Parts  []Key  `yaml:"parts"`
 	// Normalize is "none" (the default: keys are compared byte for byte)
 	// or "nfc": the key, every part of a composite one, is put in Unicode
 	// Normalization Form C before it is checked and stored, so that two
@@ -511,8 +511,8 @@ const (
 	NormalizeNFC  = "nfc"
 )
 
-// fingerprint configures how requests under one key are compared.
-type fingerprint struct {
+// Fingerprint configures how requests under one key are compared.
+type Fingerprint struct {
 	// Ignore lists JSON paths left out of the fingerprint (a send timestamp).
 	Ignore []string `yaml:"ignore"`
 	// Disabled turns the comparison off: a different request under a known
@@ -520,8 +520,8 @@ type fingerprint struct {
 	Disabled bool `yaml:"disabled"`
 }
 
-// scope configures per-client key spaces.
-type scope struct {
+// Scope configures per-client key spaces.
+type Scope struct {
 	// Header is hashed into the store key; a request without it is a 400.
 	Header string `yaml:"header"`
 }

@@ -14,10 +14,10 @@ const (
 	UpstreamEnv    = "IDEMPROXY_UPSTREAM"
 )
 
-// override is one setting given outside the file: its value and where it
+// Override is one setting given outside the file: its value and where it
 // came from ("-listen", "$IDEMPROXY_LISTEN"); an empty Value overrides
 // nothing.
-type override struct {
+type Override struct {
 	Value string
 	From  string
 }
@@ -26,22 +26,22 @@ type override struct {
 // take the place of the file's, at start, for -check and on every
 // reload: a flag before its variable, the variable before the file.
 type Overrides struct {
-	Listen      override // listen
-	AdminListen override // admin.listen
-	Upstream    override // upstream
+	Listen      Override // listen
+	AdminListen Override // admin.listen
+	Upstream    Override // upstream
 }
 
 // OverridesOf returns the overrides of the flags -listen, -admin-listen
 // and -upstream (empty when not given) and of their variables.
 func OverridesOf(listen, adminListen, upstream string, getenv func(string) string) Overrides {
-	pick := func(flagValue, flagName, env string) override {
+	pick := func(flagValue, flagName, env string) Override {
 		if flagValue != "" {
-			return override{Value: flagValue, From: "-" + flagName}
+			return Override{Value: flagValue, From: "-" + flagName}
 		}
 		if v := getenv(env); v != "" {
-			return override{Value: v, From: "$" + env}
+			return Override{Value: v, From: "$" + env}
 		}
-		return override{}
+		return Override{}
 	}
 	return Overrides{
 		Listen:      pick(listen, "listen", ListenEnv),
@@ -53,12 +53,12 @@ func OverridesOf(listen, adminListen, upstream string, getenv func(string) strin
 // fields pairs each override with the field it replaces.
 func (o Overrides) fields(c *Config) []struct {
 	name string
-	o    override
+	o    Override
 	dst  *string
 } {
 	return []struct {
 		name string
-		o    override
+		o    Override
 		dst  *string
 	}{
 		{"listen", o.Listen, &c.Listen},
@@ -91,7 +91,7 @@ func (o Overrides) name(problem string) (string, bool) {
 // Sources returns, for the start log, where listen, admin.listen and
 // upstream came from: the flag, the variable or the file.
 func (o Overrides) Sources() []any {
-	from := func(ov override) string {
+	from := func(ov Override) string {
 		if ov.Value == "" {
 			return "file"
 		}

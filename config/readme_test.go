@@ -61,7 +61,7 @@ func fieldPaths(t reflect.Type, prefix string, out map[string]string) {
 		if _, seen := out[name]; !seen || len(path) < len(out[name]) {
 			out[name] = path
 		}
-		if f.Type != reflect.TypeFor[Duration]() && f.Type != reflect.TypeFor[[]key]() { // parts nest Keys
+		if f.Type != reflect.TypeFor[Duration]() && f.Type != reflect.TypeFor[[]Key]() { // parts nest Keys
 			fieldPaths(f.Type, path+".", out)
 		}
 	}
@@ -166,7 +166,7 @@ func fullFieldPaths(t reflect.Type, prefix string, out map[string]bool) {
 			ft = ft.Elem()
 		}
 		switch {
-		case ft == reflect.TypeFor[Duration]() || ft == reflect.TypeFor[[]key]():
+		case ft == reflect.TypeFor[Duration]() || ft == reflect.TypeFor[[]Key]():
 			out[path] = true
 		case ft.Kind() == reflect.Struct:
 			fullFieldPaths(ft, path+".", out)

@@ -12,12 +12,12 @@ import (
 var tlsVersions = map[string]uint16{"1.2": tls.VersionTLS12, "1.3": tls.VersionTLS13}
 
 // IsZero reports whether u sets nothing.
-func (u upstreamTLS) IsZero() bool { return u == upstreamTLS{} }
+func (u UpstreamTLS) IsZero() bool { return u == UpstreamTLS{} }
 
 // ClientConfig reads u's files and returns the TLS configuration of the
 // connections to the upstream; nil when u sets nothing (Go's defaults and
 // the system's roots). Its error names the field at fault.
-func (u upstreamTLS) ClientConfig() (*tls.Config, error) {
+func (u UpstreamTLS) ClientConfig() (*tls.Config, error) {
 	var p problems
 	c := u.load(&p)
 	if len(p) > 0 {
@@ -28,7 +28,7 @@ func (u upstreamTLS) ClientConfig() (*tls.Config, error) {
 
 // load builds the TLS configuration of u, adding a problem for each field
 // at fault.
-func (u upstreamTLS) load(p *problems) *tls.Config {
+func (u UpstreamTLS) load(p *problems) *tls.Config {
 	if u.IsZero() {
 		return nil
 	}

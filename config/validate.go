@@ -547,7 +547,7 @@ func patternParts(pattern string) (method, host string) {
 	return method, host
 }
 
-func (k *key) validate(p *problems, f string, wildcards map[string]bool, patternOK bool) {
+func (k *Key) validate(p *problems, f string, wildcards map[string]bool, patternOK bool) {
 	set := k.sources()
 	if len(set) == 0 && len(k.Parts) == 0 {
 		p.add(f, "set exactly one of json, header, query, path or parts")
@@ -598,7 +598,7 @@ func (k *key) validate(p *problems, f string, wildcards map[string]bool, pattern
 	}
 }
 
-func (k *key) sources() []string {
+func (k *Key) sources() []string {
 	var s []string
 	for _, v := range []string{k.JSON, k.Header, k.Query, k.Path} {
 		if v != "" {
@@ -627,7 +627,7 @@ func (r Route) KeyRecipe() string {
 }
 
 // recipe is the sources part of Route.KeyRecipe.
-func (k key) recipe() string {
+func (k Key) recipe() string {
 	if len(k.Parts) > 0 {
 		parts := make([]string, len(k.Parts))
 		for i, part := range k.Parts {
@@ -649,7 +649,7 @@ func (k key) recipe() string {
 }
 
 // Spec converts the key configuration to a key extraction spec.
-func (k key) Spec() keyextract.Spec {
+func (k Key) Spec() keyextract.Spec {
 	if len(k.Parts) > 0 {
 		s := keyextract.Spec{NFC: k.Normalize == NormalizeNFC}
 		for _, part := range k.Parts {
