@@ -21,18 +21,18 @@ import (
 // maxKeyBytes is the longest key accepted, composite keys included.
 const maxKeyBytes = 255
 
-// kind is where a key part comes from.
-type kind int
+// Kind is where a key part comes from.
+type Kind int
 
 // The key sources.
 const (
-	JSON   kind = iota + 1 // a path in the JSON body: orderId, order.id, items.0.sku
+	JSON   Kind = iota + 1 // a path in the JSON body: orderId, order.id, items.0.sku
 	Header                 // a request header
 	Query                  // a query parameter
 	Path                   // a wildcard of the route's ServeMux pattern
 )
 
-func (k kind) String() string {
+func (k Kind) String() string {
 	switch k {
 	case JSON:
 		return "json"
@@ -48,7 +48,7 @@ func (k kind) String() string {
 
 // Source is one place a key part comes from.
 type Source struct {
-	Kind kind
+	Kind Kind
 	// Name is the JSON path, header name, query parameter or wildcard name.
 	Name string
 }

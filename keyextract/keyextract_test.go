@@ -332,7 +332,7 @@ func TestExtractLength(t *testing.T) {
 		{name: "single byte", body: "k", want: "k"},
 	}
 	for _, tc := range tests {
-		for _, kind := range []kind{Header, JSON} {
+		for _, kind := range []Kind{Header, JSON} {
 			t.Run(kind.String()+"/"+tc.name, func(t *testing.T) {
 				c := tc
 				value := c.body
@@ -420,7 +420,7 @@ func TestNeedsJSON(t *testing.T) {
 }
 
 func TestKindString(t *testing.T) {
-	for k, want := range map[kind]string{JSON: "json", Header: "header", Query: "query", Path: "path", 0: "Kind(0)", 9: "Kind(9)"} {
+	for k, want := range map[Kind]string{JSON: "json", Header: "header", Query: "query", Path: "path", 0: "Kind(0)", 9: "Kind(9)"} {
 		if got := k.String(); got != want {
 			t.Errorf("Kind(%d).String() = %q, want %q", int(k), got, want)
 		}
