@@ -14,8 +14,8 @@ import (
 	"github.com/idemproxy/idemproxy/store"
 )
 
-// metrics are the proxy's Prometheus collectors.
-type metrics struct {
+// Metrics are the proxy's Prometheus collectors.
+type Metrics struct {
 	requests         *prometheus.CounterVec
 	duration         *prometheus.HistogramVec
 	upstreamDuration *prometheus.HistogramVec
@@ -31,8 +31,8 @@ type metrics struct {
 }
 
 // NewMetrics creates the proxy's collectors and registers them on reg.
-func NewMetrics(reg prometheus.Registerer) *metrics {
-	m := &metrics{
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemproxy_requests_total",
 			Help: "Requests handled, by route and outcome (route is empty when no route matched).",
@@ -86,7 +86,7 @@ var watchedOutcomes = []Outcome{OutcomeInDoubt, OutcomeConflict, OutcomeUnprotec
 // outcome's counter and histogram and the answers-not-stored counters, as
 // for a route of a small configuration; without, the counters of
 // watchedOutcomes, so that 10,000 routes stay a scrape of a few MB.
-func (m *metrics) initRoute(s *routeSeries, own bool) {
+func (m *Metrics) initRoute(s *routeSeries, own bool) {
 	outcomes := watchedOutcomes
 	if own {
 		outcomes = Outcomes
@@ -109,7 +109,7 @@ func (m *metrics) initRoute(s *routeSeries, own bool) {
 
 // initOtherRoutes creates the shared latency histograms of the routes past
 // metrics.route_histograms at zero, for every outcome.
-func (m *metrics) initOtherRoutes() {
+func (m *Metrics) initOtherRoutes() {
 	for _, o := range Outcomes {
 		if o != OutcomePassthrough {
 			m.other.duration.of(string(o))
@@ -123,7 +123,7 @@ var storeOperations = []string{"reserve", "commit", "release", "mark_in_doubt", 
 
 // initStore creates a store's operation and error series at zero, so that
 // the store-error alert and the dashboard see them on a healthy proxy.
-func (m *metrics) initStore(store string) {
+func (m *Metrics) initStore(store string) {
 	for _, op := range storeOperations {
 		m.storeDuration.WithLabelValues(store, op)
 		m.storeErrors.WithLabelValues(store, op)

@@ -48,7 +48,7 @@ type Options struct {
 	AccessLog *AccessLog
 	// Metrics receives the proxy's metrics; nil registers them on a
 	// private registry.
-	Metrics *metrics
+	Metrics *Metrics
 	// Transport carries requests to the upstream; nil means NewTransport()
 	// with the configuration's upstream_tls.
 	Transport http.RoundTripper
@@ -72,7 +72,7 @@ type Proxy struct {
 	log       *slog.Logger
 	errorLog  *log.Logger // the reverse proxies' error log (log at debug), one for every route
 	access    *AccessLog  // nil: the access log goes to log
-	m         *metrics
+	m         *Metrics
 	transport http.RoundTripper // passthrough
 	protected http.RoundTripper // routes: never resends
 	table     atomic.Pointer[table]

@@ -68,20 +68,20 @@ func (m *reconcileMetrics) initRoute(rc config.Route) {
 	}
 }
 
-// reconcileHost is the part of a Proxy its reconciler works with: a
+// ReconcileHost is the part of a Proxy its reconciler works with: a
 // reconcile.Host. The zero value is not usable: get one from
 // Proxy.ReconcileHost.
-type reconcileHost struct{ p *Proxy }
+type ReconcileHost struct{ p *Proxy }
 
-var _ reconcile.Host = reconcileHost{}
+var _ reconcile.Host = ReconcileHost{}
 
 // ReconcileHost returns the proxy as its reconciler sees it.
-func (p *Proxy) ReconcileHost() reconcileHost { return reconcileHost{p} }
+func (p *Proxy) ReconcileHost() ReconcileHost { return ReconcileHost{p} }
 
 // Routes returns the routes of the running configuration that have a
 // reconcile section, in no particular order; none when no route has one
 // (after a reload, perhaps).
-func (h reconcileHost) Routes() []config.Route {
+func (h ReconcileHost) Routes() []config.Route {
 	var out []config.Route
 	for _, rt := range h.p.table.Load().routes {
 		if rt.cfg.Reconcile != nil {
@@ -95,7 +95,7 @@ func (h reconcileHost) Routes() []config.Route {
 // stored under keyspace, as the proxy serves it: of the routes that share
 // the keyspace, one with a reconcile section if there is one (they make
 // their keys alike: config's validation). False when no route claims it.
-func (h reconcileHost) Route(keyspace string) (config.Route, bool) {
+func (h ReconcileHost) Route(keyspace string) (config.Route, bool) {
 	var (
 		found config.Route
 		ok    bool
@@ -110,22 +110,22 @@ func (h reconcileHost) Route(keyspace string) (config.Route, bool) {
 
 // Upstream returns the running configuration's upstream URL, without a
 // trailing '/'.
-func (h reconcileHost) Upstream() string { return h.p.table.Load().upstream }
+func (h ReconcileHost) Upstream() string { return h.p.table.Load().upstream }
 
 // Transport returns the transport that carries the proxy's requests to the
 // upstream (Options.Transport), for requests that may be sent again, such
 // as lookups.
-func (h reconcileHost) Transport() http.RoundTripper { return h.p.transport }
+func (h ReconcileHost) Transport() http.RoundTripper { return h.p.transport }
 
 // Tracer returns the proxy's tracer while tracing is on, nil while off.
-func (h reconcileHost) Tracer() trace.Tracer { return h.p.tracing.Tracer() }
+func (h ReconcileHost) Tracer() trace.Tracer { return h.p.tracing.Tracer() }
 
 // Logger returns the proxy's logger (Options.Logger; never nil).
-func (h reconcileHost) Logger() *slog.Logger { return h.p.log }
+func (h ReconcileHost) Logger() *slog.Logger { return h.p.log }
 
 // Store returns rs measured by the proxy's store metrics, as the proxy's
 // own store is; rs is returned as it is when it already is.
-func (h reconcileHost) Store(rs store.ReconcileStore) store.ReconcileStore {
+func (h ReconcileHost) Store(rs store.ReconcileStore) store.ReconcileStore {
 	if _, measured := rs.(instrumentedReconcile); measured {
 		return rs
 	}
@@ -134,16 +134,16 @@ func (h reconcileHost) Store(rs store.ReconcileStore) store.ReconcileStore {
 
 // Reconciled counts one lookup of a key of route, by its result (one of
 // reconcile.Results), in idemproxy_reconciliations_total.
-func (h reconcileHost) Reconciled(route, result string) {
+func (h ReconcileHost) Reconciled(route, result string) {
 	h.p.m.rec.reconciliations.WithLabelValues(route, result).Inc()
 }
 
 // Due sets idemproxy_reconcile_due_keys, the keys due at the last pass.
-func (h reconcileHost) Due(n int) { h.p.m.rec.due.Set(float64(n)) }
+func (h ReconcileHost) Due(n int) { h.p.m.rec.due.Set(float64(n)) }
 
 // Discovered counts an in-doubt key of route found without a schedule and
 // scheduled, in idemproxy_reconcile_discovered_total.
-func (h reconcileHost) Discovered(route string) { h.p.m.rec.discovered.WithLabelValues(route).Inc() }
+func (h ReconcileHost) Discovered(route string) { h.p.m.rec.discovered.WithLabelValues(route).Inc() }
 
 // scheduleLookup schedules the first lookup of a key that just turned in
 // doubt, on a route that reconciles.

@@ -41,7 +41,7 @@ type routeSeries struct {
 // past metrics.route_histograms (route label config.OtherRoutes): a
 // route's histograms are 187 series at start and 17 more per upstream
 // status, which 10,000 routes cannot all have.
-func (m *metrics) routeSeries(route string, own bool) *routeSeries {
+func (m *Metrics) routeSeries(route string, own bool) *routeSeries {
 	s := &routeSeries{
 		route: route,
 		requests: &seriesCache[prometheus.Counter]{resolve: func(o string) prometheus.Counter {
@@ -70,7 +70,7 @@ type storeSeries struct {
 	errors   *seriesCache[prometheus.Counter]  // by operation
 }
 
-func (m *metrics) storeSeries(store string) *storeSeries {
+func (m *Metrics) storeSeries(store string) *storeSeries {
 	return &storeSeries{
 		duration: &seriesCache[prometheus.Observer]{resolve: func(op string) prometheus.Observer {
 			return m.storeDuration.WithLabelValues(store, op)
