@@ -40,9 +40,9 @@ type action struct {
 
 // The refusals of an act, before the store is written.
 var (
-	// errChanged: the record is not the one the operator saw (Action.Version).
+	// errChanged: the record is not the one the operator saw (action.Version).
 	errChanged = errors.New("the key changed since it was read")
-	// errKeyInFlight: a release of a key in flight without Action.Force.
+	// errKeyInFlight: a release of a key in flight without action.Force.
 	errKeyInFlight = errors.New("the key is in flight: its request is being forwarded now")
 	// errNoRecord: no record under the key.
 	errNoRecord = errors.New(noRecord)

@@ -48,9 +48,9 @@ type Reconciler interface {
 	Reconcile(ctx context.Context, storeKey string) (reconcile.Outcome, error)
 }
 
-// routes tells the admin API which routes exist and which header scopes
+// Routes tells the admin API which routes exist and which header scopes
 // them ("" for an unscoped route).
-type routes interface {
+type Routes interface {
 	RouteScope(name string) (header string, ok bool)
 }
 
@@ -81,7 +81,7 @@ type Options struct {
 	// store.Lister, else that endpoint answers 404 listing-unavailable.
 	Lister store.Lister
 	// Routes resolves route names. Required.
-	Routes routes
+	Routes Routes
 	// Gatherer is exposed on /metrics; nil means prometheus.DefaultGatherer.
 	Gatherer prometheus.Gatherer
 	// Token is the bearer token of /v1/keys and POST /-/reload. Empty
