@@ -35,7 +35,7 @@ type ProbeOptions struct {
 	Timeout time.Duration
 }
 
-// writeProbe tells whether the store takes writes now, as a protected
+// WriteProbe tells whether the store takes writes now, as a protected
 // request needs: every Interval it pings the store, reserves a key of its
 // own (ProbeRoute/-/ and a random id of this process) and releases it,
 // through the ordinary Store interface, so that a store that answers
@@ -48,7 +48,7 @@ type ProbeOptions struct {
 // released by the next probe, fenced by its token, or expires within a
 // minute; its lease of 30 seconds keeps it from ever being in doubt for
 // long, and no route's listing or reconciliation sees it.
-type writeProbe struct {
+type WriteProbe struct {
 	s    Store
 	opts ProbeOptions
 	key  string
@@ -63,14 +63,14 @@ type writeProbe struct {
 }
 
 // NewWriteProbe returns a probe of s; Run runs it.
-func NewWriteProbe(s Store, opts ProbeOptions) *writeProbe {
+func NewWriteProbe(s Store, opts ProbeOptions) *WriteProbe {
 	if opts.Interval <= 0 {
 		opts.Interval = defaultProbeInterval
 	}
 	if opts.Timeout <= 0 {
 		opts.Timeout = defaultProbeTimeout
 	}
-	return &writeProbe{s: s, opts: opts, key: Key(ProbeRoute, "", randomID())}
+	return &WriteProbe{s: s, opts: opts, key: Key(ProbeRoute, "", randomID())}
 }
 
 func randomID() string {
@@ -80,7 +80,7 @@ func randomID() string {
 }
 
 // Run probes the store every Interval until ctx is done.
-func (p *writeProbe) Run(ctx context.Context) {
+func (p *WriteProbe) Run(ctx context.Context) {
 	for {
 		p.Probe(ctx)
 		select {
@@ -92,7 +92,7 @@ func (p *writeProbe) Run(ctx context.Context) {
 }
 
 // Probe runs one probe now and returns its error.
-func (p *writeProbe) Probe(ctx context.Context) error {
+func (p *WriteProbe) Probe(ctx context.Context) error {
 	start := time.Now()
 	p.mu.Lock()
 	p.running = start
@@ -114,7 +114,7 @@ func (p *writeProbe) Probe(ctx context.Context) error {
 // unless a write that started later gave it already: a reservation that
 // succeeded just before the disk filled but reports after a later one
 // failed is older news (p.mu held).
-func (p *writeProbe) verdictLocked(err error, start time.Time) {
+func (p *WriteProbe) verdictLocked(err error, start time.Time) {
 	if start.Before(p.at) {
 		return
 	}
@@ -124,7 +124,7 @@ func (p *writeProbe) verdictLocked(err error, start time.Time) {
 // write pings the store (a store below its floor refuses there, without
 // counting a refused reservation), then reserves the probe key and
 // releases it.
-func (p *writeProbe) write(ctx context.Context) error {
+func (p *WriteProbe) write(ctx context.Context) error {
 	if err := p.s.Ping(ctx); err != nil {
 		return err
 	}
@@ -155,7 +155,7 @@ func (p *writeProbe) write(ctx context.Context) error {
 // the verdict that failure at once, and one that succeeds makes it ready,
 // until the next probe says otherwise. So the verdict follows the real
 // traffic between probes. A ReconcileStore stays one.
-func (p *writeProbe) Observe(s Store) Store {
+func (p *WriteProbe) Observe(s Store) Store {
 	o := observed{Store: s, p: p}
 	if rs, ok := s.(ReconcileStore); ok {
 		return observedReconcile{o, rs}
@@ -166,7 +166,7 @@ func (p *writeProbe) Observe(s Store) Store {
 // observed is a Store whose reservations' outcomes go to its probe.
 type observed struct {
 	Store
-	p *writeProbe
+	p *WriteProbe
 }
 
 func (o observed) Reserve(ctx context.Context, key string, res Reservation) (*Record, error) {
@@ -188,7 +188,7 @@ type observedReconcile struct {
 
 // observe sets the verdict to the outcome of a real reservation that
 // started at start.
-func (p *writeProbe) observe(err error, start time.Time) {
+func (p *WriteProbe) observe(err error, start time.Time) {
 	if err != nil {
 		err = fmt.Errorf("writes fail: a reservation failed: %w", err)
 	}
@@ -204,7 +204,7 @@ func (p *writeProbe) observe(err error, start time.Time) {
 // see Observe) wrote, its error when it failed, an error when the running probe has taken longer than
 // Timeout (a store that ignores its deadline), and nil before the first
 // probe has ended.
-func (p *writeProbe) Err() error {
+func (p *WriteProbe) Err() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if !p.running.IsZero() {
@@ -219,19 +219,19 @@ func (p *writeProbe) Err() error {
 }
 
 // Ready reports whether a probe has ended, so that Err is a verdict.
-func (p *writeProbe) Ready() bool {
+func (p *WriteProbe) Ready() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.done
 }
 
 // Failures returns the probes that failed so far.
-func (p *writeProbe) Failures() uint64 { return p.failures.Load() }
+func (p *WriteProbe) Failures() uint64 { return p.failures.Load() }
 
 // RegisterProbeMetrics registers the verdict of the write probe p on reg
 // (idemproxy_store_writable, which /readyz agrees with, and its failures),
 // read from p when scraped.
-func RegisterProbeMetrics(reg prometheus.Registerer, p *writeProbe) {
+func RegisterProbeMetrics(reg prometheus.Registerer, p *WriteProbe) {
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "idemproxy_store_writable",
