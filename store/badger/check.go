@@ -41,8 +41,8 @@ type Damage struct {
 	Detail string
 }
 
-// report is what Check found in a store directory.
-type report struct {
+// Report is what Check found in a store directory.
+type Report struct {
 	// Dir is the store's directory.
 	Dir string
 	// Segments and Records count the log's segments and the valid records
@@ -57,7 +57,7 @@ type report struct {
 }
 
 // OK reports whether r found nothing wrong.
-func (r report) OK() bool { return len(r.Damage) == 0 }
+func (r Report) OK() bool { return len(r.Damage) == 0 }
 
 // quarantineLockWait is how long Quarantine waits for the lock Badger
 // takes on the store's directory: a proxy whose store does not open takes
@@ -68,8 +68,8 @@ var quarantineLockWait = 10 * time.Second
 // Not opening Badger, it judges the log with the sequence number of the
 // checkpoint file (walCheckpointName): it can report damage among records
 // that Badger already holds, which Open passes over.
-func checkLog(dir string) (rep report, files []segmentFile, scan logScan, closeAll func(), err error) {
-	rep = report{Dir: dir}
+func checkLog(dir string) (rep Report, files []segmentFile, scan logScan, closeAll func(), err error) {
+	rep = Report{Dir: dir}
 	closeAll = func() {}
 	walDir := filepath.Join(dir, walDirName)
 	nums, err := walSegments(walDir)
@@ -101,14 +101,14 @@ func checkLog(dir string) (rep report, files []segmentFile, scan logScan, closeA
 // damaged place in it. It changes nothing and does not open Badger, so it
 // may run beside a store that failed to open. Its error is for a log it
 // could not read at all (a permission error, say).
-func Check(dir string) (report, error) {
+func Check(dir string) (Report, error) {
 	rep, _, _, closeAll, err := checkLog(dir)
 	closeAll()
 	return rep, err
 }
 
-// quarantined is what Quarantine moved aside.
-type quarantined struct {
+// Quarantined is what Quarantine moved aside.
+type Quarantined struct {
 	// Dir is the directory the segments were moved to.
 	Dir string
 	// Segments are the moved segments' original paths. The first is the
@@ -166,26 +166,26 @@ func step(name string) error {
 // does nothing (and returns a zero Quarantined) when Check finds no
 // damage. Interrupted (a crash), it is finished by the next run, which
 // reports Resumed.
-func Quarantine(dir string, now time.Time) (quarantined, error) {
+func Quarantine(dir string, now time.Time) (Quarantined, error) {
 	unlock, err := LockDir(dir, quarantineLockWait)
 	if err != nil {
-		return quarantined{}, fmt.Errorf("badger: quarantine: %w", err)
+		return Quarantined{}, fmt.Errorf("badger: quarantine: %w", err)
 	}
 	defer unlock()
 	qRoot := filepath.Join(dir, quarantineDirName)
 	partial, plan, err := findPartial(qRoot)
 	if err != nil {
-		return quarantined{}, fmt.Errorf("badger: quarantine: %w", err)
+		return Quarantined{}, fmt.Errorf("badger: quarantine: %w", err)
 	}
 	resumed := plan != nil
 	if plan == nil {
 		rep, files, scan, closeAll, err := checkLog(dir)
 		closeAll()
 		if err != nil {
-			return quarantined{}, fmt.Errorf("badger: quarantine: %w", err)
+			return Quarantined{}, fmt.Errorf("badger: quarantine: %w", err)
 		}
 		if rep.OK() {
-			return quarantined{}, nil
+			return Quarantined{}, nil
 		}
 		plan = &quarantinePlan{Damaged: filepath.Base(files[scan.damageSeg].name), Keep: scan.damageOff,
 			Kept: scan.records, SetAside: scan.after, Damage: scan.damage}
@@ -193,14 +193,14 @@ func Quarantine(dir string, now time.Time) (quarantined, error) {
 			plan.Segments = append(plan.Segments, filepath.Base(sf.name))
 		}
 		if partial, err = startQuarantine(qRoot, now, plan); err != nil {
-			return quarantined{}, fmt.Errorf("badger: quarantine: %w", err)
+			return Quarantined{}, fmt.Errorf("badger: quarantine: %w", err)
 		}
 	}
 	final, err := finishQuarantine(dir, qRoot, partial, plan)
 	if err != nil {
-		return quarantined{}, fmt.Errorf("badger: quarantine: %w", err)
+		return Quarantined{}, fmt.Errorf("badger: quarantine: %w", err)
 	}
-	q := quarantined{Dir: final, Kept: plan.Kept, SetAside: plan.SetAside, Resumed: resumed}
+	q := Quarantined{Dir: final, Kept: plan.Kept, SetAside: plan.SetAside, Resumed: resumed}
 	for _, name := range plan.Segments {
 		q.Segments = append(q.Segments, filepath.Join(dir, walDirName, name))
 	}

@@ -168,9 +168,9 @@ func countFiles(files []string) string {
 	return fmt.Sprintf("%d table files (*.sst) and %d value-log files (*.vlog)", sst, vlog)
 }
 
-// fileProblem is one thing wrong with a store directory's files that keeps
+// FileProblem is one thing wrong with a store directory's files that keeps
 // the store from opening, or would lose keys if it did.
-type fileProblem struct {
+type FileProblem struct {
 	// Path is the file or directory concerned.
 	Path string
 	// Detail says what is wrong, and what to do, for a person.
@@ -180,7 +180,7 @@ type fileProblem struct {
 	InUse bool
 }
 
-func (p fileProblem) String() string { return p.Path + ": " + p.Detail }
+func (p FileProblem) String() string { return p.Path + ": " + p.Detail }
 
 // CheckFiles reports what is wrong with the Badger files of the store in
 // dir, without opening it and without changing anything: a directory that
@@ -191,10 +191,10 @@ func (p fileProblem) String() string { return p.Path + ": " + p.Detail }
 // directory that does not exist is no problem (a new store is created
 // there). The reservation log is Check's. Off Unix (Windows) its one
 // problem is that the store is not supported there (platform_other.go).
-func CheckFiles(dir string) []fileProblem {
-	var probs []fileProblem
+func CheckFiles(dir string) []FileProblem {
+	var probs []FileProblem
 	add := func(path, format string, args ...any) {
-		probs = append(probs, fileProblem{Path: path, Detail: fmt.Sprintf(format, args...)})
+		probs = append(probs, FileProblem{Path: path, Detail: fmt.Sprintf(format, args...)})
 	}
 	if err := supported(); err != nil {
 		add(dir, "%v", err)
