@@ -342,6 +342,11 @@ func appendRefs(refs []typeRef, types map[string]bool, e ast.Expr, at string, em
 			refs = appendRefs(refs, types, x, at, false)
 		}
 	case *ast.FuncType:
+		if strings.HasSuffix(at, ")") { // a func in a func's signature: where the outer one is
+			fields(e.Params, at)
+			fields(e.Results, at)
+			break
+		}
 		fields(e.Params, at+" (parameter)")
 		fields(e.Results, at+" (result)")
 	case *ast.StructType:
@@ -406,17 +411,140 @@ func TestDomainPackagesExposeNoUnexportedType(t *testing.T) {
 		t.Fatalf("found %d of the %d domain packages: the walk missed the tree", len(surfaces), len(domainPackages))
 	}
 	for _, dir := range domainPackages {
-		s := surfaces[dir]
-		var roots []string
-		for decl := range s {
-			if ast.IsExported(decl) {
-				roots = append(roots, decl)
-			}
+		for _, r := range surfaces[dir].unexported() {
+			t.Errorf("%s names %s, which is unexported: export the type (its doc comment's first word too)", exportID(dir, r.at), exportID(dir, r.name))
 		}
-		s.walk(roots, func(r typeRef) {
-			if !r.embedded && !ast.IsExported(r.name) {
-				t.Errorf("%s names %s, which is unexported: export the type (its doc comment's first word too)", exportID(dir, r.at), exportID(dir, r.name))
-			}
-		})
+	}
+}
+
+// unexported returns the unexported types the package's exported
+// declarations expose, but for embedded ones (whose exported parts are
+// followed).
+func (s surface) unexported() []typeRef {
+	var roots []string
+	for decl := range s {
+		if ast.IsExported(decl) {
+			roots = append(roots, decl)
+		}
+	}
+	var refs []typeRef
+	s.walk(roots, func(r typeRef) {
+		if !r.embedded && !ast.IsExported(r.name) {
+			refs = append(refs, r)
+		}
+	})
+	return refs
+}
+
+// TestExposureRulesCatchEachKindOfPlace: each place where
+// TestDomainPackagesExposeNoUnexportedType looks finds an unexported
+// type, and the places an unexported type may stand pass.
+func TestExposureRulesCatchEachKindOfPlace(t *testing.T) {
+	const src = `package proxy
+
+type Outer struct {
+	inner             // embedded: promoted, not exposed by name
+	Field  *field     // an exported field, through a pointer
+	priv   unused     // an unexported field
+	Nested []map[key]chan elem
+}
+
+type inner struct{ Promoted promoted }
+
+func New(p param, more ...variadic) (fn func() funcResult, err error) { return nil, nil }
+
+func (Outer) Method() methodResult { return 0 }
+
+func (unused) Method() unusedResult { return 0 } // an unexported type's method
+
+func helper() unusedResult { return 0 }
+
+type Iface interface {
+	Get() ifaceResult
+	embeddedIface
+}
+
+type embeddedIface interface{ Promoted() viaEmbedded }
+
+var V varType
+
+const C constType = 0
+
+type Named underlying
+
+type Gen[T any] struct{ X T }
+
+func G() Gen[typeArg] { return Gen[typeArg]{} }
+
+type Alias = aliased
+
+type (
+	field int
+	key int
+	elem int
+	promoted int
+	param int
+	variadic int
+	funcResult int
+	methodResult int
+	unused int
+	unusedResult int
+	ifaceResult int
+	viaEmbedded int
+	varType int
+	constType int
+	underlying int
+	typeArg int
+	aliased int
+)
+`
+	f, err := parser.ParseFile(token.NewFileSet(), "proxy/x.go", src, parser.SkipObjectResolution)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range exportedSurfaces([]goFile{{"proxy/x.go", "proxy", false, f}})["proxy"].unexported() {
+		got = append(got, r.name+" at "+r.at)
+	}
+	slices.Sort(got)
+	want := []string{
+		"aliased at Alias",
+		"constType at C",
+		"elem at Outer.Nested",
+		"field at Outer.Field",
+		"funcResult at New (result)",
+		"ifaceResult at Iface.Get (result)",
+		"key at Outer.Nested",
+		"methodResult at Outer.Method (result)",
+		"param at New (parameter)",
+		"promoted at inner.Promoted",
+		"typeArg at G (result)",
+		"underlying at Named",
+		"varType at V",
+		"variadic at New (parameter)",
+		"viaEmbedded at embeddedIface.Promoted (result)",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("found\n\t%s\nwant\n\t%s", strings.Join(got, "\n\t"), strings.Join(want, "\n\t"))
+	}
+}
+
+// TestExposedTypeCountsAsUsed: a type that a used export exposes counts as
+// used though no other package names it; one only an unused export
+// exposes does not.
+func TestExposedTypeCountsAsUsed(t *testing.T) {
+	var files []goFile
+	for _, src := range []struct{ name, text string }{
+		{"proxy/x.go", "package proxy\n\ntype Proxy struct{ Options *Options }\n\ntype Options struct{ Metrics Metrics }\n\ntype Metrics struct{}\n\nfunc Unused() Report { return Report{} }\n\ntype Report struct{}\n"},
+		{"internal/app/x.go", "package app\n\nimport \"" + module + "/proxy\"\n\nvar _ proxy.Proxy\n"},
+	} {
+		f, err := parser.ParseFile(token.NewFileSet(), src.name, src.text, parser.SkipObjectResolution)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, goFile{src.name, path.Dir(src.name), false, f})
+	}
+	if got, want := unusedExports(files)["proxy"], []string{"Report", "Unused"}; !slices.Equal(got, want) {
+		t.Errorf("unused exports of proxy: got %v, want %v", got, want)
 	}
 }
