@@ -75,30 +75,28 @@ func moduleFiles(t *testing.T) []goFile {
 func unusedExports(files []goFile) map[string][]string {
 	surfaces := exportedSurfaces(files)
 	exported := map[string]map[string]bool{} // folder → name → named elsewhere
-	for _, g := range files {
-		if g.test || !slices.Contains(domainPackages, g.dir) {
-			continue
-		}
-		if exported[g.dir] == nil {
-			exported[g.dir] = map[string]bool{}
-		}
-		for _, d := range g.f.Decls {
-			switch d := d.(type) {
-			case *ast.FuncDecl:
-				if d.Recv == nil && d.Name.IsExported() {
-					exported[g.dir][d.Name.Name] = false
-				}
-			case *ast.GenDecl:
-				for _, s := range d.Specs {
-					switch s := s.(type) {
-					case *ast.TypeSpec:
-						if s.Name.IsExported() {
-							exported[g.dir][s.Name.Name] = false
-						}
-					case *ast.ValueSpec:
-						for _, n := range s.Names {
-							if n.IsExported() {
-								exported[g.dir][n.Name] = false
+	for dir, gs := range domainFiles(files) {
+		names := map[string]bool{}
+		exported[dir] = names
+		for _, g := range gs {
+			for _, d := range g.f.Decls {
+				switch d := d.(type) {
+				case *ast.FuncDecl:
+					if d.Recv == nil && d.Name.IsExported() {
+						names[d.Name.Name] = false
+					}
+				case *ast.GenDecl:
+					for _, s := range d.Specs {
+						switch s := s.(type) {
+						case *ast.TypeSpec:
+							if s.Name.IsExported() {
+								names[s.Name.Name] = false
+							}
+						case *ast.ValueSpec:
+							for _, n := range s.Names {
+								if n.IsExported() {
+									names[n.Name] = false
+								}
 							}
 						}
 					}
@@ -221,55 +219,45 @@ type surface map[string][]typeRef
 // exportedSurfaces returns the surface of each domain package, from its
 // non-test files.
 func exportedSurfaces(files []goFile) map[string]surface {
-	types := map[string]map[string]bool{} // folder → the package's type names
-	for _, g := range files {
-		if g.test || !slices.Contains(domainPackages, g.dir) {
-			continue
-		}
-		if types[g.dir] == nil {
-			types[g.dir] = map[string]bool{}
-		}
-		for _, d := range g.f.Decls {
-			if d, ok := d.(*ast.GenDecl); ok && d.Tok == token.TYPE {
-				for _, s := range d.Specs {
-					types[g.dir][s.(*ast.TypeSpec).Name.Name] = true
+	surfaces := map[string]surface{}
+	for dir, gs := range domainFiles(files) {
+		types := map[string]bool{} // the package's type names
+		for _, g := range gs {
+			for _, d := range g.f.Decls {
+				if d, ok := d.(*ast.GenDecl); ok && d.Tok == token.TYPE {
+					for _, s := range d.Specs {
+						types[s.(*ast.TypeSpec).Name.Name] = true
+					}
 				}
 			}
 		}
-	}
-	surfaces := map[string]surface{}
-	for _, g := range files {
-		if g.test || types[g.dir] == nil {
-			continue
-		}
-		s := surfaces[g.dir]
-		if s == nil {
-			s = surface{}
-			surfaces[g.dir] = s
-		}
+		s := surface{}
+		surfaces[dir] = s
 		add := func(decl, at string, e ast.Expr) {
-			s[decl] = appendRefs(s[decl], types[g.dir], e, at, false)
+			s[decl] = appendRefs(s[decl], types, e, at, false)
 		}
-		for _, d := range g.f.Decls {
-			switch d := d.(type) {
-			case *ast.FuncDecl:
-				if !d.Name.IsExported() {
-					continue
-				}
-				if d.Recv == nil {
-					add(d.Name.Name, d.Name.Name, d.Type)
-				} else if recv := receiverType(d.Recv.List[0].Type); recv != "" {
-					add(recv, recv+"."+d.Name.Name, d.Type)
-				}
-			case *ast.GenDecl:
-				for _, sp := range d.Specs {
-					switch sp := sp.(type) {
-					case *ast.TypeSpec:
-						add(sp.Name.Name, sp.Name.Name, sp.Type)
-					case *ast.ValueSpec:
-						for _, n := range sp.Names {
-							if n.IsExported() && sp.Type != nil {
-								add(n.Name, n.Name, sp.Type)
+		for _, g := range gs {
+			for _, d := range g.f.Decls {
+				switch d := d.(type) {
+				case *ast.FuncDecl:
+					if !d.Name.IsExported() {
+						continue
+					}
+					if d.Recv == nil {
+						add(d.Name.Name, d.Name.Name, d.Type)
+					} else if recv := receiverType(d.Recv.List[0].Type); recv != "" {
+						add(recv, recv+"."+d.Name.Name, d.Type)
+					}
+				case *ast.GenDecl:
+					for _, sp := range d.Specs {
+						switch sp := sp.(type) {
+						case *ast.TypeSpec:
+							add(sp.Name.Name, sp.Name.Name, sp.Type)
+						case *ast.ValueSpec:
+							for _, n := range sp.Names {
+								if n.IsExported() && sp.Type != nil {
+									add(n.Name, n.Name, sp.Type)
+								}
 							}
 						}
 					}
@@ -278,6 +266,18 @@ func exportedSurfaces(files []goFile) map[string]surface {
 		}
 	}
 	return surfaces
+}
+
+// domainFiles returns the non-test files of each domain package, by its
+// folder.
+func domainFiles(files []goFile) map[string][]goFile {
+	byDir := map[string][]goFile{}
+	for _, g := range files {
+		if !g.test && slices.Contains(domainPackages, g.dir) {
+			byDir[g.dir] = append(byDir[g.dir], g)
+		}
+	}
+	return byDir
 }
 
 // receiverType is the name of a method's receiver's type: T of t T, *T,
@@ -315,31 +315,44 @@ func appendRefs(refs []typeRef, types map[string]bool, e ast.Expr, at string, em
 			refs = appendRefs(refs, types, f.Type, at, false)
 		}
 	}
+	members := func(l *ast.FieldList) { // a struct's fields or an interface's methods: the exported and the embedded ones
+		for _, f := range l.List {
+			if len(f.Names) == 0 {
+				refs = appendRefs(refs, types, f.Type, at, true)
+			}
+			for _, n := range f.Names {
+				if n.IsExported() {
+					refs = appendRefs(refs, types, f.Type, at+"."+n.Name, false)
+				}
+			}
+		}
+	}
+	in := func(e ast.Expr, embedded bool) { refs = appendRefs(refs, types, e, at, embedded) }
 	switch e := e.(type) {
 	case *ast.Ident:
 		if types[e.Name] {
 			refs = append(refs, typeRef{e.Name, at, embedded})
 		}
 	case *ast.StarExpr:
-		refs = appendRefs(refs, types, e.X, at, embedded)
+		in(e.X, embedded)
 	case *ast.ParenExpr:
-		refs = appendRefs(refs, types, e.X, at, embedded)
+		in(e.X, embedded)
 	case *ast.ArrayType:
-		refs = appendRefs(refs, types, e.Elt, at, false)
+		in(e.Elt, false)
 	case *ast.Ellipsis:
-		refs = appendRefs(refs, types, e.Elt, at, false)
+		in(e.Elt, false)
 	case *ast.ChanType:
-		refs = appendRefs(refs, types, e.Value, at, false)
+		in(e.Value, false)
 	case *ast.MapType:
-		refs = appendRefs(refs, types, e.Key, at, false)
-		refs = appendRefs(refs, types, e.Value, at, false)
+		in(e.Key, false)
+		in(e.Value, false)
 	case *ast.IndexExpr:
-		refs = appendRefs(refs, types, e.X, at, embedded)
-		refs = appendRefs(refs, types, e.Index, at, false)
+		in(e.X, embedded)
+		in(e.Index, false)
 	case *ast.IndexListExpr:
-		refs = appendRefs(refs, types, e.X, at, embedded)
+		in(e.X, embedded)
 		for _, x := range e.Indices {
-			refs = appendRefs(refs, types, x, at, false)
+			in(x, false)
 		}
 	case *ast.FuncType:
 		if strings.HasSuffix(at, ")") { // a func in a func's signature: where the outer one is
@@ -350,27 +363,9 @@ func appendRefs(refs []typeRef, types map[string]bool, e ast.Expr, at string, em
 		fields(e.Params, at+" (parameter)")
 		fields(e.Results, at+" (result)")
 	case *ast.StructType:
-		for _, f := range e.Fields.List {
-			if len(f.Names) == 0 {
-				refs = appendRefs(refs, types, f.Type, at, true)
-			}
-			for _, n := range f.Names {
-				if n.IsExported() {
-					refs = appendRefs(refs, types, f.Type, at+"."+n.Name, false)
-				}
-			}
-		}
+		members(e.Fields)
 	case *ast.InterfaceType:
-		for _, f := range e.Methods.List {
-			if len(f.Names) == 0 {
-				refs = appendRefs(refs, types, f.Type, at, true)
-			}
-			for _, n := range f.Names {
-				if n.IsExported() {
-					refs = appendRefs(refs, types, f.Type, at+"."+n.Name, false)
-				}
-			}
-		}
+		members(e.Methods)
 	}
 	return refs
 }
