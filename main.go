@@ -12,7 +12,7 @@
 //	idemproxy store quarantine -config FILE     move its damaged log segments aside
 //	idemproxy -version                     print the version, the commit and its date
 //
-// What it does lives in packages named for their jobs: internal/cli
+// What it does lives in packages named for their jobs: internal/app/cli
 // parses the command line, internal/app runs the proxy; CONTRIBUTING.md
 // has the map.
 package main

@@ -20,15 +20,15 @@ import (
 // go through releaseKey and reconcileKeyAct: the same store calls, the same
 // fencing by the record's owner token, the same audit line.
 
-// Action is an operator's act on one key, from the key API or the console.
-type Action struct {
+// action is an operator's act on one key, from the key API or the console.
+type action struct {
 	// Operator and Reason go to the audit line; an empty Operator leaves
 	// the attribute out.
 	Operator, Reason string
 	// Force releases a key in flight (its request is at the upstream now).
 	Force bool
 	// Version, when set, is the Version of the record the operator saw:
-	// the act is refused with ErrChanged unless the record still is that.
+	// the act is refused with errChanged unless the record still is that.
 	// Empty: no check.
 	Version string
 	// RemoteAddr and UserAgent say where the act came from, for the audit
@@ -40,12 +40,12 @@ type Action struct {
 
 // The refusals of an act, before the store is written.
 var (
-	// ErrChanged: the record is not the one the operator saw (Action.Version).
-	ErrChanged = errors.New("the key changed since it was read")
-	// ErrKeyInFlight: a release of a key in flight without Action.Force.
-	ErrKeyInFlight = errors.New("the key is in flight: its request is being forwarded now")
-	// ErrNoRecord: no record under the key.
-	ErrNoRecord = errors.New(noRecord)
+	// errChanged: the record is not the one the operator saw (action.Version).
+	errChanged = errors.New("the key changed since it was read")
+	// errKeyInFlight: a release of a key in flight without action.Force.
+	errKeyInFlight = errors.New("the key is in flight: its request is being forwarded now")
+	// errNoRecord: no record under the key.
+	errNoRecord = errors.New(noRecord)
 	// errNoReconciler: the store cannot reconcile.
 	errNoReconciler = errors.New("reconciliation is not available with this store")
 )
@@ -79,30 +79,30 @@ func Version(rec *store.Record) string {
 	return hex.EncodeToString(h.Sum(nil)[:8])
 }
 
-// ErrBadText is wrapped by an act refused for its reason or operator: too
+// errBadText is wrapped by an act refused for its reason or operator: too
 // long, not UTF-8, or holding a control or bidirectional character that
 // would make its audit line read otherwise than it is.
-var ErrBadText = errors.New("invalid text")
+var errBadText = errors.New("invalid text")
 
 // checkText refuses an act whose reason or operator (each optional here;
 // the console requires both) the audit line could not hold as it is.
-func (act Action) checkText() error {
+func (act action) checkText() error {
 	if act.Reason != "" {
 		if why := checkReason(act.Reason); why != "" {
-			return fmt.Errorf("%w: %s", ErrBadText, why)
+			return fmt.Errorf("%w: %s", errBadText, why)
 		}
 	}
 	if act.Operator != "" {
 		if why := checkOperator(act.Operator); why != "" {
-			return fmt.Errorf("%w: the operator %s", ErrBadText, strings.TrimPrefix(why, "your name "))
+			return fmt.Errorf("%w: the operator %s", errBadText, strings.TrimPrefix(why, "your name "))
 		}
 	}
 	return nil
 }
 
-// current reads the record under storeKey for act: ErrNoRecord when there
-// is none, ErrChanged when it is not the version act names.
-func (h *Handler) current(ctx context.Context, storeKey string, act Action) (*store.Record, error) {
+// current reads the record under storeKey for act: errNoRecord when there
+// is none, errChanged when it is not the version act names.
+func (h *Handler) current(ctx context.Context, storeKey string, act action) (*store.Record, error) {
 	if err := act.checkText(); err != nil {
 		return nil, err
 	}
@@ -111,9 +111,9 @@ func (h *Handler) current(ctx context.Context, storeKey string, act Action) (*st
 	case err != nil:
 		return nil, err
 	case rec == nil:
-		return nil, ErrNoRecord
+		return nil, errNoRecord
 	case act.Version != "" && Version(rec) != act.Version:
-		return rec, ErrChanged
+		return rec, errChanged
 	}
 	return rec, nil
 }
@@ -124,7 +124,7 @@ func (h *Handler) current(ctx context.Context, storeKey string, act Action) (*st
 // meanwhile (a reservation made after a lookup or the TTL removed it,
 // whose request may be at the upstream now) is left alone (store.ErrNotOwner),
 // or a retry would be forwarded while that request is still processed.
-func (h *Handler) releaseKey(ctx context.Context, route, storeKey string, act Action) (*store.Record, error) {
+func (h *Handler) releaseKey(ctx context.Context, route, storeKey string, act action) (*store.Record, error) {
 	prev, err := h.current(ctx, storeKey, act)
 	if err != nil {
 		return prev, err
@@ -132,7 +132,7 @@ func (h *Handler) releaseKey(ctx context.Context, route, storeKey string, act Ac
 	if prev.State == store.StateInFlight && !act.Force {
 		// Its request is at the upstream right now: a retry let through
 		// by a release would be forwarded a second time.
-		return prev, ErrKeyInFlight
+		return prev, errKeyInFlight
 	}
 	if h.opts.MarkReleased != nil {
 		// First: from the release on, a replica that answered the key
@@ -152,7 +152,7 @@ func (h *Handler) releaseKey(ctx context.Context, route, storeKey string, act Ac
 // reconcileKeyAct asks the upstream, through the route's lookup, whether
 // the in-doubt record under storeKey was applied, settles it by the answer
 // and writes the audit line.
-func (h *Handler) reconcileKeyAct(ctx context.Context, route, storeKey string, act Action) (reconcile.Outcome, error) {
+func (h *Handler) reconcileKeyAct(ctx context.Context, route, storeKey string, act action) (reconcile.Outcome, error) {
 	if h.opts.Reconciler == nil {
 		return reconcile.Outcome{}, errNoReconciler
 	}
@@ -169,7 +169,7 @@ func (h *Handler) reconcileKeyAct(ctx context.Context, route, storeKey string, a
 
 // audit writes an act's audit line: what was done (msg, attrs), to which
 // key (its hash, never the key), by whom, why, from where and how.
-func (h *Handler) audit(msg, route, storeKey string, act Action, attrs ...slog.Attr) {
+func (h *Handler) audit(msg, route, storeKey string, act action, attrs ...slog.Attr) {
 	sum := sha256.Sum256([]byte(storeKey))
 	line := append([]slog.Attr{
 		slog.String("route", route),

@@ -551,8 +551,8 @@ func (h *Handler) reconcileKey(w http.ResponseWriter, r *http.Request) {
 // apiAction is the act a key API request asks for: its operator
 // (X-Operator), reason (?reason=) and the version it was read at
 // (If-Match, as GET's ETag gave it).
-func apiAction(r *http.Request) Action {
-	act := Action{Operator: r.Header.Get("X-Operator"), Reason: r.URL.Query().Get("reason"),
+func apiAction(r *http.Request) action {
+	act := action{Operator: r.Header.Get("X-Operator"), Reason: r.URL.Query().Get("reason"),
 		Version: strings.Trim(r.Header.Get("If-Match"), `"`), RemoteAddr: r.RemoteAddr, UserAgent: r.UserAgent(), Via: "api"}
 	if _, sent := r.Header["If-Match"]; sent && act.Version == "" {
 		// An If-Match that names no version ("", a script's ETag left
@@ -568,17 +568,17 @@ func apiAction(r *http.Request) Action {
 func (h *Handler) actFailed(w http.ResponseWriter, r *http.Request, storeKey string, err error, withState bool) {
 	detail, ext := err.Error(), map[string]any(nil)
 	switch {
-	case errors.Is(err, ErrKeyInFlight):
+	case errors.Is(err, errKeyInFlight):
 		detail = "the key is in flight: its request is being forwarded now; wait for it to settle, or add " + forceQuery
 		ext = map[string]any{"override": forceQuery}
 	case errors.Is(err, store.ErrNotOwner):
 		detail = "the key changed while it was being released (settled, expired or reserved again); look at it again"
-	case errors.Is(err, ErrChanged):
+	case errors.Is(err, errChanged):
 		detail = "the key changed since it was read (If-Match): read it again"
 	case errors.Is(err, reconcile.ErrNoLookup):
 		detail = "route " + r.PathValue("route") + " has no reconcile lookup"
 	}
-	if withState && !errors.Is(err, ErrNoRecord) && !errors.Is(err, errNoReconciler) && !errors.Is(err, ErrBadText) {
+	if withState && !errors.Is(err, errNoRecord) && !errors.Is(err, errNoReconciler) && !errors.Is(err, errBadText) {
 		if rec, gerr := h.opts.Store.Get(r.Context(), storeKey); gerr == nil && rec != nil {
 			ext = map[string]any{"state": string(rec.State)}
 		}
@@ -591,7 +591,7 @@ func (h *Handler) actFailed(w http.ResponseWriter, r *http.Request, storeKey str
 // release's text rules, are logged with the epochs.
 func (h *Handler) acceptLoss(w http.ResponseWriter, r *http.Request) {
 	operator, reason := r.Header.Get("X-Operator"), r.URL.Query().Get("reason")
-	if err := (Action{Operator: operator, Reason: reason}).checkText(); err != nil {
+	if err := (action{Operator: operator, Reason: reason}).checkText(); err != nil {
 		problem.Write(w, r, problemFor(err), err.Error(), 0, nil)
 		return
 	}
@@ -631,7 +631,7 @@ var ErrNoKeyspace = errors.New("the store's registry has no keyspace of this nam
 // release's text rules, are logged with the keyspace's entry.
 func (h *Handler) dropKeyspace(w http.ResponseWriter, r *http.Request) {
 	operator, reason := r.Header.Get("X-Operator"), r.URL.Query().Get("reason")
-	if err := (Action{Operator: operator, Reason: reason}).checkText(); err != nil {
+	if err := (action{Operator: operator, Reason: reason}).checkText(); err != nil {
 		problem.Write(w, r, problemFor(err), err.Error(), 0, nil)
 		return
 	}

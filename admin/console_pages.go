@@ -436,13 +436,13 @@ func showBody(b []byte) bodyView {
 }
 
 // actForm is the key an act's form names, and its act.
-func (c *console) actForm(r *http.Request, se *session) (keyPlace, Action, int, string) {
+func (c *console) actForm(r *http.Request, se *session) (keyPlace, action, int, string) {
 	f := r.PostForm
 	p, status, msg := c.place(f.Get("route"), f.Get("key"), "", f.Get("scope_hash"))
 	if status != 0 {
-		return p, Action{}, status, msg + ": nothing was done"
+		return p, action{}, status, msg + ": nothing was done"
 	}
-	act := Action{Operator: se.operator, Reason: strings.TrimSpace(f.Get("reason")), Force: f.Get("force") == "true",
+	act := action{Operator: se.operator, Reason: strings.TrimSpace(f.Get("reason")), Force: f.Get("force") == "true",
 		Version: f.Get("version"), RemoteAddr: r.RemoteAddr, UserAgent: r.UserAgent(), Via: "console"}
 	if msg := checkReason(act.Reason); msg != "" {
 		return p, act, http.StatusBadRequest, msg + ": nothing was done"
@@ -511,11 +511,11 @@ func (c *console) refuse(w http.ResponseWriter, r *http.Request, se *session, p 
 // actMessage says why an act was refused or failed, and what to do.
 func actMessage(err error) string {
 	switch {
-	case errors.Is(err, ErrChanged):
+	case errors.Is(err, errChanged):
 		return "this key changed since you loaded the page: look again; nothing was done"
-	case errors.Is(err, ErrKeyInFlight):
+	case errors.Is(err, errKeyInFlight):
 		return "the key is in flight: its request is being forwarded now; wait for it to settle, or tick force"
-	case errors.Is(err, ErrNoRecord):
+	case errors.Is(err, errNoRecord):
 		return "there is no record for this key (never seen, released or expired)"
 	case errors.Is(err, store.ErrNotOwner):
 		return "the key changed while it was being released (settled, expired or reserved again): look again; nothing was done"
@@ -556,8 +556,8 @@ func (c *console) bulkRelease(w http.ResponseWriter, r *http.Request, se *sessio
 	case len(sel) == 0:
 		refuse(http.StatusBadRequest, "no key is selected")
 		return
-	case len(sel) > MaxListLimit:
-		refuse(http.StatusBadRequest, "more than "+strconv.Itoa(MaxListLimit)+" keys are selected")
+	case len(sel) > maxListLimit:
+		refuse(http.StatusBadRequest, "more than "+strconv.Itoa(maxListLimit)+" keys are selected")
 		return
 	case checkReason(reason) != "":
 		refuse(http.StatusBadRequest, checkReason(reason))
@@ -588,7 +588,7 @@ func (c *console) bulkRelease(w http.ResponseWriter, r *http.Request, se *sessio
 	var outcomes []bulkOutcome
 	released := 0
 	for i, p := range places {
-		act := Action{Operator: se.operator, Reason: reason, Version: versions[i], RemoteAddr: r.RemoteAddr, UserAgent: r.UserAgent(), Via: "console"}
+		act := action{Operator: se.operator, Reason: reason, Version: versions[i], RemoteAddr: r.RemoteAddr, UserAgent: r.UserAgent(), Via: "console"}
 		o := bulkOutcome{Key: p.key, KeyHash: store.KeyHash(p.storeKey)}
 		if prev, err := c.h.releaseKey(r.Context(), p.route, p.storeKey, act); err != nil {
 			o.Message = "refused: " + actMessage(err)

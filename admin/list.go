@@ -18,8 +18,8 @@ import (
 const (
 	// DefaultListLimit is the page size when ?limit= is absent.
 	DefaultListLimit = 100
-	// MaxListLimit is the largest ?limit= taken.
-	MaxListLimit = 1000
+	// maxListLimit is the largest ?limit= taken.
+	maxListLimit = 1000
 	// listCalls is the most store calls one page makes to fill itself
 	// when a filter selects few of the keys each call examines: a page
 	// reads at most listCalls x store.ListBudget keys (or limit keys per
@@ -128,8 +128,8 @@ func (h *Handler) listRoute(ctx context.Context, route string, qv url.Values, ca
 	}
 	if s := qv.Get("limit"); s != "" {
 		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 || n > MaxListLimit {
-			return listPage{}, &listError{probBadParameter, "limit " + strconv.Quote(s) + " is not a number from 1 to " + strconv.Itoa(MaxListLimit)}
+		if err != nil || n < 1 || n > maxListLimit {
+			return listPage{}, &listError{probBadParameter, "limit " + strconv.Quote(s) + " is not a number from 1 to " + strconv.Itoa(maxListLimit)}
 		}
 		q.Limit = n
 	}

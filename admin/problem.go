@@ -55,13 +55,13 @@ func problemFor(err error) problem.Type {
 		return probBadParameter
 	case errors.Is(err, reconcile.ErrNoLookup):
 		return probNoReconcile
-	case errors.Is(err, ErrBadText):
+	case errors.Is(err, errBadText):
 		return probBadParameter
-	case errors.Is(err, ErrNoRecord):
+	case errors.Is(err, errNoRecord):
 		return probNoRecord
-	case errors.Is(err, ErrKeyInFlight):
+	case errors.Is(err, errKeyInFlight):
 		return probKeyInFlight
-	case errors.Is(err, ErrChanged):
+	case errors.Is(err, errChanged):
 		return probStale
 	case errors.Is(err, errNoReconciler):
 		return probNoReconciler

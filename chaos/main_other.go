@@ -3,7 +3,7 @@
 // Command chaos is the chaos run (docs/chaos.md). It runs on Linux only:
 // it pauses and kills the processes it starts with signals and waits for
 // them through /proc, fills Badger's disk on a tmpfs it mounts, and cuts
-// power on a FUSE mount (internal/powerloss). Elsewhere it says so and
+// power on a FUSE mount (internal/testenv/powerloss). Elsewhere it says so and
 // exits with status 2.
 package main
 

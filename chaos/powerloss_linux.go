@@ -11,7 +11,7 @@ import (
 )
 
 // powerDisk is the Badger proxy's data directory on the power-loss file
-// system (internal/powerloss): dir is the disk, mnt what the proxy opens.
+// system (internal/testenv/powerloss): dir is the disk, mnt what the proxy opens.
 // The run serves the mount; the proxy, a child process, maps its files.
 type powerDisk struct {
 	dir, mnt string

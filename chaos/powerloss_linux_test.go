@@ -36,7 +36,7 @@ func (l *lockedBuffer) String() string {
 
 // TestPowerLoss is the chaos run's power-loss fault in short: the real
 // idemproxy on Badger (sync_writes: true), its data directory on the
-// power-loss file system this test serves (internal/powerloss), clients
+// power-loss file system this test serves (internal/testenv/powerloss), clients
 // charging, and the power cut at seeded random points, each followed by a
 // remount and a restart on what survived. The checker then reads the
 // history and the stub's statement: no key charged twice (property 1), no

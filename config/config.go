@@ -34,41 +34,41 @@ const (
 // Answers to duplicates, concurrent duplicates, missing keys and store
 // errors.
 const (
-	DuplicateReplay   = "replay"
+	duplicateReplay   = "replay"
 	DuplicateReject   = "reject"
-	ConcurrentReject  = "reject"
+	concurrentReject  = "reject"
 	ConcurrentWait    = "wait"
-	MissingKeyReject  = "reject"
+	missingKeyReject  = "reject"
 	MissingKeyForward = "forward"
-	StoreErrorReject  = "reject"
+	storeErrorReject  = "reject"
 	StoreErrorForward = "forward"
 )
 
 // Preallocation of the Badger store's files (store.badger.preallocate):
-// PreallocateAuto uses the seccomp supervisor when the kernel allows it and
+// preallocateAuto uses the seccomp supervisor when the kernel allows it and
 // runs without otherwise; PreallocateOff never installs it;
 // PreallocateRequired refuses to start without it.
 const (
-	PreallocateAuto     = "auto"
+	preallocateAuto     = "auto"
 	PreallocateOff      = "off"
 	PreallocateRequired = "required"
 )
 
 // Record layouts of the Redis store (store.redis.record_layout):
-// RecordLayoutPacked writes each record as one packed string (one write
-// per change), which releases before it cannot read; RecordLayoutHash
+// recordLayoutPacked writes each record as one packed string (one write
+// per change), which releases before it cannot read; recordLayoutHash
 // writes the hashes those releases wrote, for a rolling upgrade from them
 // or before a rollback to them. Both read either layout.
 const (
-	RecordLayoutPacked = "packed"
-	RecordLayoutHash   = "hash"
+	recordLayoutPacked = "packed"
+	recordLayoutHash   = "hash"
 )
 
 // Route modes: enforce answers duplicates from the store; observe does the
 // bookkeeping but forwards every request, counting what enforce would have
 // done.
 const (
-	ModeEnforce = "enforce"
+	modeEnforce = "enforce"
 	ModeObserve = "observe"
 )
 
@@ -222,8 +222,8 @@ const MaxWitnessWindow = time.Hour
 
 // The bounds of store.witness_max_keys: 16 KiB to 1 GiB of memory.
 const (
-	MinWitnessMaxKeys = 1 << 10
-	MaxWitnessMaxKeys = 1 << 26
+	minWitnessMaxKeys = 1 << 10
+	maxWitnessMaxKeys = 1 << 26
 )
 
 // Badger configures the embedded store.
@@ -305,13 +305,13 @@ type Redis struct {
 	RecordLayout string `yaml:"record_layout"`
 }
 
-// RedisWaitAuto is store.redis.wait_replicas' auto.
-const RedisWaitAuto = "auto"
+// redisWaitAuto is store.redis.wait_replicas' auto.
+const redisWaitAuto = "auto"
 
 // ReplicaWait returns store.redis.wait_replicas (validated): auto, or the
 // number of replicas every write waits for.
 func (r *Redis) ReplicaWait() (n int, auto bool) {
-	if r.WaitReplicas == RedisWaitAuto {
+	if r.WaitReplicas == redisWaitAuto {
 		return 0, true
 	}
 	n, _ = strconv.Atoi(r.WaitReplicas)
@@ -437,7 +437,7 @@ type Route struct {
 	// get 409. Default 1 MiB.
 	MaxStoredBodyBytes int64 `yaml:"max_stored_body_bytes"`
 	// ReplayHeaders is the allow-list of response headers stored and
-	// replayed. Default DefaultReplayHeaders.
+	// replayed. Default defaultReplayHeaders.
 	ReplayHeaders []string `yaml:"replay_headers"`
 	// Fingerprint configures the request fingerprint.
 	Fingerprint Fingerprint `yaml:"fingerprint"`
@@ -460,21 +460,21 @@ type Reconcile struct {
 	Lookup string `yaml:"lookup"`
 	// Grace is how long after a key turned in doubt the first lookup is
 	// sent: the upstream must have finished (or dropped) the original
-	// request by then. Default the larger of DefaultReconcileGrace and
+	// request by then. Default the larger of defaultReconcileGrace and
 	// twice the lease; it must exceed the lease (and so upstream_timeout).
 	Grace Duration `yaml:"grace"`
 	// Interval is the time between lookups of a key that stays in doubt.
-	// Default DefaultReconcileInterval.
+	// Default defaultReconcileInterval.
 	Interval Duration `yaml:"interval"`
 	// AppliedStatus is the status a key the lookup found applied replays:
 	// the answer the route's request gives when it succeeds, not the
-	// lookup's (a GET's 200). Default DefaultReconcileAppliedStatus (201,
+	// lookup's (a GET's 200). Default defaultReconcileAppliedStatus (201,
 	// what a client of a POST that creates expects); 200 to 299.
 	AppliedStatus int `yaml:"applied_status"`
 }
 
-// LookupMethod and LookupPath split Lookup ("GET /orders/{key}/charge").
-func (r *Reconcile) LookupMethod() string {
+// lookupMethod and LookupPath split Lookup ("GET /orders/{key}/charge").
+func (r *Reconcile) lookupMethod() string {
 	m, _, _ := strings.Cut(r.Lookup, " ")
 	return m
 }
@@ -526,9 +526,9 @@ type Scope struct {
 	Header string `yaml:"header"`
 }
 
-// DefaultReplayHeaders are the response headers stored and replayed when a
+// defaultReplayHeaders are the response headers stored and replayed when a
 // route does not list its own.
-var DefaultReplayHeaders = []string{
+var defaultReplayHeaders = []string{
 	"Content-Type", "Content-Encoding", "Content-Language", "Content-Location",
 	"Location", "ETag", "Last-Modified", "Link", "Cache-Control",
 }
@@ -553,7 +553,7 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 		return &yaml.TypeError{Errors: []string{
 			fmt.Sprintf("line %d: duration %q needs a unit, e.g. \"30s\" or \"24h\"", n.Line, n.Value)}}
 	}
-	v, err := ParseDuration(n.Value)
+	v, err := parseDuration(n.Value)
 	if err != nil {
 		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: %v", n.Line, err)}}
 	}
@@ -568,8 +568,8 @@ func (d Duration) LogValue() slog.Value { return slog.DurationValue(time.Duratio
 // MarshalYAML implements yaml.Marshaler.
 func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
 
-// ParseDuration is time.ParseDuration plus a whole number of days ("7d").
-func ParseDuration(s string) (time.Duration, error) {
+// parseDuration is time.ParseDuration plus a whole number of days ("7d").
+func parseDuration(s string) (time.Duration, error) {
 	if days, ok := strings.CutSuffix(s, "d"); ok {
 		n, err := strconv.ParseUint(days, 10, 16)
 		if err != nil {
@@ -596,7 +596,7 @@ func Load(path string) (*Config, error) {
 // Parse decodes, defaults and validates a configuration. A file that is
 // not YAML is a plain error; every other problem (an unknown or repeated
 // field, a value of the wrong type, a validation failure) is reported in
-// one *ValidationError, each problem with its field path and, when the
+// one *validationError, each problem with its field path and, when the
 // file writes the field (or a section around it), its line.
 func Parse(b []byte) (*Config, error) { return parse(b, Overrides{}) }
 
@@ -635,7 +635,7 @@ func parse(b []byte, o Overrides) (*Config, error) {
 			return nil, fmt.Errorf("parse config: %w", err)
 		}
 	} else if !fileOK {
-		return nil, &ValidationError{Problems: dc.problems}
+		return nil, &validationError{Problems: dc.problems}
 	} else if err := root.Decode(&c); err != nil {
 		dc.problems = append(dc.problems, lineRE.ReplaceAllString(strings.TrimPrefix(err.Error(), "yaml: unmarshal errors:\n  "), ""))
 	}
@@ -645,7 +645,7 @@ func parse(b []byte, o Overrides) (*Config, error) {
 	for _, p := range empty {
 		problems = append(problems, withLine(root.Content[0], p))
 	}
-	var ve *ValidationError
+	var ve *validationError
 	if err := c.Validate(); errors.As(err, &ve) {
 		for _, p := range ve.Problems {
 			if named, ok := o.name(p); ok {
@@ -658,7 +658,7 @@ func parse(b []byte, o Overrides) (*Config, error) {
 		return nil, err
 	}
 	if len(problems) > 0 {
-		return nil, &ValidationError{Problems: problems}
+		return nil, &validationError{Problems: problems}
 	}
 	return &c, nil
 }

@@ -41,14 +41,14 @@ func mustParse(t *testing.T, src string) *Config {
 	return c
 }
 
-// problemsOf parses src, expects a *ValidationError and returns its problems.
+// problemsOf parses src, expects a *validationError and returns its problems.
 func problemsOf(t *testing.T, src string) []string {
 	t.Helper()
 	_, err := Parse([]byte(src))
 	if err == nil {
 		t.Fatalf("Parse:\n%s\nerror = nil, want a *ValidationError", src)
 	}
-	var ve *ValidationError
+	var ve *validationError
 	if !errors.As(err, &ve) {
 		t.Fatalf("Parse error %T (%v), want a *ValidationError", err, err)
 	}
@@ -77,10 +77,10 @@ func TestDefaults(t *testing.T) {
 		{"admin.token_env", c.Admin.TokenEnv, "IDEMPROXY_ADMIN_TOKEN"},
 		{"admin.max_connections", strconv.Itoa(c.Admin.MaxConnections), "64"},
 		{"policy", r.Policy, PolicyReserveThenCommit},
-		{"duplicate", r.Duplicate, DuplicateReplay},
-		{"concurrent", r.Concurrent, ConcurrentReject},
-		{"on_missing_key", r.OnMissingKey, MissingKeyReject},
-		{"on_store_error", r.OnStoreError, StoreErrorReject},
+		{"duplicate", r.Duplicate, duplicateReplay},
+		{"concurrent", r.Concurrent, concurrentReject},
+		{"on_missing_key", r.OnMissingKey, missingKeyReject},
+		{"on_store_error", r.OnStoreError, storeErrorReject},
 		{"scope.header", r.Scope.Header, ""},
 	} {
 		if s.got != s.want {
@@ -135,7 +135,7 @@ func TestDefaults(t *testing.T) {
 	}
 	// The default list is copied, never shared.
 	r.ReplayHeaders[0] = "X-Changed"
-	if DefaultReplayHeaders[0] != "Content-Type" {
+	if defaultReplayHeaders[0] != "Content-Type" {
 		t.Errorf("changing a route's replay_headers changed DefaultReplayHeaders")
 	}
 
@@ -627,12 +627,12 @@ func TestParseDuration(t *testing.T) {
 		"0s": 0, "0d": 0, "1ns": 1, "2h45m": 2*time.Hour + 45*time.Minute, "14d": 14 * 24 * time.Hour, "65535d": 65535 * 24 * time.Hour,
 	}
 	for s, want := range good {
-		if got, err := ParseDuration(s); err != nil || got != want {
+		if got, err := parseDuration(s); err != nil || got != want {
 			t.Errorf("ParseDuration(%q) = %v, %v; want %v", s, got, err, want)
 		}
 	}
 	for _, s := range []string{"", "1", "d", "+1d", "-1d", "0x10d", "65536d", "1e3d", "1w", "1 h"} {
-		if got, err := ParseDuration(s); err == nil {
+		if got, err := parseDuration(s); err == nil {
 			t.Errorf("ParseDuration(%q) = %v, want an error", s, got)
 		}
 	}

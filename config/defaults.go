@@ -7,47 +7,47 @@ import (
 
 // Defaults, in one place.
 const (
-	DefaultTTL                      = 24 * time.Hour
-	DefaultUpstreamTimeout          = 30 * time.Second
-	DefaultLeaseMargin              = 5 * time.Second
-	DefaultWaitTimeout              = 5 * time.Second
-	DefaultMaxBodyBytes             = 1 << 20
-	DefaultMaxStoredBodyBytes       = 1 << 20
-	DefaultBadgerDir                = "./data"
-	DefaultGCInterval               = 5 * time.Minute
-	DefaultBadgerMinFreeBytes       = 64 << 20
-	DefaultBadgerPreallocate        = PreallocateAuto
+	defaultTTL                      = 24 * time.Hour
+	defaultUpstreamTimeout          = 30 * time.Second
+	defaultLeaseMargin              = 5 * time.Second
+	defaultWaitTimeout              = 5 * time.Second
+	defaultMaxBodyBytes             = 1 << 20
+	defaultMaxStoredBodyBytes       = 1 << 20
+	defaultBadgerDir                = "./data"
+	defaultGCInterval               = 5 * time.Minute
+	defaultBadgerMinFreeBytes       = 64 << 20
+	defaultBadgerPreallocate        = preallocateAuto
 	DefaultRedisKeyPrefix           = "idemproxy:"
-	DefaultRedisDialTimeout         = time.Second
-	DefaultRedisOpTimeout           = 500 * time.Millisecond
-	DefaultRedisRecordLayout        = RecordLayoutPacked
-	DefaultRedisWaitReplicas        = RedisWaitAuto          // wait for one replica whenever the master reports one: a promotion loses no acknowledged write
-	DefaultRedisWaitTimeout         = 500 * time.Millisecond // a replica nearby acks in ~1ms: 500ms means down or far behind; 503 within op_timeout + wait_timeout (1s), well inside the 5s lease margin
-	DefaultEpochCheckInterval       = 2 * time.Second
-	DefaultCanaryInterval           = time.Second
+	defaultRedisDialTimeout         = time.Second
+	defaultRedisOpTimeout           = 500 * time.Millisecond
+	defaultRedisRecordLayout        = recordLayoutPacked
+	defaultRedisWaitReplicas        = redisWaitAuto          // wait for one replica whenever the master reports one: a promotion loses no acknowledged write
+	defaultRedisWaitTimeout         = 500 * time.Millisecond // a replica nearby acks in ~1ms: 500ms means down or far behind; 503 within op_timeout + wait_timeout (1s), well inside the 5s lease margin
+	defaultEpochCheckInterval       = 2 * time.Second
+	defaultCanaryInterval           = time.Second
 	DefaultWitnessWindow            = 5 * time.Minute
 	DefaultWitnessMaxKeys           = 1 << 16
-	DefaultPostgresMaxConns         = 16
-	DefaultPostgresConnectTimeout   = time.Second
-	DefaultPostgresStatementTimeout = 500 * time.Millisecond
-	DefaultPostgresSchema           = "public"
-	DefaultPostgresTable            = "idemproxy_keys"
+	defaultPostgresMaxConns         = 16
+	defaultPostgresConnectTimeout   = time.Second
+	defaultPostgresStatementTimeout = 500 * time.Millisecond
+	defaultPostgresSchema           = "public"
+	defaultPostgresTable            = "idemproxy_keys"
 	DefaultAdminTokenEnv            = "IDEMPROXY_ADMIN_TOKEN"
-	DefaultAdminMaxConnections      = 64
-	DefaultReadHeaderTimeout        = 10 * time.Second
-	DefaultReadTimeout              = 60 * time.Second
-	DefaultIdleTimeout              = 120 * time.Second
-	DefaultPassthroughTimeout       = 60 * time.Second
-	DefaultShutdownTimeout          = 30 * time.Second
-	DefaultMaxBufferedBytes         = 64 << 20
-	DefaultMaxConnections           = 1024
-	DefaultBodyTimeout              = 10 * time.Second
-	DefaultReconcileGrace           = 5 * time.Minute
-	DefaultReconcileInterval        = time.Minute
-	// DefaultReconcileAppliedStatus is reconcile.applied_status's default:
+	defaultAdminMaxConnections      = 64
+	defaultReadHeaderTimeout        = 10 * time.Second
+	defaultReadTimeout              = 60 * time.Second
+	defaultIdleTimeout              = 120 * time.Second
+	defaultPassthroughTimeout       = 60 * time.Second
+	defaultShutdownTimeout          = 30 * time.Second
+	defaultMaxBufferedBytes         = 64 << 20
+	defaultMaxConnections           = 1024
+	defaultBodyTimeout              = 10 * time.Second
+	defaultReconcileGrace           = 5 * time.Minute
+	defaultReconcileInterval        = time.Minute
+	// defaultReconcileAppliedStatus is reconcile.applied_status's default:
 	// the status of a POST that created what it was asked to (201
 	// Created), which a client retrying a charge expects.
-	DefaultReconcileAppliedStatus = http.StatusCreated
+	defaultReconcileAppliedStatus = http.StatusCreated
 	// DefaultRouteHistograms is metrics.route_histograms' default: each
 	// route with its own histograms adds about 200 series (19 KiB of
 	// text) at start and 17 more per upstream status, so 50 keep them
@@ -60,22 +60,22 @@ const (
 	// store's own buffers do not fit and the garbage collector would run
 	// without pause.
 	MinMemoryLimit = 16 << 20
-	// DefaultClientShare: one client holds at most max_buffered_bytes /
-	// DefaultClientShare, unless max_buffered_bytes_per_client says
+	// defaultClientShare: one client holds at most max_buffered_bytes /
+	// defaultClientShare, unless max_buffered_bytes_per_client says
 	// otherwise.
-	DefaultClientShare = 8
-	// DefaultClientRequestShare: one client has at most max_connections /
-	// DefaultClientRequestShare requests in flight, unless
+	defaultClientShare = 8
+	// defaultClientRequestShare: one client has at most max_connections /
+	// defaultClientRequestShare requests in flight, unless
 	// max_requests_per_client says otherwise.
-	DefaultClientRequestShare = 4
-	// DefaultMaxClientResetsPerSecond is the rate of HTTP/2 stream resets
+	defaultClientRequestShare = 4
+	// defaultMaxClientResetsPerSecond is the rate of HTTP/2 stream resets
 	// a client may keep up (and ten seconds of it at once) before its
 	// connections are closed and refused.
-	DefaultMaxClientResetsPerSecond = 100
-	// DefaultMaxResetsPerSecond is the rate of HTTP/2 stream resets all
+	defaultMaxClientResetsPerSecond = 100
+	// defaultMaxResetsPerSecond is the rate of HTTP/2 stream resets all
 	// clients together may keep up (one second of it at once) before the
 	// connections that reset more than they are served are shed.
-	DefaultMaxResetsPerSecond = 1000
+	defaultMaxResetsPerSecond = 1000
 )
 
 // applyDefaults fills every unset field. It is the only place defaults are
@@ -85,33 +85,33 @@ func (c *Config) applyDefaults() {
 		c.Admin.TokenEnv = DefaultAdminTokenEnv
 	}
 	if c.Admin.MaxConnections == 0 {
-		c.Admin.MaxConnections = DefaultAdminMaxConnections
+		c.Admin.MaxConnections = defaultAdminMaxConnections
 	}
 	c.Store.applyDefaults()
 	s := &c.Server
-	setDuration(&s.ReadHeaderTimeout, DefaultReadHeaderTimeout)
-	setDuration(&s.ReadTimeout, DefaultReadTimeout)
-	setDuration(&s.IdleTimeout, DefaultIdleTimeout)
-	setDuration(&s.PassthroughTimeout, DefaultPassthroughTimeout)
-	setDuration(&s.ShutdownTimeout, DefaultShutdownTimeout)
+	setDuration(&s.ReadHeaderTimeout, defaultReadHeaderTimeout)
+	setDuration(&s.ReadTimeout, defaultReadTimeout)
+	setDuration(&s.IdleTimeout, defaultIdleTimeout)
+	setDuration(&s.PassthroughTimeout, defaultPassthroughTimeout)
+	setDuration(&s.ShutdownTimeout, defaultShutdownTimeout)
 	if s.MaxBufferedBytes == 0 {
-		s.MaxBufferedBytes = DefaultMaxBufferedBytes
+		s.MaxBufferedBytes = defaultMaxBufferedBytes
 	}
 	if s.MaxBufferedBytesPerClient == 0 && s.MaxBufferedBytes > 0 {
-		s.MaxBufferedBytesPerClient = s.MaxBufferedBytes / DefaultClientShare
+		s.MaxBufferedBytesPerClient = s.MaxBufferedBytes / defaultClientShare
 	}
-	setDuration(&s.BodyTimeout, DefaultBodyTimeout)
+	setDuration(&s.BodyTimeout, defaultBodyTimeout)
 	if s.MaxConnections == 0 {
-		s.MaxConnections = DefaultMaxConnections
+		s.MaxConnections = defaultMaxConnections
 	}
 	if s.MaxRequestsPerClient == 0 && s.MaxConnections > 0 {
-		s.MaxRequestsPerClient = max(s.MaxConnections/DefaultClientRequestShare, 1)
+		s.MaxRequestsPerClient = max(s.MaxConnections/defaultClientRequestShare, 1)
 	}
 	if s.MaxClientResetsPerSecond == 0 {
-		s.MaxClientResetsPerSecond = DefaultMaxClientResetsPerSecond
+		s.MaxClientResetsPerSecond = defaultMaxClientResetsPerSecond
 	}
 	if s.MaxResetsPerSecond == 0 {
-		s.MaxResetsPerSecond = DefaultMaxResetsPerSecond
+		s.MaxResetsPerSecond = defaultMaxResetsPerSecond
 	}
 	if c.Metrics.RouteHistograms == 0 {
 		c.Metrics.RouteHistograms = DefaultRouteHistograms
@@ -120,24 +120,24 @@ func (c *Config) applyDefaults() {
 		r := &c.Routes[i]
 		setString(&r.Keyspace, r.Name)
 		setString(&r.Policy, PolicyReserveThenCommit)
-		setString(&r.Duplicate, DuplicateReplay)
-		setString(&r.Concurrent, ConcurrentReject)
-		setString(&r.OnMissingKey, MissingKeyReject)
-		setString(&r.OnStoreError, StoreErrorReject)
-		setString(&r.Mode, ModeEnforce)
+		setString(&r.Duplicate, duplicateReplay)
+		setString(&r.Concurrent, concurrentReject)
+		setString(&r.OnMissingKey, missingKeyReject)
+		setString(&r.OnStoreError, storeErrorReject)
+		setString(&r.Mode, modeEnforce)
 		setString(&r.Key.Normalize, NormalizeNone)
-		setDuration(&r.WaitTimeout, DefaultWaitTimeout)
-		setDuration(&r.TTL, DefaultTTL)
-		setDuration(&r.UpstreamTimeout, DefaultUpstreamTimeout)
-		setDuration(&r.Lease, r.UpstreamTimeout.D()+DefaultLeaseMargin)
+		setDuration(&r.WaitTimeout, defaultWaitTimeout)
+		setDuration(&r.TTL, defaultTTL)
+		setDuration(&r.UpstreamTimeout, defaultUpstreamTimeout)
+		setDuration(&r.Lease, r.UpstreamTimeout.D()+defaultLeaseMargin)
 		if r.MaxBodyBytes == 0 {
-			r.MaxBodyBytes = DefaultMaxBodyBytes
+			r.MaxBodyBytes = defaultMaxBodyBytes
 		}
 		if r.MaxStoredBodyBytes == 0 {
-			r.MaxStoredBodyBytes = DefaultMaxStoredBodyBytes
+			r.MaxStoredBodyBytes = defaultMaxStoredBodyBytes
 		}
 		if r.ReplayHeaders == nil {
-			r.ReplayHeaders = append([]string(nil), DefaultReplayHeaders...)
+			r.ReplayHeaders = append([]string(nil), defaultReplayHeaders...)
 		}
 		for j, h := range r.ReplayHeaders {
 			r.ReplayHeaders[j] = http.CanonicalHeaderKey(h)
@@ -145,32 +145,32 @@ func (c *Config) applyDefaults() {
 		if rc := r.Reconcile; rc != nil {
 			// The first lookup waits well past the window in which the
 			// original request may still be processed upstream.
-			setDuration(&rc.Grace, max(DefaultReconcileGrace, 2*r.Lease.D()))
-			setDuration(&rc.Interval, DefaultReconcileInterval)
+			setDuration(&rc.Grace, max(defaultReconcileGrace, 2*r.Lease.D()))
+			setDuration(&rc.Interval, defaultReconcileInterval)
 			if rc.AppliedStatus == 0 {
-				rc.AppliedStatus = DefaultReconcileAppliedStatus
+				rc.AppliedStatus = defaultReconcileAppliedStatus
 			}
 		}
 	}
 }
 
-// DefaultStore is the kind of store used when the configuration sets none:
-// Badger, in DefaultBadgerDir.
-const DefaultStore = StoreBadger
+// defaultStore is the kind of store used when the configuration sets none:
+// Badger, in defaultBadgerDir.
+const defaultStore = StoreBadger
 
-// applyDefaults selects DefaultStore when no kind of store is set, and
+// applyDefaults selects defaultStore when no kind of store is set, and
 // fills the unset fields of the selected section (of every section set:
 // Validate refuses more than one).
 func (s *Store) applyDefaults() {
 	if s.Kind() == "" {
 		for _, k := range storeKinds {
-			if k.name == DefaultStore {
+			if k.name == defaultStore {
 				k.add(s)
 			}
 		}
 	}
-	setDuration(&s.EpochCheckInterval, DefaultEpochCheckInterval)
-	setDuration(&s.CanaryInterval, DefaultCanaryInterval)
+	setDuration(&s.EpochCheckInterval, defaultEpochCheckInterval)
+	setDuration(&s.CanaryInterval, defaultCanaryInterval)
 	setDuration(&s.WitnessWindow, DefaultWitnessWindow)
 	if s.WitnessMaxKeys == 0 {
 		s.WitnessMaxKeys = DefaultWitnessMaxKeys
@@ -181,35 +181,35 @@ func (s *Store) applyDefaults() {
 }
 
 func (b *Badger) applyDefaults() {
-	setString(&b.Dir, DefaultBadgerDir)
+	setString(&b.Dir, defaultBadgerDir)
 	if b.SyncWrites == nil {
 		t := true
 		b.SyncWrites = &t
 	}
-	setDuration(&b.GCInterval, DefaultGCInterval)
+	setDuration(&b.GCInterval, defaultGCInterval)
 	if b.MinFreeBytes == 0 {
-		b.MinFreeBytes = DefaultBadgerMinFreeBytes
+		b.MinFreeBytes = defaultBadgerMinFreeBytes
 	}
-	setString(&b.Preallocate, DefaultBadgerPreallocate)
+	setString(&b.Preallocate, defaultBadgerPreallocate)
 }
 
 func (r *Redis) applyDefaults() {
 	setString(&r.KeyPrefix, DefaultRedisKeyPrefix)
-	setDuration(&r.DialTimeout, DefaultRedisDialTimeout)
-	setDuration(&r.OpTimeout, DefaultRedisOpTimeout)
-	setDuration(&r.WaitTimeout, DefaultRedisWaitTimeout)
-	setString(&r.RecordLayout, DefaultRedisRecordLayout)
-	setString(&r.WaitReplicas, DefaultRedisWaitReplicas)
+	setDuration(&r.DialTimeout, defaultRedisDialTimeout)
+	setDuration(&r.OpTimeout, defaultRedisOpTimeout)
+	setDuration(&r.WaitTimeout, defaultRedisWaitTimeout)
+	setString(&r.RecordLayout, defaultRedisRecordLayout)
+	setString(&r.WaitReplicas, defaultRedisWaitReplicas)
 }
 
 func (pg *Postgres) applyDefaults() {
 	if pg.MaxConns == 0 {
-		pg.MaxConns = DefaultPostgresMaxConns
+		pg.MaxConns = defaultPostgresMaxConns
 	}
-	setDuration(&pg.ConnectTimeout, DefaultPostgresConnectTimeout)
-	setDuration(&pg.StatementTimeout, DefaultPostgresStatementTimeout)
-	setString(&pg.Schema, DefaultPostgresSchema)
-	setString(&pg.Table, DefaultPostgresTable)
+	setDuration(&pg.ConnectTimeout, defaultPostgresConnectTimeout)
+	setDuration(&pg.StatementTimeout, defaultPostgresStatementTimeout)
+	setString(&pg.Schema, defaultPostgresSchema)
+	setString(&pg.Table, defaultPostgresTable)
 }
 
 func setString(s *string, def string) {

@@ -48,20 +48,20 @@ func TestReconcileAndModeDefaults(t *testing.T) {
 		extra           string
 		grace, interval time.Duration
 	}{
-		{"defaults", "    reconcile: {lookup: \"GET /o/{key}\"}\n", DefaultReconcileGrace, DefaultReconcileInterval},
-		{"grace follows a long lease", "    upstream_timeout: 5m\n    reconcile: {lookup: \"GET /o/{key}\"}\n", 2 * (5*time.Minute + DefaultLeaseMargin), DefaultReconcileInterval},
+		{"defaults", "    reconcile: {lookup: \"GET /o/{key}\"}\n", defaultReconcileGrace, defaultReconcileInterval},
+		{"grace follows a long lease", "    upstream_timeout: 5m\n    reconcile: {lookup: \"GET /o/{key}\"}\n", 2 * (5*time.Minute + defaultLeaseMargin), defaultReconcileInterval},
 		{"set", "    reconcile: {lookup: \"GET /o/{key}\", grace: 90s, interval: 10s}\n", 90 * time.Second, 10 * time.Second},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			r := mustParse(t, withRoute(tc.extra)).Routes[0]
-			if r.Mode != ModeEnforce {
-				t.Errorf("Mode = %q, want %q", r.Mode, ModeEnforce)
+			if r.Mode != modeEnforce {
+				t.Errorf("Mode = %q, want %q", r.Mode, modeEnforce)
 			}
 			if r.Reconcile.Grace.D() != tc.grace || r.Reconcile.Interval.D() != tc.interval {
 				t.Errorf("grace, interval = %v, %v; want %v, %v", r.Reconcile.Grace.D(), r.Reconcile.Interval.D(), tc.grace, tc.interval)
 			}
-			if m, p := r.Reconcile.LookupMethod(), r.Reconcile.LookupPath(); m != "GET" || !strings.HasPrefix(p, "/o/") {
+			if m, p := r.Reconcile.lookupMethod(), r.Reconcile.LookupPath(); m != "GET" || !strings.HasPrefix(p, "/o/") {
 				t.Errorf("LookupMethod, LookupPath = %q, %q", m, p)
 			}
 		})

@@ -15,7 +15,7 @@ func (r *Redis) ClientTLS() (*tls.Config, error) {
 	var p problems
 	c := r.loadTLS(&p)
 	if len(p) > 0 {
-		return nil, &ValidationError{Problems: p}
+		return nil, &validationError{Problems: p}
 	}
 	return c, nil
 }

@@ -63,7 +63,7 @@ func TestReplayHeadersRefuseScopeHeader(t *testing.T) {
 func TestReplayHeadersAllowed(t *testing.T) {
 	allowed := append([]string{"X-Request-Id", "Retry-After", "Vary", "X-Ratelimit-Remaining",
 		"Content-Security-Policy", "Strict-Transport-Security", "Idempotency-Key", "X-Charge-Id",
-		"Content-Disposition", "Expires", "Age", "Date", "Server", "X-Correlation-Id"}, DefaultReplayHeaders...)
+		"Content-Disposition", "Expires", "Age", "Date", "Server", "X-Correlation-Id"}, defaultReplayHeaders...)
 	for _, h := range allowed {
 		if why := ReplayRefusal(h, ""); why != "" {
 			t.Errorf("ReplayRefusal(%q) = %q, want it allowed", h, why)

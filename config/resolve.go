@@ -9,13 +9,13 @@ import (
 	"time"
 )
 
-// ResolveTimeout bounds HostWarnings' lookup of a host: a resolver that
+// resolveTimeout bounds HostWarnings' lookup of a host: a resolver that
 // does not answer delays -check, and nothing else, by at most this long.
-const ResolveTimeout = 2 * time.Second
+const resolveTimeout = 2 * time.Second
 
 // HostWarnings looks up the host of the upstream (the reconcile lookups
 // go to it too) and returns a warning for one that does not resolve, or
-// does not within ResolveTimeout: "upstream: host "pay.internal" does not
+// does not within resolveTimeout: "upstream: host "pay.internal" does not
 // resolve: ...". A warning, not a problem of the file: DNS in a container
 // may come later than the proxy, whose requests to the upstream fail
 // until the name resolves. An IP address is not looked up; nil r is the
@@ -29,14 +29,14 @@ func (c *Config) HostWarnings(ctx context.Context, r *net.Resolver) []string {
 		r = net.DefaultResolver
 	}
 	host := u.Hostname()
-	ctx, cancel := context.WithTimeout(ctx, ResolveTimeout)
+	ctx, cancel := context.WithTimeout(ctx, resolveTimeout)
 	defer cancel()
 	_, err = r.LookupHost(ctx, host)
 	switch {
 	case err == nil:
 		return nil
 	case errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
-		return []string{fmt.Sprintf("upstream: host %q did not resolve within %s; requests to the upstream fail until it does", host, ResolveTimeout)}
+		return []string{fmt.Sprintf("upstream: host %q did not resolve within %s; requests to the upstream fail until it does", host, resolveTimeout)}
 	}
 	why := err.Error()
 	var dnsErr *net.DNSError

@@ -44,7 +44,7 @@ func withUpstream(t *testing.T, upstream string) *Config {
 }
 
 // TestHostWarningsBounded: a resolver that never answers delays the
-// warning by ResolveTimeout, not by its own retries; the warning says so.
+// warning by resolveTimeout, not by its own retries; the warning says so.
 // The resolver is a real UDP socket that reads the queries and drops them.
 func TestHostWarningsBounded(t *testing.T) {
 	pc, err := net.ListenPacket("udp", "127.0.0.1:0")

@@ -14,7 +14,7 @@ const (
 // (the program's side is internal/app's registry): each kind with its
 // section of Store, in the order messages list them. The section's type
 // says its defaults (applyDefaults, in defaults.go) and its checks
-// (validate, in validate.go); DefaultStore is the kind used when none is
+// (validate, in validate.go); defaultStore is the kind used when none is
 // set. A new backend adds its section to Store and one line here.
 var storeKinds = []storeKind{
 	kind(StoreBadger, func(s *Store) **Badger { return &s.Badger }),
@@ -70,7 +70,7 @@ func StoreKinds() []string {
 
 // Kind returns the kind of store s selects: the name of the one section it
 // sets. It is "" when none is set (applying the defaults selects
-// DefaultStore); when several are, which Validate refuses, it is the first
+// defaultStore); when several are, which Validate refuses, it is the first
 // of them in StoreKinds' order.
 func (s Store) Kind() string {
 	if set := s.kindsSet(); len(set) > 0 {

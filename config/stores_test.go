@@ -30,8 +30,8 @@ func TestStoreKindsAreTheStoreSections(t *testing.T) {
 	if kinds := StoreKinds(); !slices.Equal(kinds, sections) {
 		t.Errorf("StoreKinds() = %q; the sections of store are %q, in the same order", kinds, sections)
 	}
-	if !slices.Contains(StoreKinds(), DefaultStore) {
-		t.Errorf("DefaultStore %q is not a kind of store %q", DefaultStore, StoreKinds())
+	if !slices.Contains(StoreKinds(), defaultStore) {
+		t.Errorf("DefaultStore %q is not a kind of store %q", defaultStore, StoreKinds())
 	}
 }
 

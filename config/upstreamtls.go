@@ -21,7 +21,7 @@ func (u UpstreamTLS) ClientConfig() (*tls.Config, error) {
 	var p problems
 	c := u.load(&p)
 	if len(p) > 0 {
-		return nil, &ValidationError{Problems: p}
+		return nil, &validationError{Problems: p}
 	}
 	return c, nil
 }

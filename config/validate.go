@@ -15,13 +15,13 @@ import (
 	"github.com/idemproxy/idemproxy/keyextract"
 )
 
-// ValidationError lists every problem found in a configuration, each
+// validationError lists every problem found in a configuration, each
 // prefixed with the field it concerns ("routes[1].key.json: ...").
-type ValidationError struct {
+type validationError struct {
 	Problems []string
 }
 
-func (e *ValidationError) Error() string {
+func (e *validationError) Error() string {
 	return "invalid config:\n  " + strings.Join(e.Problems, "\n  ")
 }
 
@@ -36,7 +36,7 @@ var routeName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
 // headerToken matches an HTTP field name (RFC 9110 token).
 var headerToken = regexp.MustCompile("^[!#$%&'*+\\-.^_`|~0-9A-Za-z]+$")
 
-// Validate checks a defaulted configuration and returns a *ValidationError
+// Validate checks a defaulted configuration and returns a *validationError
 // naming every problem, or nil.
 func (c *Config) Validate() error {
 	var p problems
@@ -146,7 +146,7 @@ func (c *Config) Validate() error {
 		}
 	}
 	if len(p) > 0 {
-		return &ValidationError{Problems: p}
+		return &validationError{Problems: p}
 	}
 	return nil
 }
@@ -199,8 +199,8 @@ func (c *Config) validateStore(p *problems) {
 	if st.WitnessWindow < 0 || st.WitnessWindow.D() > MaxWitnessWindow {
 		p.add("store.witness_window", "must be positive and at most 1h")
 	}
-	if st.WitnessMaxKeys < MinWitnessMaxKeys || st.WitnessMaxKeys > MaxWitnessMaxKeys {
-		p.add("store.witness_max_keys", "must be %d to %d (16 bytes a key)", MinWitnessMaxKeys, MaxWitnessMaxKeys)
+	if st.WitnessMaxKeys < minWitnessMaxKeys || st.WitnessMaxKeys > maxWitnessMaxKeys {
+		p.add("store.witness_max_keys", "must be %d to %d (16 bytes a key)", minWitnessMaxKeys, maxWitnessMaxKeys)
 	}
 	for _, k := range st.kindsSet() {
 		k.section(st).validate(p)
@@ -214,7 +214,7 @@ func (b *Badger) validate(p *problems) {
 	if b.MinFreeBytes < 0 {
 		p.add("store.badger.min_free_bytes", "must be positive")
 	}
-	oneOf(p, "store.badger.preallocate", b.Preallocate, PreallocateAuto, PreallocateOff, PreallocateRequired)
+	oneOf(p, "store.badger.preallocate", b.Preallocate, preallocateAuto, PreallocateOff, PreallocateRequired)
 }
 
 func (r *Redis) validate(p *problems) {
@@ -261,10 +261,10 @@ func (r *Redis) validate(p *problems) {
 	if r.OpTimeout <= 0 {
 		p.add("store.redis.op_timeout", "must be positive")
 	}
-	oneOf(p, "store.redis.record_layout", r.RecordLayout, RecordLayoutPacked, RecordLayoutHash)
+	oneOf(p, "store.redis.record_layout", r.RecordLayout, recordLayoutPacked, recordLayoutHash)
 	n, err := strconv.Atoi(r.WaitReplicas)
 	switch {
-	case r.WaitReplicas == RedisWaitAuto:
+	case r.WaitReplicas == redisWaitAuto:
 	case err != nil:
 		p.add("store.redis.wait_replicas", "%q is neither auto nor a number of replicas (0: do not wait for replicas)", r.WaitReplicas)
 	case n < 0:
@@ -346,10 +346,10 @@ func (r *Route) validate(p *problems, f string, patterns *patternSet) {
 	wildcards, ok := checkPattern(p, f+".match", r.Match, patterns)
 	r.Key.validate(p, f+".key", wildcards, ok)
 	oneOf(p, f+".policy", r.Policy, PolicyReserveThenCommit, PolicyReleaseOn5xx)
-	oneOf(p, f+".duplicate", r.Duplicate, DuplicateReplay, DuplicateReject)
-	oneOf(p, f+".concurrent", r.Concurrent, ConcurrentReject, ConcurrentWait)
-	oneOf(p, f+".on_missing_key", r.OnMissingKey, MissingKeyReject, MissingKeyForward)
-	oneOf(p, f+".on_store_error", r.OnStoreError, StoreErrorReject, StoreErrorForward)
+	oneOf(p, f+".duplicate", r.Duplicate, duplicateReplay, DuplicateReject)
+	oneOf(p, f+".concurrent", r.Concurrent, concurrentReject, ConcurrentWait)
+	oneOf(p, f+".on_missing_key", r.OnMissingKey, missingKeyReject, MissingKeyForward)
+	oneOf(p, f+".on_store_error", r.OnStoreError, storeErrorReject, StoreErrorForward)
 	for i, s := range r.ReleaseStatuses {
 		if s < 400 || s > 599 {
 			p.add(fmt.Sprintf("%s.release_statuses[%d]", f, i), "%d is not an error status (400-599)", s)
@@ -393,7 +393,7 @@ func (r *Route) validate(p *problems, f string, patterns *patternSet) {
 	if r.Scope.Header != "" && !headerToken.MatchString(r.Scope.Header) {
 		p.add(f+".scope.header", "%q is not a header name", r.Scope.Header)
 	}
-	oneOf(p, f+".mode", r.Mode, ModeEnforce, ModeObserve)
+	oneOf(p, f+".mode", r.Mode, modeEnforce, ModeObserve)
 	if r.Reconcile != nil {
 		r.validateReconcile(p, f+".reconcile")
 	}
@@ -406,7 +406,7 @@ func (r *Route) validate(p *problems, f string, patterns *patternSet) {
 // charge twice.
 func (r *Route) validateReconcile(p *problems, f string) {
 	rc := r.Reconcile
-	method, path := rc.LookupMethod(), rc.LookupPath()
+	method, path := rc.lookupMethod(), rc.LookupPath()
 	switch {
 	case rc.Lookup == "":
 		p.add(f+".lookup", `required (e.g. "GET /orders/{key}/charge")`)

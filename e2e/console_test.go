@@ -22,10 +22,10 @@ import (
 )
 
 // The console's tests drive the real binary's /ui/ in a real headless
-// Chromium (internal/browsertest), as an operator does: log in, follow the
-// overview's count of keys in doubt to the list and to a key, decide with
-// a reason, and check what the decision did through the key API and the
-// audit lines on the proxy's stderr.
+// Chromium (internal/testenv/browsertest), as an operator does: log in,
+// follow the overview's count of keys in doubt to the list and to a key,
+// decide with a reason, and check what the decision did through the key
+// API and the audit lines on the proxy's stderr.
 
 // consoleToken is the admin token of the console's tests.
 const consoleToken = "console-s3cret"

@@ -1,7 +1,7 @@
 package e2e
 
 // End-to-end tests of the traces (issue 29, docs/observability.md) with the
-// real binary and real OTLP receivers (internal/otlptest decodes the
+// real binary and real OTLP receivers (internal/testenv/otlptest decodes the
 // official protobuf messages, over HTTP and over gRPC): the span tree of a
 // request (server span, store spans, the upstream call's client span, the
 // traceparent the upstream gets), the link from a replay to the span that

@@ -26,7 +26,7 @@ func BenchmarkFingerprint(b *testing.B) {
 	}
 	objects.WriteString("]")
 	numbers.WriteString("]")
-	deep := strings.Repeat(`{"a":`, MaxDepth-1) + `"` + strings.Repeat("x", 1<<20) + `"` + strings.Repeat("}", MaxDepth-1)
+	deep := strings.Repeat(`{"a":`, maxDepth-1) + `"` + strings.Repeat("x", 1<<20) + `"` + strings.Repeat("}", maxDepth-1)
 	for _, tc := range []struct{ name, body string }{
 		{"objects-1MiB", objects.String()},
 		{"numbers-1MiB", numbers.String()},

@@ -21,8 +21,8 @@ import (
 	"github.com/tidwall/gjson"
 )
 
-// MaxDepth bounds how deeply arrays and objects may nest in a JSON body.
-const MaxDepth = 128
+// maxDepth bounds how deeply arrays and objects may nest in a JSON body.
+const maxDepth = 128
 
 // Canonicalize returns a canonical form of the JSON value in body: object
 // members sorted by name, no insignificant white space, strings re-encoded
@@ -30,7 +30,7 @@ const MaxDepth = 128
 // mainstream decoder reads as one value in one form (4200 for 4.2e3 and
 // 4200.0; see number) and the others as written. Members at the dotted paths in ignore (sentAt,
 // meta.sentAt, items.0.ts) are left out. A body that is not exactly one
-// JSON value, nests deeper than MaxDepth, or repeats a name within one
+// JSON value, nests deeper than maxDepth, or repeats a name within one
 // object is an error wrapping ErrBadJSON. Names that differ only in case
 // count as repeated: Go's encoding/json (and others) match names without
 // regard to case, so the key and the upstream could read different members.
@@ -96,7 +96,7 @@ func CompileIgnore(paths []string) *Ignore {
 var writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4096) }}
 
 // checkJSON reports whether body is one valid JSON value nested at most
-// MaxDepth deep. The depth is checked first, by a linear scan, so that the
+// maxDepth deep. The depth is checked first, by a linear scan, so that the
 // validator's recursion is bounded too.
 func checkJSON(body []byte) error {
 	depth, inString, escaped := 0, false, false
@@ -114,8 +114,8 @@ func checkJSON(body []byte) error {
 		case c == '"':
 			inString = true
 		case c == '[' || c == '{':
-			if depth++; depth > MaxDepth {
-				return fmt.Errorf("%w: nested deeper than %d levels", ErrBadJSON, MaxDepth)
+			if depth++; depth > maxDepth {
+				return fmt.Errorf("%w: nested deeper than %d levels", ErrBadJSON, maxDepth)
 			}
 		case c == ']' || c == '}':
 			depth--

@@ -148,9 +148,9 @@ func TestCanonicalizeRejects(t *testing.T) {
 		{name: "bare word", body: `charge`, msg: ""},
 		{name: "form body", body: `orderId=1001&amount=5`, msg: ""},
 		{name: "raw control character in string", body: "\"a\x01b\"", msg: ""},
-		{name: "too deep arrays", body: strings.Repeat("[", MaxDepth+1) + strings.Repeat("]", MaxDepth+1), msg: "deeper than 128"},
-		{name: "too deep with scalar", body: strings.Repeat("[", MaxDepth+1) + "1" + strings.Repeat("]", MaxDepth+1), msg: "deeper than 128"},
-		{name: "too deep objects", body: strings.Repeat(`{"a":`, MaxDepth) + "{}" + strings.Repeat("}", MaxDepth), msg: "deeper than 128"},
+		{name: "too deep arrays", body: strings.Repeat("[", maxDepth+1) + strings.Repeat("]", maxDepth+1), msg: "deeper than 128"},
+		{name: "too deep with scalar", body: strings.Repeat("[", maxDepth+1) + "1" + strings.Repeat("]", maxDepth+1), msg: "deeper than 128"},
+		{name: "too deep objects", body: strings.Repeat(`{"a":`, maxDepth) + "{}" + strings.Repeat("}", maxDepth), msg: "deeper than 128"},
 		{name: "very deep", body: strings.Repeat("[", 100000), msg: "deeper than 128"},
 	}
 	for _, tc := range tests {
@@ -171,9 +171,9 @@ func TestCanonicalizeRejects(t *testing.T) {
 
 func TestCanonicalizeDepthLimit(t *testing.T) {
 	for _, body := range []string{
-		strings.Repeat("[", MaxDepth) + strings.Repeat("]", MaxDepth),
-		strings.Repeat("[", MaxDepth) + `1` + strings.Repeat("]", MaxDepth),
-		strings.Repeat(`{"a":`, MaxDepth-1) + `{}` + strings.Repeat("}", MaxDepth-1),
+		strings.Repeat("[", maxDepth) + strings.Repeat("]", maxDepth),
+		strings.Repeat("[", maxDepth) + `1` + strings.Repeat("]", maxDepth),
+		strings.Repeat(`{"a":`, maxDepth-1) + `{}` + strings.Repeat("}", maxDepth-1),
 	} {
 		out, err := Canonicalize([]byte(body), nil)
 		if err != nil {

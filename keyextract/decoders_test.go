@@ -75,7 +75,7 @@ func TestExtractJSONNumberRefused(t *testing.T) {
 	}
 	for _, tc := range tests {
 		_, err := jsonKey("orderId").Extract(httptest.NewRequest("POST", "/", nil), []byte(`{"orderId":`+tc.lit+`}`))
-		if !errors.Is(err, ErrInvalid) {
+		if !errors.Is(err, errInvalid) {
 			t.Errorf("orderId %.50s: %v, want ErrInvalid", tc.lit, err)
 			continue
 		}
@@ -99,7 +99,7 @@ func TestExtractJSONLoneSurrogate(t *testing.T) {
 	}
 	for _, s := range refused {
 		_, err := jsonKey("orderId").Extract(httptest.NewRequest("POST", "/", nil), []byte(`{"orderId":`+s+`}`))
-		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "lone UTF-16 surrogate") {
+		if !errors.Is(err, errInvalid) || !strings.Contains(err.Error(), "lone UTF-16 surrogate") {
 			t.Errorf("orderId %s: %v, want ErrInvalid naming a lone surrogate", s, err)
 		}
 	}
@@ -124,7 +124,7 @@ func TestExtractJSONLoneSurrogate(t *testing.T) {
 	// U+FFFD, Python refuses the body).
 	for _, s := range []string{"\"\xff\"", "\"\xed\xb0\x80\"", "\"a\xc3\""} {
 		_, err := jsonKey("orderId").Extract(httptest.NewRequest("POST", "/", nil), []byte(`{"orderId":`+s+`}`))
-		if !errors.Is(err, ErrInvalid) {
+		if !errors.Is(err, errInvalid) {
 			t.Errorf("orderId %q: %v, want ErrInvalid", s, err)
 		}
 	}

@@ -21,9 +21,9 @@ func TestExtractJSONNameInAnotherCase(t *testing.T) {
 		{name: "nested in array", spec: jsonKey("items.0.sku"), body: `{"Items": [{"Sku": "S"}]}`, want: "S"},
 		{name: "composite", spec: orderAndCharge, body: `{"orderid": 1, "ORDER": {"Charge": "c"}}`, want: "1|c"},
 		{name: "exact match still works", spec: jsonKey("orderId"), body: `{"orderId": "X", "other": 1}`, want: "X"},
-		{name: "two cases: ambiguous", spec: jsonKey("orderId"), body: `{"orderId": "A", "OrderId": "B"}`, wantErr: ErrInvalid},
-		{name: "two cases nested: ambiguous", spec: jsonKey("order.id"), body: `{"order": {"id": "A", "Id": "B"}}`, wantErr: ErrInvalid},
-		{name: "two cases in a composite", spec: orderAndCharge, body: `{"orderId": 1, "order": {"charge": "a", "CHARGE": "b"}}`, wantErr: ErrInvalid},
+		{name: "two cases: ambiguous", spec: jsonKey("orderId"), body: `{"orderId": "A", "OrderId": "B"}`, wantErr: errInvalid},
+		{name: "two cases nested: ambiguous", spec: jsonKey("order.id"), body: `{"order": {"id": "A", "Id": "B"}}`, wantErr: errInvalid},
+		{name: "two cases in a composite", spec: orderAndCharge, body: `{"orderId": 1, "order": {"charge": "a", "CHARGE": "b"}}`, wantErr: errInvalid},
 		{name: "really missing", spec: jsonKey("orderId"), body: `{"order": "X"}`, wantErr: ErrMissing},
 		{name: "index on an object is a name", spec: jsonKey("items.0"), body: `{"items": {"0": "X"}}`, want: "X"},
 	}

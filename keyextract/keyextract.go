@@ -18,8 +18,8 @@ import (
 	"golang.org/x/text/unicode/norm"
 )
 
-// MaxKeyBytes is the longest key accepted, composite keys included.
-const MaxKeyBytes = 255
+// maxKeyBytes is the longest key accepted, composite keys included.
+const maxKeyBytes = 255
 
 // Kind is where a key part comes from.
 type Kind int
@@ -77,28 +77,28 @@ func (s Spec) NeedsJSON() bool {
 	return false
 }
 
-// Errors returned, wrapped in *Error, by Extract.
+// Errors returned, wrapped in *extractError, by Extract.
 var (
 	// ErrMissing: the source has no value (absent, empty or JSON null).
 	ErrMissing = errors.New("missing")
-	// ErrInvalid: the value is not a usable key (too long, not printable,
+	// errInvalid: the value is not a usable key (too long, not printable,
 	// not a scalar, ambiguous, read differently by mainstream decoders, a
 	// malformed structured string in a header).
-	ErrInvalid = errors.New("invalid")
+	errInvalid = errors.New("invalid")
 	// ErrBadJSON: the body is not one valid JSON value.
 	ErrBadJSON = errors.New("body is not valid JSON")
 )
 
-// Error is a key that could not be extracted.
-type Error struct {
+// extractError is a key that could not be extracted.
+type extractError struct {
 	Source Source
-	// Err is ErrMissing, ErrInvalid or ErrBadJSON.
+	// Err is ErrMissing, errInvalid or ErrBadJSON.
 	Err error
-	// Reason explains ErrInvalid and ErrBadJSON in a few words.
+	// Reason explains errInvalid and ErrBadJSON in a few words.
 	Reason string
 }
 
-func (e *Error) Error() string {
+func (e *extractError) Error() string {
 	msg := fmt.Sprintf("key %s: %v", e.Source, e.Err)
 	if e.Reason != "" {
 		msg += ": " + e.Reason
@@ -106,7 +106,7 @@ func (e *Error) Error() string {
 	return msg
 }
 
-func (e *Error) Unwrap() error { return e.Err }
+func (e *extractError) Unwrap() error { return e.Err }
 
 // Extract returns the key of r. body is the request body, already read;
 // it is only looked at for JSON sources. A composite key joins its parts
@@ -130,7 +130,7 @@ func (s Spec) LegacyExtract(r *http.Request, body []byte) (string, error) {
 func (s Spec) extract(r *http.Request, body []byte, legacy bool) (string, error) {
 	switch len(s.Parts) {
 	case 0:
-		return "", &Error{Err: ErrInvalid, Reason: "no key source configured"}
+		return "", &extractError{Err: errInvalid, Reason: "no key source configured"}
 	case 1:
 		v, err := s.Parts[0].value(r, body, legacy)
 		if err != nil {
@@ -167,7 +167,7 @@ func (s Spec) extract(r *http.Request, body []byte, legacy bool) (string, error)
 // three times shorter: a Hangul syllable from its three jamo), is returned
 // as it is, for checkKey to refuse without normalizing it.
 func nfc(v string) string {
-	if len(v) > 3*MaxKeyBytes || !utf8.ValidString(v) {
+	if len(v) > 3*maxKeyBytes || !utf8.ValidString(v) {
 		return v
 	}
 	return norm.NFC.String(v)
@@ -180,20 +180,20 @@ func (src Source) value(r *http.Request, body []byte, legacy bool) (string, erro
 	case Header:
 		vs := r.Header.Values(src.Name)
 		if len(vs) > 1 {
-			return "", &Error{Source: src, Err: ErrInvalid, Reason: "the header is repeated"}
+			return "", &extractError{Source: src, Err: errInvalid, Reason: "the header is repeated"}
 		}
 		if len(vs) == 0 || vs[0] == "" {
-			return "", &Error{Source: src, Err: ErrMissing}
+			return "", &extractError{Source: src, Err: ErrMissing}
 		}
 		if legacy {
 			return vs[0], nil
 		}
 		key, reason := sfHeaderValue(vs[0])
 		if reason != "" {
-			return "", &Error{Source: src, Err: ErrInvalid, Reason: "not a valid RFC 8941 structured field string: " + reason}
+			return "", &extractError{Source: src, Err: errInvalid, Reason: "not a valid RFC 8941 structured field string: " + reason}
 		}
 		if key == "" {
-			return "", &Error{Source: src, Err: ErrMissing}
+			return "", &extractError{Source: src, Err: ErrMissing}
 		}
 		return key, nil
 	case Query:
@@ -201,43 +201,43 @@ func (src Source) value(r *http.Request, body []byte, legacy bool) (string, erro
 		if unparsedParam(r.URL.RawQuery, src.Name) {
 			// Left out by Go, read by others: not missing, and with
 			// on_missing_key: forward it would go unprotected.
-			return "", &Error{Source: src, Err: ErrInvalid, Reason: "the parameter is not valid query syntax (a bad % escape or a ';')"}
+			return "", &extractError{Source: src, Err: errInvalid, Reason: "the parameter is not valid query syntax (a bad % escape or a ';')"}
 		}
 		if len(vs) > 1 {
-			return "", &Error{Source: src, Err: ErrInvalid, Reason: "the parameter is repeated"}
+			return "", &extractError{Source: src, Err: errInvalid, Reason: "the parameter is repeated"}
 		}
 		if len(vs) == 0 || vs[0] == "" {
-			return "", &Error{Source: src, Err: ErrMissing}
+			return "", &extractError{Source: src, Err: ErrMissing}
 		}
 		return vs[0], nil
 	case Path:
 		v := r.PathValue(src.Name)
 		if v == "" {
-			return "", &Error{Source: src, Err: ErrMissing}
+			return "", &extractError{Source: src, Err: ErrMissing}
 		}
 		return v, nil
 	case JSON:
 		if err := checkJSON(body); err != nil {
-			return "", &Error{Source: src, Err: ErrBadJSON, Reason: strings.TrimPrefix(err.Error(), ErrBadJSON.Error()+": ")}
+			return "", &extractError{Source: src, Err: ErrBadJSON, Reason: strings.TrimPrefix(err.Error(), ErrBadJSON.Error()+": ")}
 		}
 		// gjson looks for the first '{' or '[' even inside a top-level
 		// string ("[0" would yield 0"): a path only exists in an object or
 		// array.
 		if b := bytes.TrimLeft(body, " \t\r\n"); b[0] != '{' && b[0] != '[' {
-			return "", &Error{Source: src, Err: ErrMissing}
+			return "", &extractError{Source: src, Err: ErrMissing}
 		}
 		res, ambiguous := lookupFold(gjson.ParseBytes(body), src.Name)
 		if ambiguous {
-			return "", &Error{Source: src, Err: ErrInvalid, Reason: "a name on the path appears in more than one letter case"}
+			return "", &extractError{Source: src, Err: errInvalid, Reason: "a name on the path appears in more than one letter case"}
 		}
 		switch res.Type {
 		case gjson.String:
 			if r, lone := loneSurrogate(res.Raw); lone {
-				return "", &Error{Source: src, Err: ErrInvalid, Reason: fmt.Sprintf(
+				return "", &extractError{Source: src, Err: errInvalid, Reason: fmt.Sprintf(
 					"the string holds a lone UTF-16 surrogate (\\u%04x), which Go reads as U+FFFD and JavaScript and Python keep", r)}
 			}
 			if res.Str == "" {
-				return "", &Error{Source: src, Err: ErrMissing}
+				return "", &extractError{Source: src, Err: ErrMissing}
 			}
 			return res.Str, nil
 		case gjson.Number:
@@ -248,18 +248,18 @@ func (src Source) value(r *http.Request, body []byte, legacy bool) (string, erro
 			}
 			canon, refused := number(res.Raw)
 			if refused != "" {
-				return "", &Error{Source: src, Err: ErrInvalid, Reason: "the number " + abbrev(res.Raw) + " " + refused}
+				return "", &extractError{Source: src, Err: errInvalid, Reason: "the number " + abbrev(res.Raw) + " " + refused}
 			}
 			return canon, nil
 		case gjson.True, gjson.False:
 			return res.Raw, nil
 		case gjson.JSON:
-			return "", &Error{Source: src, Err: ErrInvalid, Reason: "an object or array is not a key"}
+			return "", &extractError{Source: src, Err: errInvalid, Reason: "an object or array is not a key"}
 		default: // Null, or not present
-			return "", &Error{Source: src, Err: ErrMissing}
+			return "", &extractError{Source: src, Err: ErrMissing}
 		}
 	}
-	return "", &Error{Source: src, Err: ErrInvalid, Reason: "unknown source"}
+	return "", &extractError{Source: src, Err: errInvalid, Reason: "unknown source"}
 }
 
 // unparsedParam reports whether query holds a pair named name that Go's
@@ -322,15 +322,15 @@ func lookupFold(v gjson.Result, path string) (res gjson.Result, ambiguous bool) 
 }
 
 func checkKey(src Source, key string) error {
-	if len(key) > MaxKeyBytes {
-		return &Error{Source: src, Err: ErrInvalid, Reason: fmt.Sprintf("longer than %d bytes", MaxKeyBytes)}
+	if len(key) > maxKeyBytes {
+		return &extractError{Source: src, Err: errInvalid, Reason: fmt.Sprintf("longer than %d bytes", maxKeyBytes)}
 	}
 	if !utf8.ValidString(key) {
-		return &Error{Source: src, Err: ErrInvalid, Reason: "not valid UTF-8"}
+		return &extractError{Source: src, Err: errInvalid, Reason: "not valid UTF-8"}
 	}
 	for _, r := range key {
 		if !unicode.IsPrint(r) {
-			return &Error{Source: src, Err: ErrInvalid, Reason: "holds a character that is not printable"}
+			return &extractError{Source: src, Err: errInvalid, Reason: "holds a character that is not printable"}
 		}
 	}
 	return nil

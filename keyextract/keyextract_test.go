@@ -25,7 +25,7 @@ type extractCase struct {
 	headers http.Header // request headers
 	body    string
 	want    string // the key, when wantErr is nil
-	wantErr error  // ErrMissing, ErrInvalid or ErrBadJSON
+	wantErr error  // ErrMissing, errInvalid or ErrBadJSON
 }
 
 func runExtract(t *testing.T, tc extractCase, r *http.Request) {
@@ -43,9 +43,9 @@ func runExtract(t *testing.T, tc extractCase, r *http.Request) {
 	if !errors.Is(err, tc.wantErr) {
 		t.Fatalf("Extract() = %q, %v; want error %v", got, err, tc.wantErr)
 	}
-	var ke *Error
+	var ke *extractError
 	if !errors.As(err, &ke) {
-		t.Fatalf("Extract() error %T (%v) is not a *keyextract.Error", err, err)
+		t.Fatalf("Extract() error %T (%v) is not a *keyextract.extractError", err, err)
 	}
 	if got != "" {
 		t.Errorf("Extract() returned key %q along with error %v, want \"\"", got, err)
@@ -79,8 +79,8 @@ func TestExtractHeader(t *testing.T) {
 		{name: "unicode", headers: http.Header{"Idempotency-Key": {"commande-été-№7"}}, want: "commande-été-№7"},
 		{name: "absent", wantErr: ErrMissing},
 		{name: "empty", headers: http.Header{"Idempotency-Key": {""}}, wantErr: ErrMissing},
-		{name: "repeated", headers: http.Header{"Idempotency-Key": {"a", "b"}}, wantErr: ErrInvalid},
-		{name: "repeated with the same value", headers: http.Header{"Idempotency-Key": {"a", "a"}}, wantErr: ErrInvalid},
+		{name: "repeated", headers: http.Header{"Idempotency-Key": {"a", "b"}}, wantErr: errInvalid},
+		{name: "repeated with the same value", headers: http.Header{"Idempotency-Key": {"a", "a"}}, wantErr: errInvalid},
 		{name: "other header only", headers: http.Header{"X-Correlation-Id": {"a"}}, wantErr: ErrMissing},
 		{name: "body is not looked at", body: "not json", headers: http.Header{"Idempotency-Key": {"k"}}, want: "k"},
 	}
@@ -124,12 +124,12 @@ func TestExtractJSON(t *testing.T) {
 		{name: "body is a string holding an object", spec: jsonKey("a"), body: `"{\"a\":1} {"`, wantErr: ErrMissing},
 		{name: "body is a number", spec: jsonKey("0"), body: `1001`, wantErr: ErrMissing},
 		{name: "body is null", spec: jsonKey("orderId"), body: `null`, wantErr: ErrMissing},
-		{name: "object", spec: jsonKey("order"), body: `{"order":{"id":1}}`, wantErr: ErrInvalid},
-		{name: "empty object", spec: jsonKey("order"), body: `{"order":{}}`, wantErr: ErrInvalid},
-		{name: "array", spec: jsonKey("items"), body: `{"items":[1]}`, wantErr: ErrInvalid},
-		{name: "empty array", spec: jsonKey("items"), body: `{"items":[]}`, wantErr: ErrInvalid},
-		{name: "control character in string", spec: jsonKey("k"), body: `{"k":"a\u0000b"}`, wantErr: ErrInvalid},
-		{name: "newline in string", spec: jsonKey("k"), body: `{"k":"a\nb"}`, wantErr: ErrInvalid},
+		{name: "object", spec: jsonKey("order"), body: `{"order":{"id":1}}`, wantErr: errInvalid},
+		{name: "empty object", spec: jsonKey("order"), body: `{"order":{}}`, wantErr: errInvalid},
+		{name: "array", spec: jsonKey("items"), body: `{"items":[1]}`, wantErr: errInvalid},
+		{name: "empty array", spec: jsonKey("items"), body: `{"items":[]}`, wantErr: errInvalid},
+		{name: "control character in string", spec: jsonKey("k"), body: `{"k":"a\u0000b"}`, wantErr: errInvalid},
+		{name: "newline in string", spec: jsonKey("k"), body: `{"k":"a\nb"}`, wantErr: errInvalid},
 
 		{name: "empty body", spec: jsonKey("orderId"), body: ``, wantErr: ErrBadJSON},
 		{name: "white space body", spec: jsonKey("orderId"), body: "  \n", wantErr: ErrBadJSON},
@@ -181,16 +181,16 @@ func TestExtractQuery(t *testing.T) {
 		{name: "no query", target: "/charges", wantErr: ErrMissing},
 		{name: "empty", target: "/charges?orderId=", wantErr: ErrMissing},
 		{name: "name only", target: "/charges?orderId", wantErr: ErrMissing},
-		{name: "repeated", target: "/charges?orderId=1&orderId=2", wantErr: ErrInvalid},
-		{name: "repeated with the same value", target: "/charges?orderId=1&orderId=1", wantErr: ErrInvalid},
+		{name: "repeated", target: "/charges?orderId=1&orderId=2", wantErr: errInvalid},
+		{name: "repeated with the same value", target: "/charges?orderId=1&orderId=1", wantErr: errInvalid},
 		{name: "name is case-sensitive", target: "/charges?orderid=1", wantErr: ErrMissing},
-		{name: "control character", target: "/charges?orderId=a%00b", wantErr: ErrInvalid},
-		{name: "invalid UTF-8", target: "/charges?orderId=a%FFb", wantErr: ErrInvalid},
+		{name: "control character", target: "/charges?orderId=a%00b", wantErr: errInvalid},
+		{name: "invalid UTF-8", target: "/charges?orderId=a%FFb", wantErr: errInvalid},
 		// Go leaves these pairs out; other upstreams read them.
-		{name: "bad escape", target: "/charges?orderId=50%off", wantErr: ErrInvalid},
-		{name: "semicolon in the value", target: "/charges?orderId=A;B", wantErr: ErrInvalid},
-		{name: "semicolon before the name", target: "/charges?x=1;orderId=A", wantErr: ErrInvalid},
-		{name: "escaped name with a bad escape", target: "/charges?order%49d=50%off", wantErr: ErrInvalid},
+		{name: "bad escape", target: "/charges?orderId=50%off", wantErr: errInvalid},
+		{name: "semicolon in the value", target: "/charges?orderId=A;B", wantErr: errInvalid},
+		{name: "semicolon before the name", target: "/charges?x=1;orderId=A", wantErr: errInvalid},
+		{name: "escaped name with a bad escape", target: "/charges?order%49d=50%off", wantErr: errInvalid},
 		{name: "another parameter unparsable", target: "/charges?orderId=7&x=50%off&y=a;b", want: "7"},
 	}
 	for _, tc := range tests {
@@ -215,7 +215,7 @@ func TestExtractPath(t *testing.T) {
 		{name: "percent-decoded", spec: Spec{Parts: []Source{{Kind: Path, Name: "id"}}}, target: "/orders/a%20b/charges", want: "a b"},
 		{name: "escaped slash", spec: Spec{Parts: []Source{{Kind: Path, Name: "id"}}}, target: "/orders/a%2Fb/charges", want: "a/b"},
 		{name: "name not in the pattern", spec: Spec{Parts: []Source{{Kind: Path, Name: "orderId"}}}, target: "/orders/1001/charges", wantErr: ErrMissing},
-		{name: "control character", spec: Spec{Parts: []Source{{Kind: Path, Name: "id"}}}, target: "/orders/a%01b/charges", wantErr: ErrInvalid},
+		{name: "control character", spec: Spec{Parts: []Source{{Kind: Path, Name: "id"}}}, target: "/orders/a%01b/charges", wantErr: errInvalid},
 		{name: "composite with header", spec: Spec{Parts: []Source{{Kind: Path, Name: "id"}, {Kind: Header, Name: "X-Attempt"}}},
 			target: "/orders/1001/charges", want: "1001|2"},
 	}
@@ -261,22 +261,22 @@ func TestExtractComposite(t *testing.T) {
 			headers: http.Header{"X-Charge": {"deposit"}}, wantErr: ErrMissing},
 		{name: "second part missing", spec: orderAndAttempt, body: `{"orderId":1}`, wantErr: ErrMissing},
 		{name: "second part repeated", spec: orderAndAttempt, body: `{"orderId":1}`,
-			headers: http.Header{"X-Charge": {"a", "b"}}, wantErr: ErrInvalid},
+			headers: http.Header{"X-Charge": {"a", "b"}}, wantErr: errInvalid},
 		{name: "part is an object", spec: orderAndAttempt, body: `{"orderId":{}}`,
-			headers: http.Header{"X-Charge": {"a"}}, wantErr: ErrInvalid},
+			headers: http.Header{"X-Charge": {"a"}}, wantErr: errInvalid},
 		{name: "bad JSON", spec: orderAndAttempt, body: `{`,
 			headers: http.Header{"X-Charge": {"a"}}, wantErr: ErrBadJSON},
 		{name: "part not printable", spec: orderAndAttempt, body: `{"orderId":"a\tb"}`,
-			headers: http.Header{"X-Charge": {"a"}}, wantErr: ErrInvalid},
+			headers: http.Header{"X-Charge": {"a"}}, wantErr: errInvalid},
 		// 127 + 1 + 127 = 255 bytes.
 		{name: "joined 255 bytes", spec: orderAndAttempt, body: `{"orderId":"` + strings.Repeat("a", 127) + `"}`,
 			headers: http.Header{"X-Charge": {strings.Repeat("b", 127)}}, want: strings.Repeat("a", 127) + "|" + strings.Repeat("b", 127)},
 		// Each part fits alone; joined they do not.
 		{name: "joined 256 bytes", spec: orderAndAttempt, body: `{"orderId":"` + strings.Repeat("a", 128) + `"}`,
-			headers: http.Header{"X-Charge": {strings.Repeat("b", 127)}}, wantErr: ErrInvalid},
+			headers: http.Header{"X-Charge": {strings.Repeat("b", 127)}}, wantErr: errInvalid},
 		// Escaping counts: 85 '|' become 255 bytes, plus the separator.
 		{name: "escaping makes it too long", spec: orderAndAttempt, body: `{"orderId":"` + strings.Repeat("|", 85) + `"}`,
-			headers: http.Header{"X-Charge": {"b"}}, wantErr: ErrInvalid},
+			headers: http.Header{"X-Charge": {"b"}}, wantErr: errInvalid},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -324,11 +324,11 @@ func TestExtractCompositeUnambiguous(t *testing.T) {
 func TestExtractLength(t *testing.T) {
 	tests := []extractCase{
 		{name: "255 bytes", body: strings.Repeat("k", 255), want: strings.Repeat("k", 255)},
-		{name: "256 bytes", body: strings.Repeat("k", 256), wantErr: ErrInvalid},
-		{name: "1000 bytes", body: strings.Repeat("k", 1000), wantErr: ErrInvalid},
+		{name: "256 bytes", body: strings.Repeat("k", 256), wantErr: errInvalid},
+		{name: "1000 bytes", body: strings.Repeat("k", 1000), wantErr: errInvalid},
 		// Bytes, not characters: 127 two-byte runes + 1 byte = 255 bytes.
 		{name: "255 bytes of multibyte runes", body: strings.Repeat("é", 127) + "k", want: strings.Repeat("é", 127) + "k"},
-		{name: "256 bytes of multibyte runes", body: strings.Repeat("é", 128), wantErr: ErrInvalid},
+		{name: "256 bytes of multibyte runes", body: strings.Repeat("é", 128), wantErr: errInvalid},
 		{name: "single byte", body: "k", want: "k"},
 	}
 	for _, tc := range tests {
@@ -373,18 +373,18 @@ func TestExtractNotPrintable(t *testing.T) {
 			// but a proxy must not rely on its front end for that.
 			r := httptest.NewRequest("POST", "/", nil)
 			r.Header["Idempotency-Key"] = []string{v}
-			runExtract(t, extractCase{spec: headerKey("Idempotency-Key"), wantErr: ErrInvalid}, r)
+			runExtract(t, extractCase{spec: headerKey("Idempotency-Key"), wantErr: errInvalid}, r)
 
 			r = httptest.NewRequest("POST", "/", nil)
 			r.SetPathValue("id", v)
-			runExtract(t, extractCase{spec: Spec{Parts: []Source{{Kind: Path, Name: "id"}}}, wantErr: ErrInvalid}, r)
+			runExtract(t, extractCase{spec: Spec{Parts: []Source{{Kind: Path, Name: "id"}}}, wantErr: errInvalid}, r)
 		})
 	}
 }
 
 func TestExtractNoParts(t *testing.T) {
 	got, err := Spec{}.Extract(httptest.NewRequest("POST", "/", nil), nil)
-	if !errors.Is(err, ErrInvalid) || got != "" {
+	if !errors.Is(err, errInvalid) || got != "" {
 		t.Fatalf("Spec{}.Extract() = %q, %v; want \"\", ErrInvalid", got, err)
 	}
 }
@@ -443,14 +443,14 @@ func TestValidatePath(t *testing.T) {
 }
 
 // checkKeyRules fails t unless key obeys the rules every extracted key must:
-// at most MaxKeyBytes bytes of valid, printable UTF-8, and not empty.
+// at most maxKeyBytes bytes of valid, printable UTF-8, and not empty.
 func checkKeyRules(t *testing.T, key string) {
 	t.Helper()
 	if key == "" {
 		t.Fatalf("empty key returned without an error")
 	}
-	if len(key) > MaxKeyBytes {
-		t.Fatalf("key of %d bytes, want at most %d", len(key), MaxKeyBytes)
+	if len(key) > maxKeyBytes {
+		t.Fatalf("key of %d bytes, want at most %d", len(key), maxKeyBytes)
 	}
 	if !utf8.ValidString(key) {
 		t.Fatalf("key %q is not valid UTF-8", key)
@@ -473,11 +473,11 @@ func FuzzExtractJSON(f *testing.F) {
 			r.Header.Set("X-Part", "p|%")
 			key, err := spec.Extract(r, body)
 			if err != nil {
-				var ke *Error
+				var ke *extractError
 				if !errors.As(err, &ke) {
-					t.Fatalf("error %T (%v) is not a *keyextract.Error", err, err)
+					t.Fatalf("error %T (%v) is not a *keyextract.extractError", err, err)
 				}
-				if !errors.Is(err, ErrMissing) && !errors.Is(err, ErrInvalid) && !errors.Is(err, ErrBadJSON) {
+				if !errors.Is(err, ErrMissing) && !errors.Is(err, errInvalid) && !errors.Is(err, ErrBadJSON) {
 					t.Fatalf("error %v wraps none of ErrMissing, ErrInvalid, ErrBadJSON", err)
 				}
 				if key != "" {
@@ -499,7 +499,7 @@ func FuzzExtractJSON(f *testing.F) {
 // with gjson is the value a Go upstream decoding the body with encoding/json
 // sees, and that a key reported missing is missing for the upstream too (or
 // with on_missing_key: forward, a request with a key would go unprotected).
-// Refusing a key (ErrInvalid, ErrBadJSON: a 400) is always safe.
+// Refusing a key (errInvalid, ErrBadJSON: a 400) is always safe.
 func checkAgreesWithEncodingJSON(t *testing.T, body []byte, path string) {
 	t.Helper()
 	if ValidatePath(path) != nil {
@@ -509,7 +509,7 @@ func checkAgreesWithEncodingJSON(t *testing.T, body []byte, path string) {
 		return
 	}
 	key, err := jsonKey(path).Extract(httptest.NewRequest("POST", "/", nil), body)
-	if errors.Is(err, ErrInvalid) || errors.Is(err, ErrBadJSON) {
+	if errors.Is(err, errInvalid) || errors.Is(err, ErrBadJSON) {
 		return
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))

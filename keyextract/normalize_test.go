@@ -101,12 +101,12 @@ func TestNormalizeRefusals(t *testing.T) {
 			continue // json.Marshal would write U+FFFD; below with raw bytes
 		}
 		r, body := src.request("CAF\xc3-1")
-		if _, err := s(src.parts).Extract(r, body); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "not valid UTF-8") {
+		if _, err := s(src.parts).Extract(r, body); !errors.Is(err, errInvalid) || !strings.Contains(err.Error(), "not valid UTF-8") {
 			t.Errorf("%s: a key that is not UTF-8: %v, want invalid: not valid UTF-8", src.name, err)
 		}
 	}
 	_, err := s(normSources[1].parts).Extract(httptest.NewRequest("POST", "/", nil), []byte("{\"order\":{\"id\":\"CAF\xc3-1\"}}"))
-	if !errors.Is(err, ErrInvalid) {
+	if !errors.Is(err, errInvalid) {
 		t.Errorf("json: a key that is not UTF-8: %v, want invalid", err)
 	}
 
@@ -122,11 +122,11 @@ func TestNormalizeRefusals(t *testing.T) {
 		t.Errorf("720 bytes of jamo, 240 in NFC: key of %d bytes, %v; want the NFC form", len(k), err)
 	}
 	tooLong := strings.Repeat("\u1100\u1161\u11a8", 86) // 774 bytes, NFC 258
-	if _, err := extract(tooLong); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "longer than 255 bytes") {
+	if _, err := extract(tooLong); !errors.Is(err, errInvalid) || !strings.Contains(err.Error(), "longer than 255 bytes") {
 		t.Errorf("774 bytes of jamo: %v, want too long", err)
 	}
 	huge := strings.Repeat("E\u0301", 1<<18) // 768 KiB
-	if _, err := extract(huge); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "longer than 255 bytes") {
+	if _, err := extract(huge); !errors.Is(err, errInvalid) || !strings.Contains(err.Error(), "longer than 255 bytes") {
 		t.Errorf("768 KiB key: %v, want too long", err)
 	}
 }
@@ -144,7 +144,7 @@ func FuzzNormalizeKey(f *testing.F) {
 				return "ok"
 			case errors.Is(err, ErrMissing):
 				return "missing"
-			case errors.Is(err, ErrInvalid):
+			case errors.Is(err, errInvalid):
 				return "invalid"
 			}
 			return err.Error()

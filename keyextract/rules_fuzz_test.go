@@ -106,7 +106,7 @@ func FuzzNumberKey(f *testing.F) {
 			key, err := numberKey(lit)
 			fv, refused, known := refNumber(lit)
 			if err != nil {
-				if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "the number ") {
+				if !errors.Is(err, errInvalid) || !strings.Contains(err.Error(), "the number ") {
 					t.Fatalf("%.60s: error %v, want ErrInvalid naming the number", lit, err)
 				}
 				if known && !refused {
@@ -202,11 +202,11 @@ func FuzzStringKey(f *testing.F) {
 		key, err := jsonKey("k").Extract(httptest.NewRequest("POST", "/", nil), []byte(body))
 		switch {
 		case lone:
-			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "lone UTF-16 surrogate") {
+			if !errors.Is(err, errInvalid) || !strings.Contains(err.Error(), "lone UTF-16 surrogate") {
 				t.Fatalf("%q: key %q, %v; want refused for a lone surrogate", lit, key, err)
 			}
 		case !validUTF8:
-			if !errors.Is(err, ErrInvalid) {
+			if !errors.Is(err, errInvalid) {
 				t.Fatalf("%q: key %q, %v; want refused for bytes that are not UTF-8", lit, key, err)
 			}
 		case m["k"] == "":
@@ -218,7 +218,7 @@ func FuzzStringKey(f *testing.F) {
 				t.Fatalf("%q: key %q, encoding/json reads %q", lit, key, m["k"])
 			}
 		default:
-			if !errors.Is(err, ErrInvalid) || checkKey(Source{}, m["k"]) == nil {
+			if !errors.Is(err, errInvalid) || checkKey(Source{}, m["k"]) == nil {
 				t.Fatalf("%q: %v, but %q is a usable key", lit, err, m["k"])
 			}
 		}
@@ -275,7 +275,7 @@ func FuzzSFString(f *testing.F) {
 		r := httptest.NewRequest("POST", "/", nil)
 		r.Header["K"] = []string{v}
 		k1, err1 := Spec{Parts: []Source{{Kind: Header, Name: "K"}}}.Extract(r, nil)
-		if err1 != nil && !errors.Is(err1, ErrInvalid) && !errors.Is(err1, ErrMissing) {
+		if err1 != nil && !errors.Is(err1, errInvalid) && !errors.Is(err1, ErrMissing) {
 			t.Fatalf("%q: %v", v, err1)
 		}
 		if err1 == nil && printable && !strings.HasPrefix(v, `"`) && strings.Trim(v, " \t") == v {

@@ -26,22 +26,22 @@ func TestExtractHeaderStructuredString(t *testing.T) {
 		{name: "255 bytes quoted", headers: http.Header{"Idempotency-Key": {`"` + strings.Repeat("k", 255) + `"`}}, want: strings.Repeat("k", 255)},
 
 		{name: "empty string", headers: http.Header{"Idempotency-Key": {`""`}}, wantErr: ErrMissing},
-		{name: "256 bytes quoted", headers: http.Header{"Idempotency-Key": {`"` + strings.Repeat("k", 256) + `"`}}, wantErr: ErrInvalid},
-		{name: "unterminated", headers: http.Header{"Idempotency-Key": {`"k-1`}}, wantErr: ErrInvalid},
-		{name: "lone quote", headers: http.Header{"Idempotency-Key": {`"`}}, wantErr: ErrInvalid},
-		{name: "ends in a backslash", headers: http.Header{"Idempotency-Key": {`"k-1\`}}, wantErr: ErrInvalid},
-		{name: "escaped closing quote only", headers: http.Header{"Idempotency-Key": {`"k-1\"`}}, wantErr: ErrInvalid},
-		{name: "other escape", headers: http.Header{"Idempotency-Key": {`"k\-1"`}}, wantErr: ErrInvalid},
-		{name: "unicode escape", headers: http.Header{"Idempotency-Key": {`"k\u0031"`}}, wantErr: ErrInvalid},
-		{name: "non-ASCII", headers: http.Header{"Idempotency-Key": {`"été"`}}, wantErr: ErrInvalid},
-		{name: "tab inside", headers: http.Header{"Idempotency-Key": {"\"a\tb\""}}, wantErr: ErrInvalid},
-		{name: "parameters", headers: http.Header{"Idempotency-Key": {`"k-1";x=1`}}, wantErr: ErrInvalid},
-		{name: "bare parameter", headers: http.Header{"Idempotency-Key": {`"k-1";x`}}, wantErr: ErrInvalid},
-		{name: "list of strings", headers: http.Header{"Idempotency-Key": {`"k-1", "k-2"`}}, wantErr: ErrInvalid},
-		{name: "list of the same string", headers: http.Header{"Idempotency-Key": {`"k-1", "k-1"`}}, wantErr: ErrInvalid},
-		{name: "trailing garbage", headers: http.Header{"Idempotency-Key": {`"k-1"x`}}, wantErr: ErrInvalid},
-		{name: "two strings", headers: http.Header{"Idempotency-Key": {`"k-1""k-2"`}}, wantErr: ErrInvalid},
-		{name: "repeated, quoted and bare", headers: http.Header{"Idempotency-Key": {`"k-1"`, `k-1`}}, wantErr: ErrInvalid},
+		{name: "256 bytes quoted", headers: http.Header{"Idempotency-Key": {`"` + strings.Repeat("k", 256) + `"`}}, wantErr: errInvalid},
+		{name: "unterminated", headers: http.Header{"Idempotency-Key": {`"k-1`}}, wantErr: errInvalid},
+		{name: "lone quote", headers: http.Header{"Idempotency-Key": {`"`}}, wantErr: errInvalid},
+		{name: "ends in a backslash", headers: http.Header{"Idempotency-Key": {`"k-1\`}}, wantErr: errInvalid},
+		{name: "escaped closing quote only", headers: http.Header{"Idempotency-Key": {`"k-1\"`}}, wantErr: errInvalid},
+		{name: "other escape", headers: http.Header{"Idempotency-Key": {`"k\-1"`}}, wantErr: errInvalid},
+		{name: "unicode escape", headers: http.Header{"Idempotency-Key": {`"k\u0031"`}}, wantErr: errInvalid},
+		{name: "non-ASCII", headers: http.Header{"Idempotency-Key": {`"été"`}}, wantErr: errInvalid},
+		{name: "tab inside", headers: http.Header{"Idempotency-Key": {"\"a\tb\""}}, wantErr: errInvalid},
+		{name: "parameters", headers: http.Header{"Idempotency-Key": {`"k-1";x=1`}}, wantErr: errInvalid},
+		{name: "bare parameter", headers: http.Header{"Idempotency-Key": {`"k-1";x`}}, wantErr: errInvalid},
+		{name: "list of strings", headers: http.Header{"Idempotency-Key": {`"k-1", "k-2"`}}, wantErr: errInvalid},
+		{name: "list of the same string", headers: http.Header{"Idempotency-Key": {`"k-1", "k-1"`}}, wantErr: errInvalid},
+		{name: "trailing garbage", headers: http.Header{"Idempotency-Key": {`"k-1"x`}}, wantErr: errInvalid},
+		{name: "two strings", headers: http.Header{"Idempotency-Key": {`"k-1""k-2"`}}, wantErr: errInvalid},
+		{name: "repeated, quoted and bare", headers: http.Header{"Idempotency-Key": {`"k-1"`, `k-1`}}, wantErr: errInvalid},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -67,7 +67,7 @@ func TestExtractHeaderStructuredStringMessage(t *testing.T) {
 		r := httptest.NewRequest("POST", "/", nil)
 		r.Header["Idempotency-Key"] = []string{v}
 		_, err := Spec{Parts: []Source{{Kind: Header, Name: "Idempotency-Key"}}}.Extract(r, nil)
-		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "RFC 8941 structured field string") || !strings.Contains(err.Error(), want) {
+		if !errors.Is(err, errInvalid) || !strings.Contains(err.Error(), "RFC 8941 structured field string") || !strings.Contains(err.Error(), want) {
 			t.Errorf("Idempotency-Key %q: error %v, want one about a malformed structured string saying %q", v, err, want)
 		}
 	}
@@ -87,7 +87,7 @@ func TestExtractCompositeStructuredString(t *testing.T) {
 	if err1 != nil || err2 != nil || k1 != k2 || k1 != "x%7Cy|z" {
 		t.Errorf("keys %q (%v) and %q (%v), want both x%%7Cy|z", k1, err1, k2, err2)
 	}
-	if _, err := key(`"x`, "z"); !errors.Is(err, ErrInvalid) {
+	if _, err := key(`"x`, "z"); !errors.Is(err, errInvalid) {
 		t.Errorf("a malformed part: %v, want ErrInvalid", err)
 	}
 }

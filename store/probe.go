@@ -21,8 +21,8 @@ const ProbeRoute = "~probe"
 
 // Defaults of ProbeOptions.
 const (
-	DefaultProbeInterval = 2 * time.Second
-	DefaultProbeTimeout  = 2 * time.Second
+	defaultProbeInterval = 2 * time.Second
+	defaultProbeTimeout  = 2 * time.Second
 )
 
 // ProbeOptions configures NewWriteProbe. Zero values mean the defaults.
@@ -65,10 +65,10 @@ type WriteProbe struct {
 // NewWriteProbe returns a probe of s; Run runs it.
 func NewWriteProbe(s Store, opts ProbeOptions) *WriteProbe {
 	if opts.Interval <= 0 {
-		opts.Interval = DefaultProbeInterval
+		opts.Interval = defaultProbeInterval
 	}
 	if opts.Timeout <= 0 {
-		opts.Timeout = DefaultProbeTimeout
+		opts.Timeout = defaultProbeTimeout
 	}
 	return &WriteProbe{s: s, opts: opts, key: Key(ProbeRoute, "", randomID())}
 }

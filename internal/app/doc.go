@@ -2,5 +2,5 @@
 // proxy handler, the admission limits and the admin listener, serves until
 // its context ends, reloads on SIGHUP or POST /-/reload, and shuts down
 // gracefully. It also runs "idemproxy store ...", which opens the store
-// as the proxy does. The command line that calls it is internal/cli.
+// as the proxy does. The command line that calls it is internal/app/cli.
 package app

@@ -248,7 +248,7 @@ func Open(opts Options) (*Store, error) {
 	// created is empty for a moment, and removed, its writes would go to a
 	// file nobody finds again. Where the lock is not supported, as before.
 	unlockDir, err := lockStoreDir(opts.Dir)
-	if errors.Is(err, ErrInUse) {
+	if errors.Is(err, errInUse) {
 		return nil, fmt.Errorf("badger: open %s: %w", opts.Dir, err)
 	}
 	if err == nil {

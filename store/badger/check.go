@@ -14,16 +14,16 @@ import (
 
 // Checking and quarantining a store that does not open.
 //
-// Open refuses a store whose reservation log is damaged (ErrLogDamaged)
+// Open refuses a store whose reservation log is damaged (errLogDamaged)
 // rather than start without the reservations the damaged records held.
 // Check reports what is wrong without changing anything, and Quarantine
 // moves the damaged log segments aside, after which the store opens with
 // the records before the damage.
 
-// ErrLogDamaged is wrapped by Open's error, and reported by Check, when a
+// errLogDamaged is wrapped by Open's error, and reported by Check, when a
 // record of the reservation log fails its checksum and valid records
 // follow it: damage, not a torn tail.
-var ErrLogDamaged = errors.New("the reservation log is damaged")
+var errLogDamaged = errors.New("the reservation log is damaged")
 
 // quarantineDirName is where Quarantine moves segments, inside the store's
 // directory.
@@ -59,10 +59,10 @@ type Report struct {
 // OK reports whether r found nothing wrong.
 func (r Report) OK() bool { return len(r.Damage) == 0 }
 
-// QuarantineLockWait is how long Quarantine waits for the lock Badger
+// quarantineLockWait is how long Quarantine waits for the lock Badger
 // takes on the store's directory: a proxy whose store does not open takes
 // it for a moment each time it tries again.
-var QuarantineLockWait = 10 * time.Second
+var quarantineLockWait = 10 * time.Second
 
 // checkLog reads the log in dir/idemproxy-wal without changing anything.
 // Not opening Badger, it judges the log with the sequence number of the
@@ -162,12 +162,12 @@ func step(name string) error {
 // its valid records before the damage: the store then opens with every
 // record before the damage. Files and directories are fsynced. It refuses
 // while a process has the store open (it takes the lock Badger takes,
-// waiting up to QuarantineLockWait: ErrInUse). It
+// waiting up to quarantineLockWait: errInUse). It
 // does nothing (and returns a zero Quarantined) when Check finds no
 // damage. Interrupted (a crash), it is finished by the next run, which
 // reports Resumed.
 func Quarantine(dir string, now time.Time) (Quarantined, error) {
-	unlock, err := LockDir(dir, QuarantineLockWait)
+	unlock, err := LockDir(dir, quarantineLockWait)
 	if err != nil {
 		return Quarantined{}, fmt.Errorf("badger: quarantine: %w", err)
 	}

@@ -134,7 +134,7 @@ func TestCheckAndQuarantine(t *testing.T) {
 	badgerDir, logDir, damaged := damagedLog(t)
 	dir := crashCopy(t, badgerDir, logDir)
 	logBefore := treeOf(t, filepath.Join(dir, walDirName))
-	if _, err := openKeys(t, dir, nil); !errors.Is(err, ErrLogDamaged) {
+	if _, err := openKeys(t, dir, nil); !errors.Is(err, errLogDamaged) {
 		t.Fatalf("Open = %v, want ErrLogDamaged", err)
 	}
 	if !mapsEqual(logBefore, treeOf(t, filepath.Join(dir, walDirName))) {
@@ -272,10 +272,10 @@ func TestQuarantineRefusesOpenStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func(w time.Duration) { QuarantineLockWait = w }(QuarantineLockWait)
-	QuarantineLockWait = 200 * time.Millisecond
+	defer func(w time.Duration) { quarantineLockWait = w }(quarantineLockWait)
+	quarantineLockWait = 200 * time.Millisecond
 	_, err = Quarantine(dir, time.Now())
-	if !errors.Is(err, ErrInUse) {
+	if !errors.Is(err, errInUse) {
 		t.Errorf("Quarantine of an open store = %v, want it refused", err)
 	}
 	if err := db.Close(); err != nil {

@@ -22,7 +22,7 @@ import (
 // refuses), OpenGuarded does not fail: it returns a Guard whose store is
 // broken, with the reason (OpenFailed), so that the process serves its
 // admin listener and its passthrough routes, and protected requests get
-// ErrBroken (503 in the proxy). The Guard tries again: at once when the
+// errBroken (503 in the proxy). The Guard tries again: at once when the
 // store's files changed (an operator moved damaged segments aside with
 // `idemproxy store quarantine`, restored a MANIFEST or fixed permissions),
 // and otherwise after a delay that grows to openRetryMax, since each try
@@ -110,7 +110,7 @@ func (g *Guard) openFailed(err error) {
 // inUse reports whether err is Badger's refusal of a directory another
 // process holds (its flock), which it wraps as text.
 func inUse(err error) bool {
-	return errors.Is(err, ErrInUse) || errors.Is(err, syscall.EWOULDBLOCK) || strings.Contains(err.Error(), "Another process is using this Badger database")
+	return errors.Is(err, errInUse) || errors.Is(err, syscall.EWOULDBLOCK) || strings.Contains(err.Error(), "Another process is using this Badger database")
 }
 
 // opened records that the store is open.

@@ -226,10 +226,10 @@ func TestGuardStartsDegradedOnAStoreThatDoesNotOpen(t *testing.T) {
 				t.Fatalf("OpenFailed = %v; want the reason, naming %q", why, c.reason)
 			}
 			res := store.Reservation{Token: "t2", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}
-			if _, err := g.Reserve(ctx, "pay/-/new", res); !errors.Is(err, ErrBroken) {
+			if _, err := g.Reserve(ctx, "pay/-/new", res); !errors.Is(err, errBroken) {
 				t.Errorf("Reserve = %v; want ErrBroken (503)", err)
 			}
-			if _, err := g.Get(ctx, "pay/-/k0"); !errors.Is(err, ErrBroken) {
+			if _, err := g.Get(ctx, "pay/-/k0"); !errors.Is(err, errBroken) {
 				t.Errorf("Get = %v; want ErrBroken", err)
 			}
 			if err := g.Ping(ctx); err == nil {

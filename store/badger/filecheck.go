@@ -31,9 +31,9 @@ import (
 // table or value-log file, so these files without a MANIFEST are never
 // the trace of a crash: a partial copy or restore, or a MANIFEST deleted.
 
-// ErrInUse is returned (wrapped) by LockDir while another process holds
+// errInUse is returned (wrapped) by LockDir while another process holds
 // the store's directory (a running idemproxy).
-var ErrInUse = errors.New("the store's directory is in use by another process")
+var errInUse = errors.New("the store's directory is in use by another process")
 
 // checkManifest refuses a directory that holds table or value-log files but
 // no MANIFEST (see above): Badger would open it as a new store, delete the
@@ -176,7 +176,7 @@ type FileProblem struct {
 	// Detail says what is wrong, and what to do, for a person.
 	Detail string
 	// InUse is set when the problem is that another process holds the
-	// directory (ErrInUse).
+	// directory (errInUse).
 	InUse bool
 }
 
@@ -187,7 +187,7 @@ func (p FileProblem) String() string { return p.Path + ": " + p.Detail }
 // cannot be read or written by this process, a MANIFEST that is missing
 // beside data files or that cannot be read, tables the MANIFEST names
 // that are missing, files this process cannot read or write, and the
-// directory held by another process (a running idemproxy: ErrInUse). A
+// directory held by another process (a running idemproxy: errInUse). A
 // directory that does not exist is no problem (a new store is created
 // there). The reservation log is Check's. Off Unix (Windows) its one
 // problem is that the store is not supported there (platform_other.go).
@@ -256,7 +256,7 @@ func CheckFiles(dir string) []FileProblem {
 	}
 	if err := probeLock(dir); err != nil {
 		add(dir, "%v", err)
-		probs[len(probs)-1].InUse = errors.Is(err, ErrInUse)
+		probs[len(probs)-1].InUse = errors.Is(err, errInUse)
 	}
 	return probs
 }
@@ -281,7 +281,7 @@ func manifestTables(path string) ([]uint64, error) {
 	return ids, nil
 }
 
-// probeLock reports ErrInUse when another process holds the directory's
+// probeLock reports errInUse when another process holds the directory's
 // lock (Badger's flock of the directory), and nil when it is free. It
 // waits up to probeLockWait: a proxy whose store does not open holds the
 // lock for a moment each time it tries again.
@@ -300,7 +300,7 @@ const probeLockWait = 2 * time.Second
 // LockDir takes the lock Badger takes on the store's directory, so that no
 // idemproxy opens the store meanwhile, and returns the function that
 // releases it. A process that holds it (a running idemproxy) makes it fail
-// with ErrInUse once wait has passed: a proxy whose store does not open
+// with errInUse once wait has passed: a proxy whose store does not open
 // takes the lock for a moment each time it tries again. Off Unix
 // (Windows) it refuses, naming the system (platform_other.go).
 func LockDir(dir string, wait time.Duration) (unlock func(), err error) {
@@ -309,7 +309,7 @@ func LockDir(dir string, wait time.Duration) (unlock func(), err error) {
 	}
 	for end := time.Now().Add(wait); ; time.Sleep(100 * time.Millisecond) {
 		unlock, err = lockStoreDir(dir)
-		if !errors.Is(err, ErrInUse) || time.Now().After(end) {
+		if !errors.Is(err, errInUse) || time.Now().After(end) {
 			return unlock, err
 		}
 	}

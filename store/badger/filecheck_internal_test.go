@@ -123,11 +123,11 @@ func TestCheckFilesInUse(t *testing.T) {
 		t.Fatal(err)
 	}
 	probs := CheckFiles(dir)
-	if len(probs) != 1 || !probs[0].InUse || !strings.Contains(probs[0].Detail, ErrInUse.Error()) {
+	if len(probs) != 1 || !probs[0].InUse || !strings.Contains(probs[0].Detail, errInUse.Error()) {
 		t.Errorf("CheckFiles of a store in use = %v; want it reported in use", probs)
 	}
 	start := time.Now()
-	if _, err := LockDir(dir, 300*time.Millisecond); !errors.Is(err, ErrInUse) {
+	if _, err := LockDir(dir, 300*time.Millisecond); !errors.Is(err, errInUse) {
 		t.Errorf("LockDir = %v; want ErrInUse", err)
 	}
 	if d := time.Since(start); d < 300*time.Millisecond {

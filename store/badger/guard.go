@@ -126,9 +126,9 @@ type GuardOptions struct {
 // data directory's free space is below the floor.
 var ErrLowDisk = errors.New("badger: free disk space below the floor; new reservations are refused")
 
-// ErrBroken is returned (wrapped) by every Guard operation while the store
+// errBroken is returned (wrapped) by every Guard operation while the store
 // failed and has not been reopened yet.
-var ErrBroken = errors.New("badger: the store failed and is being reopened")
+var errBroken = errors.New("badger: the store failed and is being reopened")
 
 // guardRetry is how often a broken or not yet opened store is reopened,
 // and how long a free-space figure is used.
@@ -298,7 +298,7 @@ func (g *Guard) reopen() {
 	// The failed store is taken out under the lock, which no operation
 	// holds while Badger works (do), so at once; it is closed, once the
 	// operations under way on it have returned, and opened without the
-	// lock: meanwhile operations fail fast with ErrBroken instead of
+	// lock: meanwhile operations fail fast with errBroken instead of
 	// queueing behind a slow operation, a Close that hangs or an Open that
 	// replays logs.
 	g.mu.Lock()
@@ -388,9 +388,9 @@ func (g *Guard) reopen() {
 func (g *Guard) do(op func(s *Store) error) (err error) {
 	cur := g.acquire()
 	if cur == nil {
-		cause := ErrBroken
+		cause := errBroken
 		if p := g.lastErr.Load(); p != nil {
-			cause = fmt.Errorf("%w: %w", ErrBroken, *p)
+			cause = fmt.Errorf("%w: %w", errBroken, *p)
 		}
 		return cause
 	}

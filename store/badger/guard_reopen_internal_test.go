@@ -132,7 +132,7 @@ func TestReopenNotHeldBySlowOperation(t *testing.T) {
 			t.Fatal("the reopen did not take the failed store out while an operation on it was stuck")
 		}
 	}
-	if _, err := g.Get(ctx, "pay/-/other"); !errors.Is(err, ErrBroken) {
+	if _, err := g.Get(ctx, "pay/-/other"); !errors.Is(err, errBroken) {
 		t.Errorf("Get while the failed store is being reopened = %v, want ErrBroken at once", err)
 	}
 	select {
@@ -182,7 +182,7 @@ func TestBrokenGuardDoesNothing(t *testing.T) {
 			if lsm, vlog := g.Sizes(); lsm != 0 || vlog != 0 {
 				t.Errorf("Sizes = %d, %d; want 0, 0", lsm, vlog)
 			}
-			if _, err := g.Get(context.Background(), "k"); !errors.Is(err, ErrBroken) {
+			if _, err := g.Get(context.Background(), "k"); !errors.Is(err, errBroken) {
 				t.Errorf("Get = %v, want ErrBroken", err)
 			}
 			if err := g.Close(); err != nil {

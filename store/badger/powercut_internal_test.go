@@ -321,7 +321,7 @@ func TestUnfinishedQuarantineRefusesOpen(t *testing.T) {
 	}
 
 	dir := crashCopy(t, badgerAtOpen, logDir)
-	if _, err := Open(Options{Dir: dir, SyncWrites: true}); !errors.Is(err, ErrLogDamaged) {
+	if _, err := Open(Options{Dir: dir, SyncWrites: true}); !errors.Is(err, errLogDamaged) {
 		t.Fatalf("Open = %v, want ErrLogDamaged", err)
 	}
 	quarantineStep = func(step string) error {

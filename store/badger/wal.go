@@ -88,7 +88,7 @@ import (
 // order. What follows is then searched for a record written after the
 // failed one was synced (its durable mark reaching it): found, the log is
 // damaged (bytes that were on disk changed or went missing), and the store
-// refuses to open with ErrLogDamaged, naming the segment, offset and
+// refuses to open with errLogDamaged, naming the segment, offset and
 // sequence number, changing nothing; not found, it is a torn tail, written
 // but never synced, and the records before it are replayed. Valid records
 // may well follow a torn one: after a power loss the kernel may have
@@ -487,7 +487,7 @@ func readApplied(txn getter) (uint64, error) {
 // the number of records applied, the number the next segment should have
 // and the sequence number the next record should carry (after both what
 // Badger holds and the log). A damaged log (walscan.go) is refused with an
-// error wrapping ErrLogDamaged that names the segment, offset and sequence
+// error wrapping errLogDamaged that names the segment, offset and sequence
 // number, and everything is left as it was.
 func replayWAL(db *bdg.DB, dbDir, dir string, now time.Time) (records int, nextNum, nextSeq uint64, err error) {
 	var applied uint64
@@ -631,7 +631,7 @@ func readCheckpoint(dir string) uint64 {
 // damageError is Open's error for damage d.
 func damageError(d Damage) error {
 	return fmt.Errorf("%w: segment %s, offset %d, sequence %d: %s; synced writes would be lost, refusing to open (idemproxy store check reports the damage, idemproxy store quarantine moves the damaged segments aside)",
-		ErrLogDamaged, d.Segment, d.Offset, d.Seq, d.Detail)
+		errLogDamaged, d.Segment, d.Offset, d.Seq, d.Detail)
 }
 
 // openSegments opens the segments nums of dir for reading; closeAll closes

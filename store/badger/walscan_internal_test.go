@@ -104,7 +104,7 @@ func openKeys(t *testing.T, dir string, keys []string) (present []string, err er
 
 // TestDamageToldFromTornTail: a record that fails its checksum followed by
 // a record written after it was synced is damage: Open refuses with
-// ErrLogDamaged naming the segment, offset and sequence, and changes
+// errLogDamaged naming the segment, offset and sequence, and changes
 // nothing. A record lost after the last sync, even with later unsynced
 // records surviving (the kernel writes pages back in any order), is a
 // torn tail: the store opens with the records before it.
@@ -208,7 +208,7 @@ func TestDamageToldFromTornTail(t *testing.T) {
 				}
 				return
 			}
-			if !errors.Is(err, ErrLogDamaged) {
+			if !errors.Is(err, errLogDamaged) {
 				t.Fatalf("Open = %v, want ErrLogDamaged", err)
 			}
 			name := segmentName(uint64(tt.wantSeg))
@@ -324,7 +324,7 @@ func TestPreviousFormatLogReplays(t *testing.T) {
 	dir = t.TempDir()
 	next, _ := segmentOf(4096, prevFormatRecord(11, "pay/-/k11"))
 	writeSegments(t, dir, torn, next)
-	if _, err := openKeys(t, dir, nil); !errors.Is(err, ErrLogDamaged) {
+	if _, err := openKeys(t, dir, nil); !errors.Is(err, errLogDamaged) {
 		t.Errorf("Open with a damaged older segment of the previous format = %v, want ErrLogDamaged", err)
 	}
 }
@@ -423,7 +423,7 @@ func TestLogMarksWhatWasSynced(t *testing.T) {
 			if err == nil {
 				r.Close()
 			}
-			if got := errors.Is(err, ErrLogDamaged); got != tt.damaged {
+			if got := errors.Is(err, errLogDamaged); got != tt.damaged {
 				t.Errorf("Open = %v; damaged %v, want %v", err, got, tt.damaged)
 			}
 		})

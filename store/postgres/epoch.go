@@ -13,20 +13,20 @@ import (
 )
 
 // The epoch marker (store.EpochStore) is a row of the key table itself,
-// under EpochKey, so that whatever empties the table (TRUNCATE, a table
+// under epochKey, so that whatever empties the table (TRUNCATE, a table
 // restored from a backup or recreated, a database rebuilt) takes the
 // marker with the keys; a row beside the schema version would survive a
 // TRUNCATE of the key table and vouch for keys that are gone. The row
 // fits the table's constraints: state 'completed', token the marker's ID,
 // fingerprint its state, created_at its time, expires_at in the year 9999 (the
 // sweeper deletes only rows that expired), response its other fields. No
-// record key can be EpochKey: record keys hold a '/' and begin with a
+// record key can be epochKey: record keys hold a '/' and begin with a
 // route name (a letter or digit). List skips it; Unscheduled and
 // DueLookups never select a completed row. No schema change: a table of an
 // older binary gains the row on its first start.
 
-// EpochKey is the key of the epoch marker's row in the key table.
-const EpochKey = "!epoch"
+// epochKey is the key of the epoch marker's row in the key table.
+const epochKey = "!epoch"
 
 var _ store.EpochStore = (*Store)(nil)
 
@@ -62,7 +62,7 @@ func readEpochOn(ctx context.Context, c *pgx.Conn, table string) (*store.Epoch, 
 		st   string
 		rest []byte
 	)
-	err := c.QueryRow(ctx, "SELECT token, fingerprint, created_at, response FROM "+table+" WHERE key = $1", EpochKey).
+	err := c.QueryRow(ctx, "SELECT token, fingerprint, created_at, response FROM "+table+" WHERE key = $1", epochKey).
 		Scan(&e.ID, &st, &e.CreatedAt, &rest)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
@@ -98,11 +98,11 @@ func (s *Store) SwapEpoch(ctx context.Context, old string, e store.Epoch) (*stor
 		if old == "" {
 			tag, err = c.Exec(ctx, "INSERT INTO "+s.table+
 				" (key, state, token, fingerprint, created_at, expires_at, response) VALUES ($1, 'completed', $2, $3, $4, '9999-12-31 00:00:00+00', $5)"+
-				" ON CONFLICT (key) DO NOTHING", EpochKey, e.ID, string(e.State), e.CreatedAt, rest)
+				" ON CONFLICT (key) DO NOTHING", epochKey, e.ID, string(e.State), e.CreatedAt, rest)
 		} else {
 			tag, err = c.Exec(ctx, "UPDATE "+s.table+
 				" SET token = $2, fingerprint = $3, created_at = $4, response = $5, expires_at = '9999-12-31 00:00:00+00' WHERE key = $1 AND token = $6",
-				EpochKey, e.ID, string(e.State), e.CreatedAt, rest, old)
+				epochKey, e.ID, string(e.State), e.CreatedAt, rest, old)
 		}
 		if err != nil {
 			return err

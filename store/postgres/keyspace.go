@@ -15,15 +15,15 @@ import (
 
 // The keyspace registry (store.KeyspaceStore) is rows of the key table
 // itself, as the epoch marker is, so that whatever empties the table takes
-// the registry with the keys: one row a keyspace under KeyspacePrefix +
+// the registry with the keys: one row a keyspace under keyspacePrefix +
 // its name (no record key begins with '!'), state 'completed', token the
 // recipe's digest, fingerprint the recipe, created_at when it was
 // written, expires_at in the year 9999 (never swept), response the routes.
 // List skips keys that begin with '!'; Unscheduled and DueLookups never
 // select a completed row. No schema change.
 
-// KeyspacePrefix begins the key of every registry row.
-const KeyspacePrefix = "!ks/"
+// keyspacePrefix begins the key of every registry row.
+const keyspacePrefix = "!ks/"
 
 var _ store.KeyspaceStore = (*Store)(nil)
 
@@ -39,7 +39,7 @@ func (s *Store) Keyspaces(ctx context.Context) ([]store.Keyspace, error) {
 		out = nil
 		// '0' follows '/': the range is every key behind the prefix.
 		rows, err := c.Query(ctx, "SELECT key, token, fingerprint, created_at, response FROM "+s.table+
-			" WHERE key >= $1 AND key < $2", KeyspacePrefix, strings.TrimSuffix(KeyspacePrefix, "/")+"0")
+			" WHERE key >= $1 AND key < $2", keyspacePrefix, strings.TrimSuffix(keyspacePrefix, "/")+"0")
 		if err != nil {
 			return err
 		}
@@ -51,7 +51,7 @@ func (s *Store) Keyspaces(ctx context.Context) ([]store.Keyspace, error) {
 			if err := r.Scan(&k.Name, &k.Digest, &k.Recipe, &k.UpdatedAt, &rest); err != nil {
 				return k, err
 			}
-			k.Name = strings.TrimPrefix(k.Name, KeyspacePrefix)
+			k.Name = strings.TrimPrefix(k.Name, keyspacePrefix)
 			var v keyspaceRest
 			if err := json.Unmarshal(rest, &v); err != nil {
 				return k, fmt.Errorf("entry %s: %w", k.Name, err)
@@ -80,7 +80,7 @@ func (s *Store) PutKeyspace(ctx context.Context, k store.Keyspace) error {
 		_, err := c.Exec(ctx, "INSERT INTO "+s.table+
 			" (key, state, token, fingerprint, created_at, expires_at, response) VALUES ($1, 'completed', $2, $3, $4, '9999-12-31 00:00:00+00', $5)"+
 			" ON CONFLICT (key) DO UPDATE SET state = 'completed', token = $2, fingerprint = $3, created_at = $4,"+
-			" expires_at = '9999-12-31 00:00:00+00', response = $5", KeyspacePrefix+k.Name, k.Digest, k.Recipe, k.UpdatedAt, rest)
+			" expires_at = '9999-12-31 00:00:00+00', response = $5", keyspacePrefix+k.Name, k.Digest, k.Recipe, k.UpdatedAt, rest)
 		return err
 	})
 	if err != nil {
@@ -93,7 +93,7 @@ func (s *Store) PutKeyspace(ctx context.Context, k store.Keyspace) error {
 func (s *Store) DropKeyspace(ctx context.Context, name string) (bool, error) {
 	var found bool
 	err := s.run(ctx, func(ctx context.Context, c *pgxpool.Conn) error {
-		tag, err := c.Exec(ctx, "DELETE FROM "+s.table+" WHERE key = $1", KeyspacePrefix+name)
+		tag, err := c.Exec(ctx, "DELETE FROM "+s.table+" WHERE key = $1", keyspacePrefix+name)
 		found = err == nil && tag.RowsAffected() == 1
 		return err
 	})

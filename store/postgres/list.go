@@ -167,7 +167,7 @@ func (s *Store) List(ctx context.Context, q store.ListQuery) ([]store.Listed, st
 			}
 			examined++
 			last = r.Key
-			if r.live && inPrefix && r.Key != EpochKey && !strings.HasPrefix(r.Key, KeyspacePrefix) && q.Matches(r.Key, r.State) {
+			if r.live && inPrefix && r.Key != epochKey && !strings.HasPrefix(r.Key, keyspacePrefix) && q.Matches(r.Key, r.State) {
 				recs = append(recs, r.Listed)
 			}
 		}

@@ -22,13 +22,13 @@ import (
 
 // Defaults for zero Options fields.
 const (
-	DefaultMaxConns         = 16
+	defaultMaxConns         = 16
 	DefaultConnectTimeout   = time.Second
 	DefaultStatementTimeout = 500 * time.Millisecond
-	DefaultSchema           = "public"
+	defaultSchema           = "public"
 	DefaultTable            = "idemproxy_keys"
-	DefaultSweepInterval    = 5 * time.Second
-	DefaultSweepBatch       = 1000
+	defaultSweepInterval    = 5 * time.Second
+	defaultSweepBatch       = 1000
 )
 
 // replyGrace is how much longer than statement_timeout the store waits for
@@ -43,7 +43,7 @@ type Options struct {
 	// user, password, dbname, sslmode, ...).
 	DSN string
 	// MaxConns is the size of the connection pool; zero means
-	// DefaultMaxConns (16). A call that finds every connection busy waits
+	// defaultMaxConns (16). A call that finds every connection busy waits
 	// at most ConnectTimeout for one, then fails.
 	MaxConns int
 	// ConnectTimeout bounds getting a connection, from the pool or a new
@@ -56,7 +56,7 @@ type Options struct {
 	// DefaultStatementTimeout (500ms).
 	StatementTimeout time.Duration
 	// Schema and Table name the table of key records; empty means
-	// DefaultSchema ("public") and DefaultTable ("idemproxy_keys"). The
+	// defaultSchema ("public") and DefaultTable ("idemproxy_keys"). The
 	// schema version lives in Table + "_schema" next to it.
 	Schema, Table string
 	// SynchronousCommit, when not empty, is set as synchronous_commit on
@@ -64,12 +64,12 @@ type Options struct {
 	// the package documentation for what each promises).
 	SynchronousCommit string
 	// SweepInterval is how often expired records are deleted; zero means
-	// DefaultSweepInterval (5s), negative turns the sweeper off (another
+	// defaultSweepInterval (5s), negative turns the sweeper off (another
 	// process sweeps). Expired records count as absent whether or not they
 	// were swept.
 	SweepInterval time.Duration
 	// SweepBatch is how many expired records one DELETE removes at most;
-	// zero means DefaultSweepBatch (1000).
+	// zero means defaultSweepBatch (1000).
 	SweepBatch int
 	// Logger receives the sweeper's errors; nil discards them.
 	Logger *slog.Logger
@@ -130,7 +130,7 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 		return nil, errors.New("postgres store: negative pool size, timeout or sweep batch")
 	}
 	if opts.MaxConns == 0 {
-		opts.MaxConns = DefaultMaxConns
+		opts.MaxConns = defaultMaxConns
 	}
 	if opts.ConnectTimeout == 0 {
 		opts.ConnectTimeout = DefaultConnectTimeout
@@ -139,16 +139,16 @@ func New(ctx context.Context, opts Options) (*Store, error) {
 		opts.StatementTimeout = DefaultStatementTimeout
 	}
 	if opts.Schema == "" {
-		opts.Schema = DefaultSchema
+		opts.Schema = defaultSchema
 	}
 	if opts.Table == "" {
 		opts.Table = DefaultTable
 	}
 	if opts.SweepInterval == 0 {
-		opts.SweepInterval = DefaultSweepInterval
+		opts.SweepInterval = defaultSweepInterval
 	}
 	if opts.SweepBatch == 0 {
-		opts.SweepBatch = DefaultSweepBatch
+		opts.SweepBatch = defaultSweepBatch
 	}
 	switch opts.SynchronousCommit {
 	case "", "on", "remote_apply", "remote_write", "local", "off":

@@ -56,7 +56,7 @@ func newQueries(schema, table string) queries {
 	t := pgx.Identifier{schema, table}.Sanitize()
 	ix := func(suffix string) string { return pgx.Identifier{table + suffix}.Sanitize() }
 	vt := pgx.Identifier{schema, table + "_schema"}.Sanitize()
-	r := strings.NewReplacer("{vepoch}", "(v.epoch = '' OR EXISTS (SELECT 1 FROM "+t+" AS e WHERE e.key = '"+EpochKey+"' AND e.token = v.epoch))", "{epoch}", "EXISTS (SELECT 1 FROM "+t+" AS e WHERE e.key = '"+EpochKey+"' AND e.token = $8)", "{t}", t, "{ts}", ts, "{live}", live, "{doubt}", doubt, "{us}", us, "{cleared}", cleared)
+	r := strings.NewReplacer("{vepoch}", "(v.epoch = '' OR EXISTS (SELECT 1 FROM "+t+" AS e WHERE e.key = '"+epochKey+"' AND e.token = v.epoch))", "{epoch}", "EXISTS (SELECT 1 FROM "+t+" AS e WHERE e.key = '"+epochKey+"' AND e.token = $8)", "{t}", t, "{ts}", ts, "{live}", live, "{doubt}", doubt, "{us}", us, "{cleared}", cleared)
 	q := func(s string) string { return r.Replace(s) }
 	return queries{
 		createTable: []string{q(`CREATE TABLE IF NOT EXISTS {t} (
@@ -258,7 +258,7 @@ AND r.expires_at <= {ts}`),
 // mean the defaults.
 func SchemaSQL(schema, table string) string {
 	if schema == "" {
-		schema = DefaultSchema
+		schema = defaultSchema
 	}
 	if table == "" {
 		table = DefaultTable

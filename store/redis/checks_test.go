@@ -56,7 +56,7 @@ func TestPingEvictionPolicy(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), "noeviction") {
 				t.Fatalf("Ping = %v; want an error containing %q that names the fix (noeviction)", err, tc.wantErr)
 			}
-			if !errors.Is(err, ErrEvictionPolicy) {
+			if !errors.Is(err, errEvictionPolicy) {
 				t.Errorf("Ping = %v; want errors.Is ErrEvictionPolicy", err)
 			}
 			// Reservations are refused, naming the setting, and write
@@ -76,7 +76,7 @@ func TestPingEvictionPolicy(t *testing.T) {
 			if rec, err := allow.Reserve(ctx(t), "k/evict", res); rec != nil || err != nil {
 				t.Errorf("Reserve with AllowEviction = %+v, %v; want nil, nil", rec, err)
 			}
-			if got := allow.Risks()[RiskEviction]; !strings.Contains(got, "maxmemory-policy") {
+			if got := allow.Risks()[riskEviction]; !strings.Contains(got, "maxmemory-policy") {
 				t.Errorf("Risks()[eviction] with AllowEviction = %q, want what was seen", got)
 			}
 			// SkipEvictionCheck turns the check off.
@@ -102,7 +102,7 @@ func TestPingEvictionPolicyChangedAtRuntime(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := s.Ping(c); !errors.Is(err, ErrEvictionPolicy) || !strings.Contains(err.Error(), "allkeys-lfu") {
+	if err := s.Ping(c); !errors.Is(err, errEvictionPolicy) || !strings.Contains(err.Error(), "allkeys-lfu") {
 		t.Fatalf("Ping after CONFIG SET maxmemory-policy allkeys-lfu = %v; want ErrEvictionPolicy naming it", err)
 	}
 	if _, err := srv.Do("CONFIG", "SET", "maxmemory-policy", "noeviction"); err != nil {
@@ -220,7 +220,7 @@ func TestClusterMode(t *testing.T) {
 	}
 	err = s.Ping(cx)
 	t.Logf("Ping with one evicting master: %v", err)
-	if !errors.Is(err, ErrEvictionPolicy) || !strings.Contains(err.Error(), bad.Addr()) || !strings.Contains(err.Error(), "volatile-lru") {
+	if !errors.Is(err, errEvictionPolicy) || !strings.Contains(err.Error(), bad.Addr()) || !strings.Contains(err.Error(), "volatile-lru") {
 		t.Errorf("Ping with volatile-lru on %s = %v; want ErrEvictionPolicy naming the node and the policy", bad.Addr(), err)
 	}
 }

@@ -35,7 +35,7 @@
 // node, the Sentinel master, or every Cluster master), and while one is
 // seen that Options.AllowEviction or Options.AllowNoPersistence does not
 // accept, Reserve and Ping fail with a *store.SettingError (wrapping
-// ErrEvictionPolicy or ErrNoPersistence, and store.ErrUnsafeSettings)
+// errEvictionPolicy or errNoPersistence, and store.ErrUnsafeSettings)
 // that names the setting and the fix; a rise of INFO stats evicted_keys
 // calls Options.KeysEvicted. The checks read INFO, not CONFIG, which
 // managed services often refuse (CONFIG GET save where it is allowed). An
@@ -50,8 +50,8 @@
 //
 // Every proxy key is one Redis key under KeyPrefix + key (the proxy's keys
 // look like "route/scopehash/key"): a string packing the record with
-// MessagePack (LayoutPacked, the default; see "The record layout" in
-// scripts.go), or, as releases before it wrote and LayoutHash writes, a
+// MessagePack (layoutPacked, the default; see "The record layout" in
+// scripts.go), or, as releases before it wrote and layoutHash writes, a
 // HASH with the fields:
 //
 //	st    state: in_flight, completed or in_doubt

@@ -29,8 +29,8 @@ var _ store.EpochStore = (*Store)(nil)
 // return them.
 var epochFields = []string{"eid", "est", "gen", "at", "prev", "note"}
 
-// EpochKey returns the Redis key of the epoch marker.
-func (s *Store) EpochKey() string { return s.prefix + "epoch" }
+// epochKey returns the Redis key of the epoch marker.
+func (s *Store) epochKey() string { return s.prefix + "epoch" }
 
 // swapEpochScript replaces the marker when its ID is ARGV[1] (” : none).
 //
@@ -53,7 +53,7 @@ return {1}
 func (s *Store) Epoch(ctx context.Context) (*store.Epoch, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.opTimeout)
 	defer cancel()
-	v, err := s.client.HMGet(ctx, s.EpochKey(), epochFields...).Result()
+	v, err := s.client.HMGet(ctx, s.epochKey(), epochFields...).Result()
 	if err != nil {
 		return nil, fmt.Errorf("redis store: read the epoch marker: %w", err)
 	}
@@ -71,7 +71,7 @@ func (s *Store) SwapEpoch(ctx context.Context, old string, e store.Epoch) (*stor
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.opTimeout)
 	defer cancel()
-	v, err := swapEpochScript.Run(ctx, s.client, []string{s.EpochKey()}, old,
+	v, err := swapEpochScript.Run(ctx, s.client, []string{s.epochKey()}, old,
 		e.ID, string(e.State), strconv.FormatUint(e.Gen, 10), strconv.FormatInt(e.CreatedAt.UnixMilli(), 10),
 		e.Previous, e.Note).Slice()
 	if err != nil {
@@ -146,7 +146,7 @@ func (s *Store) epochChanged(ctx context.Context) {
 // the marker read on it. A failed read does not fail the
 // connection: the watcher's checks see the store as it is.
 func (s *Store) onConnect(cluster bool) func(ctx context.Context, cn *goredis.Conn) error {
-	key := s.EpochKey()
+	key := s.epochKey()
 	return func(ctx context.Context, cn *goredis.Conn) error {
 		if s.settings != nil {
 			s.connSettings(ctx, cn)

@@ -45,7 +45,7 @@ func TestKeyspaceConformance(t *testing.T) {
 // connection tells) is refused with store.ErrKeysLost, and nothing is
 // written; EpochSeen hears of it. For both record layouts.
 func TestReserveChecksTheEpoch(t *testing.T) {
-	for _, layout := range []RecordLayout{LayoutPacked, LayoutHash} {
+	for _, layout := range []RecordLayout{layoutPacked, layoutHash} {
 		t.Run(string(layout), func(t *testing.T) { reserveChecksTheEpoch(t, layout) })
 	}
 }
@@ -67,7 +67,7 @@ func reserveChecksTheEpoch(t *testing.T, layout RecordLayout) {
 	if rec, err := s.Reserve(ctx(t), "r/-/before", res); err != nil || rec != nil {
 		t.Fatalf("Reserve with the marker in place = %+v, %v; want reserved", rec, err)
 	}
-	want := map[RecordLayout]string{LayoutPacked: "string", LayoutHash: "hash"}[layout]
+	want := map[RecordLayout]string{layoutPacked: "string", layoutHash: "hash"}[layout]
 	if typ, _ := srv.Do("TYPE", s.prefix+"r/-/before"); typ != want {
 		t.Errorf("the reservation checked against the epoch is a %s, want a %s", typ, want)
 	}
@@ -135,8 +135,8 @@ func TestConfigRisks(t *testing.T) {
 		args []string
 		want []string
 	}{
-		{"no persistence", []string{"--save", ""}, []string{RiskNoPersistence}},
-		{"an eviction policy, snapshots on", []string{"--maxmemory", "100mb", "--maxmemory-policy", "allkeys-lru", "--save", "60 1"}, []string{RiskEviction}},
+		{"no persistence", []string{"--save", ""}, []string{riskNoPersistence}},
+		{"an eviction policy, snapshots on", []string{"--maxmemory", "100mb", "--maxmemory-policy", "allkeys-lru", "--save", "60 1"}, []string{riskEviction}},
 		{"an eviction policy without maxmemory", []string{"--maxmemory-policy", "allkeys-lru"}, nil},
 		{"noeviction with the append-only file", []string{"--save", "", "--appendonly", "yes"}, nil},
 		{"CONFIG refused", []string{"--save", "", "--rename-command", "CONFIG", ""}, nil},

@@ -213,7 +213,7 @@ func matchCommands(got, want [][]string, now int64) error {
 	return nil
 }
 
-// TestHashLayoutWritesAsEarlierReleases: with LayoutHash, a reservation, a
+// TestHashLayoutWritesAsEarlierReleases: with layoutHash, a reservation, a
 // commit, an in-doubt mark and a release send Redis exactly the write
 // commands the release before the packed layout sent (as MONITOR shows
 // them: testdata/hash-records.txt and testdata/hash-changes.txt hold that
@@ -221,7 +221,7 @@ func matchCommands(got, want [][]string, now int64) error {
 // sharing the Redis in a rolling upgrade, read everything written.
 func TestHashLayoutWritesAsEarlierReleases(t *testing.T) {
 	srv := redistest.Start(t)
-	s := newStore(t, Options{Addrs: []string{srv.Addr()}, RecordLayout: LayoutHash})
+	s := newStore(t, Options{Addrs: []string{srv.Addr()}, RecordLayout: layoutHash})
 	raw := rawClient(t, srv.Addr())
 	c := ctx(t)
 	rt, err := raw.Time(c).Result()
@@ -351,26 +351,26 @@ func previousGet(t *testing.T, raw goredis.UniversalClient, key string) (*store.
 	return decodeRecord(v)
 }
 
-// TestMixedLayouts: replicas with LayoutPacked and LayoutHash share one
+// TestMixedLayouts: replicas with layoutPacked and layoutHash share one
 // Redis (the second step of the upgrade, or a rollback's first): each reads,
 // reserves against, commits, marks and releases what the other wrote,
-// fenced by the owner token. A LayoutHash replica leaves a hash whatever
+// fenced by the owner token. A layoutHash replica leaves a hash whatever
 // it changes, which the release before the packed layout reads; what a
-// LayoutPacked replica wrote stays unreadable to that release.
+// layoutPacked replica wrote stays unreadable to that release.
 func TestMixedLayouts(t *testing.T) {
 	srv := redistest.Start(t)
 	raw := rawClient(t, srv.Addr())
 	c := ctx(t)
 	prefix := fmt.Sprintf("mixed%d:", prefixes.Add(1))
 	stores := map[RecordLayout]*Store{
-		LayoutPacked: newStore(t, Options{Addrs: []string{srv.Addr()}, KeyPrefix: prefix, RecordLayout: LayoutPacked}),
-		LayoutHash:   newStore(t, Options{Addrs: []string{srv.Addr()}, KeyPrefix: prefix, RecordLayout: LayoutHash}),
+		layoutPacked: newStore(t, Options{Addrs: []string{srv.Addr()}, KeyPrefix: prefix, RecordLayout: layoutPacked}),
+		layoutHash:   newStore(t, Options{Addrs: []string{srv.Addr()}, KeyPrefix: prefix, RecordLayout: layoutHash}),
 	}
-	typeOf := map[RecordLayout]string{LayoutPacked: "string", LayoutHash: "hash"}
-	other := map[RecordLayout]RecordLayout{LayoutPacked: LayoutHash, LayoutHash: LayoutPacked}
+	typeOf := map[RecordLayout]string{layoutPacked: "string", layoutHash: "hash"}
+	other := map[RecordLayout]RecordLayout{layoutPacked: layoutHash, layoutHash: layoutPacked}
 	answer := store.Response{Status: 201, Body: []byte(`{"id":1}`), BodyStored: true}
 
-	for _, writer := range []RecordLayout{LayoutPacked, LayoutHash} {
+	for _, writer := range []RecordLayout{layoutPacked, layoutHash} {
 		for _, op := range []string{"commit", "mark", "release"} {
 			changer := other[writer]
 			t.Run(fmt.Sprintf("%s writes, %s %ss", writer, changer, op), func(t *testing.T) {
@@ -387,11 +387,11 @@ func TestMixedLayouts(t *testing.T) {
 				// and fails on (never misreads) a packed record.
 				prev, err := previousGet(t, raw, full)
 				switch writer {
-				case LayoutHash:
+				case layoutHash:
 					if err != nil || prev == nil || prev.State != store.StateInFlight || prev.Token != res.Token {
 						t.Errorf("the previous release reads %+v, %v; want in flight under %s", prev, err, res.Token)
 					}
-				case LayoutPacked:
+				case layoutPacked:
 					if err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
 						t.Errorf("the previous release reads a packed record as %+v, %v; want WRONGTYPE", prev, err)
 					}
@@ -430,7 +430,7 @@ func TestMixedLayouts(t *testing.T) {
 				}
 
 				// Both layouts read the result alike.
-				for _, l := range []RecordLayout{LayoutPacked, LayoutHash} {
+				for _, l := range []RecordLayout{layoutPacked, layoutHash} {
 					rec, err := stores[l].Get(c, key)
 					if err != nil {
 						t.Fatalf("%s Get after the %s: %v", l, op, err)
@@ -458,7 +458,7 @@ func TestMixedLayouts(t *testing.T) {
 				// previous release reads it); a packed replica changes a
 				// hash as a hash, and a packed record stays packed.
 				wantType := typeOf[writer]
-				if changer == LayoutHash {
+				if changer == layoutHash {
 					wantType = "hash"
 				}
 				if typ := raw.Type(c, full).Val(); typ != wantType {

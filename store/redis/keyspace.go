@@ -23,8 +23,8 @@ var _ store.KeyspaceStore = (*Store)(nil)
 // keyspaceField begins the field of every entry.
 const keyspaceField = "@"
 
-// KeyspacesKey returns the Redis key of the keyspace registry.
-func (s *Store) KeyspacesKey() string { return s.prefix + "keyspaces" }
+// keyspacesKey returns the Redis key of the keyspace registry.
+func (s *Store) keyspacesKey() string { return s.prefix + "keyspaces" }
 
 // keyspaceValue is a registry entry as stored.
 type keyspaceValue struct {
@@ -38,7 +38,7 @@ type keyspaceValue struct {
 func (s *Store) Keyspaces(ctx context.Context) ([]store.Keyspace, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.opTimeout)
 	defer cancel()
-	all, err := s.client.HGetAll(ctx, s.KeyspacesKey()).Result()
+	all, err := s.client.HGetAll(ctx, s.keyspacesKey()).Result()
 	if err != nil {
 		return nil, fmt.Errorf("redis store: read the keyspace registry: %w", err)
 	}
@@ -69,7 +69,7 @@ func (s *Store) PutKeyspace(ctx context.Context, k store.Keyspace) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.opTimeout)
 	defer cancel()
-	if err := s.client.HSet(ctx, s.KeyspacesKey(), keyspaceField+k.Name, b).Err(); err != nil {
+	if err := s.client.HSet(ctx, s.keyspacesKey(), keyspaceField+k.Name, b).Err(); err != nil {
 		return fmt.Errorf("redis store: record keyspace %s: %w", k.Name, err)
 	}
 	return nil
@@ -79,7 +79,7 @@ func (s *Store) PutKeyspace(ctx context.Context, k store.Keyspace) error {
 func (s *Store) DropKeyspace(ctx context.Context, name string) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.opTimeout)
 	defer cancel()
-	n, err := s.client.HDel(ctx, s.KeyspacesKey(), keyspaceField+name).Result()
+	n, err := s.client.HDel(ctx, s.keyspacesKey(), keyspaceField+name).Result()
 	if err != nil {
 		return false, fmt.Errorf("redis store: drop keyspace %s: %w", name, err)
 	}

@@ -292,7 +292,7 @@ func (s *Store) listBatch(ctx context.Context, c *goredis.Client, batch []string
 	cmds := make([]*goredis.Cmd, len(batch))
 	for j, k := range batch {
 		key := strings.TrimPrefix(k, s.prefix)
-		if k == s.scheduleKey() || k == s.EpochKey() || k == s.KeyspacesKey() || (q.KeyHash != "" && store.KeyHash(key) != q.KeyHash) {
+		if k == s.scheduleKey() || k == s.epochKey() || k == s.keyspacesKey() || (q.KeyHash != "" && store.KeyHash(key) != q.KeyHash) {
 			continue
 		}
 		cmds[j] = pipe.Eval(ctx, listScript, []string{k})

@@ -14,6 +14,6 @@ func RegisterMetrics(reg prometheus.Registerer, s *Store) {
 		if s == nil {
 			return 0
 		}
-		return float64(s.ReplicaWaitFailures())
+		return float64(s.replicaWaitFailures())
 	}))
 }

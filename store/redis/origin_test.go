@@ -24,8 +24,8 @@ func TestOriginInBothLayouts(t *testing.T) {
 	c := ctx(t)
 	prefix := fmt.Sprintf("origin%d:", prefixes.Add(1))
 	stores := map[RecordLayout]*Store{
-		LayoutPacked: newStore(t, Options{Addrs: []string{srv.Addr()}, KeyPrefix: prefix}),
-		LayoutHash:   newStore(t, Options{Addrs: []string{srv.Addr()}, KeyPrefix: prefix, RecordLayout: LayoutHash}),
+		layoutPacked: newStore(t, Options{Addrs: []string{srv.Addr()}, KeyPrefix: prefix}),
+		layoutHash:   newStore(t, Options{Addrs: []string{srv.Addr()}, KeyPrefix: prefix, RecordLayout: layoutHash}),
 	}
 	// stored returns the origin as the record under key holds it, and
 	// whether it holds one at all.
@@ -66,8 +66,8 @@ func TestOriginInBothLayouts(t *testing.T) {
 		}, store.StateCompleted},
 		{"marked in doubt", func(s *Store, key string) error { return s.MarkInDoubt(c, key, "tok-a", time.Hour) }, store.StateInDoubt},
 	}
-	for _, writer := range []RecordLayout{LayoutPacked, LayoutHash} {
-		for _, changer := range []RecordLayout{LayoutPacked, LayoutHash} {
+	for _, writer := range []RecordLayout{layoutPacked, layoutHash} {
+		for _, changer := range []RecordLayout{layoutPacked, layoutHash} {
 			for _, ch := range changes {
 				for _, og := range []string{storetest.Origin, ""} {
 					name := fmt.Sprintf("%s writes, %s %s, origin %q", writer, ch.name, changer, og)
@@ -82,7 +82,7 @@ func TestOriginInBothLayouts(t *testing.T) {
 					if got, has := stored(key); got != og || has != (og != "") {
 						t.Errorf("%s: stored origin %q (present %v), want %q", name, got, has, og)
 					}
-					for _, l := range []RecordLayout{LayoutPacked, LayoutHash} {
+					for _, l := range []RecordLayout{layoutPacked, layoutHash} {
 						rec, err := stores[l].Get(c, key)
 						if err != nil || rec == nil || rec.State != ch.want || rec.Origin != og {
 							t.Errorf("%s: Get by %s = %+v, %v; want %s with origin %q", name, l, rec, err, ch.want, og)

@@ -34,7 +34,7 @@ import (
 // pipeline ending in WAIT <n> <ms> on the same connection: WAIT answers
 // how many replicas acknowledged every write made on that connection
 // before it, so one WAIT covers the whole batch. When fewer than n
-// acknowledged, every write of the batch fails with ErrNotReplicated: a
+// acknowledged, every write of the batch fails with errNotReplicated: a
 // reservation is not forwarded (the caller answers 503 and releases the
 // key, which the primary applies if it still lives), a commit follows the
 // commit-failure path. The writes stay on the primary: a primary that
@@ -42,10 +42,10 @@ import (
 // them is what the error warned of. Reads (Get) are then not pipelined:
 // each is sent at once, so that it never waits behind a WAIT.
 
-// ErrNotReplicated is returned (wrapped) by a write when fewer replicas
+// errNotReplicated is returned (wrapped) by a write when fewer replicas
 // than Options.WaitReplicas acknowledged it within Options.WaitTimeout.
 // The write was applied on the primary, and may be lost in a failover.
-var ErrNotReplicated = errors.New("fewer replicas acknowledged the write than wait_replicas asks")
+var errNotReplicated = errors.New("fewer replicas acknowledged the write than wait_replicas asks")
 
 // maxPipeline bounds the calls of one pipeline.
 const maxPipeline = 64
@@ -81,7 +81,7 @@ type pipeliner struct {
 	auto         bool
 	replicas     atomic.Int64
 	waitTimeout  time.Duration
-	// waitFailures counts the writes failed with ErrNotReplicated.
+	// waitFailures counts the writes failed with errNotReplicated.
 	waitFailures atomic.Uint64
 }
 
@@ -245,9 +245,9 @@ func (p *pipeliner) pipeWait(ctx context.Context, calls []*call, eval bool, want
 		return
 	}
 	if err != nil {
-		err = fmt.Errorf("%w: WAIT: %w", ErrNotReplicated, err)
+		err = fmt.Errorf("%w: WAIT: %w", errNotReplicated, err)
 	} else {
-		err = fmt.Errorf("%w: %d of %d replicas acknowledged within %v", ErrNotReplicated, n, want, p.waitTimeout)
+		err = fmt.Errorf("%w: %d of %d replicas acknowledged within %v", errNotReplicated, n, want, p.waitTimeout)
 	}
 	for _, c := range calls {
 		if c.write && c.cmd.Err() == nil {

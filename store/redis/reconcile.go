@@ -377,7 +377,7 @@ func (s *Store) unscheduledIn(ctx context.Context, c *goredis.Client, batch []st
 	pipe := c.Pipeline()
 	cmds := make([]*goredis.SliceCmd, 0, len(batch))
 	for _, k := range batch {
-		if k == s.scheduleKey() || k == s.EpochKey() || k == s.KeyspacesKey() {
+		if k == s.scheduleKey() || k == s.epochKey() || k == s.keyspacesKey() {
 			continue
 		}
 		cmds = append(cmds, pipe.HMGet(ctx, k, "st", "le", "nl"))

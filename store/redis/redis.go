@@ -97,7 +97,7 @@ type Options struct {
 	// reservation, commit, release, in-doubt mark, and the lookups of
 	// reconciliation) wait until that many replicas acknowledged it (Redis
 	// WAIT, see pipeline.go); fewer within WaitTimeout fail the write with
-	// ErrNotReplicated. Zero waits for none: Redis replicates
+	// errNotReplicated. Zero waits for none: Redis replicates
 	// asynchronously, and a failover may lose the writes of the last
 	// replication lag. Not on a Redis Cluster, where New refuses it. With
 	// it, go-redis does not resend a command that failed on the network: a
@@ -118,7 +118,7 @@ type Options struct {
 	WaitTimeout time.Duration
 	// RecordLayout is the layout the store writes records in (see "The
 	// record layout" in scripts.go); records of either layout are read,
-	// whatever it is. The zero value is LayoutPacked; New refuses any
+	// whatever it is. The zero value is layoutPacked; New refuses any
 	// other value than the two layouts.
 	RecordLayout RecordLayout
 }
@@ -127,15 +127,15 @@ type Options struct {
 type RecordLayout string
 
 const (
-	// LayoutPacked writes each record as one string packed with
+	// layoutPacked writes each record as one string packed with
 	// MessagePack: one write command per change (SET ... PX). Releases
 	// before it cannot read such records.
-	LayoutPacked RecordLayout = "packed"
-	// LayoutHash writes each record as a hash, with the commands of the
+	layoutPacked RecordLayout = "packed"
+	// layoutHash writes each record as a hash, with the commands of the
 	// release before the packed layout (HSET, HDEL, PEXPIRE), so that
 	// replicas of that release read every record written: for a rolling
 	// upgrade from it, or before a rollback to it.
-	LayoutHash RecordLayout = "hash"
+	layoutHash RecordLayout = "hash"
 )
 
 // recordScripts are the scripts that write a record in one layout.
@@ -145,14 +145,14 @@ type recordScripts struct {
 
 var layouts = map[RecordLayout]recordScripts{
 	"":           {reserveScript, reserveEpochScript, commitScript, markInDoubtScript},
-	LayoutPacked: {reserveScript, reserveEpochScript, commitScript, markInDoubtScript},
-	LayoutHash:   {reserveHashScript, reserveHashEpochScript, commitHashScript, markInDoubtHashScript},
+	layoutPacked: {reserveScript, reserveEpochScript, commitScript, markInDoubtScript},
+	layoutHash:   {reserveHashScript, reserveHashEpochScript, commitHashScript, markInDoubtHashScript},
 }
 
-// ErrEvictionPolicy is wrapped by the *store.SettingError of a Redis that
+// errEvictionPolicy is wrapped by the *store.SettingError of a Redis that
 // may evict records: maxmemory is set and maxmemory-policy is not
 // noeviction.
-var ErrEvictionPolicy = fmt.Errorf("%w: redis may evict idempotency records", store.ErrUnsafeSettings)
+var errEvictionPolicy = fmt.Errorf("%w: redis may evict idempotency records", store.ErrUnsafeSettings)
 
 // Store is a store.Store kept in Redis. It is safe for concurrent use, also
 // by several processes sharing one Redis.
@@ -206,7 +206,7 @@ func New(opts Options) (*Store, error) {
 	}
 	scripts, ok := layouts[opts.RecordLayout]
 	if !ok {
-		return nil, fmt.Errorf("redis store: record layout %q is not %s or %s", opts.RecordLayout, LayoutPacked, LayoutHash)
+		return nil, fmt.Errorf("redis store: record layout %q is not %s or %s", opts.RecordLayout, layoutPacked, layoutHash)
 	}
 	sentinel := opts.MasterName != ""
 	cluster := !sentinel && (opts.ClusterMode || len(opts.Addrs) > 1)
@@ -286,9 +286,9 @@ func universalOptions(opts Options) *goredis.UniversalOptions {
 	return uo
 }
 
-// ReplicaWaitFailures returns how many writes failed because fewer replicas
-// than Options.WaitReplicas acknowledged them (ErrNotReplicated).
-func (s *Store) ReplicaWaitFailures() uint64 { return s.pipe.waitFailures.Load() }
+// replicaWaitFailures returns how many writes failed because fewer replicas
+// than Options.WaitReplicas acknowledged them (errNotReplicated).
+func (s *Store) replicaWaitFailures() uint64 { return s.pipe.waitFailures.Load() }
 
 // Close closes the connections to Redis.
 func (s *Store) Close() error {
@@ -325,7 +325,7 @@ func (s *Store) Reserve(ctx context.Context, key string, res store.Reservation) 
 	script, keys, args := s.scripts.reserve, []string{s.prefix + key},
 		[]any{res.Token, res.Fingerprint, millis(res.Lease), millis(res.TTL), deadline, res.Origin}
 	if id := s.expectedEpoch(); id != "" {
-		script, keys, args = s.scripts.reserveEpoch, append(keys, s.EpochKey()), append(args, id)
+		script, keys, args = s.scripts.reserveEpoch, append(keys, s.epochKey()), append(args, id)
 	}
 	v, err := s.pipe.run(ctx, true, script, keys, args...).Slice()
 	if err != nil {

@@ -68,7 +68,7 @@ func ctx(t *testing.T) context.Context {
 var res = store.Reservation{Token: "tok-a", Fingerprint: "fp-a", Lease: time.Minute, TTL: time.Hour}
 
 // TestConformance runs the suite on a single node, for the default
-// layout (packed) and for the hash layout (LayoutHash).
+// layout (packed) and for the hash layout (layoutHash).
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
@@ -77,7 +77,7 @@ func TestConformance(t *testing.T) {
 	})
 	t.Run("hash layout", func(t *testing.T) {
 		storetest.Run(t, func(t *testing.T) store.Store {
-			return newStore(t, Options{Addrs: []string{srv.Addr()}, RecordLayout: LayoutHash})
+			return newStore(t, Options{Addrs: []string{srv.Addr()}, RecordLayout: layoutHash})
 		})
 	})
 }
@@ -90,7 +90,7 @@ func TestReconcileConformance(t *testing.T) {
 	})
 	t.Run("hash layout", func(t *testing.T) {
 		storetest.RunReconcile(t, func(t *testing.T) storetest.ReconcileStore {
-			return newStore(t, Options{Addrs: []string{srv.Addr()}, RecordLayout: LayoutHash})
+			return newStore(t, Options{Addrs: []string{srv.Addr()}, RecordLayout: layoutHash})
 		})
 	})
 	c := redistest.StartCluster(t, 3)
@@ -400,7 +400,7 @@ func TestCorruptRecordIsAnError(t *testing.T) {
 	srv := redistest.Start(t)
 	raw := rawClient(t, srv.Addr())
 	c := ctx(t)
-	for _, layout := range []RecordLayout{LayoutPacked, LayoutHash} {
+	for _, layout := range []RecordLayout{layoutPacked, layoutHash} {
 		s := newStore(t, Options{Addrs: []string{srv.Addr()}, RecordLayout: layout})
 		raw.HSet(c, s.prefix+"bad/state", "st", "bogus", "tok", "t", "cr", "1")
 		raw.Set(c, s.prefix+"bad/type", "a string", time.Hour)
@@ -550,7 +550,7 @@ func TestLargestTTLKeepsTheReservation(t *testing.T) {
 // replica with the packed layout) is committed too: its rewrite as a hash
 // starts with a DEL, so a full Redis lets it finish.
 func TestCommitWhenRedisIsFull(t *testing.T) {
-	for _, layout := range []RecordLayout{LayoutPacked, LayoutHash} {
+	for _, layout := range []RecordLayout{layoutPacked, layoutHash} {
 		t.Run(string(layout), func(t *testing.T) { commitWhenRedisIsFull(t, layout) })
 	}
 }
@@ -563,7 +563,7 @@ func commitWhenRedisIsFull(t *testing.T, layout RecordLayout) {
 		t.Fatalf("Reserve = %+v, %v; want nil, nil", rec, err)
 	}
 	committed := []string{"r/-/answered", "r/-/doubt"}
-	if layout == LayoutHash {
+	if layout == layoutHash {
 		packed := newStore(t, Options{Addrs: []string{srv.Addr()}, KeyPrefix: s.prefix})
 		if rec, err := packed.Reserve(c, "r/-/packed", res); err != nil || rec != nil {
 			t.Fatalf("Reserve (packed) = %+v, %v; want nil, nil", rec, err)

@@ -28,13 +28,13 @@ func TestWaitReplicasRetriedCommitStillWaits(t *testing.T) {
 	}
 	replica.Pause()
 	t.Cleanup(replica.Resume)
-	if err := s.Commit(c, "r/-/k", "tok", store.Response{Status: 201}, time.Hour); !errors.Is(err, ErrNotReplicated) {
+	if err := s.Commit(c, "r/-/k", "tok", store.Response{Status: 201}, time.Hour); !errors.Is(err, errNotReplicated) {
 		t.Fatalf("Commit with the replica paused: %v; want ErrNotReplicated", err)
 	}
 	if _, err := primary.Do("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.Commit(c, "r/-/k", "tok", store.Response{Status: 201}, time.Hour); !errors.Is(err, ErrNotReplicated) {
+	if err := s.Commit(c, "r/-/k", "tok", store.Response{Status: 201}, time.Hour); !errors.Is(err, errNotReplicated) {
 		t.Errorf("retried Commit with the replica still paused = %v; want ErrNotReplicated (the replica never acknowledged the commit)", err)
 	}
 }

@@ -30,7 +30,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 // reconciliation (lookups) stay hashes: a packed record that a lookup
 // changes is turned into one first (reconcile.go), a rare path.
 //
-// With Options.RecordLayout LayoutHash, the store writes what the release
+// With Options.RecordLayout layoutHash, the store writes what the release
 // before the packed layout wrote, with the same commands (its scripts are
 // the ...HashScript ones below; testdata/hash-records.txt and
 // testdata/hash-changes.txt hold the commands), so that replicas of that
@@ -109,7 +109,7 @@ end
 ` + reserveTail
 
 // reserveHashScript and reserveHashEpochScript are reserveScript and
-// reserveEpochScript for the hash layout (LayoutHash): a free key gets
+// reserveEpochScript for the hash layout (layoutHash): a free key gets
 // the in-flight hash the release before the packed layout wrote, with its
 // commands (EXISTS, HSET, PEXPIRE), and the field og for an origin.
 var (
@@ -208,7 +208,7 @@ if type(v) == 'string' then
 end
 ` + commitHashRecord)
 
-// commitHashScript is commitScript for the hash layout (LayoutHash): a
+// commitHashScript is commitScript for the hash layout (layoutHash): a
 // hash is committed as the release before the packed layout did (HDEL,
 // HSET, PEXPIRE), and a packed record is rewritten as the hash that
 // release would have left: DEL, HSET, PEXPIRE. The DEL is the first write,
@@ -303,7 +303,7 @@ end
 ` + markHashRecord)
 
 // markInDoubtHashScript is markInDoubtScript for the hash layout
-// (LayoutHash): a hash is marked as the release before the packed layout
+// (layoutHash): a hash is marked as the release before the packed layout
 // did (HSET, HDEL, PEXPIRE), and a packed record is rewritten as the hash
 // that release would have left: DEL, HSET, PEXPIRE.
 var markInDoubtHashScript = goredis.NewScript(`

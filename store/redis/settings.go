@@ -28,7 +28,7 @@ import (
 // used), on the node, the Sentinel master, or every Cluster master. While
 // one that the operator did not opt in to (Options.AllowEviction,
 // Options.AllowNoPersistence) is seen, Reserve refuses with a
-// *store.SettingError (wrapping ErrEvictionPolicy or ErrNoPersistence,
+// *store.SettingError (wrapping errEvictionPolicy or errNoPersistence,
 // and store.ErrUnsafeSettings), writing nothing: the proxy answers 503
 // and forwards nothing. Each change of what is seen is logged once.
 //
@@ -54,22 +54,22 @@ import (
 // no write and holds none a promotion would keep, and waiting for it
 // would fail every write for as long as the sync takes.
 
-// ErrNoPersistence is wrapped by the *store.SettingError of a Redis that
+// errNoPersistence is wrapped by the *store.SettingError of a Redis that
 // keeps no copy of its keys on disk.
-var ErrNoPersistence = fmt.Errorf("%w: redis keeps no copy of its keys on disk", store.ErrUnsafeSettings)
+var errNoPersistence = fmt.Errorf("%w: redis keeps no copy of its keys on disk", store.ErrUnsafeSettings)
 
 // The risks Risks reports, as idemproxy_store_config_risk labels them.
 const (
-	// RiskEviction: maxmemory above 0 with a maxmemory-policy other than
+	// riskEviction: maxmemory above 0 with a maxmemory-policy other than
 	// noeviction.
-	RiskEviction = "eviction"
-	// RiskNoPersistence: neither the append-only file nor RDB snapshots
+	riskEviction = "eviction"
+	// riskNoPersistence: neither the append-only file nor RDB snapshots
 	// are on: a restart forgets every key.
-	RiskNoPersistence = "no_persistence"
+	riskNoPersistence = "no_persistence"
 )
 
 // Risks lists every risk the checks report, for metrics.
-var Risks = []string{RiskEviction, RiskNoPersistence}
+var Risks = []string{riskEviction, riskNoPersistence}
 
 // nodeReport is what one read of a node's INFO and CONFIG showed.
 type nodeReport struct {
@@ -138,13 +138,13 @@ func onlineReplicas(info string) int {
 func judge(r nodeReport) map[string]*store.SettingError {
 	risks := map[string]*store.SettingError{}
 	if r.policy != "noeviction" && r.maxmemory > 0 {
-		risks[RiskEviction] = &store.SettingError{Err: ErrEvictionPolicy, Setting: "maxmemory-policy", Node: r.node,
+		risks[riskEviction] = &store.SettingError{Err: errEvictionPolicy, Setting: "maxmemory-policy", Node: r.node,
 			Seen: fmt.Sprintf("%s with maxmemory %d bytes", r.policy, r.maxmemory),
 			Why:  "every record has a TTL, so Redis may evict live records and a retried request would reach the upstream twice",
 			Fix:  "set maxmemory-policy noeviction (or maxmemory 0), or opt in with store.redis.allow_eviction: true"}
 	}
 	if !r.aof && r.saveKnown && r.save == "" {
-		risks[RiskNoPersistence] = &store.SettingError{Err: ErrNoPersistence, Setting: "appendonly", Node: r.node,
+		risks[riskNoPersistence] = &store.SettingError{Err: errNoPersistence, Setting: "appendonly", Node: r.node,
 			Seen: `no, with save ""`,
 			Why:  "a restart of Redis forgets every key",
 			Fix:  "set appendonly yes (or an RDB save schedule), or opt in with store.redis.allow_no_persistence: true"}
@@ -208,7 +208,7 @@ func newSettings(opts Options) *settings {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &settings{
-		allow:   map[string]bool{RiskEviction: opts.AllowEviction, RiskNoPersistence: opts.AllowNoPersistence},
+		allow:   map[string]bool{riskEviction: opts.AllowEviction, riskNoPersistence: opts.AllowNoPersistence},
 		log:     log,
 		evicted: opts.KeysEvicted,
 		kick:    make(chan struct{}, 1),

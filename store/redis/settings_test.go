@@ -74,9 +74,9 @@ func TestSettingsChangedAtRunTime(t *testing.T) {
 		setting string // "": served
 		err     error
 	}{
-		{"allkeys-lru", [][2]string{{"maxmemory", "50mb"}, {"maxmemory-policy", "allkeys-lru"}}, "maxmemory-policy", ErrEvictionPolicy},
+		{"allkeys-lru", [][2]string{{"maxmemory", "50mb"}, {"maxmemory-policy", "allkeys-lru"}}, "maxmemory-policy", errEvictionPolicy},
 		{"noeviction", [][2]string{{"maxmemory-policy", "noeviction"}}, "", nil},
-		{"no persistence", [][2]string{{"appendonly", "no"}, {"save", ""}}, "appendonly", ErrNoPersistence},
+		{"no persistence", [][2]string{{"appendonly", "no"}, {"save", ""}}, "appendonly", errNoPersistence},
 		{"snapshots", [][2]string{{"save", "3600 1"}}, "", nil},
 	} {
 		for _, kv := range step.config {
@@ -123,7 +123,7 @@ func TestSettingsChangedAtRunTime(t *testing.T) {
 	if rec, err := allow.Reserve(c, "k/allowed", res); rec != nil || err != nil {
 		t.Errorf("Reserve with AllowNoPersistence = %+v, %v; want nil, nil", rec, err)
 	}
-	if got := allow.Risks()[RiskNoPersistence]; got == "" {
+	if got := allow.Risks()[riskNoPersistence]; got == "" {
 		t.Errorf("Risks() with AllowNoPersistence = %v, want no_persistence seen", allow.Risks())
 	}
 }
@@ -152,7 +152,7 @@ func TestSettingsSeenOnANewConnection(t *testing.T) {
 	// connection); the one after that is refused.
 	s.Get(c, "k/1")
 	s.Get(c, "k/1")
-	wantRefused(t, s, srv, "k/2", "maxmemory-policy", ErrEvictionPolicy)
+	wantRefused(t, s, srv, "k/2", "maxmemory-policy", errEvictionPolicy)
 }
 
 // evictionsSeen returns a store of srv that allows eviction, and the

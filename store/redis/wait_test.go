@@ -108,7 +108,7 @@ func TestWaitReplicasWritesReachTheReplica(t *testing.T) {
 			if n := rep.Exists(c, s.prefix+"r/-/k2").Val(); n != 0 {
 				t.Errorf("the released key is still on the replica")
 			}
-			if n := s.ReplicaWaitFailures(); n != 0 {
+			if n := s.replicaWaitFailures(); n != 0 {
 				t.Errorf("ReplicaWaitFailures = %d, want 0", n)
 			}
 		})
@@ -117,7 +117,7 @@ func TestWaitReplicasWritesReachTheReplica(t *testing.T) {
 
 // TestWaitReplicasFailsWithoutReplica: with wait_replicas 1 and the
 // replica gone, a reservation is not reported reserved: it fails with
-// ErrNotReplicated once the wait ran out, alone or in a pipelined batch,
+// errNotReplicated once the wait ran out, alone or in a pipelined batch,
 // and so does a commit or an in-doubt mark; reads still answer, and every
 // failed write is counted. Once the replica is back, writes succeed again.
 // Without wait_replicas the same reservation succeeds (the control).
@@ -140,7 +140,7 @@ func TestWaitReplicasFailsWithoutReplica(t *testing.T) {
 			replica.Stop()
 			start := time.Now()
 			rec, err := s.Reserve(c, "r/-/alone", res)
-			if !errors.Is(err, ErrNotReplicated) || rec != nil {
+			if !errors.Is(err, errNotReplicated) || rec != nil {
 				t.Fatalf("Reserve with the replica down = %v, %v; want an error wrapping ErrNotReplicated", rec, err)
 			}
 			if took := time.Since(start); took < testWaitTimeout {
@@ -162,20 +162,20 @@ func TestWaitReplicasFailsWithoutReplica(t *testing.T) {
 			}
 			wg.Wait()
 			for i, err := range errs {
-				if !errors.Is(err, ErrNotReplicated) {
+				if !errors.Is(err, errNotReplicated) {
 					t.Errorf("concurrent Reserve %d with the replica down: %v; want ErrNotReplicated", i, err)
 				}
 			}
-			if err := s.Commit(c, "r/-/held", "tok", store.Response{Status: 201}, time.Hour); !errors.Is(err, ErrNotReplicated) {
+			if err := s.Commit(c, "r/-/held", "tok", store.Response{Status: 201}, time.Hour); !errors.Is(err, errNotReplicated) {
 				t.Errorf("Commit with the replica down: %v; want ErrNotReplicated", err)
 			}
-			if err := s.MarkInDoubt(c, "r/-/held", "tok", time.Hour); !errors.Is(err, ErrNotReplicated) {
+			if err := s.MarkInDoubt(c, "r/-/held", "tok", time.Hour); !errors.Is(err, errNotReplicated) {
 				t.Errorf("MarkInDoubt with the replica down: %v; want ErrNotReplicated", err)
 			}
 			if _, err := s.Get(c, "r/-/held"); err != nil {
 				t.Errorf("Get with the replica down: %v; reads do not wait", err)
 			}
-			if got, want := s.ReplicaWaitFailures(), uint64(1+len(errs)+2); got != want {
+			if got, want := s.replicaWaitFailures(), uint64(1+len(errs)+2); got != want {
 				t.Errorf("ReplicaWaitFailures = %d, want %d", got, want)
 			}
 			if rec, err := control.Reserve(c, "r/-/control", res); err != nil || rec != nil {
@@ -241,7 +241,7 @@ func TestWaitAuto(t *testing.T) {
 			t.Fatal(err)
 		}
 		replica.Pause()
-		if rec, err := s.Reserve(c, "r/-/paused", store.Reservation{Token: "tok", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}); !errors.Is(err, ErrNotReplicated) || rec != nil {
+		if rec, err := s.Reserve(c, "r/-/paused", store.Reservation{Token: "tok", Fingerprint: "fp", Lease: time.Minute, TTL: time.Hour}); !errors.Is(err, errNotReplicated) || rec != nil {
 			t.Errorf("Reserve through the Sentinel with the replica stopped = %v, %v; want an error wrapping ErrNotReplicated", rec, err)
 		}
 		replica.Resume()
@@ -272,7 +272,7 @@ func TestWaitAuto(t *testing.T) {
 	rec, err := s.Reserve(c, "r/-/paused", res)
 	took := time.Since(start)
 	replica.Resume()
-	if !errors.Is(err, ErrNotReplicated) || rec != nil {
+	if !errors.Is(err, errNotReplicated) || rec != nil {
 		t.Fatalf("Reserve with the replica stopped = %v, %v; want an error wrapping ErrNotReplicated", rec, err)
 	}
 	if took < testWaitTimeout {
@@ -364,7 +364,7 @@ func TestWaitAutoSkipsAReplicaInItsFirstSync(t *testing.T) {
 	replica.Pause()
 	rec, err := s.Reserve(c, "r/-/online", res)
 	replica.Resume()
-	if !errors.Is(err, ErrNotReplicated) || rec != nil {
+	if !errors.Is(err, errNotReplicated) || rec != nil {
 		t.Fatalf("Reserve with the online replica stopped = %v, %v; want an error wrapping ErrNotReplicated", rec, err)
 	}
 }
