@@ -96,6 +96,7 @@ type Limiter struct {
 	over overload
 
 	emptyContinuations atomic.Uint64 // connections closed for a run of empty CONTINUATION frames
+	pingFloods         atomic.Uint64 // connections closed for PINGs past maxPingBurst or maxPingsPerSecond
 	// fair makes admission at the bound fair between clients (the admin
 	// listener's; see NewAdminLimiter): groups counts the open
 	// connections of each network of each level, refused the newcomers
@@ -635,7 +636,7 @@ func (c *trackedConn) Read(p []byte) (int, error) {
 		// told apart over the first reads).
 		if c.h2.Load() || (sniffing && c.headN >= 0) {
 			if !c.frames.scan(p[:n]) {
-				return 0, c.refuseContinuations()
+				return 0, c.refuseFlood()
 			}
 			if k := c.frames.resets; k > 0 && c.client != nil {
 				c.frames.resets = 0
