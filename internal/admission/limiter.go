@@ -283,7 +283,7 @@ func (l *Limiter) admit(c net.Conn) (*trackedConn, error) {
 		l.mu.Lock()
 		if l.max <= 0 || l.open < l.max {
 			l.open++
-			tc := &trackedConn{Conn: c, l: l, state: http.StateNew, since: now}
+			tc := &trackedConn{Conn: c, l: l, state: http.StateNew, since: now, born: now}
 			l.pushIdle(tc)
 			l.mu.Unlock()
 			return tc, nil
@@ -586,7 +586,11 @@ type trackedConn struct {
 
 	client *clientEntry // its client's entry; set once, at Accept
 	resets connResets   // its HTTP/2 resets and streams opened, for the budget over all clients
-	frames h2Frames     // HTTP/2 frame headers as they are read, for runs of empty CONTINUATION frames
+	// backlog is its unread bytes in the kernel, for the budget over all
+	// clients (HTTP/2 only); born when it was accepted.
+	backlog connBacklog
+	born    time.Time
+	frames  h2Frames // HTTP/2 frame headers as they are read, for runs of empty CONTINUATION frames
 
 	head  [len("PRI * HTTP/2.0")]byte // the first bytes read, until the preface is told apart
 	headN int                         // -1: told apart
@@ -638,14 +642,19 @@ func (c *trackedConn) Read(p []byte) (int, error) {
 			if !c.frames.scan(p[:n]) {
 				return 0, c.refuseFlood()
 			}
-			if k := c.frames.resets; k > 0 && c.client != nil {
-				c.frames.resets = 0
-				c.resets.resets.Add(int64(k))
-				if shed := c.l.clients.reset(c.client, k); shed != nil {
-					return 0, c.refuseResets(shed)
+			if c.client != nil {
+				now := time.Now()
+				shedding := c.l.over.shedding.Load()
+				if k := c.frames.resets; k > 0 {
+					c.frames.resets = 0
+					c.resets.resets.Add(int64(k))
+					if shed := c.l.clients.reset(c.client, k); shed != nil {
+						return 0, c.refuseResets(shed)
+					}
+					shedding = c.l.over.reset(k, now)
 				}
-				if (c.l.over.reset(k, time.Now()) || c.l.over.heapHigh.Load()) && c.resets.abusive() {
-					return 0, c.refuseOverload()
+				if why := c.costly(now, shedding || c.l.over.heapHigh.Load()); why != "" {
+					return 0, c.refuseOverload(why)
 				}
 			}
 		}
@@ -774,7 +783,7 @@ func (l *Limiter) Guard(next http.Handler) http.Handler {
 			// A stream of a connection that resets more than it is
 			// served, while the proxy sheds: it goes, before a handler
 			// runs for it.
-			c.refuseOverload()
+			c.refuseOverload(l.over.shedReason())
 			panic(http.ErrAbortHandler)
 		}
 		if c != nil && c.client != nil {

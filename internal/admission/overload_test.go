@@ -86,7 +86,7 @@ func TestOverloadShedsResetsFromManyClients(t *testing.T) {
 	wg := a.Run(ctx, len(from))
 	defer wg.Wait()
 	defer cancel()
-	closed := func() uint64 { return l.over.actions[0].Load() } // close_connection, resets
+	closed := func() uint64 { return l.over.counted(actionCloseConn, reasonResets) }
 	for closed() < uint64(len(from)) && ctx.Err() == nil {
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -124,7 +124,7 @@ func TestOverloadMemoryRefusesNewWork(t *testing.T) {
 		st, _, _ := h2attack.GetFrom(t, "127.0.0.2", addr, "/")
 		return st == 0
 	})
-	if n := l.over.actions[2].Load(); n == 0 { // refuse_connection, memory
+	if n := l.over.counted(actionRefuseConn, reasonMemory); n == 0 {
 		t.Errorf("idemproxy_overload_actions_total{action=refuse_connection,reason=memory} = 0, want the refusals counted")
 	}
 	if got := l.over.state(); got != 2 {
@@ -179,5 +179,42 @@ func probeServed(t *testing.T, addr string, n int) {
 				t.Errorf("probe %d = %d %v, want 200", i, r.Status, r.Err)
 			}
 		}
+	}
+}
+
+// TestShedTheCostliestFirst: while the proxy sheds, the connections that
+// spend most of the budget are closed and the others kept: one that
+// resets more than half its streams after minShedResets resets, or after
+// its first one while it is new (a flood reconnects); one mostly served,
+// or old with a few resets, is kept. With the budget not spent, none is
+// closed for its resets.
+func TestShedTheCostliestFirst(t *testing.T) {
+	now := time.Unix(1e9, 0)
+	l := newLimiter(nil, 0, time.Second)
+	for _, tc := range []struct {
+		name           string
+		age            time.Duration
+		resets, opened int64
+		want           string // while shedding for resets
+	}{
+		{"new, every stream reset", newConnGrace / 2, 2, 2, reasonResets},
+		{"new, mostly served", newConnGrace / 2, 2, 10, ""},
+		{"old, a few resets", time.Minute, minShedResets - 1, minShedResets - 1, ""},
+		{"old, every stream reset", time.Minute, minShedResets, minShedResets, reasonResets},
+		{"old, mostly served", time.Minute, 100, 1000, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &trackedConn{Conn: nopConn{}, l: l, born: now.Add(-tc.age)}
+			c.resets.resets.Store(tc.resets)
+			c.resets.opened.Store(tc.opened)
+			if got := c.costly(now, false); got != "" {
+				t.Errorf("costly while not shedding = %q, want kept", got)
+			}
+			l.over.shedding.Store(true)
+			defer l.over.shedding.Store(false)
+			if got := c.costly(now, true); got != tc.want {
+				t.Errorf("costly while shedding = %q, want %q", got, tc.want)
+			}
+		})
 	}
 }
