@@ -8,7 +8,9 @@ import (
 	"net/http"
 	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -217,4 +219,130 @@ func TestShedTheCostliestFirst(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestIdleTimeoutClosesIdleConnections: with the limiter closing idle
+// connections (SetIdleTimeout, the server's own idle timers off), an
+// HTTP/1.1 keep-alive connection and an HTTP/2 connection with no open
+// stream are closed once idle for the timeout, and one serving a request
+// is not.
+func TestIdleTimeoutClosesIdleConnections(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newLimiter(ln, 64, time.Second)
+	l.SetIdleTimeout(300 * time.Millisecond)
+	srv := &http.Server{
+		Handler: l.Guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/hold" {
+				<-release
+			}
+			io.WriteString(w, "ok")
+		})),
+		ConnState: l.ConnState, ConnContext: l.ConnContext, IdleTimeout: IdleTimeoutOff,
+		Protocols: ServerProtocols(), HTTP2: ServerHTTP2(),
+	}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	addr := ln.Addr().String()
+
+	held := h2attack.DialRaw(t, addr)
+	fmt.Fprintf(held, "GET /hold HTTP/1.1\r\nHost: test\r\n\r\n")
+	idle := h2attack.DialRaw(t, addr)
+	if st, _, err := idle.Get("/"); st != 200 {
+		t.Fatalf("HTTP/1.1: %d %v", st, err)
+	}
+	var closedH2 atomic.Bool
+	h2 := &http.Client{Transport: &http.Transport{Protocols: func() *http.Protocols {
+		var p http.Protocols
+		p.SetUnencryptedHTTP2(true)
+		return &p
+	}(), DialContext: func(ctx context.Context, network, a string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, a)
+		if err != nil {
+			return nil, err
+		}
+		return &watchedConn{Conn: c, closed: &closedH2}, nil
+	}}}
+	if r, _ := h2attack.Do(h2, "GET", "http://"+addr+"/", ""); r.Status != 200 {
+		t.Fatalf("HTTP/2: %d %v", r.Status, r.Err)
+	}
+	h2attack.Eventually(t, "the idle HTTP/1.1 connection closed", idle.ClosedByPeer)
+	h2attack.Eventually(t, "the idle HTTP/2 connection closed", closedH2.Load)
+	if held.ClosedByPeer() {
+		t.Error("the connection serving a request was closed, want it kept")
+	}
+}
+
+// watchedConn records that the other end closed it (a read ended).
+type watchedConn struct {
+	net.Conn
+	closed *atomic.Bool
+}
+
+func (c *watchedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if err != nil {
+		c.closed.Store(true)
+	}
+	return n, err
+}
+
+// TestFloodLeavesNoConnectionInMemory: the connections of a rapid-reset
+// flood, each ended with streams open, are not kept in memory once they
+// close. With Go's own HTTP/2 idle timer (re-armed as the streams left
+// open are closed, after the connection ended) each stayed live for the
+// idle timeout, 7 to 10 KiB a connection.
+func TestFloodLeavesNoConnectionInMemory(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newLimiter(ln, 1024, time.Second)
+	l.SetClientLimits(config.Server{MaxRequestsPerClient: 256, MaxClientResetsPerSecond: 100, MaxResetsPerSecond: 1000})
+	l.SetIdleTimeout(time.Hour)
+	srv := &http.Server{
+		Handler:   l.Guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.Copy(io.Discard, r.Body) })),
+		ConnState: l.ConnState, ConnContext: l.ConnContext, IdleTimeout: IdleTimeoutOff, ReadTimeout: time.Hour,
+		Protocols: ServerProtocols(), HTTP2: ServerHTTP2(),
+	}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	before := liveHeap()
+	from := make([]string, 40)
+	for i := range from {
+		from[i] = fmt.Sprintf("127.0.0.%d", 10+i)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	a := &h2attack.Attacker{Addr: ln.Addr().String(), From: from}
+	wg := a.Run(ctx, len(from))
+	h2attack.Eventually(t, "500 connections", func() bool { return a.Conns.Load() >= 500 })
+	cancel()
+	wg.Wait()
+	h2attack.Eventually(t, "every connection closed", func() bool { active, idle := l.Counts(); return active+idle == 0 })
+	var after uint64
+	// The serving goroutines end a moment after their connections.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		after = liveHeap()
+		if after < before+uint64(a.Conns.Load())*2048 || time.Now().After(deadline) {
+			break
+		}
+	}
+	per := (int64(after) - int64(before)) / a.Conns.Load()
+	t.Logf("%d connections: live heap %d before, %d after (%d bytes a connection)", a.Conns.Load(), before, after, per)
+	if per >= 2048 {
+		t.Errorf("the flood's connections left %d bytes each in the live heap, want under 2 KiB: they are kept after they closed", per)
+	}
+}
+
+// liveHeap collects twice and returns the live heap.
+func liveHeap() uint64 {
+	runtime.GC()
+	runtime.GC()
+	s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
 }
