@@ -37,6 +37,28 @@ type attackReport struct {
 	ready     int           // admin /readyz answers (any status) during the attack
 	recovered time.Duration // from the attack's end to the first round served in full
 	cpu       float64       // the proxy's CPU during the probes, in cores
+	// From the proxy's metrics, over the probes' 8 s: the collector's CPU
+	// time (the runtime's estimate), the CPU the process used, and the
+	// Badger store's operations (their count, total time and how many
+	// took 100 ms or more).
+	gc, used, storeOps, storeTime, storeSlow float64
+}
+
+// runtimeSample is what attackReport's measures are differences of.
+type runtimeSample struct {
+	gc, storeOps, storeTime, storeFast float64
+	cpu                                time.Duration
+}
+
+func sampleRuntime(t *testing.T, p *proc) runtimeSample {
+	t.Helper()
+	return runtimeSample{
+		gc:        metricSum(t, p, "go_cpu_classes_gc_total_cpu_seconds_total"),
+		storeOps:  metricSum(t, p, "idemproxy_store_operation_duration_seconds_count", `store="badger"`),
+		storeTime: metricSum(t, p, "idemproxy_store_operation_duration_seconds_sum", `store="badger"`),
+		storeFast: metricSum(t, p, "idemproxy_store_operation_duration_seconds_bucket", `store="badger"`, `le="0.1"`),
+		cpu:       procCPU(p.cmd.Process.Pid),
+	}
 }
 
 // underAttack runs each attacker's flood with one connection per address
@@ -81,7 +103,7 @@ func underAttack(t *testing.T, p *proc, attackers ...*h2attack.Attacker) attackR
 	defer stop()
 	time.Sleep(2 * time.Second) // the attack under way
 	var rep attackReport
-	cpu0 := procCPU(p.cmd.Process.Pid)
+	s0 := sampleRuntime(t, p)
 	t0 := time.Now()
 	for time.Since(t0) < 8*time.Second {
 		start := time.Now()
@@ -91,7 +113,12 @@ func underAttack(t *testing.T, p *proc, attackers ...*h2attack.Attacker) attackR
 		}
 		time.Sleep(max(500*time.Millisecond-time.Since(start), 0))
 	}
-	rep.cpu = (procCPU(p.cmd.Process.Pid) - cpu0).Seconds() / time.Since(t0).Seconds()
+	s1 := sampleRuntime(t, p)
+	rep.used = (s1.cpu - s0.cpu).Seconds()
+	rep.cpu = rep.used / time.Since(t0).Seconds()
+	rep.gc = s1.gc - s0.gc
+	rep.storeOps, rep.storeTime = s1.storeOps-s0.storeOps, s1.storeTime-s0.storeTime
+	rep.storeSlow = rep.storeOps - (s1.storeFast - s0.storeFast)
 	stop()
 	ended := time.Now()
 
@@ -148,6 +175,15 @@ func logAttack(t *testing.T, rep attackReport, attackers ...*h2attack.Attacker) 
 		rep.cpu*100, n, len(rep.during), fast, 100*float64(fast)/float64(len(rep.during)), summary(took))
 	t.Logf("admin /readyz answered %d times during the attack; probes served again %v after it ended (the issue's target: within 2 s)",
 		rep.ready, rep.recovered.Round(time.Millisecond))
+	gcShare, storeMean := 0.0, 0.0
+	if rep.used > 0 {
+		gcShare = rep.gc / rep.used
+	}
+	if rep.storeOps > 0 {
+		storeMean = rep.storeTime / rep.storeOps
+	}
+	t.Logf("during the probes: the collector %.2f s of the %.2f s of CPU the proxy used (%.0f%%); Badger: %v operations, mean %.1f ms, %v of them 100 ms or more",
+		rep.gc, rep.used, 100*gcShare, rep.storeOps, 1000*storeMean, rep.storeSlow)
 }
 
 // wantStoreUntouched fails the test if any request met a store failure,
