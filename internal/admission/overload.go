@@ -48,11 +48,11 @@ const (
 	// memoryResumeShare the share below which it stops. A collection's
 	// work grows with the live heap and its frequency with the inverse of
 	// the room left under the limit; the Go runtime caps the collector at
-	// about half the CPU when the soft limit drives it. The shares sit
-	// above what the process was seen to keep live after a rapid-reset
-	// flood ended (33 to 40 MiB of the default 48 MiB, in the e2e test,
-	// not explained yet): lower, it would never take work in again once
-	// an attack ended, the failure this bound is to prevent.
+	// about half the CPU when the soft limit drives it. The shares were
+	// set above the 33 to 40 MiB the process kept live after a
+	// rapid-reset flood ended, before that was found to be Go's HTTP/2
+	// idle timers holding every closed connection for idle_timeout
+	// (SetIdleTimeout); about 5 MiB are left now.
 	memoryShedShare   = 0.90
 	memoryResumeShare = 0.85
 	// memoryReadEvery bounds how often the heap is read (runtime/metrics,
