@@ -1,9 +1,7 @@
 package e2e
 
 import (
-	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/idemproxy/idemproxy/internal/testenv/h2attack"
 )
@@ -14,52 +12,30 @@ import (
 // TestRapidResetFromManyAddresses, nothing asserts a duration: the share
 // served within 1 s is printed.
 
-// TestContinuationFloodFromManyAddresses: every connection opens a stream
-// whose header block never ends and sends empty CONTINUATION frames on it.
-// Each is closed for it (counted), the others are served.
-func TestContinuationFloodFromManyAddresses(t *testing.T) {
-	up := startStub(t)
-	dir := t.TempDir()
-	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), "", chargesRoute))
-	a := &h2attack.Attacker{Addr: p.addr, From: manyAddresses(), Flood: h2attack.Continuation}
-	rep := underAttack(t, p, a)
-	logAttack(t, rep, a)
-	if n, _ := served(rep.during, time.Minute); n == 0 {
-		t.Errorf("no probe of %d served during the attack", len(rep.during))
+// TestFrameFloodsFromManyAddresses: every connection sends frames that
+// ask the server for work and bring no request: empty CONTINUATION frames
+// on a stream whose header block never ends, or PING frames (reading the
+// acknowledgements). Each connection is closed for it (counted: at least
+// once per address, as each reconnects), the others are served.
+func TestFrameFloodsFromManyAddresses(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		flood   h2attack.Flood
+		counter string
+	}{
+		{"CONTINUATION", h2attack.Continuation, "idemproxy_http2_continuation_floods_total"},
+		{"PING", h2attack.Ping, "idemproxy_http2_ping_floods_total"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, _ := floodFromManyAddresses(t, "", tc.flood)
+			closed := scrapeValue(t, p, tc.counter)
+			t.Logf("connections closed for their %s frames: %v", tc.name, closed)
+			if closed < float64(len(manyAddresses())) {
+				t.Errorf("%s = %v, want at least one per attacking address (%d)", tc.counter, closed, len(manyAddresses()))
+			}
+			wantStoreUntouched(t, p)
+		})
 	}
-	if rep.ready == 0 {
-		t.Errorf("the admin port's /readyz never answered during the attack")
-	}
-	floods := scrapeValue(t, p, "idemproxy_http2_continuation_floods_total")
-	t.Logf("connections closed for their CONTINUATION frames: %v", floods)
-	if floods < float64(len(a.From)) {
-		t.Errorf("idemproxy_http2_continuation_floods_total = %v, want at least one per attacking address (%d)", floods, len(a.From))
-	}
-	wantStoreUntouched(t, p)
-}
-
-// TestPingFloodFromManyAddresses: every connection sends PING frames and
-// opens no stream, reading the acknowledgements. Each is closed once past
-// the PING bound (counted), the others are served.
-func TestPingFloodFromManyAddresses(t *testing.T) {
-	up := startStub(t)
-	dir := t.TempDir()
-	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), "", chargesRoute))
-	a := &h2attack.Attacker{Addr: p.addr, From: manyAddresses(), Flood: h2attack.Ping}
-	rep := underAttack(t, p, a)
-	logAttack(t, rep, a)
-	if n, _ := served(rep.during, time.Minute); n == 0 {
-		t.Errorf("no probe of %d served during the attack", len(rep.during))
-	}
-	if rep.ready == 0 {
-		t.Errorf("the admin port's /readyz never answered during the attack")
-	}
-	floods := scrapeValue(t, p, "idemproxy_http2_ping_floods_total")
-	t.Logf("connections closed for their PINGs: %v", floods)
-	if floods < float64(len(a.From)) {
-		t.Errorf("idemproxy_http2_ping_floods_total = %v, want at least one per attacking address (%d)", floods, len(a.From))
-	}
-	wantStoreUntouched(t, p)
 }
 
 // TestSlowBodiesFromManyAddresses: every connection keeps eight bodies
@@ -67,16 +43,10 @@ func TestPingFloodFromManyAddresses(t *testing.T) {
 // the same budgets (server.max_buffered_bytes, max_connections requests
 // in flight) as everyone. The bodies are cut at body_timeout (counted),
 // the buffered bytes never pass the budget, HTTP/1.1 probes are served
-// throughout and an HTTP/2 probe is served or refused at once with 503
-// (docs/admission.md, "What an attacker can hold"), never left waiting.
+// throughout and an HTTP/2 probe is served or refused with 503
+// (docs/admission.md, "What an attacker can hold"), never fails otherwise.
 func TestSlowBodiesFromManyAddresses(t *testing.T) {
-	up := startStub(t)
-	dir := t.TempDir()
-	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"),
-		serverLimits(0, "body_timeout: 2s"), chargesRoute))
-	a := &h2attack.Attacker{Addr: p.addr, From: manyAddresses(), Flood: h2attack.SlowBody}
-	rep := underAttack(t, p, a)
-	logAttack(t, rep, a)
+	p, rep := floodFromManyAddresses(t, serverLimits(0, "body_timeout: 2s"), h2attack.SlowBody)
 	for i, r := range rep.during {
 		switch {
 		case i%2 == 0 && !r.ok:
@@ -105,19 +75,8 @@ func TestSlowBodiesFromManyAddresses(t *testing.T) {
 // served, the admin port keeps answering /readyz, and the bounds over all
 // clients act on the proxy's port.
 func TestAttackOnBothPorts(t *testing.T) {
-	up := startStub(t)
-	dir := t.TempDir()
-	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), "", chargesRoute))
-	main := &h2attack.Attacker{Addr: p.addr, From: manyAddresses()}
-	admin := &h2attack.Attacker{Addr: p.admin, From: manyAddresses()}
-	rep := underAttack(t, p, main, admin)
-	logAttack(t, rep, main, admin)
-	if n, _ := served(rep.during, time.Minute); n == 0 {
-		t.Errorf("no probe of %d served during the attack", len(rep.during))
-	}
-	if rep.ready == 0 {
-		t.Errorf("the admin port's /readyz never answered during the attack")
-	}
+	admin := &h2attack.Attacker{From: manyAddresses()}
+	p, _ := floodFromManyAddresses(t, "", h2attack.RapidReset, admin)
 	if admin.Conns.Load() < int64(len(admin.From)) {
 		t.Errorf("the admin port took %d attacking connections, want the attack to have reached it (%d addresses)", admin.Conns.Load(), len(admin.From))
 	}
