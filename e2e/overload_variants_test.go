@@ -39,7 +39,7 @@ func TestFrameFloodsFromManyAddresses(t *testing.T) {
 }
 
 // TestSlowBodiesFromManyAddresses: every connection keeps eight bodies
-// under way, a byte at a time, opening one more stream every 10 ms, under
+// under way, a byte at a time, opening one more stream every 50 ms, under
 // the same budgets (server.max_buffered_bytes, max_connections requests
 // in flight) as everyone. The bodies are cut at body_timeout (counted),
 // the buffered bytes never pass the budget, HTTP/1.1 probes are served

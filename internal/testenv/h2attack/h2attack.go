@@ -91,7 +91,7 @@ const (
 	// server for an acknowledgement.
 	Ping
 	// SlowBody opens a stream whose body (40,000 bytes announced) never
-	// comes but a byte at a time: every Pause (10 ms if unset) it opens
+	// comes but a byte at a time: every Pause (50 ms if unset) it opens
 	// one more and sends one byte of DATA on each of the last 8 it
 	// opened, so a connection keeps bodies under way for as long as the
 	// server lets it.
@@ -236,7 +236,7 @@ func (a *Attacker) slowBodies(w *bufio.Writer, flush func() bool) {
 	const inFlight = 8
 	pause := a.Pause
 	if pause <= 0 {
-		pause = 10 * time.Millisecond
+		pause = 50 * time.Millisecond
 	}
 	hdr := HPACKLiteral(":method", "POST", ":scheme", "http", ":path", "/charges",
 		":authority", "proxy", "content-type", "application/json", "content-length", "40000")
