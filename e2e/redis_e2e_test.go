@@ -140,8 +140,18 @@ func metricSum(t *testing.T, p *proc, metric string, labels ...string) float64 {
 	if r.err != nil || r.status != 200 {
 		t.Fatalf("/metrics = %d %v", r.status, r.err)
 	}
+	sum, err := sumSamples(r.body, metric, labels...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sum
+}
+
+// sumSamples returns the sum of the samples of metric in body, a
+// /metrics page, whose labels contain every one of labels.
+func sumSamples(body, metric string, labels ...string) (float64, error) {
 	var sum float64
-	sc := bufio.NewScanner(strings.NewReader(r.body))
+	sc := bufio.NewScanner(strings.NewReader(body))
 	for sc.Scan() {
 		line := sc.Text()
 		if !strings.HasPrefix(line, metric+"{") && !strings.HasPrefix(line, metric+" ") {
@@ -156,11 +166,11 @@ func metricSum(t *testing.T, p *proc, metric string, labels ...string) float64 {
 		}
 		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
 		if err != nil {
-			t.Fatalf("/metrics line %q: %v", line, err)
+			return 0, fmt.Errorf("/metrics line %q: %w", line, err)
 		}
 		sum += v
 	}
-	return sum
+	return sum, nil
 }
 
 // TestRedisReplicasChargeOnce: two replicas sharing one Redis, a burst for

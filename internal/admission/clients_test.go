@@ -80,6 +80,21 @@ func TestH2FramesScan(t *testing.T) {
 			fw.Flush()
 			h2attack.WriteFrame(w, 0x0 /* DATA */, 0, 1, fake.Bytes())
 		}), true, 0},
+		{"64 PINGs at once", frames(func(w *bufio.Writer) {
+			for range maxPingBurst {
+				h2attack.WriteFrame(w, h2attack.FramePing, 0, 0, make([]byte, 8))
+			}
+		}), true, 0},
+		{"65 PINGs at once", frames(func(w *bufio.Writer) {
+			for range maxPingBurst + 1 {
+				h2attack.WriteFrame(w, h2attack.FramePing, 0, 0, make([]byte, 8))
+			}
+		}), false, 0},
+		{"1000 PING acknowledgements", frames(func(w *bufio.Writer) {
+			for range 1000 {
+				h2attack.WriteFrame(w, h2attack.FramePing, 0x1, 0, make([]byte, 8))
+			}
+		}), true, 0},
 		{"RST_STREAM frames", frames(func(w *bufio.Writer) {
 			for i := range uint32(7) {
 				h2attack.WriteFrame(w, h2attack.FrameHeaders, h2attack.FlagEndHeaders, 2*i+1, block)
@@ -102,6 +117,31 @@ func TestH2FramesScan(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestH2FramesPingRate: a connection may send maxPingBurst PINGs at once
+// and keep up maxPingsPerSecond for ever; faster, it is a PING flood.
+func TestH2FramesPingRate(t *testing.T) {
+	var f h2Frames
+	now := time.Unix(1e9, 0)
+	for i := range maxPingBurst {
+		if !f.ping(now) {
+			t.Fatalf("PING %d of a burst refused, want %d at once", i+1, maxPingBurst)
+		}
+	}
+	for i := range 100 * maxPingsPerSecond { // 100 s at the rate, after the burst
+		now = now.Add(time.Second / maxPingsPerSecond)
+		if !f.ping(now) {
+			t.Fatalf("PING %d at %d a second refused, want the rate kept up", i+1, maxPingsPerSecond)
+		}
+	}
+	for range 1000 { // twice the rate
+		now = now.Add(time.Second / (2 * maxPingsPerSecond))
+		if !f.ping(now) {
+			return
+		}
+	}
+	t.Fatal("1000 PINGs at twice maxPingsPerSecond were all let through")
 }
 
 // TestClientTableBounded: the per-client state is bounded: a client's

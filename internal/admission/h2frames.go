@@ -3,6 +3,7 @@ package admission
 import (
 	"errors"
 	"net"
+	"time"
 )
 
 // Bounds on runs of HTTP/2 CONTINUATION frames. A header block is one
@@ -23,12 +24,29 @@ const (
 	maxContinuations = 512
 )
 
+// Bounds on PING frames (CVE-2019-9512's kind). Go's server answers
+// each PING and bounds only the answers queued unread; a client that
+// reads them may send PINGs as fast as it writes, each a frame read and
+// one written by the server: from 119 addresses, probes waited 8 to 10 s.
+// A client uses PINGs to keep an idle connection open or to measure the
+// round trip, a few a second at most (gRPC's keepalive: one in 10 s or
+// more; its bandwidth probe: one per burst of DATA the server sends).
+const (
+	// maxPingBurst is the most PINGs a connection may send at once;
+	// maxPingsPerSecond the rate it may keep up. One past them closes
+	// the connection.
+	maxPingBurst      = 64
+	maxPingsPerSecond = 10
+)
+
 // HTTP/2 frame header fields (RFC 9113 section 4.1).
 const (
 	h2FrameHeaderLen   = 9
 	h2PrefaceLen       = len("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
 	h2TypeRSTStream    = 0x3
+	h2TypePing         = 0x6
 	h2TypeContinuation = 0x9
+	h2FlagAck          = 0x1
 )
 
 // h2Frames follows the frame headers of an HTTP/2 connection's bytes as
@@ -46,11 +64,17 @@ type h2Frames struct {
 	conts  int // CONTINUATION frames in the current run
 	resets int // RST_STREAM frames, not yet counted against the client
 	began  bool
+	pings  float64   // PINGs, drained at maxPingsPerSecond since pingAt
+	pingAt time.Time // when pings was last drained
+	// flood is why scan last reported false: errContinuationFlood or
+	// errPingFlood.
+	flood error
 }
 
 // scan follows b, the next bytes read, and reports false once a run of
 // CONTINUATION frames passes maxEmptyContinuations empty ones or
-// maxContinuations in all.
+// maxContinuations in all, or PINGs pass maxPingBurst at once or
+// maxPingsPerSecond; flood then says which.
 func (f *h2Frames) scan(b []byte) bool {
 	if !f.began {
 		f.began, f.skip = true, h2PrefaceLen
@@ -78,8 +102,12 @@ func (f *h2Frames) scan(b []byte) bool {
 		f.skip = length
 		if h[3] != h2TypeContinuation {
 			f.empty, f.conts = 0, 0
-			if h[3] == h2TypeRSTStream {
+			switch {
+			case h[3] == h2TypeRSTStream:
 				f.resets++
+			case h[3] == h2TypePing && h[4]&h2FlagAck == 0 && !f.ping(time.Now()):
+				f.flood = errPingFlood
+				return false
 			}
 			continue
 		}
@@ -88,10 +116,40 @@ func (f *h2Frames) scan(b []byte) bool {
 			f.empty++
 		}
 		if f.empty > maxEmptyContinuations || f.conts > maxContinuations {
+			f.flood = errContinuationFlood
 			return false
 		}
 	}
 	return true
+}
+
+// ping counts a PING read at now and reports whether the connection is
+// still within maxPingBurst and maxPingsPerSecond.
+func (f *h2Frames) ping(now time.Time) bool {
+	if !f.pingAt.IsZero() {
+		f.pings = max(f.pings-now.Sub(f.pingAt).Seconds()*maxPingsPerSecond, 0)
+	}
+	f.pingAt = now
+	f.pings++
+	return f.pings <= maxPingBurst
+}
+
+// errPingFlood ends a connection that sent PINGs past maxPingBurst or
+// maxPingsPerSecond.
+var errPingFlood = errors.New("http2: PING frames faster than a client needs them")
+
+// refuseFlood closes c, whose client sent a run of CONTINUATION frames
+// that adds nothing or a flood of PINGs (c.frames.flood says which), and
+// returns the read error the server ends it on.
+func (c *trackedConn) refuseFlood() error {
+	if c.frames.flood == errPingFlood {
+		c.l.pingFloods.Add(1)
+		c.l.log.Warn("HTTP/2 connection closed: PING frames faster than a client needs them",
+			"client", ClientOf(c.RemoteAddr().String()), "max_burst", maxPingBurst, "max_per_second", maxPingsPerSecond)
+		c.Close()
+		return &net.OpError{Op: "read", Net: "tcp", Err: errPingFlood}
+	}
+	return c.refuseContinuations()
 }
 
 // errContinuationFlood ends a connection that sent a run of CONTINUATION

@@ -85,6 +85,10 @@ func RegisterMetrics(reg prometheus.Registerer, l *Limiter) {
 			Help: "HTTP/2 connections closed for a run of CONTINUATION frames that adds no header bytes.",
 		}, func() float64 { return float64(l.emptyContinuations.Load()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "idemproxy_http2_ping_floods_total",
+			Help: "HTTP/2 connections closed for PING frames past 64 at once or 10 a second.",
+		}, func() float64 { return float64(l.pingFloods.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "idemproxy_request_headers_refused_total",
 			Help: "HTTP/1 requests answered 431 too-many-header-fields: a header of more than 256 lines, cut as it was read.",
 		}, func() float64 { return float64(l.headerRefused.Load()) }),

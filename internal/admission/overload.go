@@ -24,6 +24,19 @@ import (
 //     backlog goes with it instead of being drained slowly; a connection
 //     whose streams are mostly served is never closed for the budget.
 //     Shedding stops once the level drains below half the budget.
+//   - the unread backlog of an HTTP/2 connection: bytes the kernel holds
+//     for it that the server has not read, past maxBacklog (more than
+//     flow control lets a client send unasked) for backlogFor, or at
+//     once while the proxy sheds: the connection is closed and its
+//     backlog goes with it, rather than being drained at the server's
+//     pace (45 KB/s a connection was seen after a flood ended).
+//   - while the proxy sheds, the connections that spend most of the
+//     budget go first: a connection with a large backlog at once; one
+//     that resets more than resetShare of its streams as it reads its
+//     next reset, after minShedResets resets, or after its first reset
+//     while it is new (younger than newConnGrace: a flood reconnects,
+//     each new connection would otherwise reset minShedResets streams
+//     unchecked); a connection mostly served never.
 //   - the live heap: past memoryShedShare of the soft memory limit
 //     (memory_limit), read at most every memoryReadEvery, new
 //     connections are closed as they are accepted and new HTTP/2 streams
@@ -35,11 +48,11 @@ const (
 	// memoryResumeShare the share below which it stops. A collection's
 	// work grows with the live heap and its frequency with the inverse of
 	// the room left under the limit; the Go runtime caps the collector at
-	// about half the CPU when the soft limit drives it. The shares sit
-	// above what the process was seen to keep live after a rapid-reset
-	// flood ended (33 to 40 MiB of the default 48 MiB, in the e2e test,
-	// not explained yet): lower, it would never take work in again once
-	// an attack ended, the failure this bound is to prevent.
+	// about half the CPU when the soft limit drives it. The shares were
+	// set above the 33 to 40 MiB the process kept live after a
+	// rapid-reset flood ended, before that was found to be Go's HTTP/2
+	// idle timers holding every closed connection for idle_timeout
+	// (SetIdleTimeout); about 5 MiB are left now.
 	memoryShedShare   = 0.90
 	memoryResumeShare = 0.85
 	// memoryReadEvery bounds how often the heap is read (runtime/metrics,
@@ -52,6 +65,20 @@ const (
 	// without this the proxy would refuse until the runtime's periodic
 	// collection (two minutes).
 	memoryRecheckEvery = time.Second
+	// maxBacklog is the unread bytes past which an HTTP/2 connection's
+	// backlog is large. The server reads each connection's frames as
+	// they come (its bodies into the streams' flow-control windows), so
+	// a client it serves leaves a few KiB unread at most; the kernel
+	// holds up to about 128 KiB for a connection that is not read
+	// (Linux's default receive buffer), which is where the backlog of a
+	// flood stays (8.2 MB over 100 connections after one ended).
+	maxBacklog = 64 << 10
+	// backlogFor is how long a backlog may stay large while the proxy
+	// does not shed.
+	backlogFor = time.Second
+	// backlogReadEvery bounds how often a connection's backlog is read
+	// (an ioctl): at most this often a connection, on its reads.
+	backlogReadEvery = 100 * time.Millisecond
 )
 
 // Overload actions and their reasons: the labels of
@@ -62,6 +89,7 @@ const (
 	actionRefuseStrm  = "refuse_stream" // an HTTP/2 stream answered 503 before its body was read
 	reasonResets      = "resets"        // server.max_resets_per_second passed
 	reasonMemory      = "memory"        // the heap past its share of memory_limit
+	reasonBacklog     = "backlog"       // an HTTP/2 connection's unread backlog stayed large
 	overloadStateNone = 0
 )
 
@@ -70,6 +98,7 @@ const (
 var overloadActions = [...][2]string{
 	{actionCloseConn, reasonResets},
 	{actionCloseConn, reasonMemory},
+	{actionCloseConn, reasonBacklog},
 	{actionRefuseConn, reasonMemory},
 	{actionRefuseStrm, reasonMemory},
 }
@@ -102,6 +131,16 @@ func (o *overload) count(action, reason string) {
 			o.actions[i].Add(1)
 		}
 	}
+}
+
+// counted returns how many times action was taken for reason.
+func (o *overload) counted(action, reason string) uint64 {
+	for i, a := range overloadActions {
+		if a[0] == action && a[1] == reason {
+			return o.actions[i].Load()
+		}
+	}
+	return 0
 }
 
 // reset counts n resets read at now, and reports whether the budget over
@@ -195,30 +234,100 @@ type connResets struct {
 // abusiveConn reports whether the connection resets more than resetShare
 // of the streams it opened, with at least minShedResets resets.
 func (r *connResets) abusive() bool {
-	n := r.resets.Load()
-	return n >= minShedResets && abusive(float64(n), float64(r.opened.Load()))
+	return r.abusiveFrom(minShedResets)
 }
 
-// refuseOverload closes c, which resets more HTTP/2 streams than it is
-// served while the budget over all clients is spent (or the heap is
-// high), and returns the read error the server ends it on. Its unread
-// frames go with it.
-func (c *trackedConn) refuseOverload() error {
+// abusiveFrom reports whether the connection resets more than
+// resetShare of the streams it opened, with at least least resets.
+func (r *connResets) abusiveFrom(least int64) bool {
+	n := r.resets.Load()
+	return n >= least && abusive(float64(n), float64(r.opened.Load()))
+}
+
+// connBacklog follows an HTTP/2 connection's unread backlog. Only the
+// connection's serving goroutine (its reads) touches it.
+type connBacklog struct {
+	readAt time.Time // when it was last read
+	bytes  int       // the last read; -1: not known
+	since  time.Time // since when it has been past maxBacklog; zero: it is not
+}
+
+// large reads the backlog of c at now, at most every backlogReadEvery,
+// and reports whether it is past maxBacklog, and has been for
+// backlogFor (both as of the last read).
+func (b *connBacklog) large(c net.Conn, now time.Time) (large, stays bool) {
+	if b.readAt.IsZero() || now.Sub(b.readAt) >= backlogReadEvery {
+		b.readAt, b.bytes = now, unreadBytes(c)
+		switch {
+		case b.bytes <= maxBacklog:
+			b.since = time.Time{}
+		case b.since.IsZero():
+			b.since = now
+		}
+	}
+	return !b.since.IsZero(), !b.since.IsZero() && now.Sub(b.since) >= backlogFor
+}
+
+// costly returns why c, an HTTP/2 connection, is to be closed at now
+// (shedding: the reset budget over all clients is spent or the heap is
+// high), or "" if it is not: in the order of what it costs, a backlog
+// that stays large (at once while shedding), then while shedding resets
+// more than resetShare of its streams (from its first reset while it is
+// new).
+func (c *trackedConn) costly(now time.Time, shedding bool) string {
+	if large, stays := c.backlog.large(c.Conn, now); stays || (large && shedding) {
+		return reasonBacklog
+	}
+	if !shedding {
+		return ""
+	}
+	least := int64(minShedResets)
+	if now.Sub(c.born) < newConnGrace {
+		least = 1
+	}
+	if c.resets.abusiveFrom(least) {
+		return c.l.over.shedReason()
+	}
+	return ""
+}
+
+// shedReason is why the proxy sheds: reasonResets while the reset budget
+// is spent, else reasonMemory.
+func (o *overload) shedReason() string {
+	if o.shedding.Load() {
+		return reasonResets
+	}
+	return reasonMemory
+}
+
+// refuseOverload closes c for reason (reasonResets, reasonMemory: it
+// resets more HTTP/2 streams than it is served while the budget over all
+// clients is spent or the heap is high; reasonBacklog: its unread
+// backlog is large), and returns the read error the server ends it on.
+// Its unread frames go with it.
+func (c *trackedConn) refuseOverload(reason string) error {
 	err := &net.OpError{Op: "read", Net: "tcp", Err: errOverloadResets}
+	if reason == reasonBacklog {
+		err.Err = errOverloadBacklog
+	}
 	if c.shed.Load() {
 		return err // closed already (by a stream of it, or its read)
 	}
-	reason := reasonResets
-	if !c.l.over.shedding.Load() {
-		reason = reasonMemory
-	}
 	c.l.over.count(actionCloseConn, reason)
-	c.l.log.Warn("overload: HTTP/2 connection closed: it resets more streams than it is served while the proxy sheds",
-		"reason", reason, "client", c.client.id, "setting", "server.max_resets_per_second",
-		"limit", c.l.over.rate.Load(), "resets", c.resets.resets.Load(), "streams", c.resets.opened.Load())
+	if reason == reasonBacklog {
+		c.l.log.Warn("overload: HTTP/2 connection closed: its unread backlog stays large",
+			"reason", reason, "client", c.client.id, "unread_bytes", c.backlog.bytes, "max", maxBacklog)
+	} else {
+		c.l.log.Warn("overload: HTTP/2 connection closed: it resets more streams than it is served while the proxy sheds",
+			"reason", reason, "client", c.client.id, "setting", "server.max_resets_per_second",
+			"limit", c.l.over.rate.Load(), "resets", c.resets.resets.Load(), "streams", c.resets.opened.Load())
+	}
 	c.l.drop([]*trackedConn{c})
 	return err
 }
+
+// errOverloadBacklog ends a connection whose unread backlog stays large.
+var errOverloadBacklog = errors.New("http2: the connection sends frames faster than it is served")
 
 // errOverloadResets ends a connection closed by the overload manager.
 var errOverloadResets = errors.New("http2: the connection resets more streams than it is served while the proxy sheds")

@@ -8,7 +8,9 @@ import (
 	"net/http"
 	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -72,7 +74,7 @@ func TestConnResetsAbusive(t *testing.T) {
 // server.max_client_resets_per_second (set out of reach here), so only
 // the budget over all clients can meet it. The connections are closed by
 // it (idemproxy_overload_actions_total{action="close_connection",
-// reason="resets"}), and probes from another address are served while
+// reason="resets"}, or "backlog"), and probes from another address are served while
 // and after it.
 func TestOverloadShedsResetsFromManyClients(t *testing.T) {
 	l, addr := clientServer(t, 256, config.Server{MaxRequestsPerClient: 256, MaxClientResetsPerSecond: 1 << 30, MaxResetsPerSecond: 200})
@@ -86,7 +88,11 @@ func TestOverloadShedsResetsFromManyClients(t *testing.T) {
 	wg := a.Run(ctx, len(from))
 	defer wg.Wait()
 	defer cancel()
-	closed := func() uint64 { return l.over.actions[0].Load() } // close_connection, resets
+	// Closed for their resets, or for the backlog of frames they send
+	// faster than a slow run (-race) reads them.
+	closed := func() uint64 {
+		return l.over.counted(actionCloseConn, reasonResets) + l.over.counted(actionCloseConn, reasonBacklog)
+	}
 	for closed() < uint64(len(from)) && ctx.Err() == nil {
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -124,7 +130,7 @@ func TestOverloadMemoryRefusesNewWork(t *testing.T) {
 		st, _, _ := h2attack.GetFrom(t, "127.0.0.2", addr, "/")
 		return st == 0
 	})
-	if n := l.over.actions[2].Load(); n == 0 { // refuse_connection, memory
+	if n := l.over.counted(actionRefuseConn, reasonMemory); n == 0 {
 		t.Errorf("idemproxy_overload_actions_total{action=refuse_connection,reason=memory} = 0, want the refusals counted")
 	}
 	if got := l.over.state(); got != 2 {
@@ -180,4 +186,174 @@ func probeServed(t *testing.T, addr string, n int) {
 			}
 		}
 	}
+}
+
+// TestShedTheCostliestFirst: while the proxy sheds, the connections that
+// spend most of the budget are closed and the others kept: one that
+// resets more than half its streams after minShedResets resets, or after
+// its first one while it is new (a flood reconnects); one mostly served,
+// or old with a few resets, is kept. With the budget not spent, none is
+// closed for its resets.
+func TestShedTheCostliestFirst(t *testing.T) {
+	now := time.Unix(1e9, 0)
+	l := newLimiter(nil, 0, time.Second)
+	for _, tc := range []struct {
+		name           string
+		age            time.Duration
+		resets, opened int64
+		want           string // while shedding for resets
+	}{
+		{"new, every stream reset", newConnGrace / 2, 2, 2, reasonResets},
+		{"new, mostly served", newConnGrace / 2, 2, 10, ""},
+		{"old, a few resets", time.Minute, minShedResets - 1, minShedResets - 1, ""},
+		{"old, every stream reset", time.Minute, minShedResets, minShedResets, reasonResets},
+		{"old, mostly served", time.Minute, 100, 1000, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &trackedConn{Conn: nopConn{}, l: l, born: now.Add(-tc.age)}
+			c.resets.resets.Store(tc.resets)
+			c.resets.opened.Store(tc.opened)
+			if got := c.costly(now, false); got != "" {
+				t.Errorf("costly while not shedding = %q, want kept", got)
+			}
+			l.over.shedding.Store(true)
+			defer l.over.shedding.Store(false)
+			if got := c.costly(now, true); got != tc.want {
+				t.Errorf("costly while shedding = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestIdleTimeoutClosesIdleConnections: with the limiter closing idle
+// connections (SetIdleTimeout, the server's own idle timers off), an
+// HTTP/1.1 keep-alive connection and an HTTP/2 connection with no open
+// stream are closed once idle for the timeout, and one serving a request
+// is not.
+func TestIdleTimeoutClosesIdleConnections(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newLimiter(ln, 64, time.Second)
+	l.SetIdleTimeout(300 * time.Millisecond)
+	srv := &http.Server{
+		Handler: l.Guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/hold" {
+				<-release
+			}
+			io.WriteString(w, "ok")
+		})),
+		ConnState: l.ConnState, ConnContext: l.ConnContext, IdleTimeout: IdleTimeoutOff,
+		Protocols: ServerProtocols(), HTTP2: ServerHTTP2(),
+	}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	addr := ln.Addr().String()
+
+	held := h2attack.DialRaw(t, addr)
+	fmt.Fprintf(held, "GET /hold HTTP/1.1\r\nHost: test\r\n\r\n")
+	idle := h2attack.DialRaw(t, addr)
+	if st, _, err := idle.Get("/"); st != 200 {
+		t.Fatalf("HTTP/1.1: %d %v", st, err)
+	}
+	var closedH2 atomic.Bool
+	h2 := &http.Client{Transport: &http.Transport{Protocols: func() *http.Protocols {
+		var p http.Protocols
+		p.SetUnencryptedHTTP2(true)
+		return &p
+	}(), DialContext: func(ctx context.Context, network, a string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, a)
+		if err != nil {
+			return nil, err
+		}
+		return &watchedConn{Conn: c, closed: &closedH2}, nil
+	}}}
+	if r, _ := h2attack.Do(h2, "GET", "http://"+addr+"/", ""); r.Status != 200 {
+		t.Fatalf("HTTP/2: %d %v", r.Status, r.Err)
+	}
+	h2attack.Eventually(t, "the idle HTTP/1.1 connection closed", idle.ClosedByPeer)
+	h2attack.Eventually(t, "the idle HTTP/2 connection closed", closedH2.Load)
+	if held.ClosedByPeer() {
+		t.Error("the connection serving a request was closed, want it kept")
+	}
+}
+
+// watchedConn records that the other end closed it (a read ended).
+type watchedConn struct {
+	net.Conn
+	closed *atomic.Bool
+}
+
+func (c *watchedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if err != nil {
+		c.closed.Store(true)
+	}
+	return n, err
+}
+
+// TestFloodLeavesNoConnectionInMemory: the connections of a rapid-reset
+// flood, each ended with streams open, are not kept in memory once they
+// close. With Go's own HTTP/2 idle timer (re-armed as the streams left
+// open are closed, after the connection ended) each stayed live for the
+// idle timeout, 7 to 10 KiB a connection.
+func TestFloodLeavesNoConnectionInMemory(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newLimiter(ln, 1024, time.Second)
+	l.SetClientLimits(config.Server{MaxRequestsPerClient: 256, MaxClientResetsPerSecond: 100, MaxResetsPerSecond: 1000})
+	l.SetIdleTimeout(time.Hour)
+	srv := &http.Server{
+		Handler:   l.Guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.Copy(io.Discard, r.Body) })),
+		ConnState: l.ConnState, ConnContext: l.ConnContext, IdleTimeout: IdleTimeoutOff, ReadTimeout: time.Hour,
+		Protocols: ServerProtocols(), HTTP2: ServerHTTP2(),
+	}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	before := liveHeap()
+	from := make([]string, 40)
+	for i := range from {
+		from[i] = fmt.Sprintf("127.0.0.%d", 10+i)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	a := &h2attack.Attacker{Addr: ln.Addr().String(), From: from}
+	wg := a.Run(ctx, len(from))
+	// 500 connections, or as many as a slow run (-race, a loaded
+	// machine) makes in a minute: the proxy closes them as it sheds.
+	for deadline := time.Now().Add(time.Minute); a.Conns.Load() < 500 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	wg.Wait()
+	if a.Conns.Load() < 100 {
+		t.Fatalf("the attack made %d connections in a minute, want 100 or more", a.Conns.Load())
+	}
+	h2attack.Eventually(t, "every connection closed", func() bool { active, idle := l.Counts(); return active+idle == 0 })
+	var after uint64
+	// The serving goroutines end a moment after their connections.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		after = liveHeap()
+		if after < before+uint64(a.Conns.Load())*3072 || time.Now().After(deadline) {
+			break
+		}
+	}
+	per := (int64(after) - int64(before)) / a.Conns.Load()
+	t.Logf("%d connections: live heap %d before, %d after (%d bytes a connection)", a.Conns.Load(), before, after, per)
+	if per >= 3072 {
+		t.Errorf("the flood's connections left %d bytes each in the live heap, want under 3 KiB: they are kept after they closed", per)
+	}
+}
+
+// liveHeap collects twice and returns the live heap.
+func liveHeap() uint64 {
+	runtime.GC()
+	runtime.GC()
+	s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"reflect"
+	"regexp"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -124,7 +125,14 @@ func (a *app) registerMetrics(reg prometheus.Registerer) {
 		a.reloads.WithLabelValues(t, "failed")
 	}
 	reg.MustRegister(
-		collectors.NewGoCollector(),
+		// Besides the default series: the collector's CPU time, by
+		// class, and the CPU available (GOMAXPROCS × wall time), as the
+		// runtime estimates them, for the share the collector takes under
+		// load; and the live heap, what memory-aware admission judges
+		// (docs/admission.md, "Many clients at once").
+		collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(collectors.GoRuntimeMetricsRule{
+			Matcher: regexp.MustCompile(`^(/cpu/classes/(gc/.*|total):cpu-seconds|/gc/heap/live:bytes)$`),
+		})),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		buildInfo, a.reloadOK, a.reloadTS, a.reloads,
 	)
@@ -255,12 +263,13 @@ func (a *app) serve(ctx context.Context) error {
 	conns.SetClientLimits(cfg.Server)
 	a.conns = conns
 	conns.SetHeapBound(a.heapBound)
+	conns.SetIdleTimeout(cfg.Server.IdleTimeout.D())
 	admission.RegisterMetrics(reg, conns)
 	srv := &http.Server{
 		Handler:           conns.Guard(admission.WithoutH2CUpgrade(a.p)),
 		ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout.D(),
 		ReadTimeout:       cfg.Server.ReadTimeout.D(),
-		IdleTimeout:       cfg.Server.IdleTimeout.D(),
+		IdleTimeout:       admission.IdleTimeoutOff, // conns closes them: SetIdleTimeout
 		MaxHeaderBytes:    admission.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		ConnState:         conns.ConnState,

