@@ -49,6 +49,7 @@ func upstreamCodes(t *testing.T, e *proxytest.Env, route string) map[string]uint
 // before its 200 is a 200 to the client, and must be a 200 in the metrics
 // and the access log too, not the informational 103.
 func TestPassthroughEarlyHintsStatus(t *testing.T) {
+	t.Parallel()
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Link", "</style.css>; rel=preload")
 		w.WriteHeader(http.StatusEarlyHints)
@@ -77,6 +78,7 @@ func TestPassthroughEarlyHintsStatus(t *testing.T) {
 // spare, on a busy machine too: 10 times the slowest of three reads of the
 // whole answer straight from the upstream, and 3 s at least.
 func TestClientThatStopsReading(t *testing.T) {
+	t.Parallel()
 	chunk := bytes.Repeat([]byte("x"), 64<<10)
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
@@ -136,6 +138,7 @@ func TestClientThatStopsReading(t *testing.T) {
 // response headers, not until the client has taken the whole body (for a
 // WebSocket or a stream, the whole session).
 func TestPassthroughUpstreamDurationEndsAtHeaders(t *testing.T) {
+	t.Parallel()
 	release := make(chan struct{})
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)

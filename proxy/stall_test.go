@@ -21,6 +21,7 @@ import (
 // answered 201, its commit times out, and it must be retried within the
 // lease so that the key ends completed, not in doubt for its TTL.
 func TestRedisStall(t *testing.T) {
+	t.Parallel()
 	e, srv, st, g, reg := stallEnv(t)
 	state := func(key string) store.State { return stallState(t, st, key) }
 
@@ -56,6 +57,7 @@ func TestRedisStall(t *testing.T) {
 // retry within the lease, so the client's retry goes through instead of
 // getting 409 for the lease and then the key's whole TTL in doubt.
 func TestRedisStallRelease(t *testing.T) {
+	t.Parallel()
 	e, srv, st, g, reg := stallEnv(t)
 	proxytest.WantStatus(t, "warm-up", e.Charge(`"ORD-W"`, 1), 201, "")
 	first := make(chan proxytest.Answer, 1)
