@@ -17,6 +17,7 @@ import (
 )
 
 func TestSameSeedSameSchedule(t *testing.T) {
+	t.Parallel()
 	kinds := []string{kFailBefore, kKill, "redis-sigstop", kUpBlackhole}
 	draw := func(seed uint64) []fault {
 		return schedule(rand.New(rand.NewPCG(seed, 0x1d3)), time.Minute, 2*time.Second, kinds, 4)
@@ -58,6 +59,7 @@ func echoServer(t *testing.T) string {
 }
 
 func TestFaultProxy(t *testing.T) {
+	t.Parallel()
 	fp, err := newFaultProxy(echoServer(t))
 	if err != nil {
 		t.Fatal(err)
@@ -134,6 +136,7 @@ func TestFaultProxy(t *testing.T) {
 // faults of at least 6 kinds, whatever the seed; the default kinds leave
 // out the slow ones, which -faults slow names.
 func TestCIScheduleDensity(t *testing.T) {
+	t.Parallel()
 	r := &run{stores: []*storeSrv{{name: "redis"}, {name: "postgres"}}, tmpfs: true}
 	kinds, err := r.chosenKinds()
 	if err != nil {
@@ -182,6 +185,7 @@ func TestCIScheduleDensity(t *testing.T) {
 // fault (queued in the stub, a reset, a reload) lets the next one start
 // at once; every kind comes once before any comes twice.
 func TestScheduleDurations(t *testing.T) {
+	t.Parallel()
 	kinds := []string{kStallPastLease, "redis-sigstop-past-lease", kUpReset, kUpBlackhole, "postgres-failover"}
 	sched := schedule(rand.New(rand.NewPCG(3, 0x1d3)), 10*time.Minute, defaultInterval, kinds, 4)
 	if len(sched) < 2*len(kinds) {
@@ -212,6 +216,7 @@ func TestScheduleDurations(t *testing.T) {
 // TestDocChaosFaultTableListsEveryKind: docs/chaos.md's fault table has a row for
 // every kind the run can inject, and names no kind it cannot.
 func TestDocChaosFaultTableListsEveryKind(t *testing.T) {
+	t.Parallel()
 	b, err := os.ReadFile("../docs/chaos.md")
 	if err != nil {
 		t.Fatal(err)
@@ -246,6 +251,7 @@ func TestDocChaosFaultTableListsEveryKind(t *testing.T) {
 // replica's address are reset and new ones refused, the others (the
 // Sentinel's, exempt too; the proxies') pass, until the cut is lifted.
 func TestFaultProxyCutsASource(t *testing.T) {
+	t.Parallel()
 	fp, err := newFaultProxyExempt(echoServer(t), storeSource, replSource)
 	if err != nil {
 		t.Fatal(err)
@@ -307,6 +313,7 @@ func TestFaultProxyCutsASource(t *testing.T) {
 // TestPartialKindsAreANamedSet: the partial losses and the rename by
 // reload are not default kinds; -faults partial names them.
 func TestPartialKindsAreANamedSet(t *testing.T) {
+	t.Parallel()
 	r := &run{stores: []*storeSrv{{name: "redis"}, {name: "postgres"}}}
 	def, err := r.chosenKinds()
 	if err != nil {

@@ -28,6 +28,7 @@ func partialRun(t *testing.T) (*run, *injector) {
 // run time, under the drawn policy), puts noeviction and no maxmemory
 // back, and records a partial loss with its detection window.
 func TestRedisEvictEvicts(t *testing.T) {
+	t.Parallel()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Fatal("redis-server is needed (the store tests need it too)")
 	}
@@ -102,6 +103,7 @@ func TestRedisEvictEvicts(t *testing.T) {
 // the new master, and fails otherwise); the old master then follows the
 // new one, and a partial loss is recorded from the promotion.
 func TestRedisFailoverLaggingLosesTheLastWrites(t *testing.T) {
+	t.Parallel()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Fatal("redis-server is needed (the store tests need it too)")
 	}
@@ -131,6 +133,7 @@ func TestRedisFailoverLaggingLosesTheLastWrites(t *testing.T) {
 // duration: the rows written meanwhile are gone, those changed are as
 // they were, the others are back, and a partial loss is recorded.
 func TestPostgresRestoreOldUndoesTheWritesSince(t *testing.T) {
+	t.Parallel()
 	if _, err := postgresBin(); err != nil {
 		t.Fatal(err)
 	}

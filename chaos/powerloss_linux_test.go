@@ -51,6 +51,7 @@ func (l *lockedBuffer) String() string {
 // directory's fsync; IDEMPROXY_POWERLOSS_SEED replays a seed, as does
 // go run ./chaos -stores badger -faults power-loss -seed S -duration D.
 func TestPowerLoss(t *testing.T) {
+	t.Parallel()
 	if os.Geteuid() != 0 {
 		t.Fatal("the power-loss test needs root (a FUSE mount and a tmpfs)")
 	}
@@ -129,6 +130,7 @@ func TestPowerLoss(t *testing.T) {
 // states what TestPowerLoss checks, in the words it checks: each promise
 // with the property of the checker that holds the run to it.
 func TestOperationsSaysWhatAPowerCutCosts(t *testing.T) {
+	t.Parallel()
 	b, err := os.ReadFile("../docs/operations.md")
 	if err != nil {
 		t.Fatal(err)

@@ -12,6 +12,7 @@ import (
 // handlers would: operators parse them with the same rules as every
 // other line of the process.
 func TestAccessLogMatchesSlog(t *testing.T) {
+	t.Parallel()
 	at := time.Date(2026, 12, 1, 13, 4, 5, 123456789, time.UTC)
 	entries := []entry{
 		{route: "charges", method: "POST", path: "/charges", outcome: "committed", status: 201,

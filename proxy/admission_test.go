@@ -69,6 +69,7 @@ func bufferedBytes(e *proxytest.Env) float64 {
 // like a second connection, and a stalled stream is cut by body_timeout
 // (408, the stream alone: the connection keeps serving).
 func TestHTTP2StreamsShareTheClientsBuffers(t *testing.T) {
+	t.Parallel()
 	e, srv, c := h2env(t, func(c *config.Config) {
 		c.Server.MaxBufferedBytes = 1 << 20
 		c.Server.MaxBufferedBytesPerClient = 128 << 10

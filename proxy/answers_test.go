@@ -49,6 +49,7 @@ func upstreamCodes(t *testing.T, e *proxytest.Env, route string) map[string]uint
 // before its 200 is a 200 to the client, and must be a 200 in the metrics
 // and the access log too, not the informational 103.
 func TestPassthroughEarlyHintsStatus(t *testing.T) {
+	t.Parallel()
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Link", "</style.css>; rel=preload")
 		w.WriteHeader(http.StatusEarlyHints)
@@ -75,8 +76,13 @@ func TestPassthroughEarlyHintsStatus(t *testing.T) {
 // client a quarter of it before its end and then takes the rest of the
 // upstream's answer, so that quarter must hold that read with room to
 // spare, on a busy machine too: 10 times the slowest of three reads of the
-// whole answer straight from the upstream, and 3 s at least.
+// whole answer straight from the upstream, and 3 s at least. The
+// kept-alive connection's part runs on a route of its own whose
+// upstream_timeout need only hold a small answer (4 such reads, 3 s at
+// least): the test sleeps past it, and sleeping past the large one took
+// as long again as the rest of the test.
 func TestClientThatStopsReading(t *testing.T) {
+	t.Parallel()
 	chunk := bytes.Repeat([]byte("x"), 64<<10)
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
@@ -95,7 +101,8 @@ func TestClientThatStopsReading(t *testing.T) {
 		proxytest.WantStatus(t, "the whole answer from the upstream", proxytest.Send(up.Client(), "POST", up.URL+"/charges", "{}", "Idempotency-Key", "k1"), 200, "")
 	})
 	timeout := max(3*time.Second, 40*read).Round(time.Millisecond)
-	t.Logf("the answer takes %v to read: upstream_timeout %v", read, timeout)
+	small := max(3*time.Second, 4*read).Round(time.Millisecond)
+	t.Logf("the answer takes %v to read: upstream_timeout %v (%v for the small answers)", read, timeout, small)
 	e := &proxytest.Env{T: t}
 	e.Start(up.URL, fmt.Sprintf(`
   - name: charges
@@ -103,7 +110,12 @@ func TestClientThatStopsReading(t *testing.T) {
     key: {header: Idempotency-Key}
     upstream_timeout: %v
     lease: 1h
-`, timeout))
+  - name: small
+    match: POST /small
+    key: {header: Idempotency-Key}
+    upstream_timeout: %v
+    lease: 1h
+`, timeout, small))
 	conn, err := net.Dial("tcp", e.Server.Listener.Addr().String())
 	if err != nil {
 		t.Fatal(err)
@@ -126,9 +138,9 @@ func TestClientThatStopsReading(t *testing.T) {
 	// The deadline is the answer's, not the connection's: the next
 	// request on a kept-alive connection, after it, is answered.
 	c := e.Server.Client()
-	proxytest.WantStatus(t, "first on the connection", proxytest.Send(c, "POST", e.Server.URL+"/charges", "{}", "Idempotency-Key", "k2"), 200, "")
-	time.Sleep(timeout + 500*time.Millisecond) // past the first request's upstream_timeout
-	proxytest.WantStatus(t, "next on the connection", proxytest.Send(c, "POST", e.Server.URL+"/charges", "{}", "Idempotency-Key", "k3"), 200, "")
+	proxytest.WantStatus(t, "first on the connection", proxytest.Send(c, "POST", e.Server.URL+"/small", "{}", "Idempotency-Key", "k2"), 200, "")
+	time.Sleep(small + 500*time.Millisecond) // past the first request's upstream_timeout
+	proxytest.WantStatus(t, "next on the connection", proxytest.Send(c, "POST", e.Server.URL+"/small", "{}", "Idempotency-Key", "k3"), 200, "")
 }
 
 // TestPassthroughUpstreamDurationEndsAtHeaders: the upstream duration of a
@@ -136,6 +148,7 @@ func TestClientThatStopsReading(t *testing.T) {
 // response headers, not until the client has taken the whole body (for a
 // WebSocket or a stream, the whole session).
 func TestPassthroughUpstreamDurationEndsAtHeaders(t *testing.T) {
+	t.Parallel()
 	release := make(chan struct{})
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)

@@ -35,6 +35,7 @@ const (
 // TestArticleThreeOrdersOneCorrelationID: a batch sends three different
 // orders, each with the batch's correlation ID.
 func TestArticleThreeOrdersOneCorrelationID(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name       string
 		routes     string
@@ -66,6 +67,7 @@ func TestArticleThreeOrdersOneCorrelationID(t *testing.T) {
 // TestArticleSameOrderTwoCorrelationIDs: a client retries the same order
 // with a new correlation ID.
 func TestArticleSameOrderTwoCorrelationIDs(t *testing.T) {
+	t.Parallel()
 	t.Run("keyed by correlation ID: charged twice", func(t *testing.T) {
 		e := proxytest.New(t, byCorrelationID)
 		first := e.Charge(`"ORD-IR-B-100"`, 100, "X-Correlation-ID", "CLIENT-TRY-1")
@@ -94,6 +96,7 @@ func TestArticleSameOrderTwoCorrelationIDs(t *testing.T) {
 // TestArticleSameRequestRepeated: the same request with the same
 // correlation ID is blocked the second time.
 func TestArticleSameRequestRepeated(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name       string
 		routes     string
@@ -124,6 +127,7 @@ func TestArticleSameRequestRepeated(t *testing.T) {
 // the upstream's outcome does to the key"): what a failed charge does to
 // its retry under each policy.
 func TestTrap(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name        string
 		policy      string
@@ -181,6 +185,7 @@ func TestTrap(t *testing.T) {
 // behaviour) the retry of a failed charge is a 409 that at least names the
 // stored 500.
 func TestTrapRejectShowsStoredStatus(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, `
   - name: charges
     match: POST /charges
@@ -199,6 +204,7 @@ func TestTrapRejectShowsStoredStatus(t *testing.T) {
 // TestLateAnswer: an answer that comes after the upstream timeout is a
 // 504, the key is in doubt, the retry gets 409 and the order is charged once.
 func TestLateAnswer(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, `
   - name: charges
     match: POST /charges

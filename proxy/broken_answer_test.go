@@ -17,6 +17,7 @@ import (
 // before the client got anything: it gets 502 upstream-reset. One that is
 // streamed (too large to store) breaks off at the client too.
 func TestAnswerBrokenOffIsNotPassedAsComplete(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name     string
 		maxStore int
@@ -64,6 +65,7 @@ func TestAnswerBrokenOffIsNotPassedAsComplete(t *testing.T) {
 // has had nothing yet: it gets 504 upstream-timeout (not a 200 that breaks
 // off), and the key is in doubt.
 func TestAnswerBodyThatStalls(t *testing.T) {
+	t.Parallel()
 	release := make(chan struct{})
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(200)

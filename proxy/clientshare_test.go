@@ -22,6 +22,7 @@ import (
 // and the client it counted; the access log line and the warning carry the
 // reason.
 func TestClientShareAnswerNamesTheSetting(t *testing.T) {
+	t.Parallel()
 	var log syncBuffer
 	e := &proxytest.Env{T: t, Log: &log}
 	e.Stub = httptest.NewServer(stub.New(slog.New(slog.DiscardHandler)))

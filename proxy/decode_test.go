@@ -83,6 +83,7 @@ func sendBody(t *testing.T, e *proxytest.Env, body []byte, coding string, hdr ..
 // compression of the same request) and forwarded as sent. A retry that
 // compresses the same request otherwise, or not at all, is replayed.
 func TestCompressedRequestBody(t *testing.T) {
+	t.Parallel()
 	order := []byte(`{"orderId": "ORD-Z1", "amount": 100}`)
 	first := gzipWith(order, time.Unix(1000, 0), gzip.BestSpeed)
 	for _, route := range []string{chargesByOrder, chargesByHeader} {
@@ -123,6 +124,7 @@ func TestCompressedRequestBody(t *testing.T) {
 // (a header key, no fingerprint) forwards any coding, and so does a route
 // in observe mode.
 func TestCompressedRequestBodyRefused(t *testing.T) {
+	t.Parallel()
 	order := []byte(`{"orderId": "ORD-Z2", "amount": 100}`)
 	corrupt := gzipWith(order, time.Time{}, gzip.DefaultCompression)
 	corrupt[len(corrupt)-6] ^= 0xff // the CRC
@@ -180,6 +182,7 @@ func TestCompressedRequestBodyRefused(t *testing.T) {
 // that compress every request send one for an empty POST) is an empty
 // body, not 503 overloaded: that retry would fail the same way for ever.
 func TestCompressedEmptyBody(t *testing.T) {
+	t.Parallel()
 	up := &recorder{}
 	srv := httptest.NewServer(up)
 	defer srv.Close()

@@ -14,6 +14,7 @@ import (
 // (connect hangs until the upstream timeout) never received the request,
 // so its key is released, not in doubt.
 func TestNoConnectionInTimeIsNotSent(t *testing.T) {
+	t.Parallel()
 	fd, _ := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
 	defer syscall.Close(fd)
 	syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}})

@@ -34,6 +34,7 @@ var noDecode = &http.Client{Transport: &http.Transport{DisableCompression: true}
 // stored gzip was replayed to a retry that does not accept it. A route asks
 // the upstream for identity, so every retry can read the replay.
 func TestAnswerAskedUnencoded(t *testing.T) {
+	t.Parallel()
 	var asked []string
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		asked = append(asked, r.Header.Get("Accept-Encoding"))
@@ -144,6 +145,7 @@ func TestReplayFitsAcceptEncoding(t *testing.T) {
 // memory: a retry that does not accept gzip gets it as stored, and the
 // proxy keeps serving.
 func TestReplayOfAGzipBomb(t *testing.T) {
+	t.Parallel()
 	bomb := gzipped(t, make([]byte, 64<<20)) // about 64 KiB
 	corrupt := gzipped(t, plain)
 	corrupt[len(corrupt)-5] ^= 0xff // the CRC

@@ -17,6 +17,7 @@ import (
 // replay, not 422 fingerprint-mismatch; a retry with another body is still
 // a mismatch.
 func TestRecordsFromBeforeTheNumberRuleStillReplay(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, chargesByOrder)
 	const body = `{"orderId": "ORD-LEGACY", "amount": 12.50}`
 	// Fingerprint("POST", "/charges", body, nil) as computed by 33f5b72,
@@ -51,6 +52,7 @@ func TestRecordsFromBeforeTheNumberRuleStillReplay(t *testing.T) {
 // upgrade: the identical retry is replayed, not forwarded and charged a
 // second time under the new form of its key.
 func TestRecordsUnderKeysFromBeforeTheKeyRulesStillAnswer(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name, routes, oldKey, body string
 		hdr                        []string

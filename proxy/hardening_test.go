@@ -46,6 +46,7 @@ func hostPost(e *proxytest.Env, host, body string) proxytest.Answer {
 // however the client spells it; before, "API.EXAMPLE.COM" and
 // "api.example.com." passed through unprotected and were charged each time.
 func TestHostPatternsMatchAsDNSNames(t *testing.T) {
+	t.Parallel()
 	for _, pattern := range []string{"POST api.example.com/charges", "POST API.Example.com./charges"} {
 		e := proxytest.New(t, fmt.Sprintf(`
   - name: charges
@@ -76,6 +77,7 @@ func TestHostPatternsMatchAsDNSNames(t *testing.T) {
 // TestRepeatedScopeHeader: two scope values are a 400, never scoped by
 // the first (eve's request in alice's key space, or the reverse).
 func TestRepeatedScopeHeader(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, `
   - name: charges
     match: POST /charges
@@ -94,6 +96,7 @@ func TestRepeatedScopeHeader(t *testing.T) {
 // than zero") keeps nothing, so the corrected request under the same key
 // is charged, not a 422 for the key's whole TTL.
 func TestValidationErrorIsReleased(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, chargesByOrder)
 	proxytest.WantStatus(t, "amount 0", e.Charge(`"ORD-V"`, 0), 400, "")
 	if st := e.State("charges", "", "ORD-V"); st != "" {
@@ -113,6 +116,7 @@ func TestValidationErrorIsReleased(t *testing.T) {
 // is read as the key (a Go upstream decodes it as orderId), not forwarded
 // unprotected on every retry.
 func TestKeyNameInAnotherCase(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, `
   - name: charges
     match: POST /charges
@@ -156,6 +160,7 @@ func (s *syncBuffer) String() string {
 // correct POST /charges is then charged, not answered with that 404 or
 // redirect for 24 h. The access log shows the path as sent.
 func TestRewrittenPathAnswerIsNotKept(t *testing.T) {
+	t.Parallel()
 	for i, raw := range []string{"/charges/", "//charges", "/./charges", "/charges%2F"} {
 		t.Run(raw, func(t *testing.T) {
 			var log syncBuffer
@@ -198,6 +203,7 @@ func TestRewrittenPathAnswerIsNotKept(t *testing.T) {
 // 308 to the request's own path in canonical form still releases it
 // (TestRewrittenPathAnswerIsNotKept).
 func TestRedirectAfterProcessingIsKept(t *testing.T) {
+	t.Parallel()
 	var mu sync.Mutex
 	charged := map[string]int{}
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -279,6 +285,7 @@ func rawExchange(t *testing.T, addr, req string) *http.Response {
 // TestExpectContinueOnce: the client gets exactly one 100 Continue, the
 // proxy's; before, the upstream's was passed on as a second one.
 func TestExpectContinueOnce(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, chargesByOrder)
 	conn, err := net.Dial("tcp", e.Server.Listener.Addr().String())
 	if err != nil {
@@ -341,6 +348,7 @@ func bigCharge(order string, size int) string {
 // a 503 with Retry-After, nothing stored or forwarded, and goes through once
 // the others are done. Bodies of unknown length (chunked) count too.
 func TestBufferedBytesBudget(t *testing.T) {
+	t.Parallel()
 	for _, chunked := range []bool{false, true} {
 		t.Run(fmt.Sprintf("chunked=%v", chunked), func(t *testing.T) {
 			g, up := newHoldGate(t)
@@ -403,6 +411,7 @@ func TestBufferedBytesBudget(t *testing.T) {
 // route's max_body_bytes) refused every chunked request with 503 overloaded,
 // with nothing else buffered.
 func TestChunkedBodyFitsASmallBudget(t *testing.T) {
+	t.Parallel()
 	e := &proxytest.Env{T: t}
 	e.Stub = httptest.NewServer(stub.New(slog.New(slog.DiscardHandler)))
 	t.Cleanup(e.Stub.Close)
@@ -433,6 +442,7 @@ func TestChunkedBodyFitsASmallBudget(t *testing.T) {
 // catch it. The proxy must answer, not die, even on a bare (unguarded)
 // Badger store.
 func TestBrokenStoreDoesNotCrash(t *testing.T) {
+	t.Parallel()
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(201)
 		w.Write(make([]byte, 8<<10)) // stored in Badger's memtable: fills it fast
@@ -478,6 +488,7 @@ func TestBrokenStoreDoesNotCrash(t *testing.T) {
 // sent it, as passthrough does: an upstream that builds absolute URLs from
 // it would otherwise store a Location without the port for the whole TTL.
 func TestForwardedHostAsSent(t *testing.T) {
+	t.Parallel()
 	seen := make(chan string, 10)
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		seen <- r.Header.Get("X-Forwarded-Host")
@@ -535,6 +546,7 @@ func sizedAnswers(t *testing.T, route string, budget int64) (post func(order str
 // is not replayable; the budget is given back when the request ends, so a
 // later answer that fits is stored.
 func TestCapturedAnswersCountInTheBudget(t *testing.T) {
+	t.Parallel()
 	post, _ := sizedAnswers(t, `
     max_body_bytes: 65536
     max_stored_body_bytes: 4194304
@@ -583,6 +595,7 @@ func TestCapturedAnswersCountInTheBudget(t *testing.T) {
 // key's whole TTL (the commit used to fail). An answer just under the
 // limit is replayed.
 func TestAnswerLargerThanBadgerHolds(t *testing.T) {
+	t.Parallel()
 	post, e := sizedAnswers(t, `
     max_stored_body_bytes: 33554432
 `, 0)
@@ -619,6 +632,7 @@ func TestAnswerLargerThanBadgerHolds(t *testing.T) {
 // with a budget of 128 KiB, 20 small answers whose upstream is still
 // sending them, all at the same time, are all stored and replayed.
 func TestSmallAnswersTakeLittleBudget(t *testing.T) {
+	t.Parallel()
 	const n = 20
 	var started sync.WaitGroup
 	started.Add(n)

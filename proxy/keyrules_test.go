@@ -22,6 +22,7 @@ const keyRulesRoutes = `
 // upstream) got the first's answer and was never charged. A key decoders
 // read differently is a 400, never forwarded.
 func TestKeyLoneSurrogateRefused(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, keyRulesRoutes)
 	for _, id := range []string{`"\udc00"`, `"\udc01"`, `"\ud800"`, `"A-\udbff"`, `"\udc00\ud800"`} {
 		a := e.Do("POST", "/charges", `{"orderId": `+id+`, "amount": 5}`)
@@ -53,6 +54,7 @@ func TestKeyLoneSurrogateRefused(t *testing.T) {
 // Python and JavaScript upstreams read one order. Now the second is the
 // first's replay, and so is every other spelling of 4200.
 func TestKeyNumberSpellingsOneKey(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, keyRulesRoutes)
 	first := e.Do("POST", "/charges", `{"orderId": 4200, "amount": 5}`)
 	proxytest.WantStatus(t, "4200", first, 201, "")
@@ -93,6 +95,7 @@ func TestKeyNumberSpellingsOneKey(t *testing.T) {
 // Issue 16: Idempotency-Key: "k-1" then k-1 were two keys and two charges;
 // the IETF draft's header is a Structured Field string. Now one key.
 func TestKeyHeaderStructuredString(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, keyRulesRoutes)
 	first := e.Do("POST", "/orders/H-1/charges", `{"amount": 5}`, "Idempotency-Key", `"k-1"`)
 	proxytest.WantStatus(t, `"k-1"`, first, 201, "")
@@ -129,6 +132,7 @@ func TestKeyHeaderStructuredString(t *testing.T) {
 // it writes its own credential is charged again; never does one client
 // receive another's stored answer.
 func TestKeyScopeHeaderStaysRaw(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, `
   - name: scoped
     match: POST /orders/{orderId}/charges

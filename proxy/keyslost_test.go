@@ -25,6 +25,7 @@ import (
 // request that matches no route passes through. Once the loss is
 // accepted, the enforcing route serves again.
 func TestStoreLostKeys(t *testing.T) {
+	t.Parallel()
 	up := httptest.NewServer(stub.New(slog.New(slog.DiscardHandler)))
 	t.Cleanup(up.Close)
 	st, err := badger.Open(badger.Options{Dir: t.TempDir(), SyncWrites: true})

@@ -12,6 +12,7 @@ import (
 // its keyspace and why, and forwards nothing; another route serves, and a
 // held route in mode: observe forwards. Hold(nil) serves it again.
 func TestHeldRoute(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, `  - name: charges-v2
     match: POST /charges
     key: {json: orderId}
@@ -48,6 +49,7 @@ func TestHeldRoute(t *testing.T) {
 // the keys stored under its old name, and two routes sharing a keyspace
 // replay each other's answers.
 func TestKeyspaceSharedAndKept(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, `  - name: charges
     match: POST /charges
     key: {json: orderId}

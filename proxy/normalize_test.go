@@ -241,6 +241,7 @@ func TestKeyNormalizeTurnedOnKeySpace(t *testing.T) {
 // a key sent in another spelling costs one Get more, for its spelling as
 // sent.
 func TestKeyNormalizeLookupCost(t *testing.T) {
+	t.Parallel()
 	route := "  - name: charges\n    match: POST /charges\n    key: {header: Idempotency-Key%s}\n"
 	gets := func(e *proxytest.Env, key string) uint64 {
 		t.Helper()

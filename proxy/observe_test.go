@@ -28,6 +28,7 @@ func observed(e *proxytest.Env, would proxy.Outcome) int {
 // request, duplicates and mismatches included, and counts what enforce
 // would have answered; a reload to enforce then protects the same keys.
 func TestObserveModeForwardsAndCounts(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, observeRoute)
 	sk := store.Key("charges", "", "O-3")
 	if r, err := e.Store.Reserve(context.Background(), sk, store.Reservation{Token: "busy", Lease: time.Minute, TTL: time.Hour}); err != nil || r != nil {
@@ -86,6 +87,7 @@ func TestObserveModeForwardsAndCounts(t *testing.T) {
 // TestObserveModeForwardsOnStoreFailure: a store failure in observe mode
 // forwards the request and counts it as a store error.
 func TestObserveModeForwardsOnStoreFailure(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, observeRoute)
 	e.Store.Close()
 	proxytest.WantStatus(t, "store closed", e.Charge(`"O-9"`, 5), http.StatusCreated, "")
@@ -100,6 +102,7 @@ func TestObserveModeForwardsOnStoreFailure(t *testing.T) {
 // TestObserveModeCountsDuplicateUnderReject: under duplicate: reject,
 // enforce would have answered a known key with 409 duplicate-request.
 func TestObserveModeCountsDuplicateUnderReject(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, observeRoute+"    duplicate: reject\n")
 	for range 2 {
 		proxytest.WantStatus(t, "charge", e.Charge(`"O-5"`, 5), http.StatusCreated, "")
@@ -118,6 +121,7 @@ func TestObserveModeCountsDuplicateUnderReject(t *testing.T) {
 // docs share one vocabulary; and a would is never the outcome of the
 // observed request itself (unprotected, store_error).
 func TestWouldsAreOutcomes(t *testing.T) {
+	t.Parallel()
 	seen := map[proxy.Outcome]bool{}
 	for _, w := range proxy.Woulds {
 		if !slices.Contains(proxy.Outcomes, w) {

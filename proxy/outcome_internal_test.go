@@ -94,6 +94,7 @@ var threeDigits = regexp.MustCompile(`\b\d{3}\b`)
 // names (commit, release, in_doubt) and the status it answers ("answer
 // 502"; "answer 504 (timeout) or 502": the first for a timeout).
 func TestClassifyIsTheREADMEOutcomeTable(t *testing.T) {
+	t.Parallel()
 	policies, rows := readmeOutcomeTable(t)
 	if want := []string{config.PolicyReserveThenCommit, config.PolicyReleaseOn5xx}; !slices.Equal(policies, want) {
 		t.Fatalf("README outcome table: policy columns %q, want %q", policies, want)
@@ -185,6 +186,7 @@ func TestClassifyIsTheREADMEOutcomeTable(t *testing.T) {
 // the cleaned-form rule, release_statuses, 101 Switching Protocols, and the
 // outcomes that are not in the table.
 func TestClassify(t *testing.T) {
+	t.Parallel()
 	answer := func(status int) upstreamResult { return upstreamResult{kind: answered, status: status} }
 	cleaned := func(status int, toCanonical bool) upstreamResult {
 		return upstreamResult{kind: answered, status: status, cleaned: true, toCanonical: toCanonical}
@@ -236,6 +238,7 @@ func TestClassify(t *testing.T) {
 // TestReleaseSet sweeps statuses over the ways a route sets its release
 // set: which answers release the key, all others being committed.
 func TestReleaseSet(t *testing.T) {
+	t.Parallel()
 	statuses := []int{200, 201, 204, 301, 307, 400, 401, 402, 403, 404, 405, 406, 409, 410, 412, 413, 415, 418, 422, 429, 500, 502, 503, 504, 599}
 	clientErrors := []int{400, 401, 403, 404, 405, 409, 413, 415, 422, 429}
 	tests := []struct {

@@ -10,6 +10,7 @@ import (
 // TestEveryOutcomeIsCounted drives one request to each outcome and checks
 // that exactly the right series of idemproxy_requests_total moved.
 func TestEveryOutcomeIsCounted(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, `
   - name: charges
     match: POST /charges

@@ -82,6 +82,7 @@ func TestTrailingSlashPatternIsProtected(t *testing.T) {
 // decoded form (/orders/A/B/charges, which no route matches), it passed
 // through unprotected and was charged a second time.
 func TestEscapedSlashInWildcardWithTrailingSlashIsProtected(t *testing.T) {
+	t.Parallel()
 	var n atomic.Int32
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == "POST" && strings.TrimSuffix(r.URL.EscapedPath(), "/") == "/orders/A%2FB/charges" {

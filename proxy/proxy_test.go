@@ -42,6 +42,7 @@ func storm(e *proxytest.Env, n int, order string, hdr ...string) []proxytest.Ans
 }
 
 func TestConcurrentDuplicatesChargeOnce(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name       string
 		concurrent string
@@ -100,6 +101,7 @@ func TestConcurrentDuplicatesChargeOnce(t *testing.T) {
 
 // TestConcurrentDistinctKeys: a storm over many keys charges each once.
 func TestConcurrentDistinctKeys(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, chargesByOrder)
 	const orders, copies = 40, 5
 	var wg sync.WaitGroup
@@ -117,6 +119,7 @@ func TestConcurrentDistinctKeys(t *testing.T) {
 }
 
 func TestFingerprintAndKeyCanonicalisation(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, `
   - name: charges
     match: POST /charges
@@ -152,6 +155,7 @@ func TestFingerprintAndKeyCanonicalisation(t *testing.T) {
 // TestNumberAndStringAreOneKey: 1001 and "1001" are the same key; with the
 // fingerprint off (the body differs), the second is a replay.
 func TestNumberAndStringAreOneKey(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, `
   - name: charges
     match: POST /charges
@@ -170,6 +174,7 @@ func TestNumberAndStringAreOneKey(t *testing.T) {
 }
 
 func TestBadInput(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, `
   - name: charges
     match: POST /charges
@@ -240,6 +245,7 @@ func TestChunkedBodyTooLarge(t *testing.T) {
 }
 
 func TestMissingKeyForward(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, `
   - name: charges
     match: POST /charges
@@ -262,6 +268,7 @@ func TestMissingKeyForward(t *testing.T) {
 }
 
 func TestPathAndCompositeKeys(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, `
   - name: by-path
     match: POST /orders/{orderId}/charges
@@ -309,6 +316,7 @@ func TestScopeIsolation(t *testing.T) {
 }
 
 func TestUpstreamDown(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -328,6 +336,7 @@ func TestUpstreamDown(t *testing.T) {
 }
 
 func TestStoreUnavailable(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name, onStoreError string
 		status             int
@@ -363,6 +372,7 @@ func TestStoreUnavailable(t *testing.T) {
 // TestPassthrough: requests that match no route reach the upstream
 // untouched and never touch the store.
 func TestPassthrough(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, chargesByOrder)
 	proxytest.WantStatus(t, "charge", e.Charge(`"ORD-X"`, 3), 201, "")
 	before := storeOps(t, e)
@@ -399,6 +409,7 @@ func storeOps(t *testing.T, e *proxytest.Env) uint64 {
 
 // TestReplayHeaders: a replay carries the allow-listed headers only.
 func TestReplayHeaders(t *testing.T) {
+	t.Parallel()
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Location", "/charges/1")
@@ -433,6 +444,7 @@ func TestReplayHeaders(t *testing.T) {
 // TestAnswerTooLargeToStore: the first client gets the whole answer; a
 // duplicate gets 409, never a second charge.
 func TestAnswerTooLargeToStore(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, `
   - name: charges
     match: POST /charges
@@ -457,6 +469,7 @@ func TestAnswerTooLargeToStore(t *testing.T) {
 // TestClientGivesUp: a client that disconnects while the upstream works
 // does not cancel the charge; its retry gets the answer replayed.
 func TestClientGivesUp(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, chargesByOrder)
 	e.Fault("delay", 1, "400ms")
 	impatient := &http.Client{Timeout: 100 * time.Millisecond}
@@ -476,6 +489,7 @@ func TestClientGivesUp(t *testing.T) {
 
 // TestLeaseRunsOut: a reservation whose lease ran out is in doubt.
 func TestLeaseRunsOut(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, chargesByOrder)
 	ctx := context.Background()
 	key := store.Key("charges", "", "ORD-O")
@@ -492,6 +506,7 @@ func TestLeaseRunsOut(t *testing.T) {
 
 // TestReload: a reload swaps routes atomically.
 func TestReload(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, chargesByOrder)
 	if !e.Proxy.HasRoute("charges") {
 		t.Fatal("route charges missing")
@@ -596,6 +611,7 @@ func TestQueryIsPartOfTheRequest(t *testing.T) {
 // record stored with one (before credentials were refused) replays
 // without it.
 func TestReplayNeverCarriesCredentials(t *testing.T) {
+	t.Parallel()
 	secrets := map[string]string{
 		"Authorization": "Bearer client-a", "X-Api-Key": "key-of-a", "Set-Cookie": "sid=a",
 		"X-Tenant": "tenant-a", "X-Csrf-Token": "csrf-a", "Www-Authenticate": `Bearer realm="a"`,

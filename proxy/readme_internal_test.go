@@ -9,6 +9,7 @@ import (
 // TestREADMEListsEveryStoreOperation: every operation label value of the
 // store metrics is in their row of the Metrics table (docs/operations.md).
 func TestREADMEListsEveryStoreOperation(t *testing.T) {
+	t.Parallel()
 	b, err := os.ReadFile("../docs/operations.md")
 	if err != nil {
 		t.Fatal(err)

@@ -89,6 +89,7 @@ func TestHeadReplayCarriesTheOriginalsLength(t *testing.T) {
 // transport refuses trailers past 4 KiB: an answer with one is broken off,
 // and its key in doubt.
 func TestReplayCarriesTrailers(t *testing.T) {
+	t.Parallel()
 	e := &proxytest.Env{T: t}
 	e.Start(thingsUpstream(t).URL, `
   - name: things
@@ -136,6 +137,7 @@ func TestReplayCarriesTrailers(t *testing.T) {
 // without one, not with the 0 of the stored empty body, which tells the
 // client the resource is empty.
 func TestHeadReplayWithoutLength(t *testing.T) {
+	t.Parallel()
 	e := &proxytest.Env{T: t}
 	e.Start(thingsUpstream(t).URL, `
   - name: things
@@ -160,6 +162,7 @@ func TestHeadReplayWithoutLength(t *testing.T) {
 // max_stored_body_bytes is stored and replayed with its length like any
 // other, not refused 409 response-not-replayable.
 func TestHeadReplayOfALargeResource(t *testing.T) {
+	t.Parallel()
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Length", "104857600")
 		if r.Method != http.MethodHead {

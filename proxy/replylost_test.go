@@ -92,6 +92,7 @@ func lostReplyEnv(t *testing.T, route string, st *lostReplyStore) *proxytest.Env
 // doubt for its whole TTL, for an order that was never sent. The release
 // is retried while the reservation's lease holds.
 func TestReserveWithLostReplyIsReleasedWhenTheStoreComesBack(t *testing.T) {
+	t.Parallel()
 	e := lostReplyEnv(t, `    lease: 30s
     upstream_timeout: 10s
 `, &lostReplyStore{lostReserves: 1, failedReleases: 3})
@@ -110,6 +111,7 @@ func TestReserveWithLostReplyIsReleasedWhenTheStoreComesBack(t *testing.T) {
 // when its lease ends": the client that was refused got 409 for the
 // key's whole TTL.
 func TestRefusedReservationNeverInDoubt(t *testing.T) {
+	t.Parallel()
 	st := &lostReplyStore{lostReserves: 1, failedReleases: 1 << 30}
 	e := lostReplyEnv(t, `    lease: 2s
     upstream_timeout: 1s

@@ -69,6 +69,7 @@ func series(t *testing.T, reg prometheus.Gatherer, name string) map[string]uint6
 // every route keeps its own counters and, from the start, the counters
 // the alerts watch. A reload applies a new value.
 func TestRouteHistograms(t *testing.T) {
+	t.Parallel()
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		w.WriteHeader(201)

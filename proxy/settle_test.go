@@ -63,6 +63,7 @@ func settleEnv(t *testing.T, failures int32) *proxytest.Env {
 // returns only once it is written: the key is completed, and the retry of
 // the request replayed, not charged again.
 func TestWaitWaitsForSettling(t *testing.T) {
+	t.Parallel()
 	e := settleEnv(t, 3)
 	proxytest.WantStatus(t, "the charge whose commit fails", e.Charge(`"ORD-S1"`, 1), 201, "")
 	// Counted once its handler has returned (the client may have its answer
@@ -81,6 +82,7 @@ func TestWaitWaitsForSettling(t *testing.T) {
 // left in flight (in doubt once its lease ends): never released, so its
 // retry is never charged again.
 func TestAbortStopsSettling(t *testing.T) {
+	t.Parallel()
 	e := settleEnv(t, 1<<30)
 	proxytest.WantStatus(t, "the charge whose commit fails", e.Charge(`"ORD-S2"`, 1), 201, "")
 	e.Proxy.Abort()
@@ -99,6 +101,7 @@ func TestAbortStopsSettling(t *testing.T) {
 // then, its charge could no longer be retried into the store, which the
 // program closes once Wait returns.
 func TestWaitRefusesRequestsWhileSettling(t *testing.T) {
+	t.Parallel()
 	e := settleEnv(t, 1<<30)
 	proxytest.WantStatus(t, "the charge whose commit fails", e.Charge(`"ORD-W1"`, 1), 201, "")
 	proxytest.Eventually(t, "the commit is being retried", func() bool {

@@ -65,6 +65,7 @@ func rawCharge(t *testing.T, e *proxytest.Env, key string, rcvbuf int) net.Conn 
 // the key is completed, not in doubt, and a retry gets the whole answer
 // replayed without charging again.
 func TestSlowClientOfAStoredAnswer(t *testing.T) {
+	t.Parallel()
 	calls := 0
 	e := &proxytest.Env{T: t}
 	e.Start(bigUpstream(t, &calls).URL, slowRoutes)
@@ -106,6 +107,7 @@ func (s *pacedReader) Read(p []byte) (int, error) {
 // upstream's whole answer was sent: the key is completed at once (not in
 // doubt at upstream_timeout), and the retry gets the answer replayed.
 func TestClientThatNeverReadsAStoredAnswer(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name   string
 		vanish bool
@@ -138,6 +140,7 @@ func TestClientThatNeverReadsAStoredAnswer(t *testing.T) {
 // response-not-replayable, never a second charge, and the answer is
 // counted by reason.
 func TestAnswerOverTheBudget(t *testing.T) {
+	t.Parallel()
 	calls := 0
 	up := bigUpstream(t, &calls)
 	e := &proxytest.Env{T: t}
@@ -165,6 +168,7 @@ func TestAnswerOverTheBudget(t *testing.T) {
 // a large replay changes nothing: the key stays completed and the next
 // retry gets the whole answer.
 func TestClientThatClosesMidReplay(t *testing.T) {
+	t.Parallel()
 	calls := 0
 	e := &proxytest.Env{T: t}
 	e.Start(bigUpstream(t, &calls).URL, slowRoutes)
@@ -185,6 +189,7 @@ func TestClientThatClosesMidReplay(t *testing.T) {
 // the delivery at once (the answer is committed), so Wait returns well
 // before the route's upstream_timeout (1h here).
 func TestShutdownCutsOffADelivery(t *testing.T) {
+	t.Parallel()
 	calls := 0
 	e := &proxytest.Env{T: t}
 	e.Start(bigUpstream(t, &calls).URL, `

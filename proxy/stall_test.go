@@ -92,7 +92,10 @@ func stallState(t *testing.T, st *redis.Store, key string) store.State {
 }
 
 // stallEnv is a proxy on a real Redis with a short op timeout, in front of
-// the stub behind a gate that holds requests sent with X-Hold.
+// the stub behind a gate that holds requests sent with X-Hold. The tests on
+// it are not parallel: every store call but the frozen ones must fit the
+// 200 ms, and under a CPU hog beside other tests a read after the resume
+// did not.
 func stallEnv(t *testing.T) (*proxytest.Env, *redistest.Server, *redis.Store, *holdGate, *prometheus.Registry) {
 	srv := redistest.Start(t)
 	st, err := redis.New(redis.Options{Addrs: []string{srv.Addr()}, KeyPrefix: "idemproxy:", DialTimeout: time.Second, OpTimeout: 200 * time.Millisecond})

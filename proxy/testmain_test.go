@@ -8,5 +8,7 @@ import (
 
 // TestMain runs the tests under testrun's supervisor: they start redis-
 // server and PostgreSQL, which must not outlive the test binary, even when
-// it is killed.
-func TestMain(m *testing.M) { testrun.Main(m) }
+// it is killed. Most of them wait on their own stub, store and proxy (slow
+// clients, delayed upstreams, timeouts), so up to 4 run at once unless
+// -parallel was given.
+func TestMain(m *testing.M) { testrun.MainParallel(m, 4) }

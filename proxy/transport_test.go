@@ -17,6 +17,7 @@ import (
 // connection that already served a request (a crash / LB reset after the
 // side effect).
 func TestTransportNeverResendsAProtectedRequest(t *testing.T) {
+	t.Parallel()
 	ln, _ := net.Listen("tcp", "127.0.0.1:0")
 	defer ln.Close()
 	var charges, dropped atomic.Int32

@@ -30,6 +30,7 @@ func (c countingConn) Write(p []byte) (int, error) {
 // headers and body go out in one write (one packet, one read upstream),
 // not the two the reverse proxy's own body wrapper would cause.
 func TestBufferedBodyOneWrite(t *testing.T) {
+	t.Parallel()
 	var got atomic.Value
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)

@@ -47,6 +47,7 @@ func upgradeCharge(t *testing.T, e *proxytest.Env, order, upgrade string) *http.
 // printable ASCII cannot be forwarded. That is the client's error, a 400:
 // not a 502 upstream-unreachable counted against the upstream.
 func TestInvalidUpgradeIsABadRequest(t *testing.T) {
+	t.Parallel()
 	e := proxytest.New(t, chargesByOrder)
 	resp := upgradeCharge(t, e, "ORD-U1", "w\xe9bsocket")
 	b, _ := io.ReadAll(resp.Body)
@@ -71,6 +72,7 @@ func TestInvalidUpgradeIsABadRequest(t *testing.T) {
 // connection: the key is in doubt (502 upstream-reset), and the upstream's
 // switched connection must be closed, not left open forever.
 func TestSwitchingProtocolsOnAProtectedRoute(t *testing.T) {
+	t.Parallel()
 	ln, closed := switchingUpstream(t)
 	e := &proxytest.Env{T: t}
 	e.Start("http://"+ln.Addr().String(), chargesByOrder)
@@ -99,6 +101,7 @@ func TestSwitchingProtocolsOnAProtectedRoute(t *testing.T) {
 // leaving a charged key in doubt. Forwarded without it, the answer is
 // stored and replayed.
 func TestUpgradeIsNotAskedOfTheUpstream(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -153,6 +156,7 @@ func TestUpgradeIsNotAskedOfTheUpstream(t *testing.T) {
 // 101 by the upstream, which the route never asked for (it does not pass
 // Upgrade on). The upstream's switched connection must be closed too.
 func TestSwitchingProtocolsUnprotected(t *testing.T) {
+	t.Parallel()
 	ln, closed := switchingUpstream(t)
 	e := &proxytest.Env{T: t}
 	e.Start("http://"+ln.Addr().String(), `

@@ -17,6 +17,7 @@ import (
 // released (429) and C, another request under the same key, takes it and
 // is answered. B must not be given C's answer.
 func TestWaiterIsNotGivenAnotherRequestsAnswer(t *testing.T) {
+	t.Parallel()
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		switch string(b) {
@@ -64,6 +65,7 @@ func TestWaiterIsNotGivenAnotherRequestsAnswer(t *testing.T) {
 // the server sent an empty 200 OK: a success for a charge still in flight,
 // which may yet fail.
 func TestWaiterThatStopsWaitingIsNotToldOK(t *testing.T) {
+	t.Parallel()
 	release := make(chan struct{})
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		<-release

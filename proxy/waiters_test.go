@@ -32,6 +32,7 @@ func (s *countingStore) Get(ctx context.Context, key string) (*store.Record, err
 // the poll sees it settle); when the holder settles, every waiter gets
 // its answer replayed, and the upstream was asked once.
 func TestWaitersOnOneKeyShareOnePoll(t *testing.T) {
+	t.Parallel()
 	for _, holder := range []string{"this replica", "another replica"} {
 		t.Run(holder, func(t *testing.T) { testWaitersShareOnePoll(t, holder == "another replica") })
 	}

@@ -49,6 +49,7 @@ func (l *lostLog) count() int {
 // (503 store-unavailable) and its reservation is released. A route in
 // observe mode tells the loss but forwards.
 func TestWitnessRefusesALostKey(t *testing.T) {
+	t.Parallel()
 	up := httptest.NewServer(stub.New(slog.New(slog.DiscardHandler)))
 	t.Cleanup(up.Close)
 	st, err := badger.Open(badger.Options{Dir: t.TempDir(), SyncWrites: true})

@@ -3,6 +3,7 @@ package reconcile
 import "testing"
 
 func TestLookupURL(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		path, key, want string
 		err             bool

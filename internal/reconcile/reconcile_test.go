@@ -128,6 +128,7 @@ func reconcileUntil(t *testing.T, rec *reconcile.Reconciler, what string, cond f
 // client of the POST expects, not the GET's 200); while in doubt, the 409
 // says when the lookup is scheduled.
 func TestReconcileAppliedBecomesReplayOfTheLookup(t *testing.T) {
+	t.Parallel()
 	g := newGate()
 	e, rec := newReconcileEnv(t, g, reconcileRoute)
 	inDoubtCharged(e, `"R-1"`)
@@ -167,6 +168,7 @@ func TestReconcileAppliedBecomesReplayOfTheLookup(t *testing.T) {
 // TestReconcileAppliedStatusIsTheRoutes: reconcile.applied_status sets
 // the status a reconciled key replays.
 func TestReconcileAppliedStatusIsTheRoutes(t *testing.T) {
+	t.Parallel()
 	g := newGate()
 	e, rec := newReconcileEnv(t, g, strings.Replace(reconcileRoute, "interval: 100ms}", "interval: 100ms, applied_status: 200}", 1))
 	inDoubtCharged(e, `"R-9"`)
@@ -179,6 +181,7 @@ func TestReconcileAppliedStatusIsTheRoutes(t *testing.T) {
 }
 
 func TestReconcileNotAppliedReleasesAndTheRetryIsChargedOnce(t *testing.T) {
+	t.Parallel()
 	g := newGate()
 	e, rec := newReconcileEnv(t, g, reconcileRoute)
 	// A crash: a reservation whose request never reached the upstream, its
@@ -210,6 +213,7 @@ func TestReconcileNotAppliedReleasesAndTheRetryIsChargedOnce(t *testing.T) {
 // reconcile, more than a batch of them, do not keep discovery from
 // finding those of a route that reconciles.
 func TestReconcileDiscoveryIsPerRoute(t *testing.T) {
+	t.Parallel()
 	g := newGate()
 	e := &proxytest.Env{T: t}
 	e.Stub = httptest.NewServer(g)
@@ -259,6 +263,7 @@ func TestReconcileDiscoveryIsPerRoute(t *testing.T) {
 }
 
 func TestReconcileFailingLookupStaysInDoubtAndIsRetried(t *testing.T) {
+	t.Parallel()
 	g := newGate()
 	g.fail.Store(2)
 	e, rec := newReconcileEnv(t, g, reconcileRoute)
@@ -286,6 +291,7 @@ func TestReconcileFailingLookupStaysInDoubtAndIsRetried(t *testing.T) {
 // proxy opened again on the same Badger directory looks the key up when it
 // is due without discovering it anew.
 func TestReconcileScheduleSurvivesRestart(t *testing.T) {
+	t.Parallel()
 	g := newGate()
 	up := httptest.NewServer(g)
 	t.Cleanup(up.Close)
@@ -326,6 +332,7 @@ func TestReconcileScheduleSurvivesRestart(t *testing.T) {
 // TestReconcileTwoReplicasOneRedisSendOneLookup: the lookup lease lets one
 // replica look a key up at a time, even when both are told to at once.
 func TestReconcileTwoReplicasOneRedisSendOneLookup(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	g := newGate()
 	up := httptest.NewServer(g)
@@ -396,6 +403,7 @@ type oneRoute struct{}
 func (oneRoute) RouteScope(name string) (string, bool) { return "", name == "charges" }
 
 func TestAdminReconcileNow(t *testing.T) {
+	t.Parallel()
 	g := newGate()
 	e, rec := newReconcileEnv(t, g, reconcileRoute)
 	h := admin.NewHandler(admin.Options{Store: e.Proxy.Store(), Routes: oneRoute{}, Token: "tok", Reconciler: rec})
@@ -442,6 +450,7 @@ func TestAdminReconcileNow(t *testing.T) {
 // TestReconcileScheduleSurvivesRestartRedis: the same with Redis: a new
 // proxy process (a new client) finds the schedule in Redis.
 func TestReconcileScheduleSurvivesRestartRedis(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	g := newGate()
 	up := httptest.NewServer(g)
@@ -482,6 +491,7 @@ func TestReconcileScheduleSurvivesRestartRedis(t *testing.T) {
 // TestReconcilerRunStopsOnCancel: Run resolves due keys by itself, and
 // returns once its context is cancelled, with no lookup left running.
 func TestReconcilerRunStopsOnCancel(t *testing.T) {
+	t.Parallel()
 	g := newGate()
 	e := &proxytest.Env{T: t}
 	e.Stub = httptest.NewServer(g)
@@ -516,6 +526,7 @@ func TestReconcilerRunStopsOnCancel(t *testing.T) {
 // without reconcile is taken off the schedule, not looked up; a reload
 // that brings reconcile back schedules it again.
 func TestReconcileFollowsReload(t *testing.T) {
+	t.Parallel()
 	g := newGate()
 	other := "  - name: other\n    match: POST /other\n    key: {json: orderId}\n    upstream_timeout: 300ms\n    lease: 500ms\n" +
 		"    reconcile: {lookup: \"GET /orders/{key}/charge\", grace: 600ms, interval: 100ms}\n"
@@ -548,6 +559,7 @@ func TestReconcileFollowsReload(t *testing.T) {
 // that reconciles, passes stop, and the gauge must say 0 rather than keep
 // its last count: an alert on it would fire until the next restart.
 func TestReconcileDueGaugeFollowsReload(t *testing.T) {
+	t.Parallel()
 	g := newGate()
 	g.fail.Store(1 << 20) // every lookup fails: the key stays due
 	e, rec := newReconcileEnv(t, g, reconcileRoute)
@@ -569,6 +581,7 @@ func TestReconcileDueGaugeFollowsReload(t *testing.T) {
 // scan comes in no particular order, a batch full of them must not hide
 // the unscoped orphan that discovery is there to schedule.
 func TestReconcileDiscoveryIsNotStarvedByScopedKeys(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	st, err := redis.New(redis.Options{Addrs: []string{srv.Addr()}, KeyPrefix: "starve:", DialTimeout: time.Second, OpTimeout: 5 * time.Second})
 	if err != nil {

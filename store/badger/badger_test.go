@@ -23,14 +23,17 @@ func open(t testing.TB, dir string) *badger.Store {
 
 // TestConformance runs the store conformance suite, shared with Redis.
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	storetest.Run(t, func(t *testing.T) store.Store { return open(t, t.TempDir()) })
 }
 
 func TestListConformance(t *testing.T) {
+	t.Parallel()
 	storetest.RunList(t, func(t *testing.T) storetest.ListStore { return open(t, t.TempDir()) })
 }
 
 func TestReconcileConformance(t *testing.T) {
+	t.Parallel()
 	storetest.RunReconcile(t, func(t *testing.T) storetest.ReconcileStore { return open(t, t.TempDir()) })
 }
 
@@ -39,6 +42,7 @@ func TestReconcileConformance(t *testing.T) {
 // once, whatever its lease said, keeping its origin; completed records
 // survive.
 func TestReopenTurnsInFlightInDoubt(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	ctx := context.Background()
 	s, err := badger.Open(badger.Options{Dir: dir, SyncWrites: true})
@@ -86,6 +90,7 @@ func TestReopenTurnsInFlightInDoubt(t *testing.T) {
 // TestValueLogGC: garbage collection runs on a store whose large values
 // were overwritten and expired, and the store stays usable.
 func TestValueLogGC(t *testing.T) {
+	t.Parallel()
 	s := open(t, t.TempDir())
 	ctx := context.Background()
 	body := make([]byte, 64<<10) // above the value threshold: lives in the value log

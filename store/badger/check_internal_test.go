@@ -221,6 +221,7 @@ func TestCheckAndQuarantine(t *testing.T) {
 // both reported, each with its segment, offset and sequence number, and
 // the records before the first are counted.
 func TestCheckReportsEveryDamage(t *testing.T) {
+	t.Parallel()
 	recs := syncedRun(1, 40, 0, 100)
 	a, aoffs := segmentOf(1<<13, recs[:20]...)
 	b, boffs := segmentOf(1<<13, recs[20:]...)

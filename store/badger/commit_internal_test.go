@@ -72,6 +72,7 @@ func holdWriterOnce(t *testing.T, s *Store) (release func()) {
 // (the page cache, which is what kill -9 leaves), without the reservation
 // log, opens with the answer.
 func TestCommitReturnsOnceApplied(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s := openInternal(t)
 	mustReserve(t, s, "k", reservation1)
@@ -123,6 +124,7 @@ func TestCommitReturnsOnceApplied(t *testing.T) {
 // batch wait for (it needs none: Options.SyncWrites); a reservation is
 // still answered only once synced.
 func TestCommitDoesNotWaitForTheSync(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s := openInternal(t)
 	mustReserve(t, s, "k", reservation1)
@@ -166,6 +168,7 @@ func TestCommitDoesNotWaitForTheSync(t *testing.T) {
 // error (the proxy's settler retries it) and leaves nothing completed
 // anywhere: never an answer that only this process's memory holds.
 func TestCommitOfAFailedBatchFails(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s := openInternal(t)
 	mustReserve(t, s, "k", reservation1)
@@ -190,6 +193,7 @@ func TestCommitOfAFailedBatchFails(t *testing.T) {
 // A commit by a token that does not own the key fails; an operator's
 // release queued after a commit wins.
 func TestCommitOwnership(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s := openInternal(t)
 	mustReserve(t, s, "k", reservation1)
@@ -235,6 +239,7 @@ func TestCommitOwnership(t *testing.T) {
 // whose retry (the proxy's settler) writes it on the store the Guard
 // reopened, within the lease.
 func TestGuardCommitRetriedOnTheReopenedStore(t *testing.T) {
+	t.Parallel()
 	g := openGuardInternal(t)
 	ctx := context.Background()
 	const key = "pay/-/k1"

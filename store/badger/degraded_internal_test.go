@@ -288,6 +288,7 @@ func storeFiles(t *testing.T, dir string) map[string]int64 {
 // TestOpenGuardedRefusesInvalidOptions: options that are wrong whatever the
 // files hold are still an error, not a broken Guard.
 func TestOpenGuardedRefusesInvalidOptions(t *testing.T) {
+	t.Parallel()
 	for _, o := range []Options{{}, {Dir: t.TempDir(), GCInterval: -time.Second}} {
 		if g, err := OpenGuarded(o, GuardOptions{}); err == nil {
 			g.Close()
@@ -302,6 +303,7 @@ func TestOpenGuardedRefusesInvalidOptions(t *testing.T) {
 // start that opened at first, not kept in flight for their lease as a
 // reopen after a fault keeps this process's own.
 func TestFailedStartTurnsOrphansInDoubt(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s, err := Open(Options{Dir: dir, SyncWrites: true})
 	if err != nil {
@@ -338,6 +340,7 @@ func TestFailedStartTurnsOrphansInDoubt(t *testing.T) {
 // unchanged store is not opened (tables mapped, logs read) every second
 // for as long as nobody repairs it.
 func TestOpenRetryWaitsForAChange(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	closedWithRecords(t, dir, 3)
 	flipFile(t, filepath.Join(dir, "MANIFEST"), -3)
@@ -371,6 +374,7 @@ func TestOpenRetryWaitsForAChange(t *testing.T) {
 // aside log segments says so, with their count: the reservations they
 // held are not in the store.
 func TestStartNotesAQuarantine(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	q := filepath.Join(dir, quarantineDirName, "20261203T170000Z")
 	if err := os.MkdirAll(q, 0o700); err != nil {
@@ -412,6 +416,7 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 // every second, not after a growing delay: its release does not show in
 // the files.
 func TestGuardOpensOnceTheDirectoryIsReleased(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	closedWithRecords(t, dir, 1)
 	unlock, err := LockDir(dir, 0)

@@ -19,6 +19,7 @@ import (
 // alone fails once, "Create a new file", and leaks that attempt), and its
 // keys are there.
 func TestOpenWithEmptyMemtableLog(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	closedWithCommittedKey(t, dir)
 	if err := os.WriteFile(filepath.Join(dir, "00099.mem"), nil, 0o644); err != nil {
@@ -39,6 +40,7 @@ func TestOpenWithEmptyMemtableLog(t *testing.T) {
 // (created, never synced) is left empty. The store opens on the first try
 // (Badger alone fails once, "Create a new file"), and its keys are there.
 func TestOpenWithEmptyValueLog(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	closedWithCommittedKey(t, dir)
 	if err := os.WriteFile(filepath.Join(dir, "000099.vlog"), nil, 0o644); err != nil {
@@ -59,6 +61,7 @@ func TestOpenWithEmptyValueLog(t *testing.T) {
 // store is open, so that Badger's appends to it take no new blocks and
 // cannot be torn by a full disk.
 func TestManifestRoom(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s, err := Open(Options{Dir: dir})
 	if err != nil {
@@ -80,6 +83,7 @@ func TestManifestRoom(t *testing.T) {
 // ready, instead of an error that would end the process at start, and
 // the store opens once there is room.
 func TestOpenGuardedWithoutRoom(t *testing.T) {
+	t.Parallel()
 	mnt := t.TempDir()
 	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", mnt).CombinedOutput(); err != nil {
 		t.Fatalf("this test mounts a tmpfs (run as root): %v: %s", err, out)

@@ -14,6 +14,7 @@ import (
 )
 
 func TestEpochConformance(t *testing.T) {
+	t.Parallel()
 	storetest.RunEpoch(t, func(t *testing.T) storetest.EpochStore { return open(t, t.TempDir()) })
 	t.Run("guarded", func(t *testing.T) {
 		storetest.RunEpoch(t, func(t *testing.T) storetest.EpochStore {
@@ -23,6 +24,7 @@ func TestEpochConformance(t *testing.T) {
 }
 
 func TestKeyspaceConformance(t *testing.T) {
+	t.Parallel()
 	storetest.RunKeyspaces(t, func(t *testing.T) storetest.KeyspaceStore { return open(t, t.TempDir()) })
 	t.Run("guarded", func(t *testing.T) {
 		storetest.RunKeyspaces(t, func(t *testing.T) storetest.KeyspaceStore {
@@ -34,6 +36,7 @@ func TestKeyspaceConformance(t *testing.T) {
 // TestEpochSurvivesARestart: a normal restart keeps the marker (no false
 // alarm); a directory of its own starts without one.
 func TestEpochSurvivesARestart(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	dir := t.TempDir()
 	s, err := badger.Open(badger.Options{Dir: dir, SyncWrites: true})
@@ -62,6 +65,7 @@ func TestEpochSurvivesARestart(t *testing.T) {
 // reservation (with ExpectEpoch), and once the Guard has reopened the
 // store in the new directory, its marker is gone.
 func TestGuardSeesItsDirectoryReplaced(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	dir := filepath.Join(t.TempDir(), "data")
 	g := openGuarded(t, dir, badger.GuardOptions{})
@@ -110,6 +114,7 @@ func TestGuardSeesItsDirectoryReplaced(t *testing.T) {
 // the next reservation read it: one for a marker no longer trusted is
 // refused.
 func TestReservationSeesASwappedMarker(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	g := openGuarded(t, filepath.Join(t.TempDir(), "data"), badger.GuardOptions{})
 	if _, ok, err := g.SwapEpoch(ctx, "", store.Epoch{ID: "e1", State: store.EpochEstablished, Gen: 1, CreatedAt: time.Now()}); err != nil || !ok {

@@ -17,6 +17,7 @@ import (
 // value), is answered as it is and leaves the store open; a fault of
 // Badger's reopens it.
 func TestOnlyFaultsReopenTheStore(t *testing.T) {
+	t.Parallel()
 	errClientGone := errors.New("proxy: the client went away") // wraps no context error
 	errTooLarge := errors.New("value too large")
 	for _, tc := range []struct {

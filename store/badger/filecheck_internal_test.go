@@ -16,6 +16,7 @@ import (
 // files but no MANIFEST (and no tables: a copy that skipped them too) is
 // refused, like one with tables, and nothing is deleted.
 func TestOpenRefusesValueLogWithoutManifest(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	closedWithRecords(t, dir, 3)
 	for _, pat := range []string{"MANIFEST", "*.sst"} {
@@ -117,6 +118,7 @@ func TestCheckFiles(t *testing.T) {
 // store is closed the lock is taken, and keeps a store from opening until
 // it is released.
 func TestCheckFilesInUse(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s, err := Open(Options{Dir: dir})
 	if err != nil {
@@ -156,6 +158,7 @@ func TestCheckFilesInUse(t *testing.T) {
 // process died at every start. Open refuses it with an error naming the
 // table, so that the Guard starts degraded, and CheckFiles reports it.
 func TestOpenRefusesDamagedTable(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name   string
 		damage func(t *testing.T, table string)

@@ -31,6 +31,7 @@ import (
 // space lets the store serve again. A restart on the full disk waits for
 // space instead of failing.
 func TestGuardFullDisk(t *testing.T) {
+	t.Parallel()
 	mnt := t.TempDir()
 	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=96m", "tmpfs", mnt).CombinedOutput(); err != nil {
 		t.Fatalf("this test needs to mount a tmpfs (run as root): %v: %s", err, out)

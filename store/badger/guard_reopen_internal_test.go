@@ -39,6 +39,7 @@ func openGuardInternal(t *testing.T) *Guard {
 // doubt (which a forced admin lookup could then release while the upstream
 // is charging): they stay in flight and their owners can commit them.
 func TestReopenKeepsLiveReservations(t *testing.T) {
+	t.Parallel()
 	g := openGuardInternal(t)
 	ctx := context.Background()
 	const key = "pay/-/k1"
@@ -67,6 +68,7 @@ func TestReopenKeepsLiveReservations(t *testing.T) {
 // problem: the reconciler's pass over it, and a Get of it, must not mark
 // the whole store broken (every protected request a 503).
 func TestCorruptRecordIsNotAStoreFault(t *testing.T) {
+	t.Parallel()
 	g := openGuardInternal(t)
 	ctx := context.Background()
 	k := []byte("pay/-/bad")
@@ -103,6 +105,7 @@ func TestCorruptRecordIsNotAStoreFault(t *testing.T) {
 // once and they fail fast. The failed store is closed only once the stuck
 // operation has returned, so what it wrote is not lost to the reopen.
 func TestReopenNotHeldBySlowOperation(t *testing.T) {
+	t.Parallel()
 	g := openGuardInternal(t)
 	ctx := context.Background()
 	old := g.cur
@@ -155,6 +158,7 @@ func TestReopenNotHeldBySlowOperation(t *testing.T) {
 // never opened: below the floor at start) answers every method without
 // touching a store: RunGC and Sizes do nothing, operations fail.
 func TestBrokenGuardDoesNothing(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		name string
 		open func(t *testing.T) *Guard
@@ -199,6 +203,7 @@ func TestBrokenGuardDoesNothing(t *testing.T) {
 // the key would read in flight and then in doubt for its whole TTL after
 // the restart.
 func TestGuardCloseReleasesAStalledReservation(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	g, err := OpenGuarded(Options{Dir: dir}, GuardOptions{})
 	if err != nil {

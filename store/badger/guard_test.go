@@ -40,6 +40,7 @@ func openGuarded(t testing.TB, dir string, g badger.GuardOptions) *badger.Guard 
 
 // TestGuardConformance: the guard is a store like any other.
 func TestGuardConformance(t *testing.T) {
+	t.Parallel()
 	storetest.Run(t, func(t *testing.T) store.Store { return openGuarded(t, t.TempDir(), badger.GuardOptions{}) })
 	storetest.RunReconcile(t, func(t *testing.T) storetest.ReconcileStore {
 		return openGuarded(t, t.TempDir(), badger.GuardOptions{})
@@ -116,6 +117,7 @@ func writeUntilFailing(ctx context.Context, s *badger.Guard) int {
 // and Ping fails, while the commit of a request already forwarded goes
 // through; when space is back the store serves again.
 func TestGuardFloor(t *testing.T) {
+	t.Parallel()
 	var free atomic.Uint64
 	free.Store(1 << 30)
 	s := openGuarded(t, t.TempDir(), badger.GuardOptions{

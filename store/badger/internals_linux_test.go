@@ -82,6 +82,7 @@ func syncChild(dir string) int {
 
 // 11.
 func TestBadgerSyncCoversEveryCommit(t *testing.T) {
+	t.Parallel()
 	disk := filepath.Join(t.TempDir(), "disk")
 	if err := os.MkdirAll(filepath.Join(disk, "db"), 0o700); err != nil {
 		t.Fatal(err)
@@ -129,6 +130,7 @@ func allocated(t *testing.T, path string) int64 {
 
 // 4.
 func TestBadgerSizesItsMappedFiles(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	opts := storeOptions(t, dir)
 	if err := createDiscardStats(dir); err != nil {

@@ -213,6 +213,7 @@ var (
 
 // 1.
 func TestBadgerFileNames(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s, err := Open(Options{Dir: dir, SyncWrites: true})
 	if err != nil {
@@ -250,6 +251,7 @@ func TestBadgerFileNames(t *testing.T) {
 
 // 2.
 func TestBadgerLocksItsDirectory(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	openRaw(t, storeOptions(t, dir))
 	db, err := bdg.Open(storeOptions(t, dir))
@@ -266,6 +268,7 @@ func TestBadgerLocksItsDirectory(t *testing.T) {
 
 // 3.
 func TestBadgerCommitIsInItsFilesUnsynced(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	db := openRaw(t, storeOptions(t, dir)) // SyncWrites off, as Open sets it
 	set(t, db, []byte("big"), big)
@@ -284,6 +287,7 @@ func TestBadgerCommitIsInItsFilesUnsynced(t *testing.T) {
 
 // 5.
 func TestBadgerTableFooter(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	db := openRaw(t, storeOptions(t, dir))
 	for i := range 100 {
@@ -322,6 +326,7 @@ func TestBadgerTableFooter(t *testing.T) {
 
 // 6.
 func TestBadgerCompactionDropsAFailedTable(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	opts := storeOptions(t, dir).WithNumCompactors(0)
 	db := openRaw(t, opts.WithCompactL0OnClose(false))
@@ -370,6 +375,7 @@ func TestBadgerCompactionDropsAFailedTable(t *testing.T) {
 
 // 7.
 func TestBadgerWithoutManifestDeletesTables(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	opts := storeOptions(t, dir)
 	db := openRaw(t, opts)
@@ -398,6 +404,7 @@ func TestBadgerWithoutManifestDeletesTables(t *testing.T) {
 
 // 8.
 func TestBadgerEmptyMemtableLogFailsOpen(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	opts := storeOptions(t, dir)
 	db := openRaw(t, opts)
@@ -417,6 +424,7 @@ func TestBadgerEmptyMemtableLogFailsOpen(t *testing.T) {
 
 // 9.
 func TestBadgerAppendsToItsManifest(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	db := openRaw(t, storeOptions(t, dir).WithCompactL0OnClose(false))
 	path := filepath.Join(dir, "MANIFEST")
@@ -439,6 +447,7 @@ func TestBadgerAppendsToItsManifest(t *testing.T) {
 
 // 10.
 func TestBadgerValueLogGC(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	opts := storeOptions(t, dir).WithValueLogFileSize(1 << 20).WithCompactL0OnClose(true)
 	value := make([]byte, 64<<10)
@@ -496,6 +505,7 @@ func valueOf(t *testing.T, db *bdg.DB, k string) []byte { return value(t, db, []
 
 // 12.
 func TestBadgerNoConflictDetection(t *testing.T) {
+	t.Parallel()
 	db := openRaw(t, storeOptions(t, t.TempDir()))
 	k := []byte("k")
 	t1, t2 := db.NewTransaction(true), db.NewTransaction(true)
@@ -519,6 +529,7 @@ func TestBadgerNoConflictDetection(t *testing.T) {
 
 // 13.
 func TestBadgerSizeWithoutMetrics(t *testing.T) {
+	t.Parallel()
 	db := openRaw(t, storeOptions(t, t.TempDir()))
 	set(t, db, []byte("big"), big)
 	if lsm, vlog := db.Size(); lsm != 0 || vlog != 0 {
@@ -528,6 +539,7 @@ func TestBadgerSizeWithoutMetrics(t *testing.T) {
 
 // 14.
 func TestBadgerExpiryAndUserMeta(t *testing.T) {
+	t.Parallel()
 	db := openRaw(t, storeOptions(t, t.TempDir()))
 	now := uint64(time.Now().Unix())
 	err := db.Update(func(txn *bdg.Txn) error {

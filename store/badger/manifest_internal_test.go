@@ -16,6 +16,7 @@ import (
 // would open it as a new store and delete them: every key forgotten, and
 // every retry charged again. Open must refuse, saying why.
 func TestOpenRefusesTablesWithoutManifest(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	closedWithCommittedKey(t, dir) // Close flushes the memtable into a table
 	ctx := context.Background()

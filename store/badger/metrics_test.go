@@ -38,6 +38,7 @@ func gauges(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 // open store), and without a store they are registered all the same,
 // reading zero, for listing them.
 func TestRegisterMetrics(t *testing.T) {
+	t.Parallel()
 	var free atomic.Uint64
 	free.Store(10 << 20)
 	s := openGuarded(t, t.TempDir(), badger.GuardOptions{

@@ -13,6 +13,7 @@ import (
 // does): an Options it cannot use is refused with an error that names the
 // field, and nothing is created.
 func TestOpenOptions(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name    string
 		opts    func(dir string) badger.Options

@@ -14,6 +14,7 @@ import (
 // origins wrote (their bytes by hand: no origin field) are read, committed
 // and marked in doubt by this one, with an empty Origin.
 func TestRecordsOfThePreviousReleaseHaveNoOrigin(t *testing.T) {
+	t.Parallel()
 	s, err := Open(Options{Dir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)

@@ -53,6 +53,7 @@ func copyFile(t *testing.T, src, dst string) {
 // log's page was not. The answer must come back from the log (a replay
 // that skipped the commit, as Badger "held" it, lost it: 503 for its TTL).
 func TestPowerCutValueLogBehindTreeKeepsSyncedAnswer(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s, err := Open(Options{Dir: dir, SyncWrites: true, checkpointEvery: -1})
 	if err != nil {
@@ -132,6 +133,7 @@ func TestPowerCutValueLogBehindTreeKeepsSyncedAnswer(t *testing.T) {
 // (Badger retries the flush every second); the full memtable's log as the
 // disk has it is a copy taken before its last writes.
 func TestPowerCutOlderMemtableTailKeepsSyncedReservation(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s, err := Open(Options{Dir: dir, SyncWrites: true, checkpointEvery: -1})
 	if err != nil {
@@ -211,6 +213,7 @@ func TestPowerCutOlderMemtableTailKeepsSyncedReservation(t *testing.T) {
 // writes go to a file nobody will find (not synced by checkpoints, gone
 // at the next open). Open must leave a directory in use alone.
 func TestOpenOfStoreInUseRemovesNoFile(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s, err := Open(Options{Dir: dir, SyncWrites: true, checkpointEvery: -1})
 	if err != nil {
@@ -393,6 +396,7 @@ func TestUnfinishedQuarantineRefusesOpen(t *testing.T) {
 // surviving, leaves the flushed table: the answer the value log lost must
 // come back from the log.
 func TestPowerCutFlushedTableAheadOfValueLog(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s, err := Open(Options{Dir: dir, SyncWrites: true, checkpointEvery: -1, noCompactions: true})
 	if err != nil {

@@ -64,6 +64,7 @@ func reserveChild(dir string) int {
 // and every retry was forwarded again; and a value-log file left at length
 // zero made the first open fail.
 func TestAcknowledgedReservationsSurviveAPowerCut(t *testing.T) {
+	t.Parallel()
 	disk := filepath.Join(t.TempDir(), "disk")
 	if err := os.MkdirAll(disk, 0o700); err != nil {
 		t.Fatal(err)

@@ -17,6 +17,7 @@ import (
 // among the reservations now in doubt nor turns it in doubt, while a
 // request's reservation is both.
 func TestRestartLeavesProbeReservationsAlone(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s, err := badger.Open(badger.Options{Dir: dir, SyncWrites: true})
 	if err != nil {

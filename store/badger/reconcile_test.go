@@ -18,6 +18,7 @@ import (
 // again at the next pass) and stopped every lookup until the entries
 // expired.
 func TestManyStaleLookupsDoNotBreakTheStore(t *testing.T) {
+	t.Parallel()
 	g := openGuarded(t, t.TempDir(), badger.GuardOptions{})
 	ctx := context.Background()
 	const n = 3000

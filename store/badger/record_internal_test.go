@@ -40,6 +40,7 @@ var recordCases = []struct {
 
 // TestRecordRoundTrip: every record decodes to what was encoded.
 func TestRecordRoundTrip(t *testing.T) {
+	t.Parallel()
 	for _, tt := range recordCases {
 		t.Run(tt.name, func(t *testing.T) {
 			v, err := tt.rec.marshal()
@@ -67,6 +68,7 @@ func TestRecordRoundTrip(t *testing.T) {
 // TestRecordReadsLegacyJSON: records written as JSON by earlier releases
 // are still read, so an upgrade loses no key.
 func TestRecordReadsLegacyJSON(t *testing.T) {
+	t.Parallel()
 	for _, tt := range recordCases {
 		t.Run(tt.name, func(t *testing.T) {
 			js, err := json.Marshal(legacyOf(tt.rec))
@@ -94,6 +96,7 @@ func TestRecordReadsLegacyJSON(t *testing.T) {
 // TestRecordReadsLegacyJSONFixture: a record exactly as an earlier release
 // wrote it in JSON decodes to the record it meant.
 func TestRecordReadsLegacyJSONFixture(t *testing.T) {
+	t.Parallel()
 	const js = `{"st":"completed","tok":"t1","fp":"fp1","cr":1764583200000,` +
 		`"resp":{"status":201,"header":{"Content-Type":["application/json"]},"body":"eyJpZCI6MX0=","body_stored":true}}`
 	want := record{State: store.StateCompleted, Token: "t1", Fingerprint: "fp1", CreatedAt: 1764583200000,
@@ -124,6 +127,7 @@ func legacyOf(rec record) legacyRecord {
 // trailers. (An older release skips the trailers' tag, as any unknown one:
 // TestRecordSkipsUnknownFields.)
 func TestRecordWithoutTrailers(t *testing.T) {
+	t.Parallel()
 	b, err := os.ReadFile("testdata/record-v1-before-trailers.hex")
 	if err != nil {
 		t.Fatal(err)
@@ -151,6 +155,7 @@ func TestRecordWithoutTrailers(t *testing.T) {
 // byte as the releases before origins wrote it (so they read each other's
 // records), and an origin adds its length and two bytes, no more.
 func TestRecordOriginCosts(t *testing.T) {
+	t.Parallel()
 	// An in-flight record as the release before origins encoded it:
 	// version, state, token, fingerprint, created, lease end.
 	previous := []byte{recordVersion,
@@ -181,6 +186,7 @@ func TestRecordOriginCosts(t *testing.T) {
 // TestRecordSkipsUnknownFields: a field added by a newer release is
 // skipped, so that a rollback still reads the records.
 func TestRecordSkipsUnknownFields(t *testing.T) {
+	t.Parallel()
 	rec := recordCases[2].rec
 	v, err := rec.marshal()
 	if err != nil {
@@ -200,6 +206,7 @@ func TestRecordSkipsUnknownFields(t *testing.T) {
 // TestRecordRejectsCorruption: truncations and bad values are errors, never
 // a panic or a record read wrong.
 func TestRecordRejectsCorruption(t *testing.T) {
+	t.Parallel()
 	good, err := recordCases[2].rec.marshal()
 	if err != nil {
 		t.Fatal(err)
@@ -323,6 +330,7 @@ func normal(rec record) record {
 // encoding. A field added to record without a tag in marshal and
 // unmarshal fails here instead of being silently dropped on disk.
 func TestRecordEncodesEveryField(t *testing.T) {
+	t.Parallel()
 	var rec record
 	v := reflect.ValueOf(&rec).Elem()
 	for i := range v.NumField() {

@@ -22,6 +22,7 @@ import (
 // must fail, and Close end, and the store open again once the file can be
 // created, with what was committed before.
 func TestCheckpointAfterAFailedRotation(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	opts := Options{Dir: dir, SyncWrites: true, checkpointEvery: -1}
 	s, err := Open(opts)
@@ -71,6 +72,7 @@ func TestCheckpointAfterAFailedRotation(t *testing.T) {
 // fail (TestGCAfterFailedRotation: without ending the process), and Close
 // end.
 func TestValueLogGCAfterAFailedRotation(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	opts := Options{Dir: dir, SyncWrites: false, checkpointEvery: -1}
 	s, err := Open(opts)

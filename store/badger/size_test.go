@@ -39,6 +39,7 @@ func filesSize(t *testing.T, dir, suffix string) int64 {
 // .sst and .vlog files in the data directory, not Badger's metrics (off,
 // so they read 0).
 func TestSizesMeasureTheDataDirectory(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	ctx := context.Background()
 	s, err := badger.Open(badger.Options{Dir: dir})

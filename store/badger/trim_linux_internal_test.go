@@ -96,6 +96,7 @@ func residentTables(t *testing.T, dir string) int64 {
 // each one starts in) resident, whether the kernel takes every range in
 // one process_madvise or each in a madvise of its own.
 func TestTrimKeepsOnlyIndexesResident(t *testing.T) {
+	t.Parallel()
 	for _, batched := range []bool{true, false} {
 		t.Run(fmt.Sprintf("batched=%v", batched), func(t *testing.T) { testTrimKeepsOnlyIndexesResident(t, batched) })
 	}
@@ -184,6 +185,7 @@ func testTrimKeepsOnlyIndexesResident(t *testing.T, batched bool) {
 // as zeros: its index offset is an error (not cached), not the end of the
 // file, which would page out the index and bloom filter on every trim.
 func TestIndexOffsetOfUnwrittenTable(t *testing.T) {
+	t.Parallel()
 	p := filepath.Join(t.TempDir(), "000001.sst")
 	if err := os.WriteFile(p, make([]byte, 512<<10), 0o600); err != nil {
 		t.Fatal(err)
@@ -198,6 +200,7 @@ func TestIndexOffsetOfUnwrittenTable(t *testing.T) {
 // ranges after it are still paged out, in one process_madvise or one by
 // one.
 func TestTrimSkipsUnmappedRanges(t *testing.T) {
+	t.Parallel()
 	page := os.Getpagesize()
 	for _, batched := range []bool{true, false} {
 		t.Run(fmt.Sprintf("batched=%v", batched), func(t *testing.T) {

@@ -63,6 +63,7 @@ func scanKeys(t *testing.T, data []byte, seq uint64) (keys []string, why walStop
 }
 
 func TestWALRecordRoundTrip(t *testing.T) {
+	t.Parallel()
 	big := bytes.Repeat([]byte("x"), 70000)
 	want := []walEntry{
 		{kind: walSet, key: []byte("pay/-/k1"), val: []byte("v1"), meta: metaCompleted, expiresAt: 1234567},
@@ -96,6 +97,7 @@ func TestWALRecordRoundTrip(t *testing.T) {
 // TestWALTornTail: a segment cut, zeroed or damaged anywhere in its last
 // record reads as the records before it, stopping there.
 func TestWALTornTail(t *testing.T) {
+	t.Parallel()
 	keys := []string{"k0", "k1", "k2", "k3"}
 	full, offs := testSegment(4096, 7, keys...)
 	last, end := offs[len(keys)-1], offs[len(keys)]
@@ -134,6 +136,7 @@ func TestWALTornTail(t *testing.T) {
 }
 
 func TestWALScanStops(t *testing.T) {
+	t.Parallel()
 	full, offs := testSegment(4096, 1, "a", "b", "c")
 	tests := []struct {
 		name     string
@@ -193,6 +196,7 @@ func writeSegments(t *testing.T, dir string, segs ...[]byte) {
 // the store on open (a set, its later delete, an expired set), and is
 // empty afterwards.
 func TestOpenReplaysLog(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	closedWithCommittedKey(t, dir) // pay/-/k1, completed, in Badger
 	future := uint64(time.Now().Add(time.Hour).Unix())
@@ -250,6 +254,7 @@ func TestOpenReplaysLog(t *testing.T) {
 // later segment holds records lost synced writes: Open refuses, naming the
 // segment, and leaves the log as it was.
 func TestOpenRefusesDamagedLog(t *testing.T) {
+	t.Parallel()
 	seg0, offs := testSegment(4096, 1, "a", "b", "c")
 	seg1, _ := testSegment(4096, 4, "d")
 	gap, _ := testSegment(4096, 9, "z")
@@ -317,6 +322,7 @@ func copyFiles(t *testing.T, src, dst string) {
 // Badger's older files), reservations come back in doubt, commits and
 // in-doubt marks are there.
 func TestBadgerLostUnsyncedWrites(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	// No background checkpoints: the test decides what Badger has synced.
 	s, err := Open(Options{Dir: dir, SyncWrites: true, checkpointEvery: -1})
@@ -430,6 +436,7 @@ func desc(r *store.Record) string {
 // a failed sync), and every later write fails too, as the log's tail is
 // unknown; reopened, the store serves again with what was written.
 func TestWALFailureFailsBatchAndBreaksLog(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s, err := Open(Options{Dir: dir, SyncWrites: true})
 	if err != nil {
@@ -467,6 +474,7 @@ func TestWALFailureFailsBatchAndBreaksLog(t *testing.T) {
 // and the store reopens with its keys whether or not the log was
 // checkpointed.
 func TestCheckpointEmptiesLog(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s, err := Open(Options{Dir: dir, SyncWrites: true})
 	if err != nil {

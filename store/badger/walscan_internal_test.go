@@ -109,6 +109,7 @@ func openKeys(t *testing.T, dir string, keys []string) (present []string, err er
 // records surviving (the kernel writes pages back in any order), is a
 // torn tail: the store opens with the records before it.
 func TestDamageToldFromTornTail(t *testing.T) {
+	t.Parallel()
 	const page = 4096
 	synced := syncedRun(1, 40, 0, 300)     // each synced before the next
 	unsynced := syncedRun(41, 60, 40, 300) // after the last sync
@@ -237,6 +238,7 @@ func TestDamageToldFromTornTail(t *testing.T) {
 // records' tail torn over them or not: no damage, the new records replay.
 // A spare recycled segment after the log holds only leftovers.
 func TestRecycledLeftoversAreNoDamage(t *testing.T) {
+	t.Parallel()
 	old, oldOffs := segmentOf(1<<14, syncedRun(1, 30, 0, 200)...)
 	newRecs := syncedRun(100, 104, 0, 150)
 	tests := []struct {
@@ -296,6 +298,7 @@ func TestRecycledLeftoversAreNoDamage(t *testing.T) {
 // durable mark) still replays, torn tail and all, and damage before a
 // later segment is still refused.
 func TestPreviousFormatLogReplays(t *testing.T) {
+	t.Parallel()
 	var recs [][]byte
 	for i := uint64(1); i <= 10; i++ {
 		recs = append(recs, prevFormatRecord(i, fmt.Sprintf("pay/-/k%d", i)))
@@ -334,6 +337,7 @@ func TestPreviousFormatLogReplays(t *testing.T) {
 // byte-by-byte search after a torn record, such a frame proves nothing
 // unless its sequence number could be there.
 func TestForgedFrameInsideAnswerIsNoProof(t *testing.T) {
+	t.Parallel()
 	forged := markedRecord(1<<40, 1<<40-1, "pay/-/forged", 10)
 	var r walRecorder
 	r.reset()
@@ -358,6 +362,7 @@ func TestForgedFrameInsideAnswerIsNoProof(t *testing.T) {
 // a commit's record after the last reservation is not, and flipped it is
 // a torn tail.
 func TestLogMarksWhatWasSynced(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s, err := Open(Options{Dir: dir, SyncWrites: true, checkpointEvery: -1})
 	if err != nil {

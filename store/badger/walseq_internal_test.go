@@ -47,6 +47,7 @@ func crashCopy(t *testing.T, badgerFiles, logDir string) string {
 // Badger lost), so the reservation comes back, in doubt: never forwarded
 // again, as the docs allow for a release no sync covered.
 func TestBadgerAheadOfLog(t *testing.T) {
+	t.Parallel()
 	for _, end := range []string{"commit", "release"} {
 		t.Run(end, func(t *testing.T) {
 			dir := t.TempDir()
@@ -171,6 +172,7 @@ func TestSequenceGoesOnAcrossOpens(t *testing.T) {
 // Badger's, is never listed, scheduled or turned in doubt, and survives
 // the in-flight scan at open.
 func TestAppliedKeyIsNoRecord(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	s, err := Open(Options{Dir: dir, SyncWrites: true})
 	if err != nil {

@@ -80,6 +80,7 @@ func countCommits(s *Store) *int {
 // are applied in one transaction see each other: exactly one wins, the
 // others get its in-flight record, and they share one commit.
 func TestOneKeyReservedOnceInOneBatch(t *testing.T) {
+	t.Parallel()
 	for _, n := range []int{2, 16, maxBatchOps - 1} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
 			s := openInternal(t)
@@ -131,6 +132,7 @@ func TestOneKeyReservedOnceInOneBatch(t *testing.T) {
 // caller in it gets the error and none of their writes is stored; the
 // next batch works again.
 func TestFailedBatchFailsEveryCaller(t *testing.T) {
+	t.Parallel()
 	s := openInternal(t)
 	release := holdWriter(t, s)
 	const n = 8
@@ -173,6 +175,7 @@ func TestFailedBatchFailsEveryCaller(t *testing.T) {
 // fails gets its own error, its writes are not committed, and the other
 // closures of its batch succeed.
 func TestFailingClosureFailsOnlyItsCaller(t *testing.T) {
+	t.Parallel()
 	s := openInternal(t)
 	release := holdWriter(t, s)
 	bad := errors.New("bad closure")
@@ -224,6 +227,7 @@ func TestFailingClosureFailsOnlyItsCaller(t *testing.T) {
 // transaction size is split over several transactions, and every write
 // lands.
 func TestBatchLargerThanATransaction(t *testing.T) {
+	t.Parallel()
 	s := openInternal(t)
 	release := holdWriter(t, s)
 	commits := countCommits(s)
@@ -260,6 +264,7 @@ func TestBatchLargerThanATransaction(t *testing.T) {
 
 // TestUpdateAfterClose: writes after Close fail instead of hanging.
 func TestUpdateAfterClose(t *testing.T) {
+	t.Parallel()
 	s, err := Open(Options{Dir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)
@@ -316,6 +321,7 @@ func BenchmarkGroupCommit(b *testing.B) {
 // with a reservation is synced once, before its reservations return; a
 // failed sync fails the callers that waited for it.
 func TestOnlyReservationsWaitForASync(t *testing.T) {
+	t.Parallel()
 	s := openInternal(t)
 	ctx := context.Background()
 	res := store.Reservation{Token: "t", Lease: time.Minute, TTL: time.Hour}
@@ -394,6 +400,7 @@ func TestOnlyReservationsWaitForASync(t *testing.T) {
 // the writer's wait instead of hanging its request (and, behind the guard,
 // every other one); once Badger moves again, writes go through.
 func TestStuckWriterFailsInsteadOfHanging(t *testing.T) {
+	t.Parallel()
 	s := openInternal(t)
 	release := holdWriter(t, s)
 	s.w.wait = 100 * time.Millisecond
@@ -425,6 +432,7 @@ func TestStuckWriterFailsInsteadOfHanging(t *testing.T) {
 // and its batch was being committed. Left, the key would read in flight
 // for its lease and then in doubt for its TTL.
 func TestStalledReservationReleased(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		hold func(t *testing.T, s *Store) (release func())
@@ -565,6 +573,7 @@ func loseMemtable(t *testing.T, s *Store, dir string) {
 // a read and the recorded writes, and each write kind a closure can make
 // is in the batch's log record.
 func TestWtxnRecordsEveryWrite(t *testing.T) {
+	t.Parallel()
 	typ := reflect.TypeFor[wtxn]()
 	for i := range typ.NumField() {
 		if f := typ.Field(i); f.Anonymous {

@@ -5,6 +5,7 @@ import "testing"
 // TestKeySlot: keySlot is Redis Cluster's CLUSTER KEYSLOT, hash tags
 // included.
 func TestKeySlot(t *testing.T) {
+	t.Parallel()
 	for key, want := range map[string]int{
 		"foo":            12182,
 		"bar":            5061,

@@ -29,6 +29,7 @@ import (
 // TestPingEvictionPolicy checks that Ping (and so /readyz) refuses a Redis
 // that may evict records, and accepts one that may not.
 func TestPingEvictionPolicy(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name    string
 		args    []string
@@ -91,6 +92,7 @@ func TestPingEvictionPolicy(t *testing.T) {
 // TestPingEvictionPolicyChangedAtRuntime checks that every Ping looks again:
 // CONFIG SET can change the policy of a running Redis.
 func TestPingEvictionPolicyChangedAtRuntime(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	s := newStore(t, Options{Addrs: []string{srv.Addr()}})
 	c := ctx(t)
@@ -116,6 +118,7 @@ func TestPingEvictionPolicyChangedAtRuntime(t *testing.T) {
 // TestPingInfoRefused checks the error for an ACL user that may not run
 // INFO: it names INFO and the way out.
 func TestPingInfoRefused(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	if _, err := srv.Do("ACL", "SETUSER", "app", "on", ">app-pw", "~*", "+@all", "-info"); err != nil {
 		t.Fatal(err)
@@ -134,6 +137,7 @@ func TestPingInfoRefused(t *testing.T) {
 }
 
 func TestJudge(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		r       nodeReport
 		wantErr string
@@ -228,6 +232,7 @@ func TestClusterMode(t *testing.T) {
 // TestClusterModeOnPlainNode checks that ClusterMode on a node that is not
 // in a Cluster fails Ping instead of working by accident.
 func TestClusterModeOnPlainNode(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	s := newStore(t, Options{Addrs: []string{srv.Addr()}, ClusterMode: true})
 	if err := s.Ping(ctx(t)); err == nil {
@@ -240,6 +245,7 @@ func TestClusterModeOnPlainNode(t *testing.T) {
 // TestSentinelAuth runs the store through a Sentinel that wants its own
 // credentials, different from the master's.
 func TestSentinelAuth(t *testing.T) {
+	t.Parallel()
 	master := redistest.Start(t)
 	sen := redistest.StartSentinel(t, master, "mymaster")
 	for _, cmd := range [][]string{
@@ -282,6 +288,7 @@ func TestSentinelAuth(t *testing.T) {
 }
 
 func TestUniversalOptions(t *testing.T) {
+	t.Parallel()
 	tlsConf := &tls.Config{MinVersion: tls.VersionTLS12}
 	got := universalOptions(Options{
 		Addrs:            []string{"a:1"},
@@ -325,6 +332,7 @@ func TestUniversalOptions(t *testing.T) {
 // works, because the ServerName is taken from the address dialled, and the
 // same config fails for an address the certificate does not name.
 func TestTLSPrivateCA(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	caFile, certFile, keyFile, pool := makeCerts(t, dir, "localhost")
 	tlsPort := freeTCPPort(t)

@@ -14,6 +14,7 @@ import (
 // forwarded"); a reservation applied now would be held by nobody and turn
 // the key in doubt for its whole TTL.
 func TestReserveAfterStallLeavesNothing(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	s := newStore(t, Options{Addrs: []string{srv.Addr()}, OpTimeout: 300 * time.Millisecond})
 	c := ctx(t)
@@ -44,6 +45,7 @@ func TestReserveAfterStallLeavesNothing(t *testing.T) {
 // TestReserveLateIsRefused: a reservation whose deadline has passed on
 // Redis' clock is refused and changes nothing; one in time is applied.
 func TestReserveLateIsRefused(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	s := newStore(t, Options{Addrs: []string{srv.Addr()}})
 	c := ctx(t)

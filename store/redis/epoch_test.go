@@ -45,6 +45,7 @@ func TestKeyspaceConformance(t *testing.T) {
 // connection tells) is refused with store.ErrKeysLost, and nothing is
 // written; EpochSeen hears of it. For both record layouts.
 func TestReserveChecksTheEpoch(t *testing.T) {
+	t.Parallel()
 	for _, layout := range []RecordLayout{layoutPacked, layoutHash} {
 		t.Run(string(layout), func(t *testing.T) { reserveChecksTheEpoch(t, layout) })
 	}
@@ -94,6 +95,7 @@ func reserveChecksTheEpoch(t *testing.T, layout RecordLayout) {
 // first new connection, and EpochSeen's error fails it before anything is
 // reserved on it.
 func TestNewConnectionChecksTheEpoch(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	var refuse atomic.Bool
 	var calls atomic.Int64
@@ -130,6 +132,7 @@ func TestNewConnectionChecksTheEpoch(t *testing.T) {
 // maxmemory; a Redis that refuses CONFIG is no error, and its persistence
 // is not judged.
 func TestConfigRisks(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name string
 		args []string

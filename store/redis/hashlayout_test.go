@@ -220,6 +220,7 @@ func matchCommands(got, want [][]string, now int64) error {
 // release's), and leave the same records: so replicas of that release,
 // sharing the Redis in a rolling upgrade, read everything written.
 func TestHashLayoutWritesAsEarlierReleases(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	s := newStore(t, Options{Addrs: []string{srv.Addr()}, RecordLayout: layoutHash})
 	raw := rawClient(t, srv.Addr())
@@ -358,6 +359,7 @@ func previousGet(t *testing.T, raw goredis.UniversalClient, key string) (*store.
 // it changes, which the release before the packed layout reads; what a
 // layoutPacked replica wrote stays unreadable to that release.
 func TestMixedLayouts(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	raw := rawClient(t, srv.Addr())
 	c := ctx(t)

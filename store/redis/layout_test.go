@@ -68,6 +68,7 @@ func loadFixture(t *testing.T, raw goredis.UniversalClient, name, prefix string)
 // doubt, released, listed and reconciled by the current code, with their
 // fencing and TTLs.
 func TestHashRecordsOfEarlierReleases(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	s := newStore(t, Options{Addrs: []string{srv.Addr()}})
 	raw := rawClient(t, srv.Addr())
@@ -193,6 +194,7 @@ func TestHashRecordsOfEarlierReleases(t *testing.T) {
 // each one write of one Redis string (the packed layout), not a hash:
 // INFO commandstats counts the writes Redis ran.
 func TestRecordsArePacked(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	s := newStore(t, Options{Addrs: []string{srv.Addr()}})
 	raw := rawClient(t, srv.Addr())

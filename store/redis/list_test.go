@@ -208,6 +208,7 @@ func tableSize(t *testing.T, srv *redistest.Server) int {
 // TestListCursorSeenIsBounded: a cursor remembering more keys than a
 // listing ever carries, or a broken hash, is not one the store returned.
 func TestListCursorSeenIsBounded(t *testing.T) {
+	t.Parallel()
 	for name, seen := range map[string][]byte{
 		"too many": make([]byte, 8*(maxSeen+1)),
 		"partial":  make([]byte, 12),

@@ -19,6 +19,7 @@ const packedValues = `return select('#', cmsgpack.unpack(redis.call('GET', KEYS[
 // it is written as before origins were kept); a record of one layout
 // changed by a replica of the other keeps it.
 func TestOriginInBothLayouts(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	raw := rawClient(t, srv.Addr())
 	c := ctx(t)
@@ -99,6 +100,7 @@ func TestOriginInBothLayouts(t *testing.T) {
 // the eighth value are read, reserved against, committed, marked in doubt
 // and reconciled with an empty origin.
 func TestRecordsOfEarlierReleasesHaveNoOrigin(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	raw := rawClient(t, srv.Addr())
 	c := ctx(t)

@@ -9,6 +9,7 @@ import (
 // record (truncated, a length past its end, another version, trailing
 // bytes past the origin, another value's type) is an error, never a panic or a record.
 func TestDecodePackedRefusesGarbage(t *testing.T) {
+	t.Parallel()
 	good := "\x01\xa9in_flight\xa1t\xa1f\xcf\x00\x00\x01\x8c\x00\x00\x00\x00\xcf\x00\x00\x01\x8c\x00\x00\xea\x60\xa0"
 	p, err := decodePacked(good)
 	if err != nil || p.st != "in_flight" || p.tok != "t" || p.fp != "f" || p.le-p.cr != 60000 || p.resp != "" {

@@ -38,6 +38,7 @@ func (h *pipelineSizes) ProcessPipelineHook(next goredis.ProcessPipelineHook) go
 // only its caller), and scripts Redis has forgotten (SCRIPT FLUSH) are
 // loaded again.
 func TestPipelinedCallsShareARoundTrip(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	s, err := New(Options{Addrs: []string{srv.Addr()}, KeyPrefix: "idemproxy:", DialTimeout: time.Second, OpTimeout: 10 * time.Second})
 	if err != nil {

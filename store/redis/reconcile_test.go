@@ -13,6 +13,7 @@ import (
 // whose entry in the sorted set was lost (a crash between the script and
 // the set update) is put back by the discovery scan, and comes due.
 func TestUnscheduledRepairsALostScheduleEntry(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	s := newStore(t, Options{Addrs: []string{srv.Addr()}})
 	ctx := context.Background()

@@ -140,6 +140,7 @@ func TestConformanceCluster(t *testing.T) {
 // would after the first reply was lost: the second run must recognise the
 // caller's own reservation.
 func TestReserveLostReply(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	s := newStore(t, Options{Addrs: []string{srv.Addr()}})
 	c := ctx(t)
@@ -181,6 +182,7 @@ func TestReserveLostReply(t *testing.T) {
 // TestRedisDown kills Redis under a live Store: every operation fails within
 // the op timeout, and the same Store works again once Redis is back.
 func TestRedisDown(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	const opTimeout = 300 * time.Millisecond
 	s := newStore(t, Options{Addrs: []string{srv.Addr()}, OpTimeout: opTimeout, DialTimeout: 200 * time.Millisecond})
@@ -256,6 +258,7 @@ func TestRedisDown(t *testing.T) {
 // partition): operations must give up within the op timeout instead of
 // hanging, and work again once Redis answers.
 func TestRedisUnresponsive(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	const opTimeout = 300 * time.Millisecond
 	s := newStore(t, Options{Addrs: []string{srv.Addr()}, OpTimeout: opTimeout})
@@ -308,6 +311,7 @@ func TestRedisUnresponsive(t *testing.T) {
 // TestRecordsHaveTTL checks that no record lives without an expiry, in any
 // state, and that ExpiresAt reports it.
 func TestRecordsHaveTTL(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	s := newStore(t, Options{Addrs: []string{srv.Addr()}})
 	raw := rawClient(t, srv.Addr())
@@ -364,6 +368,7 @@ func TestRecordsHaveTTL(t *testing.T) {
 }
 
 func TestKeyPrefixAndLayout(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	raw := rawClient(t, srv.Addr())
 	c := ctx(t)
@@ -397,6 +402,7 @@ func TestKeyPrefixAndLayout(t *testing.T) {
 }
 
 func TestCorruptRecordIsAnError(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	raw := rawClient(t, srv.Addr())
 	c := ctx(t)
@@ -428,6 +434,7 @@ func TestCorruptRecordIsAnError(t *testing.T) {
 // TestRecordWithoutTrailers: an answer committed before answers kept their
 // trailers (JSON without "trailer") is read as before, with no trailers.
 func TestRecordWithoutTrailers(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	s := newStore(t, Options{Addrs: []string{srv.Addr()}})
 	raw := rawClient(t, srv.Addr())
@@ -452,6 +459,7 @@ var closedPort = Options{Addrs: []string{"127.0.0.1:1"}, KeyPrefix: "idemproxy:"
 // TestNewOptions: New applies no defaults (package config does): an
 // Options without a field it requires is refused, naming the field.
 func TestNewOptions(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name    string
 		change  func(*Options)
@@ -493,6 +501,7 @@ func TestNewOptions(t *testing.T) {
 }
 
 func TestInvalidArguments(t *testing.T) {
+	t.Parallel()
 	s, err := New(closedPort)
 	if err != nil {
 		t.Fatal(err)
@@ -522,6 +531,7 @@ func TestInvalidArguments(t *testing.T) {
 // reservation as it was made: the next request with the key was forwarded
 // too, and charged twice.
 func TestLargestTTLKeepsTheReservation(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	s := newStore(t, Options{Addrs: []string{srv.Addr()}})
 	huge := store.Reservation{Token: "tok-a", Fingerprint: "fp-a", Lease: time.Minute, TTL: math.MaxInt64}
@@ -550,6 +560,7 @@ func TestLargestTTLKeepsTheReservation(t *testing.T) {
 // replica with the packed layout) is committed too: its rewrite as a hash
 // starts with a DEL, so a full Redis lets it finish.
 func TestCommitWhenRedisIsFull(t *testing.T) {
+	t.Parallel()
 	for _, layout := range []RecordLayout{layoutPacked, layoutHash} {
 		t.Run(string(layout), func(t *testing.T) { commitWhenRedisIsFull(t, layout) })
 	}

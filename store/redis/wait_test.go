@@ -195,6 +195,7 @@ func TestWaitReplicasFailsWithoutReplica(t *testing.T) {
 // pipeline spans nodes, WAIT covers one connection), a negative count,
 // and a wait without a timeout.
 func TestWaitReplicasOptions(t *testing.T) {
+	t.Parallel()
 	base := Options{Addrs: []string{"127.0.0.1:1"}, KeyPrefix: "p:", DialTimeout: time.Second, OpTimeout: time.Second}
 	for _, tc := range []struct {
 		name string

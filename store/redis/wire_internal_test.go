@@ -15,6 +15,7 @@ import (
 // releases wrote, and such a stored answer reads back as it was, so an
 // upgrade replays every completed key.
 func TestWireResponse(t *testing.T) {
+	t.Parallel()
 	const stored = `{"status":201,"header":{"Content-Type":["application/json"]},"body":"eyJpZCI6MX0=",` +
 		`"trailer":{"X-Checksum":["1"]},"body_stored":true,"reconciled":true}`
 	resp := store.Response{Status: 201, Header: http.Header{"Content-Type": {"application/json"}},
@@ -42,6 +43,7 @@ func TestWireResponse(t *testing.T) {
 // that encoding/json writes for it (the form every release wrote and
 // reads), whatever its headers and body hold.
 func TestEncodeResponseIsJSON(t *testing.T) {
+	t.Parallel()
 	tests := []store.Response{
 		{},
 		{Status: 200},

@@ -38,9 +38,11 @@
 package testrun
 
 import (
+	"flag"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"testing"
 )
 
@@ -57,6 +59,25 @@ const (
 // and exits with their exit code.
 func Main(m *testing.M) {
 	Isolate()
+	os.Exit(m.Run())
+}
+
+// MainParallel is Main for a package whose tests mostly wait (for the
+// servers they start, for outages, timeouts and standbys) rather than
+// compute: it runs up to n of their parallel tests at once, unless
+// -test.parallel was given (a -parallel on the command line wins). Its
+// default, GOMAXPROCS, is 2 on a 2-core machine, which leaves such tests
+// waiting in line behind each other's waits.
+func MainParallel(m *testing.M, n int) {
+	Isolate()
+	flag.Parse()
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if !given {
+		if err := flag.Set("test.parallel", strconv.Itoa(n)); err != nil {
+			panic(err)
+		}
+	}
 	os.Exit(m.Run())
 }
 
