@@ -471,11 +471,17 @@ func TestAnswerTooLargeToStore(t *testing.T) {
 func TestClientGivesUp(t *testing.T) {
 	t.Parallel()
 	e := proxytest.New(t, chargesByOrder)
-	e.Fault("delay", 1, "400ms")
+	// The upstream answers after 3 s, long enough for the retry to find
+	// the key in flight on a busy machine; the retry is sent once the
+	// reservation exists (the client's timeout can pass before the proxy
+	// has even reserved the key: CI under .ci/hog, where the retry was
+	// the first to reserve and was forwarded).
+	e.Fault("delay", 1, "3s")
 	impatient := &http.Client{Timeout: 100 * time.Millisecond}
 	if a := proxytest.Send(impatient, "POST", e.Server.URL+"/charges", `{"orderId": "ORD-G", "amount": 1}`); a.Err == nil {
 		t.Fatalf("the impatient client got an answer: %s", a)
 	}
+	proxytest.Eventually(t, "the key reserved", func() bool { return e.State("charges", "", "ORD-G") == store.StateInFlight })
 	proxytest.WantStatus(t, "retry while in flight", e.Charge(`"ORD-G"`, 1), 409, "request-in-flight")
 	proxytest.Eventually(t, "the answer is committed", func() bool { return e.State("charges", "", "ORD-G") == store.StateCompleted })
 	retry := e.Charge(`"ORD-G"`, 1)
