@@ -122,17 +122,23 @@ func TestRefusedReservationNeverInDoubt(t *testing.T) {
 		t.Fatalf("charge with the reservation's reply lost = %v, want 503 store-unavailable", a)
 	}
 	// The store stays failing past the lease: the key reads in doubt.
-	deadline := time.Now().Add(30 * time.Second)
-	for e.State("charges", "", "ORD-REFUSED") != store.StateInDoubt {
-		if time.Now().After(deadline) {
-			t.Fatalf("the key is %q, want it to read in doubt once its lease ended", e.State("charges", "", "ORD-REFUSED"))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitInDoubt(e, "ORD-REFUSED")
 	// Past the lease plus the settler's longest backoff, then the store heals.
 	time.Sleep(1500 * time.Millisecond)
 	st.heal()
 	freedThenCharged(e, "ORD-REFUSED", 30*time.Second)
+}
+
+// waitInDoubt waits, at most 30 s, for the key of order, reserved and
+// left in flight, to read in doubt once its lease has ended.
+func waitInDoubt(e *proxytest.Env, order string) {
+	t := e.T
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); e.State("charges", "", order) != store.StateInDoubt; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the key is %q, want it to read in doubt once its lease ended", e.State("charges", "", order))
+		}
+	}
 }
 
 // freedThenCharged waits, at most wait, for the key order of a charge
@@ -176,13 +182,7 @@ func TestRetryOnTheSameReplicaTakesBackItsUnforwardedReservation(t *testing.T) {
 	}
 	for _, when := range []string{"in its lease", "past its lease"} {
 		if when == "past its lease" {
-			deadline := time.Now().Add(30 * time.Second)
-			for e.State("charges", "", "ORD-OWN") != store.StateInDoubt {
-				if time.Now().After(deadline) {
-					t.Fatalf("the key is %q, want it to read in doubt once its lease ended", e.State("charges", "", "ORD-OWN"))
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
+			waitInDoubt(e, "ORD-OWN")
 		}
 		if a := e.Charge(`"ORD-OWN"`, 5); a.Status != 503 {
 			t.Errorf("retry %s while the release still fails = %v, want 503: the first request was never forwarded", when, a)
